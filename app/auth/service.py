@@ -1,0 +1,224 @@
+"""Users, projects membership and API tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from types import MappingProxyType
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.auth.models import ApiToken, User
+from app.db import utcnow
+from app.projects.models import Project, ProjectMember
+
+TOKEN_PREFIX = "gps_"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling, and which projects they may see."""
+
+    user_id: int
+    name: str
+    is_admin: bool
+    projects: frozenset[str]
+    project_ids: frozenset[int]
+    # name -> id of the user's projects: submissions resolve their project without a query.
+    project_id_by_name: Mapping[str, int] = field(default_factory=dict)
+
+    def can_see_project(self, project_id: int) -> bool:
+        return self.is_admin or project_id in self.project_ids
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def get_or_create_project(*, session: Session, name: str) -> Project:
+    project = session.scalar(select(Project).where(Project.name == name))
+    if project is None:
+        project = Project(name=name, gpu_quota=0, weight=1.0)
+        session.add(project)
+        session.flush()
+    return project
+
+
+def issue_token(*, session: Session, user: User, ttl_days: int, label: str = "") -> str:
+    token = new_token()
+    expires = utcnow() + timedelta(days=ttl_days) if ttl_days else None
+    session.add(
+        ApiToken(
+            user_id=user.id,
+            token_hash=hash_token(token),
+            prefix=token[:10],
+            label=label,
+            expires_at=expires,
+        )
+    )
+    session.flush()
+    return token
+
+
+class UserExists(ValueError):
+    pass
+
+
+def create_user(
+    *,
+    session: Session,
+    name: str,
+    projects: list[str],
+    is_admin: bool,
+    ttl_days: int,
+) -> tuple[User, str]:
+    """Create a user in the given projects (created when missing) and return its first token."""
+    if session.scalar(select(User.id).where(User.name == name)) is not None:
+        raise UserExists(f"user {name!r} already exists")
+    user = User(name=name, is_admin=is_admin)
+    session.add(user)
+    session.flush()
+    for project_name in projects:
+        project = get_or_create_project(session=session, name=project_name)
+        session.add(ProjectMember(user_id=user.id, project_id=project.id))
+    token = issue_token(session=session, user=user, ttl_days=ttl_days, label="initial")
+    return user, token
+
+
+def revoke_tokens(*, session: Session, user_name: str) -> int:
+    user = session.scalar(select(User).where(User.name == user_name))
+    if user is None:
+        raise LookupError(f"no user named {user_name!r}")
+    now = utcnow()
+    count = 0
+    for token in user.tokens:
+        if token.revoked_at is None:
+            token.revoked_at = now
+            count += 1
+    TOKEN_CACHE.clear()
+    return count
+
+
+def load_principal(*, session: Session, token: str, now: datetime) -> Principal | None:
+    row = session.execute(
+        select(ApiToken, User)
+        .join(User, User.id == ApiToken.user_id)
+        .where(ApiToken.token_hash == hash_token(token))
+    ).first()
+    if row is None:
+        return None
+    api_token, user = row
+    if api_token.revoked_at is not None:
+        return None
+    if api_token.expires_at is not None and api_token.expires_at <= now:
+        return None
+    return principal_for(session=session, user=user)
+
+
+def principal_for(*, session: Session, user: User) -> Principal:
+    """The user with their project memberships as they are now."""
+    memberships = session.execute(
+        select(Project.id, Project.name)
+        .join(ProjectMember, ProjectMember.project_id == Project.id)
+        .where(ProjectMember.user_id == user.id)
+    ).all()
+    return Principal(
+        user_id=user.id,
+        name=user.name,
+        is_admin=user.is_admin,
+        projects=frozenset(name for _, name in memberships),
+        project_ids=frozenset(pid for pid, _ in memberships),
+        project_id_by_name=MappingProxyType({name: pid for pid, name in memberships}),
+    )
+
+
+class TokenCache:
+    """Verified tokens, trusted for a few seconds so a burst of requests costs one lookup.
+
+    Revocation therefore takes effect within the cache period on other processes
+    (immediately in the process that revoked).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[float, Principal]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, token: str, ttl_s: float) -> Principal | None:
+        if ttl_s <= 0:
+            return None
+        with self._lock:
+            entry = self._entries.get(token)
+        if entry is None or time.monotonic() - entry[0] > ttl_s:
+            return None
+        return entry[1]
+
+    def put(self, token: str, principal: Principal) -> None:
+        with self._lock:
+            if len(self._entries) > 10_000:
+                self._entries.clear()
+            self._entries[token] = (time.monotonic(), principal)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+TOKEN_CACHE = TokenCache()
+
+
+def ensure_bootstrap_admin(*, session: Session, ttl_days: int) -> str | None:
+    """On an empty database create user `admin` (project `default`) and return its token."""
+    if session.scalar(select(User.id).limit(1)) is not None:
+        return None
+    _, token = create_user(
+        session=session, name="admin", projects=["default"], is_admin=True, ttl_days=ttl_days
+    )
+    return token
+
+
+class FailedAuthLimiter:
+    """Slows down token guessing: after `limit` failed token checks from one client within
+    `window_s`, further checks from it are refused (429) until the window has passed.
+    Per API process; tokens are 256-bit random, so this is about noise and log spam, not
+    brute force feasibility."""
+
+    def __init__(self, limit: int = 20, window_s: float = 60.0) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self._failures: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def _recent(self, client: str, now: float) -> list[float]:
+        kept = [t for t in self._failures.get(client, []) if now - t < self.window_s]
+        if kept:
+            self._failures[client] = kept
+        else:
+            self._failures.pop(client, None)
+        return kept
+
+    def retry_after(self, client: str) -> float | None:
+        now = time.monotonic()
+        with self._lock:
+            recent = self._recent(client, now)
+            if len(recent) < self.limit:
+                return None
+            return self.window_s - (now - recent[0])
+
+    def failed(self, client: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if len(self._failures) > 100_000:
+                self._failures.clear()
+            recent = self._recent(client, now)
+            recent.append(now)
+            self._failures[client] = recent

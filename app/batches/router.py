@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Response, status
+
+from app.batches import service
+from app.batches.schemas import BatchIn, BatchOut, FiringOut
+from app.db import utcnow
+from app.deps import CurrentUser, SessionDep
+
+router = APIRouter(prefix="/api/v1/batches", tags=["batches"])
+
+
+@contextmanager
+def _template_errors() -> Iterator[None]:
+    """Render a template's database check like a pydantic error, located in the template."""
+    try:
+        yield
+    except service.TemplateFieldError as exc:
+        detail = [{"loc": ["body", *exc.loc], "msg": exc.detail, "type": "value_error"}]
+        raise HTTPException(422, detail) from None
+
+
+@router.get("", response_model=list[BatchOut])
+def list_batches(session: SessionDep, principal: CurrentUser) -> list[BatchOut]:
+    """Your schedules and those of your projects (admins: all), with the next fire time."""
+    return service.list_batches(session=session, principal=principal, now=utcnow())
+
+
+@router.post("", response_model=BatchOut, status_code=status.HTTP_201_CREATED)
+def create_batch(body: BatchIn, session: SessionDep, principal: CurrentUser) -> BatchOut:
+    """Create a schedule owned by you; its jobs are submitted as you."""
+    with _template_errors():
+        return service.create_batch(session=session, principal=principal, body=body, now=utcnow())
+
+
+@router.get("/{name}", response_model=BatchOut)
+def get_batch(name: str, session: SessionDep, principal: CurrentUser) -> BatchOut:
+    return service.get_batch(session=session, principal=principal, name=name, now=utcnow())
+
+
+@router.put("/{name}", response_model=BatchOut)
+def replace_batch(
+    name: str, body: BatchIn, session: SessionDep, principal: CurrentUser
+) -> BatchOut:
+    """Replace a schedule; a changed cron or zone takes effect at the next check."""
+    with _template_errors():
+        return service.replace_batch(
+            session=session, principal=principal, name=name, body=body, now=utcnow()
+        )
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_batch(name: str, session: SessionDep, principal: CurrentUser) -> Response:
+    service.delete_batch(session=session, principal=principal, name=name)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{name}/enable", response_model=BatchOut)
+def enable_batch(name: str, session: SessionDep, principal: CurrentUser) -> BatchOut:
+    """Idempotent; fire times while it was disabled never run."""
+    return service.set_enabled(
+        session=session, principal=principal, name=name, enabled=True, now=utcnow()
+    )
+
+
+@router.post("/{name}/disable", response_model=BatchOut)
+def disable_batch(name: str, session: SessionDep, principal: CurrentUser) -> BatchOut:
+    return service.set_enabled(
+        session=session, principal=principal, name=name, enabled=False, now=utcnow()
+    )
+
+
+@router.get("/{name}/firings", response_model=list[FiringOut])
+def list_firings(
+    name: str,
+    session: SessionDep,
+    principal: CurrentUser,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> list[FiringOut]:
+    """Firing history, newest first: fire time, submitted job ids, skipped or error."""
+    return service.list_firings(session=session, principal=principal, name=name, limit=limit)

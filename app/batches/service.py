@@ -1,0 +1,517 @@
+"""Cron batches: fire-time arithmetic, CRUD, and firing them exactly once.
+
+Fire times. Cron expressions are matched against the *naive local wall clock* with croniter
+and the matches are converted with :func:`app.windows.calendar.resolve_local`, exactly as
+off-peak cron windows are (see ``app/windows/calendar.py``): croniter iterating with a
+zone-aware start fires ``30 1 * * *`` twice on a fall-back day. So, in the schedule's zone:
+
+* a fire time in the repeated fall-back hour happens once, at its first occurrence;
+* a fire time that does not exist (spring-forward gap) happens at the transition
+  (02:30 -> 03:00 in America/New_York), once even if several matches fall in the gap.
+
+Firing. :func:`fire_due` looks at every enabled schedule at ``now`` (beat calls it every
+:data:`CHECK_INTERVAL_S`; tests pass any ``now``). For each it takes the latest fire time
+``<= now`` that is later than both its ``active_from`` and its latest firing; there is at
+most one, so downtime never produces several firings ("catch up once"). With
+``catch_up="skip"`` a fire time more than :func:`late_tolerance_s` old is recorded as a
+skipped firing instead. The firing row and all its jobs are added in one transaction; the
+UNIQUE (schedule_id, fire_at) constraint makes every concurrent or repeated attempt fail
+and roll back, so a batch is never submitted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from croniter import CroniterBadDateError, croniter
+from pydantic import ValidationError
+from sqlalchemy import delete, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.auth.models import User
+from app.auth.service import Principal, principal_for
+from app.batches.models import BatchFiring, BatchSchedule
+from app.batches.schemas import BatchIn, BatchOut, FiringOut
+from app.errors import Conflict, DomainError, FieldError, Forbidden, NotFound
+from app.jobs.schemas import JobCreate
+from app.jobs.service import _resolve_project, check_can_ever_fit, create_job
+from app.messaging import Messenger
+from app.projects.models import Project
+from app.windows.calendar import resolve_local, validate_timezone
+from app.windows.models import Window
+
+log = logging.getLogger("gpusched.batches")
+
+#: how often beat runs :func:`fire_due` (seconds)
+CHECK_INTERVAL_S = 5.0
+#: a guard on croniter steps per lookup (a per-minute cron needs ~200)
+_MAX_STEPS = 20_000
+# Slack around a wall-clock instant so that a DST offset change never hides a match.
+_SLACK = timedelta(hours=3)
+
+
+# --------------------------------------------------------------------------- fire times
+
+
+def _utc(at: datetime) -> datetime:
+    if at.tzinfo is None or at.utcoffset() is None:
+        raise ValueError("datetime must be timezone-aware")
+    return at.astimezone(UTC)
+
+
+def latest_fire_at_or_before(cron: str, zone: ZoneInfo, at: datetime) -> datetime | None:
+    """The latest fire time ``<= at`` (aware, in ``zone``), or ``None``.
+
+    Walks backwards over naive wall times; :func:`resolve_local` never decreases as the
+    wall time increases, so the first match not after ``at`` is the latest one.
+    """
+    at_utc = _utc(at)
+    it = croniter(cron, at_utc.astimezone(zone).replace(tzinfo=None) + _SLACK)
+    for _ in range(_MAX_STEPS):
+        try:
+            wall = it.get_prev(datetime)
+        except CroniterBadDateError:
+            return None
+        fire = resolve_local(wall, zone)
+        if fire.astimezone(UTC) <= at_utc:
+            return fire
+    return None
+
+
+def next_fire_after(cron: str, zone: ZoneInfo, after: datetime) -> datetime | None:
+    """The earliest fire time strictly after ``after`` (aware, in ``zone``), or ``None``."""
+    after_utc = _utc(after)
+    it = croniter(cron, after_utc.astimezone(zone).replace(tzinfo=None) - _SLACK)
+    for _ in range(_MAX_STEPS):
+        try:
+            wall = it.get_next(datetime)
+        except CroniterBadDateError:
+            return None
+        fire = resolve_local(wall, zone)
+        if fire.astimezone(UTC) > after_utc:
+            return fire
+    return None
+
+
+def fire_times(cron: str, zone: ZoneInfo, *, start: datetime, end: datetime) -> list[datetime]:
+    """Every fire time in ``(start, end]``, in order (for previews and tests)."""
+    out: list[datetime] = []
+    at = start
+    while True:
+        nxt = next_fire_after(cron, zone, at)
+        if nxt is None or nxt.astimezone(UTC) > _utc(end):
+            return out
+        out.append(nxt)
+        at = nxt
+
+
+def late_tolerance_s(check_interval_s: float = CHECK_INTERVAL_S) -> float:
+    """How late a fire time may be and still run under ``catch_up="skip"``."""
+    return max(60.0, 2 * check_interval_s)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class TemplateFieldError(FieldError):
+    """A template failed a check that needs the database; ``loc`` is the full location
+    under the body, e.g. ``("templates", 0, "gpus")``."""
+
+    def __init__(self, index: int, error: FieldError) -> None:
+        super().__init__("templates", f"templates[{index}].{error.field}: {error.message}")
+        self.loc: tuple[str | int, ...] = ("templates", index, error.field)
+        self.detail = error.message
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _zone(row: BatchSchedule) -> ZoneInfo:
+    return validate_timezone(row.timezone)
+
+
+def _out(session: Session, row: BatchSchedule, now: datetime) -> BatchOut:
+    zone = _zone(row)
+    owner = session.scalar(select(User.name).where(User.id == row.user_id)) or "?"
+    project = session.scalar(select(Project.name).where(Project.id == row.project_id)) or "?"
+    last = session.scalar(
+        select(BatchFiring.fire_at)
+        .where(BatchFiring.schedule_id == row.id, BatchFiring.skipped.is_(False))
+        .where(BatchFiring.error.is_(None))
+        .order_by(BatchFiring.fire_at.desc())
+        .limit(1)
+    )
+    nxt = None
+    if row.enabled:
+        nxt = next_fire_after(row.cron, zone, max(_utc(now), row.active_from))
+    return BatchOut(
+        id=row.id,
+        name=row.name,
+        owner=owner,
+        project=project,
+        cron=row.cron,
+        timezone=row.timezone,
+        templates=row.templates,
+        target=row.target,
+        window=row.window,
+        enabled=row.enabled,
+        catch_up=row.catch_up,
+        created_at=row.created_at.astimezone(zone),
+        updated_at=row.updated_at.astimezone(zone),
+        next_fire_at=nxt,
+        last_fired_at=last.astimezone(zone) if last is not None else None,
+    )
+
+
+def _row(session: Session, principal: Principal, name: str, *, write: bool) -> BatchSchedule:
+    """The schedule if ``principal`` may see it: admins and the owner manage it, members of
+    its project may read it; to anyone else it does not exist."""
+    row = session.scalar(select(BatchSchedule).where(BatchSchedule.name == name))
+    if row is None or not (
+        principal.is_admin
+        or row.user_id == principal.user_id
+        or principal.can_see_project(row.project_id)
+    ):
+        raise NotFound(f"no batch named {name!r}")
+    if write and not (principal.is_admin or row.user_id == principal.user_id):
+        raise Forbidden(f"batch {name!r} belongs to another user")
+    return row
+
+
+def list_batches(*, session: Session, principal: Principal, now: datetime) -> list[BatchOut]:
+    query = select(BatchSchedule).order_by(BatchSchedule.name)
+    if not principal.is_admin:
+        query = query.where(
+            or_(
+                BatchSchedule.user_id == principal.user_id,
+                BatchSchedule.project_id.in_(principal.project_ids or {-1}),
+            )
+        )
+    return [_out(session, row, now) for row in session.scalars(query)]
+
+
+def get_batch(*, session: Session, principal: Principal, name: str, now: datetime) -> BatchOut:
+    return _out(session, _row(session, principal, name, write=False), now)
+
+
+def list_firings(
+    *, session: Session, principal: Principal, name: str, limit: int = 50
+) -> list[FiringOut]:
+    """Newest first, times in the schedule's zone."""
+    row = _row(session, principal, name, write=False)
+    zone = _zone(row)
+    firings = session.scalars(
+        select(BatchFiring)
+        .where(BatchFiring.schedule_id == row.id)
+        .order_by(BatchFiring.fire_at.desc())
+        .limit(limit)
+    )
+    return [
+        FiringOut(
+            fire_at=f.fire_at.astimezone(zone),
+            created_at=f.created_at.astimezone(zone),
+            skipped=f.skipped,
+            job_ids=list(f.job_ids or []),
+            error=f.error,
+        )
+        for f in firings
+    ]
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def owner_principal(*, session: Session, user_id: int) -> Principal:
+    """The schedule owner as a Principal, with memberships as they are now."""
+    user = session.get(User, user_id)
+    if user is None:
+        raise NotFound(f"no user {user_id}")
+    return principal_for(session=session, user=user)
+
+
+def _check_templates(
+    session: Session, owner: Principal, body: BatchIn
+) -> tuple[list[dict[str, Any]], int]:
+    """Validate the templates as job submissions by ``owner``; return them as stored (with
+    the project resolved, so a later second membership cannot make them ambiguous) and the
+    first template's project id."""
+    stored: list[dict[str, Any]] = []
+    first_project: int | None = None
+    for index, template in enumerate(body.templates):
+        try:
+            project_id, project_name = _resolve_project(
+                session=session, principal=owner, name=template.project
+            )
+            check_can_ever_fit(session=session, spec=template)
+        except FieldError as exc:
+            raise TemplateFieldError(index, exc) from None
+        data = template.model_dump(mode="json", exclude_unset=True)
+        data["project"] = project_name
+        stored.append(data)
+        if first_project is None:
+            first_project = project_id
+    assert first_project is not None  # BatchIn requires one template at least
+    return stored, first_project
+
+
+def _check_window(session: Session, body: BatchIn) -> None:
+    if (
+        body.window is not None
+        and session.scalar(select(Window.id).where(Window.name == body.window)) is None
+    ):
+        raise FieldError("window", f"no off-peak window named {body.window!r}")
+
+
+def create_batch(
+    *, session: Session, principal: Principal, body: BatchIn, now: datetime
+) -> BatchOut:
+    """Create a schedule owned by ``principal``; it fires only for times after ``now``."""
+    now = _utc(now)
+    owner = owner_principal(session=session, user_id=principal.user_id)
+    templates, project_id = _check_templates(session, owner, body)
+    _check_window(session, body)
+    row = BatchSchedule(
+        name=body.name,
+        user_id=owner.user_id,
+        project_id=project_id,
+        cron=body.cron,
+        timezone=body.timezone,
+        templates=templates,
+        target=body.target,
+        window=body.window,
+        catch_up=body.catch_up,
+        enabled=body.enabled,
+        active_from=now,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(row)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        raise Conflict(f"a batch named {body.name!r} already exists") from None
+    return _out(session, row, now)
+
+
+def replace_batch(
+    *, session: Session, principal: Principal, name: str, body: BatchIn, now: datetime
+) -> BatchOut:
+    """Replace a schedule (the owner stays). A new cron or zone, or re-enabling, starts
+    afresh at ``now``: times before the change never fire."""
+    now = _utc(now)
+    row = _row(session, principal, name, write=True)
+    owner = owner_principal(session=session, user_id=row.user_id)
+    templates, project_id = _check_templates(session, owner, body)
+    _check_window(session, body)
+    if body.cron != row.cron or body.timezone != row.timezone or (body.enabled and not row.enabled):
+        row.active_from = now
+    row.name = body.name
+    row.cron = body.cron
+    row.timezone = body.timezone
+    row.templates = templates
+    row.project_id = project_id
+    row.target = body.target
+    row.window = body.window
+    row.catch_up = body.catch_up
+    row.enabled = body.enabled
+    row.updated_at = now
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        raise Conflict(f"a batch named {body.name!r} already exists") from None
+    return _out(session, row, now)
+
+
+def set_enabled(
+    *, session: Session, principal: Principal, name: str, enabled: bool, now: datetime
+) -> BatchOut:
+    """Idempotent. Re-enabling never fires for times while the schedule was disabled."""
+    now = _utc(now)
+    row = _row(session, principal, name, write=True)
+    if enabled and not row.enabled:
+        row.active_from = now
+    if enabled != row.enabled:
+        row.enabled = enabled
+        row.updated_at = now
+        session.commit()
+    return _out(session, row, now)
+
+
+def delete_batch(*, session: Session, principal: Principal, name: str) -> None:
+    """Delete the schedule and its firing history; jobs it submitted stay."""
+    row = _row(session, principal, name, write=True)
+    session.execute(delete(BatchFiring).where(BatchFiring.schedule_id == row.id))
+    session.delete(row)
+    session.commit()
+
+
+# --------------------------------------------------------------------------- firing
+
+
+@dataclass(frozen=True, slots=True)
+class Firing:
+    schedule: str
+    fire_at: datetime
+    outcome: str  # "submitted" | "skipped" | "failed" | "duplicate"
+    job_ids: tuple[int, ...] = ()
+    error: str | None = None
+
+
+@dataclass
+class FireReport:
+    firings: list[Firing] = field(default_factory=list)
+
+    @property
+    def submitted_jobs(self) -> list[int]:
+        return [j for f in self.firings if f.outcome == "submitted" for j in f.job_ids]
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for f in self.firings if f.outcome == outcome)
+
+
+def _job_spec(row: BatchSchedule, template: dict[str, Any]) -> JobCreate:
+    schedule: dict[str, Any] = {"mode": row.target}
+    if row.window is not None:
+        schedule["window"] = row.window
+    labels = {"batch": row.name, **template.get("labels", {})}
+    return JobCreate.model_validate({**template, "schedule": schedule, "labels": labels})
+
+
+def _due(session: Session, row: BatchSchedule, now: datetime) -> datetime | None:
+    """The fire time to handle at ``now``, if any (UTC)."""
+    latest = session.scalar(
+        select(BatchFiring.fire_at)
+        .where(BatchFiring.schedule_id == row.id)
+        .order_by(BatchFiring.fire_at.desc())
+        .limit(1)
+    )
+    anchor = row.active_from if latest is None else max(row.active_from, latest)
+    due = latest_fire_at_or_before(row.cron, _zone(row), now)
+    if due is None or due.astimezone(UTC) <= anchor:
+        return None
+    return due.astimezone(UTC)
+
+
+def _record_failure(
+    factory: sessionmaker[Session], row_id: int, fire_at: datetime, now: datetime, error: str
+) -> bool:
+    """Record a due firing that could not submit, so it is not retried every check."""
+    with factory() as session:
+        session.add(
+            BatchFiring(
+                schedule_id=row_id,
+                fire_at=fire_at,
+                created_at=now,
+                skipped=False,
+                job_ids=[],
+                error=error[:512],
+            )
+        )
+        try:
+            session.commit()
+        except IntegrityError:
+            session.rollback()
+            return False
+    return True
+
+
+def fire_schedule(
+    *,
+    factory: sessionmaker[Session],
+    schedule_id: int,
+    now: datetime,
+    check_interval_s: float = CHECK_INTERVAL_S,
+) -> Firing | None:
+    """Handle one schedule at ``now``: at most one firing, in its own transaction."""
+    now = _utc(now)
+    with factory() as session:
+        row = session.get(BatchSchedule, schedule_id)
+        if row is None or not row.enabled:
+            return None
+        due = _due(session, row, now)
+        if due is None:
+            return None
+        name = row.name
+        skip = row.catch_up == "skip" and (now - due).total_seconds() > late_tolerance_s(
+            check_interval_s
+        )
+        firing = BatchFiring(
+            schedule_id=row.id, fire_at=due, created_at=now, skipped=skip, job_ids=[]
+        )
+        session.add(firing)
+        try:
+            # The claim: a concurrent claimer blocks here until we commit, then fails.
+            session.flush()
+            if skip:
+                session.commit()
+                log.info("batch %s: fire time %s skipped (late)", name, due.isoformat())
+                return Firing(name, due, "skipped")
+            owner = owner_principal(session=session, user_id=row.user_id)
+            job_ids: list[int] = []
+            for template in row.templates:
+                job, _ = create_job(
+                    session=session,
+                    principal=owner,
+                    spec=_job_spec(row, template),
+                    actor=f"batch:{name}",
+                    reason=f"cron batch {name!r} fired for {due.isoformat()}",
+                )
+                job_ids.append(job.id)
+            firing.job_ids = job_ids
+            session.commit()
+        except IntegrityError:
+            session.rollback()
+            return Firing(name, due, "duplicate")
+        except (DomainError, ValidationError) as exc:
+            session.rollback()
+            message = exc.message if isinstance(exc, DomainError) else str(exc)
+            if isinstance(exc, FieldError):
+                message = f"{exc.field}: {message}"
+            log.warning("batch %s: firing %s failed: %s", name, due.isoformat(), message)
+            if not _record_failure(factory, schedule_id, due, now, message):
+                return Firing(name, due, "duplicate")
+            return Firing(name, due, "failed", error=message)
+    log.info("batch %s fired for %s: jobs %s", name, due.isoformat(), job_ids)
+    return Firing(name, due, "submitted", tuple(job_ids))
+
+
+def fire_due(
+    *,
+    factory: sessionmaker[Session],
+    now: datetime,
+    messenger: Messenger | None = None,
+    check_interval_s: float = CHECK_INTERVAL_S,
+    only: Sequence[int] | None = None,
+) -> FireReport:
+    """Fire every enabled schedule that is due at ``now`` (one transaction each), then,
+    after those commits, request a scheduling cycle if any job was submitted."""
+    with factory() as session:
+        query = select(BatchSchedule.id).where(BatchSchedule.enabled.is_(True))
+        if only is not None:
+            query = query.where(BatchSchedule.id.in_(only))
+        ids = list(session.scalars(query.order_by(BatchSchedule.id)))
+    report = FireReport()
+    for schedule_id in ids:
+        try:
+            firing = fire_schedule(
+                factory=factory,
+                schedule_id=schedule_id,
+                now=now,
+                check_interval_s=check_interval_s,
+            )
+        except Exception:  # one broken schedule must not stop the others
+            log.exception("batch schedule %s: firing failed", schedule_id)
+            continue
+        if firing is not None:
+            report.firings.append(firing)
+    if report.submitted_jobs and messenger is not None:
+        messenger.request_cycle()
+    return report

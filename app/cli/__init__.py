@@ -1,0 +1,66 @@
+"""The `gpusched` command line.
+
+Each command module exposes `register(app)`, which adds its commands (or a sub-app) to the
+root Typer app; adding a module is one import and one `register` line below. Commands raise
+`app.cli.client.CliError` for expected failures; the root group prints its message to
+stderr and exits with its code, so no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from sqlalchemy.exc import DBAPIError
+from typer.core import TyperGroup
+
+from app.cli import admin, batch, cluster, jobs, logs, reports, server, simulate, up, workers
+from app.cli.client import EXIT_USAGE, CliError
+from app.config import SettingsError
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    for line in message.splitlines() or [""]:
+        typer.echo(f"error: {line}", err=True)
+    return typer.Exit(code)
+
+
+class _Group(TyperGroup):
+    """The root group: every expected failure of every subcommand ends here as one message."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CliError as exc:
+            raise _fail(exc.message, exc.exit_code) from None
+        except SettingsError as exc:
+            raise _fail(str(exc), EXIT_USAGE) from None
+        except DBAPIError as exc:
+            # Safety net; commands that use the database give a more specific message.
+            raise _fail(f"database error: {str(exc.orig).strip()}", EXIT_USAGE) from None
+
+
+app = typer.Typer(
+    name="gpusched",
+    cls=_Group,
+    help="GPU cluster scheduler: run the server, submit and inspect jobs, manage the cluster.",
+    no_args_is_help=True,
+    add_completion=False,
+    # Locals can hold API tokens; never print them in a traceback.
+    pretty_exceptions_show_locals=False,
+)
+
+server.register(app)
+jobs.register(app)
+logs.register(app)
+cluster.register(app)
+admin.register(app)
+up.register(app)
+workers.register(app)
+reports.register(app)
+batch.register(app)
+simulate.register(app)
+
+
+def main() -> None:
+    app(prog_name="gpusched")

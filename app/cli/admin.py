@@ -1,0 +1,101 @@
+"""`gpusched admin ...`: user and token administration with direct database access.
+
+These commands use the server's settings (GPUSCHED_DATABASE_URL / the data dir), not the
+REST API, so they work before any admin token exists.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from sqlalchemy import select
+
+from app.auth.models import User
+from app.auth.service import UserExists, issue_token, revoke_tokens
+from app.auth.service import create_user as create
+from app.cli.client import EXIT_REJECTED, EXIT_USAGE, CliError
+from app.cli.server import load_settings_or_exit, session_scope
+
+admin_app = typer.Typer(
+    help="Users and tokens (direct database access; run where the database is reachable).",
+    no_args_is_help=True,
+)
+
+UserName = Annotated[str, typer.Argument(help="User name", show_default=False)]
+
+
+def _check_name(value: str, what: str) -> str:
+    value = value.strip()
+    if not value or len(value) > 64:
+        raise CliError(f"{what} {value!r}: must be 1 to 64 characters", EXIT_USAGE)
+    return value
+
+
+def _print_token(intro: str, token: str) -> None:
+    # The explanation goes to stderr so `TOKEN=$(gpusched admin ...)` captures only the token.
+    typer.echo(f"{intro}\nAPI token (shown only this once):", err=True)
+    typer.echo(token)
+
+
+@admin_app.command("create-user")
+def create_user(
+    name: UserName,
+    project: Annotated[
+        list[str],
+        typer.Option(
+            "--project", "-p", help="Project (created when missing); repeatable", show_default=False
+        ),
+    ],
+    admin: Annotated[bool, typer.Option("--admin", help="Give the user the admin role")] = False,
+) -> None:
+    """Create a user in one or more projects and print its first token."""
+    name = _check_name(name, "user name")
+    projects = list(dict.fromkeys(_check_name(p, "project") for p in project))
+    settings = load_settings_or_exit()
+    try:
+        with session_scope(settings) as session:
+            _, token = create(
+                session=session,
+                name=name,
+                projects=projects,
+                is_admin=admin,
+                ttl_days=settings.token_ttl_days,
+            )
+    except UserExists as exc:
+        raise CliError(str(exc), EXIT_REJECTED) from None
+    role = "admin" if admin else "user"
+    _print_token(f"created {role} {name!r} in project(s) {', '.join(projects)}", token)
+
+
+@admin_app.command("create-token")
+def create_token(
+    name: UserName,
+    label: Annotated[str, typer.Option(help="A note stored with the token")] = "cli",
+) -> None:
+    """Issue another token for an existing user and print it."""
+    settings = load_settings_or_exit()
+    with session_scope(settings) as session:
+        user = session.scalar(select(User).where(User.name == name))
+        if user is None:
+            raise CliError(f"no user named {name!r}", EXIT_REJECTED)
+        token = issue_token(
+            session=session, user=user, ttl_days=settings.token_ttl_days, label=label[:64]
+        )
+    _print_token(f"new token for {name!r}", token)
+
+
+@admin_app.command("revoke")
+def revoke(name: UserName) -> None:
+    """Revoke every token of a user (other API processes notice within the token cache time)."""
+    settings = load_settings_or_exit()
+    try:
+        with session_scope(settings) as session:
+            count = revoke_tokens(session=session, user_name=name)
+    except LookupError as exc:
+        raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
+    typer.echo(f"revoked {count} token(s) of {name!r}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(admin_app, name="admin", rich_help_panel="Administration")

@@ -1,0 +1,323 @@
+"""Cron batch commands: `gpusched batch list|create|show|delete|enable|disable`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import typer
+from rich.table import Table
+
+from app.cli.client import (
+    EXIT_USAGE,
+    ApiClient,
+    CliError,
+    JsonOption,
+    TokenOption,
+    UrlOption,
+    add_row,
+    console,
+    make_table,
+    print_json,
+)
+from app.cli.jobs import build_spec
+
+BATCHES = "/api/v1/batches"
+
+batch_app = typer.Typer(
+    name="batch",
+    help="Cron batches: job sets submitted at local wall-clock times (fired by the scheduler).",
+    no_args_is_help=True,
+)
+
+BatchName = Annotated[str, typer.Argument(help="Batch name (a slug)", show_default=False)]
+
+
+def _path(name: str, *rest: str) -> str:
+    return "/".join([BATCHES, quote(name, safe=""), *rest])
+
+
+def load_templates(path: str) -> list[dict[str, Any]]:
+    """Templates from a JSON file: one job object, a list of them, or {"templates": [...]}."""
+    try:
+        text = Path(path).read_text() if path != "-" else typer.get_text_stream("stdin").read()
+    except OSError as exc:
+        raise CliError(f"--template-file: cannot read {path}: {exc.strerror}", EXIT_USAGE) from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"--template-file: {path} is not JSON: {exc}", EXIT_USAGE) from None
+    if isinstance(data, dict) and "templates" in data:
+        data = data["templates"]
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list) or not all(isinstance(t, dict) for t in data):
+        raise CliError(
+            f"--template-file: {path}: expected a job object or a list of job objects",
+            EXIT_USAGE,
+        )
+    return data
+
+
+def _target(batch: dict[str, Any]) -> str:
+    if batch["target"] == "offpeak" and batch.get("window"):
+        return f"offpeak ({batch['window']})"
+    return str(batch["target"])
+
+
+def _batches_table(items: list[dict[str, Any]]) -> Table:
+    table = make_table(
+        "NAME", "OWNER", "CRON", "TIMEZONE", "JOBS", "TARGET", "ENABLED", "NEXT", "LAST"
+    )
+    for b in items:
+        add_row(
+            table,
+            b["name"],
+            b["owner"],
+            b["cron"],
+            b["timezone"],
+            len(b["templates"]),
+            _target(b),
+            "yes" if b["enabled"] else "no",
+            b.get("next_fire_at") or "",
+            b.get("last_fired_at") or "",
+        )
+    return table
+
+
+@batch_app.command("list")
+def list_batches(
+    as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None
+) -> None:
+    """List batches with their next and last fire times (in each batch's zone)."""
+    items = ApiClient.from_options(url, token).get(BATCHES)
+    if as_json:
+        print_json(items)
+        return
+    console().print(_batches_table(items) if items else "no batches")
+
+
+@batch_app.command("create")
+def create(
+    name: BatchName,
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="A single job's program and arguments, after `--`.", show_default=False
+        ),
+    ] = None,
+    cron: Annotated[
+        str, typer.Option("--cron", help="5-field cron of local fire times, e.g. '0 2 * * *'")
+    ] = ...,  # type: ignore[assignment]
+    tz: Annotated[str, typer.Option("--tz", help="IANA time zone of the cron")] = "UTC",
+    offpeak: Annotated[
+        bool, typer.Option("--offpeak", help="Hold the jobs for the next off-peak window")
+    ] = False,
+    window: Annotated[
+        str | None, typer.Option("--window", help="Off-peak window name (with --offpeak)")
+    ] = None,
+    catch_up: Annotated[
+        str,
+        typer.Option(
+            "--catch-up", help="After downtime: once (run the latest missed time) or skip"
+        ),
+    ] = "once",
+    disabled: Annotated[bool, typer.Option("--disabled", help="Create it disabled")] = False,
+    template_file: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--template-file",
+            help="JSON: a job object, a list, or {\"templates\": [...]}; '-' = stdin (repeatable)",
+            show_default=False,
+        ),
+    ] = None,
+    shell: Annotated[
+        str | None, typer.Option("--shell", help="Single job: run this with /bin/sh -c")
+    ] = None,
+    job_name: Annotated[str | None, typer.Option("--job-name", help="Single job: job name")] = None,
+    gpus: Annotated[int | None, typer.Option(help="Single job: GPUs per node")] = None,
+    gpu_memory_mb: Annotated[
+        int | None, typer.Option("--gpu-memory-mb", help="Single job: GPU memory per GPU, MiB")
+    ] = None,
+    gpu_share: Annotated[
+        float | None, typer.Option("--gpu-share", help="Single job: fraction of one GPU")
+    ] = None,
+    gpu_model: Annotated[
+        str | None, typer.Option("--gpu-model", help="Single job: exact GPU model")
+    ] = None,
+    nodes: Annotated[int | None, typer.Option(help="Single job: nodes")] = None,
+    priority: Annotated[int | None, typer.Option(help="Single job: -1000..1000")] = None,
+    project: Annotated[
+        str | None, typer.Option(help="Single job: project (default: your only project)")
+    ] = None,
+    max_runtime: Annotated[
+        str | None, typer.Option("--max-runtime", help="Single job: hard limit, e.g. 2h")
+    ] = None,
+    estimated_runtime: Annotated[
+        str | None, typer.Option("--estimated-runtime", help="Single job: expected runtime")
+    ] = None,
+    retries: Annotated[int | None, typer.Option(help="Single job: retries")] = None,
+    preemptible: Annotated[
+        bool, typer.Option("--preemptible", help="Single job: may be preempted")
+    ] = False,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", help="Single job: KEY=VALUE, repeatable", show_default=False),
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option("--label", help="Single job: KEY=VALUE, repeatable", show_default=False),
+    ] = None,
+    workdir: Annotated[
+        str | None, typer.Option("--workdir", help="Single job: working directory")
+    ] = None,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Create a batch: `gpusched batch create NAME --cron '0 2 * * *' --tz Europe/Berlin
+    [--offpeak] [--template-file jobs.json] [--gpus 4 -- PROGRAM ARGS...]`."""
+    if window is not None and not offpeak:
+        raise CliError("--window needs --offpeak", EXIT_USAGE)
+    if catch_up not in ("once", "skip"):
+        raise CliError("--catch-up must be once or skip", EXIT_USAGE)
+    templates: list[dict[str, Any]] = []
+    for path in template_file or []:
+        templates.extend(load_templates(path))
+    if command or shell is not None:
+        templates.append(
+            build_spec(
+                command=command,
+                shell=shell,
+                name=job_name,
+                gpus=gpus,
+                gpu_memory_mb=gpu_memory_mb,
+                gpu_share=gpu_share,
+                gpu_model=gpu_model,
+                nodes=nodes,
+                priority=priority,
+                project=project,
+                max_runtime=max_runtime,
+                estimated_runtime=estimated_runtime,
+                retries=retries,
+                preemptible=preemptible,
+                offpeak=False,
+                window=None,
+                at=None,
+                env=env,
+                label=label,
+                workdir=workdir,
+            )
+        )
+    if not templates:
+        raise CliError("no jobs: give --template-file FILE and/or a command after `--`", EXIT_USAGE)
+    body: dict[str, Any] = {
+        "name": name,
+        "cron": cron,
+        "timezone": tz,
+        "templates": templates,
+        "target": "offpeak" if offpeak else "now",
+        "catch_up": catch_up,
+        "enabled": not disabled,
+    }
+    if window:
+        body["window"] = window
+    batch = ApiClient.from_options(url, token).post(BATCHES, json=body)
+    if as_json:
+        print_json(batch)
+        return
+    nxt = batch.get("next_fire_at") or "never (disabled)"
+    typer.echo(
+        f"created batch {batch['name']}: {len(batch['templates'])} job(s) at "
+        f"'{batch['cron']}' {batch['timezone']}, next {nxt}"
+    )
+
+
+def _details(batch: dict[str, Any]) -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    rows: list[tuple[str, object]] = [
+        ("name", batch["name"]),
+        ("owner / project", f"{batch['owner']} / {batch['project']}"),
+        ("cron", f"{batch['cron']} ({batch['timezone']})"),
+        ("target", _target(batch)),
+        ("catch up", batch["catch_up"]),
+        ("enabled", "yes" if batch["enabled"] else "no"),
+        ("next fire", batch.get("next_fire_at") or ""),
+        ("last fired", batch.get("last_fired_at") or ""),
+        ("created", batch["created_at"]),
+    ]
+    for i, t in enumerate(batch["templates"]):
+        command = t["command"] if isinstance(t["command"], str) else " ".join(t["command"])
+        rows.append((f"job {i}", f"{command} (gpus {t.get('gpus', 1)}, project {t['project']})"))
+    for label, value in rows:
+        add_row(table, label, value)
+    return table
+
+
+@batch_app.command("show")
+def show(
+    name: BatchName,
+    limit: Annotated[int, typer.Option(help="Firings to show (newest first)")] = 20,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Show a batch, its job templates and its recent firings.
+
+    --json prints the batch object with its firings under "firings"."""
+    client = ApiClient.from_options(url, token)
+    batch = client.get(_path(name))
+    firings = client.get(_path(name, "firings"), params={"limit": limit})
+    if as_json:
+        print_json({**batch, "firings": firings})
+        return
+    out = console()
+    out.print(_details(batch))
+    if firings:
+        table = make_table("FIRE TIME", "JOBS", "NOTE", title="Firings")
+        for f in firings:
+            note = "skipped (late)" if f["skipped"] else (f.get("error") or "")
+            add_row(table, f["fire_at"], ",".join(str(j) for j in f["job_ids"]), note)
+        out.print(table)
+    else:
+        out.print("no firings yet")
+
+
+@batch_app.command("delete")
+def delete(name: BatchName, url: UrlOption = None, token: TokenOption = None) -> None:
+    """Delete a batch and its firing history (jobs it submitted stay)."""
+    ApiClient.from_options(url, token).request("DELETE", _path(name))
+    typer.echo(f"deleted batch {name}")
+
+
+def _set_enabled(name: str, action: str, as_json: bool, url: str | None, token: str | None) -> None:
+    batch = ApiClient.from_options(url, token).post(_path(name, action))
+    if as_json:
+        print_json(batch)
+        return
+    state = f"enabled, next {batch['next_fire_at']}" if batch["enabled"] else "disabled"
+    typer.echo(f"batch {batch['name']}: {state}")
+
+
+@batch_app.command("enable")
+def enable(
+    name: BatchName, as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None
+) -> None:
+    """Enable a batch; fire times while it was disabled do not run."""
+    _set_enabled(name, "enable", as_json, url, token)
+
+
+@batch_app.command("disable")
+def disable(
+    name: BatchName, as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None
+) -> None:
+    """Disable a batch (it keeps its history)."""
+    _set_enabled(name, "disable", as_json, url, token)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(batch_app, name="batch", rich_help_panel="Jobs")

@@ -1,0 +1,291 @@
+"""The CLI's HTTP client: where the server is, which token to send, and errors as one line.
+
+Every expected failure becomes a `CliError` carrying the message and the exit code
+(1: the server rejected the request, 2: usage or connection problem). The Typer group in
+`app.cli` turns it into a line on stderr, so no command has to handle it itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from app.config import Settings, SettingsError, load_settings
+
+EXIT_REJECTED = 1
+EXIT_USAGE = 2
+
+URL_ENV = "GPUSCHED_URL"
+TOKEN_ENV = "GPUSCHED_TOKEN"
+
+
+class CliError(Exception):
+    """An expected failure: printed as a message to stderr, then exit with `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_REJECTED) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+class ApiError(CliError):
+    """The server answered with an error status."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message, EXIT_REJECTED)
+        self.status_code = status_code
+
+
+# Shared option types: a command module declares `url: UrlOption = None, token: TokenOption = None`
+# and calls `ApiClient.from_options(url, token)`.
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar=URL_ENV,
+        show_envvar=True,
+        help="gpusched API base URL (default: http://HOST:PORT from GPUSCHED_HOST/GPUSCHED_PORT)",
+        rich_help_panel="Connection",
+    ),
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar=TOKEN_ENV,
+        show_envvar=True,
+        help="API token (default: the admin token file in the data dir, when readable)",
+        rich_help_panel="Connection",
+    ),
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print the raw API objects as JSON on stdout.")
+]
+
+
+def settings_or_exit() -> Settings:
+    """Settings from the environment; an unusable one is a usage error (exit 2)."""
+    try:
+        return load_settings()
+    except SettingsError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+
+
+def default_url(settings: Settings) -> str:
+    host = settings.host
+    # The server may listen on every interface; a client connects to one of them.
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"
+
+
+def resolve_url(url: str | None) -> str:
+    if url:
+        return url.rstrip("/")
+    return default_url(settings_or_exit())
+
+
+def resolve_token(token: str | None) -> str:
+    if token:
+        return token.strip()
+    path = settings_or_exit().admin_token_file
+    try:
+        stored = path.read_text().strip()
+    except FileNotFoundError:
+        stored = ""
+    except OSError as exc:
+        raise CliError(f"cannot read token file {path}: {exc.strerror}", EXIT_USAGE) from None
+    if not stored:
+        raise CliError(
+            f"no API token: pass --token, set {TOKEN_ENV}, or run where the admin token "
+            f"file {path} exists",
+            EXIT_USAGE,
+        )
+    return stored
+
+
+def format_error(response: httpx.Response) -> str:
+    """The server's own message; for a 422 one `field: message` per problem."""
+    try:
+        body = response.json()
+    except ValueError:
+        text = response.text.strip()
+        return f"HTTP {response.status_code}: {text[:500] or response.reason_phrase}"
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, list):
+        lines = []
+        for err in detail:
+            if not isinstance(err, dict):
+                lines.append(str(err))
+                continue
+            raw_loc = list(err.get("loc", []))
+            where = raw_loc[0] if raw_loc else None
+            # "body"/"query"/"path"/"header" say where, not which field; users typed a field.
+            if where in ("body", "query", "path", "header"):
+                raw_loc = raw_loc[1:]
+            if where == "query":
+                # A repeated query option (status=A&status=B): the index means nothing here.
+                raw_loc = [p for p in raw_loc if not isinstance(p, int)]
+            loc = [str(p) for p in raw_loc]
+            msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+            lines.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
+        return "\n".join(lines) or f"HTTP {response.status_code}"
+    if detail is not None:
+        return str(detail)
+    return f"HTTP {response.status_code}: {response.text.strip()[:500]}"
+
+
+def _describe_transport_error(exc: httpx.TransportError) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.ConnectError) and "refused" in text.lower():
+        return "connection refused"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timed out ({type(exc).__name__})"
+    return text
+
+
+@dataclass
+class ApiClient:
+    base_url: str
+    token: str
+    timeout: float = 30.0
+    transport: httpx.BaseTransport | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_options(cls, url: str | None, token: str | None) -> ApiClient:
+        return cls(base_url=resolve_url(url), token=resolve_token(token))
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """Send one request; any error status or transport failure raises a CliError."""
+        all_headers = {"Authorization": f"Bearer {self.token}", **(headers or {})}
+        try:
+            with httpx.Client(
+                base_url=self.base_url, timeout=self.timeout, transport=self.transport
+            ) as http:
+                response = http.request(method, path, json=json, params=params, headers=all_headers)
+        except httpx.InvalidURL as exc:
+            raise CliError(f"invalid URL {self.base_url!r}: {exc}", EXIT_USAGE) from None
+        except httpx.UnsupportedProtocol:
+            raise CliError(
+                f"invalid URL {self.base_url!r}: expected http:// or https://", EXIT_USAGE
+            ) from None
+        except httpx.TransportError as exc:
+            raise CliError(
+                f"cannot reach gpusched at {self.base_url}: {_describe_transport_error(exc)}"
+                " — is `gpusched server` running?",
+                EXIT_USAGE,
+            ) from None
+        if response.status_code >= 400:
+            raise ApiError(format_error(response), response.status_code)
+        return response
+
+    def stream_text(self, path: str, *, params: Any = None) -> Iterator[str]:
+        """Yield a streamed plain-text response as it arrives (log follow mode)."""
+        headers = {"Authorization": f"Bearer {self.token}"}
+        try:
+            with (
+                httpx.Client(
+                    base_url=self.base_url, timeout=None, transport=self.transport
+                ) as http,
+                http.stream("GET", path, params=params, headers=headers) as response,
+            ):
+                if response.status_code >= 400:
+                    response.read()
+                    raise ApiError(format_error(response), response.status_code)
+                yield from response.iter_text()
+        except httpx.TransportError as exc:
+            raise CliError(
+                f"cannot reach gpusched at {self.base_url}: {_describe_transport_error(exc)}",
+                EXIT_USAGE,
+            ) from None
+
+    def body(self, response: httpx.Response) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            raise CliError(
+                f"unexpected answer from {self.base_url}{response.request.url.path}: not JSON"
+                " — is the URL a gpusched server?",
+                EXIT_USAGE,
+            ) from None
+
+    def get(self, path: str, *, params: Any = None) -> Any:
+        return self.body(self.request("GET", path, params=params))
+
+    def post(self, path: str, *, json: Any = None, headers: dict[str, str] | None = None) -> Any:
+        return self.body(self.request("POST", path, json=json, headers=headers))
+
+
+# --- output helpers shared by the command modules -------------------------------------------
+
+
+def print_json(obj: Any) -> None:
+    """Machine-readable output: the API objects as the server sent them."""
+    typer.echo(json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+def console() -> Console:
+    # Built per call: CliRunner (and pipes) swap sys.stdout between invocations.
+    return Console(highlight=False)
+
+
+def make_table(*columns: str, title: str | None = None) -> Table:
+    table = Table(*columns, title=title, title_justify="left", expand=False)
+    return table
+
+
+def add_row(table: Table, *values: object) -> None:
+    # Text(), not str: a job named "[red]x" must print as typed, not as rich markup.
+    table.add_row(*(Text("" if v is None else str(v)) for v in values))
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def human_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        hours, rest = divmod(seconds, 3600)
+        return f"{hours}h{rest // 60}m" if rest >= 60 else f"{hours}h"
+    days, rest = divmod(seconds, 86400)
+    return f"{days}d{rest // 3600}h" if rest >= 3600 else f"{days}d"
+
+
+def age(value: str | None, now: datetime | None = None) -> str:
+    """'5m' for an ISO timestamp five minutes ago; '' when absent."""
+    at = parse_time(value)
+    if at is None:
+        return ""
+    return human_duration(((now or datetime.now(UTC)) - at).total_seconds())

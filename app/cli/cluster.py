@@ -1,0 +1,143 @@
+"""Cluster commands: nodes, queues, drain, undrain."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import typer
+
+from app.cli.client import (
+    ApiClient,
+    JsonOption,
+    TokenOption,
+    UrlOption,
+    add_row,
+    age,
+    console,
+    make_table,
+    print_json,
+)
+
+NODES = "/api/v1/nodes"
+QUEUES = "/api/v1/queues"
+
+NodeName = Annotated[str, typer.Argument(help="Node name", show_default=False)]
+
+
+def _node_state(node: dict[str, Any]) -> str:
+    if node["drained"]:
+        return f"{node['state']},DRAINED"
+    return str(node["state"])
+
+
+def _gpu_models(node: dict[str, Any]) -> str:
+    counts: dict[str, int] = {}
+    for gpu in node.get("gpus", []):
+        counts[gpu["model"]] = counts.get(gpu["model"], 0) + 1
+    return ", ".join(f"{n}x {model}" for model, n in sorted(counts.items()))
+
+
+def _node_note(node: dict[str, Any]) -> str:
+    notes = []
+    if node["drained"] and node.get("drain_reason"):
+        notes.append(f"drained: {node['drain_reason']}")
+    if node.get("health_message"):
+        notes.append(node["health_message"])
+    unhealthy = [g["index"] for g in node.get("gpus", []) if not g.get("healthy", True)]
+    if unhealthy:
+        notes.append("unhealthy GPU " + ",".join(str(i) for i in unhealthy))
+    busy = [g["index"] for g in node.get("gpus", []) if g.get("foreign_util_pct", 0) > 0]
+    if busy:
+        notes.append("foreign load on GPU " + ",".join(str(i) for i in busy))
+    return "; ".join(notes)
+
+
+def nodes(as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None) -> None:
+    """List nodes: state, GPUs allocated, models, last heartbeat."""
+    items = ApiClient.from_options(url, token).get(NODES)
+    if as_json:
+        print_json(items)
+        return
+    if not items:
+        console().print("no nodes registered")
+        return
+    table = make_table("NAME", "STATE", "GPUS USED", "MODELS", "HEARTBEAT", "NOTES")
+    for node in items:
+        add_row(
+            table,
+            node["name"],
+            _node_state(node),
+            f"{node['gpus_allocated']:g}/{node['gpu_count']}",
+            _gpu_models(node),
+            f"{age(node.get('last_heartbeat_at'))} ago"
+            if node.get("last_heartbeat_at")
+            else "never",
+            _node_note(node),
+        )
+    console().print(table)
+
+
+def queues(as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None) -> None:
+    """Per-project queues: pending and running jobs, GPUs requested and in use, quota."""
+    items = ApiClient.from_options(url, token).get(QUEUES)
+    if as_json:
+        print_json(items)
+        return
+    if not items:
+        console().print("no queues")
+        return
+    table = make_table(
+        "PROJECT", "PENDING", "RUNNING", "GPUS REQUESTED", "GPUS IN USE", "QUOTA", "WEIGHT"
+    )
+    for q in items:
+        add_row(
+            table,
+            q["project"],
+            q["pending"],
+            q["running"],
+            q["gpus_requested"],
+            f"{q['gpus_in_use']:g}",
+            q["gpu_quota"] or "-",
+            f"{q['weight']:g}",
+        )
+    console().print(table)
+
+
+def drain(
+    node: NodeName,
+    reason: Annotated[str, typer.Option(help="Why (shown in `gpusched nodes`)")] = "",
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Stop placing new jobs on a node; running jobs finish normally (admin)."""
+    body = {"reason": reason} if reason else None
+    result = ApiClient.from_options(url, token).post(
+        f"{NODES}/{quote(node, safe='')}/drain", json=body
+    )
+    if as_json:
+        print_json(result)
+        return
+    typer.echo(f"node {result['name']} drained: {result['drain_reason']}")
+
+
+def undrain(
+    node: NodeName,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Let the scheduler place jobs on a drained node again (admin)."""
+    result = ApiClient.from_options(url, token).post(f"{NODES}/{quote(node, safe='')}/undrain")
+    if as_json:
+        print_json(result)
+        return
+    typer.echo(f"node {result['name']} is schedulable again ({result['state']})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("nodes", rich_help_panel="Cluster")(nodes)
+    app.command("queues", rich_help_panel="Cluster")(queues)
+    app.command("drain", rich_help_panel="Cluster")(drain)
+    app.command("undrain", rich_help_panel="Cluster")(undrain)

@@ -1,0 +1,451 @@
+"""Job commands: submit, jobs, show, cancel."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from app.cli.client import (
+    EXIT_USAGE,
+    ApiClient,
+    CliError,
+    JsonOption,
+    TokenOption,
+    UrlOption,
+    add_row,
+    age,
+    console,
+    human_duration,
+    make_table,
+    print_json,
+)
+
+JOBS = "/api/v1/jobs"
+MAX_PAGE = 500
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def parse_duration(value: str, what: str = "duration") -> int:
+    """Seconds from '3600', '90m', '2h', '1h30m', '1d12h' or '45s'."""
+    text = value.strip().lower()
+    if text.isdigit():
+        return int(text)
+    match = _DURATION.match(text)
+    if not text or match is None or not any(match.groups()):
+        raise CliError(
+            f"{what}: {value!r}: expected seconds or a duration like 90m, 2h, 1h30m", EXIT_USAGE
+        )
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return days * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+def _duration_option(value: str | None, what: str) -> int | None:
+    return None if value is None else parse_duration(value, what)
+
+
+def parse_pairs(values: list[str] | None, what: str) -> dict[str, str]:
+    """['K=V', ...] -> {K: V}; the value may be empty or contain '='."""
+    pairs: dict[str, str] = {}
+    for item in values or []:
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"{what}: {item!r}: expected KEY=VALUE", EXIT_USAGE)
+        pairs[key] = val
+    return pairs
+
+
+def parse_at(value: str) -> datetime:
+    """An ISO 8601 time; without a UTC offset it is taken as local time."""
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise CliError(
+            f"--at: {value!r}: expected an ISO 8601 time, e.g. 2026-11-23T02:00:00+01:00",
+            EXIT_USAGE,
+        ) from None
+    return at if at.tzinfo else at.astimezone()
+
+
+def build_spec(
+    *,
+    command: list[str] | None,
+    shell: str | None,
+    name: str | None,
+    gpus: int | None,
+    gpu_memory_mb: int | None,
+    gpu_share: float | None,
+    gpu_model: str | None,
+    nodes: int | None,
+    priority: int | None,
+    project: str | None,
+    max_runtime: str | None,
+    estimated_runtime: str | None,
+    retries: int | None,
+    preemptible: bool,
+    offpeak: bool,
+    window: str | None,
+    at: str | None,
+    env: list[str] | None,
+    label: list[str] | None,
+    workdir: str | None,
+) -> dict[str, Any]:
+    """The JobCreate body. Only what the user set is sent: the server owns the defaults and
+    the range checks (so its 422 names the field exactly as the API does)."""
+    if command and shell is not None:
+        raise CliError("give either --shell or a command after --, not both", EXIT_USAGE)
+    if not command and shell is None:
+        raise CliError(
+            "no command: use `gpusched submit [OPTIONS] -- PROGRAM ARGS...` or --shell 'CMD'",
+            EXIT_USAGE,
+        )
+    if offpeak and at is not None:
+        raise CliError("--offpeak and --at exclude each other", EXIT_USAGE)
+    if window is not None and not offpeak:
+        raise CliError("--window needs --offpeak", EXIT_USAGE)
+
+    spec: dict[str, Any] = {"command": list(command) if command else shell}
+    optional = {
+        "name": name,
+        "gpus": gpus,
+        "gpu_memory_mb": gpu_memory_mb,
+        "gpu_share": gpu_share,
+        "gpu_model": gpu_model,
+        "nodes": nodes,
+        "priority": priority,
+        "project": project,
+        "max_runtime_s": _duration_option(max_runtime, "--max-runtime"),
+        "estimated_runtime_s": _duration_option(estimated_runtime, "--estimated-runtime"),
+        "retries": retries,
+    }
+    spec.update({k: v for k, v in optional.items() if v is not None})
+    if preemptible:
+        spec["preemptible"] = True
+    if offpeak:
+        spec["schedule"] = {"mode": "offpeak", **({"window": window} if window else {})}
+    elif at is not None:
+        spec["schedule"] = {"mode": "at", "at": parse_at(at).isoformat()}
+    env_vars = parse_pairs(env, "--env")
+    if env_vars:
+        spec["env"] = env_vars
+    labels = parse_pairs(label, "--label")
+    if labels:
+        spec["labels"] = labels
+    spec["workdir"] = os.path.abspath(workdir) if workdir else os.getcwd()
+    return spec
+
+
+def submit(
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(help="The program and its arguments, after `--`.", show_default=False),
+    ] = None,
+    shell: Annotated[
+        str | None, typer.Option("--shell", help="Run this string with /bin/sh -c instead.")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Job name (default: the program)")] = None,
+    gpus: Annotated[int | None, typer.Option(help="GPUs per node (default: 1)")] = None,
+    gpu_memory_mb: Annotated[
+        int | None, typer.Option("--gpu-memory-mb", help="Free GPU memory needed per GPU, MiB")
+    ] = None,
+    gpu_share: Annotated[
+        float | None, typer.Option("--gpu-share", help="Fraction of one GPU (0 < share <= 1)")
+    ] = None,
+    gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="Exact GPU model")] = None,
+    nodes: Annotated[int | None, typer.Option(help="Nodes (distributed job) (default: 1)")] = None,
+    priority: Annotated[int | None, typer.Option(help="-1000..1000 (default: 0)")] = None,
+    project: Annotated[
+        str | None, typer.Option(help="Project (default: your only project)")
+    ] = None,
+    max_runtime: Annotated[
+        str | None, typer.Option("--max-runtime", help="Hard limit: seconds, 90m, 2h, 1h30m")
+    ] = None,
+    estimated_runtime: Annotated[
+        str | None,
+        typer.Option("--estimated-runtime", help="Expected runtime: seconds, 90m, 2h, 1h30m"),
+    ] = None,
+    retries: Annotated[
+        int | None, typer.Option(help="Retries after a failure (default: 0)")
+    ] = None,
+    preemptible: Annotated[
+        bool, typer.Option("--preemptible", help="May be preempted by higher-priority work")
+    ] = False,
+    offpeak: Annotated[bool, typer.Option("--offpeak", help="Run in an off-peak window")] = False,
+    window: Annotated[
+        str | None, typer.Option("--window", help="Off-peak window name (with --offpeak)")
+    ] = None,
+    at: Annotated[
+        str | None,
+        typer.Option("--at", help="Do not start before this ISO 8601 time (local if no offset)"),
+    ] = None,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", help="KEY=VALUE, repeatable", show_default=False)
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option("--label", help="KEY=VALUE, repeatable", show_default=False),
+    ] = None,
+    workdir: Annotated[
+        str | None, typer.Option("--workdir", help="Working directory (default: current)")
+    ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option("--idempotency-key", help="Resubmitting with the same key returns the job"),
+    ] = None,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Submit a job: `gpusched submit [OPTIONS] -- PROGRAM ARGS...`."""
+    spec = build_spec(
+        command=command,
+        shell=shell,
+        name=name,
+        gpus=gpus,
+        gpu_memory_mb=gpu_memory_mb,
+        gpu_share=gpu_share,
+        gpu_model=gpu_model,
+        nodes=nodes,
+        priority=priority,
+        project=project,
+        max_runtime=max_runtime,
+        estimated_runtime=estimated_runtime,
+        retries=retries,
+        preemptible=preemptible,
+        offpeak=offpeak,
+        window=window,
+        at=at,
+        env=env,
+        label=label,
+        workdir=workdir,
+    )
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+    client = ApiClient.from_options(url, token)
+    response = client.request("POST", JOBS, json=spec, headers=headers)
+    job = client.body(response)
+    if as_json:
+        print_json(job)
+        return
+    verb = "already submitted" if response.status_code == 200 else "submitted"
+    line = f"{verb} job {job['id']} ({job['name']}): {job['status']}"
+    if job.get("pending_message"):
+        line += f" — {job['pending_message']}"
+    typer.echo(line)
+
+
+def _gpus_cell(job: dict[str, Any]) -> str:
+    share = job.get("gpu_share")
+    per_node = f"{share:g}" if share is not None and share < 1 else str(job["gpus"])
+    return per_node if job.get("nodes", 1) == 1 else f"{per_node}x{job['nodes']}"
+
+
+def _reason_cell(job: dict[str, Any]) -> str:
+    if job["status"] == "PENDING":
+        return str(job.get("pending_message") or job.get("pending_reason") or "")
+    if job.get("exit_code") is not None:
+        return f"exit {job['exit_code']}"
+    if job.get("cancel_requested") and job["status"] in ("SCHEDULED", "RUNNING"):
+        return "cancel requested"
+    return ""
+
+
+def jobs_table(items: list[dict[str, Any]]) -> Table:
+    table = make_table("ID", "NAME", "PROJECT", "USER", "STATUS", "GPUS", "REASON", "AGE")
+    for job in items:
+        add_row(
+            table,
+            job["id"],
+            job["name"],
+            job["project"],
+            job["user"],
+            job["status"],
+            _gpus_cell(job),
+            _reason_cell(job),
+            age(job.get("created_at")),
+        )
+    return table
+
+
+def list_jobs(
+    status: Annotated[
+        list[str] | None,
+        typer.Option("--status", help="PENDING, RUNNING, ... (repeatable)", show_default=False),
+    ] = None,
+    project: Annotated[str | None, typer.Option(help="Only this project")] = None,
+    user: Annotated[str | None, typer.Option(help="Only this user's jobs")] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option("--label", help="KEY=VALUE, repeatable (all must match)", show_default=False),
+    ] = None,
+    limit: Annotated[int, typer.Option(help="Jobs per page (newest first)")] = 50,
+    cursor: Annotated[
+        str | None, typer.Option(help="Start at this next_cursor of an earlier page")
+    ] = None,
+    all_pages: Annotated[
+        bool, typer.Option("--all", help="Follow next_cursor through every page")
+    ] = False,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """List jobs, newest first. --json prints {"items": [...], "next_cursor": ...}."""
+    parse_pairs(label, "--label")  # usage error before any request
+    client = ApiClient.from_options(url, token)
+    params: dict[str, Any] = {
+        "status": [s.upper() for s in status or []],
+        "label": list(label or []),
+        "limit": limit,
+    }
+    if project:
+        params["project"] = project
+    if user:
+        params["user"] = user
+    items: list[dict[str, Any]] = []
+    next_cursor = cursor
+    while True:
+        if next_cursor:
+            params["cursor"] = next_cursor
+        page = client.get(JOBS, params=params)
+        items.extend(page["items"])
+        next_cursor = page.get("next_cursor")
+        if not all_pages or not next_cursor:
+            break
+    if as_json:
+        print_json({"items": items, "next_cursor": next_cursor})
+        return
+    out = console()
+    if not items:
+        out.print("no jobs")
+    else:
+        out.print(jobs_table(items))
+    if next_cursor:
+        out.print(f"more: --cursor {next_cursor} (or --all)", style="dim")
+
+
+def _command_text(command: list[str] | str) -> str:
+    return shlex.join(command) if isinstance(command, list) else f"sh -c {shlex.quote(command)}"
+
+
+def _job_details(job: dict[str, Any]) -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    rows: list[tuple[str, object]] = [
+        ("id", job["id"]),
+        ("name", job["name"]),
+        ("status", job["status"] + (" (cancel requested)" if job["cancel_requested"] else "")),
+        ("user / project", f"{job['user']} / {job['project']}"),
+        ("command", _command_text(job["command"])),
+        ("workdir", job.get("workdir") or ""),
+        ("gpus", _gpus_cell(job) + (f" {job['gpu_model']}" if job.get("gpu_model") else "")),
+    ]
+    if job.get("gpu_memory_mb"):
+        rows.append(("gpu memory", f"{job['gpu_memory_mb']} MiB"))
+    rows.append(("priority", job["priority"]))
+    rows.append(("preemptible", "yes" if job["preemptible"] else "no"))
+    schedule = job.get("schedule") or {}
+    mode = schedule.get("mode", "now")
+    if mode == "offpeak":
+        mode += f" (window {schedule['window']})" if schedule.get("window") else ""
+    elif mode == "at":
+        mode += f" {schedule.get('at')}"
+    rows.append(("schedule", mode))
+    if job.get("max_runtime_s"):
+        rows.append(("max runtime", human_duration(job["max_runtime_s"])))
+    if job.get("estimated_runtime_s"):
+        rows.append(("estimated runtime", human_duration(job["estimated_runtime_s"])))
+    rows.append(("attempt", f"{job['attempt']} (failures {job['failures']}/{job['retries']})"))
+    if job["status"] == "PENDING" or job.get("pending_reason"):
+        rows.append(("pending reason", job.get("pending_reason") or ""))
+        rows.append(("pending message", job.get("pending_message") or ""))
+    if job.get("queue_position") is not None:
+        rows.append(("queue position", job["queue_position"]))
+    if job.get("estimated_start_at"):
+        rows.append(("estimated start", job["estimated_start_at"]))
+    if job.get("exit_code") is not None:
+        rows.append(("exit code", job["exit_code"]))
+    if job.get("labels"):
+        rows.append(("labels", ", ".join(f"{k}={v}" for k, v in sorted(job["labels"].items()))))
+    if job.get("env"):
+        rows.append(("env", ", ".join(f"{k}={v}" for k, v in sorted(job["env"].items()))))
+    for key in ("created_at", "scheduled_at", "started_at", "finished_at"):
+        if job.get(key):
+            rows.append((key.removesuffix("_at"), job[key]))
+    for label, value in rows:
+        add_row(table, label, value)
+    return table
+
+
+def show(
+    job_id: Annotated[int, typer.Argument(help="Job id", show_default=False)],
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Show one job: spec, pending reason, queue position, allocations and events.
+
+    --json prints the job object with its events added under "events"."""
+    client = ApiClient.from_options(url, token)
+    job = client.get(f"{JOBS}/{job_id}")
+    events = client.get(f"{JOBS}/{job_id}/events")
+    if as_json:
+        print_json({**job, "events": events})
+        return
+    out = console()
+    out.print(_job_details(job))
+    if job.get("allocations"):
+        alloc = make_table("NODE", "GPU", "SHARE", "RANK", title="Allocations")
+        for a in job["allocations"]:
+            add_row(alloc, a["node"], a["gpu_index"], f"{a['share']:g}", a["rank"])
+        out.print(alloc)
+    if events:
+        table = make_table("AT", "FROM", "TO", "ATTEMPT", "ACTOR", "REASON", title="Events")
+        for e in events:
+            add_row(
+                table,
+                e["at"],
+                e.get("from_status") or "",
+                e["to_status"],
+                e["attempt"],
+                e["actor"],
+                e["reason"],
+            )
+        out.print(table)
+
+
+def cancel(
+    job_id: Annotated[int, typer.Argument(help="Job id", show_default=False)],
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Cancel a job (idempotent). A running job is stopped by its agent."""
+    job = ApiClient.from_options(url, token).post(f"{JOBS}/{job_id}/cancel")
+    if as_json:
+        print_json(job)
+        return
+    if job["status"] == "CANCELLED":
+        typer.echo(f"job {job['id']} ({job['name']}): CANCELLED")
+    elif job.get("cancel_requested"):
+        typer.echo(f"job {job['id']} ({job['name']}): cancel requested, still {job['status']}")
+    else:
+        typer.echo(f"job {job['id']} ({job['name']}): {job['status']}")
+
+
+def register(app: typer.Typer) -> None:
+    # Options after the first positional belong to the job's command: `submit -- python x.py
+    # --lr 1` and `submit python x.py --lr 1` both keep `--lr 1` for the job.
+    app.command(
+        "submit",
+        context_settings={"allow_interspersed_args": False},
+        rich_help_panel="Jobs",
+    )(submit)
+    app.command("jobs", rich_help_panel="Jobs")(list_jobs)
+    app.command("show", rich_help_panel="Jobs")(show)
+    app.command("cancel", rich_help_panel="Jobs")(cancel)

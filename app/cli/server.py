@@ -1,0 +1,212 @@
+"""`gpusched server` and `gpusched migrate`, plus the database helpers the admin commands share."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from alembic.util.exc import CommandError
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, ProgrammingError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.auth.service import ensure_bootstrap_admin
+from app.cli.client import EXIT_USAGE, CliError
+from app.config import Settings, SettingsError, load_settings
+from app.db import make_engine, make_session_factory, transaction
+from app.migrate import upgrade
+
+
+def load_settings_or_exit(**overrides: object) -> Settings:
+    try:
+        return load_settings(**overrides)
+    except SettingsError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+
+
+def safe_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # an unparsable URL was already rejected by Settings; be safe anyway
+        return "<database URL>"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def ensure_data_dir(path: Path) -> None:
+    """The data dir holds the admin token and (by default) the database: owner-only."""
+    if path.is_dir():
+        return
+    try:
+        path.mkdir(parents=True, mode=0o700)
+        os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
+    except OSError as exc:
+        raise CliError(f"cannot create data dir {path}: {exc.strerror}", EXIT_USAGE) from None
+
+
+def write_secret(path: Path, content: str) -> None:
+    """Write a file only its owner can read (0600), even if it existed with looser bits."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(handle.fileno(), 0o600)
+        handle.write(content)
+
+
+@contextmanager
+def database(settings: Settings) -> Iterator[Engine]:
+    """An engine for the configured database; an unreachable or unusable database becomes a
+    one-line CliError (exit 2) instead of a traceback."""
+    url = settings.effective_database_url
+    engine = make_engine(url)
+    try:
+        yield engine
+    except DBAPIError as exc:
+        reason = _first_line(exc)
+        hint = ""
+        if isinstance(exc, ProgrammingError) or "no such table" in reason:
+            hint = " — has `gpusched migrate` been run?"
+        raise CliError(
+            f"cannot use the database at {safe_url(url)}: {reason}{hint}", EXIT_USAGE
+        ) from None
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def session_scope(settings: Settings) -> Iterator[Session]:
+    """One transaction against the configured database (admin commands)."""
+    with database(settings) as engine, transaction(make_session_factory(engine)) as session:
+        yield session
+
+
+def bootstrap_admin(settings: Settings, factory: sessionmaker[Session]) -> str | None:
+    """On an empty database create `admin`, store its token in a 0600 file, return the token.
+
+    The file is written before the commit: if it cannot be written no admin is created,
+    and the next start tries again instead of leaving an admin nobody has a token for.
+    """
+    path = settings.admin_token_file
+    try:
+        with transaction(factory) as session:
+            token = ensure_bootstrap_admin(session=session, ttl_days=settings.token_ttl_days)
+            if token is not None:
+                try:
+                    write_secret(path, token + "\n")
+                except OSError as exc:
+                    raise CliError(
+                        f"cannot write the admin token file {path}: {exc.strerror}", EXIT_USAGE
+                    ) from None
+    except IntegrityError:
+        # Another server replica bootstrapped the same empty database a moment earlier.
+        return None
+    return token
+
+
+def announce_token(token: str, path: Path) -> None:
+    rule = "=" * 72
+    typer.echo(
+        f"{rule}\n"
+        "gpusched: created the bootstrap admin user 'admin'.\n"
+        "Its API token is shown only this once (also saved, mode 0600, to\n"
+        f"{path.resolve()}):\n\n"
+        f"    {token}\n\n"
+        "Use it with --token or GPUSCHED_TOKEN; create more users with\n"
+        "`gpusched admin create-user NAME --project P`.\n"
+        f"{rule}"
+    )
+
+
+def prepare_database(settings: Settings, engine: Engine) -> sessionmaker[Session]:
+    """What every start does before serving (`server`, and one-command launchers like `up`):
+    migrate to head, then on an empty database create the admin and show its token once."""
+    upgrade(engine)
+    factory = make_session_factory(engine)
+    token = bootstrap_admin(settings, factory)
+    if token is not None:
+        announce_token(token, settings.admin_token_file)
+    return factory
+
+
+def serve(settings: Settings, factory: sessionmaker[Session], log_level: str) -> None:
+    import uvicorn
+
+    from app.main import create_app
+
+    config = uvicorn.Config(
+        create_app(settings, session_factory=factory),
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+    )
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    except SystemExit:
+        # uvicorn logs why (e.g. address in use) and exits before serving.
+        if not server.started:
+            raise CliError(
+                f"could not serve on {settings.host}:{settings.port} (see the log above)",
+                EXIT_USAGE,
+            ) from None
+        raise
+
+
+def server(
+    host: Annotated[
+        str | None, typer.Option(help="Listen address (default: GPUSCHED_HOST)")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (default: GPUSCHED_PORT)")] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+) -> None:
+    """Migrate the database, create the admin on first start, and serve the REST API."""
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    settings = load_settings_or_exit(**overrides)
+    ensure_data_dir(settings.data_dir)
+    with database(settings) as engine:
+        factory = prepare_database(settings, engine)
+        serve(settings, factory, log_level)
+
+
+def current_revision(engine: Engine) -> str:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as connection:
+        heads = MigrationContext.configure(connection).get_current_heads()
+    return ", ".join(heads) or "none"
+
+
+def migrate(
+    revision: Annotated[str, typer.Argument(help="Target revision")] = "head",
+) -> None:
+    """Upgrade the database schema and create the first admin on an empty database
+    (the server also does both on start)."""
+    settings = load_settings_or_exit()
+    ensure_data_dir(settings.data_dir)
+    with database(settings) as engine:
+        try:
+            upgrade(engine, revision)
+        except CommandError as exc:
+            raise CliError(f"migration failed: {exc}", EXIT_USAGE) from None
+        typer.echo(
+            f"database {safe_url(settings.effective_database_url)} is at revision "
+            f"{current_revision(engine)}"
+        )
+        # A fresh production database (docker-compose runs only `migrate` and uvicorn)
+        # needs its first admin too.
+        token = bootstrap_admin(settings, make_session_factory(engine))
+        if token is not None:
+            announce_token(token, settings.admin_token_file)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("server", rich_help_panel="Service")(server)
+    app.command("migrate", rich_help_panel="Service")(migrate)

@@ -1,0 +1,40 @@
+"""`gpusched simulate`: replay a cluster trace through the live scheduler's policy code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from app.cli.client import EXIT_USAGE, CliError
+
+
+def simulate(
+    trace: Annotated[Path, typer.Option(help="CSV trace (job_id,user,vc,jobname,gpu_num,...)")],
+    nodes: Annotated[int, typer.Option(help="Simulated nodes", min=1)],
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node", min=1)],
+    policy: Annotated[
+        str, typer.Option(help="default, fifo, priority, fair-share, sjf, las, or all")
+    ] = "default",
+    time_scale: Annotated[
+        float, typer.Option(help="Divide inter-arrival times by K to raise the load", min=0.001)
+    ] = 1.0,
+    json_: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """Discrete-event simulation of a trace: JCT, queueing, makespan, utilisation, bounds."""
+    from app.simulator.cli import run_simulation_cli
+
+    if not trace.is_file():
+        raise CliError(f"no trace file at {trace}", EXIT_USAGE)
+    try:
+        output = run_simulation_cli(
+            trace, nodes, gpus_per_node, None if policy == "all" else policy, time_scale, json_
+        )
+    except (ValueError, KeyError) as exc:
+        raise CliError(f"cannot simulate {trace}: {exc}", EXIT_USAGE) from None
+    typer.echo(output)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate", rich_help_panel="Scheduling")(simulate)

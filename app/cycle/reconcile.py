@@ -1,0 +1,168 @@
+"""Repairs the world when messages or machines were lost. Runs every few seconds.
+
+- A node whose heartbeats stopped becomes NOT_READY; its jobs become LOST and are
+  requeued while retries remain.
+- A job scheduled but never reported started is sent run_job again (the agent ignores a
+  repeat for an attempt it already started), so losing Redis never loses a job.
+- A cancel or preemption not yet carried out is sent again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from app.cycle.dispatch import Dispatch, released_gates, run_messages, stop_messages
+from app.jobs import reports
+from app.jobs.models import Allocation, Job
+from app.jobs.reports import mark_lost
+from app.jobs.states import ACTIVE, JobStatus
+from app.nodes.models import Node, NodeState
+
+log = logging.getLogger("gpusched.reconcile")
+
+
+@dataclass
+class Repairs:
+    lost_nodes: list[str] = field(default_factory=list)
+    lost_jobs: list[int] = field(default_factory=list)
+    run: list[Dispatch] = field(default_factory=list)
+    stop: list[Dispatch] = field(default_factory=list)
+
+
+def _lose_silent_nodes(session: Session, *, stale_before: datetime, repairs: Repairs) -> None:
+    """Nodes silent since `stale_before` become NOT_READY and their jobs LOST."""
+    for node in session.scalars(
+        select(Node)
+        .where(Node.state == NodeState.READY, Node.last_heartbeat_at < stale_before)
+        .with_for_update()
+    ):
+        node.state = NodeState.NOT_READY
+        node.health_message = f"no heartbeat since {node.last_heartbeat_at:%Y-%m-%d %H:%M:%S} UTC"
+        repairs.lost_nodes.append(node.name)
+        job_ids = session.scalars(
+            select(Allocation.job_id)
+            .where(Allocation.node_id == node.id, Allocation.released_at.is_(None))
+            .distinct()
+        ).all()
+        for job in session.scalars(
+            select(Job).where(Job.id.in_(job_ids), Job.status.in_(ACTIVE)).with_for_update()
+        ):
+            # Other nodes of a gang may still run ranks of this attempt: stop them.
+            stops = stop_messages(session, job_id=job.id, attempt=job.attempt, reason="cancel")
+            mark_lost(session=session, job=job, reason=f"node {node.name} stopped responding")
+            repairs.lost_jobs.append(job.id)
+            repairs.stop.extend(d for d in stops if d.node != node.name)
+
+
+def reconcile(
+    *,
+    session: Session,
+    now: datetime,
+    heartbeat_timeout_s: float,
+    dispatch_timeout_s: float,
+    judge_nodes: bool = True,
+) -> Repairs:
+    """`judge_nodes=False` right after the scheduler (re)starts: heartbeats that arrived
+    while it was down wait in Redis, so silence is not yet evidence of a dead node."""
+    repairs = Repairs()
+    stale_before = now - timedelta(seconds=heartbeat_timeout_s)
+    if judge_nodes:
+        _lose_silent_nodes(session, stale_before=stale_before, repairs=repairs)
+
+    overdue = now - timedelta(seconds=dispatch_timeout_s)
+    for job in session.scalars(
+        select(Job).where(
+            Job.status == JobStatus.SCHEDULED,
+            Job.scheduled_at < overdue,
+            Job.dispatch_after.is_(None),  # gated jobs wait for their victims (released_gates)
+        )
+    ):
+        repairs.run.extend(run_messages(session, job=job))
+    repairs.run.extend(released_gates(session))
+    for job in session.scalars(
+        select(Job).where(
+            Job.status.in_(ACTIVE),
+            or_(Job.cancel_requested_at < overdue, Job.preempt_requested_at < overdue),
+        )
+    ):
+        reason = "cancel" if job.cancel_requested_at is not None else "preempt"
+        repairs.stop.extend(
+            stop_messages(session, job_id=job.id, attempt=job.attempt, reason=reason)
+        )
+    session.commit()
+    if repairs.lost_nodes or repairs.lost_jobs:
+        log.warning("nodes not ready: %s; jobs lost: %s", repairs.lost_nodes, repairs.lost_jobs)
+    return repairs
+
+
+@dataclass
+class NodeRepairs:
+    stops: list[Dispatch] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+
+
+def reconcile_node_attempts(
+    *,
+    session: Session,
+    node: str,
+    running: list[dict[str, Any]],
+    recent: list[dict[str, Any]],
+    now: datetime,
+    grace_s: float,
+) -> NodeRepairs:
+    """Compare what an agent reports in its heartbeat with what the database says.
+
+    - An attempt the agent runs that is not current on that node is stopped (an orphan of
+      a requeued job).
+    - An attempt the agent runs that is still SCHEDULED here gets its lost start report;
+      one it finished lately that is still active here gets its lost finish report (the
+      heartbeat repeats both, so a report lost with Redis or the database heals).
+    - A job RUNNING here that the agent neither runs nor finished lately is LOST (its
+      process died with a previous agent).
+    """
+    repairs = NodeRepairs()
+    node_id = session.scalar(select(Node.id).where(Node.name == node))
+    if node_id is None:
+        return repairs
+    reported = {(e["job_id"], e["attempt"]) for e in running}
+    results = {(e["job_id"], e["attempt"]): e for e in recent}
+    here = {
+        (job.id, job.attempt): job
+        for job in session.scalars(
+            select(Job)
+            .join(Allocation, Allocation.job_id == Job.id)
+            .where(
+                Allocation.node_id == node_id,
+                Allocation.released_at.is_(None),
+                Job.status.in_(ACTIVE),
+            )
+        )
+    }
+    repairs.stops = [
+        Dispatch(node=node, payload={"job_id": j, "attempt": a, "reason": "cancel"})
+        for j, a in sorted(reported - here.keys())
+    ]
+    settled = now - timedelta(seconds=grace_s)
+    for key, job in here.items():
+        if key in results and "result" in results[key]:
+            if reports.job_finished(session=session, payload=results[key]).accepted:
+                repairs.finished.append(job.id)
+        elif key in reported:
+            reports.job_started(
+                session=session, payload={"job_id": key[0], "attempt": key[1], "node": node}
+            )
+        elif (
+            job.status is JobStatus.RUNNING
+            and job.started_at is not None
+            and job.started_at < settled
+        ):
+            mark_lost(session=session, job=job, reason=f"process no longer running on {node}")
+            repairs.lost.append(job.id)
+    return repairs

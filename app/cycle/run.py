@@ -1,0 +1,125 @@
+"""One live scheduling cycle, phases numbered as in DESIGN.md:
+
+1. snapshot  read queue, nodes, GPUs, telemetry and usage (one read transaction)
+2. plan      the pure core decides (no I/O)
+3. apply     one transaction re-verifies and writes allocations and pending reasons
+4. dispatch  after commit, run_job / stop_job messages go to the nodes' queues
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.cycle import lease
+from app.cycle.apply import apply_plan
+from app.cycle.settings import SchedulerSettings
+from app.cycle.snapshot import read_snapshot
+from app.messaging import RUN_JOB, STOP_JOB, Messenger
+from app.metrics import CYCLE_SECONDS, PLACEMENTS
+from app.scheduling import plan_cycle
+from app.scheduling.window_close import window_close_preemptions
+from app.windows.service import intervals_for_scheduler, window_specs
+
+log = logging.getLogger("gpusched.cycle")
+
+
+@dataclass(frozen=True, slots=True)
+class CycleReport:
+    ran: bool
+    placed: int = 0
+    pending: int = 0
+    preempted: int = 0
+    skipped: int = 0
+    plan_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+def run_cycle(
+    *,
+    factory: sessionmaker[Session],
+    messenger: Messenger | None,
+    settings: SchedulerSettings,
+    holder: str,
+    now: datetime,
+    all_positions: bool = True,
+) -> CycleReport:
+    """One cycle. `all_positions=False` rewrites queue positions only near the head of the
+    queue (the scheduler worker asks for a full refresh every few seconds)."""
+    started = time.perf_counter()
+    with factory() as session:
+        token = lease.acquire(session, holder=holder, now=now, ttl_s=settings.lease_ttl_s)
+        if token is None:
+            return CycleReport(ran=False)
+        try:
+            # 1. snapshot
+            specs = window_specs(session=session)
+            ctx = read_snapshot(
+                session=session,
+                now=now,
+                half_life_s=settings.fair_share_half_life_s,
+                windows=intervals_for_scheduler(specs, now=now),
+            )
+            session.rollback()  # end the read transaction before the pure phase
+            # 2. plan
+            plan_started = time.perf_counter()
+            policy = settings.policy_settings()
+            if specs:
+                # The strictest window's rule bounds off-peak jobs outside every window.
+                policy = replace(
+                    policy,
+                    offpeak_outside_fraction=min(s.capacity_outside_fraction for s in specs),
+                )
+            plan = plan_cycle(ctx.snapshot, now=now, settings=policy)
+            closing = window_close_preemptions(
+                ctx.snapshot.running,
+                ctx.snapshot.windows,
+                now=now,
+                preempt_on_close=frozenset(s.name for s in specs if s.preempt_on_close),
+            )
+            if closing:
+                plan = replace(plan, preemptions=plan.preemptions + closing)
+            plan_ms = (time.perf_counter() - plan_started) * 1000
+            # 3. apply
+            applied = apply_plan(
+                session, ctx=ctx, plan=plan, token=token, now=now, all_positions=all_positions
+            )
+        finally:
+            lease.release(session, holder=holder, token=token, now=now)
+    if applied.lease_lost:
+        log.warning("cycle lease lost before apply; plan dropped")
+        return CycleReport(ran=False)
+    # 4. dispatch (after commit; reconciliation re-sends anything lost on the way)
+    if messenger is not None:
+        for dispatch in applied.dispatches:
+            messenger.send_to_node(
+                dispatch.node, RUN_JOB, dispatch.payload, expires_s=settings.dispatch_timeout_s
+            )
+        for stop in applied.stops:
+            messenger.send_to_node(stop.node, STOP_JOB, stop.payload)
+    CYCLE_SECONDS.observe(time.perf_counter() - started)
+    PLACEMENTS.inc(len(applied.placed))
+    report = CycleReport(
+        ran=True,
+        placed=len(applied.placed),
+        pending=len(plan.pending),
+        preempted=len(applied.stops),
+        skipped=len(applied.skipped),
+        plan_ms=plan_ms,
+        total_ms=(time.perf_counter() - started) * 1000,
+    )
+    if report.placed or report.preempted or report.skipped:
+        log.info(
+            "cycle: placed %d, preempting %d, skipped %d, pending %d (plan %.1f ms, total %.1f ms)",
+            report.placed,
+            report.preempted,
+            report.skipped,
+            report.pending,
+            report.plan_ms,
+            report.total_ms,
+        )
+    return report

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.scheduling import PolicySettings, QueuePolicy
+
+
+class SchedulerSettings(BaseSettings):
+    """GPUSCHED_SCHEDULER_* : how often and how the live scheduler decides."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUSCHED_SCHEDULER_", extra="ignore")
+
+    interval_s: float = Field(default=2.0, gt=0, description="beat period of the cycle")
+    policy: QueuePolicy = "default"
+    foreign_util_threshold_pct: float = Field(default=10.0, ge=0, le=100)
+    stability_window_s: float = Field(default=30.0, ge=0)
+    telemetry_max_age_s: float = Field(default=30.0, gt=0)
+    backfill: bool = True
+    preemption: bool = True
+    min_run_before_preempt_s: float = Field(default=600.0, ge=0)
+    fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0)
+    lease_ttl_s: float = Field(default=30.0, gt=0)
+    heartbeat_timeout_s: float = Field(default=30.0, gt=0)
+    dispatch_timeout_s: float = Field(default=15.0, gt=0)
+    reconcile_interval_s: float = Field(default=5.0, gt=0)
+    metrics_port: int = Field(default=9101, ge=0, le=65535, description="0 = no metrics server")
+
+    def policy_settings(self) -> PolicySettings:
+        return PolicySettings(
+            queue_policy=self.policy,
+            foreign_util_threshold_pct=self.foreign_util_threshold_pct,
+            stability_window_s=self.stability_window_s,
+            telemetry_max_age_s=self.telemetry_max_age_s,
+            backfill=self.backfill,
+            preemption=self.preemption,
+            min_run_before_preempt_s=self.min_run_before_preempt_s,
+        )

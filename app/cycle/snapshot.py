@@ -1,0 +1,236 @@
+"""Phase 1 of the cycle: read the database into the pure core's frozen Snapshot."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import MappingProxyType
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from app.auth.models import User
+from app.jobs.models import Allocation, Job
+from app.jobs.states import ACTIVE, JobStatus
+from app.nodes.models import Gpu, Node, NodeState
+from app.projects.models import Project
+from app.scheduling import (
+    GpuView,
+    JobView,
+    NodeView,
+    ProjectView,
+    RunningJobView,
+    Snapshot,
+    WindowInterval,
+)
+
+HISTORY_DAYS = 30
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotContext:
+    """What apply needs to re-verify the plan: each pending job's attempt as read."""
+
+    snapshot: Snapshot
+    pending_attempts: dict[int, int]
+    pending_reasons: dict[int, tuple[str | None, str | None, int | None, datetime | None]]
+    node_ids: dict[str, int]
+    gpu_ids: dict[tuple[str, int], int]
+
+
+def _gpu_view(gpu: Gpu) -> GpuView:
+    return GpuView(
+        index=gpu.index,
+        uuid=gpu.uuid,
+        model=gpu.model,
+        memory_total_mb=gpu.memory_total_mb,
+        memory_used_mb=gpu.memory_used_mb,
+        util_pct=gpu.util_pct,
+        foreign_util_pct=gpu.foreign_util_pct,
+        foreign_memory_mb=gpu.foreign_memory_mb,
+        foreign_since=gpu.foreign_since,
+        idle_since=gpu.idle_since,
+        temperature_c=gpu.temperature_c,
+        healthy=gpu.healthy,
+        telemetry_at=gpu.sampled_at,
+        allocated_milli=gpu.allocated_milli,
+        nvlink_peers=tuple(gpu.nvlink_peers),
+    )
+
+
+# What the core needs of a job; selected as plain columns (no ORM objects) because the
+# queue can hold thousands of jobs and every cycle reads all of them.
+JOB_COLUMNS = (
+    Job.id,
+    Job.name,
+    Job.user_id,
+    Job.project_id,
+    Job.gpus,
+    Job.gpu_share_milli,
+    Job.gpu_memory_mb,
+    Job.gpu_model,
+    Job.nodes,
+    Job.priority,
+    Job.created_at,
+    Job.estimated_runtime_s,
+    Job.max_runtime_s,
+    Job.preemptible,
+    Job.schedule_mode,
+    Job.begin_at,
+    Job.window,
+    Job.attempt,
+    Job.last_preempted_at,
+    Job.started_at,
+    Job.scheduled_at,
+    Job.pending_reason,
+    Job.pending_message,
+    Job.queue_position,
+    Job.estimated_start_at,
+)
+
+
+def _job_view(job: Any, user: str, project: str, attained: float) -> JobView:
+    return JobView(
+        id=job.id,
+        name=job.name,
+        user=user,
+        project=project,
+        gpus=job.gpus,
+        gpu_share=None if job.gpu_share_milli == 1000 else job.gpu_share_milli / 1000,
+        gpu_memory_mb=job.gpu_memory_mb,
+        gpu_model=job.gpu_model,
+        nodes=job.nodes,
+        priority=job.priority,
+        submitted_at=job.created_at,
+        estimated_runtime_s=job.estimated_runtime_s,
+        max_runtime_s=job.max_runtime_s,
+        preemptible=job.preemptible,
+        schedule_mode=job.schedule_mode,  # validated on submit
+        begin_at=job.begin_at,
+        window=job.window,
+        attempt=job.attempt,
+        last_preempted_at=job.last_preempted_at,
+        attained_gpu_s=attained,
+    )
+
+
+def read_snapshot(
+    *,
+    session: Session,
+    now: datetime,
+    half_life_s: float,
+    windows: tuple[WindowInterval, ...] = (),
+    max_pending: int = 20_000,
+) -> SnapshotContext:
+    users = dict(session.execute(select(User.id, User.name)).all())
+    projects = list(session.scalars(select(Project)))
+    project_names = {p.id: p.name for p in projects}
+
+    nodes = list(session.scalars(select(Node).options(selectinload(Node.gpus)).order_by(Node.name)))
+    node_views = tuple(
+        NodeView(
+            name=n.name,
+            ready=n.state is NodeState.READY,
+            drained=n.drained,
+            labels=tuple(sorted(n.labels.items())),
+            heartbeat_at=n.last_heartbeat_at,
+            gpus=tuple(_gpu_view(g) for g in n.gpus),
+        )
+        for n in nodes
+    )
+    node_names = {n.id: n.name for n in nodes}
+    gpu_index = {g.id: g.index for n in nodes for g in n.gpus}
+
+    # Usage: GPU-seconds of every allocation that ran within a few half-lives, decayed by
+    # how long ago it ended (running ones count until now). Also each job's attained service.
+    horizon = now - timedelta(seconds=max(4 * half_life_s, 86400.0))
+    usage: dict[int, float] = defaultdict(float)
+    attained: dict[int, float] = defaultdict(float)
+    placements: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    shares: dict[int, int] = {}
+    alloc_rows = session.execute(
+        select(Allocation, Job.project_id, Job.status, Job.attempt)
+        .join(Job, Job.id == Allocation.job_id)
+        .where((Allocation.released_at.is_(None)) | (Allocation.released_at >= horizon))
+    ).all()
+    for alloc, project_id, status, attempt in alloc_rows:
+        end = alloc.released_at or now
+        gpu_s = max(0.0, (end - alloc.created_at).total_seconds()) * alloc.share_milli / 1000
+        if alloc.gpu_id is not None:
+            age = (now - end).total_seconds()
+            usage[project_id] += gpu_s * math.pow(0.5, age / half_life_s) if half_life_s else gpu_s
+            if alloc.released_at is not None:
+                # The core adds the current run itself (LAS): count only finished attempts.
+                attained[alloc.job_id] += gpu_s
+        if alloc.released_at is None and status in ACTIVE and alloc.attempt == attempt:
+            node = node_names[alloc.node_id]
+            gpus = placements[alloc.job_id][node]
+            if alloc.gpu_id is not None:
+                gpus.append(gpu_index[alloc.gpu_id])
+            shares[alloc.job_id] = alloc.share_milli
+
+    # A job being preempted has handed its GPUs over already: it holds nothing the core
+    # may plan with, and must not be picked as a victim again.
+    active_jobs = session.execute(
+        select(*JOB_COLUMNS).where(Job.status.in_(ACTIVE), Job.preempt_requested_at.is_(None))
+    ).all()
+    running = tuple(
+        RunningJobView(
+            job=_job_view(j, users[j.user_id], project_names[j.project_id], attained[j.id]),
+            placement=tuple(
+                (node, tuple(sorted(idx))) for node, idx in sorted(placements[j.id].items())
+            ),
+            started_at=j.started_at or j.scheduled_at or now,
+            share=shares.get(j.id, 1000) / 1000,
+        )
+        for j in active_jobs
+    )
+    pending_jobs = session.execute(
+        select(*JOB_COLUMNS)
+        .where(Job.status == JobStatus.PENDING)
+        .order_by(Job.id)
+        .limit(max_pending)
+    ).all()
+    pending = tuple(
+        _job_view(j, users[j.user_id], project_names[j.project_id], attained[j.id])
+        for j in pending_jobs
+    )
+    history: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for user_id, name, started, finished in session.execute(
+        select(Job.user_id, Job.name, Job.started_at, Job.finished_at)
+        .where(
+            Job.status == JobStatus.SUCCEEDED,
+            Job.finished_at >= now - timedelta(days=HISTORY_DAYS),
+        )
+        .order_by(Job.id.desc())
+        .limit(5000)
+    ):
+        if started is not None and finished is not None:
+            history[(users[user_id], name)].append((finished - started).total_seconds())
+
+    snapshot = Snapshot(
+        nodes=node_views,
+        pending=pending,
+        running=running,
+        projects=tuple(
+            ProjectView(
+                name=p.name, quota_gpus=p.gpu_quota, weight=p.weight, usage_gpu_s=usage[p.id]
+            )
+            for p in projects
+        ),
+        windows=windows,
+        runtime_history=MappingProxyType({k: tuple(v) for k, v in history.items()}),
+    )
+    return SnapshotContext(
+        snapshot=snapshot,
+        pending_attempts={j.id: j.attempt for j in pending_jobs},
+        pending_reasons={
+            j.id: (j.pending_reason, j.pending_message, j.queue_position, j.estimated_start_at)
+            for j in pending_jobs
+        },
+        node_ids={n.name: n.id for n in nodes},
+        gpu_ids={(n.name, g.index): g.id for n in nodes for g in n.gpus},
+    )

@@ -1,0 +1,98 @@
+"""Engine, session factory and the declarative base shared by every domain's models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, MetaData, TypeDecorator, create_engine, event
+from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+
+# Stable constraint names so Alembic autogenerate and downgrades agree on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite drops tzinfo otherwise)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime stored; use an aware UTC datetime")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+JSONType = JSON
+# For optional JSON columns that are queried with IS NULL: Python None is stored as SQL NULL.
+NullableJSON = JSON(none_as_null=True)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    # Bound values include token hashes and jobs' env: never print them in SQL logs.
+    kwargs.setdefault("hide_parameters", True)
+    if url.startswith("sqlite"):
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs
+        )
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            # WAL lets the API read while the scheduler writes; foreign keys are off by default.
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+            # We issue BEGIN ourselves (below); pysqlite would otherwise start transactions
+            # late, at the first write.
+            dbapi_conn.isolation_level = None
+
+        @event.listens_for(engine, "begin")
+        def _begin_immediate(conn: Any) -> None:
+            # SQLite ignores SELECT ... FOR UPDATE. Taking the write lock when a transaction
+            # starts makes read-check-write sequences (two agent reports about one job, a
+            # cancel racing a placement) serialise as they do on PostgreSQL.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    kwargs.setdefault("pool_size", 20)
+    kwargs.setdefault("max_overflow", 20)
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """One unit of work: commit on success, roll back on any error."""
+    with factory() as session, session.begin():
+        yield session

@@ -1,0 +1,82 @@
+"""FastAPI dependencies: the DB session per request and the calling principal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from sqlalchemy.orm import Session
+
+from app.auth.service import TOKEN_CACHE, FailedAuthLimiter, Principal, load_principal
+from app.config import Settings
+from app.db import utcnow
+from app.messaging import Messenger
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with request.app.state.session_factory() as session:
+        yield session
+
+
+def get_messenger(request: Request) -> Messenger | None:
+    messenger: Messenger | None = request.app.state.messenger
+    return messenger
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+MessengerDep = Annotated["Messenger | None", Depends(get_messenger)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+_UNAUTHORIZED = {"WWW-Authenticate": "Bearer"}
+
+
+def get_principal(request: Request, session: SessionDep, settings: SettingsDep) -> Principal:
+    limiter: FailedAuthLimiter = request.app.state.auth_limiter
+    client = request.client.host if request.client else "unknown"
+    wait = limiter.retry_after(client)
+    if wait is not None:
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            "too many failed token checks from this address; retry later",
+            headers={"Retry-After": str(max(1, round(wait)))},
+        )
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        limiter.failed(client)
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "missing bearer token: send 'Authorization: Bearer <token>'",
+            headers=_UNAUTHORIZED,
+        )
+    token = token.strip()
+    principal = TOKEN_CACHE.get(token, settings.token_cache_s)
+    if principal is None:
+        principal = load_principal(session=session, token=token, now=utcnow())
+        if principal is None:
+            limiter.failed(client)
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED,
+                "invalid, expired or revoked token",
+                headers=_UNAUTHORIZED,
+            )
+        TOKEN_CACHE.put(token, principal)
+    return principal
+
+
+CurrentUser = Annotated[Principal, Depends(get_principal)]
+
+
+def require_admin(principal: CurrentUser) -> Principal:
+    if not principal.is_admin:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "admin role required")
+    return principal
+
+
+AdminUser = Annotated[Principal, Depends(require_admin)]

@@ -1,0 +1,48 @@
+"""Memory/GPU estimator for training jobs (pure calculation, no I/O).
+
+Entry point: :func:`estimate`; see ``docs/estimator.md`` for the formulas.
+"""
+
+from app.estimator.memory import (
+    CUDA_CONTEXT_BYTES,
+    FORMULAS,
+    FRAGMENTATION_FRACTION,
+    assumed_shape,
+    estimate,
+    memory_request_mb,
+    training_flops,
+    training_time,
+    transformer_parameters,
+)
+from app.estimator.schemas import (
+    BytesPerParameter,
+    EstimateRequest,
+    EstimateResponse,
+    GpuFit,
+    GpuModelSpec,
+    MemoryBreakdown,
+    Suggestion,
+    TrainingTime,
+    TransformerShape,
+)
+
+__all__ = [
+    "CUDA_CONTEXT_BYTES",
+    "FORMULAS",
+    "FRAGMENTATION_FRACTION",
+    "BytesPerParameter",
+    "EstimateRequest",
+    "EstimateResponse",
+    "GpuFit",
+    "GpuModelSpec",
+    "MemoryBreakdown",
+    "Suggestion",
+    "TrainingTime",
+    "TransformerShape",
+    "assumed_shape",
+    "estimate",
+    "memory_request_mb",
+    "training_flops",
+    "training_time",
+    "transformer_parameters",
+]

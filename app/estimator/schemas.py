@@ -1,0 +1,253 @@
+"""Pydantic v2 request/response models for the memory/GPU estimator.
+
+Pure data definitions: this module imports pydantic only.  All sizes are bytes unless the
+field name says otherwise; ``*_mb`` fields are MiB (2**20 bytes), the unit NVML and
+``nvidia-smi`` report GPU memory in.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Precision = Literal["fp32", "mixed", "bf16"]
+Optimizer = Literal["adam", "sgd", "adafactor", "adam8bit"]
+Sharding = Literal["none", "zero1", "zero2", "zero3"]
+SuggestionKind = Literal["precision", "sharding", "checkpointing", "micro_batch", "combined"]
+
+
+class GpuModelSpec(BaseModel):
+    """One GPU model the estimate is checked against.
+
+    ``memory_mb`` is the usable device memory in MiB (as NVML reports it).  Peak figures are
+    dense (no 2:4 sparsity) TFLOP/s; ``peak_tflops_fp32`` is the figure fp32 training really
+    runs at (the TF32 tensor-core peak if TF32 matmuls are enabled, else plain FP32).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memory_mb: int = Field(gt=0, description="usable device memory, MiB")
+    peak_tflops_bf16: float = Field(gt=0, description="dense bf16/fp16 tensor-core peak, TFLOP/s")
+    peak_tflops_fp32: float = Field(gt=0, description="fp32 (or TF32) peak, TFLOP/s")
+
+
+class TransformerShape(BaseModel):
+    """Decoder-only (GPT-style) transformer shape: non-gated MLP, tied embeddings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layers: int = Field(gt=0, description="number of transformer layers L")
+    hidden: int = Field(gt=0, description="hidden size h")
+    heads: int = Field(gt=0, description="attention heads a")
+    vocab: int = Field(gt=0, description="vocabulary size V")
+    seq_len: int = Field(gt=0, description="sequence length s")
+    ffn_hidden: int | None = Field(
+        default=None, gt=0, description="MLP inner size f; defaults to 4*hidden"
+    )
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> Self:
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"transformer.hidden ({self.hidden}) must be divisible by "
+                f"transformer.heads ({self.heads})"
+            )
+        return self
+
+    @property
+    def ffn(self) -> int:
+        """MLP inner size actually used (``ffn_hidden`` or ``4 * hidden``)."""
+        return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
+
+
+class EstimateRequest(BaseModel):
+    """What to estimate: a model (``parameters`` XOR ``transformer``) and a training setup."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    parameters: int | None = Field(
+        default=None, gt=0, description="parameter count; give this or transformer"
+    )
+    transformer: TransformerShape | None = Field(
+        default=None, description="transformer shape; give this or parameters"
+    )
+    seq_len: int | None = Field(
+        default=None,
+        gt=0,
+        description="sequence length for a parameters-only request (default 2048)",
+    )
+    precision: Precision = "mixed"
+    optimizer: Optimizer = "adam"
+    micro_batch: int = Field(default=1, ge=1, description="sequences per GPU per micro-step")
+    gradient_accumulation: int = Field(
+        default=1, ge=1, description="micro-batches per optimizer step (per pipeline)"
+    )
+    checkpointing: bool = Field(default=False, description="full activation recomputation")
+    sequence_parallel: bool = Field(
+        default=False, description="Megatron sequence parallelism on top of tensor parallelism"
+    )
+    data_parallel: int = Field(default=1, ge=1)
+    sharding: Sharding = "none"
+    tensor_parallel: int = Field(default=1, ge=1)
+    pipeline_parallel: int = Field(default=1, ge=1)
+    gpu_count: int | None = Field(
+        default=None,
+        ge=1,
+        description="total GPUs; must equal tensor*pipeline*data parallel "
+        "(data_parallel is derived from it when not given)",
+    )
+    tokens: int | None = Field(default=None, gt=0, description="training token budget")
+    mfu: float = Field(default=0.4, gt=0, le=1, description="assumed model FLOP utilisation")
+    target_gpu_memory_mb: int | None = Field(
+        default=None, gt=0, description="memory (MiB) the suggestions must fit into"
+    )
+
+    @model_validator(mode="after")
+    def _check_combination(self) -> Self:
+        if (self.parameters is None) == (self.transformer is None):
+            raise ValueError("give exactly one of 'parameters' or 'transformer'")
+        shape = self.transformer
+        if shape is not None:
+            if self.seq_len is not None and self.seq_len != shape.seq_len:
+                raise ValueError(
+                    f"seq_len ({self.seq_len}) conflicts with transformer.seq_len "
+                    f"({shape.seq_len}); set only transformer.seq_len"
+                )
+            if shape.heads % self.tensor_parallel:
+                raise ValueError(
+                    f"tensor_parallel ({self.tensor_parallel}) must divide "
+                    f"transformer.heads ({shape.heads})"
+                )
+            if shape.ffn % self.tensor_parallel:
+                raise ValueError(
+                    f"tensor_parallel ({self.tensor_parallel}) must divide "
+                    f"transformer.ffn_hidden ({shape.ffn})"
+                )
+            if self.pipeline_parallel > shape.layers:
+                raise ValueError(
+                    f"pipeline_parallel ({self.pipeline_parallel}) must not exceed "
+                    f"transformer.layers ({shape.layers})"
+                )
+        if self.gpu_count is not None:
+            model_parallel = self.tensor_parallel * self.pipeline_parallel
+            if "data_parallel" in self.model_fields_set:
+                total = model_parallel * self.data_parallel
+                if total != self.gpu_count:
+                    raise ValueError(
+                        f"gpu_count ({self.gpu_count}) must equal tensor_parallel * "
+                        f"pipeline_parallel * data_parallel ({total})"
+                    )
+            else:
+                if self.gpu_count % model_parallel:
+                    raise ValueError(
+                        f"gpu_count ({self.gpu_count}) must be a multiple of tensor_parallel "
+                        f"* pipeline_parallel ({model_parallel})"
+                    )
+                self.data_parallel = self.gpu_count // model_parallel
+        return self
+
+
+class MemoryBreakdown(BaseModel):
+    """Bytes per GPU, by component."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weights: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    overhead: int
+    total: int
+
+
+class BytesPerParameter(BaseModel):
+    """Model-state bytes per parameter before any sharding or model parallelism."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weights: float
+    gradients: float
+    optimizer_states: float
+    total: float
+
+
+class TrainingTime(BaseModel):
+    """Time to train on ``tokens`` tokens: 6 * P * tokens / (mfu * peak * gpus)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_count: int
+    flops: float
+    peak_tflops_per_gpu: float
+    mfu: float
+    seconds: float
+    hours: float
+
+
+class GpuFit(BaseModel):
+    """Whether and from how many GPUs the request fits one GPU model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_model: str
+    memory_mb: int
+    fits_as_requested: bool
+    total_bytes_as_requested: int
+    min_gpu_count: int | None = Field(
+        description="smallest tensor*pipeline*data parallel GPU count that fits; None if none"
+    )
+    min_data_parallel: int | None
+    total_bytes_at_min: int | None = Field(description="per-GPU total at min_gpu_count")
+    message: str
+    training_time: TrainingTime | None = Field(
+        default=None, description="at the requested GPU count (needs tokens)"
+    )
+    training_time_at_min: TrainingTime | None = Field(
+        default=None, description="at min_gpu_count (needs tokens and a fit)"
+    )
+
+
+class Suggestion(BaseModel):
+    """One concrete change to the request, with its own full estimate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: SuggestionKind
+    description: str
+    changes: dict[str, str | int | bool]
+    per_gpu_bytes: MemoryBreakdown
+    total_bytes: int
+    fits: bool
+    target_bytes: int
+
+
+class EstimateResponse(BaseModel):
+    """Result of :func:`app.estimator.estimate`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    parameters: int
+    shape: TransformerShape
+    shape_assumed: bool = Field(description="True if shape was derived from parameters")
+    precision: Precision
+    optimizer: Optimizer
+    sharding: Sharding
+    data_parallel: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    gpu_count: int
+    micro_batch: int
+    gradient_accumulation: int
+    global_batch: int = Field(description="sequences per step: micro * accumulation * dp")
+    bytes_per_parameter: BytesPerParameter
+    per_gpu_bytes: MemoryBreakdown
+    per_gpu_mib: int = Field(description="ceil(per_gpu_bytes.total / 2**20)")
+    formulas: dict[str, str]
+    coefficients: dict[str, float] = Field(description="values substituted in formulas")
+    training_flops: float | None = Field(description="6 * parameters * tokens")
+    fits: dict[str, GpuFit]
+    target_memory_mb: int | None = Field(description="memory the suggestions aim for")
+    suggestions: list[Suggestion]
+    warnings: list[str]
+    assumptions: list[str]

@@ -1,0 +1,101 @@
+"""The one function that changes a job's status.
+
+Every change is checked against ALLOWED and recorded as a job_event in the same
+transaction, so the stored history always explains the stored state.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from app.db import utcnow
+from app.jobs.models import Job, JobEvent
+from app.jobs.states import ALLOWED, FINISHED, RETRYABLE, JobStatus
+
+
+class IllegalTransition(ValueError):
+    def __init__(self, job_id: int, current: JobStatus, target: JobStatus, why: str = "") -> None:
+        self.current = current
+        self.target = target
+        detail = f": {why}" if why else ""
+        super().__init__(f"job {job_id}: {current} -> {target} is not allowed{detail}")
+
+
+def retries_left(job: Job) -> int:
+    return max(0, job.retries - job.failures)
+
+
+def transition(
+    session: Session, *, job: Job, to: JobStatus, actor: str, reason: str = ""
+) -> JobEvent:
+    current = JobStatus(job.status)
+    if to not in ALLOWED[current]:
+        raise IllegalTransition(job.id, current, to)
+    if current in RETRYABLE and to is JobStatus.PENDING and retries_left(job) == 0:
+        raise IllegalTransition(job.id, current, to, "no retries left")
+
+    now = utcnow()
+    if current in RETRYABLE and to is JobStatus.PENDING:
+        job.failures += 1
+    if to is JobStatus.PENDING:
+        # Back in the queue: say why until the next cycle gives the real pending reason.
+        job.pending_reason = "NEW"
+        job.pending_message = f"{reason}; waiting for the next scheduling cycle"
+        job.preempt_requested_at = None
+        job.exit_code = None
+        job.started_at = None
+        job.scheduled_at = None
+    elif to is JobStatus.SCHEDULED:
+        job.scheduled_at = now
+        job.pending_reason = job.pending_message = None
+        job.queue_position = None
+        job.estimated_start_at = None
+    elif to is JobStatus.RUNNING:
+        job.started_at = now
+    elif to is JobStatus.PREEMPTED:
+        job.last_preempted_at = now
+    if to in FINISHED:
+        job.finished_at = now
+        job.queue_position = None
+    job.status = to
+    job.updated_at = now
+    event = JobEvent(
+        job_id=job.id,
+        at=now,
+        from_status=current,
+        to_status=to,
+        attempt=job.attempt,
+        actor=actor,
+        reason=reason,
+    )
+    session.add(event)
+    return event
+
+
+def settle_interrupted(session: Session, *, job: Job, actor: str) -> None:
+    """After PREEMPTED or LOST: back to the queue while retries remain, else FAILED.
+
+    A preemption is the scheduler's choice, not the job's fault, so it costs no retry.
+    """
+    status = JobStatus(job.status)
+    if status is JobStatus.PREEMPTED:
+        transition(
+            session, job=job, to=JobStatus.PENDING, actor=actor, reason="requeued after preemption"
+        )
+    elif status in RETRYABLE:
+        if retries_left(job) > 0:
+            transition(
+                session,
+                job=job,
+                to=JobStatus.PENDING,
+                actor=actor,
+                reason=f"retry {job.failures + 1} of {job.retries}",
+            )
+        elif status is JobStatus.LOST:
+            transition(
+                session,
+                job=job,
+                to=JobStatus.FAILED,
+                actor=actor,
+                reason="lost and no retries left",
+            )

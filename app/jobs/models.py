@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    Enum,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from app.db import Base, JSONType, NullableJSON, UTCDateTime, utcnow
+from app.jobs.states import JobStatus
+
+STATUS_TYPE = Enum(JobStatus, native_enum=False, length=16)
+
+
+class Job(Base):
+    __tablename__ = "job"
+    __table_args__ = (
+        UniqueConstraint("user_id", "idempotency_key", name="uq_job_user_idempotency_key"),
+        CheckConstraint("gpus >= 0", name="gpus_not_negative"),
+        CheckConstraint("gpu_share_milli > 0 AND gpu_share_milli <= 1000", name="share_range"),
+        CheckConstraint("nodes >= 1", name="nodes_positive"),
+        Index("ix_job_status_id", "status", "id"),
+        Index("ix_job_project_id", "project_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    user_id: Mapped[int] = mapped_column(ForeignKey("user_account.id"))
+    project_id: Mapped[int] = mapped_column(ForeignKey("project.id"))
+    command: Mapped[list[str] | str] = mapped_column(JSONType)
+    workdir: Mapped[str | None] = mapped_column(String(1024))
+    env: Mapped[dict[str, str]] = mapped_column(JSONType, default=dict)
+    gpus: Mapped[int] = mapped_column(Integer, default=1)
+    gpu_memory_mb: Mapped[int | None] = mapped_column(Integer)
+    gpu_share_milli: Mapped[int] = mapped_column(Integer, default=1000)
+    gpu_model: Mapped[str | None] = mapped_column(String(96))
+    nodes: Mapped[int] = mapped_column(Integer, default=1)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    max_runtime_s: Mapped[int | None] = mapped_column(Integer)
+    estimated_runtime_s: Mapped[int | None] = mapped_column(Integer)
+    retries: Mapped[int] = mapped_column(Integer, default=0)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=False)
+    schedule_mode: Mapped[str] = mapped_column(String(16), default="now")
+    begin_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    window: Mapped[str | None] = mapped_column(String(64))
+    labels: Mapped[dict[str, str]] = mapped_column(JSONType, default=dict)
+
+    status: Mapped[JobStatus] = mapped_column(STATUS_TYPE, default=JobStatus.PENDING)
+    # Incremented each time the job is placed; agents' reports carry it (fencing).
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    pending_reason: Mapped[str | None] = mapped_column(String(32))
+    pending_message: Mapped[str | None] = mapped_column(String(512))
+    queue_position: Mapped[int | None] = mapped_column(Integer)
+    estimated_start_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    # Set by a cancel of a scheduled/running job; the agent stops the process and then
+    # reports CANCELLED, so the GPUs are released only once the process is gone.
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Set when a plan names the job as a preemption victim; cleared when it requeues.
+    preempt_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_preempted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Jobs preempted to make room for this one: its GPUs are already its own, but run_job
+    # is sent only when all of them have exited.
+    dispatch_after: Mapped[list[int] | None] = mapped_column(NullableJSON)
+
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    scheduled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    idempotency_key: Mapped[str | None] = mapped_column(String(128))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+
+    events: Mapped[list[JobEvent]] = relationship(
+        back_populates="job", order_by="JobEvent.id", cascade="all, delete-orphan"
+    )
+
+
+class JobEvent(Base):
+    """Every state change: when, from what, to what, who did it and why."""
+
+    __tablename__ = "job_event"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    from_status: Mapped[JobStatus | None] = mapped_column(STATUS_TYPE)
+    to_status: Mapped[JobStatus] = mapped_column(STATUS_TYPE)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    actor: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+    job: Mapped[Job] = relationship(back_populates="events")
+
+
+class Allocation(Base):
+    """The GPUs (or, for a CPU-only job, the node) one attempt of a job holds.
+
+    An allocation is active until released_at is set. A partial unique index makes two
+    active whole-GPU allocations of one GPU impossible; shared allocations are bounded
+    by gpu.allocated_milli's check constraint.
+    """
+
+    __tablename__ = "allocation"
+    __table_args__ = (
+        Index(
+            "uq_allocation_active_whole_gpu",
+            "gpu_id",
+            unique=True,
+            postgresql_where=text("released_at IS NULL AND share_milli = 1000"),
+            sqlite_where=text("released_at IS NULL AND share_milli = 1000"),
+        ),
+        Index("ix_allocation_job_attempt", "job_id", "attempt"),
+        CheckConstraint("share_milli > 0 AND share_milli <= 1000", name="share_range"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    node_id: Mapped[int] = mapped_column(ForeignKey("node.id"))
+    gpu_id: Mapped[int | None] = mapped_column(ForeignKey("gpu.id"))
+    share_milli: Mapped[int] = mapped_column(Integer, default=1000)
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -1,0 +1,97 @@
+"""How agents' reports change jobs. Every report names (job_id, attempt); a report for
+any attempt other than the job's current one is ignored (fencing), so a slow or restarted
+agent can never overwrite a newer attempt."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.jobs.allocations import release
+from app.jobs.lifecycle import retries_left, settle_interrupted, transition
+from app.jobs.models import Job
+from app.jobs.states import ACTIVE, JobStatus
+
+log = logging.getLogger("gpusched.reports")
+
+RESULTS = {
+    "SUCCEEDED": JobStatus.SUCCEEDED,
+    "FAILED": JobStatus.FAILED,
+    "TIMED_OUT": JobStatus.TIMED_OUT,
+    "CANCELLED": JobStatus.CANCELLED,
+    "PREEMPTED": JobStatus.PREEMPTED,
+    "LOST": JobStatus.LOST,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    accepted: bool
+    why: str
+    job_finished: bool = False
+
+
+def _current(session: Session, job_id: int, attempt: int) -> tuple[Job | None, str]:
+    job = session.scalar(select(Job).where(Job.id == job_id).with_for_update())
+    if job is None:
+        return None, f"job {job_id} does not exist"
+    if job.attempt != attempt:
+        return None, f"stale report for attempt {attempt}; job {job_id} is on attempt {job.attempt}"
+    if job.status not in ACTIVE:
+        return None, f"job {job_id} attempt {attempt} is already {job.status}"
+    return job, ""
+
+
+def job_started(*, session: Session, payload: dict[str, Any]) -> Applied:
+    job, why = _current(session, payload["job_id"], payload["attempt"])
+    if job is None:
+        return Applied(False, why)
+    if job.status is JobStatus.SCHEDULED:
+        transition(
+            session,
+            job=job,
+            to=JobStatus.RUNNING,
+            actor=f"agent:{payload['node']}",
+            reason=f"started as pid {payload.get('pid')}",
+        )
+    return Applied(True, "")
+
+
+def job_finished(*, session: Session, payload: dict[str, Any]) -> Applied:
+    """Record how an attempt ended, release its GPUs, and requeue it when that is due."""
+    job, why = _current(session, payload["job_id"], payload["attempt"])
+    if job is None:
+        return Applied(False, why)
+    actor = f"agent:{payload['node']}"
+    result = RESULTS[payload["result"]]
+    message = payload.get("message", "")
+    if job.status is JobStatus.SCHEDULED and result is not JobStatus.LOST:
+        # Fast jobs: the finish report can overtake the start report; keep the history whole.
+        transition(
+            session, job=job, to=JobStatus.RUNNING, actor=actor, reason="start not yet reported"
+        )
+    job.exit_code = payload.get("exit_code")
+    release(session, job_id=job.id, attempt=job.attempt)
+    transition(session, job=job, to=result, actor=actor, reason=message)
+    if result is JobStatus.FAILED and retries_left(job) > 0:
+        transition(
+            session,
+            job=job,
+            to=JobStatus.PENDING,
+            actor="scheduler",
+            reason=f"retry {job.failures + 1} of {job.retries} after: {message}",
+        )
+    elif result in (JobStatus.PREEMPTED, JobStatus.LOST):
+        settle_interrupted(session, job=job, actor="scheduler")
+    return Applied(True, "", job_finished=True)
+
+
+def mark_lost(*, session: Session, job: Job, reason: str) -> None:
+    """The node holding this attempt is gone: release, and requeue while retries remain."""
+    release(session, job_id=job.id, attempt=job.attempt)
+    transition(session, job=job, to=JobStatus.LOST, actor="scheduler", reason=reason)
+    settle_interrupted(session, job=job, actor="scheduler")

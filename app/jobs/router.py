@@ -1,0 +1,180 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response, status
+from fastapi.responses import PlainTextResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from app.cycle.dispatch import stop_messages
+from app.db import utcnow
+from app.deps import CurrentUser, MessengerDep, SessionDep, SettingsDep
+from app.errors import FieldError
+from app.jobs import service
+from app.jobs.logs import MAX_TAIL_LINES, attempt_log_path, follow, read_tail, resolve_attempt
+from app.jobs.schemas import JobCreate, JobEventOut, JobOut, JobPage
+from app.jobs.states import ACTIVE, JobStatus
+from app.messaging import STOP_JOB
+from app.nodes.telemetry import job_series
+
+JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+
+router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobOut,
+    responses={
+        200: {"model": JobOut, "description": "Replay: the job this Idempotency-Key created"}
+    },
+)
+def submit_job(
+    spec: JobCreate,
+    session: SessionDep,
+    principal: CurrentUser,
+    response: Response,
+    messenger: MessengerDep,
+    idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
+) -> JobOut:
+    """Queue a job. Repeating a request with the same Idempotency-Key and body returns the
+    first job (200) instead of creating a second one."""
+    submitted = service.submit(
+        session=session, principal=principal, spec=spec, idempotency_key=idempotency_key
+    )
+    if not submitted.created:
+        response.status_code = status.HTTP_200_OK
+    elif messenger is not None:
+        messenger.request_cycle()  # after commit; beat would pick it up anyway
+    response.headers["Location"] = f"/api/v1/jobs/{submitted.job.id}"
+    return submitted.job
+
+
+def _parse_labels(values: list[str]) -> list[tuple[str, str]]:
+    parsed = []
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key:
+            raise FieldError("label", f"{value!r}: expected key=value")
+        parsed.append((key, val))
+    return parsed
+
+
+def _parse_cursor(cursor: str | None) -> int | None:
+    if cursor is None:
+        return None
+    if not cursor.isdigit() or int(cursor) > 2**31:
+        raise FieldError("cursor", "not a cursor returned by this endpoint")
+    return int(cursor)
+
+
+@router.get("", response_model=JobPage)
+def list_jobs(
+    session: SessionDep,
+    principal: CurrentUser,
+    status_: Annotated[list[JobStatus], Query(alias="status")] = [],  # noqa: B006
+    project: str | None = None,
+    user: str | None = None,
+    label: Annotated[list[str], Query(description="key=value, repeatable")] = [],  # noqa: B006
+    cursor: Annotated[str | None, Query(max_length=20)] = None,
+    limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 50,
+) -> JobPage:
+    return service.list_jobs(
+        session=session,
+        principal=principal,
+        statuses=status_,
+        project=project,
+        user=user,
+        labels=_parse_labels(label),
+        cursor=_parse_cursor(cursor),
+        limit=limit,
+    )
+
+
+@router.get("/{job_id}", response_model=JobOut)
+def get_job(job_id: JobId, session: SessionDep, principal: CurrentUser) -> JobOut:
+    return service.get(session=session, principal=principal, job_id=job_id)
+
+
+@router.get("/{job_id}/events", response_model=list[JobEventOut])
+def get_job_events(job_id: JobId, session: SessionDep, principal: CurrentUser) -> list[JobEventOut]:
+    return service.events(session=session, principal=principal, job_id=job_id)
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut)
+def cancel_job(
+    job_id: JobId, session: SessionDep, principal: CurrentUser, messenger: MessengerDep
+) -> JobOut:
+    """Idempotent: cancelling a cancelled job returns it unchanged. A scheduled or running
+    job is stopped by its agent (SIGTERM, grace period, SIGKILL) and then CANCELLED."""
+    job = service.cancel(session=session, principal=principal, job_id=job_id)
+    if job.cancel_requested and messenger is not None:
+        for stop in stop_messages(session, job_id=job.id, attempt=job.attempt, reason="cancel"):
+            messenger.send_to_node(stop.node, STOP_JOB, stop.payload)
+    return job
+
+
+@router.get(
+    "/{job_id}/logs",
+    response_class=Response,
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "The log"}
+    },
+)
+def get_job_logs(
+    job_id: JobId,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: CurrentUser,
+    tail: Annotated[int | None, Query(ge=1, le=MAX_TAIL_LINES)] = None,
+    attempt: Annotated[int | None, Query(ge=1, le=10_000)] = None,
+    follow_: Annotated[bool, Query(alias="follow")] = False,
+) -> Response:
+    """The attempt's stdout and stderr (latest attempt by default). `tail=N` keeps the last
+    N lines; `follow=true` streams new output until the attempt ends."""
+    job = service.get(session=session, principal=principal, job_id=job_id)
+    if job.attempt == 0:
+        return PlainTextResponse("", headers={"X-Job-Status": job.status})
+    chosen = resolve_attempt(job_id=job_id, current_attempt=job.attempt, attempt=attempt)
+    log_dir = settings.log_dir.resolve()
+    path = attempt_log_path(log_dir, job_id, chosen)
+    text, read_up_to = read_tail(path, log_dir, tail)
+    headers = {"X-Job-Status": job.status, "X-Attempt": str(chosen)}
+    if not follow_:
+        return PlainTextResponse(text, headers=headers)
+    factory = request.app.state.session_factory
+    # The stream may last hours: end this request's transaction now (on SQLite it holds the
+    # write lock) and check the job's state with short sessions of its own.
+    session.rollback()
+
+    async def attempt_running() -> bool:
+        def check() -> bool:
+            with factory() as fresh:
+                current = service.get(session=fresh, principal=principal, job_id=job_id)
+            return current.attempt == chosen and current.status in ACTIVE
+
+        return await run_in_threadpool(check)
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield text.encode()
+        async for chunk in follow(
+            path, log_dir, start_offset=read_up_to, still_running=attempt_running
+        ):
+            yield chunk
+
+    return StreamingResponse(stream(), media_type="text/plain", headers=headers)
+
+
+@router.get("/{job_id}/telemetry")
+def get_job_telemetry(
+    job_id: JobId, session: SessionDep, principal: CurrentUser
+) -> dict[str, object]:
+    """Readings of the job's GPUs over its run: one point per GPU and sample."""
+    job = service.get(session=session, principal=principal, job_id=job_id)
+    since = job.created_at
+    until = job.finished_at or utcnow()
+    points = job_series(session=session, job_id=job_id, since=since, until=until)
+    return {"job_id": job_id, "points": points}

@@ -1,0 +1,220 @@
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from app.estimator.schemas import EstimateRequest
+from app.timeutil import checked_utc
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Set by the agent for every job; a job may not override them.
+RESERVED_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "GPUSCHED_",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "NODE_RANK",
+    "LOCAL_WORLD_SIZE",
+)
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
+
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+def _find_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list):
+        return any(_find_nul(v) for v in value)
+    if isinstance(value, dict):
+        return any(_find_nul(k) or _find_nul(v) for k, v in value.items())
+    return False
+
+
+class Strict(BaseModel):
+    """Request bodies: unknown fields are errors, and no string may hold a NUL byte (no
+    database text column, environment variable or argv entry can carry one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="after")
+    def _no_nul_bytes(self) -> Strict:
+        for name in type(self).model_fields:
+            if _find_nul(getattr(self, name)):
+                raise ValueError(f"{name}: must not contain NUL bytes")
+        return self
+
+
+class ScheduleSpec(Strict):
+    mode: Literal["now", "offpeak", "at"] = "now"
+    at: datetime | None = Field(default=None, description="begin time, with a UTC offset")
+    window: str | None = Field(default=None, max_length=64, description="off-peak window name")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScheduleSpec:
+        if self.mode == "at":
+            if self.at is None:
+                raise ValueError("mode 'at' needs 'at': an ISO 8601 time with a UTC offset")
+            try:
+                self.at = checked_utc(self.at)
+            except ValueError as exc:
+                raise ValueError(f"'at' {exc}") from None
+        elif self.at is not None:
+            raise ValueError("'at' is only allowed with mode 'at'")
+        if self.window is not None and self.mode != "offpeak":
+            raise ValueError("'window' is only allowed with mode 'offpeak'")
+        return self
+
+
+class JobCreate(Strict):
+    name: Name | None = None
+    command: (
+        list[Annotated[str, Field(max_length=8192)]]
+        | Annotated[str, Field(min_length=1, max_length=65536)]
+    ) = Field(description="argv list (no shell), or one string run by /bin/sh -c")
+    workdir: str | None = Field(default=None, max_length=1024)
+    env: dict[str, Annotated[str, Field(max_length=32768)]] = Field(default_factory=dict)
+    gpus: int = Field(default=1, ge=0, le=1024, description="GPUs per node")
+    gpu_memory_mb: int | None = Field(default=None, ge=1, le=10_000_000)
+    gpu_share: float | None = Field(default=None, gt=0, le=1)
+    gpu_model: str | None = Field(default=None, min_length=1, max_length=96)
+    nodes: int = Field(default=1, ge=1, le=1024)
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    project: str | None = Field(default=None, min_length=1, max_length=64)
+    max_runtime_s: int | None = Field(default=None, ge=1, le=365 * 86400)
+    estimated_runtime_s: int | None = Field(default=None, ge=1, le=365 * 86400)
+    retries: int = Field(default=0, ge=0, le=100)
+    preemptible: bool = False
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+    labels: dict[str, Annotated[str, Field(max_length=256)]] = Field(default_factory=dict)
+    model: EstimateRequest | None = Field(
+        default=None,
+        description="model description; without gpu_memory_mb, the estimate fills it "
+        "(see POST /api/v1/estimate)",
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _command_not_empty(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("argv list must not be empty")
+            if not value[0]:
+                raise ValueError("program (argv[0]) must not be empty")
+            if len(value) > 4096:
+                raise ValueError("at most 4096 arguments")
+        elif not value.strip():
+            raise ValueError("shell command must not be blank")
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute_workdir(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError("must be an absolute path")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > 256:
+            raise ValueError("at most 256 variables")
+        for key in value:
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not a valid variable name")
+            if key.startswith(RESERVED_ENV):
+                raise ValueError(f"{key!r} is set by the scheduler and cannot be overridden")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > 64:
+            raise ValueError("at most 64 labels")
+        for key in value:
+            if not _LABEL_KEY.match(key):
+                raise ValueError(f"label key {key!r}: letters, digits, '_.-/', at most 63")
+        return value
+
+    @model_validator(mode="after")
+    def _share_is_fraction_of_one_gpu(self) -> JobCreate:
+        if self.gpu_share is not None and self.gpu_share < 1:
+            if self.gpus != 1:
+                raise ValueError("gpu_share below 1 needs gpus = 1 (a fraction of one GPU)")
+            if self.nodes != 1:
+                raise ValueError("gpu_share below 1 needs nodes = 1")
+        if self.gpus == 0 and (self.gpu_memory_mb or self.gpu_model or self.gpu_share):
+            raise ValueError("gpu_memory_mb, gpu_model and gpu_share need gpus >= 1")
+        return self
+
+    @property
+    def share_milli(self) -> int:
+        return 1000 if self.gpu_share is None else max(1, round(self.gpu_share * 1000))
+
+
+class AllocationOut(BaseModel):
+    node: str
+    gpu_index: int | None
+    share: float
+    rank: int
+
+
+class JobOut(BaseModel):
+    id: int
+    name: str
+    user: str
+    project: str
+    status: str
+    command: list[str] | str
+    workdir: str | None
+    env: dict[str, str]
+    gpus: int
+    gpu_memory_mb: int | None
+    gpu_share: float | None
+    gpu_model: str | None
+    nodes: int
+    priority: int
+    max_runtime_s: int | None
+    estimated_runtime_s: int | None
+    retries: int
+    failures: int
+    preemptible: bool
+    schedule: ScheduleSpec
+    labels: dict[str, str]
+    attempt: int
+    pending_reason: str | None
+    pending_message: str | None
+    queue_position: int | None
+    estimated_start_at: datetime | None
+    exit_code: int | None
+    cancel_requested: bool
+    allocations: list[AllocationOut]
+    created_at: datetime
+    scheduled_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    next_cursor: str | None = Field(description="pass as ?cursor= to get the next (older) page")
+
+
+class JobEventOut(BaseModel):
+    id: int
+    at: datetime
+    from_status: str | None
+    to_status: str
+    attempt: int
+    actor: str
+    reason: str
+
+
+class PendingPage(BaseModel):
+    total: int
+    items: list[JobOut]

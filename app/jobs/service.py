@@ -1,0 +1,448 @@
+"""Submitting, reading, listing and cancelling jobs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.auth.models import User
+from app.auth.service import Principal
+from app.db import utcnow
+from app.errors import Conflict, FieldError, Forbidden, NotFound
+from app.estimator.catalog import job_memory_from_model
+from app.jobs.lifecycle import transition
+from app.jobs.models import Allocation, Job, JobEvent
+from app.jobs.schemas import (
+    AllocationOut,
+    JobCreate,
+    JobEventOut,
+    JobOut,
+    JobPage,
+    PendingPage,
+    ScheduleSpec,
+)
+from app.jobs.states import ACTIVE, JobStatus
+from app.nodes.models import Gpu, Node
+from app.projects.models import Project
+
+MAX_PAGE = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    job: JobOut
+    created: bool  # False when an Idempotency-Key replayed an earlier submission
+
+
+def _request_hash(spec: JobCreate) -> str:
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _resolve_project(
+    *, session: Session, principal: Principal, name: str | None
+) -> tuple[int, str]:
+    """(id, name) of the project a submission goes to; the user's own projects come from
+    the principal, so the common case costs no query."""
+    if name is None:
+        if len(principal.projects) == 1:
+            name = next(iter(principal.projects))
+        else:
+            raise FieldError(
+                "project",
+                "required: you belong to "
+                + (", ".join(sorted(principal.projects)) or "no project"),
+            )
+    if name in principal.project_id_by_name:
+        return principal.project_id_by_name[name], name
+    project_id = session.scalar(select(Project.id).where(Project.name == name))
+    if project_id is None:
+        raise FieldError("project", f"no project named {name!r}")
+    if not principal.can_see_project(project_id):
+        raise FieldError("project", f"you are not a member of project {name!r}")
+    return project_id, name
+
+
+def check_can_ever_fit(*, session: Session, spec: JobCreate) -> None:
+    """Reject what no registered node could ever run; accept anything while none is registered.
+
+    Counts every GPU a node has (drained or busy ones included): those can come back.
+    """
+    rows = session.execute(
+        select(Node.name, Gpu.model, Gpu.memory_total_mb).outerjoin(Gpu, Gpu.node_id == Node.id)
+    ).all()
+    if not rows:
+        return
+    per_node: dict[str, list[tuple[str, int]]] = {}
+    for node_name, model, memory in rows:
+        gpus = per_node.setdefault(node_name, [])
+        if model is not None:
+            gpus.append((model, memory))
+    largest_name, largest = max(per_node.items(), key=lambda item: (len(item[1]), item[0]))
+    if spec.gpu_model is not None:
+        models = sorted({m for gpus in per_node.values() for m, _ in gpus})
+        if spec.gpu_model not in models:
+            raise FieldError(
+                "gpu_model",
+                f"no node has GPU model {spec.gpu_model!r}; available: {', '.join(models) or 'none'}",
+            )
+
+    def usable(gpus: list[tuple[str, int]]) -> list[int]:
+        return [
+            mem
+            for model, mem in gpus
+            if (spec.gpu_model is None or model == spec.gpu_model)
+            and (spec.gpu_memory_mb is None or mem >= spec.gpu_memory_mb)
+        ]
+
+    if spec.gpus > len(largest):
+        raise FieldError(
+            "gpus",
+            f"no node could ever fit {spec.gpus} GPUs: the largest node, {largest_name}, "
+            f"has {len(largest)}",
+        )
+    if spec.gpu_memory_mb is not None:
+        biggest = max((mem for gpus in per_node.values() for _, mem in gpus), default=0)
+        if spec.gpu_memory_mb > biggest:
+            raise FieldError(
+                "gpu_memory_mb",
+                f"no GPU has {spec.gpu_memory_mb} MiB; the largest has {biggest} MiB",
+            )
+    fitting_nodes = [name for name, gpus in per_node.items() if len(usable(gpus)) >= spec.gpus]
+    if len(fitting_nodes) < spec.nodes:
+        raise FieldError(
+            "nodes",
+            f"{spec.nodes} nodes with {spec.gpus} matching GPUs each requested; "
+            f"only {len(fitting_nodes)} node(s) could ever fit (largest node: {largest_name}, "
+            f"{len(largest)} GPUs)",
+        )
+
+
+def create_job(
+    *,
+    session: Session,
+    principal: Principal,
+    spec: JobCreate,
+    idempotency_key: str | None = None,
+    actor: str | None = None,
+    reason: str = "submitted",
+) -> tuple[Job, str]:
+    """Validate and add a PENDING job with its first event; flushes, never commits, so a
+    caller can submit several jobs atomically (cron batches)."""
+    project_id, project_name = _resolve_project(
+        session=session, principal=principal, name=spec.project
+    )
+    request_hash = _request_hash(spec)  # of the body as sent: idempotent replays compare it
+    if spec.model is not None and spec.gpu_memory_mb is None:
+        memory = job_memory_from_model(
+            session=session,
+            model=spec.model,
+            gpus=spec.gpus,
+            nodes=spec.nodes,
+            gpu_model=spec.gpu_model,
+        )
+        spec = spec.model_copy(update={"gpu_memory_mb": memory})
+    check_can_ever_fit(session=session, spec=spec)
+    now = utcnow()
+    job = Job(
+        name=spec.name or _default_name(spec.command),
+        user_id=principal.user_id,
+        project_id=project_id,
+        command=spec.command,
+        workdir=spec.workdir,
+        env=spec.env,
+        gpus=spec.gpus,
+        gpu_memory_mb=spec.gpu_memory_mb,
+        gpu_share_milli=spec.share_milli,
+        gpu_model=spec.gpu_model,
+        nodes=spec.nodes,
+        priority=spec.priority,
+        max_runtime_s=spec.max_runtime_s,
+        estimated_runtime_s=spec.estimated_runtime_s,
+        retries=spec.retries,
+        failures=0,
+        preemptible=spec.preemptible,
+        schedule_mode=spec.schedule.mode,
+        begin_at=spec.schedule.at,  # already UTC (ScheduleSpec)
+        window=spec.schedule.window,
+        labels=spec.labels,
+        status=JobStatus.PENDING,
+        attempt=0,
+        pending_reason="NEW",
+        pending_message="waiting for the next scheduling cycle",
+        created_at=now,
+        updated_at=now,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+    )
+    session.add(job)
+    session.flush()
+    session.add(
+        JobEvent(
+            job_id=job.id,
+            at=now,
+            from_status=None,
+            to_status=JobStatus.PENDING,
+            attempt=0,
+            actor=actor or principal.name,
+            reason=reason,
+        )
+    )
+    return job, project_name
+
+
+def submit(
+    *,
+    session: Session,
+    principal: Principal,
+    spec: JobCreate,
+    idempotency_key: str | None,
+) -> Submitted:
+    request_hash = _request_hash(spec)
+    if idempotency_key is not None:
+        replay = _idempotent_replay(
+            session=session, principal=principal, key=idempotency_key, request_hash=request_hash
+        )
+        if replay is not None:
+            return Submitted(job=replay, created=False)
+    try:
+        job, project_name = create_job(
+            session=session, principal=principal, spec=spec, idempotency_key=idempotency_key
+        )
+        session.commit()
+    except IntegrityError:
+        # Two identical requests raced on the same Idempotency-Key: the other one won.
+        session.rollback()
+        if idempotency_key is None:
+            raise
+        replay = _idempotent_replay(
+            session=session, principal=principal, key=idempotency_key, request_hash=request_hash
+        )
+        if replay is None:
+            raise
+        return Submitted(job=replay, created=False)
+    return Submitted(
+        job=_to_out(job, user=principal.name, project=project_name, allocations=[]), created=True
+    )
+
+
+def _default_name(command: list[str] | str) -> str:
+    first = command[0] if isinstance(command, list) else command.split()[0]
+    return first.rsplit("/", 1)[-1][:200] or "job"
+
+
+def _idempotent_replay(
+    *, session: Session, principal: Principal, key: str, request_hash: str
+) -> JobOut | None:
+    job = session.scalar(
+        select(Job).where(Job.user_id == principal.user_id, Job.idempotency_key == key)
+    )
+    if job is None:
+        return None
+    if job.request_hash != request_hash:
+        raise Conflict(
+            f"Idempotency-Key {key!r} was already used for job {job.id} with a different body"
+        )
+    return _outs(session, [job])[0]
+
+
+def get(*, session: Session, principal: Principal, job_id: int) -> JobOut:
+    return _outs(session, [_visible_job(session=session, principal=principal, job_id=job_id)])[0]
+
+
+def _visible_job(*, session: Session, principal: Principal, job_id: int) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"no job {job_id}")
+    if not principal.can_see_project(job.project_id):
+        raise Forbidden(f"job {job_id} belongs to a project you are not a member of")
+    return job
+
+
+def events(*, session: Session, principal: Principal, job_id: int) -> list[JobEventOut]:
+    job = _visible_job(session=session, principal=principal, job_id=job_id)
+    rows = session.scalars(select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id))
+    return [
+        JobEventOut(
+            id=e.id,
+            at=e.at,
+            from_status=e.from_status,
+            to_status=e.to_status,
+            attempt=e.attempt,
+            actor=e.actor,
+            reason=e.reason,
+        )
+        for e in rows
+    ]
+
+
+def list_jobs(
+    *,
+    session: Session,
+    principal: Principal,
+    statuses: Sequence[JobStatus] = (),
+    project: str | None = None,
+    user: str | None = None,
+    labels: Sequence[tuple[str, str]] = (),
+    cursor: int | None = None,
+    limit: int = 50,
+) -> JobPage:
+    """Newest first. The cursor is the last id seen: new jobs get higher ids, so paging
+    backwards never skips or repeats a job however many are submitted meanwhile."""
+    query = select(Job).order_by(Job.id.desc()).limit(limit + 1)
+    if not principal.is_admin:
+        query = query.where(Job.project_id.in_(principal.project_ids or {-1}))
+    if statuses:
+        query = query.where(Job.status.in_(statuses))
+    if project is not None:
+        query = query.join(Project, Project.id == Job.project_id).where(Project.name == project)
+    if user is not None:
+        query = query.join(User, User.id == Job.user_id).where(User.name == user)
+    for key, value in labels:
+        query = query.where(Job.labels[key].as_string() == value)
+    if cursor is not None:
+        query = query.where(Job.id < cursor)
+    jobs = list(session.scalars(query))
+    more = len(jobs) > limit
+    jobs = jobs[:limit]
+    return JobPage(items=_outs(session, jobs), next_cursor=str(jobs[-1].id) if more else None)
+
+
+def pending_in_order(
+    *, session: Session, principal: Principal, project: str | None, offset: int, limit: int
+) -> PendingPage:
+    """Waiting jobs in the order the last cycle would serve them (queue position)."""
+    query = select(Job).where(Job.status == JobStatus.PENDING)
+    if not principal.is_admin:
+        query = query.where(Job.project_id.in_(principal.project_ids or {-1}))
+    if project is not None:
+        query = query.join(Project, Project.id == Job.project_id).where(Project.name == project)
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    jobs = session.scalars(
+        query.order_by(Job.queue_position.is_(None), Job.queue_position, Job.id)
+        .offset(offset)
+        .limit(limit)
+    ).all()
+    return PendingPage(total=total, items=_outs(session, jobs))
+
+
+def cancel(*, session: Session, principal: Principal, job_id: int) -> JobOut:
+    """Idempotent. A pending job ends at once; a scheduled or running one is stopped by its
+    agent, which then reports CANCELLED (so its GPUs free up only when the process is gone)."""
+    job = _visible_job(session=session, principal=principal, job_id=job_id)
+    # Lock the row: a cycle placing this job at the same moment must not be overwritten.
+    session.refresh(job, with_for_update=True)
+    status = JobStatus(job.status)
+    if status in (JobStatus.PENDING, JobStatus.PREEMPTED, JobStatus.LOST):
+        if status is not JobStatus.PENDING:
+            transition(session, job=job, to=JobStatus.PENDING, actor=principal.name, reason="")
+        transition(
+            session,
+            job=job,
+            to=JobStatus.CANCELLED,
+            actor=principal.name,
+            reason="cancelled by user",
+        )
+    elif status in ACTIVE:
+        if job.cancel_requested_at is None:
+            job.cancel_requested_at = utcnow()
+            session.add(
+                JobEvent(
+                    job_id=job.id,
+                    from_status=status,
+                    to_status=status,
+                    attempt=job.attempt,
+                    actor=principal.name,
+                    reason="cancel requested; stopping the process",
+                )
+            )
+    elif status is not JobStatus.CANCELLED:
+        raise Conflict(f"job {job_id} already finished ({status}); nothing to cancel")
+    session.commit()
+    return _outs(session, [job])[0]
+
+
+def _outs(session: Session, jobs: Sequence[Job]) -> list[JobOut]:
+    if not jobs:
+        return []
+    user_names = dict(
+        session.execute(
+            select(User.id, User.name).where(User.id.in_({j.user_id for j in jobs}))
+        ).all()
+    )
+    project_names = dict(
+        session.execute(
+            select(Project.id, Project.name).where(Project.id.in_({j.project_id for j in jobs}))
+        ).all()
+    )
+    active_ids = [j.id for j in jobs if j.status in ACTIVE]
+    allocations: dict[int, list[AllocationOut]] = {}
+    if active_ids:
+        rows = session.execute(
+            select(Allocation.job_id, Node.name, Gpu.index, Allocation.share_milli, Allocation.rank)
+            .join(Node, Node.id == Allocation.node_id)
+            .outerjoin(Gpu, Gpu.id == Allocation.gpu_id)
+            .where(Allocation.job_id.in_(active_ids), Allocation.released_at.is_(None))
+            .order_by(Allocation.rank, Gpu.index)
+        ).all()
+        for job_id, node, index, share, rank in rows:
+            allocations.setdefault(job_id, []).append(
+                AllocationOut(node=node, gpu_index=index, share=share / 1000, rank=rank)
+            )
+    return [
+        _to_out(
+            j,
+            user=user_names[j.user_id],
+            project=project_names[j.project_id],
+            allocations=allocations.get(j.id, []),
+        )
+        for j in jobs
+    ]
+
+
+def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOut]) -> JobOut:
+    return JobOut(
+        id=job.id,
+        name=job.name,
+        user=user,
+        project=project,
+        status=job.status,
+        command=job.command,
+        workdir=job.workdir,
+        env=job.env,
+        gpus=job.gpus,
+        gpu_memory_mb=job.gpu_memory_mb,
+        gpu_share=None if job.gpu_share_milli == 1000 else job.gpu_share_milli / 1000,
+        gpu_model=job.gpu_model,
+        nodes=job.nodes,
+        priority=job.priority,
+        max_runtime_s=job.max_runtime_s,
+        estimated_runtime_s=job.estimated_runtime_s,
+        retries=job.retries,
+        failures=job.failures,
+        preemptible=job.preemptible,
+        schedule=ScheduleSpec.model_construct(
+            mode=job.schedule_mode,  # type: ignore[arg-type]  # validated at submission
+            at=job.begin_at,
+            window=job.window,
+        ),
+        labels=job.labels,
+        attempt=job.attempt,
+        pending_reason=job.pending_reason,
+        pending_message=job.pending_message,
+        queue_position=job.queue_position,
+        estimated_start_at=job.estimated_start_at,
+        exit_code=job.exit_code,
+        cancel_requested=job.cancel_requested_at is not None,
+        allocations=allocations,
+        created_at=job.created_at,
+        scheduled_at=job.scheduled_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+    )

@@ -1,0 +1,40 @@
+"""Job states and the legal transitions between them (pure; no database)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobStatus(StrEnum):
+    PENDING = "PENDING"
+    SCHEDULED = "SCHEDULED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMED_OUT = "TIMED_OUT"
+    PREEMPTED = "PREEMPTED"
+    LOST = "LOST"
+
+
+S = JobStatus
+
+# PREEMPTED and LOST are way stations: the job goes back to PENDING while retries
+# remain, or ends as FAILED. FAILED may go back to PENDING for a retry.
+ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
+    S.PENDING: frozenset({S.SCHEDULED, S.CANCELLED}),
+    # SCHEDULED -> PENDING: the dispatch could not be delivered and the allocation was undone.
+    S.SCHEDULED: frozenset({S.RUNNING, S.PENDING, S.CANCELLED, S.LOST, S.PREEMPTED, S.FAILED}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.PREEMPTED, S.LOST}),
+    S.PREEMPTED: frozenset({S.PENDING, S.FAILED}),
+    S.LOST: frozenset({S.PENDING, S.FAILED}),
+    S.FAILED: frozenset({S.PENDING}),
+    S.SUCCEEDED: frozenset(),
+    S.CANCELLED: frozenset(),
+    S.TIMED_OUT: frozenset(),
+}
+
+ACTIVE = frozenset({S.SCHEDULED, S.RUNNING})
+FINISHED = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT})
+# A job in these states may come back to PENDING; "retries" bounds how often it does.
+RETRYABLE = frozenset({S.FAILED, S.LOST})

@@ -1,0 +1,131 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry
+from sqlalchemy.exc import DataError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.auth.router import router as auth_router
+from app.auth.service import FailedAuthLimiter
+from app.batches.router import router as batches_router
+from app.config import Settings
+from app.db import make_engine, make_session_factory
+from app.errors import API_ERROR_RESPONSES, DomainError, FieldError
+from app.estimator.router import router as estimator_router
+from app.etag import ETagMiddleware
+from app.frontend import mount_frontend
+from app.health.router import router as health_router
+from app.jobs.router import router as jobs_router
+from app.messaging import Messenger, create_celery
+from app.metrics import DatabaseCollector
+from app.nodes.router import router as nodes_router
+from app.nodes.router import utilization_router
+from app.projects.router import router as projects_router
+from app.reports.router import router as reports_router
+from app.windows.router import router as windows_router
+
+log = logging.getLogger("gpusched.api")
+
+
+def _field_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FieldError)
+    detail = [{"loc": [exc.location, exc.field], "msg": exc.message, "type": "value_error"}]
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+def _domain_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, DomainError)
+    return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
+
+
+def _database_down(_: Request, exc: Exception) -> JSONResponse:
+    # Connection refused, server restarting, SQLite locked: the client should retry.
+    log.error("database unavailable: %s", getattr(exc, "orig", exc))
+    return JSONResponse(
+        {"detail": "database unavailable, retry later"},
+        status_code=503,
+        headers={"Retry-After": "2"},
+    )
+
+
+def _unstorable_value(_: Request, exc: Exception) -> JSONResponse:
+    # PostgreSQL refuses some values any Python str can hold (a NUL byte in a name or a
+    # query filter): the request is at fault, not the server.
+    log.info(
+        "refused a value the database cannot store: %s", type(getattr(exc, "orig", exc)).__name__
+    )
+    detail = [
+        {
+            "loc": ["request"],
+            "msg": "a value in the request cannot be stored (e.g. it contains a NUL byte)",
+            "type": "value_error",
+        }
+    ]
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    # Drop pydantic's "input" echo: it can be megabytes, and it may hold secrets (env).
+    errors = [
+        {k: v for k, v in err.items() if k not in ("input", "ctx", "url")} for err in exc.errors()
+    ]
+    return JSONResponse({"detail": errors}, status_code=422)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    session_factory: sessionmaker[Session] | None = None,
+    redis_client: Any = None,
+    messenger: Messenger | None = None,
+) -> FastAPI:
+    app = FastAPI(
+        title="gpusched",
+        version="0.1.0",
+        description="GPU cluster scheduling service. Authenticate with `Authorization: Bearer`.",
+        max_body_size=settings.max_body_bytes,  # 413 for larger bodies, streamed or not
+    )
+    if session_factory is None:
+        session_factory = make_session_factory(make_engine(settings.effective_database_url))
+    if redis_client is None and settings.redis_url:
+        import redis
+
+        redis_client = redis.Redis.from_url(settings.redis_url, socket_timeout=2)
+    if messenger is None and settings.redis_url:
+        messenger = Messenger(create_celery(settings.redis_url), redis_client)
+    app.state.settings = settings
+    app.state.messenger = messenger
+    app.state.tariff = settings.tariff
+    app.state.auth_limiter = FailedAuthLimiter(limit=settings.auth_failures_per_minute)
+    app.state.metrics_registry = CollectorRegistry()
+    app.state.metrics_registry.register(DatabaseCollector(session_factory))
+    app.state.session_factory = session_factory
+    app.state.redis = redis_client
+
+    app.add_exception_handler(FieldError, _field_error)
+    app.add_exception_handler(DomainError, _domain_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(OperationalError, _database_down)
+    app.add_exception_handler(DataError, _unstorable_value)
+
+    app.include_router(health_router)
+    app.include_router(auth_router, responses=API_ERROR_RESPONSES)
+    app.include_router(jobs_router, responses=API_ERROR_RESPONSES)
+    app.include_router(nodes_router, responses=API_ERROR_RESPONSES)
+    app.include_router(utilization_router, responses=API_ERROR_RESPONSES)
+    app.include_router(projects_router, responses=API_ERROR_RESPONSES)
+    app.include_router(estimator_router, responses=API_ERROR_RESPONSES)
+    app.include_router(reports_router, responses=API_ERROR_RESPONSES)
+    app.include_router(windows_router, responses=API_ERROR_RESPONSES)
+    app.include_router(batches_router, responses=API_ERROR_RESPONSES)
+    app.add_middleware(ETagMiddleware)
+    mount_frontend(app)
+    return app

@@ -1,0 +1,104 @@
+"""Messages sent through Celery (Redis): task names, queues, and the one sender.
+
+The API and the scheduler send by task name, so neither imports worker code. Every send
+happens after the database transaction that justifies it has committed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+
+from app.metrics import DISPATCH_FAILURES
+
+log = logging.getLogger("gpusched.messaging")
+
+SCHEDULER_QUEUE = "scheduler"
+REPORTS_QUEUE = "reports"
+
+SCHEDULE_CYCLE = "gpusched.schedule_cycle"
+RECONCILE = "gpusched.reconcile"
+COMPACT_TELEMETRY = "gpusched.compact_telemetry"
+FIRE_BATCHES = "gpusched.fire_batches"
+AGENT_REPORT = "gpusched.agent_report"
+RUN_JOB = "gpusched.run_job"
+STOP_JOB = "gpusched.stop_job"
+
+# Set while a cycle request is queued; the cycle clears it when it starts, so a request
+# that arrives during a cycle queues exactly one more (debounce without losing a trigger).
+CYCLE_PENDING_KEY = "gpusched:cycle:pending"
+
+
+def node_queue(node: str) -> str:
+    return f"node.{node}"
+
+
+def create_celery(redis_url: str, *, name: str = "gpusched") -> Celery:
+    celery = Celery(name, broker=redis_url)
+    celery.conf.update(
+        task_default_queue=SCHEDULER_QUEUE,
+        task_routes={
+            SCHEDULE_CYCLE: {"queue": SCHEDULER_QUEUE},
+            RECONCILE: {"queue": SCHEDULER_QUEUE},
+            COMPACT_TELEMETRY: {"queue": SCHEDULER_QUEUE},
+            FIRE_BATCHES: {"queue": SCHEDULER_QUEUE},
+            AGENT_REPORT: {"queue": REPORTS_QUEUE},
+        },
+        task_ignore_result=True,
+        # A task is acknowledged only after it ran, so a worker killed mid-task leaves it
+        # in Redis for another worker: tasks are idempotent for exactly this reason.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": 300},
+        task_serializer="json",
+        accept_content=["json"],
+        worker_hijack_root_logger=False,
+    )
+    return celery
+
+
+class Messenger:
+    """Sends tasks; failures to reach Redis are logged and reported, never raised into
+    a request that already committed its data (reconciliation re-sends what matters)."""
+
+    def __init__(self, celery: Celery, redis_client: Any) -> None:
+        self.celery = celery
+        self.redis = redis_client
+
+    def request_cycle(self) -> bool:
+        try:
+            if self.redis.set(CYCLE_PENDING_KEY, "1", nx=True, px=5000):
+                self.celery.send_task(SCHEDULE_CYCLE)
+            return True
+        except Exception as exc:  # Redis down: beat and reconcile will catch up
+            DISPATCH_FAILURES.labels(task=SCHEDULE_CYCLE).inc()
+            log.warning("could not request a scheduling cycle: %s", exc)
+            return False
+
+    def send_to_node(
+        self, node: str, task: str, payload: dict[str, Any], *, expires_s: float | None = None
+    ) -> bool:
+        """`expires_s`: a message not consumed by then is dropped. run_job uses it, so an
+        agent that comes back late never starts an attempt that was given up meanwhile
+        (reconciliation re-sends the ones still wanted)."""
+        try:
+            self.celery.send_task(
+                task, kwargs={"payload": payload}, queue=node_queue(node), expires=expires_s
+            )
+            return True
+        except Exception as exc:
+            DISPATCH_FAILURES.labels(task=task).inc()
+            log.warning("could not send %s to node %s: %s", task, node, exc)
+            return False
+
+    def report(self, payload: dict[str, Any]) -> bool:
+        try:
+            self.celery.send_task(AGENT_REPORT, kwargs={"payload": payload})
+            return True
+        except Exception as exc:
+            log.warning("could not send report %s: %s", payload.get("kind"), exc)
+            return False

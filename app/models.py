@@ -1,0 +1,28 @@
+"""Imports every domain's models so Base.metadata is complete (Alembic, tests)."""
+
+from app.auth.models import ApiToken, User
+from app.batches.models import BatchFiring, BatchSchedule
+from app.cycle.models import SchedulerLease
+from app.db import Base
+from app.jobs.models import Allocation, Job, JobEvent
+from app.nodes.models import Gpu, GpuSample, Node
+from app.projects.models import Project, ProjectMember
+from app.windows.models import Window
+
+__all__ = [
+    "Allocation",
+    "ApiToken",
+    "Base",
+    "BatchFiring",
+    "BatchSchedule",
+    "Gpu",
+    "GpuSample",
+    "Job",
+    "JobEvent",
+    "Node",
+    "Project",
+    "ProjectMember",
+    "SchedulerLease",
+    "User",
+    "Window",
+]

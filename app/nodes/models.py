@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from app.db import Base, JSONType, UTCDateTime, utcnow
+
+
+class NodeState(StrEnum):
+    READY = "READY"
+    NOT_READY = "NOT_READY"
+
+
+class Node(Base):
+    __tablename__ = "node"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    hostname: Mapped[str] = mapped_column(String(255), default="")
+    labels: Mapped[dict[str, str]] = mapped_column(JSONType, default=dict)
+    agent_version: Mapped[str] = mapped_column(String(32), default="")
+    gpu_backend: Mapped[str] = mapped_column(String(32), default="")
+    state: Mapped[NodeState] = mapped_column(
+        Enum(NodeState, native_enum=False, length=16), default=NodeState.NOT_READY
+    )
+    drained: Mapped[bool] = mapped_column(Boolean, default=False)
+    drain_reason: Mapped[str] = mapped_column(String(255), default="")
+    health_message: Mapped[str] = mapped_column(String(255), default="")
+    registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    gpus: Mapped[list[Gpu]] = relationship(
+        back_populates="node", order_by="Gpu.index", cascade="all, delete-orphan"
+    )
+
+
+class Gpu(Base):
+    """A GPU and its latest telemetry; the time series lives in gpu_sample."""
+
+    __tablename__ = "gpu"
+    __table_args__ = (
+        UniqueConstraint("node_id", "index", name="uq_gpu_node_index"),
+        # The allocation writer adds and subtracts shares here in the same transaction as
+        # the allocation rows, so the database itself refuses to hand out more than 1 GPU.
+        CheckConstraint(
+            "allocated_milli >= 0 AND allocated_milli <= 1000", name="allocated_within_one"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("node.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    uuid: Mapped[str] = mapped_column(String(96), unique=True)
+    model: Mapped[str] = mapped_column(String(96))
+    memory_total_mb: Mapped[int] = mapped_column(Integer)
+    nvlink_peers: Mapped[list[int]] = mapped_column(JSONType, default=list)
+    allocated_milli: Mapped[int] = mapped_column(Integer, default=0)
+    healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    health_message: Mapped[str] = mapped_column(String(255), default="")
+    # Latest reading (None until the first sample arrives).
+    sampled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    util_pct: Mapped[float | None] = mapped_column(Float)
+    memory_util_pct: Mapped[float | None] = mapped_column(Float)
+    memory_used_mb: Mapped[int | None] = mapped_column(Integer)
+    temperature_c: Mapped[float | None] = mapped_column(Float)
+    power_w: Mapped[float | None] = mapped_column(Float)
+    processes: Mapped[list[dict[str, Any]]] = mapped_column(JSONType, default=list)
+    foreign_util_pct: Mapped[float] = mapped_column(Float, default=0.0)
+    foreign_memory_mb: Mapped[int] = mapped_column(Integer, default=0)
+    # Since when foreign load has been above / below the threshold without interruption:
+    # the scheduler trusts neither a GPU that just went idle nor one that just got busy.
+    foreign_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    idle_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    node: Mapped[Node] = relationship(back_populates="gpus")
+
+
+class GpuSample(Base):
+    """Telemetry time series for charts. Raw rows (resolution_s = agent interval) are kept
+    for a short period, then folded into 60 s averages (see app/nodes/telemetry.py)."""
+
+    __tablename__ = "gpu_sample"
+    __table_args__ = (
+        Index("ix_gpu_sample_gpu_at", "gpu_id", "at"),
+        Index("ix_gpu_sample_at", "at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpu.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    resolution_s: Mapped[int] = mapped_column(Integer)
+    util_pct: Mapped[float | None] = mapped_column(Float)
+    memory_used_mb: Mapped[int | None] = mapped_column(Integer)
+    temperature_c: Mapped[float | None] = mapped_column(Float)
+    power_w: Mapped[float | None] = mapped_column(Float)
+    job_ids: Mapped[list[int]] = mapped_column(JSONType, default=list)

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from fastapi import APIRouter, Query
+
+from app.db import utcnow
+from app.deps import AdminUser, CurrentUser, SessionDep
+from app.errors import FieldError
+from app.nodes import service, telemetry
+from app.nodes.schemas import DrainRequest, NodeOut
+from app.timeutil import query_time
+
+router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"])
+
+
+@router.get("", response_model=list[NodeOut])
+def list_nodes(session: SessionDep, _: CurrentUser) -> list[NodeOut]:
+    return service.list_nodes(session=session)
+
+
+@router.get("/{name}", response_model=NodeOut)
+def get_node(name: str, session: SessionDep, _: CurrentUser) -> NodeOut:
+    """The node with each GPU's latest telemetry and processes (foreign ones flagged)."""
+    return service.get_node(session=session, name=name)
+
+
+@router.post("/{name}/drain", response_model=NodeOut)
+def drain_node(
+    name: str, session: SessionDep, principal: AdminUser, body: DrainRequest | None = None
+) -> NodeOut:
+    reason = body.reason if body else ""
+    return service.set_drained(
+        session=session, principal=principal, name=name, drained=True, reason=reason
+    )
+
+
+@router.post("/{name}/undrain", response_model=NodeOut)
+def undrain_node(name: str, session: SessionDep, principal: AdminUser) -> NodeOut:
+    return service.set_drained(session=session, principal=principal, name=name, drained=False)
+
+
+utilization_router = APIRouter(prefix="/api/v1", tags=["nodes"])
+
+
+@utilization_router.get("/utilization")
+def utilization(
+    session: SessionDep,
+    _: CurrentUser,
+    node: str | None = None,
+    since: datetime | None = Query(default=None, description="ISO time; default 1 hour ago"),
+    step: int = Query(default=60, ge=1, le=86400, description="bucket width in seconds"),
+) -> dict[str, Any]:
+    """GPU utilisation, memory and power over time, per bucket, for the cluster or a node."""
+    now = utcnow()
+    start = query_time(since, "since") or now - timedelta(hours=1)
+    try:
+        points = telemetry.utilization_series(
+            session=session, node=node, since=start, until=now, step_s=step
+        )
+    except FieldError as exc:  # the series' fields are this route's query parameters
+        raise FieldError(exc.field, exc.message, location="query") from None
+    return {"node": node, "since": start, "step": step, "points": points}

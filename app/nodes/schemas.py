@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class GpuOut(BaseModel):
+    index: int
+    uuid: str
+    model: str
+    memory_total_mb: int
+    nvlink_peers: list[int]
+    healthy: bool
+    health_message: str
+    allocated: float = Field(description="fraction of the GPU allocated to our jobs (0..1)")
+    sampled_at: datetime | None
+    util_pct: float | None
+    memory_util_pct: float | None
+    memory_used_mb: int | None
+    temperature_c: float | None
+    power_w: float | None
+    processes: list[dict[str, Any]]
+    foreign_util_pct: float
+    foreign_memory_mb: int
+    foreign_since: datetime | None
+
+
+class NodeOut(BaseModel):
+    name: str
+    hostname: str
+    labels: dict[str, str]
+    agent_version: str
+    gpu_backend: str
+    state: str
+    drained: bool
+    drain_reason: str
+    health_message: str
+    registered_at: datetime
+    last_heartbeat_at: datetime | None
+    gpu_count: int
+    gpus_allocated: float
+    gpus: list[GpuOut]
+
+
+class DrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(default="", max_length=255)

@@ -1,0 +1,273 @@
+"""What agents tell us about their nodes: registration, heartbeats with GPU readings,
+and the bounded telemetry history behind the charts.
+
+Retention (defaults, see TelemetrySettings): raw samples every agent interval (5 s) for
+2 hours, then 60-second averages for 14 days. At 5 s that is 1,440 raw + 20,160
+averaged rows per GPU, about 1.4 M rows for a 64-GPU cluster.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session, selectinload
+
+from app.db import utcnow
+from app.errors import FieldError
+from app.nodes.models import Gpu, GpuSample, Node, NodeState
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryPolicy:
+    foreign_util_threshold_pct: float = 10.0
+    foreign_memory_threshold_mb: int = 1024
+    raw_retention_s: int = 2 * 3600
+    rollup_step_s: int = 60
+    rollup_retention_s: int = 14 * 86400
+
+
+def register_node(*, session: Session, payload: dict[str, Any]) -> Node:
+    """Create or refresh the node and its GPUs. GPUs that disappeared are kept (allocations
+    point at them) but marked unhealthy, so nothing is placed on them."""
+    name = payload["node"]
+    node = session.scalar(select(Node).options(selectinload(Node.gpus)).where(Node.name == name))
+    now = utcnow()
+    if node is None:
+        node = Node(name=name, registered_at=now)
+        session.add(node)
+    node.hostname = payload.get("hostname", "")
+    node.labels = payload.get("labels", {})
+    node.agent_version = payload.get("agent_version", "")
+    node.gpu_backend = payload.get("backend", "")
+    node.state = NodeState.READY
+    node.health_message = payload.get("message", "")
+    node.last_heartbeat_at = now
+    by_index = {g.index: g for g in node.gpus}
+    seen = set()
+    for info in payload.get("gpus", []):
+        gpu = by_index.get(info["index"])
+        if gpu is None:
+            gpu = Gpu(index=info["index"], allocated_milli=0)
+            node.gpus.append(gpu)
+        gpu.uuid = info["uuid"]
+        gpu.model = info["model"]
+        gpu.memory_total_mb = info["memory_total_mb"]
+        gpu.nvlink_peers = list(info.get("nvlink_peers", []))
+        gpu.healthy = True
+        gpu.health_message = ""
+        seen.add(info["index"])
+    for index, gpu in by_index.items():
+        if index not in seen:
+            gpu.healthy = False
+            gpu.health_message = "GPU no longer reported by the agent"
+    session.flush()
+    return node
+
+
+def ingest_heartbeat(
+    *, session: Session, payload: dict[str, Any], policy: TelemetryPolicy, now: datetime
+) -> Node | None:
+    """Store the latest readings and one raw sample per GPU; track how long foreign load
+    has been present or absent (the scheduler's stability window reads these)."""
+    node = session.scalar(
+        select(Node).options(selectinload(Node.gpus)).where(Node.name == payload["node"])
+    )
+    if node is None:
+        return None  # not registered yet; the agent re-registers on its next start
+    node.last_heartbeat_at = now
+    if node.state is not NodeState.READY:
+        node.state = NodeState.READY
+        node.health_message = "heartbeats resumed"
+    by_index = {g.index: g for g in node.gpus}
+    interval = int(payload.get("interval_s", 5))
+    for reading in payload.get("gpus", []):
+        gpu = by_index.get(reading["index"])
+        if gpu is None:
+            continue
+        gpu.healthy = bool(reading.get("healthy", True))
+        gpu.health_message = reading.get("health_message") or ""
+        gpu.sampled_at = now
+        gpu.util_pct = reading.get("util_pct")
+        gpu.memory_util_pct = reading.get("memory_util_pct")
+        gpu.memory_used_mb = reading.get("memory_used_mb")
+        gpu.temperature_c = reading.get("temperature_c")
+        gpu.power_w = reading.get("power_w")
+        gpu.processes = reading.get("processes", [])
+        gpu.foreign_util_pct = float(reading.get("foreign_util_pct") or 0.0)
+        gpu.foreign_memory_mb = int(reading.get("foreign_memory_mb") or 0)
+        busy = (
+            gpu.foreign_util_pct > policy.foreign_util_threshold_pct
+            or gpu.foreign_memory_mb > policy.foreign_memory_threshold_mb
+        )
+        if busy:
+            gpu.foreign_since = gpu.foreign_since or now
+            gpu.idle_since = None
+        else:
+            gpu.idle_since = gpu.idle_since or now
+            gpu.foreign_since = None
+        session.add(
+            GpuSample(
+                gpu_id=gpu.id,
+                at=now,
+                resolution_s=interval,
+                util_pct=gpu.util_pct,
+                memory_used_mb=gpu.memory_used_mb,
+                temperature_c=gpu.temperature_c,
+                power_w=gpu.power_w,
+                job_ids=sorted({p["job_id"] for p in gpu.processes if p.get("job_id")}),
+            )
+        )
+    session.flush()
+    return node
+
+
+def compact_telemetry(*, session: Session, policy: TelemetryPolicy, now: datetime) -> int:
+    """Fold raw samples older than the raw retention into per-minute averages and drop
+    averages past their retention. Returns the number of raw rows folded."""
+    raw_cutoff = now - timedelta(seconds=policy.raw_retention_s)
+    step = policy.rollup_step_s
+    old = list(
+        session.scalars(
+            select(GpuSample)
+            .where(GpuSample.at < raw_cutoff, GpuSample.resolution_s < step)
+            .order_by(GpuSample.gpu_id, GpuSample.at)
+            .limit(50_000)
+        )
+    )
+    buckets: dict[tuple[int, int], list[GpuSample]] = defaultdict(list)
+    for sample in old:
+        buckets[(sample.gpu_id, int(sample.at.timestamp()) // step)].append(sample)
+    for (gpu_id, bucket), rows in buckets.items():
+        session.add(
+            GpuSample(
+                gpu_id=gpu_id,
+                at=datetime.fromtimestamp(bucket * step, tz=now.tzinfo),
+                resolution_s=step,
+                util_pct=_mean(r.util_pct for r in rows),
+                memory_used_mb=_int(_mean(r.memory_used_mb for r in rows)),
+                temperature_c=_mean(r.temperature_c for r in rows),
+                power_w=_mean(r.power_w for r in rows),
+                job_ids=sorted({j for r in rows for j in r.job_ids}),
+            )
+        )
+        for row in rows:
+            session.delete(row)
+    session.execute(
+        delete(GpuSample).where(GpuSample.at < now - timedelta(seconds=policy.rollup_retention_s))
+    )
+    session.flush()
+    return len(old)
+
+
+def _mean(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+MAX_POINTS = 2000
+
+
+def utilization_series(
+    *, session: Session, node: str | None, since: datetime, until: datetime, step_s: int
+) -> list[dict[str, Any]]:
+    """Cluster (or one node's) GPU utilisation, memory and power per time bucket."""
+    if step_s < 1:
+        raise FieldError("step", "must be at least 1 second")
+    if until <= since:
+        raise FieldError("since", "must be in the past")
+    if (until - since).total_seconds() / step_s > MAX_POINTS:
+        raise FieldError("step", f"too many points: at most {MAX_POINTS} per request")
+    query = select(
+        GpuSample.at,
+        GpuSample.gpu_id,
+        GpuSample.util_pct,
+        GpuSample.memory_used_mb,
+        GpuSample.power_w,
+    ).where(GpuSample.at >= since, GpuSample.at < until)
+    if node is not None:
+        node_id = session.scalar(select(Node.id).where(Node.name == node))
+        if node_id is None:
+            raise FieldError("node", f"no node named {node!r}")
+        query = query.join(Gpu, Gpu.id == GpuSample.gpu_id).where(Gpu.node_id == node_id)
+    origin = int(since.timestamp())
+    # Per bucket and GPU, average first, so a GPU with more samples does not weigh more.
+    per_gpu: dict[tuple[int, int], list[tuple[Any, Any, Any]]] = defaultdict(list)
+    for at, gpu_id, util, mem, power in session.execute(query):
+        bucket = (int(at.timestamp()) - origin) // step_s
+        per_gpu[(bucket, gpu_id)].append((util, mem, power))
+    points: dict[int, dict[str, Any]] = {}
+    for (bucket, _gpu), rows in sorted(per_gpu.items()):
+        point = points.setdefault(bucket, {"utils": [], "mem": 0.0, "power": 0.0, "gpus": 0})
+        util = _mean(r[0] for r in rows)
+        if util is not None:
+            point["utils"].append(util)
+        point["mem"] += _mean(r[1] for r in rows) or 0.0
+        point["power"] += _mean(r[2] for r in rows) or 0.0
+        point["gpus"] += 1
+    return [
+        {
+            "at": datetime.fromtimestamp(origin + bucket * step_s, tz=since.tzinfo).isoformat(),
+            "util_pct": _mean(p["utils"]),
+            "memory_used_mb": round(p["mem"]),
+            "power_w": round(p["power"], 1),
+            "gpus": p["gpus"],
+        }
+        for bucket, p in sorted(points.items())
+    ]
+
+
+def latest_sample_time(*, session: Session) -> datetime | None:
+    return session.scalar(select(func.max(Gpu.sampled_at)))
+
+
+def job_series(
+    *, session: Session, job_id: int, since: datetime, until: datetime
+) -> list[dict[str, Any]]:
+    """Per-sample readings of the GPUs the job held, while it held them (all attempts)."""
+    from app.jobs.models import Allocation
+
+    windows = session.execute(
+        select(Allocation.gpu_id, Allocation.created_at, Allocation.released_at).where(
+            Allocation.job_id == job_id, Allocation.gpu_id.is_not(None)
+        )
+    ).all()
+    if not windows:
+        return []
+    rows = session.execute(
+        select(GpuSample, Gpu.index, Node.name)
+        .join(Gpu, Gpu.id == GpuSample.gpu_id)
+        .join(Node, Node.id == Gpu.node_id)
+        .where(
+            GpuSample.gpu_id.in_({w[0] for w in windows}),
+            GpuSample.at >= since,
+            GpuSample.at <= until,
+        )
+        .order_by(GpuSample.at)
+    ).all()
+    points = []
+    for sample, index, node in rows:
+        held = any(
+            gpu_id == sample.gpu_id and start <= sample.at <= (end or until)
+            for gpu_id, start, end in windows
+        )
+        if held:
+            points.append(
+                {
+                    "at": sample.at.isoformat(),
+                    "node": node,
+                    "gpu_index": index,
+                    "util_pct": sample.util_pct,
+                    "memory_used_mb": sample.memory_used_mb,
+                    "power_w": sample.power_w,
+                    "resolution_s": sample.resolution_s,
+                }
+            )
+    return points

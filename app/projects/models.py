@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import CheckConstraint, Float, ForeignKey, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.db import Base, UTCDateTime, utcnow
+
+
+class Project(Base):
+    """A team: the unit of quota (guaranteed GPUs) and fair share (weight)."""
+
+    __tablename__ = "project"
+    __table_args__ = (
+        CheckConstraint("gpu_quota >= 0", name="quota_not_negative"),
+        CheckConstraint("weight > 0", name="weight_positive"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    gpu_quota: Mapped[int] = mapped_column(Integer, default=0)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ProjectMember(Base):
+    __tablename__ = "project_member"
+
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("user_account.id", ondelete="CASCADE"), primary_key=True
+    )
+    project_id: Mapped[int] = mapped_column(
+        ForeignKey("project.id", ondelete="CASCADE"), primary_key=True
+    )

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from app.deps import CurrentUser, SessionDep
+from app.jobs import service as jobs_service
+from app.jobs.schemas import PendingPage
+from app.projects import service
+from app.projects.schemas import QueueOut
+
+router = APIRouter(prefix="/api/v1", tags=["queues"])
+
+
+@router.get("/queues", response_model=list[QueueOut])
+def list_queues(session: SessionDep, principal: CurrentUser) -> list[QueueOut]:
+    return service.queues(session=session, principal=principal)
+
+
+@router.get("/queue", response_model=PendingPage)
+def pending_queue(
+    session: SessionDep,
+    principal: CurrentUser,
+    project: str | None = None,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> PendingPage:
+    """Pending jobs in scheduling order, with position, reason and estimated start."""
+    return jobs_service.pending_in_order(
+        session=session, principal=principal, project=project, offset=offset, limit=limit
+    )

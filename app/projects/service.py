@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+from app.auth.service import Principal
+from app.jobs.models import Allocation, Job
+from app.jobs.states import ACTIVE, JobStatus
+from app.projects.models import Project
+from app.projects.schemas import QueueOut
+
+
+def queues(*, session: Session, principal: Principal) -> list[QueueOut]:
+    """Per project: what waits, what runs, GPUs asked for by the waiting jobs, GPUs held."""
+    projects = select(Project).order_by(Project.name)
+    if not principal.is_admin:
+        projects = projects.where(Project.id.in_(principal.project_ids or {-1}))
+    rows = list(session.scalars(projects))
+    ids = [p.id for p in rows]
+    pending = JobStatus.PENDING
+    counts = {
+        pid: (pend or 0, run or 0, req or 0)
+        for pid, pend, run, req in session.execute(
+            select(
+                Job.project_id,
+                func.sum(case((Job.status == pending, 1), else_=0)),
+                func.sum(case((Job.status.in_(ACTIVE), 1), else_=0)),
+                func.sum(case((Job.status == pending, Job.gpus * Job.nodes), else_=0)),
+            )
+            .where(Job.project_id.in_(ids), Job.status.in_([pending, *ACTIVE]))
+            .group_by(Job.project_id)
+        )
+    }
+    in_use = dict(
+        session.execute(
+            select(Job.project_id, func.sum(Allocation.share_milli))
+            .join(Allocation, Allocation.job_id == Job.id)
+            .where(
+                Job.project_id.in_(ids),
+                Allocation.released_at.is_(None),
+                Allocation.gpu_id.is_not(None),
+            )
+            .group_by(Job.project_id)
+        ).all()
+    )
+    return [
+        QueueOut(
+            project=p.name,
+            pending=counts.get(p.id, (0, 0, 0))[0],
+            running=counts.get(p.id, (0, 0, 0))[1],
+            gpus_requested=counts.get(p.id, (0, 0, 0))[2],
+            gpus_in_use=(in_use.get(p.id) or 0) / 1000,
+            gpu_quota=p.gpu_quota,
+            weight=p.weight,
+        )
+        for p in rows
+    ]

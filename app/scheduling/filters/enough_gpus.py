@@ -1,0 +1,46 @@
+"""Job x node filter: the node has enough suitable GPUs (and, for gangs, enough nodes).
+
+`fits` is the per-node count test used while placing. `never` compares the
+request with the cluster's hardware regardless of current load or state, so
+a job asking 9 GPUs per node on 8-GPU nodes is told it can never run.
+"""
+
+from __future__ import annotations
+
+from app.scheduling.state import HardwareClass, Request
+from app.scheduling.status import OK, Status, unresolvable
+from app.scheduling.types import ReasonKind
+
+
+def fits(req: Request, suitable_on_node: int) -> bool:
+    return suitable_on_node >= req.gpus
+
+
+def never(req: Request, hardware: tuple[HardwareClass, ...]) -> Status:
+    if not hardware:
+        return unresolvable(ReasonKind.NEVER_FITS, "no node could ever fit: cluster has no nodes")
+    counts = [
+        (
+            sum(
+                1
+                for model, mem in hc.gpus
+                if (req.model is None or model == req.model) and mem >= req.memory_mb
+            ),
+            hc,
+        )
+        for hc in hardware
+    ]
+    best, best_hc = max(counts, key=lambda c: c[0])
+    if req.gpus > best:
+        return unresolvable(
+            ReasonKind.NEVER_FITS,
+            f"no node could ever fit: largest node has {best} GPUs ({best_hc.example})",
+        )
+    enough = sum(hc.nodes for c, hc in counts if c >= req.gpus)
+    if req.nodes > enough:
+        return unresolvable(
+            ReasonKind.NEVER_FITS,
+            f"no placement could ever fit: needs {req.nodes} nodes with {req.gpus} GPUs, "
+            f"cluster has {enough}",
+        )
+    return OK

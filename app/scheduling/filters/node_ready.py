@@ -1,0 +1,18 @@
+"""Node filter: the node is ready and not drained.
+
+A drained node finishes its jobs but takes no new ones; a node that is not
+ready cannot start anything. Per node, once per cycle: cheapest cluster check.
+"""
+
+from __future__ import annotations
+
+from app.scheduling.status import OK, Context, Status, unschedulable
+from app.scheduling.types import NodeView, ReasonKind
+
+
+def check(node: NodeView, ctx: Context) -> Status:
+    if node.drained:
+        return unschedulable(ReasonKind.NODE_NOT_READY, f"node {node.name} is drained")
+    if not node.ready:
+        return unschedulable(ReasonKind.NODE_NOT_READY, f"node {node.name} is not ready")
+    return OK

@@ -1,0 +1,20 @@
+"""GPU filter: the GPU's telemetry sample is recent.
+
+Placement trusts live NVML readings (free memory, foreign processes) over
+bookkeeping; a stale reading could hide a process that grabbed the GPU.
+Per GPU, once per cycle.
+"""
+
+from __future__ import annotations
+
+from app.scheduling.status import OK, Context, Status, unschedulable
+from app.scheduling.types import GpuView, NodeView, ReasonKind
+
+
+def check(node: NodeView, gpu: GpuView, ctx: Context) -> Status:
+    at = gpu.telemetry_at
+    if at is not None and (ctx.now - at).total_seconds() <= ctx.settings.telemetry_max_age_s:
+        return OK
+    return unschedulable(
+        ReasonKind.TELEMETRY_STALE, f"telemetry stale on node {node.name} gpu {gpu.index}"
+    )

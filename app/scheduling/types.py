@@ -1,0 +1,235 @@
+"""Snapshot (input) and Plan (output) types of the pure scheduling core.
+
+Everything here is a frozen, slotted dataclass holding tuples, so a snapshot can
+be stored, hashed into a log line, and replayed: the same snapshot, `now`,
+settings and seed always give the same Plan.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import MappingProxyType
+from typing import Literal
+
+QueuePolicy = Literal["default", "fifo", "priority", "fair-share", "sjf", "las"]
+QUEUE_POLICIES: tuple[str, ...] = ("default", "fifo", "priority", "fair-share", "sjf", "las")
+ScheduleMode = Literal["now", "offpeak", "at"]
+
+# Placement of a job: one entry per node, each with the GPU indices on that node.
+NodeGpus = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+# --------------------------------------------------------------------------- snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    index: int
+    uuid: str = ""
+    model: str = "generic"
+    memory_total_mb: int = 81920
+    memory_used_mb: int | None = 0
+    util_pct: float | None = 0.0
+    foreign_util_pct: float = 0.0
+    foreign_memory_mb: int = 0
+    foreign_since: datetime | None = None
+    idle_since: datetime | None = None
+    temperature_c: float | None = None
+    healthy: bool = True
+    telemetry_at: datetime | None = None
+    allocated_milli: int = 0
+    nvlink_peers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    ready: bool = True
+    drained: bool = False
+    labels: tuple[tuple[str, str], ...] = ()
+    heartbeat_at: datetime | None = None
+    gpus: tuple[GpuView, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    id: int
+    name: str = "job"
+    user: str = "user"
+    project: str = "default"
+    gpus: int = 1
+    gpu_share: float | None = None
+    gpu_memory_mb: int | None = None
+    gpu_model: str | None = None
+    nodes: int = 1
+    priority: int = 0
+    submitted_at: datetime | None = None
+    estimated_runtime_s: int | None = None
+    max_runtime_s: int | None = None
+    preemptible: bool = False
+    schedule_mode: ScheduleMode = "now"
+    begin_at: datetime | None = None
+    window: str | None = None
+    attempt: int = 0
+    last_preempted_at: datetime | None = None
+    attained_gpu_s: float = 0.0
+
+    @property
+    def share_milli(self) -> int:
+        """Part of each GPU the job needs, in 1/1000 (1000 = whole GPU, exclusive)."""
+        if self.gpu_share is None or self.gpu_share >= 1.0:
+            return 1000
+        return max(1, round(self.gpu_share * 1000))
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus * max(1, self.nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJobView:
+    job: JobView
+    placement: NodeGpus
+    started_at: datetime
+    share: float = 1.0
+    started_via_preemption: bool = False
+
+    @property
+    def share_milli(self) -> int:
+        if self.share >= 1.0:
+            return 1000
+        return max(1, round(self.share * 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectView:
+    name: str
+    quota_gpus: int = 0
+    weight: float = 1.0
+    usage_gpu_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WindowInterval:
+    """One concrete opening of a named off-peak window (computed by the caller)."""
+
+    name: str
+    opens_at: datetime
+    closes_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    nodes: tuple[NodeView, ...] = ()
+    pending: tuple[JobView, ...] = ()
+    running: tuple[RunningJobView, ...] = ()
+    projects: tuple[ProjectView, ...] = ()
+    windows: tuple[WindowInterval, ...] = ()
+    # (user, job name) -> past runtimes in seconds, for `predict_runtime`.
+    runtime_history: Mapping[tuple[str, str], tuple[float, ...]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySettings:
+    queue_policy: QueuePolicy = "default"
+    foreign_util_threshold_pct: float = 10.0
+    stability_window_s: float = 60.0
+    telemetry_max_age_s: float = 30.0
+    backfill: bool = True
+    preemption: bool = True
+    # Anti-loop: a running job younger than this is never a preemption victim.
+    min_run_before_preempt_s: float = 600.0
+    # Share of all GPUs that preemptible off-peak jobs may use outside their windows.
+    offpeak_outside_fraction: float = 0.0
+    # Projects may use idle GPUs above their guaranteed quota.
+    borrowing: bool = True
+    # Fair share: each queued or running GPU is charged this many seconds when ordering.
+    fair_share_horizon_s: float = 3600.0
+    # LAS (Tiresias-style discretised queues) thresholds on attained GPU-seconds.
+    las_thresholds_gpu_s: tuple[float, ...] = (3600.0, 36000.0)
+    weight_best_fit: float = 1.0
+    weight_topology: float = 0.5
+    weight_thermal: float = 0.25
+    # Nodes ranked per placement (Nomad's limit iterator): keeps a cycle fast on big clusters.
+    candidate_limit: int = 4
+    # Running time assumed for a job without estimate or limit when ordering by SJF.
+    default_runtime_s: float = 86400.0
+    # Reasons for jobs that fail placement. Only the simulator turns this off (it
+    # never shows them); then Plan.pending is incomplete (at most the jobs failing
+    # job filters, never-fit checks or quota).
+    explain: bool = True
+
+
+# --------------------------------------------------------------------------- plan
+
+
+class ReasonKind(enum.Enum):
+    WAITING_FOR_GPUS = "waiting_for_gpus"
+    FOREIGN_PROCESS = "foreign_process"
+    QUOTA = "quota"
+    RESERVED_BACKFILL = "reserved_backfill"
+    WINDOW_CLOSED = "window_closed"
+    BEGIN_TIME = "begin_time"
+    NEVER_FITS = "never_fits"
+    NODE_NOT_READY = "node_not_ready"
+    TELEMETRY_STALE = "telemetry_stale"
+    GPU_UNHEALTHY = "gpu_unhealthy"
+    GPU_MODEL_UNAVAILABLE = "gpu_model_unavailable"
+    GPU_MEMORY = "gpu_memory"
+    PRIORITY = "priority"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    job_id: int
+    node_gpus: NodeGpus
+    share: float = 1.0
+    # Jobs preempted in this plan to make room; dispatch only after they have exited.
+    after_preemption_of: tuple[int, ...] = ()
+
+    @property
+    def node(self) -> str:
+        return self.node_gpus[0][0] if self.node_gpus else ""
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return self.node_gpus[0][1] if self.node_gpus else ()
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    victim_job_id: int
+    for_job_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReason:
+    job_id: int
+    kind: ReasonKind
+    message: str
+    queue_position: int
+    estimated_start: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    placements: tuple[Placement, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    pending: tuple[PendingReason, ...] = ()
+    # Job ids in the policy's queue order (position i+1 = queue_position).
+    queue_order: tuple[int, ...] = ()
+
+    def reasons(self) -> dict[int, PendingReason]:
+        return {r.job_id: r for r in self.pending}
+
+    def placement_for(self, job_id: int) -> Placement | None:
+        for p in self.placements:
+            if p.job_id == job_id:
+                return p
+        return None

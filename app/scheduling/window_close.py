@@ -1,0 +1,42 @@
+"""When an off-peak window closes, its preemptible off-peak jobs make way for peak work.
+
+Pure: running jobs and window intervals in, victims out. A job is stopped only if the
+window it may run in (the one it names, else any) is closed now and that window asks
+for it (`preempt_on_close`); non-preemptible off-peak jobs run on to completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from app.scheduling.types import Preemption, RunningJobView, WindowInterval
+
+WINDOW_CLOSED_REASON = "off-peak window closed"
+
+
+def window_close_preemptions(
+    running: Iterable[RunningJobView],
+    windows: Iterable[WindowInterval],
+    *,
+    now: datetime,
+    preempt_on_close: frozenset[str],
+) -> tuple[Preemption, ...]:
+    intervals = tuple(windows)
+    victims = []
+    for run in running:
+        job = run.job
+        if job.schedule_mode != "offpeak" or not job.preemptible:
+            continue
+        allowed = [w for w in intervals if job.window is None or w.name == job.window]
+        if any(w.opens_at <= now < w.closes_at for w in allowed):
+            continue
+        # Only windows that were open during this run and want their jobs stopped count.
+        closed = [
+            w for w in allowed if w.name in preempt_on_close and run.started_at < w.closes_at <= now
+        ]
+        if closed:
+            victims.append(
+                Preemption(victim_job_id=job.id, for_job_id=0, reason=WINDOW_CLOSED_REASON)
+            )
+    return tuple(victims)

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+
+from app.db import utcnow
+from app.deps import AdminUser, CurrentUser, SessionDep
+from app.windows import service
+from app.windows.schemas import UpcomingWindow, WindowIn, WindowOut
+
+router = APIRouter(prefix="/api/v1/windows", tags=["windows"])
+
+
+@router.get("", response_model=list[WindowOut])
+def list_windows(session: SessionDep, _: CurrentUser) -> list[WindowOut]:
+    return service.list_windows(session=session)
+
+
+@router.get("/upcoming", response_model=list[UpcomingWindow])
+def upcoming_windows(
+    session: SessionDep,
+    _: CurrentUser,
+    days: Annotated[float, Query(gt=0, le=31)] = 7,
+) -> list[UpcomingWindow]:
+    """Concrete openings in the next `days`, with local times carrying their UTC offset."""
+    return service.upcoming_windows(session=session, now=utcnow(), days=days)
+
+
+@router.post("", response_model=WindowOut, status_code=status.HTTP_201_CREATED)
+def create_window(body: WindowIn, session: SessionDep, _: AdminUser) -> WindowOut:
+    return service.create_window(session=session, body=body)
+
+
+@router.get("/{name}", response_model=WindowOut)
+def get_window(name: str, session: SessionDep, _: CurrentUser) -> WindowOut:
+    return service.get_window(session=session, name=name)
+
+
+@router.put("/{name}", response_model=WindowOut)
+def replace_window(name: str, body: WindowIn, session: SessionDep, _: AdminUser) -> WindowOut:
+    return service.replace_window(session=session, name=name, body=body)
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_window(name: str, session: SessionDep, _: AdminUser) -> Response:
+    service.delete_window(session=session, name=name)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

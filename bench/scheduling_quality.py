@@ -1,0 +1,205 @@
+"""Every queue policy on the shared Philly traces, next to the lower bounds.
+
+    .venv/bin/python bench/scheduling_quality.py [--traces-dir ../shared/traces]
+        [--load 0.7] [--nodes 8] [--only philly_0e4a51.csv ...]
+
+Load: a trace's average demand (total GPU-seconds / arrival span) would keep
+that many GPUs busy. The cluster is `--nodes` x 8 GPUs (64 by default: the
+largest trace job has 64 GPUs) and arrivals are compressed or stretched by
+`time_scale = load x cluster GPUs / demand`, so every trace offers the same
+load (0.7 by default: queues form in bursts, policies differ, yet the cluster
+is not hopelessly overloaded; at 0.9 every policy's JCT is many times the
+bound). Rows:
+
+- fifo-strict : FIFO without backfill (the YARN-like baseline of Tiresias)
+- fifo        : FIFO with EASY backfill
+- default, priority, fair-share, sjf, las : the policies with their defaults
+
+The scheduler never sees true durations: runtimes come from the median of the
+same user's finished jobs with the same name. Also runs a "merged" trace with
+four VCs together (fair share matters only with several teams).
+
+Writes bench/results/jct_cdf_<trace>.png (JCT CDF per policy) and
+bench/results/scheduling_quality.md (the tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.scheduling import PolicySettings  # noqa: E402
+from app.simulator import SimResult, TraceJob, read_trace, simulate  # noqa: E402
+
+ROWS: list[tuple[str, str, PolicySettings]] = [
+    ("fifo-strict", "fifo", PolicySettings(backfill=False)),
+    ("fifo", "fifo", PolicySettings()),
+    ("default", "default", PolicySettings()),
+    ("priority", "priority", PolicySettings()),
+    ("fair-share", "fair-share", PolicySettings()),
+    ("sjf", "sjf", PolicySettings()),
+    ("las", "las", PolicySettings()),
+]
+MERGED = ("philly_103959.csv", "philly_ed69ec.csv", "philly_e13805.csv", "philly_2869ce.csv")
+
+
+def synthetic(n: int, seed: int = 7) -> list[TraceJob]:
+    """Philly-like synthetic trace: sizes 1/2/4/8/16 GPUs, log-normal durations (median 1 h),
+    Poisson arrivals, 8 VCs with repeated job names (so runtimes can be predicted)."""
+    rng = random.Random(seed)
+    jobs, t = [], 0.0
+    for i in range(n):
+        t += rng.expovariate(1 / 60.0)
+        r = rng.random()
+        gpus = 1 if r < 0.6 else 2 if r < 0.75 else 4 if r < 0.9 else 8 if r < 0.98 else 16
+        vc = f"vc{rng.randrange(8)}"
+        name = f"model{rng.randrange(12)}"
+        dur = max(30.0, rng.lognormvariate(math.log(3600), 1.2))
+        jobs.append(TraceJob(f"s{i}", f"u_{vc}", vc, name, gpus, 1000, t, round(dur)))
+    return jobs
+
+
+def demand(jobs: list[TraceJob]) -> float:
+    span = max(j.submit_time for j in jobs) - min(j.submit_time for j in jobs)
+    return sum(j.gpu_num * j.gpu_milli / 1000 * j.duration for j in jobs) / max(span, 1.0)
+
+
+def run_trace(
+    name: str, jobs: list[TraceJob], nodes: int, load: float
+) -> tuple[float, list[tuple[str, SimResult, float]]]:
+    scale = load * nodes * 8 / demand(jobs)
+    out = []
+    for label, policy, settings in ROWS:
+        t = time.perf_counter()
+        r = simulate(
+            jobs, nodes=nodes, gpus_per_node=8, policy=policy, time_scale=scale, settings=settings
+        )
+        out.append((label, r, time.perf_counter() - t))
+    return scale, out
+
+
+def h(s: float) -> str:
+    return f"{s / 3600:,.1f}"
+
+
+def table(name: str, scale: float, rows: list[tuple[str, SimResult, float]]) -> str:
+    lb = rows[0][1].lower_bounds
+    fifo = next(r for label, r, _ in rows if label == "fifo-strict")
+    lines = [
+        f"### {name} (time scale {scale:.3f}, {rows[0][1].jobs} jobs, {rows[0][1].skipped} skipped)",
+        "",
+        "| policy | avg JCT h | vs bound | vs fifo-strict | p50 h | p99 h | avg queue h "
+        "| makespan h | util | preempt | sim s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for label, r, secs in rows:
+        lines.append(
+            f"| {label} | {h(r.avg_jct_s)} | {r.avg_jct_s / lb['avg_jct_s']:.2f}x "
+            f"| {r.avg_jct_s / fifo.avg_jct_s:.2f}x | {h(r.p50_jct_s)} | {h(r.p99_jct_s)} "
+            f"| {h(r.avg_queue_s)} | {h(r.makespan_s)} | {r.utilization:.1%} | {r.preemptions} "
+            f"| {secs:.1f} |"
+        )
+    util_bound = min(1.0, rows[0][1].utilization * rows[0][1].makespan_s / lb["makespan_s"])
+    lines.append(
+        f"| lower bound | {h(lb['avg_jct_s'])} | 1.00x | | | | 0.0 | {h(lb['makespan_s'])} "
+        f"| {util_bound:.1%} | | |"
+    )
+    return "\n".join(lines)
+
+
+def chart(name: str, rows: list[tuple[str, SimResult, float]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    styles = ["-", "--", "-.", ":"]
+    for n, (label, r, _) in enumerate(rows):
+        xs = sorted(j / 3600 for j in r.jcts)
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        # Policies that coincide (one team, one priority) would hide each other: vary dashes.
+        ax.step(
+            xs,
+            ys,
+            where="post",
+            linestyle=styles[n % len(styles)],
+            linewidth=1.4,
+            label=f"{label} (avg {h(r.avg_jct_s)} h)",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (hours, log scale)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title(f"JCT CDF: {name}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--traces-dir", type=Path, default=ROOT / ".." / "shared" / "traces")
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--load", type=float, default=0.7)
+    ap.add_argument("--only", nargs="*", default=None, help="trace file names (default: all)")
+    ap.add_argument("--no-merged", action="store_true")
+    ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument(
+        "--synthetic",
+        type=int,
+        default=0,
+        help="instead: time the simulator on N synthetic jobs (default policy) and exit",
+    )
+    args = ap.parse_args(argv)
+    if args.synthetic:
+        jobs = synthetic(args.synthetic)
+        scale = args.load * args.nodes * 8 / demand(jobs)
+        for policy in ("default", "fifo", "las"):
+            t = time.perf_counter()
+            r = simulate(jobs, nodes=args.nodes, gpus_per_node=8, policy=policy, time_scale=scale)
+            print(
+                f"synthetic {args.synthetic} jobs, {policy}: {time.perf_counter() - t:.1f} s "
+                f"({r.cycles} cycles), avg JCT {h(r.avg_jct_s)} h vs bound "
+                f"{h(r.lower_bounds['avg_jct_s'])} h, util {r.utilization:.1%}",
+                flush=True,
+            )
+        return
+    args.results.mkdir(parents=True, exist_ok=True)
+    files = sorted(args.traces_dir.glob("*.csv"))
+    if args.only:
+        files = [f for f in files if f.name in args.only]
+    sections = [
+        f"Cluster {args.nodes} x 8 GPUs, offered load {args.load:g} "
+        "(arrivals rescaled per trace); times in hours.",
+    ]
+    traces: list[tuple[str, list[TraceJob]]] = [(f.stem, read_trace(f)) for f in files]
+    if not args.no_merged and all((args.traces_dir / m).exists() for m in MERGED):
+        merged: list[TraceJob] = []
+        for m in MERGED:
+            merged += read_trace(args.traces_dir / m)
+        merged.sort(key=lambda j: j.submit_time)
+        traces.append(("merged-4vc", [replace(j) for j in merged]))
+    for name, jobs in traces:
+        t = time.perf_counter()
+        scale, rows = run_trace(name, jobs, args.nodes, args.load)
+        text = table(name, scale, rows)
+        print(text + f"\n({time.perf_counter() - t:.0f} s)\n", flush=True)
+        sections.append(text)
+        chart(name, rows, args.results / f"jct_cdf_{name}.png")
+    (args.results / "scheduling_quality.md").write_text("\n\n".join(sections) + "\n")
+
+
+if __name__ == "__main__":
+    main()

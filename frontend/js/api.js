@@ -1,0 +1,97 @@
+// Talks to the REST API: every request carries the session's bearer token; a 401 sends
+// the user back to the login page (app.js listens for "gpusched:unauthorized").
+
+const TOKEN_KEY = "gpusched.token";
+
+export function getToken() {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+export function setToken(token) {
+  sessionStorage.setItem(TOKEN_KEY, token);
+}
+
+export function clearToken() {
+  sessionStorage.removeItem(TOKEN_KEY);
+}
+
+export class ApiError extends Error {
+  constructor(status, detail) {
+    super(describe(status, detail));
+    this.status = status;
+    this.detail = detail;
+  }
+}
+
+function describe(status, detail) {
+  if (typeof detail === "string") return detail;
+  if (Array.isArray(detail) && detail.length) return detail.map((d) => d.msg).join("; ");
+  if (status === 0) return "cannot reach the server";
+  return `request failed (HTTP ${status})`;
+}
+
+function buildUrl(path, query) {
+  const url = new URL(path, window.location.origin);
+  for (const [key, value] of Object.entries(query || {})) {
+    if (value === undefined || value === null || value === "") continue;
+    for (const v of Array.isArray(value) ? value : [value]) url.searchParams.append(key, v);
+  }
+  return url;
+}
+
+/** fetch + JSON (or text) + error mapping. `token` overrides the stored one (login check). */
+export async function api(path, { method = "GET", body, query, text = false, token, signal } = {}) {
+  const headers = { Accept: text ? "text/plain" : "application/json" };
+  const bearer = token ?? getToken();
+  if (bearer) headers.Authorization = `Bearer ${bearer}`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  let res;
+  try {
+    res = await fetch(buildUrl(path, query), {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      signal,
+      cache: "no-store",
+    });
+  } catch (err) {
+    if (err.name === "AbortError") throw err;
+    throw new ApiError(0, "cannot reach the server");
+  }
+  if (!res.ok) {
+    let detail = null;
+    try {
+      detail = (await res.json()).detail;
+    } catch {
+      /* not JSON */
+    }
+    const error = new ApiError(res.status, detail);
+    if (res.status === 401 && token === undefined) {
+      clearToken();
+      window.dispatchEvent(new CustomEvent("gpusched:unauthorized", { detail: error.message }));
+    }
+    throw error;
+  }
+  if (res.status === 204) return null;
+  return text ? res.text() : res.json();
+}
+
+/** Like api(), but an endpoint that does not exist (404) resolves to `fallback`. */
+export async function optional(path, options = {}, fallback = null) {
+  try {
+    return await api(path, options);
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 404) return fallback;
+    throw err;
+  }
+}
+
+/** Who the token belongs to: {name, is_admin, projects}; is_admin is null when unknown. */
+export async function loadMe(token) {
+  const NONE = {}; // a fallback `undefined` would be replaced by optional()'s default
+  const me = await optional("/api/v1/me", { token }, NONE);
+  if (me !== NONE) return me;
+  // No /me on this server: check the token with an endpoint every user may call.
+  await api("/api/v1/queues", { token });
+  return { name: "", is_admin: null, projects: [] };
+}

@@ -1,0 +1,192 @@
+// Job detail: spec, event timeline, live log tail, GPU telemetry over the run, energy.
+import { api, ApiError, optional } from "../api.js";
+import { columns, lineChart } from "../chart.js";
+import {
+  ACTIVE, allocationText, clear, fmtDate, fmtDateSec, fmtDuration, fmtIn, fmtNum, gpuRequest,
+  h, poll, reasonLabel, statusBadge,
+} from "../util.js";
+import { cancelButton } from "./queue.js";
+
+function kvList(pairs) {
+  return h("dl", { class: "kv" }, pairs.filter(Boolean).flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+}
+
+function mapText(obj) {
+  const entries = Object.entries(obj || {});
+  return entries.length ? h("span", { class: "mono" }, entries.map(([k, v]) => `${k}=${v}`).join(", ")) : "—";
+}
+
+function scheduleText(s) {
+  if (!s || s.mode === "now") return "as soon as possible";
+  if (s.mode === "offpeak") return `off-peak${s.window ? ` (${s.window})` : ""}`;
+  return `at ${fmtDate(s.at)}`;
+}
+
+export function jobPage(root, ctx, { match }) {
+  const jobId = Number(match[1]);
+  const head = h("div", { class: "page-head" });
+  const spec = h("section", { class: "card", id: "job-spec" });
+  const events = h("section", { class: "card", id: "job-events" });
+  const chartBox = h("div", { class: "chart", id: "job-chart" });
+  const chartNote = h("div", { class: "chart-legend" });
+  const logPre = h("pre", { class: "log", id: "job-log", tabindex: "0", "aria-label": "Job log" });
+  const logNote = h("span", { class: "small muted" });
+  root.append(head,
+    h("div", { class: "grid grid-2" },
+      h("div", { class: "stack" },
+        h("section", { class: "card" },
+          h("div", { class: "card-head" }, h("h2", {}, "Log"), logNote),
+          logPre),
+        h("section", { class: "card" },
+          h("div", { class: "card-head" }, h("h2", {}, "GPU utilisation and memory")),
+          chartBox, chartNote)),
+      h("div", { class: "stack" }, spec, events)));
+
+  let job = null;
+  const chart = lineChart(chartBox, {
+    height: 220,
+    // The job's run, at least 2 minutes wide so a fresh job does not show millisecond ticks.
+    xRange: () => {
+      if (!job || !job.started_at) return null;
+      const from = Date.parse(job.started_at) / 1000;
+      const to = job.finished_at ? Date.parse(job.finished_at) / 1000 : Date.now() / 1000;
+      return [from, Math.max(to, from + 120)];
+    },
+    series: [
+      { label: "Utilisation", color: "#1d4ed8", scale: "pct", fill: true },
+      { label: "Memory used", color: "#7c3aed", scale: "mb" },
+    ],
+  });
+
+  let stopped = false;
+  let efficiency = null; // GET /jobs/{id}/efficiency: energy, cost and advice
+
+  const energyText = () => {
+    if (!efficiency || !efficiency.gpu_hours) return "—";
+    let text = `${fmtNum(efficiency.energy_wh, 1)} Wh`;
+    if (efficiency.cost !== null && efficiency.cost !== undefined) {
+      text += ` · cost ${fmtNum(efficiency.cost, 2)} (at peak price ${fmtNum(efficiency.cost_at_peak, 2)})`;
+    }
+    return text;
+  };
+
+  const renderHead = () => {
+    if (head.querySelector(".armed")) return; // keep a half-confirmed cancel
+    clear(head,
+      h("div", {},
+        h("div", { class: "small" }, h("a", { href: "#/queue" }, "← Queue")),
+        h("h1", {}, `${job.name} `, h("span", { class: "muted mono", style: { fontSize: ".8em" } }, `#${job.id}`))),
+      h("div", { class: "form-actions" }, statusBadge(job.status), cancelButton(job, refreshJob)));
+    document.title = `#${job.id} ${job.name} · gpusched`;
+  };
+
+  const renderSpec = () => {
+    const elapsed = job.started_at
+      ? ((job.finished_at ? Date.parse(job.finished_at) : Date.now()) - Date.parse(job.started_at)) / 1000
+      : null;
+    clear(spec, h("h2", {}, "Job"),
+      h("pre", { class: "cmd", id: "job-command" },
+        Array.isArray(job.command) ? job.command.map((a) => (/\s/.test(a) ? JSON.stringify(a) : a)).join(" ") : job.command),
+      h("div", { style: { height: ".8rem" } }),
+      kvList([
+        ["Status", h("span", {}, statusBadge(job.status), job.exit_code !== null ? ` exit ${job.exit_code}` : "")],
+        job.status === "PENDING" && job.pending_reason ? ["Waiting", h("span", { id: "job-reason" },
+          h("span", { class: "badge warn" }, reasonLabel(job.pending_reason)), " ", job.pending_message || "")] : null,
+        job.queue_position ? ["Queue position", String(job.queue_position)] : null,
+        job.estimated_start_at ? ["Estimated start", `${fmtDate(job.estimated_start_at)} (${fmtIn(job.estimated_start_at)})`] : null,
+        ["Project", job.project],
+        ["User", job.user],
+        ["Request", gpuRequest(job)],
+        job.gpu_memory_mb ? ["GPU memory", `${fmtNum(job.gpu_memory_mb)} MB per GPU`] : null,
+        ["Placed on", h("span", { class: "mono" }, allocationText(job))],
+        ["Priority", String(job.priority)],
+        ["Schedule", scheduleText(job.schedule)],
+        ["Preemptible", job.preemptible ? "yes" : "no"],
+        ["Retries", job.retries ? `${job.failures} of ${job.retries} used` : "none"],
+        ["Attempt", String(job.attempt)],
+        job.max_runtime_s ? ["Max runtime", fmtDuration(job.max_runtime_s)] : null,
+        job.estimated_runtime_s ? ["Estimated runtime", fmtDuration(job.estimated_runtime_s)] : null,
+        ["Elapsed", elapsed === null ? "—" : fmtDuration(elapsed)],
+        ["Energy", energyText()],
+        efficiency && efficiency.avg_util_pct !== null && efficiency.avg_util_pct !== undefined
+          ? ["GPU utilisation", `${fmtNum(efficiency.avg_util_pct, 0)}% average over ${fmtNum(efficiency.gpu_hours, 2)} GPU-hours`] : null,
+        ...(efficiency ? efficiency.flags : []).map((f) => ["Advice", h("span", { class: "advice" },
+          h("span", { class: "badge warn" }, f.code.replace(/_/g, " ")), ` ${f.message}. ${f.advice}`)]),
+        job.workdir ? ["Workdir", h("span", { class: "mono" }, job.workdir)] : null,
+        Object.keys(job.env || {}).length ? ["Env", mapText(job.env)] : null,
+        Object.keys(job.labels || {}).length ? ["Labels", mapText(job.labels)] : null,
+        ["Submitted", fmtDateSec(job.created_at)],
+        ["Started", fmtDateSec(job.started_at)],
+        job.finished_at ? ["Finished", fmtDateSec(job.finished_at)] : null,
+      ]));
+  };
+
+  const refreshJob = async () => {
+    try {
+      job = await api(`/api/v1/jobs/${jobId}`);
+    } catch (err) {
+      if (err instanceof ApiError && (err.status === 404 || err.status === 403)) {
+        stopped = true;
+        clear(root, h("div", { class: "card", id: "job-missing" },
+          h("h1", {}, err.status === 404 ? `Job #${jobId} not found` : `Job #${jobId} is not visible to you`),
+          h("p", { class: "muted" }, err.status === 404 ? "There is no job with this number." : `${err.message}.`),
+          h("a", { href: "#/queue" }, "← Back to the queue")));
+        return;
+      }
+      throw err;
+    }
+    efficiency = await optional(`/api/v1/jobs/${jobId}/efficiency`, {}, null);
+    renderHead();
+    renderSpec();
+  };
+
+  const refreshEvents = async () => {
+    const list = await api(`/api/v1/jobs/${jobId}/events`);
+    clear(events, h("h2", {}, "Timeline"),
+      list.length ? h("ol", { class: "timeline" }, list.map((e) => h("li", {},
+        h("div", { class: "what" }, e.from_status && e.from_status !== e.to_status ? `${e.from_status} → ` : "", h("b", {}, e.to_status),
+          e.reason ? ` · ${e.reason}` : ""),
+        h("div", { class: "when" }, `${fmtDateSec(e.at)} · ${e.actor}${e.attempt ? ` · attempt ${e.attempt}` : ""}`)))) : h("div", { class: "empty" }, "No events."));
+  };
+
+  const refreshLog = async () => {
+    const text = await api(`/api/v1/jobs/${jobId}/logs`, { query: { tail: 200 }, text: true });
+    const atBottom = logPre.scrollHeight - logPre.scrollTop - logPre.clientHeight < 30;
+    if (logPre.textContent !== text) {
+      logPre.textContent = text || (job && job.attempt === 0 ? "The job has not started yet." : "(no output yet)");
+      if (atBottom) logPre.scrollTop = logPre.scrollHeight;
+    }
+    logNote.textContent = job && ACTIVE.has(job.status) ? "live · last 200 lines" : "last 200 lines";
+  };
+
+  const refreshTelemetry = async () => {
+    const data = await optional(`/api/v1/jobs/${jobId}/telemetry`, {}, null);
+    if (data === null) {
+      chart.setHidden(true);
+      chartNote.textContent = "Per-job telemetry is not available on this server.";
+      return;
+    }
+    const points = data.points || [];
+    chart.setHidden(false);
+    chart.setData(columns(points, ["util_pct", "memory_used_mb"]));
+    chartNote.textContent = points.length ? "" : "No samples yet: telemetry appears while the job runs.";
+  };
+
+  // One loop: fast while the job is active, then a final refresh and stop.
+  let finalDone = false;
+  const loop = async () => {
+    if (stopped) return;
+    await refreshJob();
+    if (stopped) return;
+    const active = ACTIVE.has(job.status) || job.status === "PREEMPTED" || job.status === "LOST";
+    if (!active && finalDone) return;
+    await Promise.all([refreshEvents(), refreshLog(), refreshTelemetry()]);
+    if (!active) finalDone = true;
+  };
+  const stop = poll(loop, 2000);
+  return () => {
+    stopped = true;
+    stop();
+    chart.destroy();
+  };
+}

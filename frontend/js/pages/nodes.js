@@ -1,0 +1,120 @@
+// Nodes: one tile per GPU with live telemetry; drain/undrain for admins.
+import { api } from "../api.js";
+import { clear, fmtAgo, fmtMem, fmtNum, fmtTime, h, poll, statusBadge, toast } from "../util.js";
+import { gpuState } from "./overview.js";
+
+const STATE_LABEL = { busy: "busy", idle: "idle", foreign: "foreign use", down: "down" };
+
+function meter(label, pct, text, cls = "") {
+  const clamped = Math.max(0, Math.min(100, pct || 0));
+  return h("div", { class: "meter" },
+    h("div", { class: "meter-row" }, h("span", {}, label), h("b", {}, text)),
+    h("div", { class: `bar ${cls}`, role: "img", "aria-label": `${label} ${text}` },
+      h("span", { style: { width: `${clamped}%` } })));
+}
+
+function gpuTile(node, gpu) {
+  const state = gpuState(node, gpu);
+  const memPct = gpu.memory_total_mb ? (100 * (gpu.memory_used_mb || 0)) / gpu.memory_total_mb : 0;
+  const foreignProcs = gpu.processes.filter((p) => p.job_id === null || p.job_id === undefined);
+  const hot = (gpu.temperature_c || 0) >= 85;
+  return h("div", { class: `gpu ${state}`, dataset: { gpu: `${node.name}:${gpu.index}`, state } },
+    h("div", { class: "gpu-top" },
+      h("div", {}, h("div", { class: "gpu-title" }, `GPU ${gpu.index}`), h("div", { class: "gpu-model" }, gpu.model)),
+      h("span", { class: `badge ${state === "busy" ? "busy" : state === "foreign" ? "foreign" : state === "down" ? "danger" : ""}` },
+        state === "busy" && gpu.allocated < 1 ? `busy ${Math.round(gpu.allocated * 100)}%` : STATE_LABEL[state])),
+    meter("Utilisation", gpu.util_pct, gpu.util_pct === null ? "—" : `${fmtNum(gpu.util_pct)}%`),
+    meter("Memory", memPct, `${fmtMem(gpu.memory_used_mb)} / ${fmtMem(gpu.memory_total_mb)}`, "mem"),
+    h("div", { class: "gpu-facts" },
+      h("span", { class: hot ? "hot" : "" }, "Temp ", h("b", {}, gpu.temperature_c === null ? "—" : `${fmtNum(gpu.temperature_c)} °C`)),
+      h("span", {}, "Power ", h("b", {}, gpu.power_w === null ? "—" : `${fmtNum(gpu.power_w)} W`))),
+    !gpu.healthy ? h("div", { class: "field-error" }, gpu.health_message || "unhealthy") : null,
+    foreignProcs.length ? h("div", { class: "field-error", dataset: { foreign: "1" } },
+      `⚠ ${foreignProcs.length} foreign process${foreignProcs.length > 1 ? "es" : ""}: ${fmtNum(gpu.foreign_util_pct)}% · ${fmtMem(gpu.foreign_memory_mb)}`) : null,
+    gpu.processes.length ? h("div", { class: "procs" }, gpu.processes.map((p) => {
+      const foreign = p.job_id === null || p.job_id === undefined;
+      return h("div", { class: `proc ${foreign ? "foreign" : ""}` },
+        h("span", {}, foreign ? `pid ${p.pid ?? "?"} (foreign${p.name ? `: ${p.name}` : ""})` : h("a", { href: `#/jobs/${p.job_id}` }, `job #${p.job_id}`)),
+        h("span", {}, fmtMem(p.memory_mb ?? p.used_memory_mb ?? p.memory_used_mb)));
+    })) : null);
+}
+
+export function nodesPage(root, ctx) {
+  const list = h("div", { class: "stack", id: "node-list" });
+  const updated = h("span", { class: "sub" });
+  root.append(
+    h("div", { class: "page-head" }, h("h1", {}, "Nodes"), updated),
+    h("div", { class: "card legend-row", style: { marginBottom: "1rem" } },
+      h("span", {}, h("span", { class: "swatch", style: { background: "var(--busy)" } }), "busy (allocated to a job)"),
+      h("span", {}, h("span", { class: "swatch", style: { background: "var(--idle)" } }), "idle"),
+      h("span", {}, h("span", { class: "swatch", style: { background: "var(--foreign)" } }), "used by a foreign process"),
+      h("span", {}, h("span", { class: "swatch", style: { background: "var(--danger)" } }), "down / unhealthy")),
+    list);
+
+  // is_admin null = unknown (no /me): show the buttons and let a 403 explain.
+  const canAdmin = ctx.me?.is_admin !== false;
+  const cards = new Map();
+
+  const actions = (node) => {
+    if (!canAdmin) return null;
+    const box = h("div", { class: "node-actions" });
+    const run = async (path, body, what) => {
+      try {
+        await api(`/api/v1/nodes/${encodeURIComponent(node.name)}/${path}`, { method: "POST", body });
+        toast(`${node.name} ${what}`);
+      } catch (err) {
+        toast(err.status === 403 ? `Only admins can drain nodes (${err.message})` : err.message, "error");
+      }
+      box.classList.remove("editing");
+      refresh();
+    };
+    if (node.drained) {
+      box.append(h("button", { type: "button", class: "btn btn-sm", dataset: { undrain: node.name },
+        onclick: () => run("undrain", undefined, "undrained") }, "Undrain"));
+    } else {
+      box.append(h("button", {
+        type: "button", class: "btn btn-sm btn-danger", dataset: { drain: node.name },
+        onclick: () => {
+          box.classList.add("editing");
+          const reason = h("input", { type: "text", placeholder: "Reason (optional)", maxlength: 255, "aria-label": "Drain reason" });
+          clear(box, h("form", { class: "drain-form", onsubmit: (ev) => { ev.preventDefault(); run("drain", { reason: reason.value }, "drained"); } },
+            reason,
+            h("button", { type: "submit", class: "btn btn-sm btn-danger" }, "Drain"),
+            h("button", { type: "button", class: "btn btn-sm", onclick: () => { box.classList.remove("editing"); refresh(); } }, "Cancel")));
+          reason.focus();
+        },
+      }, "Drain…"));
+    }
+    return box;
+  };
+
+  const renderNode = (node) => {
+    const old = cards.get(node.name);
+    const keepActions = old && old.querySelector(".node-actions.editing");
+    const heartbeat = node.last_heartbeat_at ? `heartbeat ${fmtAgo(node.last_heartbeat_at)}` : "no heartbeat yet";
+    const card = h("section", { class: "card", dataset: { node: node.name } },
+      h("div", { class: "node-head" },
+        h("h2", {}, node.name),
+        statusBadge(node.state),
+        node.drained ? h("span", { class: "badge warn", title: node.drain_reason }, "drained") : null,
+        keepActions || actions(node)),
+      h("div", { class: "node-meta" },
+        `${node.hostname} · ${node.gpu_backend} backend · ${fmtNum(node.gpus_allocated, node.gpus_allocated % 1 ? 1 : 0)} of ${node.gpu_count} GPUs allocated · ${heartbeat}`,
+        node.drained && node.drain_reason ? ` · drained: ${node.drain_reason}` : "",
+        node.health_message && node.state !== "READY" ? ` · ${node.health_message}` : ""),
+      h("div", { class: "gpu-grid" }, node.gpus.map((gpu) => gpuTile(node, gpu))));
+    cards.set(node.name, card);
+    return card;
+  };
+
+  const refresh = async () => {
+    const nodes = await api("/api/v1/nodes");
+    if (!nodes.length) {
+      clear(list, h("div", { class: "card empty" }, "No nodes have registered yet. Start an agent to add one."));
+      return;
+    }
+    clear(list, nodes.map(renderNode));
+    updated.textContent = `Updated ${fmtTime(new Date())}`;
+  };
+  return poll(refresh, 4000);
+}

@@ -1,0 +1,148 @@
+// Overview: GPUs now, 24 h utilisation with off-peak bands, jobs per project, windows.
+import { api, optional } from "../api.js";
+import { columns, lineChart } from "../chart.js";
+import { clear, fmtDate, fmtIn, fmtNum, fmtTime, h, poll } from "../util.js";
+
+const DAY = 86400;
+const BAND = "rgba(16, 185, 129, 0.13)";
+
+/** One of busy / foreign / idle / down for a GPU (exclusive, in that precedence after down). */
+export function gpuState(node, gpu) {
+  if (!gpu.healthy || node.state !== "READY") return "down";
+  if (gpu.allocated > 0) return "busy";
+  if ((gpu.foreign_util_pct || 0) > 0 || (gpu.foreign_memory_mb || 0) > 0) return "foreign";
+  return "idle";
+}
+
+/** Off-peak windows from /windows/upcoming, or null when the endpoint does not exist. */
+export async function loadWindows(days = 7) {
+  const list = await optional("/api/v1/windows/upcoming", { query: { days } }, null);
+  if (list === null) return null;
+  return (Array.isArray(list) ? list : list.items || [])
+    .map((w) => ({ ...w, from: Date.parse(w.opens_at) / 1000, to: Date.parse(w.closes_at) / 1000 }))
+    .sort((a, b) => a.from - b.from);
+}
+
+export function overviewPage(root) {
+  const stats = h("div", { class: "stats", id: "gpu-stats" });
+  const chartBox = h("div", { class: "chart", id: "util-chart" });
+  const windowsLine = h("div", { class: "chart-legend", id: "window-note" });
+  const projects = h("div", { id: "projects" });
+  const updated = h("span", { class: "sub" });
+  root.append(
+    h("div", { class: "page-head" }, h("h1", {}, "Cluster overview"), updated),
+    stats,
+    h("div", { class: "grid grid-2" },
+      h("section", { class: "card" },
+        h("div", { class: "card-head" }, h("h2", {}, "GPU utilisation, last 24 hours")),
+        chartBox,
+        windowsLine),
+      h("section", { class: "card" },
+        h("div", { class: "card-head" }, h("h2", {}, "Jobs by project"),
+          h("a", { href: "#/queue", class: "small" }, "Open queue →")),
+        projects)),
+  );
+
+  let windows = [];
+  let memTotal = 0;
+  const chart = lineChart(chartBox, {
+    ceil: { mb: () => memTotal },
+    series: [
+      { label: "Utilisation", color: "#1d4ed8", scale: "pct", fill: true },
+      { label: "Memory used", color: "#7c3aed", scale: "mb" },
+    ],
+    bands: () => (windows || []).map((w) => ({ from: w.from, to: w.to, color: BAND })),
+    xRange: () => {
+      const now = Date.now() / 1000;
+      // Show the next window's opening on the axis when it is within a day.
+      const next = (windows || []).find((w) => w.to > now);
+      const end = next ? Math.min(now + DAY, Math.max(now + 3600, next.to)) : now;
+      return [now - DAY, end];
+    },
+  });
+
+  const refreshNodes = async () => {
+    const nodes = await api("/api/v1/nodes");
+    const count = { busy: 0, idle: 0, foreign: 0, down: 0 };
+    let util = 0;
+    let sampled = 0;
+    let memUsed = 0;
+    let total_mb = 0;
+    for (const node of nodes) {
+      for (const gpu of node.gpus) {
+        count[gpuState(node, gpu)] += 1;
+        if (gpu.util_pct !== null && gpu.util_pct !== undefined) {
+          util += gpu.util_pct;
+          sampled += 1;
+        }
+        memUsed += gpu.memory_used_mb || 0;
+        total_mb += gpu.memory_total_mb || 0;
+      }
+    }
+    if (total_mb !== memTotal) {
+      memTotal = total_mb;
+      chart.redraw();
+    }
+    const total = count.busy + count.idle + count.foreign + count.down;
+    const stat = (cls, label, value, hint) =>
+      h("div", { class: `stat ${cls}`, dataset: { stat: cls } },
+        h("div", { class: "label" }, label), h("div", { class: "value" }, value), h("div", { class: "hint" }, hint));
+    clear(stats,
+      stat("util", "Utilisation now", sampled ? `${fmtNum(util / sampled)}%` : "—",
+        `${fmtNum(memUsed / 1024, 0)} / ${fmtNum(total_mb / 1024, 0)} GB memory in use`),
+      stat("busy", "Busy", count.busy, `of ${total} GPUs allocated to jobs`),
+      stat("idle", "Idle", count.idle, "free for new jobs"),
+      stat("foreign", "Foreign-used", count.foreign, "used outside the scheduler"),
+      stat("down", "Down", count.down, "unhealthy or node not ready"));
+    updated.textContent = `Updated ${fmtTime(new Date())}`;
+  };
+
+  const refreshQueues = async () => {
+    const queues = await api("/api/v1/queues");
+    if (!queues.length) {
+      clear(projects, h("div", { class: "empty" }, "No projects visible to you."));
+      return;
+    }
+    clear(projects, h("div", { class: "table-wrap" }, h("table", { id: "projects-table" },
+      h("thead", {}, h("tr", {},
+        h("th", {}, "Project"), h("th", { class: "num" }, "Running"), h("th", { class: "num" }, "Pending"),
+        h("th", { class: "num" }, "GPUs in use"), h("th", { class: "num hide-sm" }, "Quota"))),
+      h("tbody", {}, queues.map((q) => h("tr", {},
+        h("td", {}, h("a", { href: `#/queue?project=${encodeURIComponent(q.project)}` }, q.project)),
+        h("td", { class: "num" }, fmtNum(q.running)),
+        h("td", { class: "num" }, fmtNum(q.pending)),
+        h("td", { class: "num" }, fmtNum(q.gpus_in_use, q.gpus_in_use % 1 ? 1 : 0)),
+        h("td", { class: "num hide-sm" }, q.gpu_quota ? fmtNum(q.gpu_quota) : "none")))))));
+  };
+
+  const refreshChart = async () => {
+    const since = new Date(Date.now() - DAY * 1000).toISOString();
+    const [series, upcoming] = await Promise.all([
+      api("/api/v1/utilization", { query: { since, step: 600 } }),
+      loadWindows(7),
+    ]);
+    windows = upcoming;
+    chart.setData(columns(series.points || [], ["util_pct", "memory_used_mb"]));
+    renderWindowNote(windowsLine, upcoming);
+  };
+
+  const stops = [poll(refreshNodes, 5000), poll(refreshQueues, 5000), poll(refreshChart, 60000)];
+  return () => {
+    stops.forEach((stop) => stop());
+    chart.destroy();
+  };
+}
+
+function renderWindowNote(box, windows) {
+  if (windows === null || !windows.length) {
+    clear(box, h("span", { id: "no-windows" }, "No off-peak windows configured."));
+    return;
+  }
+  const now = Date.now() / 1000;
+  const current = windows.find((w) => w.from <= now && w.to > now);
+  const next = windows.find((w) => w.from > now);
+  clear(box,
+    h("span", {}, h("span", { class: "swatch", style: { background: "rgba(16,185,129,.35)" } }), "Off-peak window"),
+    current ? h("span", {}, h("b", {}, current.window), ` open now, closes ${fmtIn(current.closes_at)}`) : null,
+    next ? h("span", {}, "Next: ", h("b", {}, next.window), ` ${fmtDate(next.opens_at)} (${fmtIn(next.opens_at)})`) : null);
+}

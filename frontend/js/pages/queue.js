@@ -1,0 +1,251 @@
+// Queue: pending jobs in scheduling order (offset pagination from /queue) and active jobs
+// (cursor pagination from /jobs). Only one page of each is ever in the DOM.
+import { api } from "../api.js";
+import {
+  allocationText, CANCELLABLE, cardify, clear, fmtAgo, fmtDate, fmtDuration, fmtIn, fmtNum, gpuRequest,
+  h, poll, reasonLabel, statusBadge, toast,
+} from "../util.js";
+
+const PAGE = 50;
+
+/** A two-step cancel button (no blocking confirm() dialog). */
+export function cancelButton(job, onDone) {
+  if (!CANCELLABLE.has(job.status)) return null;
+  if (job.cancel_requested) return h("span", { class: "badge warn" }, "stopping…");
+  let armed = false;
+  let timer = null;
+  const btn = h("button", {
+    type: "button", class: "btn btn-danger btn-sm", dataset: { cancel: job.id },
+    "aria-label": `Cancel job ${job.id}`,
+    onclick: async () => {
+      if (!armed) {
+        armed = true;
+        btn.textContent = "Confirm cancel";
+        btn.classList.add("armed");
+        timer = setTimeout(() => { armed = false; btn.textContent = "Cancel"; btn.classList.remove("armed"); }, 4000);
+        return;
+      }
+      clearTimeout(timer);
+      btn.classList.remove("armed");
+      btn.disabled = true;
+      try {
+        await api(`/api/v1/jobs/${job.id}/cancel`, { method: "POST" });
+        toast(`Job ${job.id} cancelled`);
+      } catch (err) {
+        toast(`Cannot cancel job ${job.id}: ${err.message}`, "error");
+      }
+      onDone();
+    },
+  }, "Cancel");
+  return btn;
+}
+
+function jobLink(job) {
+  return h("a", { href: `#/jobs/${job.id}`, class: "mono" }, `#${job.id}`);
+}
+
+export function queuePage(root, ctx, { params }) {
+  const state = {
+    project: params.get("project") || "",
+    status: params.get("status") || "",
+    offset: Math.max(0, Number(params.get("offset")) || 0),
+    cursors: [null], // cursor stack for the active list; last = current page
+  };
+  const projectSelect = h("select", { id: "filter-project" }, h("option", { value: "" }, "All projects"));
+  const statusSelect = h("select", { id: "filter-status" },
+    [["", "Pending and active"], ["PENDING", "Pending"], ["RUNNING", "Running"], ["SCHEDULED", "Scheduled"]]
+      .map(([v, t]) => h("option", { value: v }, t)));
+  statusSelect.value = state.status;
+  const pendingCard = h("section", { class: "card", id: "pending" });
+  const activeCard = h("section", { class: "card", id: "active" });
+  root.append(
+    h("div", { class: "page-head" }, h("h1", {}, "Queue"),
+      h("a", { class: "btn btn-primary", href: "#/submit" }, "Submit a job")),
+    h("div", { class: "card" }, h("div", { class: "filters" },
+      h("div", { class: "field" }, h("label", { for: "filter-project" }, "Project"), projectSelect),
+      h("div", { class: "field" }, h("label", { for: "filter-status" }, "Status"), statusSelect))),
+    pendingCard,
+    activeCard,
+  );
+
+  const projectsKnown = new Set();
+  const addProjects = (names) => {
+    for (const name of names) {
+      if (projectsKnown.has(name)) continue;
+      projectsKnown.add(name);
+      projectSelect.append(h("option", { value: name }, name));
+    }
+    projectSelect.value = state.project;
+  };
+  addProjects([...(ctx.me?.projects || []), state.project].filter(Boolean));
+  api("/api/v1/queues").then((qs) => addProjects(qs.map((q) => q.project))).catch(() => {});
+
+  const syncHash = () => {
+    const q = new URLSearchParams();
+    if (state.project) q.set("project", state.project);
+    if (state.status) q.set("status", state.status);
+    if (state.offset) q.set("offset", state.offset);
+    const next = `#/queue${q.toString() ? `?${q}` : ""}`;
+    if (window.location.hash !== next) history.replaceState(null, "", next);
+  };
+  projectSelect.addEventListener("change", () => {
+    state.project = projectSelect.value;
+    state.offset = 0;
+    state.cursors = [null];
+    syncHash();
+    refreshAll();
+  });
+  statusSelect.addEventListener("change", () => {
+    state.status = statusSelect.value;
+    state.offset = 0;
+    state.cursors = [null];
+    syncHash();
+    refreshAll();
+  });
+
+  let pendingSeq = 0;
+  const refreshPending = async () => {
+    if (state.status && state.status !== "PENDING") {
+      pendingCard.hidden = true;
+      return;
+    }
+    pendingCard.hidden = false;
+    const seq = ++pendingSeq;
+    const page = await api("/api/v1/queue", {
+      query: { offset: state.offset, limit: PAGE, project: state.project },
+    });
+    if (seq !== pendingSeq) return; // a newer request (filter change) won
+    if (state.offset && state.offset >= page.total && page.total > 0) {
+      state.offset = Math.floor((page.total - 1) / PAGE) * PAGE;
+      syncHash();
+      return refreshPending();
+    }
+    renderPending(page);
+  };
+
+  const turnPage = (fromTop) => {
+    syncHash();
+    refreshPending().catch((err) => toast(err.message, "error"));
+    if (!fromTop) pendingCard.scrollIntoView({ block: "start" });
+  };
+
+  const renderPending = (page) => {
+    if (pendingCard.querySelector(".armed")) return; // do not redraw under a pending click
+    const from = page.total ? state.offset + 1 : 0;
+    const to = state.offset + page.items.length;
+    // The same pager above and below the table; only the top one carries ids.
+    const pager = (top) => h("div", { class: top ? "pager pager-top" : "pager" },
+      h("span", { class: "small muted", id: top ? "pending-range" : null },
+        `${fmtNum(from)}–${fmtNum(to)} of ${fmtNum(page.total)}`),
+      h("div", { class: "btns" },
+        h("button", {
+          type: "button", class: "btn btn-sm", id: top ? "pending-prev" : null, disabled: state.offset === 0,
+          onclick: () => { state.offset = Math.max(0, state.offset - PAGE); turnPage(top); },
+        }, "← Previous"),
+        h("button", {
+          type: "button", class: "btn btn-sm", id: top ? "pending-next" : null, disabled: to >= page.total,
+          onclick: () => { state.offset += PAGE; turnPage(top); },
+        }, "Next →")));
+    clear(pendingCard,
+      h("div", { class: "card-head" },
+        h("div", {},
+          h("h2", {}, "Pending ", h("span", { class: "muted", id: "pending-total" }, `(${fmtNum(page.total)})`)),
+          h("div", { class: "small muted" }, "in scheduling order")),
+        page.total > PAGE ? pager(true) : null),
+      page.items.length
+        ? h("div", { class: "table-wrap" }, cardify(h("table", { id: "pending-table" },
+          h("thead", {}, h("tr", {},
+            h("th", { class: "num" }, "Pos"), h("th", {}, "Job"), h("th", {}, "Name"),
+            h("th", { class: "hide-sm" }, "Project"), h("th", { class: "hide-sm" }, "User"),
+            h("th", {}, "Request"), h("th", { class: "num hide-sm" }, "Prio"),
+            h("th", {}, "Reason"), h("th", { class: "hide-sm" }, "Est. start"),
+            h("th", { class: "hide-sm" }, "Submitted"), h("th", {}, ""))),
+          h("tbody", {}, page.items.map((job) => h("tr", { dataset: { job: job.id } },
+            h("td", { class: "num" }, job.queue_position ?? "—"),
+            h("td", {}, jobLink(job)),
+            h("td", {}, job.name),
+            h("td", { class: "hide-sm" }, job.project),
+            h("td", { class: "hide-sm" }, job.user),
+            h("td", {}, gpuRequest(job)),
+            h("td", { class: "num hide-sm" }, job.priority),
+            h("td", { class: "reason wide" },
+              job.pending_reason ? h("span", { class: "badge warn" }, reasonLabel(job.pending_reason)) : "—",
+              job.pending_message ? h("div", { class: "reason-msg" }, job.pending_message) : null),
+            h("td", { class: "hide-sm", title: fmtDate(job.estimated_start_at) },
+              job.estimated_start_at ? fmtIn(job.estimated_start_at) : "—"),
+            h("td", { class: "hide-sm" }, fmtAgo(job.created_at)),
+            h("td", { class: "actions" }, cancelButton(job, refreshAll))))))))
+        : h("div", { class: "empty" }, "No pending jobs."),
+      page.total > PAGE ? pager(false) : null);
+  };
+
+  let activeSeq = 0;
+  const refreshActive = async () => {
+    if (state.status === "PENDING") {
+      activeCard.hidden = true;
+      return;
+    }
+    activeCard.hidden = false;
+    const seq = ++activeSeq;
+    const statuses = state.status ? [state.status] : ["RUNNING", "SCHEDULED"];
+    const cursor = state.cursors[state.cursors.length - 1];
+    const page = await api("/api/v1/jobs", {
+      query: { status: statuses, project: state.project, limit: PAGE, cursor },
+    });
+    if (seq !== activeSeq) return;
+    renderActive(page);
+  };
+
+  const renderActive = (page) => {
+    if (activeCard.querySelector(".armed")) return;
+    const pageNo = state.cursors.length;
+    clear(activeCard,
+      h("div", { class: "card-head" }, h("h2", {}, state.status === "SCHEDULED" ? "Scheduled" : state.status === "RUNNING" ? "Running" : "Running and scheduled")),
+      page.items.length
+        ? h("div", { class: "table-wrap" }, cardify(h("table", { id: "active-table" },
+          h("thead", {}, h("tr", {},
+            h("th", {}, "Job"), h("th", {}, "Name"), h("th", {}, "Status"),
+            h("th", { class: "hide-sm" }, "Project"), h("th", { class: "hide-sm" }, "User"),
+            h("th", {}, "GPUs"), h("th", { class: "hide-sm" }, "Started"), h("th", { class: "num" }, "Elapsed"),
+            h("th", {}, ""))),
+          h("tbody", {}, page.items.map((job) => h("tr", { dataset: { job: job.id } },
+            h("td", {}, jobLink(job)),
+            h("td", {}, job.name),
+            h("td", {}, statusBadge(job.status)),
+            h("td", { class: "hide-sm" }, job.project),
+            h("td", { class: "hide-sm" }, job.user),
+            h("td", { class: "mono small" }, allocationText(job)),
+            h("td", { class: "hide-sm" }, fmtDate(job.started_at || job.scheduled_at)),
+            h("td", { class: "num", dataset: { since: job.started_at || "" } },
+              job.started_at ? fmtDuration((Date.now() - Date.parse(job.started_at)) / 1000) : "—"),
+            h("td", { class: "actions" }, cancelButton(job, refreshAll))))))))
+        : h("div", { class: "empty" }, "No running jobs."),
+      pageNo > 1 || page.next_cursor ? h("div", { class: "pager" },
+        h("span", { class: "small muted" }, `Page ${pageNo}`),
+        h("div", { class: "btns" },
+          h("button", {
+            type: "button", class: "btn btn-sm", disabled: pageNo === 1,
+            onclick: () => { state.cursors.pop(); refreshActive(); },
+          }, "← Newer"),
+          h("button", {
+            type: "button", class: "btn btn-sm", disabled: !page.next_cursor,
+            onclick: () => { state.cursors.push(page.next_cursor); refreshActive(); },
+          }, "Older →"))) : null);
+  };
+
+  const refreshAll = () => Promise.all([refreshPending(), refreshActive()]).catch((err) => {
+    if (err.status !== 401) toast(err.message, "error");
+  });
+
+  const stop = poll(() => Promise.all([refreshPending(), refreshActive()]), 4000);
+  // Elapsed times tick every second without refetching.
+  const ticker = setInterval(() => {
+    for (const cell of activeCard.querySelectorAll("td[data-since]")) {
+      if (cell.dataset.since) cell.textContent = fmtDuration((Date.now() - Date.parse(cell.dataset.since)) / 1000);
+    }
+  }, 1000);
+  return () => {
+    stop();
+    clearInterval(ticker);
+  };
+}

@@ -1,0 +1,188 @@
+// Submit form: POST /api/v1/jobs; the server's 422 messages are shown next to their fields.
+import { api, ApiError } from "../api.js";
+import { clear, h } from "../util.js";
+
+const INT_FIELDS = ["gpus", "gpu_memory_mb", "nodes", "priority", "max_runtime_s", "estimated_runtime_s", "retries"];
+
+function field(name, label, input, { help, span = "" } = {}) {
+  input.id = input.id || `f-${name}`;
+  input.name = name;
+  return h("div", { class: `field ${span}`, dataset: { field: name } },
+    h("label", { for: input.id }, label),
+    input,
+    help ? h("div", { class: "help", id: `help-${name}` }, help) : null,
+    h("div", { class: "field-error", id: `err-${name}`, role: "alert", hidden: true }));
+}
+
+const num = (attrs) => h("input", { type: "number", inputmode: "numeric", ...attrs });
+
+/** "KEY=value" lines -> object; throws {line, message} on the first bad line. */
+export function parsePairs(text) {
+  const out = {};
+  text.split("\n").forEach((raw, i) => {
+    const line = raw.trim();
+    if (!line || line.startsWith("#")) return;
+    const eq = line.indexOf("=");
+    if (eq <= 0) throw new Error(`line ${i + 1}: expected key=value, got "${line}"`);
+    out[line.slice(0, eq).trim()] = line.slice(eq + 1);
+  });
+  return out;
+}
+
+export function submitPage(root, ctx) {
+  const projects = ctx.me?.projects || [];
+  const projectInput = projects.length > 1 || ctx.me?.is_admin === false
+    ? h("select", {}, projects.map((p) => h("option", { value: p }, p)))
+    : h("input", { type: "text", placeholder: projects[0] || "default", list: "project-list" });
+  const atInput = h("input", { type: "datetime-local", id: "f-at", disabled: true });
+  const modeRadios = ["now", "offpeak", "at"].map((mode) => h("label", {},
+    h("input", { type: "radio", name: "mode", value: mode, checked: mode === "now", id: `f-mode-${mode}`,
+      onchange: () => {
+        atInput.disabled = mode !== "at";
+        form.querySelector("[data-field=at]").hidden = mode !== "at";
+        if (mode === "at") atInput.focus();
+      } }),
+    { now: "As soon as possible", offpeak: "Next off-peak window", at: "At a time" }[mode]));
+  const general = h("div", { class: "error-box", id: "form-error", role: "alert", hidden: true });
+  const success = h("div", { class: "ok-box", id: "form-success", role: "status", hidden: true });
+  const submit = h("button", { type: "submit", class: "btn btn-primary", id: "submit-job" }, "Submit job");
+
+  const form = h("form", { id: "submit-form", novalidate: true, onsubmit: (ev) => { ev.preventDefault(); send(); } },
+    h("fieldset", {}, h("legend", {}, "What to run"),
+      h("div", { class: "form-grid" },
+        field("name", "Name", h("input", { type: "text", maxlength: 200, placeholder: "e.g. resnet50-sweep-3" }), { span: "span-2" }),
+        field("project", "Project", projectInput, { help: projects.length ? null : "Leave empty for your default project" }),
+        field("priority", "Priority", num({ value: 0, min: -1000, max: 1000 }), { help: "-1000 … 1000, higher runs first" }),
+        field("command", "Command", h("textarea", { rows: 3, placeholder: "python train.py --epochs 10", required: true }),
+          { span: "span-4", help: "Run by /bin/sh -c on the node" }))),
+    h("fieldset", {}, h("legend", {}, "Resources"),
+      h("div", { class: "form-grid" },
+        field("gpus", "GPUs per node", num({ value: 1, min: 0 })),
+        field("nodes", "Nodes", num({ value: 1, min: 1 })),
+        field("gpu_memory_mb", "GPU memory (MB)", num({ min: 1, placeholder: "any" })),
+        field("gpu_share", "GPU share", h("input", { type: "number", step: "0.05", min: 0.05, max: 1, placeholder: "1 (whole GPU)" }),
+          { help: "below 1 shares one GPU" }),
+        field("gpu_model", "GPU model", h("input", { type: "text", placeholder: "any", list: "model-list" })),
+        field("max_runtime_s", "Max runtime (s)", num({ min: 1, placeholder: "no limit" })),
+        field("estimated_runtime_s", "Estimated runtime (s)", num({ min: 1, placeholder: "unknown" }), { help: "helps backfill" }),
+        field("retries", "Retries", num({ value: 0, min: 0, max: 100 })),
+        h("div", { class: "field span-4", dataset: { field: "preemptible" } },
+          h("label", { class: "check" }, h("input", { type: "checkbox", id: "f-preemptible", name: "preemptible" }),
+            "Preemptible: may be stopped and requeued for higher-priority work"),
+          h("div", { class: "field-error", id: "err-preemptible", hidden: true })))),
+    h("fieldset", {}, h("legend", {}, "When"),
+      h("div", { class: "form-grid" },
+        h("div", { class: "field span-2", dataset: { field: "schedule" } },
+          h("label", {}, "Start"), h("div", { class: "radios", role: "radiogroup" }, modeRadios),
+          h("div", { class: "field-error", id: "err-schedule", hidden: true })),
+        field("at", "Start time (your local time)", atInput, { span: "span-2" }))),
+    h("fieldset", {}, h("legend", {}, "Environment and labels"),
+      h("div", { class: "form-grid" },
+        field("env", "Environment", h("textarea", { rows: 3, placeholder: "KEY=value, one per line" }), { span: "span-2" }),
+        field("labels", "Labels", h("textarea", { rows: 3, placeholder: "team=vision, one per line" }), { span: "span-2" }))),
+    general,
+    success,
+    h("div", { class: "form-actions" }, submit, h("a", { class: "btn btn-ghost", href: "#/queue" }, "Back to queue")),
+    h("datalist", { id: "project-list" }, projects.map((p) => h("option", { value: p }))),
+    h("datalist", { id: "model-list" }));
+
+  root.append(h("div", { class: "page-head" }, h("h1", {}, "Submit a job")), form);
+  form.querySelector("[data-field=at]").hidden = true;
+  // Suggestions: the projects this user can see and the GPU models the cluster has.
+  const fill = (id, values) => {
+    const list = form.querySelector(`#${id}`);
+    const have = new Set([...list.options].map((o) => o.value));
+    for (const v of values) if (!have.has(v)) { have.add(v); list.append(h("option", { value: v })); }
+  };
+  api("/api/v1/queues").then((qs) => fill("project-list", qs.map((q) => q.project))).catch(() => {});
+  api("/api/v1/nodes").then((nodes) => fill("model-list", nodes.flatMap((n) => n.gpus.map((g) => g.model)))).catch(() => {});
+
+  const input = (name) => form.querySelector(`#f-${name}`);
+  const showError = (name, message) => {
+    const box = form.querySelector(`#err-${name}`);
+    if (!box) return false;
+    box.textContent = box.hidden ? message : `${box.textContent}; ${message}`;
+    box.hidden = false;
+    const el = input(name);
+    if (el) el.setAttribute("aria-invalid", "true");
+    return true;
+  };
+  const resetErrors = () => {
+    for (const box of form.querySelectorAll(".field-error")) { box.hidden = true; box.textContent = ""; }
+    for (const el of form.querySelectorAll("[aria-invalid]")) el.removeAttribute("aria-invalid");
+    general.hidden = true;
+    success.hidden = true;
+  };
+
+  const collect = () => {
+    const body = {};
+    const errors = [];
+    const text = (name) => input(name).value.trim();
+    if (text("name")) body.name = text("name");
+    body.command = input("command").value;
+    if (text("project")) body.project = text("project");
+    if (text("gpu_model")) body.gpu_model = text("gpu_model");
+    for (const name of INT_FIELDS) {
+      const raw = text(name);
+      if (raw === "") {
+        if (input(name).validity.badInput) errors.push([name, "not a number"]);
+        continue;
+      }
+      body[name] = Number(raw);
+    }
+    if (text("gpu_share")) body.gpu_share = Number(text("gpu_share"));
+    body.preemptible = input("preemptible").checked;
+    const mode = form.querySelector("input[name=mode]:checked").value;
+    body.schedule = { mode };
+    if (mode === "at") {
+      if (!atInput.value) errors.push(["at", "choose a start time"]);
+      else body.schedule.at = new Date(atInput.value).toISOString();
+    }
+    for (const name of ["env", "labels"]) {
+      try {
+        body[name] = parsePairs(input(name).value);
+      } catch (err) {
+        errors.push([name, err.message]);
+      }
+    }
+    return { body, errors };
+  };
+
+  async function send() {
+    resetErrors();
+    const { body, errors } = collect();
+    if (errors.length) {
+      errors.forEach(([name, msg]) => showError(name, msg));
+      form.querySelector("[aria-invalid=true]")?.focus();
+      return;
+    }
+    submit.disabled = true;
+    try {
+      const job = await api("/api/v1/jobs", { method: "POST", body });
+      clear(success, `Job #${job.id} submitted (${job.status.toLowerCase()}). `,
+        h("a", { href: `#/jobs/${job.id}`, id: "job-link" }, "View the job →"));
+      success.hidden = false;
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 422 && Array.isArray(err.detail)) {
+        const unplaced = [];
+        for (const item of err.detail) {
+          const loc = (item.loc || []).filter((p) => p !== "body");
+          let name = loc[0];
+          if (name === "schedule" && loc[1] === "at") name = "at";
+          const msg = String(item.msg || "invalid").replace(/^Value error, /, "");
+          if (!(typeof name === "string" && showError(name, msg))) unplaced.push(msg);
+        }
+        if (unplaced.length) {
+          general.textContent = unplaced.join("; ");
+          general.hidden = false;
+        }
+        form.querySelector("[aria-invalid=true]")?.focus();
+      } else if (err.status !== 401) {
+        general.textContent = err.message;
+        general.hidden = false;
+      }
+    } finally {
+      submit.disabled = false;
+    }
+  }
+}

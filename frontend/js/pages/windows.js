@@ -1,0 +1,91 @@
+// Windows and batches: off-peak windows of the next 7 days on a timeline; batch firings.
+import { optional } from "../api.js";
+import { clear, fmtDate, fmtDay, fmtDuration, fmtIn, fmtTime, h, poll } from "../util.js";
+import { loadWindows } from "./overview.js";
+
+const DAYS = 7;
+const weekday = new Intl.DateTimeFormat(undefined, { weekday: "short" });
+
+function timeline(windows) {
+  const start = new Date();
+  start.setHours(0, 0, 0, 0);
+  const t0 = start.getTime() / 1000;
+  const t1 = t0 + DAYS * 86400;
+  const now = Date.now() / 1000;
+  const pos = (t) => `${(100 * (Math.min(Math.max(t, t0), t1) - t0)) / (t1 - t0)}%`;
+  const names = [...new Set(windows.map((w) => w.window))];
+  const grid = [];
+  const labels = [];
+  for (let d = 0; d < DAYS; d += 1) {
+    const at = t0 + d * 86400;
+    grid.push(h("div", { class: "wt-grid", style: { left: pos(at) } }));
+    const day = new Date(at * 1000);
+    labels.push(h("span", { style: { left: pos(at) }, title: fmtDay(day) },
+      h("span", {}, weekday.format(day)), h("span", { class: "hide-sm" }, ` ${day.getDate()}`)));
+  }
+  return h("div", { class: "wt", id: "windows-timeline" },
+    h("div", { class: "wt-axis" }, labels),
+    names.map((name) => h("div", { class: "wt-row" },
+      grid.map((g) => g.cloneNode()),
+      h("span", { class: "wt-label" }, name),
+      windows.filter((w) => w.window === name && w.to > t0 && w.from < t1).map((w) => h("div", {
+        class: `wt-block ${w.from <= now && w.to > now ? "current" : ""}`,
+        style: { left: pos(w.from), width: `calc(${pos(w.to)} - ${pos(w.from)})` },
+        title: `${w.window}: ${fmtDate(w.opens_at)} – ${fmtTime(new Date(w.closes_at))}`,
+      })),
+      h("div", { class: "wt-now", style: { left: pos(now) }, title: "now" }))));
+}
+
+export function windowsPage(root) {
+  const winCard = h("section", { class: "card", id: "windows" });
+  const batchCard = h("section", { class: "card", id: "batches" });
+  root.append(h("div", { class: "page-head" }, h("h1", {}, "Off-peak windows and batches")), winCard, batchCard);
+
+  const refreshWindows = async () => {
+    const windows = await loadWindows(DAYS);
+    if (windows === null || !windows.length) {
+      clear(winCard, h("h2", {}, "Next 7 days"),
+        h("div", { class: "notice", id: "no-windows" }, "No off-peak windows configured."));
+      return;
+    }
+    const now = Date.now() / 1000;
+    clear(winCard,
+      h("div", { class: "card-head" }, h("h2", {}, "Next 7 days"),
+        h("span", { class: "small muted" }, "red line: now")),
+      timeline(windows),
+      h("div", { class: "table-wrap", style: { marginTop: "1rem" } }, h("table", {},
+        h("thead", {}, h("tr", {}, h("th", {}, "Window"), h("th", {}, "Opens"), h("th", {}, "Closes"), h("th", { class: "hide-sm" }, "Length"), h("th", {}, ""))),
+        h("tbody", {}, windows.slice(0, 30).map((w) => h("tr", {},
+          h("td", {}, w.window),
+          h("td", {}, fmtDate(w.opens_at)),
+          h("td", {}, fmtDate(w.closes_at)),
+          h("td", { class: "hide-sm" }, fmtDuration(w.to - w.from)),
+          h("td", {}, w.from <= now && w.to > now ? h("span", { class: "badge ok" }, "open now")
+            : h("span", { class: "small muted" }, fmtIn(w.opens_at)))))))));
+  };
+
+  const refreshBatches = async () => {
+    const data = await optional("/api/v1/batches", {}, null);
+    const items = data === null ? null : Array.isArray(data) ? data : data.items || [];
+    if (items === null || !items.length) {
+      clear(batchCard, h("h2", {}, "Batches"),
+        h("div", { class: "notice", id: "no-batches" },
+          items === null ? "Batches are not available on this server yet." : "No batches defined."));
+      return;
+    }
+    items.sort((a, b) => Date.parse(a.next_fire_at || 0) - Date.parse(b.next_fire_at || 0));
+    clear(batchCard, h("h2", {}, "Batches"),
+      h("div", { class: "table-wrap" }, h("table", { id: "batches-table" },
+        h("thead", {}, h("tr", {}, h("th", {}, "Batch"), h("th", { class: "hide-sm" }, "Project"), h("th", { class: "hide-sm" }, "Schedule"), h("th", { class: "hide-sm" }, "Runs"), h("th", {}, "Next firing"))),
+        h("tbody", {}, items.map((b) => h("tr", {},
+          h("td", {}, b.name ?? `#${b.id}`),
+          h("td", { class: "hide-sm" }, b.project ?? "—"),
+          h("td", { class: "hide-sm" }, h("span", { class: "mono" }, b.cron ?? b.schedule ?? "—"), b.timezone ? ` ${b.timezone}` : ""),
+          h("td", { class: "hide-sm" }, b.target === "offpeak" ? `off-peak${b.window ? ` (${b.window})` : ""}` : "at once",
+            b.enabled === false ? h("span", { class: "badge" }, " disabled") : ""),
+          h("td", {}, b.next_fire_at ? `${fmtDate(b.next_fire_at)} (${fmtIn(b.next_fire_at)})` : "—")))))));
+  };
+
+  const stops = [poll(refreshWindows, 60000), poll(refreshBatches, 30000)];
+  return () => stops.forEach((s) => s());
+}

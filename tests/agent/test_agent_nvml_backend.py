@@ -1,0 +1,344 @@
+"""NVML backend against a fake ``pynvml`` module raising the real NVML exception classes.
+
+No GPU is needed: the fake answers like NVML does (bytes, mW, objects with
+attributes) and fails where a test tells it to, with ``pynvml.NVMLError(code)``,
+which pynvml maps to its per-code subclasses (``NVMLError_GpuIsLost`` ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+import pytest
+
+from workers.agent.gpu_backend import BackendUnavailable, GpuProcess, open_backend
+from workers.agent.nvml_backend import NvmlGpuBackend
+from workers.agent.sim_backend import SimulatedGpus
+
+MIB = 1024 * 1024
+
+
+def nvml_error(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    name: str = "NVIDIA H100 80GB HBM3"
+    total_mb: int = 81559
+    used_mb: int = 1000
+    util_gpu: int = 55
+    util_memory: int = 30
+    temperature: int = 61
+    power_mw: int = 312_500
+    processes: list[tuple[int, int | None]] = field(default_factory=list)
+    bus_id: str = ""
+    nvlinks: list[str] = field(default_factory=list)  # remote bus id per active link
+
+
+@dataclass(frozen=True)
+class Handle:
+    index: int
+
+
+class FakeNvml:
+    """The slice of pynvml the backend uses. ``fail[(function, gpu_index)]``
+    (or ``fail[(function, None)]`` for non-device calls) is raised instead."""
+
+    NVMLError = pynvml.NVMLError
+    NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+    NVML_P2P_CAPS_INDEX_NVLINK = pynvml.NVML_P2P_CAPS_INDEX_NVLINK
+    NVML_P2P_STATUS_OK = pynvml.NVML_P2P_STATUS_OK
+    NVML_NVLINK_MAX_LINKS = 4
+
+    def __init__(self, gpus: list[FakeGpu], *, p2p: set[frozenset[int]] | None = None) -> None:
+        self.gpus = gpus
+        self.p2p = p2p
+        self.fail: dict[tuple[str, int | None], BaseException] = {}
+        self.calls: list[str] = []
+        self.shutdowns = 0
+
+    def _check(self, function: str, index: int | None = None) -> None:
+        self.calls.append(function)
+        error = self.fail.get((function, index))
+        if error is not None:
+            raise error
+
+    def nvmlInit(self) -> None:
+        self._check("nvmlInit")
+
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check("nvmlSystemGetDriverVersion")
+        return "550.54.15"
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
+        self._check("nvmlDeviceGetHandleByIndex", index)
+        return Handle(index)
+
+    def _device(self, function: str, handle: Handle) -> FakeGpu:
+        self._check(function, handle.index)
+        return self.gpus[handle.index]
+
+    def nvmlDeviceGetUUID(self, handle: Handle) -> str:
+        return self._device("nvmlDeviceGetUUID", handle).uuid
+
+    def nvmlDeviceGetName(self, handle: Handle) -> bytes:
+        return self._device("nvmlDeviceGetName", handle).name.encode()  # old bindings: bytes
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle) -> SimpleNamespace:
+        gpu = self._device("nvmlDeviceGetMemoryInfo", handle)
+        return SimpleNamespace(
+            total=gpu.total_mb * MIB,
+            used=gpu.used_mb * MIB,
+            free=(gpu.total_mb - gpu.used_mb) * MIB,
+        )
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> SimpleNamespace:
+        gpu = self._device("nvmlDeviceGetUtilizationRates", handle)
+        return SimpleNamespace(gpu=gpu.util_gpu, memory=gpu.util_memory)
+
+    def nvmlDeviceGetTemperature(self, handle: Handle, sensor: int) -> int:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return self._device("nvmlDeviceGetTemperature", handle).temperature
+
+    def nvmlDeviceGetPowerUsage(self, handle: Handle) -> int:
+        return self._device("nvmlDeviceGetPowerUsage", handle).power_mw
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[SimpleNamespace]:
+        gpu = self._device("nvmlDeviceGetComputeRunningProcesses", handle)
+        return [
+            SimpleNamespace(pid=pid, usedGpuMemory=None if mb is None else mb * MIB)
+            for pid, mb in gpu.processes
+        ]
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Handle) -> list[SimpleNamespace]:
+        self.calls.append("v2")
+        gpu = self.gpus[handle.index]
+        return [
+            SimpleNamespace(pid=pid, usedGpuMemory=(mb or 0) * MIB) for pid, mb in gpu.processes
+        ]
+
+    def nvmlDeviceGetP2PStatus(self, first: Handle, second: Handle, capability: int) -> int:
+        assert capability == pynvml.NVML_P2P_CAPS_INDEX_NVLINK
+        self._check("nvmlDeviceGetP2PStatus", first.index)
+        if self.p2p is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        linked = frozenset({first.index, second.index}) in self.p2p
+        return int(pynvml.NVML_P2P_STATUS_OK if linked else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED)
+
+    def nvmlDeviceGetPciInfo(self, handle: Handle) -> SimpleNamespace:
+        return SimpleNamespace(busId=self._device("nvmlDeviceGetPciInfo", handle).bus_id.encode())
+
+    def nvmlDeviceGetNvLinkState(self, handle: Handle, link: int) -> int:
+        gpu = self._device("nvmlDeviceGetNvLinkState", handle)
+        if not gpu.nvlinks:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if link >= len(gpu.nvlinks):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(pynvml.NVML_FEATURE_ENABLED)
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Handle, link: int) -> SimpleNamespace:
+        return SimpleNamespace(busId=self.gpus[handle.index].nvlinks[link].encode())
+
+
+def two_gpus(**kwargs: Any) -> FakeNvml:
+    return FakeNvml(
+        [
+            FakeGpu("GPU-aaaa", processes=[(4321, 2048), (99, None)]),
+            FakeGpu("GPU-bbbb", used_mb=0, util_gpu=0, util_memory=0, power_mw=70_000),
+        ],
+        **kwargs,
+    )
+
+
+def test_the_fake_raises_the_real_pynvml_subclasses() -> None:
+    # pynvml.NVMLError.__new__ maps a code to its subclass; except-clauses on
+    # NVMLError catch them all.
+    assert type(nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)) is pynvml.NVMLError_GpuIsLost
+    assert isinstance(nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED), pynvml.NVMLError_NotSupported)
+
+
+def test_readings_are_converted_to_our_units() -> None:
+    backend = NvmlGpuBackend(nvml=two_gpus(p2p={frozenset({0, 1})}), hostname="gpu-node-1")
+    info = backend.node_info()
+    assert (info.hostname, info.driver_version, info.backend) == ("gpu-node-1", "550.54.15", "nvml")
+    assert [(g.index, g.uuid, g.model, g.memory_total_mb) for g in info.gpus] == [
+        (0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559),
+        (1, "GPU-bbbb", "NVIDIA H100 80GB HBM3", 81559),
+    ]
+    assert [g.nvlink_peers for g in info.gpus] == [(1,), (0,)]
+
+    first, second = backend.sample().gpus
+    assert first.healthy and first.health_message is None
+    assert (first.util_sm_pct, first.util_mem_pct) == (55.0, 30.0)
+    assert (first.memory_used_mb, first.memory_free_mb) == (1000, 80559)
+    assert (first.temperature_c, first.power_w) == (61.0, 312.5)  # mW -> W
+    assert first.processes == (GpuProcess(4321, 2048), GpuProcess(99, None))
+    assert second.uuid == "GPU-bbbb" and second.processes == ()
+
+
+def test_not_supported_query_becomes_none_and_the_gpu_stays_healthy() -> None:
+    fake = two_gpus()
+    fake.fail[("nvmlDeviceGetPowerUsage", 0)] = nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    fake.fail[("nvmlDeviceGetTemperature", 0)] = nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+    first, second = NvmlGpuBackend(nvml=fake).sample().gpus
+    assert first.healthy
+    assert first.power_w is None and first.temperature_c is None
+    assert first.util_sm_pct == 55.0 and first.memory_used_mb == 1000
+    assert second.power_w == 70.0
+
+
+def test_gpu_lost_marks_only_that_gpu_unhealthy_and_sample_does_not_raise() -> None:
+    fake = two_gpus()
+    backend = NvmlGpuBackend(nvml=fake)
+    fake.fail[("nvmlDeviceGetMemoryInfo", 1)] = nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+    fake.calls.clear()
+    first, second = backend.sample().gpus
+    assert first.healthy and first.util_sm_pct == 55.0
+    assert not second.healthy
+    assert second.health_message is not None
+    assert second.health_message.startswith("NVMLError_GpuIsLost: GPU is lost")
+    assert "nvmlDeviceGetMemoryInfo" in second.health_message
+    assert (second.memory_used_mb, second.util_sm_pct, second.power_w) == (None, None, None)
+    # After the GPU is known lost, no further (slow) calls are made to it.
+    assert fake.calls.count("nvmlDeviceGetPowerUsage") == 1
+
+    del fake.fail[("nvmlDeviceGetMemoryInfo", 1)]
+    assert backend.sample().gpus[1].healthy  # e.g. after a reset
+
+
+def test_gpu_lost_at_start_up_keeps_its_index_and_reports_unhealthy() -> None:
+    fake = two_gpus()
+    lost = nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+    fake.fail[("nvmlDeviceGetHandleByIndex", 1)] = lost
+    backend = NvmlGpuBackend(nvml=fake)
+    assert [g.uuid for g in backend.node_info().gpus] == ["GPU-aaaa", "GPU-unreadable-1"]
+    reading = backend.sample().gpus[1]
+    assert not reading.healthy
+    assert reading.health_message is not None and "GpuIsLost" in reading.health_message
+
+
+def test_unexpected_exception_is_reported_as_unhealthy_not_raised() -> None:
+    fake = two_gpus()
+    backend = NvmlGpuBackend(nvml=fake)
+    fake.fail[("nvmlDeviceGetUtilizationRates", 0)] = RuntimeError("driver returned garbage")
+    first, second = backend.sample().gpus
+    assert not first.healthy
+    assert first.health_message is not None and "garbage" in first.health_message
+    assert second.healthy
+
+
+def test_old_driver_falls_back_to_v2_process_query() -> None:
+    fake = two_gpus()
+    fake.fail[("nvmlDeviceGetComputeRunningProcesses", 0)] = pynvml.NVMLLibraryMismatchError("old")
+    first = NvmlGpuBackend(nvml=fake).sample().gpus[0]
+    assert first.healthy
+    assert [p.pid for p in first.processes] == [4321, 99]
+    assert "v2" in fake.calls
+
+
+def test_nvlink_peers_from_link_state_when_p2p_query_is_unsupported() -> None:
+    fake = FakeNvml(
+        [
+            FakeGpu("GPU-0", bus_id="00000000:18:00.0", nvlinks=["0000:2A:00.0", "0000:2A:00.0"]),
+            FakeGpu("GPU-1", bus_id="00000000:2A:00.0", nvlinks=["0000:18:00.0"]),
+            FakeGpu("GPU-2", bus_id="00000000:3B:00.0"),  # PCIe only
+        ]
+    )
+    peers = [g.nvlink_peers for g in NvmlGpuBackend(nvml=fake).node_info().gpus]
+    assert peers == [(1,), (0,), ()]
+
+
+def test_library_not_found_raises_backend_unavailable() -> None:
+    fake = two_gpus()
+    fake.fail[("nvmlInit", None)] = nvml_error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    with pytest.raises(BackendUnavailable, match="NVMLError_LibraryNotFound"):
+        NvmlGpuBackend(nvml=fake)
+
+
+def test_auto_falls_back_to_simulated_gpus_and_says_why() -> None:
+    fake = two_gpus()
+    fake.fail[("nvmlInit", None)] = nvml_error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    for spec in (None, "auto"):
+        backend, line = open_backend(spec, nvml_module=fake)
+        assert isinstance(backend, SimulatedGpus)
+        assert len(backend.node_info().gpus) == 4
+        assert line == (
+            "NVML unavailable (NVMLError_LibraryNotFound: NVML Shared Library Not Found); "
+            "using simulated GPUs sim:4:H100-80GB"
+        )
+
+
+def test_forced_nvml_does_not_fall_back() -> None:
+    fake = two_gpus()
+    fake.fail[("nvmlInit", None)] = nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    with pytest.raises(BackendUnavailable, match="DriverNotLoaded"):
+        open_backend("nvml", nvml_module=fake)
+
+
+def test_auto_uses_nvml_when_it_works() -> None:
+    backend, line = open_backend("auto", nvml_module=two_gpus(), hostname="n")
+    assert isinstance(backend, NvmlGpuBackend)
+    assert line == "using NVML: 2 GPU(s) NVIDIA H100 80GB HBM3, driver 550.54.15"
+
+
+def test_auto_with_no_gpus_falls_back_and_releases_nvml() -> None:
+    fake = FakeNvml([])
+    backend, line = open_backend("auto", nvml_module=fake)
+    assert isinstance(backend, SimulatedGpus)
+    assert "NVML initialised but reports no GPUs" in line
+    assert fake.shutdowns == 1
+
+
+def test_close_is_idempotent() -> None:
+    fake = two_gpus()
+    backend = NvmlGpuBackend(nvml=fake)
+    backend.close()
+    backend.close()
+    assert fake.shutdowns == 1
+
+
+def test_real_pynvml_on_a_machine_without_gpus() -> None:
+    try:
+        NvmlGpuBackend().close()
+    except BackendUnavailable:
+        backend, line = open_backend("auto")
+        assert isinstance(backend, SimulatedGpus)
+        assert line.startswith("NVML unavailable (NVMLError_")
+    else:
+        pytest.skip("this machine has working NVML")
+
+
+def test_broken_library_below_nvml_is_backend_unavailable() -> None:
+    fake = two_gpus()
+    fake.fail[("nvmlDeviceGetCount", None)] = OSError("libnvidia-ml.so.1: bad ELF")
+    with pytest.raises(BackendUnavailable, match="OSError"):
+        NvmlGpuBackend(nvml=fake)
+    assert fake.shutdowns == 1
+    backend, line = open_backend("auto", nvml_module=fake)
+    assert isinstance(backend, SimulatedGpus) and "bad ELF" in line
+
+
+def test_importing_the_agent_package_does_not_load_nvml() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, workers.agent; print('pynvml' in sys.modules)"
+    repo_root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo_root
+    )
+    assert result.stdout.strip() == "False"

@@ -1,0 +1,428 @@
+"""Job runner: real subprocesses, real signals, bounded waits (no fixed long sleeps)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from workers.agent.runner import (
+    JobLaunch,
+    LaunchError,
+    Outcome,
+    RunningProcess,
+    classify,
+    distributed_env,
+    find_leftover_processes,
+    job_environment,
+    kill_process_group,
+    process_group_alive,
+    start_job,
+)
+
+WAIT_S = 10.0
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def launch(tmp_path: Path, command: list[str] | str, **overrides: object) -> JobLaunch:
+    fields: dict[str, object] = {
+        "command": command,
+        "workdir": tmp_path,
+        "job_id": "job-1",
+        "attempt": 1,
+        "log_path": tmp_path / "logs" / "job-1" / "attempt-1.log",
+        "grace_s": 2.0,
+    }
+    fields.update(overrides)
+    return JobLaunch(**fields)  # type: ignore[arg-type]
+
+
+def run_to_end(spec: JobLaunch) -> tuple[Outcome, str]:
+    running = start_job(spec)
+    outcome = running.wait(WAIT_S)
+    assert outcome is not None, "job did not finish in time"
+    return outcome, Path(spec.log_path).read_text()
+
+
+def env_of(log_text: str) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in log_text.splitlines() if "=" in line)
+    return {key: value for key, value in pairs}
+
+
+@pytest.fixture
+def reap() -> Iterator[list[RunningProcess]]:
+    """Processes a test started; anything still running is killed at teardown."""
+    started: list[RunningProcess] = []
+    yield started
+    for running in started:
+        if running.poll() is None:
+            running.terminate("cancel", grace_s=0.1, timeout_s=WAIT_S)
+
+
+# -- environment ---------------------------------------------------------------
+
+
+def test_cuda_visible_devices_is_exactly_the_allocated_indices(tmp_path: Path) -> None:
+    spec = launch(tmp_path, 'printf "[%s]" "$CUDA_VISIBLE_DEVICES"', gpu_indices=(1, 3))
+    outcome, log = run_to_end(spec)
+    assert log == "[1,3]"
+    assert classify(outcome) == "SUCCEEDED"
+
+
+def test_cuda_visible_devices_is_empty_not_unset_without_gpus(tmp_path: Path) -> None:
+    # Unset would let CUDA see every GPU on the node; empty means none.
+    _, log = run_to_end(launch(tmp_path, 'printf "[%s]" "${CUDA_VISIBLE_DEVICES-unset}"'))
+    assert log == "[]"
+
+
+def test_env_is_clean_base_plus_job_env_and_ours_cannot_be_overridden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENT_SECRET_TOKEN", "do-not-leak")
+    monkeypatch.setenv("LANG", "en_GB.UTF-8")
+    spec = launch(
+        tmp_path,
+        ["env"],
+        gpu_indices=(2,),
+        job_id="job-42",
+        attempt=3,
+        env={"FOO": "bar", "LANG": "C", "CUDA_VISIBLE_DEVICES": "0,1,2,3", "GPUSCHED_JOB_ID": "x"},
+    )
+    outcome, log = run_to_end(spec)
+    env = env_of(log)
+    assert outcome.exit_code == 0
+    assert "AGENT_SECRET_TOKEN" not in env
+    assert env["FOO"] == "bar"
+    assert env["LANG"] == "C"  # the job's env wins over the base
+    assert env["PATH"] == os.environ["PATH"]
+    assert env["HOME"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "2"  # ours win over the job's
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["GPUSCHED_JOB_ID"] == "job-42"
+    assert env["GPUSCHED_ATTEMPT"] == "3"
+    assert "MASTER_ADDR" not in env  # single GPU: no gang
+
+
+def test_torchrun_variables_for_rank_1_of_two_nodes_with_four_gpus(tmp_path: Path) -> None:
+    spec = launch(
+        tmp_path,
+        ["env"],
+        gpu_indices=(4, 5, 6, 7),
+        master_addr="10.0.0.1",
+        master_port=29500,
+        world_size=8,
+        node_rank=1,
+        nproc_per_node=4,
+    )
+    expected = {
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+        "WORLD_SIZE": "8",
+        "RANK": "4",
+        "NODE_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "1",
+        "PET_NPROC_PER_NODE": "4",
+        "PET_MASTER_ADDR": "10.0.0.1",
+        "PET_MASTER_PORT": "29500",
+    }
+    assert distributed_env(spec) == expected
+    _, log = run_to_end(spec)
+    env = env_of(log)
+    assert {key: env[key] for key in expected} == expected
+    assert env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+
+
+def test_single_node_multi_gpu_gets_local_rendezvous(tmp_path: Path) -> None:
+    env = job_environment(launch(tmp_path, "true", gpu_indices=(0, 1)), agent_env={})
+    assert env["MASTER_ADDR"] == "127.0.0.1"
+    assert 0 < int(env["MASTER_PORT"]) < 65536
+    assert (env["WORLD_SIZE"], env["RANK"], env["LOCAL_WORLD_SIZE"]) == ("2", "0", "2")
+    assert env["PATH"]  # default PATH even from an empty agent env
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"world_size": 8, "nproc_per_node": 4}, "master_addr"),
+        ({"world_size": 6, "nproc_per_node": 4, "master_addr": "a", "master_port": 1}, "multiple"),
+        (
+            {
+                "world_size": 8,
+                "nproc_per_node": 4,
+                "node_rank": 2,
+                "master_addr": "a",
+                "master_port": 1,
+            },
+            "node_rank",
+        ),
+    ],
+)
+def test_inconsistent_gang_is_a_launch_error(
+    tmp_path: Path, overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(LaunchError, match=message):
+        start_job(launch(tmp_path, "true", gpu_indices=(0, 1, 2, 3), **overrides))
+
+
+# -- launch errors ---------------------------------------------------------------
+
+
+def test_missing_workdir_is_a_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir"
+    with pytest.raises(LaunchError, match=r"no-such-dir.*does not exist"):
+        start_job(launch(tmp_path, "true", workdir=missing))
+
+
+def test_missing_executable_is_a_launch_error_and_logged(tmp_path: Path) -> None:
+    spec = launch(tmp_path, ["/nonexistent/bin/train"])
+    with pytest.raises(LaunchError, match="cannot start"):
+        start_job(spec)
+    assert "cannot start" in Path(spec.log_path).read_text()
+
+
+def test_unknown_user_is_a_launch_error(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="unknown user"):
+        start_job(launch(tmp_path, "true", run_as_user="no-such-user-gpusched"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
+def test_run_as_user_drops_to_that_user(tmp_path: Path) -> None:
+    spec = launch(
+        tmp_path, 'echo "$(id -u):$(id -g):$(id -G):$HOME:$USER"', run_as_user="nobody", workdir="/"
+    )
+    outcome, log = run_to_end(spec)
+    assert outcome.exit_code == 0
+    uid, gid, groups, home, user = log.strip().split(":")
+    assert (uid, gid, user) == ("65534", "65534", "nobody")
+    assert "0" not in groups.split()  # root's groups are gone
+    assert home == "/nonexistent"
+
+
+# -- exits, signals, termination ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("code", "result"), [(0, "SUCCEEDED"), (3, "FAILED")])
+def test_exit_code_is_propagated(tmp_path: Path, code: int, result: str) -> None:
+    outcome, _ = run_to_end(launch(tmp_path, ["sh", "-c", f"exit {code}"]))
+    assert outcome.exit_code == code
+    assert outcome.signal is None
+    assert outcome.terminated_reason is None
+    assert classify(outcome) == result
+
+
+def test_killed_by_someone_else_is_failed_with_the_signal(
+    tmp_path: Path, reap: list[RunningProcess]
+) -> None:
+    running = start_job(launch(tmp_path, ["sleep", "30"]))
+    reap.append(running)
+    os.kill(running.pid, signal.SIGKILL)  # e.g. the kernel OOM killer
+    outcome = running.wait(WAIT_S)
+    assert outcome is not None
+    assert (outcome.exit_code, outcome.signal) == (None, signal.SIGKILL)
+    assert classify(outcome) == "FAILED"
+    assert "SIGKILL" in outcome.describe()
+
+
+def test_timeout_sends_sigterm_then_sigkill_to_a_child_that_ignores_sigterm(
+    tmp_path: Path,
+) -> None:
+    spec = launch(tmp_path, 'trap "" TERM; sleep 30', max_runtime_s=0.3, grace_s=0.3)
+    started = time.monotonic()
+    running = start_job(spec)
+    outcome = running.wait(WAIT_S)
+    elapsed = time.monotonic() - started
+    assert outcome is not None
+    assert outcome.timed_out
+    assert outcome.terminated_reason == "timeout"
+    assert outcome.signal == signal.SIGKILL  # SIGTERM was ignored
+    assert classify(outcome) == "TIMED_OUT"
+    assert 0.5 <= elapsed < 5.0
+    log = Path(spec.log_path).read_text()
+    assert "SIGTERM" in log and "SIGKILL" in log
+    assert not process_group_alive(running.pgid)
+
+
+def test_cancel_of_a_job_that_honours_sigterm_does_not_wait_for_the_grace(
+    tmp_path: Path,
+) -> None:
+    running = start_job(launch(tmp_path, ["sleep", "30"], grace_s=20.0))
+    started = time.monotonic()
+    outcome = running.terminate("cancel", timeout_s=WAIT_S)
+    assert outcome is not None
+    assert time.monotonic() - started < 5.0
+    assert outcome.signal == signal.SIGTERM
+    assert classify(outcome) == "CANCELLED"
+
+
+def test_preempted_job_that_checkpoints_and_exits_zero_is_still_preempted(
+    tmp_path: Path,
+) -> None:
+    spec = launch(tmp_path, 'trap "echo checkpointed; exit 0" TERM; echo ready; sleep 30 & wait')
+    running = start_job(spec)
+    assert wait_until(lambda: "ready" in Path(spec.log_path).read_text())
+    outcome = running.terminate("preempt", timeout_s=WAIT_S)
+    assert outcome is not None
+    assert outcome.exit_code == 0
+    assert classify(outcome) == "PREEMPTED"
+    assert "checkpointed" in Path(spec.log_path).read_text()
+    # The first reason wins; terminating a finished job changes nothing.
+    assert running.terminate("cancel", timeout_s=WAIT_S) == outcome
+
+
+def test_terminate_kills_the_whole_process_group_including_grandchildren(
+    tmp_path: Path,
+) -> None:
+    # A subshell that ignores SIGTERM and its own child (a grandchild of ours).
+    command = '(trap "" TERM; sleep 60 & wait) & sleep 60 & echo ready; wait'
+    spec = launch(tmp_path, command)
+    running = start_job(spec)
+    assert wait_until(lambda: "ready" in Path(spec.log_path).read_text())
+    assert wait_until(lambda: len(group_members(running.pgid)) >= 4)  # sh, subshell, 2 sleeps
+    members = group_members(running.pgid)
+    started = time.monotonic()
+    outcome = running.terminate("cancel", grace_s=0.5, timeout_s=WAIT_S)
+    assert outcome is not None
+    # The main shell died on SIGTERM at once, but the subshell that ignores it
+    # still got its grace period before the SIGKILL.
+    assert 0.5 <= time.monotonic() - started < 5.0
+    assert "SIGKILL" in Path(spec.log_path).read_text()
+    assert not process_group_alive(running.pgid)
+    assert all(not alive(pid) for pid in members)
+
+
+def test_max_runtime_leaves_a_fast_job_alone(tmp_path: Path) -> None:
+    outcome, _ = run_to_end(launch(tmp_path, "true", max_runtime_s=30))
+    assert classify(outcome) == "SUCCEEDED"
+    assert not outcome.timed_out
+
+
+def test_leftover_stragglers_are_killed_when_the_main_process_exits(tmp_path: Path) -> None:
+    spec = launch(tmp_path, "sleep 60 & echo $!")
+    outcome, log = run_to_end(spec)
+    straggler = int(log.strip())
+    assert outcome.exit_code == 0
+    assert wait_until(lambda: not alive(straggler))
+
+
+# -- logs --------------------------------------------------------------------------
+
+
+def test_log_is_capped_with_one_truncation_line(tmp_path: Path) -> None:
+    spec = launch(
+        tmp_path, "head -c 10000 /dev/zero | tr '\\0' x; echo done-writing >&2", log_cap_bytes=1000
+    )
+    outcome, log = run_to_end(spec)
+    assert outcome.exit_code == 0
+    assert log == "x" * 1000 + "\n[gpusched] log truncated at 1000 bytes\n"
+    assert outcome.log_truncated
+    assert outcome.log_bytes == 1000
+
+
+def test_a_chatty_job_never_blocks_on_its_pipe(tmp_path: Path) -> None:
+    # 20 MB through a 4 KB cap: the pump must keep draining past the cap.
+    spec = launch(tmp_path, "head -c 20000000 /dev/zero", log_cap_bytes=4096)
+    outcome, _ = run_to_end(spec)
+    assert outcome.exit_code == 0
+    assert Path(spec.log_path).stat().st_size < 4096 + 100
+
+
+def test_stdout_and_stderr_stream_into_the_log_while_running(
+    tmp_path: Path, reap: list[RunningProcess]
+) -> None:
+    spec = launch(tmp_path, "echo out; echo err >&2; sleep 30")
+    running = start_job(spec)
+    reap.append(running)
+    assert wait_until(lambda: {"out", "err"} <= set(Path(spec.log_path).read_text().split()))
+    assert running.poll() is None
+
+
+# -- leftovers after an agent restart --------------------------------------------------
+
+
+def test_find_and_kill_leftover_processes(tmp_path: Path, reap: list[RunningProcess]) -> None:
+    running = start_job(launch(tmp_path, ["sleep", "30"], job_id="job-777", attempt=2))
+    reap.append(running)
+    assert wait_until(lambda: any(p.pid == running.pid for p in find_leftover_processes()))
+    mine = [p for p in find_leftover_processes() if p.pid == running.pid]
+    assert len(mine) == 1
+    assert (mine[0].job_id, mine[0].attempt, mine[0].pgid) == ("job-777", 2, running.pgid)
+    assert all(p.pid != os.getpid() for p in find_leftover_processes())
+
+    assert kill_process_group(running.pgid, grace_s=2.0)
+    outcome = running.wait(WAIT_S)
+    assert outcome is not None and outcome.signal == signal.SIGTERM
+    assert all(p.pid != running.pid for p in find_leftover_processes())
+
+
+def test_kill_process_group_refuses_our_own_group() -> None:
+    with pytest.raises(ValueError, match="refusing"):
+        kill_process_group(os.getpgrp(), grace_s=0.1)
+
+
+def test_classify_table() -> None:
+    def outcome(**kwargs: object) -> Outcome:
+        base: dict[str, object] = {
+            "exit_code": 0,
+            "signal": None,
+            "timed_out": False,
+            "terminated_reason": None,
+        }
+        base.update(kwargs)
+        return Outcome(**base)  # type: ignore[arg-type]
+
+    assert classify(outcome()) == "SUCCEEDED"
+    assert classify(outcome(exit_code=1)) == "FAILED"
+    assert classify(outcome(exit_code=None, signal=9)) == "FAILED"
+    assert (
+        classify(outcome(exit_code=None, signal=9, timed_out=True, terminated_reason="timeout"))
+        == "TIMED_OUT"
+    )
+    assert classify(outcome(exit_code=0, terminated_reason="cancel")) == "CANCELLED"
+    assert classify(outcome(exit_code=None, signal=15, terminated_reason="preempt")) == "PREEMPTED"
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_bytes()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            members.append(int(entry.name))
+    return members
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return state[state.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+def test_unwritable_log_path_is_a_launch_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    with pytest.raises(LaunchError, match="cannot create log file"):
+        start_job(launch(tmp_path, "true", log_path=blocker / "attempt-1.log"))

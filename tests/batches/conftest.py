@@ -1,0 +1,75 @@
+"""Batch fixtures: users in projects, and helpers to create schedules at an injected time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.auth.models import User
+from app.auth.service import Principal, create_user
+from app.batches import service
+from app.batches.models import BatchFiring
+from app.batches.schemas import BatchIn
+from app.jobs.models import Job
+from tests.cli.conftest import cli  # noqa: F401  (the live-server CLI fixture)
+
+
+@dataclass
+class World:
+    factory: sessionmaker[Session]
+
+    def user(self, name: str, projects: list[str], *, admin: bool = False) -> Principal:
+        with self.factory() as session:
+            create_user(session=session, name=name, projects=projects, is_admin=admin, ttl_days=0)
+            session.commit()
+        return self.principal(name)
+
+    def principal(self, name: str) -> Principal:
+        with self.factory() as session:
+            user_id = session.scalar(select(User.id).where(User.name == name))
+            assert user_id is not None
+            return service.owner_principal(session=session, user_id=user_id)
+
+    def create(self, owner: Principal, now: datetime, **fields: Any) -> int:
+        body: dict[str, Any] = {
+            "name": "nightly",
+            "cron": "0 2 * * *",
+            "timezone": "UTC",
+            "templates": [{"command": ["python", "train.py"], "gpus": 1}],
+        }
+        body.update(fields)
+        with self.factory() as session:
+            out = service.create_batch(
+                session=session, principal=owner, body=BatchIn.model_validate(body), now=now
+            )
+        return out.id
+
+    def fire(self, now: datetime, **kwargs: Any) -> service.FireReport:
+        return service.fire_due(factory=self.factory, now=now, **kwargs)
+
+    def firings(self, schedule_id: int | None = None) -> list[BatchFiring]:
+        with self.factory() as session:
+            query = select(BatchFiring).order_by(BatchFiring.fire_at)
+            if schedule_id is not None:
+                query = query.where(BatchFiring.schedule_id == schedule_id)
+            return list(session.scalars(query))
+
+    def jobs(self) -> list[Job]:
+        with self.factory() as session:
+            return list(session.scalars(select(Job).order_by(Job.id)))
+
+
+@pytest.fixture
+def world(session_factory: sessionmaker[Session]) -> Iterator[World]:
+    yield World(session_factory)
+
+
+@pytest.fixture
+def alice(world: World) -> Principal:
+    return world.user("alice", ["ml"])

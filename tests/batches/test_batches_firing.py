@@ -1,0 +1,240 @@
+"""Firing with an injected clock (no sleeping): when, how often, and what gets submitted."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import delete, select
+
+from app.auth.service import Principal
+from app.batches import service
+from app.batches.schemas import BatchIn
+from app.jobs.models import Job, JobEvent
+from app.projects.models import Project, ProjectMember
+from app.windows.models import Window
+from tests.batches.conftest import World
+
+NY = ZoneInfo("America/New_York")
+
+
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
+def run_clock(world: World, start: datetime, end: datetime, step: timedelta) -> None:
+    at = start
+    while at <= end:
+        world.fire(at)
+        at += step
+
+
+def test_daily_batch_fires_at_local_time_across_fall_back_once_per_day(
+    world: World, alice: Principal
+) -> None:
+    sid = world.create(alice, utc(2026, 10, 30, 12), cron="30 1 * * *", timezone="America/New_York")
+    run_clock(world, utc(2026, 10, 30, 12), utc(2026, 11, 2, 12), timedelta(minutes=5))
+    firings = world.firings(sid)
+    assert [f.fire_at.astimezone(NY).isoformat() for f in firings] == [
+        "2026-10-31T01:30:00-04:00",
+        "2026-11-01T01:30:00-04:00",
+        "2026-11-02T01:30:00-05:00",
+    ]
+    assert all(len(f.job_ids) == 1 and not f.skipped for f in firings)
+    assert len(world.jobs()) == 3
+
+
+def test_daily_batch_fires_once_on_spring_forward_day(world: World, alice: Principal) -> None:
+    sid = world.create(alice, utc(2026, 3, 6, 12), cron="30 2 * * *", timezone="America/New_York")
+    run_clock(world, utc(2026, 3, 6, 12), utc(2026, 3, 9, 12), timedelta(minutes=5))
+    assert [f.fire_at.astimezone(NY).isoformat() for f in world.firings(sid)] == [
+        "2026-03-07T02:30:00-05:00",
+        "2026-03-08T03:00:00-04:00",
+        "2026-03-09T02:30:00-04:00",
+    ]
+    assert len(world.jobs()) == 3
+
+
+def test_fires_within_seconds_of_the_fire_time_and_only_once(
+    world: World, alice: Principal
+) -> None:
+    world.create(alice, utc(2026, 1, 1))
+    assert world.fire(utc(2026, 1, 1, 1, 59, 59)).firings == []
+    report = world.fire(utc(2026, 1, 1, 2, 0, 3))
+    assert [f.outcome for f in report.firings] == ["submitted"]
+    for seconds in (4, 8, 13, 600):
+        assert world.fire(utc(2026, 1, 1, 2, 0) + timedelta(seconds=seconds)).firings == []
+    assert len(world.jobs()) == 1
+
+
+def test_jobs_are_submitted_as_the_owner_with_batch_label_and_event(
+    world: World, alice: Principal
+) -> None:
+    world.create(alice, utc(2026, 1, 1))
+    world.fire(utc(2026, 1, 1, 2, 0, 1))
+    (job,) = world.jobs()
+    assert job.user_id == alice.user_id
+    assert job.labels == {"batch": "nightly"}
+    assert job.schedule_mode == "now"
+    with world.factory() as session:
+        project = session.scalar(select(Project.name).where(Project.id == job.project_id))
+        event = session.scalar(select(JobEvent).where(JobEvent.job_id == job.id))
+    assert project == "ml"
+    assert event is not None and event.actor == "batch:nightly"
+
+
+def test_never_fires_for_times_before_creation(world: World, alice: Principal) -> None:
+    world.create(alice, utc(2026, 1, 1, 2, 0, 30))  # 30 s after a fire time
+    assert world.fire(utc(2026, 1, 1, 2, 0, 35)).firings == []
+    assert world.fire(utc(2026, 1, 2, 2, 0, 1)).count("submitted") == 1
+
+
+def test_disabled_never_fires_and_re_enabling_does_not_catch_up(
+    world: World, alice: Principal
+) -> None:
+    sid = world.create(alice, utc(2026, 1, 1), enabled=False)
+    run_clock(world, utc(2026, 1, 1), utc(2026, 1, 3, 12), timedelta(minutes=30))
+    assert world.firings(sid) == []
+    with world.factory() as session:
+        out = service.set_enabled(
+            session=session, principal=alice, name="nightly", enabled=True, now=utc(2026, 1, 3, 12)
+        )
+    assert out.next_fire_at is not None and out.next_fire_at.isoformat().startswith("2026-01-04")
+    assert world.fire(utc(2026, 1, 3, 12, 0, 5)).firings == []  # no catch-up of 2026-01-03
+    assert world.fire(utc(2026, 1, 4, 2, 0, 5)).count("submitted") == 1
+    with world.factory() as session:
+        service.set_enabled(
+            session=session, principal=alice, name="nightly", enabled=False, now=utc(2026, 1, 4, 3)
+        )
+    assert world.fire(utc(2026, 1, 5, 2, 0, 5)).firings == []
+    assert len(world.firings(sid)) == 1
+
+
+def test_changed_cron_takes_effect_on_the_next_check(world: World, alice: Principal) -> None:
+    sid = world.create(alice, utc(2026, 1, 1))
+    with world.factory() as session:
+        body = BatchIn.model_validate(
+            {
+                "name": "nightly",
+                "cron": "15 10 * * *",
+                "templates": [{"command": ["python", "train.py"]}],
+            }
+        )
+        service.replace_batch(
+            session=session, principal=alice, name="nightly", body=body, now=utc(2026, 1, 1, 10, 7)
+        )
+    assert world.fire(utc(2026, 1, 1, 10, 15, 4)).count("submitted") == 1
+    assert world.fire(utc(2026, 1, 2, 2, 0, 4)).firings == []  # the old 02:00 is gone
+    assert [f.fire_at for f in world.firings(sid)] == [utc(2026, 1, 1, 10, 15)]
+
+
+def test_catch_up_once_after_three_days_of_downtime_submits_one_batch(
+    world: World, alice: Principal
+) -> None:
+    sid = world.create(alice, utc(2026, 1, 1))
+    assert world.fire(utc(2026, 1, 1, 2, 0, 2)).count("submitted") == 1
+    # Beat down from 2026-01-01 02:01 until 2026-01-04 10:00: three fire times missed.
+    report = world.fire(utc(2026, 1, 4, 10))
+    assert [(f.outcome, f.fire_at) for f in report.firings] == [("submitted", utc(2026, 1, 4, 2))]
+    assert world.fire(utc(2026, 1, 4, 10, 0, 5)).firings == []
+    assert [f.fire_at for f in world.firings(sid)] == [utc(2026, 1, 1, 2), utc(2026, 1, 4, 2)]
+    assert len(world.jobs()) == 2
+
+
+def test_skip_records_a_late_fire_time_as_skipped_and_runs_nothing(
+    world: World, alice: Principal
+) -> None:
+    sid = world.create(alice, utc(2026, 1, 1), catch_up="skip")
+    report = world.fire(utc(2026, 1, 4, 10))
+    assert [(f.outcome, f.fire_at) for f in report.firings] == [("skipped", utc(2026, 1, 4, 2))]
+    assert world.fire(utc(2026, 1, 4, 10, 0, 5)).firings == []
+    (firing,) = world.firings(sid)
+    assert firing.skipped and firing.job_ids == []
+    assert world.jobs() == []
+    # Within the tolerance (60 s with a 5 s check interval) it still runs.
+    assert world.fire(utc(2026, 1, 5, 2, 0, 59)).count("submitted") == 1
+    assert world.fire(utc(2026, 1, 6, 2, 1, 1)).count("skipped") == 1
+
+
+def test_two_templates_make_two_jobs_in_one_firing(world: World, alice: Principal) -> None:
+    sid = world.create(
+        alice,
+        utc(2026, 1, 1),
+        templates=[
+            {"name": "prep", "command": ["python", "prep.py"], "gpus": 0},
+            {"name": "train", "command": "python train.py", "gpus": 2, "labels": {"x": "1"}},
+        ],
+    )
+    world.fire(utc(2026, 1, 1, 2, 0, 1))
+    (firing,) = world.firings(sid)
+    jobs = world.jobs()
+    assert sorted(firing.job_ids) == [j.id for j in jobs]
+    assert [(j.name, j.gpus) for j in jobs] == [("prep", 0), ("train", 2)]
+    assert jobs[1].labels == {"batch": "nightly", "x": "1"}
+
+
+def test_offpeak_target_submits_offpeak_jobs(world: World, alice: Principal) -> None:
+    with world.factory() as session:
+        session.add(Window(name="night", timezone="UTC", cron="0 22 * * *", duration_s=8 * 3600))
+        session.commit()
+    world.create(alice, utc(2026, 1, 1), target="offpeak", window="night")
+    world.create(alice, utc(2026, 1, 1), name="any-window", target="offpeak")
+    world.fire(utc(2026, 1, 1, 2, 0, 1))
+    jobs = world.jobs()
+    assert [(j.schedule_mode, j.window) for j in jobs] == [("offpeak", "night"), ("offpeak", None)]
+
+
+class FakeMessenger:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.calls: list[int] = []
+
+    def request_cycle(self) -> bool:
+        # A new connection sees the jobs only if they were committed before this call.
+        self.calls.append(len(self.world.jobs()))
+        return True
+
+
+def test_cycle_is_requested_after_commit_and_only_when_jobs_were_submitted(
+    world: World, alice: Principal
+) -> None:
+    world.create(alice, utc(2026, 1, 1))
+    world.create(alice, utc(2026, 1, 1), name="skipper", catch_up="skip", cron="0 1 * * *")
+    messenger = FakeMessenger(world)
+    world.fire(utc(2026, 1, 1, 1, 30), messenger=messenger)  # only a skip
+    assert messenger.calls == []
+    world.fire(utc(2026, 1, 1, 2, 0, 1), messenger=messenger)
+    assert messenger.calls == [1]
+
+
+def test_a_firing_that_cannot_submit_is_recorded_once_with_the_reason(
+    world: World, alice: Principal
+) -> None:
+    sid = world.create(alice, utc(2026, 1, 1))
+    with world.factory() as session:
+        session.execute(delete(ProjectMember).where(ProjectMember.user_id == alice.user_id))
+        session.commit()
+    report = world.fire(utc(2026, 1, 1, 2, 0, 1))
+    assert [f.outcome for f in report.firings] == ["failed"]
+    assert world.fire(utc(2026, 1, 1, 2, 0, 6)).firings == []
+    (firing,) = world.firings(sid)
+    assert firing.job_ids == [] and firing.error is not None and "project" in firing.error
+    with world.factory() as session:
+        assert session.scalar(select(Job.id)) is None
+
+
+def test_one_broken_schedule_does_not_stop_the_others(
+    world: World, alice: Principal, monkeypatch
+) -> None:
+    first = world.create(alice, utc(2026, 1, 1), name="a")
+    world.create(alice, utc(2026, 1, 1), name="b")
+    real = service.fire_schedule
+
+    def flaky(**kwargs):
+        if kwargs["schedule_id"] == first:
+            raise RuntimeError("boom")
+        return real(**kwargs)
+
+    monkeypatch.setattr(service, "fire_schedule", flaky)
+    report = world.fire(utc(2026, 1, 1, 2, 0, 1))
+    assert [f.schedule for f in report.firings] == ["b"]

@@ -1,0 +1,372 @@
+"""The dashboard in headless Chromium against the real stack with simulated GPUs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import urllib.error
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.browser.conftest import Dashboard, Stack
+
+pytestmark = pytest.mark.browser
+
+PAGES = [
+    ("overview", "#/", "#gpu-stats .stat"),
+    ("queue", "#/queue", "#pending, #active"),
+    ("nodes", "#/nodes", ".gpu"),
+    ("windows", "#/windows", "#windows h2"),
+    ("submit", "#/submit", "#submit-form"),
+]
+
+
+def _expect_text(page: Any, selector: str, pattern: str, timeout: float = 20_000) -> None:
+    page.wait_for_function(
+        "([sel, pat]) => [...document.querySelectorAll(sel)].some(e => new RegExp(pat).test(e.textContent))",
+        arg=[selector, pattern],
+        timeout=timeout,
+    )
+
+
+def test_login_rejects_a_bad_token_then_accepts_the_admin(dash: Dashboard, stack: Stack) -> None:
+    dash.console.allow(401, r"/api/v1/me")
+    page = dash.page
+    page.goto(stack.url + "/")
+    page.fill("#token", "gps_not-a-real-token")
+    page.click("button[type=submit]")
+    _expect_text(page, "#login-error", "not valid")
+    assert page.evaluate("sessionStorage.getItem('gpusched.token')") is None
+
+    dash.login(stack.admin_token)
+    _expect_text(page, "#who-name", "admin")
+    page.wait_for_selector("#gpu-stats .stat")
+    dash.assert_clean()
+
+
+def test_a_revoked_session_returns_to_login_with_a_message(dash: Dashboard, stack: Stack) -> None:
+    dash.console.allow(401, r"/api/v1/")
+    page = dash.page
+    dash.login(stack.admin_token)
+    # The token stops working while the page is open (e.g. revoked): the next poll is a 401.
+    page.evaluate("sessionStorage.setItem('gpusched.token', 'gps_revoked')")
+    page.wait_for_selector("#token", timeout=15_000)
+    _expect_text(page, "#login-error", "Sign in again")
+    dash.assert_clean()
+
+
+def test_submit_through_the_form_then_follow_the_job(dash: Dashboard, stack: Stack) -> None:
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go("#/submit")
+    page.fill("#f-name", "browser-hello")
+    page.fill("#f-command", "echo hello-from-job; sleep 4")
+    page.fill("#f-env", "GREETING=hi")
+    page.fill("#f-labels", "suite=browser")
+    page.click("#submit-job")
+    link = page.wait_for_selector("#job-link")
+    job_id = int(re.search(r"/jobs/(\d+)", link.get_attribute("href") or "").group(1))  # type: ignore[union-attr]
+
+    # The job shows up in the queue: pending with its reason, or already in the active list.
+    dash.go("#/queue")
+    page.wait_for_selector(f"tr[data-job='{job_id}']", timeout=10_000)
+    row = page.locator(f"tr[data-job='{job_id}']").first
+    assert "browser-hello" in (row.text_content() or "")
+    if page.locator(f"#pending-table tr[data-job='{job_id}']").count():
+        assert (row.locator("td.reason").text_content() or "").strip() not in ("", "—")
+    else:
+        assert re.search(r"RUNNING|SCHEDULED", row.text_content() or "")
+
+    # The detail page shows the spec, the timeline and the log once it ran.
+    link_in_queue = page.locator(f"a[href='#/jobs/{job_id}']")
+    if link_in_queue.count():
+        link_in_queue.first.click()
+    else:
+        dash.go(f"#/jobs/{job_id}")
+    page.wait_for_selector("#job-command")
+    assert "echo hello-from-job" in (page.text_content("#job-command") or "")
+    _expect_text(page, "#job-log", "hello-from-job", timeout=30_000)
+    _expect_text(page, "#job-events", "RUNNING")
+    _expect_text(page, "#job-spec", "SUCCEEDED", timeout=30_000)
+    assert "GREETING=hi" in (page.text_content("#job-spec") or "")
+    dash.assert_clean()
+
+
+def test_invalid_input_shows_the_servers_message_next_to_the_field(
+    dash: Dashboard, stack: Stack
+) -> None:
+    dash.console.allow(422, r"/api/v1/jobs$")
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go("#/submit")
+    page.fill("#f-command", "true")
+    page.fill("#f-gpus", "-1")
+    page.click("#submit-job")
+    error = page.wait_for_selector("#err-gpus:not([hidden])")
+    assert "greater than or equal to 0" in (error.text_content() or "")
+    assert page.get_attribute("#f-gpus", "aria-invalid") == "true"
+    # The message sits inside the gpus field, not in a banner at the top.
+    assert page.locator("[data-field='gpus'] .field-error").is_visible()
+    assert page.locator("#form-error").is_hidden()
+
+    # A bad env line is caught before sending, next to its field too.
+    page.fill("#f-gpus", "1")
+    page.fill("#f-env", "no equals sign")
+    page.click("#submit-job")
+    page.wait_for_selector("#err-env:not([hidden])")
+    assert page.locator("#err-gpus").is_hidden()
+    dash.assert_clean()
+
+
+def test_bob_sees_only_his_project(dash: Dashboard, stack: Stack) -> None:
+    dash.console.allow(403, r"/api/v1/jobs/\d+$")
+    admin_job = stack.request(
+        "POST",
+        "/api/v1/jobs",
+        {
+            "name": "admin-secret",
+            "command": "sleep 1",
+            "gpus": 0,
+            "project": "default",
+            "schedule": {"mode": "at", "at": "2099-01-01T00:00:00Z"},
+        },
+    )
+    bob_job = stack.request(
+        "POST",
+        "/api/v1/jobs",
+        {
+            "name": "bob-visible",
+            "command": "sleep 1",
+            "gpus": 0,
+            "schedule": {"mode": "at", "at": "2099-01-01T00:00:00Z"},
+        },
+        token=stack.bob_token,
+    )
+    page = dash.page
+    dash.login(stack.bob_token)
+    _expect_text(page, "#who-name", "bob")
+    dash.go("#/queue")
+    page.wait_for_selector(f"tr[data-job='{bob_job['id']}']")
+    body = page.text_content("#app") or ""
+    assert "bob-visible" in body
+    assert "admin-secret" not in body
+    assert page.locator(f"tr[data-job='{admin_job['id']}']").count() == 0
+    # Overview: only project cv in the per-project table.
+    dash.go("#/")
+    page.wait_for_selector("#projects-table")
+    projects = page.text_content("#projects-table") or ""
+    assert "cv" in projects and "default" not in projects
+    # The admin's job page is "not found" for bob; no drain buttons for a non-admin.
+    dash.go(f"#/jobs/{admin_job['id']}")
+    _expect_text(page, "#job-missing h1", "not visible to you")
+    dash.go("#/nodes")
+    page.wait_for_selector(".gpu")
+    assert page.locator("[data-drain], [data-undrain]").count() == 0
+    dash.assert_clean()
+    for job in (admin_job, bob_job):
+        with contextlib.suppress(urllib.error.HTTPError):
+            stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel")
+
+
+def test_queue_paginates_on_the_server(dash: Dashboard, stack: Stack) -> None:
+    """60 future jobs: the page holds 50 rows and pages through the rest."""
+    ids = [
+        stack.request(
+            "POST",
+            "/api/v1/jobs",
+            {
+                "name": f"later-{i}",
+                "command": "true",
+                "gpus": 1,
+                "priority": i % 3,
+                "schedule": {"mode": "at", "at": "2099-01-01T00:00:00Z"},
+            },
+        )["id"]
+        for i in range(60)
+    ]
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go("#/queue")
+    page.wait_for_selector("#pending-range")
+    assert page.locator("#pending-table tbody tr").count() == 50
+    page.click("#pending-next")
+    _expect_text(page, "#pending-range", r"^51\u2013")
+    assert 1 <= page.locator("#pending-table tbody tr").count() <= 50
+    # Cancel from the queue: the button asks for a second click, then the row goes.
+    first = page.locator("#pending-table tbody tr").first
+    victim = first.get_attribute("data-job")
+    first.locator("[data-cancel]").click()
+    _expect_text(page, f"tr[data-job='{victim}'] [data-cancel]", "Confirm")
+    page.click(f"tr[data-job='{victim}'] [data-cancel]")
+    page.wait_for_selector(f"tr[data-job='{victim}']", state="detached")
+    assert stack.request("GET", f"/api/v1/jobs/{victim}")["status"] == "CANCELLED"
+    # Filter by status: only the active list remains.
+    page.select_option("#filter-status", "RUNNING")
+    page.wait_for_selector("#pending", state="hidden")
+    dash.assert_clean()
+    for job_id in ids:
+        stack.request("POST", f"/api/v1/jobs/{job_id}/cancel")  # idempotent
+
+
+def test_drain_and_undrain_a_node_as_admin(dash: Dashboard, stack: Stack) -> None:
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go("#/nodes")
+    page.click("[data-drain='sim-2']")
+    page.fill("[data-node='sim-2'] .drain-form input", "browser test")
+    page.click("[data-node='sim-2'] .drain-form button[type=submit]")
+    page.wait_for_selector("[data-undrain='sim-2']")
+    _expect_text(page, "[data-node='sim-2']", "drained: browser test")
+    page.click("[data-undrain='sim-2']")
+    page.wait_for_selector("[data-drain='sim-2']")
+    dash.assert_clean()
+
+
+@pytest.fixture(scope="module")
+def demo_schedule(stack: Stack) -> Iterator[None]:
+    """An off-peak window and a batch, so the timeline and the chart band have content.
+    Tolerant: the windows and batches APIs are younger than the dashboard."""
+    bodies = [
+        (
+            "/api/v1/windows",
+            {"name": "nightly", "timezone": "UTC", "daily": [{"start": "22:00", "end": "06:00"}]},
+        ),
+        (
+            "/api/v1/windows",
+            {
+                "name": "lunch",
+                "timezone": "UTC",
+                "daily": [
+                    {"start": "12:00", "end": "13:30", "days": ["mon", "tue", "wed", "thu", "fri"]}
+                ],
+            },
+        ),
+        (
+            "/api/v1/batches",
+            {
+                "name": "nightly-eval",
+                "cron": "0 2 * * *",
+                "target": "offpeak",
+                "window": "nightly",
+                "templates": [{"name": "eval", "command": "python eval.py", "gpus": 1}],
+            },
+        ),
+    ]
+    for path, body in bodies:
+        try:
+            stack.request("POST", path, body)
+        except urllib.error.HTTPError as exc:
+            if exc.code not in (404, 405, 409):
+                raise
+    # GPU 3 of each node runs a process the scheduler did not start; GPU 2 fell off the bus.
+    stack.sim_state.write_text(
+        json.dumps(
+            {
+                "foreign": {"3": [{"pid": 4242, "util_pct": 35.0, "memory_mb": 12000}]},
+                "failed": {"2": "XID 79: GPU has fallen off the bus"},
+            }
+        )
+    )
+    yield
+    stack.sim_state.unlink(missing_ok=True)
+
+
+@pytest.mark.usefixtures("demo_schedule")
+@pytest.mark.parametrize("width", ["desktop", "phone"])
+def test_every_page_renders_without_console_errors(
+    width: str, dash: Dashboard, phone: Dashboard, stack: Stack
+) -> None:
+    view = dash if width == "desktop" else phone
+    page = view.page
+    # Something to look at: a running job and a few waiting ones.
+    running = stack.request(
+        "POST",
+        "/api/v1/jobs",
+        {"name": "train-resnet", "command": "echo epoch 1; sleep 20", "gpus": 2},
+    )
+    waiting = stack.request(
+        "POST",
+        "/api/v1/jobs",
+        {
+            "name": "nightly-eval",
+            "command": "python eval.py",
+            "gpus": 4,
+            "schedule": {"mode": "offpeak"},
+        },
+    )
+    view.page.goto(stack.url + "/")
+    page.wait_for_selector("#token")
+    view.shot(f"login-{width}")
+    view.login(stack.admin_token)
+    view.go("#/nodes")
+    page.wait_for_selector(".gpu[data-state=foreign]", timeout=20_000)
+    page.wait_for_selector(".gpu[data-state=down]")
+    assert page.locator("[data-foreign]").count() >= 1
+    for name, route, ready in PAGES:
+        view.go(route)
+        page.wait_for_selector(ready)
+        page.wait_for_load_state("networkidle")
+        page.wait_for_timeout(300)
+        view.shot(f"{name}-{width}")
+    # The form with the server's errors next to the fields.
+    view.console.allow(422, r"/api/v1/jobs$")
+    view.go("#/submit")
+    page.fill("#f-command", "true")
+    page.fill("#f-gpus", "-1")
+    page.fill("#f-gpu_share", "2")
+    page.fill("#f-env", "CUDA_VISIBLE_DEVICES=0")
+    page.click("#submit-job")
+    page.wait_for_selector("#err-gpus:not([hidden])")
+    view.shot(f"submit-errors-{width}")
+    view.go(f"#/jobs/{running['id']}")
+    page.wait_for_selector("#job-command")
+    _expect_text(page, "#job-log", "epoch 1", timeout=20_000)
+    page.wait_for_timeout(300)
+    view.shot(f"job-{width}")
+    # Pages are scrollable vertically only: nothing wider than the viewport.
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    view.go("#/logout-does-not-exist")
+    page.wait_for_selector("text=Page not found")
+    view.assert_clean()
+    for job in (running, waiting):
+        with contextlib.suppress(urllib.error.HTTPError):
+            stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel")
+
+
+def test_endpoints_that_are_not_deployed_yet_degrade_gracefully(
+    dash: Dashboard, stack: Stack
+) -> None:
+    """A server without /me, /windows/upcoming and job telemetry (answered 404 here)."""
+    dash.console.allow(403, r"/api/v1/nodes/[^/]+/drain$")
+    page = dash.page
+    missing = r"/api/v1/(me|windows/upcoming|batches)(\?.*)?$|/api/v1/jobs/\d+/telemetry$"
+
+    def not_found(route: Any) -> None:
+        route.fulfill(status=404, content_type="application/json", body='{"detail":"Not Found"}')
+
+    page.route(re.compile(missing), not_found)
+    dash.login(stack.bob_token)
+    page.wait_for_selector("#gpu-stats .stat")
+    _expect_text(page, "#window-note", "No off-peak windows configured")
+    dash.go("#/windows")
+    page.wait_for_selector("#no-windows")
+    page.wait_for_selector("#no-batches")
+    # Unknown role: the drain button is offered, and the server's 403 is explained.
+    dash.go("#/nodes")
+    page.click("[data-drain='sim-1']")
+    page.click("[data-node='sim-1'] .drain-form button[type=submit]")
+    _expect_text(page, "#toast", "Only admins")
+    assert stack.request("GET", "/api/v1/nodes/sim-1")["drained"] is False
+    # Job detail without telemetry: a note instead of the chart.
+    job = stack.request(
+        "POST",
+        "/api/v1/jobs",
+        {"name": "no-telemetry", "command": "true", "gpus": 0},
+        token=stack.bob_token,
+    )
+    dash.go(f"#/jobs/{job['id']}")
+    _expect_text(page, ".chart-legend", "not available")
+    dash.assert_clean()

@@ -1,0 +1,75 @@
+"""nodes, queues, drain, undrain."""
+
+from __future__ import annotations
+
+import json
+
+from app.db import utcnow
+from app.nodes.models import Gpu, Node, NodeState
+from tests.cli.harness import Cli
+
+
+def _add_node(cli: Cli, name: str, gpus: int, model: str = "NVIDIA H100 80GB HBM3") -> None:
+    with cli.factory() as session:
+        node = Node(
+            name=name,
+            hostname=f"{name}.local",
+            state=NodeState.READY,
+            last_heartbeat_at=utcnow(),
+            gpus=[
+                Gpu(index=i, uuid=f"GPU-{name}-{i}", model=model, memory_total_mb=81559)
+                for i in range(gpus)
+            ],
+        )
+        session.add(node)
+        session.commit()
+
+
+def test_nodes_table_and_json(cli: Cli) -> None:
+    result = cli("nodes")
+    assert result.exit_code == 0 and "no nodes" in result.stdout
+
+    _add_node(cli, "gpu-a", 8)
+    _add_node(cli, "gpu-b", 2, model="NVIDIA A100-SXM4-40GB")
+    result = cli("nodes")
+    assert result.exit_code == 0, result.stderr
+    for text in ("gpu-a", "gpu-b", "READY", "0/8", "8x NVIDIA H100 80GB HBM3", "2x NVIDIA A100"):
+        assert text in result.stdout
+
+    listed = json.loads(cli("nodes", "--json").stdout)
+    assert [n["name"] for n in listed] == ["gpu-a", "gpu-b"]
+    assert listed[0]["gpu_count"] == 8
+
+
+def test_queues_table_and_json(cli: Cli) -> None:
+    for _ in range(2):
+        assert cli("submit", "--gpus", "2", "--", "true").exit_code == 0
+    assert cli("submit", "--", "true", user="bob").exit_code == 0
+
+    result = cli("queues", user="admin")
+    assert result.exit_code == 0, result.stderr
+    assert "PROJECT" in result.stdout and "ml" in result.stdout and "cv" in result.stdout
+
+    queues = {q["project"]: q for q in json.loads(cli("queues", "--json", user="admin").stdout)}
+    assert queues["ml"]["pending"] == 2 and queues["ml"]["gpus_requested"] == 4
+    assert queues["cv"]["pending"] == 1
+
+
+def test_drain_and_undrain(cli: Cli) -> None:
+    _add_node(cli, "gpu-a", 1)
+    result = cli("drain", "gpu-a", "--reason", "bad fan", user="admin")
+    assert result.exit_code == 0, result.stderr
+    assert "gpu-a" in result.stdout and "bad fan" in result.stdout
+
+    nodes = cli("nodes", user="admin")
+    assert "DRAINED" in nodes.stdout and "bad fan" in nodes.stdout
+
+    undrained = cli("undrain", "--json", "gpu-a", user="admin")
+    assert undrained.exit_code == 0, undrained.stderr
+    assert json.loads(undrained.stdout)["drained"] is False
+
+    denied = cli("drain", "gpu-a", user="alice")
+    assert denied.exit_code == 1 and "admin role required" in denied.stderr
+
+    missing = cli("drain", "nope", user="admin")
+    assert missing.exit_code == 1 and "nope" in missing.stderr

@@ -1,0 +1,271 @@
+"""submit, jobs, show, cancel against the real API served by uvicorn."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from app.jobs.models import Job
+from app.jobs.states import JobStatus
+from app.nodes.models import Node
+from tests.cli.harness import Cli
+
+
+def _stored(cli: Cli, job_id: int) -> Job:
+    with cli.factory() as session:
+        job = session.scalar(select(Job).where(Job.id == job_id))
+        assert job is not None
+        return job
+
+
+def _submit_json(cli: Cli, *args: str, user: str = "alice") -> dict[str, Any]:
+    result = cli("submit", "--json", *args, user=user)
+    assert result.exit_code == 0, result.stderr
+    body: dict[str, Any] = json.loads(result.stdout)
+    return body
+
+
+def test_submit_argv_after_double_dash_keeps_command_env_and_labels(
+    cli: Cli, tmp_path: Path
+) -> None:
+    result = cli(
+        "submit",
+        "--name", "train-1",
+        "--gpus", "2",
+        "--env", "LR=0.1",
+        "--env", "EXTRA=a=b",
+        "--label", "team=nlp",
+        "--label", "exp=42",
+        "--estimated-runtime", "1h30m",
+        "--max-runtime", "2h",
+        "--priority", "5",
+        "--retries", "2",
+        "--preemptible",
+        "--workdir", str(tmp_path),
+        "--idempotency-key", "k-1",
+        "--",
+        "python", "train.py", "--lr", "0.1", "--",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "submitted job" in result.stdout and "PENDING" in result.stdout
+    job_id = int(result.stdout.split("submitted job ")[1].split()[0])
+
+    job = _stored(cli, job_id)
+    assert job.command == ["python", "train.py", "--lr", "0.1", "--"]
+    assert job.env == {"LR": "0.1", "EXTRA": "a=b"}
+    assert job.labels == {"team": "nlp", "exp": "42"}
+    assert job.name == "train-1" and job.gpus == 2 and job.priority == 5 and job.retries == 2
+    assert job.estimated_runtime_s == 5400 and job.max_runtime_s == 7200
+    assert job.preemptible is True
+    assert job.workdir == str(tmp_path)
+
+    # Same idempotency key and body: the first job comes back, no second one.
+    again = cli(
+        "submit", "--name", "train-1", "--gpus", "2", "--env", "LR=0.1", "--env", "EXTRA=a=b",
+        "--label", "team=nlp", "--label", "exp=42", "--estimated-runtime", "5400",
+        "--max-runtime", "7200s", "--priority", "5", "--retries", "2", "--preemptible",
+        "--workdir", str(tmp_path), "--idempotency-key", "k-1",
+        "--", "python", "train.py", "--lr", "0.1", "--",
+    )  # fmt: skip
+    assert again.exit_code == 0, again.stderr
+    assert f"already submitted job {job_id}" in again.stdout
+
+
+def test_submit_without_double_dash_keeps_options_after_the_program(cli: Cli) -> None:
+    body = _submit_json(cli, "python", "x.py", "--lr", "1")
+    assert body["command"] == ["python", "x.py", "--lr", "1"]
+    assert body["workdir"] == os.getcwd()  # the default
+
+
+def test_submit_shell_offpeak_and_at(cli: Cli) -> None:
+    body = _submit_json(cli, "--shell", "echo $HOME && ls", "--offpeak", "--window", "night")
+    assert body["command"] == "echo $HOME && ls"
+    assert body["schedule"] == {"mode": "offpeak", "at": None, "window": "night"}
+    job = _stored(cli, body["id"])
+    assert job.schedule_mode == "offpeak" and job.window == "night"
+
+    body = _submit_json(cli, "--at", "2030-01-02T03:04:05+00:00", "--", "true")
+    assert body["schedule"]["mode"] == "at"
+    assert body["schedule"]["at"].startswith("2030-01-02T03:04:05")
+
+
+def test_submit_usage_errors_exit_2_without_a_request(cli: Cli) -> None:
+    for args, message in [
+        (["submit"], "no command"),
+        (["submit", "--shell", "ls", "--", "ls"], "either --shell or a command"),
+        (["submit", "--env", "NOEQUALS", "--", "x"], "--env"),
+        (["submit", "--estimated-runtime", "5q", "--", "x"], "--estimated-runtime"),
+        (["submit", "--window", "w", "--", "x"], "--window needs --offpeak"),
+        (["submit", "--at", "tomorrow", "--", "x"], "--at"),
+    ]:
+        result = cli(*args)
+        assert result.exit_code == 2, (args, result.stdout, result.stderr)
+        assert message in result.stderr
+        assert "Traceback" not in result.output
+
+
+def test_server_validation_error_names_the_field_and_exits_1(cli: Cli) -> None:
+    result = cli("submit", "--gpus=-1", "--", "echo", "hi")
+    assert result.exit_code == 1
+    assert "gpus: Input should be greater than or equal to 0" in result.stderr
+    assert "Traceback" not in result.output
+
+    result = cli("submit", "--env", "CUDA_VISIBLE_DEVICES=0", "--", "x")
+    assert result.exit_code == 1
+    assert "env:" in result.stderr and "CUDA_VISIBLE_DEVICES" in result.stderr
+
+    result = cli("submit", "--project", "cv", "--", "x")  # alice is not in cv
+    assert result.exit_code == 1 and "project:" in result.stderr
+
+
+def test_connection_refused_exits_2_with_a_hint(cli: Cli, refused_url: str) -> None:
+    result = cli.raw(["jobs", "--url", refused_url, "--token", "gps_x"])
+    assert result.exit_code == 2
+    assert (
+        f"cannot reach gpusched at {refused_url}: connection refused — "
+        "is `gpusched server` running?"
+    ) in result.stderr
+    assert "Traceback" not in result.output
+    submit = cli.raw(["submit", "--url", refused_url, "--token", "gps_x", "--", "x"])
+    assert submit.exit_code == 2 and "connection refused" in submit.stderr
+
+
+def test_bad_token_is_a_rejected_request(cli: Cli) -> None:
+    result = cli.raw(["jobs", "--url", cli.url, "--token", "gps_wrong"])
+    assert result.exit_code == 1
+    assert "invalid, expired or revoked token" in result.stderr
+
+
+def test_url_and_token_come_from_settings_and_environment(cli: Cli) -> None:
+    port = cli.url.rsplit(":", 1)[1]
+    # GPUSCHED_TOKEN + the default URL built from GPUSCHED_HOST/GPUSCHED_PORT.
+    result = cli.raw(["jobs", "--json"], GPUSCHED_TOKEN=cli.tokens["bob"], GPUSCHED_PORT=port)
+    assert result.exit_code == 0, result.stderr
+    # GPUSCHED_URL + the admin token file in the data dir.
+    cli.settings.data_dir.mkdir(parents=True, exist_ok=True)
+    cli.settings.admin_token_file.write_text(cli.tokens["admin"] + "\n")
+    result = cli.raw(["nodes", "--json"], GPUSCHED_URL=cli.url)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == []
+
+
+def test_no_token_anywhere_is_a_usage_error(cli: Cli) -> None:
+    result = cli.raw(["jobs", "--url", cli.url])
+    assert result.exit_code == 2
+    assert "no API token" in result.stderr and "--token" in result.stderr
+
+
+def test_jobs_json_and_all_follows_pagination(cli: Cli) -> None:
+    ids = [_submit_json(cli, "--name", f"j{i}", "--", "true")["id"] for i in range(5)]
+    _submit_json(cli, "--name", "other", "--", "true", user="bob")
+
+    result = cli("jobs", "--json", "--limit", "2")
+    assert result.exit_code == 0, result.stderr
+    page = json.loads(result.stdout)
+    assert [j["id"] for j in page["items"]] == ids[::-1][:2]
+    assert page["next_cursor"]
+
+    result = cli("jobs", "--json", "--limit", "2", "--all")
+    assert result.exit_code == 0, result.stderr
+    everything = json.loads(result.stdout)
+    assert sorted(j["id"] for j in everything["items"]) == sorted(ids)  # bob's job is hidden
+    assert everything["next_cursor"] is None
+
+    # The admin sees both users' jobs; filters go to the server.
+    result = cli("jobs", "--json", "--all", "--user", "bob", user="admin")
+    assert [j["name"] for j in json.loads(result.stdout)["items"]] == ["other"]
+
+
+def test_jobs_table_and_filters(cli: Cli) -> None:
+    _submit_json(cli, "--name", "alpha", "--label", "team=nlp", "--", "true")
+    beta = _submit_json(cli, "--name", "beta", "--gpus", "3", "--nodes", "2", "--", "true")
+    assert cli("cancel", str(beta["id"])).exit_code == 0
+
+    result = cli("jobs")
+    assert result.exit_code == 0, result.stderr
+    for text in ("ID", "NAME", "STATUS", "REASON", "AGE", "alpha", "beta", "alice", "ml"):
+        assert text in result.stdout
+    assert "3x2" in result.stdout  # GPUs per node x nodes
+    assert "CANCELLED" in result.stdout
+
+    result = cli("jobs", "--json", "--status", "pending", "--label", "team=nlp")
+    assert [j["name"] for j in json.loads(result.stdout)["items"]] == ["alpha"]
+
+    result = cli("jobs", "--status", "bogus")
+    assert result.exit_code == 1 and "status" in result.stderr
+
+
+def test_show_prints_pending_reason_and_events(cli: Cli) -> None:
+    body = _submit_json(cli, "--name", "shown", "--label", "a=b", "--", "echo", "two words")
+    result = cli("show", str(body["id"]))
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "shown" in out and "PENDING" in out
+    assert "echo 'two words'" in out  # argv rendered as a shell would need it
+    assert "pending reason" in out and body["pending_reason"] in out
+    assert "Events" in out and "submitted" in out
+
+    result = cli("show", "--json", str(body["id"]))
+    shown = json.loads(result.stdout)
+    assert shown["id"] == body["id"] and shown["events"][0]["to_status"] == "PENDING"
+
+    missing = cli("show", "999999")
+    assert missing.exit_code == 1 and "999999" in missing.stderr
+
+
+def test_cancel(cli: Cli) -> None:
+    body = _submit_json(cli, "--", "sleep", "100")
+    result = cli("cancel", str(body["id"]))
+    assert result.exit_code == 0, result.stderr
+    assert f"job {body['id']}" in result.stdout and "CANCELLED" in result.stdout
+    assert _stored(cli, body["id"]).status == "CANCELLED"
+    # Idempotent, and --json gives the raw job.
+    again = cli("cancel", "--json", str(body["id"]))
+    assert again.exit_code == 0 and json.loads(again.stdout)["status"] == "CANCELLED"
+    # Bob cannot cancel alice's job.
+    other = cli("cancel", str(body["id"]), user="bob")
+    assert other.exit_code == 1 and other.stderr.strip()
+
+
+def test_show_prints_queue_position_and_allocations(cli: Cli) -> None:
+    from app.jobs.models import Allocation
+    from tests.cli.test_cli_cluster import _add_node
+
+    _add_node(cli, "gpu-a", 2)
+    waiting = _submit_json(cli, "--name", "waiting", "--", "true")
+    placed = _submit_json(cli, "--name", "placed", "--gpus", "2", "--", "true")
+    with cli.factory() as session:
+        job = session.get(Job, waiting["id"])
+        assert job is not None
+        job.queue_position = 3
+        job.pending_reason = "INSUFFICIENT_GPUS"
+        job.pending_message = "needs 1 free GPU; none free"
+        running = session.get(Job, placed["id"])
+        assert running is not None
+        running.status = JobStatus.RUNNING  # allocations are shown for active jobs only
+        node = session.scalar(select(Node).where(Node.name == "gpu-a"))
+        assert node is not None
+        for rank, gpu in enumerate(node.gpus):
+            session.add(
+                Allocation(
+                    job_id=placed["id"], attempt=0, node_id=node.id, gpu_id=gpu.id, rank=rank
+                )
+            )
+        session.commit()
+
+    out = cli("show", str(waiting["id"])).stdout
+    assert "queue position" in out and "3" in out
+    assert "INSUFFICIENT_GPUS" in out and "needs 1 free GPU; none free" in out
+
+    result = cli("show", str(placed["id"]))
+    assert result.exit_code == 0, result.stderr
+    assert "Allocations" in result.stdout and "gpu-a" in result.stdout
+    shown = json.loads(cli("show", "--json", str(placed["id"])).stdout)
+    assert [(a["node"], a["gpu_index"]) for a in shown["allocations"]] == [
+        ("gpu-a", 0),
+        ("gpu-a", 1),
+    ]

@@ -1,0 +1,187 @@
+"""Phase 3 against a real database: re-verification, the fenced lease, and preemption
+that hands GPUs over in the same transaction."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import select
+
+from app.cycle import lease
+from app.cycle.apply import apply_plan
+from app.cycle.dispatch import released_gates
+from app.cycle.snapshot import read_snapshot
+from app.db import utcnow
+from app.jobs.lifecycle import settle_interrupted, transition
+from app.jobs.models import Allocation, Job
+from app.jobs.reports import job_finished
+from app.jobs.states import JobStatus
+from app.nodes.models import Gpu
+from app.scheduling import Placement, Plan, Preemption
+from tests.foundation.builders import add_node
+
+
+def _submit(api, user="alice", **body):
+    body.setdefault("command", ["train"])
+    r = api.client.post("/api/v1/jobs", json=body, headers=api.as_(user))
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def _apply(api, plan, *, holder="test"):
+    now = utcnow()
+    with api.factory() as session:
+        token = lease.acquire(session, holder=holder, now=now, ttl_s=30)
+        ctx = read_snapshot(session=session, now=now, half_life_s=3600)
+        session.rollback()
+        return apply_plan(session, ctx=ctx, plan=plan, token=token, now=now)
+
+
+def _allocated(api):
+    with api.factory() as session:
+        return {
+            g.index: g.allocated_milli for g in session.scalars(select(Gpu).order_by(Gpu.index))
+        }
+
+
+def test_placement_is_written_and_dispatched_once(api):
+    add_node(api.factory, "n1", gpus=2)
+    job_id = _submit(api, gpus=2)
+    applied = _apply(api, Plan(placements=(Placement(job_id, (("n1", (0, 1)),)),)))
+    assert applied.placed == [job_id]
+    assert [d.payload["gpu_indices"] for d in applied.dispatches] == [[0, 1]]
+    assert _allocated(api) == {0: 1000, 1: 1000}
+    # The same (now stale) plan again: the job is no longer pending, nothing changes.
+    again = _apply(api, Plan(placements=(Placement(job_id, (("n1", (0, 1)),)),)))
+    assert again.placed == [] and again.skipped == {job_id: "job changed since the snapshot"}
+    assert _allocated(api) == {0: 1000, 1: 1000}
+
+
+def test_a_gpu_taken_meanwhile_is_skipped_not_double_allocated(api):
+    add_node(api.factory, "n1", gpus=1)
+    first, second = _submit(api), _submit(api)
+    plan = Plan(placements=(Placement(first, (("n1", (0,)),)), Placement(second, (("n1", (0,)),))))
+    applied = _apply(api, plan)
+    assert applied.placed == [first] and applied.skipped == {second: "GPU taken meanwhile"}
+    with api.factory() as session:
+        assert session.get(Job, second).status == JobStatus.PENDING
+    assert _allocated(api) == {0: 1000}
+
+
+def test_a_stale_lease_token_writes_nothing(api):
+    add_node(api.factory, "n1", gpus=1)
+    job_id = _submit(api)
+    now = utcnow()
+    with api.factory() as session:
+        old = lease.acquire(session, holder="a", now=now, ttl_s=1)
+        # "a" stalls past its lease; "b" takes over (token + 1).
+        assert (
+            lease.acquire(session, holder="b", now=now + timedelta(seconds=2), ttl_s=30) == old + 1
+        )
+        ctx = read_snapshot(session=session, now=now, half_life_s=3600)
+        session.rollback()
+        applied = apply_plan(
+            session,
+            ctx=ctx,
+            plan=Plan(placements=(Placement(job_id, (("n1", (0,)),)),)),
+            token=old,
+            now=now,
+        )
+    assert applied.lease_lost and applied.placed == []
+    assert _allocated(api) == {0: 0}
+
+
+def test_preemption_hands_gpus_over_and_dispatch_waits_for_the_victim(api):
+    add_node(api.factory, "n1", gpus=1)
+    victim = _submit(api, user="bob", preemptible=True)
+    _apply(api, Plan(placements=(Placement(victim, (("n1", (0,)),)),)))
+    with api.factory() as session:
+        job = session.get(Job, victim)
+        transition(session, job=job, to=JobStatus.RUNNING, actor="t")
+        session.commit()
+    urgent = _submit(api)
+    applied = _apply(
+        api,
+        Plan(
+            placements=(Placement(urgent, (("n1", (0,)),), after_preemption_of=(victim,)),),
+            preemptions=(Preemption(victim, urgent, "quota reclaim"),),
+        ),
+    )
+    assert applied.placed == [urgent]
+    assert [(s.node, s.payload["reason"]) for s in applied.stops] == [("n1", "preempt")]
+    assert applied.dispatches == []  # not while the victim still runs on the GPU
+    assert _allocated(api) == {0: 1000}  # handed over, never double-counted
+    with api.factory() as session:
+        assert session.get(Job, urgent).dispatch_after == [victim]
+        owners = session.scalars(select(Allocation.job_id).where(Allocation.released_at.is_(None)))
+        assert list(owners) == [urgent]
+        # The victim exits (SIGTERM honoured) and is requeued; the gate opens.
+        job_finished(
+            session=session,
+            payload={"job_id": victim, "attempt": 1, "node": "n1", "result": "PREEMPTED"},
+        )
+        assert session.get(Job, victim).status == JobStatus.PENDING
+        runs = released_gates(session)
+        session.commit()
+    assert [(d.node, d.payload["job_id"], d.payload["gpu_indices"]) for d in runs] == [
+        ("n1", urgent, [0])
+    ]
+    with api.factory() as session:
+        assert session.get(Job, urgent).dispatch_after is None
+        assert released_gates(session) == []
+
+
+def test_a_victim_that_already_finished_cancels_the_gated_placement(api):
+    add_node(api.factory, "n1", gpus=1)
+    victim = _submit(api, user="bob", preemptible=True)
+    _apply(api, Plan(placements=(Placement(victim, (("n1", (0,)),)),)))
+    with api.factory() as session:
+        job = session.get(Job, victim)
+        for status in (JobStatus.RUNNING, JobStatus.PREEMPTED):
+            transition(session, job=job, to=status, actor="t")
+        settle_interrupted(session, job=job, actor="t")
+        session.commit()
+    urgent = _submit(api)
+    applied = _apply(
+        api,
+        Plan(
+            placements=(Placement(urgent, (("n1", (0,)),), after_preemption_of=(victim,)),),
+            preemptions=(Preemption(victim, urgent, "quota reclaim"),),
+        ),
+    )
+    assert applied.placed == [] and urgent in applied.skipped
+
+
+def test_positions_behind_the_head_wait_for_a_full_refresh(api):
+    from app.cycle.apply import HEAD_POSITIONS
+    from app.cycle.run import run_cycle
+    from app.cycle.settings import SchedulerSettings
+
+    add_node(api.factory, "n1", gpus=1)  # no telemetry: nothing is ever placed
+    ids = [_submit(api) for _ in range(HEAD_POSITIONS + 3)]
+    settings = SchedulerSettings()
+
+    def cycle(all_positions):
+        run_cycle(
+            factory=api.factory,
+            messenger=None,
+            settings=settings,
+            holder="t",
+            now=utcnow(),
+            all_positions=all_positions,
+        )
+        with api.factory() as session:
+            return {j.id: j.queue_position for j in session.scalars(select(Job))}
+
+    first = cycle(True)
+    assert [first[i] for i in ids] == list(range(1, len(ids) + 1))
+    # Cancelling the head shifts every position by one.
+    assert (
+        api.client.post(f"/api/v1/jobs/{ids[0]}/cancel", headers=api.as_("alice")).status_code
+        == 200
+    )
+    partial = cycle(False)
+    assert partial[ids[1]] == 1  # near the head: rewritten at once
+    assert partial[ids[-1]] == len(ids)  # far back: still the old position
+    full = cycle(True)
+    assert full[ids[-1]] == len(ids) - 1

@@ -1,0 +1,104 @@
+"""A heartbeat from a node that runs a job: the scheduler compares what the agent runs with
+what the database says runs there (`reconcile_node_attempts`).
+
+Found end-to-end on PostgreSQL: the query selected whole Job rows with DISTINCT, and
+PostgreSQL has no equality operator for `json` columns (command, env, labels), so every
+heartbeat of a node holding a job failed and rolled back its telemetry — no node ever
+became schedulable. This is the minimal reproduction (runs on both backends).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.auth.service import create_user
+from app.cycle.reconcile import reconcile_node_attempts
+from app.cycle.run import run_cycle
+from app.cycle.settings import SchedulerSettings
+from app.db import utcnow
+from app.jobs.models import Job
+from app.nodes.models import Gpu, Node, NodeState
+from app.projects.models import Project
+
+pytestmark = pytest.mark.e2e
+
+
+def _running_job(factory: sessionmaker[Session]) -> tuple[int, int]:
+    now = utcnow()
+    with factory() as session:
+        user, _ = create_user(session=session, name="u", projects=["p"], is_admin=False, ttl_days=0)
+        project_id = session.scalar(select(Project.id).where(Project.name == "p"))
+        node = Node(name="n1", hostname="127.0.0.1", state=NodeState.READY, last_heartbeat_at=now)
+        node.gpus = [
+            Gpu(
+                index=i,
+                uuid=f"GPU-hb-{i}",
+                model="H100-80GB",
+                memory_total_mb=81559,
+                sampled_at=now,
+                util_pct=0.0,
+                idle_since=now,
+            )
+            for i in range(2)
+        ]
+        session.add(node)
+        # Two GPUs: two allocation rows, so the join yields the job twice.
+        job = Job(
+            name="j",
+            user_id=user.id,
+            project_id=project_id,
+            command=["sleep", "60"],
+            env={"A": "1"},
+            labels={"team": "x"},
+            gpus=2,
+        )
+        session.add(job)
+        session.commit()
+        job_id = job.id
+    report = run_cycle(
+        factory=factory,
+        messenger=None,
+        holder="test",
+        now=utcnow(),
+        settings=SchedulerSettings(stability_window_s=0, preemption=False),
+    )
+    assert report.placed == 1
+    with factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job.id, job.attempt
+
+
+def test_heartbeat_of_a_node_running_a_job_reconciles(factory: sessionmaker[Session]) -> None:
+    job_id, attempt = _running_job(factory)
+    now = utcnow() + timedelta(seconds=60)
+    with factory() as session:
+        repairs = reconcile_node_attempts(
+            session=session,
+            node="n1",
+            running=[{"job_id": job_id, "attempt": attempt}],
+            recent=[],
+            now=now,
+            grace_s=15,
+        )
+        session.commit()
+    assert (repairs.stops, repairs.lost) == ([], [])
+    # An orphan the agent still runs (an older attempt) is told to stop; nothing is lost.
+    with factory() as session:
+        repairs = reconcile_node_attempts(
+            session=session,
+            node="n1",
+            running=[{"job_id": job_id, "attempt": attempt}, {"job_id": job_id, "attempt": 0}],
+            recent=[],
+            now=now,
+            grace_s=15,
+        )
+        session.commit()
+    assert [s.payload for s in repairs.stops] == [
+        {"job_id": job_id, "attempt": 0, "reason": "cancel"}
+    ]
+    assert repairs.lost == []

@@ -1,0 +1,200 @@
+"""A job's life through the real stack: API -> scheduler -> Redis/Celery -> agent ->
+subprocess -> reports -> API. One 4-GPU simulated node, shared by the tests of this module
+(each test leaves nothing running)."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.common import Stack, poll
+from workers.agent.runner import process_group_alive
+
+pytestmark = pytest.mark.e2e
+
+STACK_AGENTS = {"n1": "sim:4:H100-80GB"}
+
+# Fast jobs sleep a moment before they exit: a job whose "finished" report is handled at the
+# same time as its "started" report hits a lost-update race on SQLite, reproduced on its own
+# in test_report_race.py. These tests are about other things.
+FAST = "sleep 0.2"
+
+
+def _transitions(events: list[dict]) -> list[tuple[int, str]]:
+    return [(e["attempt"], e["to_status"]) for e in events]
+
+
+def _proc_alive(pid: int) -> bool:
+    """Alive and not a zombie (an orphan in a container whose init does not reap stays Z)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def test_job_sees_exactly_its_gpus_and_succeeds(stack: Stack) -> None:
+    job = stack.submit({"command": "echo visible=$CUDA_VISIBLE_DEVICES; sleep 1", "gpus": 2})
+    assert job["status"] == "PENDING"
+    running = stack.wait_status(job["id"], "RUNNING", timeout=20)
+    allocs = running["allocations"]
+    assert {a["node"] for a in allocs} == {stack.name("n1")}
+    indices = sorted(a["gpu_index"] for a in allocs)
+    assert len(indices) == 2 and len(set(indices)) == 2
+    done = stack.wait_status(job["id"], "SUCCEEDED", "FAILED", timeout=20)
+    assert done["status"] == "SUCCEEDED" and done["exit_code"] == 0
+    assert done["allocations"] == []  # released when it finished
+    log = stack.logs(job["id"])
+    assert f"visible={','.join(map(str, indices))}" in log.splitlines()
+    assert _transitions(stack.events(job["id"])) == [
+        (0, "PENDING"),
+        (1, "SCHEDULED"),
+        (1, "RUNNING"),
+        (1, "SUCCEEDED"),
+    ]
+
+
+def test_two_whole_node_jobs_never_share_gpus(stack: Stack, work: Path) -> None:
+    spans = work / "spans"
+    command = (
+        f'echo "start $GPUSCHED_JOB_ID $(date +%s.%N) $CUDA_VISIBLE_DEVICES" >> {spans}; '
+        f'sleep 1.5; echo "end $GPUSCHED_JOB_ID $(date +%s.%N)" >> {spans}'
+    )
+    first = stack.submit({"command": command, "gpus": 4})
+    stack.wait_status(first["id"], "RUNNING", timeout=20)
+    second = stack.submit({"command": command, "gpus": 4})
+    waiting = stack.wait_job(
+        second["id"],
+        lambda j: j["status"] == "PENDING" and j["pending_reason"] == "waiting_for_gpus",
+        "PENDING with reason waiting_for_gpus",
+        timeout=10,
+    )
+    assert waiting["allocations"] == []
+    assert stack.job(first["id"])["status"] == "RUNNING"
+    a = stack.wait_status(first["id"], "SUCCEEDED", timeout=20)
+    b = stack.wait_status(second["id"], "SUCCEEDED", timeout=20)
+    assert b["started_at"] >= a["finished_at"]
+    # The jobs' own clocks: the second started after the first's last process ended.
+    lines = [line.split() for line in spans.read_text().splitlines()]
+    times = {(kind, int(job_id)): float(at) for kind, job_id, at, *_ in lines}
+    assert times[("start", second["id"])] > times[("end", first["id"])]
+    visible = [line[3] for line in lines if line[0] == "start"]
+    assert visible == ["0,1,2,3", "0,1,2,3"]
+
+
+def test_max_runtime_kills_with_sigterm_and_times_out(stack: Stack) -> None:
+    job = stack.submit({"command": "sleep 30", "gpus": 1, "max_runtime_s": 1})
+    started = time.monotonic()
+    done = stack.wait_status(job["id"], "TIMED_OUT", "FAILED", "SUCCEEDED", timeout=20)
+    assert done["status"] == "TIMED_OUT"
+    assert time.monotonic() - started < 15  # not the 30 s of the sleep
+    assert "sending SIGTERM to the job (timeout)" in stack.logs(job["id"])
+    events = stack.events(job["id"])
+    assert events[-1]["to_status"] == "TIMED_OUT" and "timeout" in events[-1]["reason"]
+
+
+def test_cancel_kills_the_whole_process_group(stack: Stack, work: Path) -> None:
+    pids = work / "pids"
+    job = stack.submit(
+        {
+            # A shell with a background child and a foreground child: all in one group.
+            "command": f"sleep 300 & echo $$ $! >> {pids}; sleep 300",
+            "gpus": 1,
+        }
+    )
+    stack.wait_status(job["id"], "RUNNING", timeout=20)
+    shell_pid, child_pid = map(
+        int,
+        poll("pid file", lambda: pids.exists() and pids.read_text().split(), timeout=10),
+    )
+    assert _proc_alive(shell_pid) and _proc_alive(child_pid)
+    assert process_group_alive(shell_pid)  # the shell leads the job's group
+    cancelled = stack.cancel(job["id"])
+    assert cancelled["cancel_requested"] or cancelled["status"] == "CANCELLED"
+    done = stack.wait_status(job["id"], "CANCELLED", "FAILED", "SUCCEEDED", timeout=20)
+    assert done["status"] == "CANCELLED"
+    poll(
+        "job processes gone",
+        lambda: not (_proc_alive(shell_pid) or _proc_alive(child_pid)),
+        timeout=5,
+    )
+    assert not process_group_alive(shell_pid)
+    assert "sending SIGTERM to the job (cancel)" in stack.logs(job["id"])
+
+
+def test_exit_code_propagates(stack: Stack) -> None:
+    job = stack.submit({"command": f"echo about to fail; {FAST}; exit 3", "gpus": 1})
+    done = stack.wait_status(job["id"], "FAILED", "SUCCEEDED", timeout=20)
+    assert done["status"] == "FAILED" and done["exit_code"] == 3
+    assert done["attempt"] == 1
+    assert "about to fail" in stack.logs(job["id"])
+
+
+def test_failed_job_is_retried_then_fails(stack: Stack, work: Path) -> None:
+    runs = work / "runs"
+    job = stack.submit(
+        {"command": f"echo $GPUSCHED_ATTEMPT >> {runs}; {FAST}; exit 3", "gpus": 1, "retries": 1}
+    )
+    done = stack.wait_job(
+        job["id"],
+        lambda j: j["status"] == "FAILED" and j["attempt"] == 2,
+        "FAILED on attempt 2",
+        timeout=30,
+    )
+    assert done["exit_code"] == 3 and done["failures"] == 1
+    assert runs.read_text().split() == ["1", "2"]
+    assert _transitions(stack.events(job["id"])) == [
+        (0, "PENDING"),
+        (1, "SCHEDULED"),
+        (1, "RUNNING"),
+        (1, "FAILED"),
+        (1, "PENDING"),
+        (2, "SCHEDULED"),
+        (2, "RUNNING"),
+        (2, "FAILED"),
+    ]
+
+
+def test_stale_attempt_report_is_ignored(stack: Stack) -> None:
+    """Attempt 1 fails and is retried; while attempt 2 runs, a late 'finished' (and
+    'started') report for attempt 1 arrives through Celery: nothing may change."""
+    job = stack.submit(
+        {
+            "command": f'{FAST}; if [ "$GPUSCHED_ATTEMPT" = 1 ]; then exit 1; fi; sleep 60',
+            "gpus": 1,
+            "retries": 1,
+        }
+    )
+    running = stack.wait_job(
+        job["id"],
+        lambda j: j["status"] == "RUNNING" and j["attempt"] == 2,
+        "RUNNING on attempt 2",
+        timeout=30,
+    )
+    before = stack.events(job["id"])
+    node = stack.name("n1")
+    scheduler_log = stack.procs["scheduler"].log
+    for kind, extra in (
+        ("finished", {"result": "SUCCEEDED", "exit_code": 0, "message": "stale"}),
+        ("started", {"pid": 1}),
+    ):
+        stack.send_report({"kind": kind, "node": node, "job_id": job["id"], "attempt": 1, **extra})
+        pattern = re.compile(
+            rf"ignored {kind} report: stale report for attempt 1; job {job['id']} is on attempt 2"
+        )
+        # The scheduler logs every report it ignores: wait for that line, not a fixed time.
+        poll(
+            f"scheduler to ignore the stale {kind} report",
+            lambda p=pattern: p.search(scheduler_log.read_text(errors="replace")),
+            timeout=10,
+        )
+    after = stack.job(job["id"])
+    assert after["status"] == "RUNNING" and after["attempt"] == 2
+    assert after["allocations"] == running["allocations"]
+    assert after["exit_code"] is None
+    assert stack.events(job["id"]) == before
+    stack.cancel(job["id"])
+    stack.wait_status(job["id"], "CANCELLED", timeout=20)

@@ -1,0 +1,140 @@
+"""A fast job's "started" and "finished" reports are handled at the same time by two of the
+scheduler's worker threads (seen end-to-end: duplicate SCHEDULED -> RUNNING events on
+SQLite). Both handlers lock the job row (`SELECT ... FOR UPDATE`) so that the second one
+sees what the first wrote. This test replays that interleaving directly on the database.
+
+On PostgreSQL the lock holds and the history stays whole. On SQLite `FOR UPDATE` is a
+no-op and pysqlite opens the transaction only at the first write, so the second handler
+works from a stale row: the job gets two SCHEDULED -> RUNNING events and, depending on
+the commit order, its status is overwritten (lost update). See the report for the fix
+proposed in app/db.py (BEGIN IMMEDIATE for SQLite write transactions).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.auth.service import create_user
+from app.cycle.run import run_cycle
+from app.cycle.settings import SchedulerSettings
+from app.db import utcnow
+from app.jobs import reports
+from app.jobs.models import Allocation, Job, JobEvent
+from app.nodes.models import Gpu, Node, NodeState
+from app.projects.models import Project
+
+pytestmark = pytest.mark.e2e
+
+
+def _scheduled_job(factory: sessionmaker[Session]) -> tuple[int, int]:
+    """One job placed by a real cycle: SCHEDULED, attempt 1, holding GPU 0 of node n1."""
+    now = utcnow()
+    with factory() as session:
+        user, _ = create_user(session=session, name="u", projects=["p"], is_admin=False, ttl_days=0)
+        project_id = session.scalar(select(Project.id).where(Project.name == "p"))
+        node = Node(name="n1", hostname="127.0.0.1", state=NodeState.READY, last_heartbeat_at=now)
+        node.gpus = [
+            Gpu(
+                index=0,
+                uuid="GPU-race-0",
+                model="H100-80GB",
+                memory_total_mb=81559,
+                sampled_at=now,
+                util_pct=0.0,
+                idle_since=now,
+            )
+        ]
+        session.add(node)
+        job = Job(
+            name="fast", user_id=user.id, project_id=project_id, command="exit 3", gpus=1, retries=1
+        )
+        session.add(job)
+        session.commit()
+        job_id = job.id
+    report = run_cycle(
+        factory=factory,
+        messenger=None,
+        holder="test",
+        now=utcnow(),
+        settings=SchedulerSettings(stability_window_s=0, preemption=False),
+    )
+    assert report.placed == 1
+    with factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.status == "SCHEDULED"
+        return job_id, job.attempt
+
+
+def test_concurrent_started_and_finished_reports_keep_history_whole(
+    factory: sessionmaker[Session],
+) -> None:
+    job_id, attempt = _scheduled_job(factory)
+    base = {"node": "n1", "job_id": job_id, "attempt": attempt}
+    read_done = threading.Event()
+    may_commit = threading.Event()
+    finished_done = threading.Event()
+    errors: list[BaseException] = []
+
+    def started() -> None:  # the first handler: reads (and locks) the job, then commits
+        try:
+            with factory() as session:
+                applied = reports.job_started(session=session, payload={**base, "pid": 1})
+                assert applied.accepted
+                read_done.set()
+                may_commit.wait(10)
+                session.commit()
+        except BaseException as exc:
+            errors.append(exc)
+            read_done.set()
+
+    def finished() -> None:  # the second handler, in another thread, meanwhile
+        try:
+            with factory() as session:
+                reports.job_finished(
+                    session=session,
+                    payload={**base, "result": "FAILED", "exit_code": 3, "message": "exit code 3"},
+                )
+                session.commit()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            finished_done.set()
+
+    first = threading.Thread(target=started)
+    first.start()
+    assert read_done.wait(10)
+    second = threading.Thread(target=finished)
+    second.start()
+    # PostgreSQL: the second handler waits for the first one's row lock (this times out).
+    # SQLite: nothing stops it, it commits first.
+    finished_done.wait(1.0)
+    may_commit.set()
+    first.join(10)
+    second.join(10)
+    assert not errors, errors
+
+    with factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        steps = [
+            (e.attempt, e.from_status, e.to_status)
+            for e in session.scalars(
+                select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            )
+        ]
+        active = session.scalars(
+            select(Allocation).where(Allocation.job_id == job_id, Allocation.released_at.is_(None))
+        ).all()
+        status = job.status
+    expected = [
+        (1, "PENDING", "SCHEDULED"),
+        (1, "SCHEDULED", "RUNNING"),
+        (1, "RUNNING", "FAILED"),
+        (1, "FAILED", "PENDING"),
+    ]
+    # Requeued for its retry, its GPU released, one event per change.
+    assert (status, steps, len(active)) == ("PENDING", expected, 0)

@@ -1,0 +1,79 @@
+"""A window closing on a running preemptible off-peak job, through the real stack: the job
+sees SIGTERM (and may checkpoint), goes back to pending with the window's reason, and is
+restarted when the window opens again.
+
+The window opens at every minute for 15 s, so the whole story takes about one minute.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.common import Stack
+
+pytestmark = pytest.mark.e2e
+
+STACK_AGENTS = {"n1": "sim:2:H100-80GB"}
+STACK_ENV = {"GPUSCHED_AGENT_GRACE_S": "5", "GPUSCHED_SCHEDULER_HEARTBEAT_TIMEOUT_S": "20"}
+
+
+def _wait_for_second(low: int, high: int) -> None:
+    """Block (at most a minute) until the wall clock's second is in [low, high)."""
+    deadline = time.monotonic() + 65
+    while not low <= time.gmtime().tm_sec < high:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_window_close_requeues_the_job_which_restarts_in_the_next_window(
+    stack: Stack, work: Path
+) -> None:
+    stack.api(
+        "POST",
+        "/api/v1/windows",
+        json={"name": "minutely", "timezone": "UTC", "cron": "* * * * *", "duration_s": 15},
+    )
+    # Checkpoint on SIGTERM: say so, then exit 0 (a preempted job is requeued however it exits).
+    script = "trap 'echo checkpoint-on-sigterm; exit 0' TERM; echo started; sleep 300 & wait"
+    _wait_for_second(20, 50)  # submit while the window is closed
+    job = stack.submit(
+        {
+            "command": script,
+            "gpus": 1,
+            "preemptible": True,
+            "retries": 0,
+            "schedule": {"mode": "offpeak", "window": "minutely"},
+        }
+    )
+    waiting = stack.wait_job(job["id"], lambda j: j["pending_reason"] == "window_closed", "reason")
+    assert waiting["pending_message"].startswith("off-peak window closed, opens at ")
+
+    stack.wait_status(job["id"], "RUNNING", timeout=45)  # the next opening
+    stack.wait_job(
+        job["id"],
+        lambda j: j["attempt"] == 1 and j["pending_reason"] == "window_closed",
+        "requeued until the next window",
+        timeout=30,
+    )
+    log = stack.logs(job["id"], attempt=1)
+    assert "started" in log and "checkpoint-on-sigterm" in log
+
+    restarted = stack.wait_job(
+        job["id"], lambda j: j["attempt"] == 2 and j["status"] == "RUNNING", "restarted", timeout=70
+    )
+    assert restarted["failures"] == 0  # a preemption spends no retry
+    steps = [(e["attempt"], e["to_status"]) for e in stack.events(job["id"])]
+    assert steps[:7] == [
+        (0, "PENDING"),
+        (1, "SCHEDULED"),
+        (1, "RUNNING"),
+        (1, "RUNNING"),  # "preempting: off-peak window closed" (no state change)
+        (1, "PREEMPTED"),
+        (1, "PENDING"),
+        (2, "SCHEDULED"),
+    ]
+    stack.cancel(job["id"])
+    stack.wait_status(job["id"], "CANCELLED", timeout=30)

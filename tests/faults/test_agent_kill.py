@@ -1,0 +1,107 @@
+"""kill -9 an agent mid-job: its jobs become LOST, are requeued onto the other agent and
+finish; the restarted agent kills the leftover job process group."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.common import poll
+from tests.faults.support import Traffic, kill9, marker_command, verify, wait_all_done
+
+pytestmark = pytest.mark.e2e
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def test_agent_sigkill_mid_job(make_stack, record, tmp_path: Path) -> None:
+    stack = make_stack()
+    runs = tmp_path / "runs"
+    victim = stack.submit(
+        {
+            "command": (
+                'echo "$$" > ' + str(tmp_path / "pid-$GPUSCHED_ATTEMPT") + "; "
+                + marker_command(runs, 0.5).replace("sleep 0.5", 'sleep "$([ $GPUSCHED_ATTEMPT = 1 ] && echo 120 || echo 0.5)"')
+            ),
+            "gpus": 2,
+            "retries": 1,
+        }
+    )  # fmt: skip
+    running = stack.wait_status(victim["id"], "RUNNING", timeout=20)
+    node = running["allocations"][0]["node"]
+    dead = next(short for short, name in stack.node_names.items() if name == node)
+    pid_file = tmp_path / "pid-1"
+    leftover = int(
+        poll(
+            "attempt 1 pid", lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=10
+        )
+    )
+
+    traffic = Traffic(
+        stack,
+        {"command": marker_command(runs, 0.3), "gpus": 1, "retries": 1},
+        interval=0.3,
+        limit=20,
+    ).start()
+    poll("some traffic", lambda: len(traffic.ids) >= 4, timeout=20)
+    killed_at = time.monotonic()
+    killed_wall = time.time()
+    kill9(stack, f"agent-{node}")
+
+    stack.wait_status(victim["id"], "SUCCEEDED", timeout=45)
+    recover = time.monotonic() - killed_at
+    traffic.stop()
+    wait_all_done(stack, timeout=60)
+
+    done = stack.job(victim["id"])
+    assert done["attempt"] == 2
+    events = stack.events(victim["id"])
+    steps = [(e["attempt"], e["to_status"]) for e in events]
+    second = next(e for e in events if e["attempt"] == 2 and e["to_status"] == "SCHEDULED")
+    assert not second["reason"].startswith(f"placed on {node}:"), second
+    assert (1, "LOST") in steps and steps[-1] == (2, "SUCCEEDED")
+    # SIGKILL gave the agent no chance to stop its job: the process outlives it (known bug,
+    # tests/e2e/test_agent_loss.py) until the agent restarts, finds it, and kills its group.
+    outlived = _alive(leftover)
+    stack.start_agent(dead)
+    stack.wait_nodes_ready([dead], timeout=30)
+    poll("the restarted agent to kill the leftover", lambda: not _alive(leftover), timeout=15)
+    assert not [p for p in stack.job_processes(dead) if p.job_id == str(victim["id"])]
+
+    ids = [victim["id"], *traffic.ids]
+    verdict = verify(stack, ids, runs=runs)
+    record("agent kill -9 mid-job (+restart)", verdict.submitted, len(verdict.lost),
+           len(verdict.duplicated) + len(verdict.gpu_overlaps), recover,
+           f"{sum(1 for j in ids if stack.job(j)['attempt'] > 1)} requeued, "
+           f"{len(verdict.reruns)} ran twice (attempt 1 finished orphaned); "
+           f"leftover alive until restart: {outlived}")  # fmt: skip
+    assert not traffic.server_errors()
+    # A job process outlives its SIGKILLed agent (known bug, see tests/e2e/test_agent_loss):
+    # one that finishes after the agent died cannot be reported, is declared LOST and runs
+    # again. Anything else that ran twice is a real duplicate.
+    starts = {
+        (int(j), int(a)): float(t)
+        for j, a, kind, t, _n in (line.split() for line in runs.read_text().splitlines())
+        if kind == "s"
+    }
+    stale = {}
+    for job_id, ends in verdict.reruns.items():
+        orphan = [e for e in ends if e[0] == 1 and e[3] == node and e[2] > killed_wall]
+        assert len(orphan) == 1 and len(ends) == 2, (job_id, ends)
+        if starts[(job_id, 1)] > killed_wall:
+            stale[job_id] = ends  # attempt 1 started only after its agent was killed
+    verdict.assert_clean(allow_reruns=True)
+    if stale:
+        pytest.xfail(
+            "BUG (reported): the restarted agent ran a run_job for an attempt that was "
+            "already LOST and requeued (the message was queued for, or unacknowledged by, "
+            f"the killed agent): the job ran again after it had succeeded elsewhere: {stale}"
+        )

@@ -1,0 +1,97 @@
+"""Stop a PRIVATE PostgreSQL server (never the machine's shared one) while jobs run and
+are submitted: the API answers 503, not 500, while it is down; once it is back every
+submission retried with its Idempotency-Key is stored once and every job finishes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.common import poll
+from tests.faults.support import (
+    PrivatePgStack,
+    PrivatePostgres,
+    Traffic,
+    finished_but_stuck,
+    marker_command,
+    probe_recovery,
+    verify,
+    wait_settled,
+)
+
+pytestmark = pytest.mark.e2e
+
+OUTAGE_S = 4.0
+# A report sent just before the stop is handled (and fails) during it.
+REPORT_LAG_S = 2.0
+STUCK_AFTER_S = 30.0
+
+
+def test_postgres_stop_and_restart(make_stack, record, tmp_path: Path) -> None:
+    pg = PrivatePostgres()
+    why = pg.init()
+    if why:
+        pg.cleanup()
+        pytest.skip(f"no private PostgreSQL: {why}")
+    stack = None
+    try:
+        stack = make_stack(cls=PrivatePgStack, pg=pg)
+        runs = tmp_path / "runs"
+        traffic = Traffic(
+            stack, {"command": marker_command(runs, 0.5), "gpus": 1, "retries": 1}, interval=0.25
+        ).start()
+        poll("jobs flowing", lambda: len(traffic.ids) >= 6, timeout=20)
+        pg.stop("fast")
+        down_at, down_wall = time.monotonic(), time.time()
+
+        def refused() -> bool:
+            return traffic.codes_between(down_at, time.monotonic()).get(("submit", 503), 0) >= 3
+
+        poll("the API to refuse submissions with 503", refused, timeout=20, interval=0.1)
+        while time.monotonic() - down_at < OUTAGE_S:
+            time.sleep(0.1)
+        assert pg.start() is None
+        up_at, up_wall = time.monotonic(), time.time()
+        during = traffic.codes_between(down_at, up_at)
+
+        recover = probe_recovery(stack, up_at, timeout=60)
+        traffic.stop(drain_timeout=30)
+        stuck = wait_settled(stack, timeout=STUCK_AFTER_S)
+        verdict = verify(stack, traffic.ids, runs=runs)
+        record("postgresql stop/restart (private server)", verdict.submitted,
+               len(verdict.lost), len(verdict.duplicated) + len(verdict.gpu_overlaps), recover,
+               f"while down: {sorted(during.items())}; {len(verdict.reruns)} ran twice"
+               + (f"; STUCK: {[(j['id'], j['status']) for j in stuck]}" if stuck else ""))  # fmt: skip
+
+        assert not traffic.server_errors(), (traffic.server_errors(), during)
+        assert during.get(("submit", 503), 0) >= 3, during
+        assert not verdict.duplicated and not verdict.gpu_overlaps
+        # Signature of the reported bug: a job that ended during the outage lost its
+        # "finished" report; it stays RUNNING (stuck) or, once its node is declared dead
+        # (heartbeats failed too), is LOST and runs again.
+        orphaned = {
+            j: ends
+            for j, ends in verdict.reruns.items()
+            if down_wall - REPORT_LAG_S <= ends[0][2] <= up_wall + 1
+        }
+        assert set(verdict.reruns) == set(orphaned), verdict.reruns
+        ran = finished_but_stuck(stuck, runs)
+        if stuck and not ran:
+            raise AssertionError(f"stuck jobs that never ran to their end: {stuck}")
+        verdict.reruns = {}
+        stuck_ids = {f"{j['id']}:" for j in stuck}
+        verdict.lost = [x for x in verdict.lost if x.split()[0] not in stuck_ids]
+        verdict.assert_clean()
+        if ran or orphaned:
+            pytest.xfail(
+                "BUG (reported): an agent report handled while the database is down fails and "
+                "is acknowledged anyway (dropped); the job stays SCHEDULED/RUNNING although it "
+                f"ran to its end, or is declared LOST and runs again: stuck "
+                f"{[(j['id'], j['status']) for j in stuck]} {ran or ''}; ran twice {orphaned}"
+            )
+    finally:
+        if stack is not None:
+            stack.stop()
+        pg.cleanup()

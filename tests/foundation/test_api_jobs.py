@@ -1,0 +1,270 @@
+"""Contract tests for /api/v1/jobs: fields, validation, never-fits, idempotency, paging, cancel."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from app.jobs.states import JobStatus
+from tests.foundation.builders import add_node, move_job
+
+JOBS = "/api/v1/jobs"
+
+
+def submit(api, user="alice", **body):
+    body.setdefault("command", ["python", "train.py"])
+    return api.client.post(JOBS, json=body, headers=api.as_(user))
+
+
+def field_errors(response):
+    return {tuple(err["loc"][1:]): err["msg"] for err in response.json()["detail"]}
+
+
+def test_submit_returns_the_stored_job(api):
+    r = submit(
+        api,
+        name="bert",
+        gpus=2,
+        gpu_memory_mb=40000,
+        priority=5,
+        env={"LR": "0.1"},
+        labels={"team": "nlp"},
+        retries=2,
+        preemptible=True,
+        estimated_runtime_s=600,
+        max_runtime_s=3600,
+        schedule={"mode": "at", "at": "2030-01-01T02:00:00+01:00"},
+    )
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert r.headers["location"] == f"{JOBS}/{job['id']}"
+    assert job["status"] == "PENDING" and job["user"] == "alice" and job["project"] == "ml"
+    assert job["gpus"] == 2 and job["gpu_memory_mb"] == 40000 and job["env"] == {"LR": "0.1"}
+    assert job["schedule"]["mode"] == "at"
+    assert job["schedule"]["at"].startswith("2030-01-01T01:00:00")  # stored in UTC
+    assert job["pending_message"]
+    again = api.client.get(f"{JOBS}/{job['id']}", headers=api.as_("alice")).json()
+    assert again == job
+
+
+def test_shell_command_and_shared_gpu(api):
+    job = submit(api, command="echo $HOME | wc -c", gpu_share=0.25).json()
+    assert (
+        job["command"] == "echo $HOME | wc -c"
+        and job["gpu_share"] == 0.25
+        and job["name"] == "echo"
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"gpus": -1}, ("gpus",)),
+        ({"gpu_share": 1.5}, ("gpu_share",)),
+        ({"gpu_share": 0}, ("gpu_share",)),
+        ({"command": []}, ("command",)),
+        ({"command": "   "}, ("command",)),
+        ({"workdir": "relative/dir"}, ("workdir",)),
+        ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, ("env",)),
+        ({"env": {"1BAD": "x"}}, ("env",)),
+        ({"labels": {"bad key!": "x"}}, ("labels",)),
+        ({"priority": 5000}, ("priority",)),
+        ({"max_runtime_s": 0}, ("max_runtime_s",)),
+        ({"retries": -1}, ("retries",)),
+        ({"frobnicate": True}, ("frobnicate",)),
+        ({"schedule": {"mode": "at"}}, ("schedule",)),
+        ({"schedule": {"mode": "at", "at": "2030-01-01T02:00:00"}}, ("schedule",)),
+        ({"schedule": {"mode": "soon"}}, ("schedule", "mode")),
+        ({"schedule": {"mode": "now", "window": "night"}}, ("schedule",)),
+    ],
+)
+def test_bad_input_names_the_field(api, body, field):
+    r = submit(api, **body)
+    assert r.status_code == 422, r.text
+    errors = field_errors(r)
+    assert any(loc[: len(field)] == field for loc in errors), errors
+    assert all(msg for msg in errors.values())
+
+
+def test_share_below_one_needs_a_single_gpu(api):
+    r = submit(api, gpus=2, gpu_share=0.5)
+    assert r.status_code == 422
+    assert "gpu_share below 1 needs gpus = 1" in r.text
+
+
+def test_malformed_json_is_422_not_500(api):
+    r = api.client.post(
+        JOBS, content=b"{not json", headers={**api.as_("alice"), "content-type": "application/json"}
+    )
+    assert r.status_code == 422
+
+
+def test_oversized_body_is_413(api):
+    r = submit(
+        api, command=["x"], env={"BIG": "y" * 30000} | {f"V{i}": "z" * 30000 for i in range(40)}
+    )
+    assert r.status_code == 413
+    assert "Too Large" in r.text
+
+
+def test_oversized_streamed_body_is_413(api):
+    def chunks():
+        yield b'{"command": ["x"], "name": "'
+        for _ in range(200):
+            yield b"a" * 10_000
+        yield b'"}'
+
+    r = api.client.post(
+        JOBS, content=chunks(), headers={**api.as_("alice"), "content-type": "application/json"}
+    )
+    assert r.status_code == 413
+
+
+def test_huge_ids_are_422_not_500(api):
+    assert (
+        api.client.get(f"{JOBS}/99999999999999999999", headers=api.as_("alice")).status_code == 422
+    )
+    assert (
+        api.client.get(f"{JOBS}?cursor=99999999999999999", headers=api.as_("alice")).status_code
+        == 422
+    )
+    assert api.client.get(f"{JOBS}/424242", headers=api.as_("alice")).status_code == 404
+
+
+def test_accepted_while_no_node_is_registered(api):
+    r = submit(api, gpus=64, gpu_memory_mb=10_000_000)
+    assert r.status_code == 201
+
+
+def test_never_fitting_request_names_the_largest_node(api):
+    add_node(api.factory, "small", gpus=2)
+    add_node(api.factory, "big", gpus=8)
+    r = submit(api, gpus=9)
+    assert r.status_code == 422
+    assert (
+        field_errors(r)[("gpus",)] == "no node could ever fit 9 GPUs: the largest node, big, has 8"
+    )
+    r = submit(api, gpus=1, gpu_memory_mb=100_000)
+    assert r.status_code == 422 and "largest has 81559 MiB" in field_errors(r)[("gpu_memory_mb",)]
+    r = submit(api, gpus=4, nodes=2)
+    assert r.status_code == 422 and "only 1 node(s)" in field_errors(r)[("nodes",)]
+    r = submit(api, gpu_model="A100-40GB")
+    assert r.status_code == 422 and "available: H100-80GB" in field_errors(r)[("gpu_model",)]
+    assert submit(api, gpus=8, gpu_memory_mb=80_000).status_code == 201
+
+
+def test_project_must_be_one_of_the_users(api):
+    assert submit(api, project="cv").status_code == 422
+    assert submit(api, project="nope").status_code == 422
+    api.add_user("carol", ["ml", "cv"])
+    r = submit(api, user="carol")
+    assert r.status_code == 422 and "cv, ml" in field_errors(r)[("project",)]
+    assert submit(api, user="carol", project="cv").json()["project"] == "cv"
+
+
+def test_idempotency_key_returns_the_same_job(api):
+    headers = {**api.as_("alice"), "Idempotency-Key": "nightly-42"}
+    body = {"command": ["train"], "gpus": 1}
+    first = api.client.post(JOBS, json=body, headers=headers)
+    second = api.client.post(JOBS, json=body, headers=headers)
+    assert first.status_code == 201 and second.status_code == 200
+    assert first.json()["id"] == second.json()["id"]
+    conflict = api.client.post(JOBS, json={**body, "gpus": 2}, headers=headers)
+    assert conflict.status_code == 409 and "different body" in conflict.json()["detail"]
+    # Keys are per user: bob's identical key is his own job.
+    bob = api.client.post(
+        JOBS, json=body, headers={**api.as_("bob"), "Idempotency-Key": "nightly-42"}
+    )
+    assert bob.status_code == 201 and bob.json()["id"] != first.json()["id"]
+
+
+def test_concurrent_identical_requests_create_exactly_one_job(api):
+    headers = {**api.as_("alice"), "Idempotency-Key": "race"}
+    results: list[httpx.Response] = []
+    barrier = threading.Barrier(8)
+
+    def post():
+        barrier.wait()
+        results.append(api.client.post(JOBS, json={"command": ["x"]}, headers=headers))
+
+    threads = [threading.Thread(target=post) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.status_code for r in results).count(201) == 1
+    assert {r.status_code for r in results} <= {200, 201}
+    assert len({r.json()["id"] for r in results}) == 1
+    listed = api.client.get(JOBS, headers=api.as_("alice")).json()["items"]
+    assert len(listed) == 1
+
+
+def test_list_filters_and_newest_first(api):
+    a = submit(api, labels={"team": "nlp"}).json()["id"]
+    b = submit(api, labels={"team": "vision"}).json()["id"]
+    c = submit(api, user="bob").json()["id"]
+    move_job(api.factory, b, JobStatus.CANCELLED)
+
+    def ids(query, user="admin"):
+        r = api.client.get(f"{JOBS}{query}", headers=api.as_(user))
+        assert r.status_code == 200, r.text
+        return [j["id"] for j in r.json()["items"]]
+
+    assert ids("") == [c, b, a]
+    assert ids("", user="alice") == [b, a]  # alice cannot see bob's project
+    assert ids("?status=PENDING") == [c, a]
+    assert ids("?status=PENDING&status=CANCELLED&project=ml") == [b, a]
+    assert ids("?user=bob") == [c]
+    assert ids("?label=team=nlp") == [a]
+    assert api.client.get(f"{JOBS}?label=oops", headers=api.as_("admin")).status_code == 422
+    assert api.client.get(f"{JOBS}?status=DONE", headers=api.as_("admin")).status_code == 422
+
+
+def test_pagination_stays_correct_while_jobs_are_added(api):
+    first_ids = [submit(api).json()["id"] for _ in range(7)]
+    seen: list[int] = []
+    cursor = None
+    pages = 0
+    while True:
+        query = "?limit=3" + (f"&cursor={cursor}" if cursor else "")
+        page = api.client.get(f"{JOBS}{query}", headers=api.as_("alice")).json()
+        seen += [j["id"] for j in page["items"]]
+        pages += 1
+        # New submissions between pages must neither repeat nor push jobs off the walk.
+        submit(api)
+        submit(api)
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == sorted(first_ids, reverse=True)
+    assert pages == 3
+
+
+def test_events_and_cancel_of_a_pending_job(api):
+    job_id = submit(api).json()["id"]
+    r = api.client.post(f"{JOBS}/{job_id}/cancel", headers=api.as_("alice"))
+    assert r.status_code == 200 and r.json()["status"] == "CANCELLED"
+    again = api.client.post(f"{JOBS}/{job_id}/cancel", headers=api.as_("alice"))
+    assert again.status_code == 200 and again.json()["status"] == "CANCELLED"
+    events = api.client.get(f"{JOBS}/{job_id}/events", headers=api.as_("alice")).json()
+    assert [(e["from_status"], e["to_status"], e["actor"]) for e in events] == [
+        (None, "PENDING", "alice"),
+        ("PENDING", "CANCELLED", "alice"),
+    ]
+
+
+def test_cancel_of_a_running_job_asks_the_agent(api):
+    job_id = submit(api).json()["id"]
+    move_job(api.factory, job_id, JobStatus.SCHEDULED, JobStatus.RUNNING)
+    r = api.client.post(f"{JOBS}/{job_id}/cancel", headers=api.as_("alice"))
+    assert r.status_code == 200
+    assert r.json()["status"] == "RUNNING" and r.json()["cancel_requested"] is True
+
+
+def test_cancel_of_a_finished_job_is_a_conflict(api):
+    job_id = submit(api).json()["id"]
+    move_job(api.factory, job_id, JobStatus.SCHEDULED, JobStatus.RUNNING, JobStatus.SUCCEEDED)
+    r = api.client.post(f"{JOBS}/{job_id}/cancel", headers=api.as_("alice"))
+    assert r.status_code == 409 and "SUCCEEDED" in r.json()["detail"]

@@ -1,0 +1,251 @@
+"""Case tables for every filter: each row is one situation and the expected verdict."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from app.scheduling import PolicySettings, ReasonKind, WindowInterval
+from app.scheduling.filters import (
+    GPU_FILTERS,
+    JOB_FILTERS,
+    NEVER_FILTERS,
+    NODE_FILTERS,
+    begin_time,
+    enough_gpus,
+    foreign_load,
+    gpu_healthy,
+    gpu_memory,
+    gpu_model,
+    heartbeat_fresh,
+    node_ready,
+    offpeak_window,
+    telemetry_fresh,
+)
+from app.scheduling.state import Request, hardware_classes
+from app.scheduling.status import Code, Context
+
+from .builders import T0, at, job, node, window
+
+CTX = Context(now=T0, settings=PolicySettings(), windows=())
+
+
+def test_filter_order_is_written_down_cheapest_first() -> None:
+    assert (begin_time.check, offpeak_window.check) == JOB_FILTERS
+    assert (node_ready.check, heartbeat_fresh.check) == NODE_FILTERS
+    assert (telemetry_fresh.check, gpu_healthy.check, foreign_load.check) == GPU_FILTERS
+    assert (gpu_model.never, gpu_memory.never, enough_gpus.never) == NEVER_FILTERS
+
+
+@pytest.mark.parametrize(
+    ("mode", "begin_s", "code"),
+    [
+        ("now", None, Code.SUCCESS),
+        ("at", 60, Code.UNSCHEDULABLE),  # begins in a minute
+        ("at", 0, Code.SUCCESS),  # begins exactly now
+        ("at", -60, Code.SUCCESS),  # begin time passed
+    ],
+)
+def test_begin_time(mode: str, begin_s: float | None, code: Code) -> None:
+    j = job(1, schedule_mode=mode, begin_at=None if begin_s is None else at(begin_s))
+    st = begin_time.check(j, CTX)
+    assert st.code is code
+    if code is Code.UNSCHEDULABLE:
+        assert st.kind is ReasonKind.BEGIN_TIME
+        assert st.estimated_start == at(begin_s or 0)
+
+
+NIGHT = window("night", 3600, 7 * 3600)  # opens in 1 h, closes 7 h from now
+OPEN = window("night", -3600, 2 * 3600)  # open now, closes in 2 h
+
+
+@pytest.mark.parametrize(
+    ("windows", "runtime", "preemptible", "code", "msg"),
+    [
+        (
+            (NIGHT,),
+            600,
+            False,
+            Code.UNSCHEDULABLE,
+            "off-peak window closed, opens at 2026-11-22T13:00:00+00:00",
+        ),
+        ((OPEN,), 3600, False, Code.SUCCESS, ""),  # 1 h fits in the 2 h left
+        ((OPEN,), 3 * 3600, False, Code.UNSCHEDULABLE, "does not fit before"),  # 3 h > 2 h left
+        ((OPEN,), 3 * 3600, True, Code.SUCCESS, ""),  # preemptible: may be stopped at close
+        ((OPEN,), None, False, Code.SUCCESS, ""),  # unknown runtime: benefit of the doubt
+        ((), 60, False, Code.UNSCHEDULABLE, "no opening scheduled"),
+    ],
+)
+def test_offpeak_window(
+    windows: tuple[WindowInterval, ...],
+    runtime: int | None,
+    preemptible: bool,
+    code: Code,
+    msg: str,
+) -> None:
+    j = job(1, schedule_mode="offpeak", estimated_runtime_s=runtime, preemptible=preemptible)
+    ctx = Context(now=T0, settings=PolicySettings(), windows=windows)
+    st = offpeak_window.check(j, ctx)
+    assert st.code is code
+    assert msg in st.message
+    if code is Code.UNSCHEDULABLE:
+        assert st.kind is ReasonKind.WINDOW_CLOSED
+
+
+def test_offpeak_window_name_must_match() -> None:
+    j = job(1, schedule_mode="offpeak", window="weekend")
+    ctx = Context(now=T0, settings=PolicySettings(), windows=(OPEN,))
+    assert offpeak_window.check(j, ctx).code is Code.UNSCHEDULABLE
+    assert offpeak_window.check(job(2, schedule_mode="offpeak", window="night"), ctx).ok
+
+
+@pytest.mark.parametrize(
+    ("builder", "code", "kind"),
+    [
+        (node("a").gpus(1), Code.SUCCESS, None),
+        (node("a").gpus(1).not_ready(), Code.UNSCHEDULABLE, ReasonKind.NODE_NOT_READY),
+        (node("a").gpus(1).drained(), Code.UNSCHEDULABLE, ReasonKind.NODE_NOT_READY),
+    ],
+)
+def test_node_ready(builder, code, kind) -> None:  # type: ignore[no-untyped-def]
+    st = node_ready.check(builder.build(), CTX)
+    assert (st.code, st.kind) == (code, kind)
+
+
+@pytest.mark.parametrize(
+    ("age", "ok"),
+    [(0, True), (30, True), (31, False), (None, False)],  # max age 30 s
+)
+def test_heartbeat_fresh(age: float | None, ok: bool) -> None:
+    st = heartbeat_fresh.check(node("a").gpus(1).heartbeat(age).build(), CTX)
+    assert st.ok is ok
+    if not ok:
+        assert st.kind is ReasonKind.TELEMETRY_STALE
+
+
+@pytest.mark.parametrize(("age", "ok"), [(0, True), (30, True), (300, False)])
+def test_telemetry_fresh(age: float, ok: bool) -> None:
+    n = node("a").gpus(1).stale(0, age_s=age).build()
+    st = telemetry_fresh.check(n, n.gpus[0], CTX)
+    assert st.ok is ok
+    assert ok or st.message == "telemetry stale on node a gpu 0"
+
+
+def test_gpu_healthy() -> None:
+    n = node("a").gpus(2).unhealthy(1).build()
+    assert gpu_healthy.check(n, n.gpus[0], CTX).ok
+    st = gpu_healthy.check(n, n.gpus[1], CTX)
+    assert st.kind is ReasonKind.GPU_UNHEALTHY
+
+
+@pytest.mark.parametrize(
+    ("builder", "ok", "msg"),
+    [
+        (node("x").gpus(4), True, ""),  # idle of foreign load for an hour
+        # 90 % foreign util on gpu 3: busy
+        (node("x").gpus(4).foreign(3, 90), False, "GPU busy with foreign process on node x gpu 3"),
+        # foreign util 5 % < 10 % threshold, but only for 20 s < 60 s stability window
+        (node("x").gpus(4).foreign(3, 5, idle_for_s=20), False, "for only 20s (need 60s)"),
+        # 5 % for 61 s: trusted again
+        (node("x").gpus(4).foreign(3, 5, idle_for_s=61), True, ""),
+        # exactly at the threshold counts as busy (>=)
+        (node("x").gpus(4).foreign(3, 10), False, "busy with foreign process"),
+    ],
+)
+def test_foreign_load(builder, ok: bool, msg: str) -> None:  # type: ignore[no-untyped-def]
+    n = builder.build()
+    st = foreign_load.check(n, n.gpus[3], CTX)
+    assert st.ok is ok
+    assert msg in st.message
+    if not ok:
+        assert st.kind is ReasonKind.FOREIGN_PROCESS
+
+
+def test_own_job_load_is_not_foreign() -> None:
+    # Our job just started: 95 % SM util, 70 GB used, but nothing foreign, idle of
+    # foreign load for an hour. It must not be judged busy or freshly idle.
+    n = node("x").gpus(1).util(95).used_mem(0, 70_000).alloc(0, 500).build()
+    assert foreign_load.check(n, n.gpus[0], CTX).ok
+
+
+CLUSTER = hardware_classes(
+    (
+        node("a").gpus(8, mem_gb=80, model="A100").build(),
+        node("b").gpus(4, mem_gb=24, model="L4").build(),
+    )
+)
+
+
+@pytest.mark.parametrize(
+    ("req", "code", "kind", "msg"),
+    [
+        (Request(8, 1, 1000, 0, None), Code.SUCCESS, None, ""),
+        (
+            Request(9, 1, 1000, 0, None),
+            Code.UNRESOLVABLE,
+            ReasonKind.NEVER_FITS,
+            "no node could ever fit: largest node has 8 GPUs (a)",
+        ),
+        (Request(4, 2, 1000, 0, None), Code.SUCCESS, None, ""),  # a and b both have 4
+        (
+            Request(4, 3, 1000, 0, None),
+            Code.UNRESOLVABLE,
+            ReasonKind.NEVER_FITS,
+            "needs 3 nodes with 4 GPUs, cluster has 2",
+        ),
+        (
+            Request(5, 1, 1000, 0, "L4"),
+            Code.UNRESOLVABLE,
+            ReasonKind.NEVER_FITS,
+            "largest node has 4 GPUs (b)",
+        ),
+        (
+            Request(1, 1, 1000, 0, "H100"),
+            Code.UNRESOLVABLE,
+            ReasonKind.GPU_MODEL_UNAVAILABLE,
+            "no GPU of model H100 in the cluster (models: A100, L4)",
+        ),
+        (
+            Request(1, 1, 1000, 90 * 1024, None),
+            Code.UNRESOLVABLE,
+            ReasonKind.NEVER_FITS,
+            "needs 92160 MB, largest GPU has 81920 MB",
+        ),
+        (
+            Request(1, 1, 1000, 30 * 1024, "L4"),
+            Code.UNRESOLVABLE,
+            ReasonKind.NEVER_FITS,
+            "largest GPU has 24576 MB",
+        ),
+    ],
+)
+def test_never_fits(req: Request, code: Code, kind: ReasonKind | None, msg: str) -> None:
+    st = next((s for f in NEVER_FILTERS if (s := f(req, CLUSTER)).code is Code.UNRESOLVABLE), None)
+    if code is Code.SUCCESS:
+        assert st is None
+    else:
+        assert st is not None and st.kind is kind
+        assert msg in st.message
+
+
+def test_slot_filters_memory_share_model() -> None:
+    from app.scheduling.state import NodeState, Slot
+
+    ns = NodeState("a", 0, None)
+    s = Slot(ns, 0, "A100", 81920, 10_000, 400, None, 40.0, 0.0, frozenset(), 0)
+    assert gpu_memory.fits(Request(1, 1, 300, 10_000, None), s)  # exactly the free memory
+    assert not gpu_memory.fits(Request(1, 1, 300, 10_001, None), s)
+    from app.scheduling.filters import gpu_share
+
+    assert gpu_share.fits(Request(1, 1, 400, 0, None), s)  # 600 + 400 = 1000
+    assert not gpu_share.fits(Request(1, 1, 401, 0, None), s)
+    assert not gpu_share.fits(Request(1, 1, 1000, 0, None), s)  # whole GPU needs it empty
+    assert gpu_model.fits(Request(1, 1, 300, 0, "A100"), s)
+    assert not gpu_model.fits(Request(1, 1, 300, 0, "H100"), s)
+
+
+def test_stale_telemetry_age_is_relative_to_now() -> None:
+    later = Context(now=T0 + timedelta(seconds=31), settings=PolicySettings(), windows=())
+    n = node("a").gpus(1).build()
+    assert not telemetry_fresh.check(n, n.gpus[0], later).ok

@@ -1,0 +1,55 @@
+"""Preemptible off-peak jobs are stopped when their window closes; others run on."""
+
+from datetime import UTC, datetime, timedelta
+
+from app.scheduling import JobView, RunningJobView, WindowInterval
+from app.scheduling.window_close import window_close_preemptions
+
+T0 = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
+NIGHT = WindowInterval("night", T0 - timedelta(hours=8), T0)
+NEXT_NIGHT = WindowInterval("night", T0 + timedelta(hours=16), T0 + timedelta(hours=24))
+
+
+def running(
+    job_id, *, mode="offpeak", preemptible=True, window=None, started=T0 - timedelta(hours=2)
+):
+    job = JobView(id=job_id, schedule_mode=mode, preemptible=preemptible, window=window)
+    return RunningJobView(job=job, placement=(("n1", (0,)),), started_at=started)
+
+
+def victims(jobs, *, now, windows=(NIGHT, NEXT_NIGHT), preempt=frozenset({"night"})):
+    return [
+        p.victim_job_id
+        for p in window_close_preemptions(jobs, windows, now=now, preempt_on_close=preempt)
+    ]
+
+
+def test_only_preemptible_offpeak_jobs_are_stopped_after_close():
+    jobs = [
+        running(1),
+        running(2, preemptible=False),  # runs on to completion
+        running(3, mode="now"),  # not an off-peak job at all
+    ]
+    assert victims(jobs, now=T0 - timedelta(minutes=1)) == []  # window still open
+    assert victims(jobs, now=T0 + timedelta(seconds=1)) == [1]
+
+
+def test_window_configured_to_let_jobs_run_on():
+    assert victims([running(1)], now=T0 + timedelta(seconds=1), preempt=frozenset()) == []
+
+
+def test_job_started_after_the_close_is_not_a_victim_of_it():
+    # Started outside any window (allowed by the capacity rule): no window closed on it.
+    late = running(1, started=T0 + timedelta(minutes=5))
+    assert victims([late], now=T0 + timedelta(minutes=10)) == []
+
+
+def test_a_job_naming_another_open_window_keeps_running():
+    day = WindowInterval("lunch", T0 - timedelta(hours=1), T0 + timedelta(hours=1))
+    jobs = [running(1, window="lunch"), running(2, window="night")]
+    assert victims(
+        jobs,
+        now=T0 + timedelta(seconds=1),
+        windows=(NIGHT, day),
+        preempt=frozenset({"night", "lunch"}),
+    ) == [2]

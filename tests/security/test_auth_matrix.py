@@ -1,0 +1,156 @@
+"""Authentication and authorisation over EVERY route of the app, generated from app.routes.
+
+A new endpoint is covered automatically; if it needs a path parameter or a body the matrix
+does not know yet, `test_matrix_covers_every_route` fails and names what to add here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.conftest import Api
+from tests.security.conftest import BATCH, ML_MARKER, WINDOW, Cluster, expired_token, revoked_token
+from tests.security.routes import (
+    EXPECTED_ADMIN_ONLY,
+    Operation,
+    api_operations,
+    build_app,
+    unexpected_public_routes,
+)
+
+APP = build_app()
+OPERATIONS = api_operations(APP)
+IDS = [op.id for op in OPERATIONS]
+
+# A valid body per operation that takes one (for project ml where a project is named).
+BODIES: dict[tuple[str, str], Any] = {
+    ("POST", "/api/v1/jobs"): {"command": ["true"], "project": "ml"},
+    ("POST", "/api/v1/estimate"): {"parameters": 1_000_000_000},
+    ("POST", "/api/v1/windows"): {**WINDOW, "name": "day"},
+    ("PUT", "/api/v1/windows/{name}"): WINDOW,
+    ("POST", "/api/v1/batches"): {
+        **BATCH,
+        "name": "other",
+        "templates": [{"command": ["true"], "project": "ml"}],
+    },
+    ("PUT", "/api/v1/batches/{name}"): BATCH,
+    ("POST", "/api/v1/nodes/{name}/drain"): {"reason": "fan"},
+}
+# Operations whose body names a project: another project's user is refused, but as a
+# field error (422 "you are not a member of project 'ml'"), which is also accepted.
+PROJECT_IN_BODY = {("POST", "/api/v1/jobs"), ("POST", "/api/v1/batches")}
+# Path parameters that name a row of project ml (the rest are cluster-wide: nodes, windows).
+PROJECT_SCOPED_PARAMS = {"job_id", "batch"}
+
+
+def path_values(cluster: Cluster, op: Operation) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for param in op.params:
+        if param == "job_id":
+            values[param] = cluster.ml_running_job if op.path.endswith("/logs") else cluster.ml_job
+        elif param == "name" and op.path.startswith("/api/v1/nodes/"):
+            values[param] = cluster.node
+        elif param == "name" and op.path.startswith("/api/v1/windows/"):
+            values[param] = cluster.window
+        elif param == "name" and op.path.startswith("/api/v1/batches/"):
+            values[param] = cluster.batch
+        else:
+            raise LookupError(f"{op.id}: no seeded value for path parameter {param!r}")
+    return values
+
+
+def scoped_to_ml(op: Operation) -> bool:
+    kinds = {"batch" if p == "name" and "/batches/" in op.path else p for p in op.params}
+    return bool(kinds & PROJECT_SCOPED_PARAMS)
+
+
+def url(cluster: Cluster, op: Operation) -> str:
+    return op.path.format(**path_values(cluster, op))
+
+
+def call(api: Api, cluster: Cluster, op: Operation, headers: dict[str, str], **kwargs: Any) -> Any:
+    body = BODIES.get((op.method, op.path))
+    return api.client.request(op.method, url(cluster, op), json=body, headers=headers, **kwargs)
+
+
+def test_matrix_covers_every_route() -> None:
+    assert unexpected_public_routes(APP) == []
+    assert len(OPERATIONS) >= 30
+    missing = []
+    for op in OPERATIONS:
+        assert op.path.startswith("/api/v1/"), op.id
+        if not op.needs_token:
+            missing.append(f"{op.id}: does not depend on get_principal (public?)")
+        if op.has_body and (op.method, op.path) not in BODIES:
+            missing.append(f"{op.id}: add a valid body to BODIES")
+        try:
+            path_values(Cluster(api=None, settings=None), op)  # type: ignore[arg-type]
+        except LookupError as exc:
+            missing.append(str(exc))
+    assert missing == []
+
+
+def test_admin_only_operations_are_the_designed_ones() -> None:
+    admin_only = {(op.method, op.path) for op in OPERATIONS if op.admin_only}
+    assert admin_only == EXPECTED_ADMIN_ONLY
+
+
+@pytest.mark.parametrize("op", OPERATIONS, ids=IDS)
+def test_every_operation_refuses_missing_bad_expired_and_revoked_tokens(
+    cluster: Cluster, op: Operation
+) -> None:
+    api = cluster.api
+    expired = expired_token(api)
+    revoked = revoked_token(api, "carol")
+    for label, headers in {
+        "no token": {},
+        "wrong token": {"Authorization": "Bearer gps_not-a-real-token"},
+        "empty bearer": {"Authorization": "Bearer "},
+        "basic auth": {"Authorization": "Basic YWxpY2U6eA=="},
+        "token without scheme": {"Authorization": api.tokens["alice"]},
+        "token with a suffix": {"Authorization": f"Bearer {api.tokens['alice']}x"},
+        "huge token": {"Authorization": "Bearer " + "a" * 16_000},
+        "expired token": {"Authorization": f"Bearer {expired}"},
+        "revoked token": {"Authorization": f"Bearer {revoked}"},
+    }.items():
+        r = call(api, cluster, op, headers)
+        assert r.status_code == 401, (label, r.status_code, r.text)
+        assert r.headers.get("www-authenticate") == "Bearer", label
+        assert set(r.json()) == {"detail"} and ML_MARKER not in r.text, (label, r.text)
+    # The valid token of the same user still works: the refusals above were about the token.
+    assert call(api, cluster, op, api.as_("admin")).status_code < 400
+
+
+@pytest.mark.parametrize("op", OPERATIONS, ids=IDS)
+def test_another_projects_user_never_sees_project_ml(cluster: Cluster, op: Operation) -> None:
+    api = cluster.api
+    r = call(api, cluster, op, api.as_("bob"))
+    assert r.status_code < 500, r.text
+    assert ML_MARKER not in r.text, (r.status_code, r.text[:500])
+    if op.admin_only:
+        assert r.status_code == 403, r.text
+    elif scoped_to_ml(op):
+        assert r.status_code in (403, 404), (r.status_code, r.text[:500])
+    elif (op.method, op.path) in PROJECT_IN_BODY:
+        assert r.status_code in (403, 404, 422), (r.status_code, r.text[:500])
+    query_names = {p.alias or p.name for p in op.route.dependant.query_params}
+    if op.method == "GET" and query_names & {"project", "user"}:
+        params = {k: v for k, v in (("project", "ml"), ("user", "alice")) if k in query_names}
+        r = call(api, cluster, op, api.as_("bob"), params=params)
+        assert r.status_code < 500 and ML_MARKER not in r.text, (params, r.text[:500])
+    # The owner does get the resource: bob's refusal above is about bob, not a bad id.
+    if not op.admin_only:
+        r = call(api, cluster, op, api.as_("alice"))
+        assert r.status_code < 300, (r.status_code, r.text[:500])
+
+
+@pytest.mark.parametrize("op", [op for op in OPERATIONS if op.admin_only], ids=lambda op: op.id)
+def test_admin_only_operations_refuse_normal_users(cluster: Cluster, op: Operation) -> None:
+    api = cluster.api
+    for user in ("alice", "bob"):
+        r = call(api, cluster, op, api.as_(user))
+        assert r.status_code == 403, (user, r.text)
+    r = call(api, cluster, op, api.as_("admin"))
+    assert r.status_code < 300, r.text

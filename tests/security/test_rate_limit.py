@@ -1,0 +1,113 @@
+"""Failed token checks are rate limited per client address: 429 with Retry-After for the
+guessing client, nothing for anyone else."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.auth.service import FailedAuthLimiter
+from app.config import Settings
+from app.main import create_app
+from tests.conftest import Api
+from tests.security.conftest import Cluster, expired_token, revoked_token
+from tests.security.routes import api_operations
+
+LIMIT = 5
+GUESSER = ("203.0.113.7", 40000)
+OTHER = ("198.51.100.9", 40001)
+BAD = {"Authorization": "Bearer gps_guess"}
+
+
+@pytest.fixture
+def limited_app(settings: Settings, session_factory: sessionmaker[Session]) -> FastAPI:
+    return create_app(
+        settings.model_copy(update={"auth_failures_per_minute": LIMIT}),
+        session_factory=session_factory,
+    )
+
+
+@pytest.fixture
+def clients(limited_app: FastAPI, api: Api) -> Iterator[tuple[TestClient, TestClient]]:
+    with (
+        TestClient(limited_app, client=GUESSER) as guesser,
+        TestClient(limited_app, client=OTHER) as other,
+    ):
+        yield guesser, other
+
+
+def test_nth_failure_then_429_with_retry_after(clients, api: Api) -> None:
+    guesser, other = clients
+    statuses = [guesser.get("/api/v1/jobs", headers=BAD).status_code for _ in range(LIMIT)]
+    assert statuses == [401] * LIMIT
+    r = guesser.get("/api/v1/jobs", headers=BAD)
+    assert r.status_code == 429, r.text
+    assert 1 <= int(r.headers["retry-after"]) <= 60
+    assert "gps_guess" not in r.text
+    # The limited address stays limited even with a valid token (it is guessing).
+    assert guesser.get("/api/v1/me", headers=api.as_("alice")).status_code == 429
+    # Another client is unaffected: valid token works, its own failures are counted apart.
+    assert other.get("/api/v1/me", headers=api.as_("alice")).status_code == 200
+    assert other.get("/api/v1/jobs", headers=BAD).status_code == 401
+    assert other.get("/api/v1/jobs", headers=api.as_("bob")).status_code == 200
+    # Probes need no token and are never limited.
+    assert guesser.get("/healthz").status_code == 200
+
+
+def test_every_kind_of_failed_check_counts(clients, api: Api) -> None:
+    guesser, _ = clients
+    kinds = [
+        {},
+        {"Authorization": "Basic YWxpY2U6eA=="},
+        {"Authorization": f"Bearer {expired_token(api)}"},
+        {"Authorization": f"Bearer {revoked_token(api, 'carol')}"},
+        BAD,
+    ]
+    assert [guesser.get("/api/v1/me", headers=h).status_code for h in kinds] == [401] * LIMIT
+    assert guesser.get("/api/v1/me", headers=BAD).status_code == 429
+
+
+def test_successful_checks_never_count(clients, api: Api) -> None:
+    guesser, _ = clients
+    for _ in range(LIMIT * 4):
+        assert guesser.get("/api/v1/me", headers=api.as_("alice")).status_code == 200
+    assert guesser.get("/api/v1/me", headers=BAD).status_code == 401
+
+
+def test_a_forwarded_for_header_does_not_reset_the_count(clients) -> None:
+    """The limiter keys on the connection's address; a client cannot pick a new identity
+    per request with X-Forwarded-For (uvicorn rewrites it only for trusted proxies)."""
+    guesser, _ = clients
+    for i in range(LIMIT):
+        headers = {**BAD, "X-Forwarded-For": f"192.0.2.{i}", "X-Real-IP": f"192.0.2.{i}"}
+        assert guesser.get("/api/v1/me", headers=headers).status_code == 401
+    headers = {**BAD, "X-Forwarded-For": "192.0.2.200"}
+    assert guesser.get("/api/v1/me", headers=headers).status_code == 429
+
+
+def test_every_token_checked_operation_is_limited(cluster: Cluster, limited_app: FastAPI) -> None:
+    with TestClient(limited_app, client=GUESSER) as guesser:
+        for _ in range(LIMIT):
+            assert guesser.get("/api/v1/me", headers=BAD).status_code == 401
+        for op in api_operations(limited_app):
+            path = op.path.replace("{job_id}", str(cluster.ml_job)).replace("{name}", "x")
+            r = guesser.request(op.method, path, headers=cluster.headers("alice"))
+            assert r.status_code == 429, (op.id, r.status_code)
+            assert int(r.headers["retry-after"]) >= 1
+
+
+def test_the_limit_lifts_after_the_window(clients, limited_app: FastAPI, api: Api) -> None:
+    guesser, _ = clients
+    limited_app.state.auth_limiter = FailedAuthLimiter(limit=2, window_s=0.3)
+    assert [guesser.get("/api/v1/me", headers=BAD).status_code for _ in range(3)] == [
+        401,
+        401,
+        429,
+    ]
+    time.sleep(0.35)
+    assert guesser.get("/api/v1/me", headers=api.as_("alice")).status_code == 200

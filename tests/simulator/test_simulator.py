@@ -1,0 +1,175 @@
+"""Simulator on tiny hand-made traces with hand-computed results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.simulator import TraceJob, read_trace, shape_for, simulate
+from app.simulator.cli import run_simulation_cli
+from app.simulator.engine import percentile
+
+
+def tj(i: int, name: str, gpus: int, submit: float, duration: float, vc: str = "v") -> TraceJob:
+    return TraceJob(f"j{i}", "u", vc, name, gpus, 1000, submit, duration)
+
+
+# 1 node x 2 GPUs, FIFO:
+#   A (2 GPUs) t=0..100; B (1 GPU) and C (1 GPU) arrive at 10 and 20 while A runs,
+#   both start at 100: B ends 150, C ends 130.
+#   JCT: A 100, B 140, C 110 -> avg 116.67, p50 110, p99 140; queue 0, 90, 80 -> 56.67
+#   makespan 150; GPU-s 200 + 50 + 30 = 280 -> utilisation 280 / (2 x 150) = 0.9333
+#   bounds: avg JCT >= mean(100, 50, 30) = 60; makespan >= max(100, 280 / 2) = 140
+TRACE = [tj(0, "A", 2, 0, 100), tj(1, "B", 1, 10, 50), tj(2, "C", 1, 20, 30, vc="w")]
+
+
+def test_fifo_hand_computed() -> None:
+    r = simulate(TRACE, nodes=1, gpus_per_node=2, policy="fifo")
+    assert r.jobs == 3 and r.skipped == 0
+    assert r.avg_jct_s == pytest.approx(350 / 3)
+    assert (r.p50_jct_s, r.p99_jct_s) == (110, 140)
+    assert r.avg_queue_s == pytest.approx(170 / 3)
+    assert r.makespan_s == 150
+    assert r.utilization == pytest.approx(280 / 300)
+    assert r.preemptions == 0
+    assert r.per_vc == {"v": pytest.approx(120.0), "w": pytest.approx(110.0)}
+    assert r.lower_bounds == {"avg_jct_s": pytest.approx(60.0), "makespan_s": 140.0}
+
+
+def test_to_json_has_exactly_the_documented_keys() -> None:
+    r = simulate(TRACE, nodes=1, gpus_per_node=2, policy="default")
+    assert set(r.to_json()) == {
+        "policy",
+        "jobs",
+        "skipped",
+        "avg_jct_s",
+        "p50_jct_s",
+        "p99_jct_s",
+        "avg_queue_s",
+        "makespan_s",
+        "utilization",
+        "preemptions",
+        "per_vc",
+        "lower_bounds",
+    }
+    json.dumps(r.to_json())
+
+
+# 1 GPU. "short" (5 s) finishes first, so its runtime is known. Two more arrive while
+# "long" j1 runs 6..56: j2 "long" (50 s, submitted 7) and j3 "short" (5 s, submitted 8).
+# At 56 the history says long = 50 s, short = 5 s.
+#   FIFO: j2 56..106, j3 106..111: JCT 5, 50, 99, 103 -> avg 64.25
+#   SJF : j3 56..61,  j2 61..111: JCT 5, 50, 104, 53 -> avg 53.0
+SJF_TRACE = [
+    tj(0, "short", 1, 0, 5),
+    tj(1, "long", 1, 6, 50),
+    tj(2, "long", 1, 7, 50),
+    tj(3, "short", 1, 8, 5),
+]
+
+
+@pytest.mark.parametrize(("policy", "avg"), [("fifo", 64.25), ("sjf", 53.0)])
+def test_sjf_uses_predicted_runtime(policy: str, avg: float) -> None:
+    r = simulate(SJF_TRACE, nodes=1, gpus_per_node=1, policy=policy)
+    assert r.avg_jct_s == pytest.approx(avg)
+
+
+def test_las_preempts_long_runner_for_newcomer() -> None:
+    # j0 runs from 0 on the only GPU; at 5000 it has 5000 GPU-s >= 3600 (LAS queue 1),
+    # j1 arrives (queue 0) and preempts it: j1 5000..5100, j0 resumes 5100..10100.
+    trace = [tj(0, "x", 1, 0, 10_000), tj(1, "y", 1, 5000, 100)]
+    r = simulate(trace, nodes=1, gpus_per_node=1, policy="las")
+    assert r.preemptions == 1
+    assert sorted(r.jcts) == [100, 10_100]
+    fifo = simulate(trace, nodes=1, gpus_per_node=1, policy="fifo")
+    assert fifo.preemptions == 0 and sorted(fifo.jcts) == [5100, 10_000]
+
+
+def test_time_scale_compresses_arrivals_only() -> None:
+    # arrivals 0, 10, 20 become 0, 5, 10; durations unchanged -> B, C still start at 100
+    r = simulate(TRACE, nodes=1, gpus_per_node=2, policy="fifo", time_scale=2.0)
+    assert sorted(r.jcts) == [100, 100 - 10 + 30, 100 - 5 + 50]
+
+
+def test_too_large_jobs_are_skipped_and_reported() -> None:
+    trace = [*TRACE, tj(9, "huge", 64, 0, 10)]
+    r = simulate(trace, nodes=2, gpus_per_node=2, policy="fifo")
+    assert r.skipped == 1 and r.skipped_ids == ["j9"] and r.jobs == 3
+
+
+def test_multi_node_gang_jobs_run() -> None:
+    # 16 GPUs on 8-GPU nodes: one 2-node gang, whole cluster, 100 s.
+    r = simulate([tj(0, "big", 16, 0, 100)], nodes=2, gpus_per_node=8, policy="default")
+    assert r.jobs == 1 and r.avg_jct_s == 100 and r.utilization == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "gpn", "shape"), [(4, 8, (1, 4)), (16, 8, (2, 8)), (12, 8, (2, 6)), (20, 8, (3, 7))]
+)
+def test_shape_for(gpus: int, gpn: int, shape: tuple[int, int]) -> None:
+    assert shape_for(gpus, gpn) == shape
+
+
+def test_percentile_nearest_rank() -> None:
+    assert percentile([5, 1, 3, 2, 4], 50) == 3
+    assert percentile([1, 2, 3, 4], 99) == 4
+    assert percentile([], 50) == 0.0
+
+
+def test_shared_gpu_jobs_share() -> None:
+    trace = [
+        TraceJob("a", "u", "v", "n", 1, 500, 0, 100),
+        TraceJob("b", "u", "v", "n", 1, 500, 0, 100),
+    ]
+    r = simulate(trace, nodes=1, gpus_per_node=1, policy="fifo")
+    assert sorted(r.jcts) == [100, 100]  # both on one GPU at once
+    assert r.utilization == pytest.approx(1.0)
+
+
+def _write(tmp_path: Path) -> Path:
+    p = tmp_path / "t.csv"
+    rows = ["job_id,user,vc,jobname,gpu_num,gpu_milli,submit_time,duration"]
+    rows += [
+        f"{j.job_id},{j.user},{j.vc},{j.jobname},{j.gpu_num},{j.gpu_milli},{j.submit_time},{j.duration}"
+        for j in reversed(TRACE)
+    ]
+    p.write_text("\n".join(rows) + "\n")
+    return p
+
+
+def test_read_trace_sorts_by_submit(tmp_path: Path) -> None:
+    jobs = read_trace(_write(tmp_path))
+    assert [j.job_id for j in jobs] == ["j0", "j1", "j2"]
+    assert jobs[0] == TRACE[0]
+
+
+def test_read_trace_rejects_missing_columns(tmp_path: Path) -> None:
+    p = tmp_path / "bad.csv"
+    p.write_text("job_id,user\n1,u\n")
+    with pytest.raises(ValueError, match="missing columns"):
+        read_trace(p)
+
+
+def test_cli_table_and_json(tmp_path: Path) -> None:
+    path = _write(tmp_path)
+    out = run_simulation_cli(path, 1, 2, "fifo", 1.0, as_json=True)
+    assert json.loads(out)["avg_jct_s"] == pytest.approx(350 / 3)
+    table = run_simulation_cli(path, 1, 2, None, 1.0, as_json=False)
+    for policy in ("default", "fifo", "priority", "fair-share", "sjf", "las", "lower bound"):
+        assert policy in table
+    with pytest.raises(ValueError, match="unknown policy"):
+        run_simulation_cli(path, 1, 2, "nope", 1.0, as_json=False)
+
+
+def test_shared_trace_smoke() -> None:
+    path = Path(__file__).resolve().parents[3] / "shared" / "traces" / "philly_ed69ec.csv"
+    if not path.exists():
+        pytest.skip("shared traces not present")
+    jobs = read_trace(path)[:200]
+    r = simulate(jobs, nodes=2, gpus_per_node=8, policy="default", time_scale=4.0)
+    assert r.jobs == 200
+    assert r.avg_jct_s >= r.lower_bounds["avg_jct_s"] - 1e-6
+    assert r.makespan_s >= r.lower_bounds["makespan_s"] - 1e-6 or r.makespan_s > 0
+    assert 0 < r.utilization <= 1.0

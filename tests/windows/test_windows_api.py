@@ -1,0 +1,60 @@
+"""Off-peak windows over REST: admin changes them, everyone reads them."""
+
+from __future__ import annotations
+
+NIGHT = {
+    "name": "night",
+    "timezone": "Europe/Berlin",
+    "daily": [{"start": "22:00", "end": "06:00"}],
+    "capacity_outside_fraction": 0.5,
+}
+
+
+def test_crud_and_roles(api):
+    r = api.client.post("/api/v1/windows", json=NIGHT, headers=api.as_("alice"))
+    assert r.status_code == 403
+    r = api.client.post("/api/v1/windows", json=NIGHT, headers=api.as_("admin"))
+    assert r.status_code == 201, r.text
+    assert r.json()["daily"][0]["start"] == "22:00"
+    assert (
+        api.client.post("/api/v1/windows", json=NIGHT, headers=api.as_("admin")).status_code == 409
+    )
+    listed = api.client.get("/api/v1/windows", headers=api.as_("alice")).json()
+    assert [w["name"] for w in listed] == ["night"]
+    cron = {"name": "night", "timezone": "UTC", "cron": "0 1 * * *", "duration_s": 3600}
+    r = api.client.put("/api/v1/windows/night", json=cron, headers=api.as_("admin"))
+    assert r.status_code == 200 and r.json()["cron"] == "0 1 * * *" and r.json()["daily"] is None
+    assert api.client.delete("/api/v1/windows/night", headers=api.as_("alice")).status_code == 403
+    assert api.client.delete("/api/v1/windows/night", headers=api.as_("admin")).status_code == 204
+    assert api.client.get("/api/v1/windows/night", headers=api.as_("admin")).status_code == 404
+
+
+def test_invalid_windows_name_the_field(api):
+    cases = [
+        ({"name": "w", "timezone": "UTC", "cron": "61 * * * *", "duration_s": 60}, "cron"),
+        (
+            {"name": "w", "timezone": "Mars/Olympus", "cron": "0 1 * * *", "duration_s": 60},
+            "timezone",
+        ),
+        ({"name": "w", "timezone": "UTC", "cron": "0 1 * * *", "duration_s": 0}, "duration_s"),
+        ({"name": "w", "timezone": "UTC"}, "daily"),
+    ]
+    for body, field in cases:
+        r = api.client.post("/api/v1/windows", json=body, headers=api.as_("admin"))
+        assert r.status_code == 422, (body, r.text)
+        assert any(e["loc"][:2] == ["body", field] for e in r.json()["detail"]), r.json()
+
+
+def test_upcoming_lists_openings_with_offsets(api):
+    api.client.post("/api/v1/windows", json=NIGHT, headers=api.as_("admin"))
+    r = api.client.get("/api/v1/windows/upcoming?days=3", headers=api.as_("bob"))
+    assert r.status_code == 200
+    items = r.json()
+    assert 3 <= len(items) <= 4
+    for item in items:
+        assert item["window"] == "night"
+        assert item["opens_at"][11:16] == "22:00" and item["opens_at"][-6:] in ("+01:00", "+02:00")
+        assert item["closes_at"][11:16] == "06:00"
+    assert (
+        api.client.get("/api/v1/windows/upcoming?days=0", headers=api.as_("bob")).status_code == 422
+    )

@@ -1,0 +1,340 @@
+"""Real GPUs through NVML. The only module in the project that imports ``pynvml``.
+
+Every NVML call goes through :meth:`NvmlGpuBackend._call`, which turns NVML
+errors into data: a query the GPU does not support becomes ``None``; a GPU
+that has fallen off the bus (or needs a reset, or answers garbage) becomes
+``healthy=False`` with the error as the message. ``sample()`` never raises
+for a GPU problem, because one sick GPU must not stop the agent from
+reporting the healthy ones (and from reporting the sick one as sick).
+
+The ``pynvml`` module is a constructor parameter so the error handling can be
+tested without a GPU, by passing a small fake module that raises the real
+``pynvml.NVMLError`` subclasses.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pynvml
+
+from workers.agent.gpu_backend import (
+    BackendUnavailable,
+    GpuProcess,
+    GpuSample,
+    GpuStatic,
+    NodeInfo,
+    NodeSample,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_MIB = 1024 * 1024
+
+# Error codes meaning "this particular value is unavailable", not "the GPU is
+# broken": the query is unsupported on this model/driver, or we lack the
+# permission. Any other NVML error on a device call marks the GPU unhealthy.
+_VALUE_UNAVAILABLE_CODES: frozenset[int] = frozenset(
+    {
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_NO_PERMISSION,
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        pynvml.NVML_ERROR_NOT_FOUND,
+        pynvml.NVML_ERROR_INVALID_ARGUMENT,
+        pynvml.NVML_ERROR_INSUFFICIENT_SIZE,
+        pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+    }
+)
+
+
+def _text(value: object) -> str:
+    """Old bindings return bytes, new ones str."""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
+
+
+def describe_nvml_error(exc: BaseException) -> str:
+    """``NVMLError_GpuIsLost: GPU is lost`` - class name first, because it is
+    what people search for."""
+    try:
+        text = str(exc)
+    except Exception:  # str() of NVMLError may itself call into NVML
+        text = repr(exc)
+    return f"{type(exc).__name__}: {text}"
+
+
+class _GpuHealth:
+    """Collects the first health problem seen while reading one GPU."""
+
+    def __init__(self) -> None:
+        self.message: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.message is None
+
+
+class NvmlGpuBackend:
+    """:class:`~workers.agent.gpu_backend.GpuBackend` over NVML.
+
+    Raises :class:`BackendUnavailable` from the constructor when NVML cannot
+    be initialised (no driver, no library); after that, nothing raises.
+    """
+
+    def __init__(
+        self,
+        nvml: Any = pynvml,
+        *,
+        hostname: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._nvml = nvml
+        self._clock = clock
+        self._hostname = hostname or socket.gethostname()
+        self._closed = False
+        # Any failure here (NVMLError, or an OSError from a broken
+        # libnvidia-ml) means "no usable NVML": the caller may fall back.
+        try:
+            nvml.nvmlInit()
+        except Exception as exc:
+            raise BackendUnavailable(describe_nvml_error(exc)) from exc
+        try:
+            self._info, self._handles = self._discover()
+        except Exception as exc:
+            self._shutdown()
+            raise BackendUnavailable(describe_nvml_error(exc)) from exc
+
+    # -- static facts -------------------------------------------------------
+
+    def _discover(self) -> tuple[NodeInfo, list[Any | None]]:
+        nvml = self._nvml
+        count = int(nvml.nvmlDeviceGetCount())  # failure here: NVML is unusable
+        driver = self._call(nvml.nvmlSystemGetDriverVersion)
+        handles: list[Any | None] = []
+        statics: list[GpuStatic] = []
+        for index in range(count):
+            health = _GpuHealth()
+            handle = self._call(nvml.nvmlDeviceGetHandleByIndex, index, health=health)
+            handles.append(handle)
+            uuid = model = None
+            memory_total_mb = 0
+            if handle is not None:
+                uuid = self._call(nvml.nvmlDeviceGetUUID, handle, health=health)
+                model = self._call(nvml.nvmlDeviceGetName, handle, health=health)
+                memory = self._call(nvml.nvmlDeviceGetMemoryInfo, handle, health=health)
+                if memory is not None:
+                    memory_total_mb = int(memory.total) // _MIB
+            if not health.healthy:
+                logger.warning("GPU %d unreadable at start-up: %s", index, health.message)
+            statics.append(
+                GpuStatic(
+                    index=index,
+                    # A placeholder keeps the index reportable (as unhealthy)
+                    # instead of making the whole GPU vanish from the node.
+                    uuid=_text(uuid) if uuid is not None else f"GPU-unreadable-{index}",
+                    model=_text(model) if model is not None else "unknown",
+                    memory_total_mb=memory_total_mb,
+                )
+            )
+        peers = self._nvlink_peers(handles)
+        statics = [
+            GpuStatic(g.index, g.uuid, g.model, g.memory_total_mb, peers.get(g.index, ()))
+            for g in statics
+        ]
+        info = NodeInfo(
+            hostname=self._hostname,
+            driver_version=_text(driver) if driver is not None else None,
+            gpus=tuple(statics),
+            backend="nvml",
+        )
+        return info, handles
+
+    def _nvlink_peers(self, handles: list[Any | None]) -> dict[int, tuple[int, ...]]:
+        """NVLink reachability between this node's GPUs.
+
+        Preferred: the P2P status query, which also covers NVSwitch systems
+        (where every link's remote end is a switch, not a GPU). Fallback: walk
+        each active link and match its remote PCI bus id to a local GPU.
+        """
+        nvml = self._nvml
+        peers: dict[int, set[int]] = {i: set() for i in range(len(handles))}
+        p2p_query = getattr(nvml, "nvmlDeviceGetP2PStatus", None)
+        nvlink_index = getattr(nvml, "NVML_P2P_CAPS_INDEX_NVLINK", 2)
+        status_ok = getattr(nvml, "NVML_P2P_STATUS_OK", 0)
+        p2p_answered = False
+        if p2p_query is not None:
+            for i, first in enumerate(handles):
+                for j, second in enumerate(handles):
+                    if j <= i or first is None or second is None:
+                        continue
+                    status = self._call(p2p_query, first, second, nvlink_index)
+                    if status is None:
+                        continue
+                    p2p_answered = True
+                    if status == status_ok:
+                        peers[i].add(j)
+                        peers[j].add(i)
+        if not p2p_answered:
+            self._nvlink_peers_from_links(handles, peers)
+        return {i: tuple(sorted(found)) for i, found in peers.items()}
+
+    def _nvlink_peers_from_links(
+        self, handles: list[Any | None], peers: dict[int, set[int]]
+    ) -> None:
+        nvml = self._nvml
+        if not hasattr(nvml, "nvmlDeviceGetNvLinkState"):
+            return
+        bus_to_index: dict[str, int] = {}
+        for index, handle in enumerate(handles):
+            if handle is None:
+                continue
+            pci = self._call(nvml.nvmlDeviceGetPciInfo, handle)
+            if pci is not None:
+                bus_to_index[_normalize_bus_id(pci.busId)] = index
+        max_links = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))
+        for index, handle in enumerate(handles):
+            if handle is None:
+                continue
+            for link in range(max_links):
+                # Unsupported / invalid link number: no (more) links on this GPU.
+                active = self._call(nvml.nvmlDeviceGetNvLinkState, handle, link)
+                if active is None:
+                    break
+                if not active:
+                    continue
+                remote = self._call(nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
+                if remote is None:
+                    continue
+                peer = bus_to_index.get(_normalize_bus_id(remote.busId))
+                if peer is not None and peer != index:
+                    peers[index].add(peer)
+                    peers[peer].add(index)
+
+    def node_info(self) -> NodeInfo:
+        return self._info
+
+    # -- readings -----------------------------------------------------------
+
+    def sample(self) -> NodeSample:
+        taken_at = self._clock()
+        samples = tuple(self._sample_gpu(gpu) for gpu in self._info.gpus)
+        return NodeSample(taken_at=taken_at, gpus=samples)
+
+    def _sample_gpu(self, gpu: GpuStatic) -> GpuSample:
+        try:
+            return self._read_gpu(gpu)
+        except Exception as exc:  # last line of defence: a bug must not stop the agent
+            logger.exception("unexpected error reading GPU %d", gpu.index)
+            return _unreadable(gpu, f"unexpected error reading GPU: {describe_nvml_error(exc)}")
+
+    def _read_gpu(self, gpu: GpuStatic) -> GpuSample:
+        nvml = self._nvml
+        health = _GpuHealth()
+        handle = self._handles[gpu.index]
+        if handle is None:
+            # It failed at start-up; it may have come back (e.g. after a reset).
+            handle = self._call(nvml.nvmlDeviceGetHandleByIndex, gpu.index, health=health)
+            if handle is None:
+                return _unreadable(gpu, health.message or "no NVML handle for this GPU")
+            self._handles[gpu.index] = handle
+
+        def read(fn: Callable[..., T], *args: Any) -> T | None:
+            # Once the GPU is known to be broken, further calls only add latency
+            # (each can take seconds on a lost GPU) and say nothing new.
+            if not health.healthy:
+                return None
+            return self._call(fn, handle, *args, health=health)
+
+        memory = read(nvml.nvmlDeviceGetMemoryInfo)
+        utilization = read(nvml.nvmlDeviceGetUtilizationRates)
+        temperature = read(nvml.nvmlDeviceGetTemperature, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
+        power_mw = read(nvml.nvmlDeviceGetPowerUsage)
+        processes = read(self._compute_processes)
+        return GpuSample(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            healthy=health.healthy,
+            health_message=health.message,
+            util_sm_pct=float(utilization.gpu) if utilization is not None else None,
+            util_mem_pct=float(utilization.memory) if utilization is not None else None,
+            memory_used_mb=int(memory.used) // _MIB if memory is not None else None,
+            memory_free_mb=int(memory.free) // _MIB if memory is not None else None,
+            temperature_c=float(temperature) if temperature is not None else None,
+            power_w=float(power_mw) / 1000.0 if power_mw is not None else None,
+            processes=tuple(processes or ()),
+        )
+
+    def _compute_processes(self, handle: Any) -> list[GpuProcess]:
+        nvml = self._nvml
+        mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
+        try:
+            raw = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception as exc:
+            # Older drivers lack the v3 entry point the unversioned wrapper uses.
+            if mismatch is None or not isinstance(exc, mismatch):
+                raise
+            raw = nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
+        result = []
+        for proc in raw or ():
+            used = getattr(proc, "usedGpuMemory", None)
+            used_mb = int(used) // _MIB if used is not None else None
+            result.append(GpuProcess(pid=int(proc.pid), used_memory_mb=used_mb))
+        return result
+
+    def _call(self, fn: Callable[..., T], *args: Any, health: _GpuHealth | None = None) -> T | None:
+        """Call NVML; on error return None and, unless the error only means
+        "value unavailable", record it as the GPU's health problem."""
+        try:
+            return fn(*args)
+        except self._nvml.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code not in _VALUE_UNAVAILABLE_CODES and health is not None and health.healthy:
+                name = getattr(fn, "__name__", "NVML call")
+                health.message = f"{describe_nvml_error(exc)} (in {name})"
+            return None
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception as exc:  # closing must not fail the agent's shutdown
+            logger.debug("nvmlShutdown failed: %s", exc)
+
+
+def _normalize_bus_id(bus_id: object) -> str:
+    # NVML pads the PCI domain differently across calls ("00000000:3B:00.0"
+    # vs "0000:3B:00.0"); compare on the last three parts.
+    text = _text(bus_id).strip().upper()
+    parts = text.split(":")
+    if len(parts) >= 2:
+        text = ":".join(parts[-2:])
+    return text
+
+
+def _unreadable(gpu: GpuStatic, message: str) -> GpuSample:
+    return GpuSample(
+        index=gpu.index,
+        uuid=gpu.uuid,
+        healthy=False,
+        health_message=message,
+        util_sm_pct=None,
+        util_mem_pct=None,
+        memory_used_mb=None,
+        memory_free_mb=None,
+        temperature_c=None,
+        power_w=None,
+        processes=(),
+    )

@@ -1,0 +1,388 @@
+"""The node agent: registers the node, samples its GPUs, runs the jobs it is sent.
+
+It talks to the rest of the system only through Celery messages: it consumes
+`node.<name>` (run_job, stop_job) and sends reports (register, heartbeat, started,
+finished). Every report names (job_id, attempt) so the scheduler can ignore stale ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from workers.agent.gpu_backend import GpuBackend, NodeSample
+from workers.agent.runner import (
+    JobLaunch,
+    LaunchError,
+    RunningProcess,
+    classify,
+    find_leftover_processes,
+    kill_process_group,
+    start_job,
+)
+
+log = logging.getLogger("gpusched.agent")
+AGENT_VERSION = "0.1.0"
+RECENT_S = 120.0
+
+
+class AgentSettings(BaseSettings):
+    """GPUSCHED_AGENT_* : one agent per GPU node."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUSCHED_AGENT_", extra="ignore")
+
+    name: str = Field(default_factory=socket.gethostname)
+    gpus: str = "auto"
+    sample_interval_s: float = Field(default=5.0, gt=0)
+    grace_s: float = Field(default=30.0, ge=0)
+    run_as_user: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    sim_state_file: str | None = None
+    address: str = ""
+
+
+class Reporter(Protocol):
+    def report(self, payload: dict[str, Any]) -> bool: ...
+
+
+def log_path(log_dir: Path, job_id: int, attempt: int) -> Path:
+    """Where an attempt's output goes; the API reads the same path (shared data dir)."""
+    return log_dir / str(job_id) / f"attempt-{attempt}.log"
+
+
+@dataclass
+class _Attempt:
+    process: RunningProcess
+    gpu_indices: tuple[int, ...]
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        settings: AgentSettings,
+        backend: GpuBackend,
+        reporter: Reporter,
+        log_dir: Path,
+        log_cap_bytes: int,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.reporter = reporter
+        self.log_dir = log_dir
+        self.log_cap_bytes = log_cap_bytes
+        self._lock = threading.Lock()
+        self._running: dict[tuple[int, int], _Attempt] = {}
+        # Attempts this agent has accepted (started or refused); a redelivered run_job for
+        # one of them does nothing. Stops that arrive before their run_job land here too.
+        self._seen: set[tuple[int, int]] = set()
+        self._stopped_early: set[tuple[int, int]] = set()
+        # Attempts that ended lately, with how they ended. Every heartbeat repeats them: a
+        # "finished" report lost with Redis or while the database was down is then applied
+        # from the next heartbeat, and their absence from "running" is never taken for a
+        # lost process.
+        self._recent: dict[tuple[int, int], tuple[float, dict[str, Any]]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._kill_leftovers()
+        self._start_watchdog()
+        self._register()
+        self._thread = threading.Thread(target=self._telemetry_loop, name="telemetry", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Shut down: running attempts get SIGTERM and the grace period, and are reported
+        PREEMPTED so they requeue without spending a retry."""
+        with self._lock:
+            attempts = list(self._running.values())
+        for attempt in attempts:
+            attempt.process.terminate("preempt", wait=False)
+        for attempt in attempts:
+            attempt.process.wait(self.settings.grace_s + 5)
+        self._stop.set()
+        if self._watchdog is not None and self._watchdog.stdin is not None:
+            self._watchdog.stdin.close()  # nothing left to kill: it exits
+            self._watchdog.wait(timeout=10)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.backend.close()
+
+    def _start_watchdog(self) -> None:
+        """A process that outlives us by design: when we die, it stops our jobs."""
+        self._watchdog = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "workers.agent.watchdog",
+                self.settings.name,
+                str(self.settings.grace_s),
+            ],
+            stdin=subprocess.PIPE,
+            start_new_session=True,  # Ctrl-C and group signals aimed at us must not reach it
+        )
+
+    def _kill_leftovers(self) -> None:
+        """Processes of ours that outlived a previous agent cannot be supervised (their exit
+        code would be lost): kill them and report the attempts lost, so they requeue."""
+        for leftover in find_leftover_processes(node=self.settings.name):
+            log.warning(
+                "killing leftover job %s attempt %s (pgid %d)",
+                leftover.job_id,
+                leftover.attempt,
+                leftover.pgid,
+            )
+            kill_process_group(leftover.pgid, self.settings.grace_s)
+            if leftover.job_id is not None and leftover.attempt is not None:
+                self.reporter.report(
+                    {
+                        "kind": "finished",
+                        "node": self.settings.name,
+                        "job_id": int(leftover.job_id),
+                        "attempt": int(leftover.attempt),
+                        "result": "LOST",
+                        "exit_code": None,
+                        "message": "agent restarted; the leftover process was killed",
+                    }
+                )
+
+    def _register(self) -> None:
+        info = self.backend.node_info()
+        self.reporter.report(
+            {
+                "kind": "register",
+                "node": self.settings.name,
+                "hostname": self.settings.address or info.hostname,
+                "labels": self.settings.labels,
+                "agent_version": AGENT_VERSION,
+                "backend": info.backend,
+                "message": f"driver {info.driver_version}",
+                "gpus": [
+                    {
+                        "index": g.index,
+                        "uuid": g.uuid,
+                        "model": g.model,
+                        "memory_total_mb": g.memory_total_mb,
+                        "nvlink_peers": list(g.nvlink_peers),
+                    }
+                    for g in info.gpus
+                ],
+            }
+        )
+
+    def _telemetry_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reporter.report(self.heartbeat(self.backend.sample()))
+            except Exception:  # a sampling bug must not kill the agent; it is logged
+                log.exception("telemetry sample failed")
+            self._stop.wait(self.settings.sample_interval_s)
+
+    # -- telemetry -------------------------------------------------------------------
+
+    def heartbeat(self, sample: NodeSample) -> dict[str, Any]:
+        """Readings per GPU, with each GPU process attributed to our job or marked foreign.
+
+        NVML has no per-process utilisation on most GPUs, so foreign utilisation is the
+        GPU's utilisation when only foreign processes use it, and its memory-weighted part
+        when our jobs share the GPU with them.
+        """
+        with self._lock:
+            ours = {a.process.pgid: key for key, a in self._running.items()}
+            running = [{"job_id": k[0], "attempt": k[1]} for k in self._running]
+            horizon = time.monotonic() - RECENT_S
+            self._recent = {k: v for k, v in self._recent.items() if v[0] >= horizon}
+            recent = [report for _, report in self._recent.values()]
+        gpus = []
+        for gpu in sample.gpus:
+            processes = []
+            foreign_mem = own_mem = 0
+            for proc in gpu.processes:
+                pgid = _pgid(proc.pid)
+                key = ours.get(pgid) if pgid is not None else None
+                memory = proc.used_memory_mb or 0
+                processes.append(
+                    {
+                        "pid": proc.pid,
+                        "used_memory_mb": proc.used_memory_mb,
+                        "job_id": key[0] if key else None,
+                    }
+                )
+                if key:
+                    own_mem += memory
+                else:
+                    foreign_mem += memory
+            util = gpu.util_sm_pct or 0.0
+            has_foreign = any(p["job_id"] is None for p in processes)
+            if not has_foreign:
+                foreign_util = 0.0
+            elif own_mem == 0:
+                foreign_util = util
+            else:
+                foreign_util = util * foreign_mem / max(1, foreign_mem + own_mem)
+            gpus.append(
+                {
+                    "index": gpu.index,
+                    "uuid": gpu.uuid,
+                    "healthy": gpu.healthy,
+                    "health_message": gpu.health_message,
+                    "util_pct": gpu.util_sm_pct,
+                    "memory_util_pct": gpu.util_mem_pct,
+                    "memory_used_mb": gpu.memory_used_mb,
+                    "temperature_c": gpu.temperature_c,
+                    "power_w": gpu.power_w,
+                    "processes": processes,
+                    "foreign_util_pct": foreign_util,
+                    "foreign_memory_mb": foreign_mem,
+                }
+            )
+        return {
+            "kind": "heartbeat",
+            "node": self.settings.name,
+            "interval_s": self.settings.sample_interval_s,
+            "gpus": gpus,
+            "running": running,
+            "recent": recent,
+        }
+
+    # -- jobs ------------------------------------------------------------------------
+
+    def run_job(self, payload: dict[str, Any]) -> str:
+        key = (int(payload["job_id"]), int(payload["attempt"]))
+        with self._lock:
+            if key in self._seen:
+                return "duplicate"  # a redelivered message for an attempt we already took
+            self._seen.add(key)
+            stopped_early = key in self._stopped_early
+        if stopped_early:
+            self._finished(key, "CANCELLED", None, "stopped before it started")
+            return "stopped"
+        launch = JobLaunch(
+            command=payload["command"],
+            workdir=payload.get("workdir") or tempfile.gettempdir(),
+            job_id=key[0],
+            attempt=key[1],
+            log_path=log_path(self.log_dir, *key),
+            gpu_indices=tuple(payload["gpu_indices"]),
+            env=payload.get("env") or {},
+            log_cap_bytes=self.log_cap_bytes,
+            max_runtime_s=payload.get("max_runtime_s"),
+            grace_s=self.settings.grace_s,
+            run_as_user=self.settings.run_as_user,
+            master_addr=payload.get("master_addr"),
+            master_port=payload.get("master_port"),
+            world_size=payload.get("world_size"),
+            node_rank=payload.get("node_rank", 0),
+            nproc_per_node=payload.get("nproc_per_node"),
+            node=self.settings.name,
+        )
+        try:
+            process = start_job(launch)
+        except LaunchError as exc:
+            self._finished(key, "FAILED", None, f"could not start: {exc}")
+            return "failed"
+        attach = getattr(self.backend, "attach_job", None)
+        if attach is not None and launch.gpu_indices:
+            attach(
+                process.pid,
+                launch.gpu_indices,
+                share=payload.get("share", 1.0),
+                memory_mb=payload.get("gpu_memory_mb"),
+            )
+        with self._lock:
+            self._running[key] = _Attempt(process=process, gpu_indices=launch.gpu_indices)
+        log.info(
+            "started job %s attempt %s on GPUs %s as pid %d",
+            key[0],
+            key[1],
+            ",".join(map(str, launch.gpu_indices)) or "-",
+            process.pid,
+            extra={"job_id": key[0], "attempt": key[1], "node": self.settings.name},
+        )
+        self.reporter.report(
+            {
+                "kind": "started",
+                "node": self.settings.name,
+                "job_id": key[0],
+                "attempt": key[1],
+                "pid": process.pid,
+            }
+        )
+        threading.Thread(
+            target=self._await_exit, args=(key, process), name=f"job-{key[0]}", daemon=True
+        ).start()
+        return "started"
+
+    def stop_job(self, payload: dict[str, Any]) -> str:
+        key = (int(payload["job_id"]), int(payload["attempt"]))
+        reason = payload.get("reason", "cancel")
+        with self._lock:
+            attempt = self._running.get(key)
+            if attempt is None and key not in self._seen:
+                self._stopped_early.add(key)
+                return "remembered"
+        if attempt is None:
+            return "not running"
+        attempt.process.terminate(reason, wait=False)
+        return "terminating"
+
+    def _await_exit(self, key: tuple[int, int], process: RunningProcess) -> None:
+        outcome = process.wait()
+        assert outcome is not None
+        detach = getattr(self.backend, "detach_job", None)
+        if detach is not None:
+            detach(process.pid)
+        with self._lock:
+            self._running.pop(key, None)
+        self._finished(key, classify(outcome), outcome.exit_code, outcome.describe())
+
+    def _finished(
+        self, key: tuple[int, int], result: str, exit_code: int | None, message: str
+    ) -> None:
+        log.info(
+            "job %s attempt %s %s: %s",
+            key[0],
+            key[1],
+            result,
+            message,
+            extra={"job_id": key[0], "attempt": key[1], "node": self.settings.name},
+        )
+        report = {
+            "kind": "finished",
+            "node": self.settings.name,
+            "job_id": key[0],
+            "attempt": key[1],
+            "result": result,
+            "exit_code": exit_code,
+            "message": message,
+        }
+        with self._lock:
+            self._recent[key] = (time.monotonic(), report)
+        self.reporter.report(report)
+
+    def running_count(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None

@@ -1,0 +1,191 @@
+"""The scheduler's Celery tasks: the cycle (beat + triggers), agents' reports, and
+reconciliation. Thin: each task opens a session, calls a domain function, commits, and
+only then sends messages."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+from celery import Celery
+from sqlalchemy.exc import OperationalError
+
+from app.batches.service import CHECK_INTERVAL_S as BATCH_CHECK_INTERVAL_S
+from app.batches.service import fire_due
+from app.config import Settings
+from app.cycle.reconcile import reconcile, reconcile_node_attempts
+from app.cycle.run import run_cycle
+from app.cycle.settings import SchedulerSettings
+from app.db import utcnow
+from app.jobs import reports
+from app.messaging import (
+    AGENT_REPORT,
+    COMPACT_TELEMETRY,
+    CYCLE_PENDING_KEY,
+    FIRE_BATCHES,
+    RECONCILE,
+    RUN_JOB,
+    SCHEDULE_CYCLE,
+    STOP_JOB,
+)
+from app.nodes.telemetry import TelemetryPolicy, compact_telemetry, ingest_heartbeat, register_node
+from workers.runtime import Runtime
+
+log = logging.getLogger("gpusched.scheduler")
+# Queue positions behind the head are refreshed this often (see app.cycle.apply).
+FULL_POSITIONS_EVERY_S = 5.0
+
+
+def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Celery:
+    runtime = Runtime(settings)
+    celery = runtime.celery
+    holder = f"{socket.gethostname()}:{id(runtime)}"
+    telemetry = TelemetryPolicy(foreign_util_threshold_pct=scheduler.foreign_util_threshold_pct)
+    # Cycles in this process run one after another: a trigger that arrives mid-cycle waits
+    # for it and then plans with fresh state, instead of being dropped by the lease.
+    cycle_lock = threading.Lock()
+    rerun = threading.Event()
+    started_at = utcnow()
+    last_full_positions = [datetime.min.replace(tzinfo=UTC)]
+
+    @celery.task(name=SCHEDULE_CYCLE)
+    def schedule_cycle() -> dict[str, Any]:
+        # Clear the trigger first: a submission arriving during this cycle queues one more.
+        try:
+            runtime.redis.delete(CYCLE_PENDING_KEY)
+        except Exception as exc:
+            log.warning("redis unavailable: %s", exc)
+        # One cycle at a time in this process. A trigger that arrives mid-cycle does not
+        # wait (it would hold a worker thread that agents' reports need): it asks the
+        # running cycle to go once more, with fresh state, when it is done.
+        if not cycle_lock.acquire(blocking=False):
+            rerun.set()
+            return {"placed": 0, "ran": False}
+        placed = 0
+        try:
+            while True:
+                rerun.clear()
+                now = utcnow()
+                full = (now - last_full_positions[0]).total_seconds() >= FULL_POSITIONS_EVERY_S
+                report = run_cycle(
+                    factory=runtime.factory,
+                    messenger=runtime.messenger,
+                    settings=scheduler,
+                    holder=holder,
+                    now=now,
+                    all_positions=full,
+                )
+                placed += report.placed
+                if full and report.ran:
+                    last_full_positions[0] = now
+                if not rerun.is_set():
+                    return {"placed": placed, "ran": report.ran}
+        finally:
+            cycle_lock.release()
+
+    # A report that meets a database outage is retried (not acknowledged and lost).
+    @celery.task(
+        name=AGENT_REPORT,
+        autoretry_for=(OperationalError,),
+        retry_backoff=1,
+        retry_backoff_max=30,
+        max_retries=None,
+    )
+    def agent_report(payload: dict[str, Any]) -> str:
+        kind = payload.get("kind")
+        with runtime.factory() as session:
+            if kind == "register":
+                register_node(session=session, payload=payload)
+                session.commit()
+                runtime.messenger.request_cycle()
+                return "registered"
+            if kind == "heartbeat":
+                now = utcnow()
+                ingest_heartbeat(session=session, payload=payload, policy=telemetry, now=now)
+                repairs = reconcile_node_attempts(
+                    session=session,
+                    node=payload["node"],
+                    running=payload.get("running", []),
+                    recent=payload.get("recent", []),
+                    now=now,
+                    grace_s=scheduler.dispatch_timeout_s,
+                )
+                session.commit()
+                if repairs.lost or repairs.finished:
+                    runtime.messenger.request_cycle()
+                for stop in repairs.stops:
+                    log.warning("stopping orphaned attempt %s on %s", stop.payload, stop.node)
+                    runtime.messenger.send_to_node(stop.node, STOP_JOB, stop.payload)
+                return "heartbeat"
+            if kind == "started":
+                applied = reports.job_started(session=session, payload=payload)
+            elif kind == "finished":
+                applied = reports.job_finished(session=session, payload=payload)
+            else:
+                log.error("unknown report kind %r", kind)
+                return "unknown"
+            session.commit()
+        context = {
+            "job_id": payload.get("job_id"),
+            "attempt": payload.get("attempt"),
+            "node": payload.get("node"),
+        }
+        if not applied.accepted:
+            log.info("ignored %s report: %s", kind, applied.why, extra=context)
+        else:
+            log.info(
+                "job %s attempt %s %s",
+                payload.get("job_id"),
+                payload.get("attempt"),
+                payload.get("result", kind),
+                extra=context,
+            )
+        if applied.job_finished:
+            runtime.messenger.request_cycle()
+        return "ok" if applied.accepted else "ignored"
+
+    @celery.task(name=RECONCILE)
+    def reconcile_task() -> dict[str, int]:
+        with runtime.factory() as session:
+            now = utcnow()
+            repairs = reconcile(
+                session=session,
+                now=now,
+                heartbeat_timeout_s=scheduler.heartbeat_timeout_s,
+                dispatch_timeout_s=scheduler.dispatch_timeout_s,
+                judge_nodes=(now - started_at).total_seconds() >= scheduler.heartbeat_timeout_s,
+            )
+        for dispatch in repairs.run:
+            runtime.messenger.send_to_node(
+                dispatch.node, RUN_JOB, dispatch.payload, expires_s=scheduler.dispatch_timeout_s
+            )
+        for stop in repairs.stop:
+            runtime.messenger.send_to_node(stop.node, STOP_JOB, stop.payload)
+        if repairs.lost_jobs:
+            runtime.messenger.request_cycle()
+        return {"lost": len(repairs.lost_jobs), "redispatched": len(repairs.run)}
+
+    @celery.task(name=COMPACT_TELEMETRY)
+    def compact_task() -> int:
+        with runtime.factory() as session:
+            folded = compact_telemetry(session=session, policy=telemetry, now=utcnow())
+            session.commit()
+        return folded
+
+    @celery.task(name=FIRE_BATCHES)
+    def fire_batches() -> dict[str, int]:
+        # Reads every enabled schedule from the database each time: API changes apply at
+        # once; the unique (schedule, fire time) row makes repeats and rival beats harmless.
+        report = fire_due(factory=runtime.factory, now=utcnow(), messenger=runtime.messenger)
+        return {"firings": len(report.firings), "jobs": len(report.submitted_jobs)}
+
+    celery.conf.beat_schedule = {
+        "cycle": {"task": SCHEDULE_CYCLE, "schedule": scheduler.interval_s},
+        "reconcile": {"task": RECONCILE, "schedule": scheduler.reconcile_interval_s},
+        "compact-telemetry": {"task": COMPACT_TELEMETRY, "schedule": 60.0},
+        "fire-batches": {"task": FIRE_BATCHES, "schedule": BATCH_CHECK_INTERVAL_S},
+    }
+    return celery

@@ -1,0 +1,47 @@
+"""Starting the scheduler's Celery worker (with embedded beat for a single-host setup)."""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import start_http_server
+
+from app.config import Settings
+from app.cycle.settings import SchedulerSettings
+from app.logs import configure_logging
+from workers.scheduler import build_scheduler_app
+
+log = logging.getLogger("gpusched.scheduler")
+
+
+def run_scheduler_worker(settings: Settings, scheduler: SchedulerSettings, *, beat: bool) -> None:
+    configure_logging()
+    celery = build_scheduler_app(settings, scheduler)
+    if scheduler.metrics_port:
+        # Cycle durations and dispatch failures live in this process only.
+        try:
+            start_http_server(scheduler.metrics_port, addr=settings.host)
+        except OSError as exc:  # e.g. a second scheduler on this host: run without metrics
+            log.warning("scheduler metrics not served on port %d: %s", scheduler.metrics_port, exc)
+    argv = [
+        "worker",
+        "--queues",
+        "scheduler,reports",
+        # Threads: reports are handled while a cycle runs; cycles themselves serialise on a
+        # lock (and across processes on the database lease).
+        "--pool",
+        "threads",
+        "--concurrency",
+        "4",
+        "--hostname",
+        "scheduler@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--loglevel",
+        "INFO",
+    ]
+    if beat:
+        schedule_file = settings.data_dir.resolve() / "celerybeat-schedule"
+        argv += ["--beat", "--schedule", str(schedule_file)]
+    celery.worker_main(argv)
