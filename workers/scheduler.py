@@ -16,7 +16,7 @@ from sqlalchemy.exc import OperationalError
 from app.batches.service import CHECK_INTERVAL_S as BATCH_CHECK_INTERVAL_S
 from app.batches.service import fire_due
 from app.config import Settings
-from app.cycle.reconcile import reconcile, reconcile_node_attempts
+from app.cycle.reconcile import SilenceJudge, reconcile, reconcile_node_attempts
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
@@ -48,7 +48,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
     # for it and then plans with fresh state, instead of being dropped by the lease.
     cycle_lock = threading.Lock()
     rerun = threading.Event()
-    started_at = utcnow()
+    silence = SilenceJudge(heartbeat_timeout_s=scheduler.heartbeat_timeout_s)
     last_full_positions = [datetime.min.replace(tzinfo=UTC)]
 
     @celery.task(name=SCHEDULE_CYCLE)
@@ -156,7 +156,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                 now=now,
                 heartbeat_timeout_s=scheduler.heartbeat_timeout_s,
                 dispatch_timeout_s=scheduler.dispatch_timeout_s,
-                judge_nodes=(now - started_at).total_seconds() >= scheduler.heartbeat_timeout_s,
+                judge_nodes=silence.may_judge(now),
             )
         for dispatch in repairs.run:
             runtime.messenger.send_to_node(

@@ -68,8 +68,8 @@ def reconcile(
     dispatch_timeout_s: float,
     judge_nodes: bool = True,
 ) -> Repairs:
-    """`judge_nodes=False` right after the scheduler (re)starts: heartbeats that arrived
-    while it was down wait in Redis, so silence is not yet evidence of a dead node."""
+    """`judge_nodes=False` while silence is not yet evidence of a dead node (see
+    SilenceJudge)."""
     repairs = Repairs()
     stale_before = now - timedelta(seconds=heartbeat_timeout_s)
     if judge_nodes:
@@ -99,6 +99,31 @@ def reconcile(
     if repairs.lost_nodes or repairs.lost_jobs:
         log.warning("nodes not ready: %s; jobs lost: %s", repairs.lost_nodes, repairs.lost_jobs)
     return repairs
+
+
+@dataclass
+class SilenceJudge:
+    """Whether a node's silence is evidence against the node, as seen from one scheduler.
+
+    Heartbeats travel through Redis to this process. After it (re)starts, or after a gap
+    in its own reconcile runs (a Redis outage, a paused process), heartbeats may be late
+    through no fault of the nodes; only a full heartbeat timeout of continuous service
+    later does silence count again. Otherwise a broker outage would declare every node
+    dead and run all their jobs twice.
+    """
+
+    heartbeat_timeout_s: float
+    _last_run: datetime | None = None
+    _trusted_from: datetime | None = None
+
+    def may_judge(self, now: datetime) -> bool:
+        if self._last_run is None or (now - self._last_run).total_seconds() > (
+            self.heartbeat_timeout_s
+        ):
+            self._trusted_from = now
+        self._last_run = now
+        assert self._trusted_from is not None
+        return (now - self._trusted_from).total_seconds() >= self.heartbeat_timeout_s
 
 
 @dataclass

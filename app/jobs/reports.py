@@ -36,7 +36,14 @@ class Applied:
 
 
 def _current(session: Session, job_id: int, attempt: int) -> tuple[Job | None, str]:
-    job = session.scalar(select(Job).where(Job.id == job_id).with_for_update())
+    # populate_existing: the caller may hold this job from an unlocked read (the heartbeat
+    # reconciliation does); the locked row, not that copy, decides what the report changes.
+    job = session.scalar(
+        select(Job)
+        .where(Job.id == job_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
     if job is None:
         return None, f"job {job_id} does not exist"
     if job.attempt != attempt:

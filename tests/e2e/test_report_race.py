@@ -138,3 +138,31 @@ def test_concurrent_started_and_finished_reports_keep_history_whole(
     ]
     # Requeued for its retry, its GPU released, one event per change.
     assert (status, steps, len(active)) == ("PENDING", expected, 0)
+
+
+def test_a_report_applied_from_a_stale_copy_of_the_job_changes_nothing(
+    factory: sessionmaker[Session],
+) -> None:
+    """The heartbeat reconciliation reads the node's jobs without a lock, then applies a
+    "started" for each one the agent runs. On PostgreSQL the direct "started" report can
+    commit between that read and the locked read in `job_started`; the session then holds
+    a stale SCHEDULED copy. (Seen end-to-end with two schedulers: RUNNING twice for one
+    attempt.) Here the stale copy is kept across a commit, which the session allows."""
+    job_id, attempt = _scheduled_job(factory)
+    base = {"node": "n1", "job_id": job_id, "attempt": attempt}
+    with factory() as heartbeat:
+        stale = heartbeat.get(Job, job_id)
+        assert stale is not None and stale.status == "SCHEDULED"
+        heartbeat.commit()  # expire_on_commit=False: the copy stays as it was
+        with factory() as direct:
+            assert reports.job_started(session=direct, payload={**base, "pid": 7}).accepted
+            direct.commit()
+        reports.job_started(session=heartbeat, payload=base)
+        heartbeat.commit()
+    with factory() as session:
+        running = session.scalars(
+            select(JobEvent.reason).where(
+                JobEvent.job_id == job_id, JobEvent.to_status == "RUNNING"
+            )
+        ).all()
+    assert running == ["started as pid 7"]

@@ -379,7 +379,8 @@ def verify(stack: Stack, job_ids: list[int], *, runs: Path | None = None) -> Ver
             pending += 1
         elif job["status"] != "SUCCEEDED":
             lost.append(f"{job_id}: {job['status']} (attempt {job['attempt']})")
-        problems = _attempt_overlaps(stack.events(job_id))
+        events = stack.events(job_id)
+        problems = _attempt_overlaps(events)
         runs_of = markers.get(job_id, [])
         starts = [(a, n) for a, kind, _, n in runs_of if kind == "s"]
         if len(starts) != len(set(starts)) or len({a for a, _ in starts}) != len(starts):
@@ -388,7 +389,11 @@ def verify(stack: Stack, job_ids: list[int], *, runs: Path | None = None) -> Ver
         if len(ends) > 1:
             reruns[job_id] = ends
         if problems:
-            duplicated.append(f"{job_id}: {'; '.join(problems)}")
+            history = ", ".join(
+                f"{e['attempt']}:{e['to_status']} at {e['at']} by {e['actor']} ({e['reason']})"
+                for e in events
+            )
+            duplicated.append(f"{job_id}: {'; '.join(problems)}; history: {history}")
     return Verdict(
         submitted=len(wanted),
         lost=lost,

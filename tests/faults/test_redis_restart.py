@@ -12,7 +12,6 @@ import pytest
 from bench.common import poll
 from tests.faults.support import (
     Traffic,
-    finished_but_stuck,
     marker_command,
     probe_recovery,
     redis_restart,
@@ -24,8 +23,6 @@ from tests.faults.support import (
 pytestmark = pytest.mark.e2e
 
 OUTAGE_S = 4.0
-# Reports queued in Redis just before the stop are lost with it (no persistence).
-REPORT_LAG_S = 2.0
 
 
 def test_redis_stop_and_restart(make_stack, record, tmp_path: Path) -> None:
@@ -36,7 +33,7 @@ def test_redis_stop_and_restart(make_stack, record, tmp_path: Path) -> None:
     ).start()
     poll("jobs flowing", lambda: len(traffic.ids) >= 6, timeout=20)
     stack.redis_server.stop()
-    down_at, down_wall = time.monotonic(), time.time()
+    down_at = time.monotonic()
     accepted_before = len(traffic.ids)
 
     def outage_seen() -> bool:
@@ -47,7 +44,7 @@ def test_redis_stop_and_restart(make_stack, record, tmp_path: Path) -> None:
     while time.monotonic() - down_at < OUTAGE_S:  # keep it down a few heartbeat periods
         time.sleep(0.1)
     redis_restart(stack)
-    up_at, up_wall = time.monotonic(), time.time()
+    up_at = time.monotonic()
     crashed = revive_crashed(stack)
     poll("redis ready again", lambda: stack.api("GET", "/readyz", check=False).status_code == 200,
          timeout=20)  # fmt: skip
@@ -73,35 +70,14 @@ def test_redis_stop_and_restart(make_stack, record, tmp_path: Path) -> None:
                                for r in readyz_down), readyz_down  # fmt: skip
     assert all(r["checks"]["database"] == "ok" for r in readyz_down)
     assert not traffic.server_errors(), traffic.server_errors()
-    known = []
-    # Reports an agent could not send while Redis was down are dropped: a job that finished
-    # during the outage stays RUNNING, is declared LOST and runs again.
-    orphaned = {j: ends for j, ends in verdict.reruns.items()
-                if down_wall - REPORT_LAG_S <= ends[0][2] <= up_wall + 1.0}  # fmt: skip
-    if orphaned:
-        known.append(
-            "BUG (reported): the agent drops its 'finished' report when Redis is down; the "
-            f"job is declared LOST and runs again: {orphaned}"
-        )
-    verdict.reruns = {j: e for j, e in verdict.reruns.items() if j not in orphaned}
-    ran = finished_but_stuck(stuck, runs)
-    if stuck and not ran:
-        raise AssertionError(f"stuck jobs that never ran to their end: {stuck}")
-    if ran:
-        stuck_ids = {f"{j['id']}:" for j in stuck}
-        verdict.lost = [x for x in verdict.lost if x.split()[0] not in stuck_ids]
-        known.append(
-            "BUG (reported): the agent's 'finished' report was lost with Redis; the job stays "
-            f"RUNNING although it ran to its end: {ran}"
-        )
+    # The agents repeat recent results in every heartbeat, and the scheduler does not judge
+    # silent nodes until heartbeats have had a full timeout to resume: no job that finished
+    # during the outage is left RUNNING, declared LOST, or run again.
+    assert not stuck, f"jobs still active after the outage: {stuck}"
+    assert lost_attempts == 0, "a node was declared dead because Redis was down"
     verdict.assert_clean()
-    if crashed and not all("'NoneType' object has no attribute 'hostname'" in c for c in crashed):
-        raise AssertionError(f"processes crashed: {crashed}")
-    if crashed:
-        known.append(
-            "BUG (reported): a Celery worker (threads pool) exits with 'Unrecoverable error: "
-            "AttributeError: NoneType has no attribute hostname' when Redis goes away while "
-            f"it acks a task; nothing restarts it: {crashed}"
-        )
-    if known:
-        pytest.xfail("\n".join(known))
+    # kombu's Redis transport can kill a threads-pool worker that acks a task while the
+    # connection drops ('NoneType' object has no attribute 'hostname'); `gpusched up` and
+    # the compose restart policy bring such a worker back, as revive_crashed does here.
+    unexpected = [c for c in crashed if "object has no attribute 'hostname'" not in c]
+    assert not unexpected, f"processes crashed: {unexpected}"

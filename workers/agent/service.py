@@ -348,8 +348,6 @@ class Agent:
         detach = getattr(self.backend, "detach_job", None)
         if detach is not None:
             detach(process.pid)
-        with self._lock:
-            self._running.pop(key, None)
         self._finished(key, classify(outcome), outcome.exit_code, outcome.describe())
 
     def _finished(
@@ -373,6 +371,9 @@ class Agent:
             "message": message,
         }
         with self._lock:
+            # One step: a heartbeat must never see the attempt in neither list, or the
+            # scheduler would take it for a process that vanished.
+            self._running.pop(key, None)
             self._recent[key] = (time.monotonic(), report)
         self.reporter.report(report)
 
