@@ -151,12 +151,26 @@ def read_snapshot(
     attained: dict[int, float] = defaultdict(float)
     placements: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     shares: dict[int, int] = {}
+    # Plain columns, not ORM objects: a busy day leaves thousands of finished allocations
+    # inside the horizon, and this runs every cycle.
     alloc_rows = session.execute(
-        select(Allocation, Job.project_id, Job.status, Job.attempt)
+        select(
+            Allocation.job_id,
+            Allocation.attempt,
+            Allocation.node_id,
+            Allocation.gpu_id,
+            Allocation.share_milli,
+            Allocation.created_at,
+            Allocation.released_at,
+            Job.project_id,
+            Job.status,
+            Job.attempt.label("job_attempt"),
+        )
         .join(Job, Job.id == Allocation.job_id)
         .where((Allocation.released_at.is_(None)) | (Allocation.released_at >= horizon))
     ).all()
-    for alloc, project_id, status, attempt in alloc_rows:
+    for alloc in alloc_rows:
+        project_id, status, attempt = alloc.project_id, alloc.status, alloc.job_attempt
         end = alloc.released_at or now
         gpu_s = max(0.0, (end - alloc.created_at).total_seconds()) * alloc.share_milli / 1000
         if alloc.gpu_id is not None:

@@ -1,0 +1,85 @@
+"""Phase 1 against a real database: what the pure core is told about usage and placements."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from app.cycle.snapshot import read_snapshot
+from app.db import utcnow
+from app.jobs.models import Allocation, Job
+from app.nodes.models import Gpu
+from tests.foundation.builders import add_node
+
+HALF_LIFE_S = 3600.0
+
+
+def _submit(api, user="alice", **body):
+    body.setdefault("command", ["train"])
+    r = api.client.post("/api/v1/jobs", json=body, headers=api.as_(user))
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def test_usage_attained_service_and_placements_come_from_allocations(api):
+    add_node(api.factory, "n1", gpus=2)
+    finished_job, running_job, waiting_job = _submit(api), _submit(api), _submit(api)
+    now = utcnow()
+    with api.factory() as session:
+        gpu = {g.index: g for g in session.scalars(select(Gpu))}
+        # One finished attempt: 1 GPU for 2 h, ended one half-life ago (counts half).
+        finished = session.get(Job, finished_job)
+        finished.status, finished.attempt = "SUCCEEDED", 1
+        session.add(
+            Allocation(
+                job_id=finished_job,
+                attempt=1,
+                node_id=gpu[0].node_id,
+                gpu_id=gpu[0].id,
+                share_milli=1000,
+                created_at=now - timedelta(hours=3),
+                released_at=now - timedelta(hours=1),
+            )
+        )
+        # The waiting job ran a half-GPU attempt for 1 h before being preempted.
+        waiting = session.get(Job, waiting_job)
+        waiting.attempt = 1
+        session.add(
+            Allocation(
+                job_id=waiting_job,
+                attempt=1,
+                node_id=gpu[1].node_id,
+                gpu_id=gpu[1].id,
+                share_milli=500,
+                created_at=now - timedelta(hours=2),
+                released_at=now - timedelta(hours=1),
+            )
+        )
+        # The running job holds GPU 1 since 30 min.
+        running = session.get(Job, running_job)
+        running.status, running.attempt = "RUNNING", 1
+        running.started_at = now - timedelta(minutes=30)
+        session.add(
+            Allocation(
+                job_id=running_job,
+                attempt=1,
+                node_id=gpu[1].node_id,
+                gpu_id=gpu[1].id,
+                share_milli=1000,
+                created_at=now - timedelta(minutes=30),
+            )
+        )
+        session.commit()
+        ctx = read_snapshot(session=session, now=now, half_life_s=HALF_LIFE_S)
+
+    usage = {p.name: p.usage_gpu_s for p in ctx.snapshot.projects}
+    # 2 h x 1 GPU x 0.5 + 1 h x 0.5 GPU x 0.5 + 0.5 h x 1 GPU (running: no decay yet)
+    assert usage["ml"] == pytest.approx(3600 + 900 + 1800, rel=1e-3)
+    assert [j.id for j in ctx.snapshot.pending] == [waiting_job]
+    assert ctx.snapshot.pending[0].attained_gpu_s == pytest.approx(1800, rel=1e-3)
+    assert [(r.job.id, r.placement) for r in ctx.snapshot.running] == [
+        (running_job, (("n1", (1,)),))
+    ]
+    assert ctx.pending_attempts == {waiting_job: 1}
