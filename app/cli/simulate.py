@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from app.cli.client import EXIT_USAGE, CliError
+from app.simulator.energy import DEFAULT_GPU_WATTS
 
 
 def simulate(
@@ -21,6 +22,27 @@ def simulate(
         float, typer.Option(help="Divide inter-arrival times by K to raise the load", min=0.001)
     ] = 1.0,
     json_: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+    windows: Annotated[
+        Path | None,
+        typer.Option(help="JSON list of off-peak windows, each a POST /windows body"),
+    ] = None,
+    tariff: Annotated[
+        Path | None,
+        typer.Option(help="Time-of-use tariff JSON (the GPUSCHED_TARIFF_FILE format)"),
+    ] = None,
+    offpeak_fraction: Annotated[
+        float,
+        typer.Option(help="Share of trace jobs (seeded draw) submitted off-peak", min=0, max=1),
+    ] = 0.0,
+    gpu_watts: Annotated[
+        float,
+        typer.Option(help="Power of one busy GPU, for energy (700: H100 SXM limit)", min=0),
+    ] = DEFAULT_GPU_WATTS,
+    seed: Annotated[int, typer.Option(help="Seed for the off-peak draw and tie-breaks")] = 0,
+    start: Annotated[
+        str | None,
+        typer.Option(help="Instant of trace time 0, ISO 8601 with offset (default 2026-01-01Z)"),
+    ] = None,
 ) -> None:
     """Discrete-event simulation of a trace: JCT, queueing, makespan, utilisation, bounds."""
     from app.simulator.cli import run_simulation_cli
@@ -29,7 +51,18 @@ def simulate(
         raise CliError(f"no trace file at {trace}", EXIT_USAGE)
     try:
         output = run_simulation_cli(
-            trace, nodes, gpus_per_node, None if policy == "all" else policy, time_scale, json_
+            trace,
+            nodes,
+            gpus_per_node,
+            None if policy == "all" else policy,
+            time_scale,
+            json_,
+            windows_file=windows,
+            tariff_file=tariff,
+            offpeak_fraction=offpeak_fraction,
+            gpu_watts=gpu_watts,
+            seed=seed,
+            start=start,
         )
     except (ValueError, KeyError) as exc:
         raise CliError(f"cannot simulate {trace}: {exc}", EXIT_USAGE) from None

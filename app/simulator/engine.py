@@ -1,9 +1,17 @@
 """Discrete-event trace simulator driven by the real `plan_cycle`.
 
-Events are job arrivals and job completions; the scheduler is asked for a plan
-at each distinct event time (never on a fixed tick), and its plan is applied
-exactly: placements start jobs, preemptions stop them (they resume later with
-their remaining work, as from a checkpoint, and keep their attained service).
+Events are job arrivals and job completions, and off-peak window openings and
+closings; the scheduler is asked for a plan at each distinct event time (never
+on a fixed tick), and its plan is applied exactly: placements start jobs,
+preemptions stop them (they resume later with their remaining work, as from a
+checkpoint, and keep their attained service).
+
+Off-peak windows are handled as in the live cycle (`app/cycle/run.py`): the
+strictest window's `capacity_outside_fraction` bounds off-peak jobs outside
+every window, and when a window closes `window_close_preemptions` stops its
+preemptible off-peak jobs, which wait in the queue for the next opening. Window
+specs are turned into intervals on a real calendar (`epoch` is a real instant),
+so zones and daylight-saving changes apply.
 
 What the scheduler is told about a job (the honest part): GPU count and share,
 user, job name and VC. Not its duration. `estimated_runtime_s` is the median
@@ -29,6 +37,7 @@ from app.scheduling import (
     GpuView,
     JobView,
     NodeView,
+    Placement,
     PolicySettings,
     ProjectView,
     RunningJobView,
@@ -38,11 +47,19 @@ from app.scheduling import (
     plan_cycle,
     predict_runtime,
 )
+from app.scheduling.window_close import window_close_preemptions
+from app.simulator.energy import DEFAULT_GPU_WATTS, GpuRun, energy_use
 from app.simulator.trace import TraceJob
+from app.simulator.windows import WindowTimeline
+from app.windows.calendar import WindowSpec
+from app.windows.tariff import Tariff
 
 SIM_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 FAIR_SHARE_HALF_LIFE_S = 7 * 86400.0
 _HISTORY_KEEP = 50  # recent runs per (user, job name) kept for the runtime median
+
+# Event kinds, in the order they are handled at one instant (all before the plan).
+_END, _ARRIVAL, _WINDOW_EDGE, _REPLAN = 0, 1, 2, 3
 
 
 @dataclass(slots=True)
@@ -59,9 +76,19 @@ class SimResult:
     preemptions: int
     per_vc: dict[str, float]
     lower_bounds: dict[str, float]
+    offpeak_jobs: int = 0
+    # Of `preemptions`, those made because an off-peak window closed.
+    window_preemptions: int = 0
+    # Run time x GPU-equivalents x watts; cost (None without a tariff) at the prices in
+    # force while the GPUs ran, and the same energy at the tariff's highest price.
+    energy_wh: float = 0.0
+    cost: float | None = None
+    cost_at_peak: float | None = None
     # Not part of to_json: per-job JCTs (for CDF charts) and skipped job ids.
     jcts: list[float] = field(default_factory=list, repr=False)
     skipped_ids: list[str] = field(default_factory=list, repr=False)
+    # Not part of to_json either: every stretch a job ran, in the order they ended.
+    runs: list[GpuRun] = field(default_factory=list, repr=False)
     cycles: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -78,6 +105,11 @@ class SimResult:
             "preemptions": self.preemptions,
             "per_vc": dict(self.per_vc),
             "lower_bounds": dict(self.lower_bounds),
+            "offpeak_jobs": self.offpeak_jobs,
+            "window_preemptions": self.window_preemptions,
+            "energy_wh": self.energy_wh,
+            "cost": self.cost,
+            "cost_at_peak": self.cost_at_peak,
         }
 
 
@@ -124,15 +156,34 @@ def simulate(
     seed: int = 0,
     windows: Sequence[WindowInterval] | None = None,
     settings: PolicySettings | None = None,
+    window_specs: Sequence[WindowSpec] | None = None,
+    tariff: Tariff | None = None,
+    gpu_watts: float = DEFAULT_GPU_WATTS,
+    epoch: datetime = SIM_EPOCH,
 ) -> SimResult:
     """Replay a trace on `nodes` x `gpus_per_node` GPUs under a queue policy.
 
     Arrival times are divided by `time_scale` (2.0 = arrivals twice as dense);
     durations are not scaled. Jobs that could never fit the cluster are skipped.
+    Time 0 of the trace is `epoch` (timezone-aware).
+
+    Trace jobs marked `offpeak` wait for a window of `window_specs` (turned into
+    intervals along the simulated calendar) or of the fixed `windows` intervals;
+    only spec windows carry `preempt_on_close` and `capacity_outside_fraction`.
     """
     if time_scale <= 0:
         raise ValueError("time_scale must be positive")
+    if epoch.tzinfo is None or epoch.utcoffset() is None:
+        raise ValueError("epoch must be timezone-aware")
+    epoch = epoch.astimezone(UTC)
+    specs = tuple(window_specs or ())
     base = settings or PolicySettings()
+    if specs:
+        # As the live cycle does: the strictest window bounds off-peak jobs outside windows.
+        base = replace(
+            base, offpeak_outside_fraction=min(s.capacity_outside_fraction for s in specs)
+        )
+    preempt_on_close = frozenset(s.name for s in specs if s.preempt_on_close)
     settings = replace(
         base,
         queue_policy=policy,  # type: ignore[arg-type]
@@ -143,7 +194,7 @@ def simulate(
     node_names = [f"n{i:04d}" for i in range(nodes)]
     alloc: dict[str, list[int]] = {n: [0] * gpus_per_node for n in node_names}
     node_cache: dict[str, NodeView] = {}
-    idle_since = SIM_EPOCH - timedelta(days=1)
+    idle_since = epoch - timedelta(days=1)
 
     def node_view(name: str) -> NodeView:
         nv = node_cache.get(name)
@@ -152,7 +203,7 @@ def simulate(
             peers = tuple(range(gpus_per_node))
             nv = NodeView(
                 name=name,
-                heartbeat_at=SIM_EPOCH,
+                heartbeat_at=epoch,
                 gpus=tuple(
                     GpuView(
                         index=i,
@@ -161,7 +212,7 @@ def simulate(
                         memory_total_mb=81920,
                         memory_used_mb=0,
                         util_pct=0.0,
-                        telemetry_at=SIM_EPOCH,
+                        telemetry_at=epoch,
                         idle_since=idle_since,
                         temperature_c=40.0,
                         allocated_milli=row[i],
@@ -175,8 +226,9 @@ def simulate(
 
     jobs: dict[int, _Job] = {}
     skipped: list[str] = []
-    events: list[tuple[float, int, int, int]] = []  # (time, kind 0=end 1=arrival, job, version)
+    events: list[tuple[float, int, int, int]] = []  # (time, kind, job, version)
     vcs: set[str] = set()
+    offpeak_jobs = 0
     for n, tj in enumerate(trace_jobs):
         n_nodes, per_node = shape_for(tj.gpu_num, gpus_per_node)
         if n_nodes > nodes or tj.gpu_num < 0:
@@ -192,27 +244,47 @@ def simulate(
             gpus=per_node,
             gpu_share=share,
             nodes=n_nodes,
-            submitted_at=SIM_EPOCH + timedelta(seconds=arrival),
+            submitted_at=epoch + timedelta(seconds=arrival),
             preemptible=True,
+            schedule_mode="offpeak" if tj.offpeak else "now",
         )
+        offpeak_jobs += tj.offpeak
         jobs[n] = _Job(tj, view, arrival, tj.duration)
         vcs.add(tj.vc)
-        heapq.heappush(events, (arrival, 1, n, 0))
+        heapq.heappush(events, (arrival, _ARRIVAL, n, 0))
+    timeline = WindowTimeline(specs, epoch=epoch, extra=windows or ())
+    if offpeak_jobs and timeline.empty:
+        raise ValueError("off-peak jobs need at least one window")
 
     history: dict[tuple[str, str], tuple[float, ...]] = {}
     usage: dict[str, float] = dict.fromkeys(vcs, 0.0)
     pending: dict[int, JobView] = {}
     running: dict[int, RunningJobView] = {}
     preemptions = 0
+    window_preemptions = 0
     cycles = 0
     last_t = 0.0
     total_gpus = nodes * gpus_per_node
-    window_t = tuple(windows or ())
+    arrivals_left = len(jobs)
+    gpu_runs: list[GpuRun] = []
 
     def gpu_use(rv: RunningJobView) -> float:
         return rv.job.total_gpus * min(1.0, rv.share)
 
+    def stop(jid: int, t: float) -> RunningJobView:
+        rv = running.pop(jid)
+        job = jobs[jid]
+        assert job.started is not None
+        gpu_runs.append(GpuRun(job.trace.job_id, job.started, t, gpu_use(rv)))
+        _free(rv, alloc, node_cache)
+        return rv
+
     while events:
+        if not arrivals_left and not pending and not running:
+            break  # only window edges left: nothing more to schedule
+        # Edges first: on the first call they may precede the first job event.
+        for edge in timeline.extend(epoch + timedelta(seconds=events[0][0])):
+            heapq.heappush(events, ((edge - epoch).total_seconds(), _WINDOW_EDGE, -1, 0))
         t = events[0][0]
         # Fair-share usage: decay, then add what ran since the last event.
         dt = t - last_t
@@ -223,10 +295,15 @@ def simulate(
                 usage[rv.job.project] += gpu_use(rv) * dt
         last_t = t
         arrivals = False
+        window_edge = False
         while events and events[0][0] == t:
             _, kind, jid, version = heapq.heappop(events)
+            if kind in (_WINDOW_EDGE, _REPLAN):
+                window_edge = True
+                continue
             job = jobs[jid]
-            if kind == 1:
+            if kind == _ARRIVAL:
+                arrivals_left -= 1
                 view = job.view
                 pred = predict_runtime(history, view)
                 if pred is not None:
@@ -236,37 +313,56 @@ def simulate(
                 continue
             if version != job.version or jid not in running:
                 continue  # completion of a run that was preempted
-            rv = running.pop(jid)
-            _free(rv, alloc, node_cache)
+            stop(jid, t)
             job.end = t
             job.remaining = 0.0
             hkey = (job.trace.user, job.trace.jobname)
             history[hkey] = (*history.get(hkey, ())[-(_HISTORY_KEEP - 1) :], job.trace.duration)
-        if arrivals and not events_free(alloc) and settings.queue_policy != "las" and running:
+        if (
+            arrivals
+            and not window_edge
+            and not events_free(alloc)
+            and settings.queue_policy != "las"
+            and running
+        ):
             # Cluster full and no policy that preempts on arrival: nothing can change.
             continue
-        if not pending:
+        if not pending and not (window_edge and running):
             continue
-        now = SIM_EPOCH + timedelta(seconds=t)
+        now = epoch + timedelta(seconds=t)
         snapshot = Snapshot(
             nodes=tuple(node_view(n) for n in node_names),
             pending=tuple(pending.values()),
             running=tuple(running.values()),
             projects=tuple(ProjectView(name=vc, usage_gpu_s=usage[vc]) for vc in sorted(vcs)),
-            windows=window_t,
+            windows=timeline.around(now),
             runtime_history=history,
         )
-        plan = plan_cycle(snapshot, now=now, settings=settings, seed=seed)
-        cycles += 1
-        for pre in plan.preemptions:
-            rv = running.pop(pre.victim_job_id)
-            job = jobs[pre.victim_job_id]
+        victims: list[int] = []
+        placements: tuple[Placement, ...] = ()
+        if pending:
+            plan = plan_cycle(snapshot, now=now, settings=settings, seed=seed)
+            cycles += 1
+            placements = plan.placements
+            victims = [p.victim_job_id for p in plan.preemptions]
+        closing: list[int] = []
+        if window_edge and preempt_on_close:
+            # The same rule as the live cycle, applied after its plan, as there.
+            closing = [
+                p.victim_job_id
+                for p in window_close_preemptions(
+                    snapshot.running, snapshot.windows, now=now, preempt_on_close=preempt_on_close
+                )
+                if p.victim_job_id not in victims
+            ]
+        for victim in (*victims, *closing):
+            job = jobs[victim]
             assert job.started is not None
             ran = t - job.started
             job.remaining = max(0.0, job.remaining - ran)
             job.version += 1
+            rv = stop(victim, t)
             job.started = None
-            _free(rv, alloc, node_cache)
             pending[rv.job.id] = replace(
                 rv.job,
                 attempt=rv.job.attempt + 1,
@@ -274,7 +370,12 @@ def simulate(
                 attained_gpu_s=rv.job.attained_gpu_s + ran * gpu_use(rv),
             )
             preemptions += 1
-        for pl in plan.placements:
+        window_preemptions += len(closing)
+        if closing:
+            # The GPUs they held are free now; plan again at once rather than leave
+            # them idle until the next arrival or completion.
+            heapq.heappush(events, (t, _REPLAN, -1, 0))
+        for pl in placements:
             view = pending.pop(pl.job_id)
             job = jobs[pl.job_id]
             rv = RunningJobView(
@@ -296,13 +397,21 @@ def simulate(
             job.started = t
             if job.first_start is None:
                 job.first_start = t
-            heapq.heappush(events, (t + job.remaining, 0, pl.job_id, job.version))
+            heapq.heappush(events, (t + job.remaining, _END, pl.job_id, job.version))
 
     if pending or running:
         raise RuntimeError(
             f"simulation stalled with {len(pending)} pending, {len(running)} running"
         )
-    return _result(policy, jobs, skipped, preemptions, total_gpus, cycles)
+    result = _result(policy, jobs, skipped, preemptions, total_gpus, cycles)
+    used = energy_use(gpu_runs, epoch=epoch, gpu_watts=gpu_watts, tariff=tariff)
+    result.offpeak_jobs = sum(j.trace.offpeak for j in jobs.values() if j.end is not None)
+    result.window_preemptions = window_preemptions
+    result.energy_wh = used.energy_wh
+    result.cost = used.cost
+    result.cost_at_peak = used.cost_at_peak
+    result.runs = gpu_runs
+    return result
 
 
 def events_free(alloc: dict[str, list[int]]) -> bool:

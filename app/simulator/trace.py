@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 COLUMNS = ("job_id", "user", "vc", "jobname", "gpu_num", "gpu_milli", "submit_time", "duration")
@@ -19,6 +21,9 @@ class TraceJob:
     gpu_milli: int
     submit_time: float
     duration: float
+    # Not in trace files: set by `mark_offpeak` to submit the job with schedule mode
+    # "offpeak" (it waits for an off-peak window).
+    offpeak: bool = False
 
 
 def read_trace(path: Path | str) -> list[TraceJob]:
@@ -43,3 +48,16 @@ def read_trace(path: Path | str) -> list[TraceJob]:
         ]
     jobs.sort(key=lambda j: j.submit_time)
     return jobs
+
+
+def mark_offpeak(jobs: Sequence[TraceJob], *, fraction: float, seed: int) -> list[TraceJob]:
+    """The same jobs, a seeded random `fraction` of them (rounded) marked off-peak.
+
+    Traces record no schedule mode, so which jobs a user would have sent off-peak
+    is drawn at random; the same seed marks the same jobs, so runs with and
+    without windows or tariffs compare the same workload.
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError("off-peak fraction must be within 0..1")
+    chosen = set(random.Random(seed).sample(range(len(jobs)), round(fraction * len(jobs))))
+    return [replace(j, offpeak=True) if i in chosen else j for i, j in enumerate(jobs)]

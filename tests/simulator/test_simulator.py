@@ -53,6 +53,11 @@ def test_to_json_has_exactly_the_documented_keys() -> None:
         "preemptions",
         "per_vc",
         "lower_bounds",
+        "offpeak_jobs",
+        "window_preemptions",
+        "energy_wh",
+        "cost",
+        "cost_at_peak",
     }
     json.dumps(r.to_json())
 

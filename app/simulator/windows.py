@@ -1,0 +1,102 @@
+"""Off-peak windows along the simulated clock.
+
+Window specs become concrete intervals with the live calendar code
+(`app.windows.calendar.occurrences`, zones and DST included), generated a chunk
+at a time as the clock advances: a trace can span months and a job can wait
+long, so the span to cover is not known in advance. Each cycle sees only the
+intervals around its `now`, as the live scheduler does
+(`app.windows.service.intervals_for_scheduler`), so a cycle's cost does not grow
+with the length of the simulation.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+
+from app.scheduling import WindowInterval
+from app.windows.calendar import WindowSpec, next_opening, occurrences
+
+# The live scheduler's view around `now` (intervals_for_scheduler: 1 day back, 8 ahead).
+LOOKBACK = timedelta(days=1)
+LOOKAHEAD = timedelta(days=8)
+_CHUNK = timedelta(days=7)
+
+
+class WindowTimeline:
+    """Intervals of `specs` (plus fixed `extra` ones) from `epoch` on, generated lazily."""
+
+    def __init__(
+        self,
+        specs: Sequence[WindowSpec],
+        *,
+        epoch: datetime,
+        extra: Iterable[WindowInterval] = (),
+    ) -> None:
+        self._specs = tuple(specs)
+        self._epoch = epoch
+        self._intervals: list[WindowInterval] = []
+        self._seen: set[tuple[str, datetime, datetime]] = set()
+        self._new_edges: list[datetime] = []
+        self._longest = timedelta(0)
+        self._horizon = epoch - LOOKBACK
+        self._opens_again = True  # False once no spec opens within the calendar's lookahead
+        self._add(extra)
+
+    @property
+    def empty(self) -> bool:
+        return not self._specs and not self._intervals
+
+    def _add(self, intervals: Iterable[WindowInterval]) -> None:
+        added = False
+        for iv in intervals:
+            key = (iv.name, iv.opens_at, iv.closes_at)
+            if key in self._seen:
+                continue  # occurrences() repeats an interval that straddles a chunk edge
+            self._seen.add(key)
+            self._intervals.append(iv)
+            self._new_edges += [iv.opens_at, iv.closes_at]
+            self._longest = max(self._longest, iv.closes_at - iv.opens_at)
+            added = True
+        if added:
+            self._intervals.sort(key=lambda w: (w.opens_at, w.name))
+
+    def _generate(self, until: datetime) -> None:
+        if until <= self._horizon:
+            return
+        for spec in self._specs:
+            self._add(
+                WindowInterval(name=spec.name, opens_at=iv.opens_utc, closes_at=iv.closes_utc)
+                for iv in occurrences(spec, start=self._horizon, end=until)
+            )
+        self._horizon = until
+
+    def extend(self, now: datetime) -> list[datetime]:
+        """Cover `now` + the cycle's lookahead, and the next opening after that.
+
+        Returns the window edges (openings and closings) not returned before, so the
+        caller can put them on its event queue: waiting off-peak jobs must be
+        planned when a window opens and running ones stopped when it closes, even
+        when no job arrives or ends then.
+        """
+        if self._specs and now + LOOKAHEAD > self._horizon:
+            # A chunk at a time: calendar arithmetic is far dearer than the events.
+            self._generate(max(now + LOOKAHEAD, self._horizon + _CHUNK))
+            # A sparse window (weekly, monthly) may not open within the lookahead;
+            # without its opening on the queue, jobs waiting for it would stall.
+            if self._opens_again and not (self._intervals and self._intervals[-1].opens_at > now):
+                nxt = next_opening(self._specs, now)
+                if nxt is None:
+                    self._opens_again = False
+                else:
+                    self._generate(nxt.closes_utc + timedelta(seconds=1))
+        edges, self._new_edges = self._new_edges, []
+        return sorted(e for e in edges if e >= self._epoch)
+
+    def around(self, now: datetime) -> tuple[WindowInterval, ...]:
+        """The intervals a cycle at `now` is shown: open between 1 day ago and 8 days ahead."""
+        lo, hi = now - LOOKBACK, now + LOOKAHEAD
+        first = bisect.bisect_left(self._intervals, lo - self._longest, key=lambda w: w.opens_at)
+        last = bisect.bisect_left(self._intervals, hi, key=lambda w: w.opens_at)
+        return tuple(w for w in self._intervals[first:last] if w.closes_at > lo)
