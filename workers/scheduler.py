@@ -19,6 +19,7 @@ from app.config import Settings
 from app.cycle.reconcile import SilenceJudge, reconcile, reconcile_node_attempts
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
+from app.cycle.snapshot import QueueMemory
 from app.db import utcnow
 from app.jobs import reports
 from app.messaging import (
@@ -50,6 +51,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
     rerun = threading.Event()
     silence = SilenceJudge(heartbeat_timeout_s=scheduler.heartbeat_timeout_s)
     last_full_positions = [datetime.min.replace(tzinfo=UTC)]
+    queue_memory = QueueMemory()
 
     @celery.task(name=SCHEDULE_CYCLE)
     def schedule_cycle() -> dict[str, Any]:
@@ -77,6 +79,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                     holder=holder,
                     now=now,
                     all_positions=full,
+                    memory=queue_memory,
                 )
                 placed += report.placed
                 if full and report.ran:

@@ -19,7 +19,7 @@ from app.cycle.snapshot import SnapshotContext
 from app.jobs.allocations import GpuClaim, allocate, release
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job, JobEvent
-from app.jobs.states import ACTIVE, JobStatus
+from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
 from app.nodes.models import Node, NodeState
 from app.scheduling import Placement, Plan, Preemption
 
@@ -188,6 +188,11 @@ def _store_reasons(
             continue
         position_only = old is not None and old[:2] == new[:2] and old[3] == new[3]
         if position_only and not all_positions and reason.queue_position > HEAD_POSITIONS:
+            continue
+        # Ranked only among the jobs a quick read saw, a new job's place behind the head
+        # is unknown until the next full cycle; until then it stays NEW (and is read again).
+        new_behind_head = old is not None and old[0] == NEW_IN_QUEUE
+        if ctx.quick and new_behind_head and reason.queue_position > HEAD_POSITIONS:
             continue
         changes.append(
             {

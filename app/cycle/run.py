@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.cycle import lease
 from app.cycle.apply import apply_plan
 from app.cycle.settings import SchedulerSettings
-from app.cycle.snapshot import read_snapshot
+from app.cycle.snapshot import QueueMemory, head_depth, read_snapshot
 from app.messaging import RUN_JOB, STOP_JOB, Messenger
 from app.metrics import CYCLE_SECONDS, PLACEMENTS
 from app.scheduling import plan_cycle
@@ -47,9 +47,11 @@ def run_cycle(
     holder: str,
     now: datetime,
     all_positions: bool = True,
+    memory: QueueMemory | None = None,
 ) -> CycleReport:
     """One cycle. `all_positions=False` rewrites queue positions only near the head of the
-    queue (the scheduler worker asks for a full refresh every few seconds)."""
+    queue (the scheduler worker asks for a full refresh every few seconds); with it, a
+    `memory` that a full cycle filled makes this a quick cycle (see QueueMemory)."""
     started = time.perf_counter()
     with factory() as session:
         token = lease.acquire(session, holder=holder, now=now, ttl_s=settings.lease_ttl_s)
@@ -63,6 +65,7 @@ def run_cycle(
                 now=now,
                 half_life_s=settings.fair_share_half_life_s,
                 windows=intervals_for_scheduler(specs, now=now),
+                quick_from=None if all_positions else memory,
             )
             session.rollback()  # end the read transaction before the pure phase
             # 2. plan
@@ -84,6 +87,8 @@ def run_cycle(
             if closing:
                 plan = replace(plan, preemptions=plan.preemptions + closing)
             plan_ms = (time.perf_counter() - plan_started) * 1000
+            if memory is not None:
+                memory.remember(ctx, plan.queue_order, depth=head_depth(ctx.snapshot))
             # 3. apply
             applied = apply_plan(
                 session, ctx=ctx, plan=plan, token=token, now=now, all_positions=all_positions

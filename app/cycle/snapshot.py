@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -14,7 +15,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from app.auth.models import User
 from app.jobs.models import Allocation, Job
-from app.jobs.states import ACTIVE, JobStatus
+from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
 from app.nodes.models import Gpu, Node, NodeState
 from app.projects.models import Project
 from app.scheduling import (
@@ -39,6 +40,45 @@ class SnapshotContext:
     pending_reasons: dict[int, tuple[str | None, str | None, int | None, datetime | None]]
     node_ids: dict[str, int]
     gpu_ids: dict[tuple[str, int], int]
+    # Derived from the whole history; a quick read reuses them (see QueueMemory).
+    usage: dict[int, float]
+    attained: dict[int, float]
+    quick: bool = False
+
+
+def head_depth(snapshot: Snapshot) -> int:
+    """How much of the queue a quick cycle reads: enough candidates to fill every GPU a
+    few times over (some will not fit), bounded so one query stays small."""
+    gpus = sum(len(node.gpus) for node in snapshot.nodes)
+    return min(2000, 64 + 4 * gpus)
+
+
+@dataclass
+class QueueMemory:
+    """What the last full cycle learned, for the quick cycles until the next full one.
+
+    Like Slurm's main scheduling loop (default_queue_depth) next to its periodic full
+    pass: a cycle triggered by an event (a job finished, one was submitted) reads only
+    the head of the queue as the last full cycle ordered it, plus jobs new to the queue
+    (submitted or requeued since, still marked NEW), and reuses fair-share usage and
+    runtime history. Its cost then depends on the cluster's size, not the queue's depth;
+    the full cycle every few seconds re-ranks everything.
+    """
+
+    head: tuple[int, ...] = ()
+    usage: dict[int, float] = field(default_factory=dict)
+    attained: dict[int, float] = field(default_factory=dict)
+    history: Mapping[tuple[str, str], tuple[float, ...]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    ready: bool = False
+
+    def remember(self, ctx: SnapshotContext, queue_order: tuple[int, ...], depth: int) -> None:
+        self.head = queue_order[:depth]
+        if not ctx.quick:
+            self.usage, self.attained = ctx.usage, ctx.attained
+            self.history = ctx.snapshot.runtime_history
+            self.ready = True
 
 
 def _gpu_view(gpu: Gpu) -> GpuView:
@@ -124,7 +164,12 @@ def read_snapshot(
     half_life_s: float,
     windows: tuple[WindowInterval, ...] = (),
     max_pending: int = 20_000,
+    quick_from: QueueMemory | None = None,
+    quick_new_limit: int = 500,
 ) -> SnapshotContext:
+    """The whole queue, or with `quick_from` a quick read: the remembered head of the
+    queue plus up to `quick_new_limit` jobs new to it (see QueueMemory)."""
+    quick = quick_from is not None and quick_from.ready
     users = dict(session.execute(select(User.id, User.name)).all())
     projects = list(session.scalars(select(Project)))
     project_names = {p.id: p.name for p in projects}
@@ -149,6 +194,10 @@ def read_snapshot(
     horizon = now - timedelta(seconds=max(4 * half_life_s, 86400.0))
     usage: dict[int, float] = defaultdict(float)
     attained: dict[int, float] = defaultdict(float)
+    if quick:
+        assert quick_from is not None
+        usage.update(quick_from.usage)
+        attained.update(quick_from.attained)
     placements: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     shares: dict[int, int] = {}
     # Plain columns, not ORM objects: a busy day leaves thousands of finished allocations
@@ -167,19 +216,27 @@ def read_snapshot(
             Job.attempt.label("job_attempt"),
         )
         .join(Job, Job.id == Allocation.job_id)
-        .where((Allocation.released_at.is_(None)) | (Allocation.released_at >= horizon))
+        .where(
+            Allocation.released_at.is_(None)
+            if quick
+            else (Allocation.released_at.is_(None)) | (Allocation.released_at >= horizon)
+        )
     ).all()
     for alloc in alloc_rows:
-        project_id, status, attempt = alloc.project_id, alloc.status, alloc.job_attempt
         end = alloc.released_at or now
-        gpu_s = max(0.0, (end - alloc.created_at).total_seconds()) * alloc.share_milli / 1000
-        if alloc.gpu_id is not None:
+        if alloc.gpu_id is not None and not quick:
+            gpu_s = max(0.0, (end - alloc.created_at).total_seconds()) * alloc.share_milli / 1000
             age = (now - end).total_seconds()
-            usage[project_id] += gpu_s * math.pow(0.5, age / half_life_s) if half_life_s else gpu_s
+            decay = math.pow(0.5, age / half_life_s) if half_life_s else 1.0
+            usage[alloc.project_id] += gpu_s * decay
             if alloc.released_at is not None:
                 # The core adds the current run itself (LAS): count only finished attempts.
                 attained[alloc.job_id] += gpu_s
-        if alloc.released_at is None and status in ACTIVE and alloc.attempt == attempt:
+        if (
+            alloc.released_at is None
+            and alloc.status in ACTIVE
+            and alloc.attempt == alloc.job_attempt
+        ):
             node = node_names[alloc.node_id]
             gpus = placements[alloc.job_id][node]
             if alloc.gpu_id is not None:
@@ -202,25 +259,35 @@ def read_snapshot(
         )
         for j in active_jobs
     )
-    pending_jobs = session.execute(
-        select(*JOB_COLUMNS)
-        .where(Job.status == JobStatus.PENDING)
-        .order_by(Job.id)
-        .limit(max_pending)
-    ).all()
+    pending_query = select(*JOB_COLUMNS).where(Job.status == JobStatus.PENDING).order_by(Job.id)
+    if quick:
+        assert quick_from is not None
+        head = session.execute(pending_query.where(Job.id.in_(quick_from.head))).all()
+        arrived = session.execute(
+            pending_query.where(
+                Job.pending_reason == NEW_IN_QUEUE, Job.id.not_in(quick_from.head)
+            ).limit(quick_new_limit)
+        ).all()
+        pending_jobs = sorted([*head, *arrived], key=lambda j: j.id)
+    else:
+        pending_jobs = list(session.execute(pending_query.limit(max_pending)).all())
     pending = tuple(
         _job_view(j, users[j.user_id], project_names[j.project_id], attained[j.id])
         for j in pending_jobs
     )
     history: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for user_id, name, started, finished in session.execute(
-        select(Job.user_id, Job.name, Job.started_at, Job.finished_at)
-        .where(
-            Job.status == JobStatus.SUCCEEDED,
-            Job.finished_at >= now - timedelta(days=HISTORY_DAYS),
+    for user_id, name, started, finished in (
+        ()
+        if quick
+        else session.execute(
+            select(Job.user_id, Job.name, Job.started_at, Job.finished_at)
+            .where(
+                Job.status == JobStatus.SUCCEEDED,
+                Job.finished_at >= now - timedelta(days=HISTORY_DAYS),
+            )
+            .order_by(Job.id.desc())
+            .limit(5000)
         )
-        .order_by(Job.id.desc())
-        .limit(5000)
     ):
         if started is not None and finished is not None:
             history[(users[user_id], name)].append((finished - started).total_seconds())
@@ -236,7 +303,11 @@ def read_snapshot(
             for p in projects
         ),
         windows=windows,
-        runtime_history=MappingProxyType({k: tuple(v) for k, v in history.items()}),
+        runtime_history=(
+            quick_from.history
+            if quick and quick_from is not None
+            else MappingProxyType({k: tuple(v) for k, v in history.items()})
+        ),
     )
     return SnapshotContext(
         snapshot=snapshot,
@@ -247,4 +318,7 @@ def read_snapshot(
         },
         node_ids={n.name: n.id for n in nodes},
         gpu_ids={(n.name, g.index): g.id for n in nodes for g in n.gpus},
+        usage=dict(usage),
+        attained=dict(attained),
+        quick=quick,
     )

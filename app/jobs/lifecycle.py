@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from app.db import utcnow
 from app.jobs.models import Job, JobEvent
-from app.jobs.states import ALLOWED, FINISHED, RETRYABLE, JobStatus
+from app.jobs.states import ALLOWED, FINISHED, NEW_IN_QUEUE, RETRYABLE, JobStatus
 
 
 class IllegalTransition(ValueError):
@@ -39,7 +39,7 @@ def transition(
         job.failures += 1
     if to is JobStatus.PENDING:
         # Back in the queue: say why until the next cycle gives the real pending reason.
-        job.pending_reason = "NEW"
+        job.pending_reason = NEW_IN_QUEUE
         job.pending_message = f"{reason}; waiting for the next scheduling cycle"
         job.preempt_requested_at = None
         job.exit_code = None

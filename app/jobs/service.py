@@ -27,7 +27,7 @@ from app.jobs.schemas import (
     PendingPage,
     ScheduleSpec,
 )
-from app.jobs.states import ACTIVE, JobStatus
+from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
 from app.nodes.models import Gpu, Node
 from app.projects.models import Project
 
@@ -174,7 +174,7 @@ def create_job(
         labels=spec.labels,
         status=JobStatus.PENDING,
         attempt=0,
-        pending_reason="NEW",
+        pending_reason=NEW_IN_QUEUE,
         pending_message="waiting for the next scheduling cycle",
         created_at=now,
         updated_at=now,

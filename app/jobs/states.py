@@ -38,3 +38,7 @@ ACTIVE = frozenset({S.SCHEDULED, S.RUNNING})
 FINISHED = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT})
 # A job in these states may come back to PENDING; "retries" bounds how often it does.
 RETRYABLE = frozenset({S.FAILED, S.LOST})
+
+# The pending reason of a job that no scheduling cycle has ranked yet (just submitted, or
+# back in the queue); quick cycles look for it (app/cycle/snapshot.py).
+NEW_IN_QUEUE = "NEW"

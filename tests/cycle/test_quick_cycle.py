@@ -1,0 +1,90 @@
+"""Quick cycles (between full ones) read only the head of the queue and new arrivals."""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+
+from app.cycle.run import run_cycle
+from app.cycle.settings import SchedulerSettings
+from app.cycle.snapshot import QueueMemory, read_snapshot
+from app.db import utcnow
+from app.jobs.models import Job
+from app.jobs.states import NEW_IN_QUEUE
+from app.nodes.models import Gpu, Node, NodeState
+from app.projects.models import Project
+
+SETTINGS = SchedulerSettings(stability_window_s=0, preemption=False)
+
+
+def _submit(api, user="alice", **body):
+    body.setdefault("command", ["train"])
+    r = api.client.post("/api/v1/jobs", json=body, headers=api.as_(user))
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def _node(factory, gpus: int) -> None:
+    now = utcnow()
+    with factory() as session:
+        node = Node(name="n1", hostname="n1", state=NodeState.READY, last_heartbeat_at=now)
+        node.gpus = [
+            Gpu(
+                index=i,
+                uuid=f"GPU-q-{i}",
+                model="H100-80GB",
+                memory_total_mb=81559,
+                sampled_at=now,
+                util_pct=0.0,
+                idle_since=now,
+            )
+            for i in range(gpus)
+        ]
+        session.add(node)
+        session.commit()
+
+
+def _reason(api, job_id: int) -> str | None:
+    with api.factory() as session:
+        return session.scalar(select(Job.pending_reason).where(Job.id == job_id))
+
+
+def test_a_quick_read_sees_the_remembered_head_and_new_jobs_only(api):
+    head, ranked_behind, new = _submit(api), _submit(api), _submit(api)
+    with api.factory() as session:
+        # A full cycle ranked the first two; the second one fell behind the head.
+        session.execute(update(Job).where(Job.id.in_([head, ranked_behind])).values(
+            pending_reason="RESOURCES", queue_position=1))  # fmt: skip
+        session.commit()
+        project_id = session.scalar(select(Project.id).where(Project.name == "ml"))
+        memory = QueueMemory(head=(head,), usage={project_id: 1234.0}, ready=True)
+        ctx = read_snapshot(session=session, now=utcnow(), half_life_s=3600, quick_from=memory)
+    assert ctx.quick
+    assert [j.id for j in ctx.snapshot.pending] == [head, new]
+    usage = {p.name: p.usage_gpu_s for p in ctx.snapshot.projects}
+    assert usage["ml"] == 1234.0  # from the last full read, not recomputed
+
+
+def test_quick_cycles_read_the_head_and_place_new_jobs(api):
+    _node(api.factory, gpus=1)
+    memory = QueueMemory()
+    queued = [_submit(api) for _ in range(80)]
+
+    def cycle(*, full: bool):
+        return run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t",
+                         now=utcnow(), all_positions=full, memory=memory)  # fmt: skip
+
+    first = cycle(full=False)  # nothing remembered yet: a full read
+    assert (first.placed, first.pending, memory.ready) == (1, 79, True)
+    depth = len(memory.head)  # 64 + 4 per GPU
+    assert depth == 68
+    assert NEW_IN_QUEUE not in {_reason(api, j) for j in queued[1:]}
+
+    # Between full cycles: only the head (minus the placed job) and the new arrival.
+    arrival = _submit(api)
+    quick = cycle(full=False)
+    assert (quick.placed, quick.pending) == (0, depth - 1 + 1)
+    assert _reason(api, arrival) not in (None, NEW_IN_QUEUE)  # ranked near the head
+
+    # A full cycle reads everything again.
+    full = cycle(full=True)
+    assert (full.placed, full.pending) == (0, 80)
