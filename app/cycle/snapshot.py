@@ -169,7 +169,9 @@ def read_snapshot(
 ) -> SnapshotContext:
     """The whole queue, or with `quick_from` a quick read: the remembered head of the
     queue plus up to `quick_new_limit` jobs new to it (see QueueMemory)."""
-    quick = quick_from is not None and quick_from.ready
+    # Nothing remembered yet (the first cycle of this process): read everything.
+    memory = quick_from if quick_from is not None and quick_from.ready else None
+    quick = memory is not None
     users = dict(session.execute(select(User.id, User.name)).all())
     projects = list(session.scalars(select(Project)))
     project_names = {p.id: p.name for p in projects}
@@ -194,10 +196,9 @@ def read_snapshot(
     horizon = now - timedelta(seconds=max(4 * half_life_s, 86400.0))
     usage: dict[int, float] = defaultdict(float)
     attained: dict[int, float] = defaultdict(float)
-    if quick:
-        assert quick_from is not None
-        usage.update(quick_from.usage)
-        attained.update(quick_from.attained)
+    if memory is not None:
+        usage.update(memory.usage)
+        attained.update(memory.attained)
     placements: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     shares: dict[int, int] = {}
     # Plain columns, not ORM objects: a busy day leaves thousands of finished allocations
@@ -260,12 +261,11 @@ def read_snapshot(
         for j in active_jobs
     )
     pending_query = select(*JOB_COLUMNS).where(Job.status == JobStatus.PENDING).order_by(Job.id)
-    if quick:
-        assert quick_from is not None
-        head = session.execute(pending_query.where(Job.id.in_(quick_from.head))).all()
+    if memory is not None:
+        head = session.execute(pending_query.where(Job.id.in_(memory.head))).all()
         arrived = session.execute(
             pending_query.where(
-                Job.pending_reason == NEW_IN_QUEUE, Job.id.not_in(quick_from.head)
+                Job.pending_reason == NEW_IN_QUEUE, Job.id.not_in(memory.head)
             ).limit(quick_new_limit)
         ).all()
         pending_jobs = sorted([*head, *arrived], key=lambda j: j.id)
@@ -304,8 +304,8 @@ def read_snapshot(
         ),
         windows=windows,
         runtime_history=(
-            quick_from.history
-            if quick and quick_from is not None
+            memory.history
+            if memory is not None
             else MappingProxyType({k: tuple(v) for k, v in history.items()})
         ),
     )
