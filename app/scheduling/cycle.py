@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime, timedelta
+from operator import attrgetter, itemgetter
+from typing import NamedTuple
 
 from app.scheduling import filters as F
 from app.scheduling import scorers
 from app.scheduling.queue import attained, las_level, order_jobs
 from app.scheduling.state import (
+    Choice,
     HardwareClass,
     NodeIndex,
     NodeState,
@@ -45,6 +49,10 @@ from app.scheduling.types import (
 )
 
 Chosen = list[tuple[NodeState, list[Slot]]]
+_QUEUE_POSITION = attrgetter("queue_position")
+# The filter sets the build prechecks were written for (tests may swap the tuples).
+_NODE_FILTERS = F.NODE_FILTERS
+_GPU_FILTERS = F.GPU_FILTERS
 # Victim searches per cycle: each may scan every running job, so cap them.
 _MAX_PREEMPT_SEARCHES = 16
 # Victim sets compared per search beyond the nodes needed.
@@ -71,7 +79,8 @@ class Cycle:
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
         self.pending: list[PendingReason] = []
-        self.failed: set[tuple[Request, bool]] = set()
+        # (request, may use reserved GPUs) pairs that found no room, as `_memo_key` ints.
+        self.failed: set[int] = set()
         self.never_cache: dict[Request, Status] = {}
         self.preempted: set[int] = set()
         self.preempt_attempts = 0
@@ -83,6 +92,10 @@ class Cycle:
         self.preempt_failed: set[tuple[Request, str, int, int]] = set()
         self._hardware: tuple[HardwareClass, ...] | None = None
         self._had_room: list[list[Slot]] = []
+        self._room_profiles: list[tuple[tuple[tuple[_SlotProfile, int], ...], int]] = []
+        self._room_max = 0
+        self._memo_keys: dict[tuple[Request, bool], int] = {}
+        self._pmemo: dict[tuple[str, str | None, int], _NodeForPreempt] = {}
         self.version = 0  # bumped whenever GPU state changes (placement, release, reservation)
         # Expected ends of jobs placed this cycle (for the reservation).
         self.placed_ends: list[tuple[datetime | None, list[Slot], int]] = []
@@ -119,28 +132,56 @@ class Cycle:
                     for idx in idxs:
                         booked[(node, idx)] = booked.get((node, idx), 0) + mem
 
+        # Precheck bounds (see filters/__init__.py): only nodes and GPUs they cannot
+        # vouch for run the filters, which then decide as always.
+        prechecks = node_filters == _NODE_FILTERS and gpu_filters == _GPU_FILTERS
+        hb_after = F.heartbeat_fresh.fresh_after(ctx)
+        tel_after = F.telemetry_fresh.fresh_after(ctx)
+        idle_before = F.foreign_load.idle_before(ctx)
+        foreign_below = self.settings.foreign_util_threshold_pct
         for i, nv in enumerate(self.snap.nodes):
             blocker: Status | None = None
-            for nf in node_filters:
-                st = nf(nv, ctx)
-                if st is not OK:  # every filter returns the OK singleton on success
-                    blocker = st
-                    break
+            hb = nv.heartbeat_at
+            if not (
+                prechecks
+                and nv.ready
+                and not nv.drained
+                and hb is not None
+                and hb_after is not None
+                and hb >= hb_after
+            ):
+                for nf in node_filters:
+                    st = nf(nv, ctx)
+                    if st is not OK:  # every filter returns the OK singleton on success
+                        blocker = st
+                        break
             rank = i if self.seed == 0 else zlib.crc32(f"{self.seed}:{nv.name}".encode())
             ns = NodeState(nv.name, rank, blocker)
             gpus = nv.gpus
-            if any(gpus[k].index > gpus[k + 1].index for k in range(len(gpus) - 1)):
+            indices = [g.index for g in gpus]
+            if indices != sorted(indices):  # agents may report GPUs out of order
                 gpus = tuple(sorted(gpus, key=lambda g: g.index))
             for g in gpus:
                 gb = blocker
                 unchecked = False
+                allocated = g.allocated_milli
                 if gb is None:
-                    if g.allocated_milli >= 1000:
+                    if allocated >= 1000:
                         # Wholly ours: nothing can be placed on it unless a preemption frees
                         # it, and then the GPU filters run (see _release). Saves most of the
                         # filter calls on a busy cluster.
                         unchecked = True
-                    else:
+                    elif not (
+                        prechecks
+                        and g.healthy
+                        and g.foreign_util_pct < foreign_below
+                        and (at := g.telemetry_at) is not None
+                        and tel_after is not None
+                        and at >= tel_after
+                        and (idle := g.idle_since) is not None
+                        and idle_before is not None
+                        and idle <= idle_before
+                    ):
                         for gf in gpu_filters:
                             st = gf(nv, g, ctx)
                             if st is not OK:
@@ -153,13 +194,14 @@ class Cycle:
                 peers = peers_cache.get(g.nvlink_peers)
                 if peers is None:
                     peers = peers_cache[g.nvlink_peers] = frozenset(g.nvlink_peers)
+                total_mb = g.memory_total_mb
                 s = Slot(
                     ns,
                     g.index,
                     g.model,
-                    g.memory_total_mb,
-                    g.memory_total_mb - taken,
-                    1000 - g.allocated_milli if g.allocated_milli < 1000 else 0,
+                    total_mb,
+                    total_mb - taken,
+                    1000 - allocated if allocated < 1000 else 0,
                     gb,
                     g.temperature_c,
                     g.util_pct,
@@ -173,7 +215,7 @@ class Cycle:
                 ns.slots.append(s)
                 self.slot_at[(nv.name, g.index)] = s
             ns.gpu_count = len(ns.slots)
-            ns.models = frozenset(s.model for s in ns.slots)
+            ns.models = frozenset([s.model for s in ns.slots])
             self.nodes.append(ns)
         self.node_by_name = {n.name: n for n in self.nodes}
         self.index = NodeIndex(self.nodes)
@@ -215,6 +257,7 @@ class Cycle:
             history=snap.runtime_history,
         )
         strict_blocker: JobView | None = None
+        strict_msg = ""
         failed = self.failed
         preemption = self.settings.preemption and bool(self._victim_pool())
         policy = self.settings.queue_policy
@@ -229,13 +272,18 @@ class Cycle:
         backfill = self.settings.backfill
         explain = self.settings.explain
         borrowing = self.settings.borrowing
-        never_cache = self.never_cache
         # Once no GPU has any room left and nothing can be preempted, the rest of the
         # queue only needs its reason: skip the placement machinery for it.
         exhausted = False
         full_outside = False  # no room except on GPUs reserved for the backfill head
         checked_at = -1
         deferred: list[tuple[int, JobView, Request]] = []
+        # Request per job shape: most of 10k jobs share a few dozen shapes.
+        shapes: dict[tuple[int, int, float | None, int | None, str | None], _Shape] = {}
+        # May a job of this runtime use the reserved GPUs? (fixed once the reservation is)
+        fits_before_res: dict[int | None, bool] = {}
+        res_time = self.res_time  # set by _reserve below, once
+        pending = self.pending
         for pos, job in enumerate(order, start=1):
             if job.schedule_mode != "now":
                 st = self._job_filters(job)
@@ -248,8 +296,15 @@ class Cycle:
                         st.estimated_start,
                     )
                     continue
-            req = Request.of(job)
-            nv = never_cache.get(req) or self._never(req)
+            shape = (job.gpus, job.nodes, job.gpu_share, job.gpu_memory_mb, job.gpu_model)
+            known = shapes.get(shape)
+            if known is None:
+                r = Request.of(job)
+                known = shapes[shape] = _Shape(
+                    r, self._never(r), self._memo_key(r, False), self._memo_key(r, True)
+                )
+            req = known.req
+            nv = known.never
             if nv is not OK:
                 self._pend(job, pos, nv.kind or ReasonKind.NEVER_FITS, nv.message)
                 continue
@@ -261,36 +316,45 @@ class Cycle:
             if strict_blocker is not None:
                 if not explain:
                     break  # strict order: nothing after the blocked job can start
-                self._pend(
-                    job,
-                    pos,
-                    ReasonKind.PRIORITY,
-                    f"waiting behind job {strict_blocker.id} (strict queue order, backfill off)",
-                )
+                pending.append(PendingReason(job.id, ReasonKind.PRIORITY, strict_msg, pos, None))
                 continue
             if exhausted and req.gpus > 0:
                 deferred.append((pos, job, req))
                 continue
-            allow_reserved = self.res_time is not None and self._may_use_reserved(job)
+            allow_reserved = False
+            if res_time is not None:
+                rt = job.estimated_runtime_s  # _runtime(job), inlined
+                if rt is None:
+                    rt = job.max_runtime_s
+                cached = fits_before_res.get(rt)
+                if cached is None:
+                    cached = fits_before_res[rt] = self._may_use_reserved(job)
+                allow_reserved = cached
             if full_outside and not allow_reserved and req.gpus > 0:
                 # Only reserved GPUs have room and this job may not use them.
                 deferred.append((pos, job, req))
                 continue
-            key = (req, allow_reserved)
-            chosen = None if key in failed else self._find(req, allow_reserved)
+            key = known.key_reserved if allow_reserved else known.key
+            chosen = None if key in failed else self._find(req, allow_reserved, key)
             if chosen is not None:
                 self._commit(job, req, chosen, ())
                 continue
             failed.add(key)
-            if preemption and self._try_preempt(job, req):
+            if (
+                preemption
+                and self.preempt_attempts < _MAX_PREEMPT_SEARCHES  # else _try_preempt says no
+                and self._try_preempt(job, req)
+            ):
                 failed = self.failed
                 continue
             if backfill:
                 if not self.res_tried:
                     self.res_tried = True
                     self._reserve(job, req)
+                    res_time = self.res_time
             else:
                 strict_blocker = job
+                strict_msg = f"waiting behind job {job.id} (strict queue order, backfill off)"
             deferred.append((pos, job, req))
             if not may_preempt_any and self.version != checked_at:
                 checked_at = self.version
@@ -298,12 +362,12 @@ class Cycle:
                 exhausted = full_outside and self._no_room_left()
         if explain:
             self._explain(deferred)
-        self.pending.sort(key=lambda r: r.queue_position)
+        self.pending.sort(key=_QUEUE_POSITION)
         return Plan(
             placements=tuple(self.placements),
             preemptions=tuple(self.preemptions),
             pending=tuple(self.pending),
-            queue_order=tuple(j.id for j in order),
+            queue_order=tuple([j.id for j in order]),
         )
 
     def _no_room_left(self) -> bool:
@@ -429,38 +493,65 @@ class Cycle:
                     common = common & t.peers
         return elig[:g]
 
-    def _candidates(self, req: Request, allow_reserved: bool) -> list[tuple[NodeState, list[Slot]]]:
+    def _candidates(
+        self, req: Request, allow_reserved: bool, key: int
+    ) -> list[tuple[NodeState, list[Slot]]]:
         limit = max(self.settings.candidate_limit, req.nodes)
         out: list[tuple[NodeState, list[Slot]]] = []
-        seen: set[str] = set()
-
-        def consider(n: NodeState) -> bool:
-            if n.name in seen or n.blocker is not None:
-                return False
-            seen.add(n.name)
-            if req.model is not None and req.model not in n.models:
-                return False
-            c = self._choose(n, req, allow_reserved)
+        model = req.model
+        choose = self._choose
+        # Each node sits in one bucket; only the reserved and partly shared nodes
+        # looked at first can come round again.
+        seen: set[str] | None = set() if allow_reserved or req.milli < 1000 else None
+        for n in self._walk(req, allow_reserved):
+            if n.blocker is not None:
+                continue
+            if seen is not None:
+                if n.name in seen:
+                    continue
+                seen.add(n.name)
+            if model is not None and model not in n.models:
+                continue
+            # A node's GPU choice (and score) only changes when the node does: most
+            # candidates of one job are the candidates of the next job of that shape.
+            memo = n.memo.get(key)
+            if memo is not None and memo.version == n.version:
+                c = memo.picked
+            else:
+                c = choose(n, req, allow_reserved)
+                n.memo[key] = Choice(n.version, c)
             if c is not None:
                 out.append((n, c))
-            return len(out) >= limit
-
-        if allow_reserved:
-            for n in self.res_nodes:
-                if consider(n):
-                    return out
-        if req.milli < 1000:
-            for n in list(self.index.partial.values()):
-                if consider(n):
-                    return out
-        buckets = self.index.buckets
-        for k in range(max(1, req.gpus), self.index.max_gpus + 1):
-            for _, name in buckets[k]:
-                if consider(self.node_by_name[name]):
+                if len(out) >= limit:
                     return out
         return out
 
-    def _find(self, req: Request, allow_reserved: bool) -> Chosen | None:
+    def _walk(self, req: Request, allow_reserved: bool) -> Iterator[NodeState]:
+        """Nodes in the order placement looks at them: reserved (if allowed), partly
+        shared (for shared jobs), then by free whole GPUs, tightest first."""
+        if allow_reserved:
+            yield from self.res_nodes
+        if req.milli < 1000:
+            yield from list(self.index.partial.values())
+        buckets = self.index.buckets
+        node_by_name = self.node_by_name
+        for k in range(max(1, req.gpus), self.index.max_gpus + 1):
+            for _, name in buckets[k]:
+                yield node_by_name[name]
+
+    def _memo_key(self, req: Request, allow_reserved: bool) -> int:
+        """Small int standing for (request, may use reserved GPUs) in the node memos."""
+        k = (req, allow_reserved)
+        n = self._memo_keys.get(k)
+        if n is None:
+            n = self._memo_keys[k] = len(self._memo_keys)
+        return n
+
+    def _find(self, req: Request, allow_reserved: bool, key: int) -> Chosen | None:
+        """Best `req.nodes` candidate nodes with their GPUs, or None if too few fit.
+
+        `key` is `_memo_key(req, allow_reserved)`, worked out once per job shape.
+        """
         if req.gpus == 0:
             ready = [n for n in self.nodes if n.blocker is None]
             ready.sort(key=lambda n: (n.gpu_count > 0, n.rank))
@@ -470,7 +561,7 @@ class Cycle:
         # Cheap exit when no node has enough free GPUs (cluster full for this size).
         if req.milli == 1000 and not allow_reserved and self.index.largest_free_block() < req.gpus:
             return None
-        cands = self._candidates(req, allow_reserved)
+        cands = self._candidates(req, allow_reserved, key)
         if len(cands) < req.nodes:
             return None
         if len(cands) == 1:
@@ -479,9 +570,13 @@ class Cycle:
 
         def rank(c: tuple[NodeState, list[Slot]]) -> tuple[float, int]:
             node, picked = c
-            total = 0.0
-            for scorer, weight in weighted:
-                total += weight * scorer(req, node, picked)
+            memo = node.memo[key]  # filled by _candidates for this very node state
+            total = memo.score
+            if total is None:
+                total = 0.0
+                for scorer, weight in weighted:
+                    total += weight * scorer(req, node, picked)
+                memo.score = total
             return (-total, node.rank)
 
         return sorted(cands, key=rank)[: req.nodes]
@@ -499,15 +594,16 @@ class Cycle:
         self.used_milli[job.project] = self.used_milli.get(job.project, 0) + need
         if job.schedule_mode == "offpeak":
             self.offpeak_running_milli += need
-        rt = _runtime(job)
-        end = None if rt is None else self.now + timedelta(seconds=rt)
-        self.placed_ends.append((end, slots, req.milli))
+        if not self.res_tried:  # only the (single) reservation reads these
+            rt = _runtime(job)
+            end = None if rt is None else self.now + timedelta(seconds=rt)
+            self.placed_ends.append((end, slots, req.milli))
         self.placements.append(
             Placement(
-                job_id=job.id,
-                node_gpus=tuple((n.name, tuple(s.index for s in p)) for n, p in chosen),
-                share=req.milli / 1000,
-                after_preemption_of=after,
+                job.id,
+                tuple([(n.name, tuple([s.index for s in p])) for n, p in chosen]),
+                req.milli / 1000,
+                after,
             )
         )
 
@@ -518,18 +614,28 @@ class Cycle:
         if req.gpus == 0:
             return
         releases: list[tuple[datetime, list[Slot], int]] = []
+        now = self.now
+        preempted = self.preempted
+        slot_at = self.slot_at
+        spans: dict[int, timedelta] = {}  # runtimes repeat: one timedelta each
         for r in self.running.values():
-            if r.job.id in self.preempted:
+            rj = r.job
+            if rj.id in preempted:
                 continue
-            rt = _runtime(r.job)
+            rt = _runtime(rj)
             if rt is None:
                 continue  # unknown end: assume it never ends
-            end = max(self.now, r.started_at + timedelta(seconds=rt))
+            span = spans.get(rt)
+            if span is None:
+                span = spans[rt] = timedelta(seconds=rt)
+            end = r.started_at + span
+            if not end > now:  # max(now, end), keeping `now` on ties as max() does
+                end = now
             rslots = [
                 s
                 for node, idxs in r.placement
                 for i in idxs
-                if (s := self.slot_at.get((node, i))) is not None
+                if (s := slot_at.get((node, i))) is not None
             ]
             releases.append((end, rslots, r.share_milli))
         for end_opt, pslots, milli in self.placed_ends:
@@ -568,20 +674,25 @@ class Cycle:
         las = policy == "las"
         mine = las_level(job.attained_gpu_s, self.settings) if las else 0
         out: dict[int, str] = {}
-        for r in self._victim_pool():
-            rj = r.job
-            if rj.id in self.preempted or rj.id == job.id:
+        self._victim_pool()
+        preempted = self.preempted
+        if reclaim:
+            # Projects borrowing beyond their quota right now (a handful; the pool is large).
+            borrowing = {name for name, milli in used.items() if milli > self._quota_of(name)} - {
+                job.project
+            }
+        else:
+            borrowing = set()
+        levels = self._las_levels
+        for rid, project, priority in self._pool_keys:
+            if rid in preempted or rid == job.id:
                 continue
-            if (
-                reclaim
-                and rj.project != job.project
-                and used.get(rj.project, 0) > self._quota_of(rj.project)
-            ):
-                out[rj.id] = "quota"
-            elif by_prio and rj.priority < job.priority:
-                out[rj.id] = "priority"
-            elif las and self._las_levels[rj.id] > mine:
-                out[rj.id] = "las"
+            if project in borrowing:
+                out[rid] = "quota"
+            elif by_prio and priority < job.priority:
+                out[rid] = "priority"
+            elif las and levels[rid] > mine:
+                out[rid] = "las"
         return out
 
     def _why(self, rule: str, job: JobView, r: RunningJobView) -> str:
@@ -604,11 +715,17 @@ class Cycle:
                 r for r in self.running.values() if r.job.preemptible and not self._protected(r)
             ]
             self._pool: list[RunningJobView] | None = pool
+            self._pool_keys = [(r.job.id, r.job.project, r.job.priority) for r in pool]
             on_node: dict[str, list[RunningJobView]] = {}
             for r in pool:
                 for nname, _ in r.placement:
                     on_node.setdefault(nname, []).append(r)
-            self._pool_by_node = [(n, on_node[n.name]) for n in self.nodes if n.name in on_node]
+            # Per node: (job id, its GPU indices on this node, share, job, victim order key).
+            self._pool_by_node = [
+                (n, [_VictimHere.of(r, n.name) for r in on_node[n.name]])
+                for n in self.nodes
+                if n.name in on_node
+            ]
             self._min_prio = min((r.job.priority for r in pool), default=0)
             self._las_levels: dict[int, int] = {}
             if self.settings.queue_policy == "las":
@@ -668,54 +785,68 @@ class Cycle:
         if not reasons:
             return False
         enough = req.nodes + _PREEMPT_OPTIONS
+        pmemo = self._pmemo
         for node, pool in self._pool_by_node:
             if len(options) >= enough:
                 break  # a few alternatives are plenty; scanning every node is not worth it
             if node.blocker is not None or (req.model is not None and req.model not in node.models):
                 continue
-            if not any(r.job.id in reasons for r in pool):
+            if not any(v.id in reasons for v in pool):
                 continue
-            useful: set[int] = set()  # GPUs that would serve the job once freed
-            changed = False
-            for sl in node.slots:
-                changed |= self._check_late(sl)
-                if (
-                    sl.blocker is None
-                    and (sl.reserved_for is None or sl.reserved_for == job.id)
-                    and (req.model is None or sl.model == req.model)
-                    and sl.total_mem >= req.memory_mb
-                ):
-                    useful.add(sl.index)
-            if changed:
-                self.index.refresh(node)
-            cands = []
-            for r in pool:
-                if not any(
-                    i in useful for nname, idxs in r.placement if nname == node.name for i in idxs
-                ):
-                    continue  # stopping it would free nothing this job can use
-                if r.job.id in reasons:
-                    cands.append(r)
+            # GPUs that would serve the job once freed, remembered per node state (see
+            # _NodeForPreempt). The late GPU checks run on every slot of every node looked
+            # at here, as they always have: their outcome feeds later scores and the
+            # reservation, so which slots get checked must not change. A remembered
+            # entry implies they already ran.
+            mkey = (node.name, req.model, req.memory_mb)
+            pm = pmemo.get(mkey)
+            if pm is None or pm.version != node.version or pm.own not in (None, job.id):
+                useful: list[Slot] = []
+                changed = False
+                reserved = False
+                for sl in node.slots:
+                    if sl.unchecked is not None:
+                        changed |= self._check_late(sl)
+                    if sl.reserved_for is not None:
+                        reserved = True
+                    if (
+                        sl.blocker is None
+                        and (sl.reserved_for is None or sl.reserved_for == job.id)
+                        and (req.model is None or sl.model == req.model)
+                        and sl.total_mem >= req.memory_mb
+                    ):
+                        useful.append(sl)
+                if changed:
+                    self.index.refresh(node)
+                pm = pmemo[mkey] = _NodeForPreempt(
+                    node.version, job.id if reserved else None, useful, pool
+                )
+            useful = pm.useful
+            if len(useful) < req.gpus:
+                continue  # even stopping every job here leaves too few suitable GPUs
+            if pm.hopeless(req):
+                continue  # stopping every preemptible job here would not make room
+            useful_idx = pm.useful_idx
+            # Jobs it may stop whose GPUs here would serve it (others would free nothing).
+            cands = [v for v in pool if v.id in reasons and any(i in useful_idx for i in v.idxs)]
             if not cands:
                 continue
-            cands.sort(key=lambda r: (r.job.priority, -r.started_at.timestamp(), r.job.id))
-            freed: dict[int, int] = {}  # slot id -> milli freed on this node
+            freed: dict[int, int] = {}  # GPU index -> milli freed on this node
+            for v in cands:
+                for i in v.idxs:
+                    freed[i] = freed.get(i, 0) + v.milli
+            # Upper bound first: freeing more never makes a GPU less suitable, so if all
+            # candidates together do not make room, no prefix of them does.
+            if _fits_after(useful, freed, req) < req.gpus:
+                continue
+            cands.sort(key=_victim_order)
+            freed = {}
             picked: list[RunningJobView] = []
-            for r in cands:
-                picked.append(r)
-                for nname, idxs in r.placement:
-                    if nname == node.name:
-                        for i in idxs:
-                            freed[i] = freed.get(i, 0) + r.share_milli
-                ok = sum(
-                    1
-                    for s in node.slots
-                    if s.blocker is None
-                    and (s.reserved_for is None or s.reserved_for == job.id)
-                    and (req.model is None or s.model == req.model)
-                    and s.free_milli + freed.get(s.index, 0) >= req.milli
-                    and _mem_after_release(s, freed.get(s.index, 0)) >= req.memory_mb
-                )
+            for v in cands:
+                picked.append(v.run)
+                for i in v.idxs:
+                    freed[i] = freed.get(i, 0) + v.milli
+                ok = _fits_after(useful, freed, req)
                 if ok >= req.gpus:
                     cost = (len(picked), sum(p.job.total_gpus for p in picked), node.rank)
                     options.append((cost, node, list(picked)))
@@ -801,59 +932,76 @@ class Cycle:
     # ------------------------------------------------------------------ 4. explain
 
     def _explain(self, deferred: list[tuple[int, JobView, Request]]) -> None:
-        cache: dict[Request, tuple[ReasonKind, str]] = {}
+        # By object: deferred requests are the cycle's one Request per job shape (and all
+        # alive while this runs), so id() is as good a key as the value and cheaper.
+        cache: dict[int, tuple[ReasonKind, str]] = {}
         levels: dict[tuple[int, int, str | None], list[list[int]]] = {}
         # Only GPUs with room at the start of the cycle can count at any level.
         self._had_room = [
             room for n in self.nodes if (room := [sl for sl in n.slots if sl.init_free_milli > 0])
         ]
+        self._room_profiles = _room_profiles(self._had_room)
+        self._room_max = max((len(room) for room in self._had_room), default=0)
+        pending = self.pending
+        res_job = self.res_job
         for pos, job, req in deferred:
-            if job.id == self.res_job:
+            if job.id == res_job:
                 kind, msg = self._diagnose(req, {}, own=job.id)  # its own GPUs count as free
                 self._pend(job, pos, kind, msg + _reservation_note(self.res_time), self.res_time)
                 continue
-            got = cache.get(req)
+            got = cache.get(id(req))
             if got is None:
-                got = self._diagnose(req, levels)
-                cache[req] = got
-            self._pend(job, pos, got[0], got[1])
+                got = cache[id(req)] = self._diagnose(req, levels)
+            pending.append(PendingReason(job.id, got[0], got[1], pos, None))
 
     def _level_histogram(
         self, key: tuple[int, int, str | None], own: int | None
     ) -> list[list[int]]:
-        """Per level A..E: how many nodes have exactly k GPUs passing (see _diagnose)."""
+        """Per level A..E: how many nodes have exactly k GPUs passing (see _diagnose).
+
+        Counted over distinct node profiles (see `_room_profiles`), each weighted by
+        how many nodes share it: on a large cluster most nodes look alike.
+        """
         milli, mem, model = key
-        size = max((len(room) for room in self._had_room), default=0) + 1
+        size = self._room_max + 1
         hist = [[0] * size for _ in range(5)]
         h0, h1, h2, h3, h4 = hist
-        for room in self._had_room:
+        for profile, nodes in self._room_profiles:
             c0 = c1 = c2 = c3 = c4 = 0
-            for sl in room:
+            for (
+                init_milli,
+                total_mem,
+                sl_model,
+                blocked,
+                init_mem,
+                r,
+                free_milli,
+                free_mem,
+            ), n in profile:
                 if (
-                    sl.init_free_milli < milli
-                    or sl.total_mem < mem
-                    or (model is not None and sl.model != model)
+                    init_milli < milli
+                    or total_mem < mem
+                    or (model is not None and sl_model != model)
                 ):
                     continue
-                c0 += 1
-                if sl.blocker is not None:
+                c0 += n
+                if blocked:
                     continue
-                c1 += 1
-                if sl.init_free_mem < mem:
+                c1 += n
+                if init_mem < mem:
                     continue
-                c2 += 1
-                r = sl.reserved_for
+                c2 += n
                 if r is not None and r != own:
                     continue
-                c3 += 1
-                if sl.free_milli < milli or sl.free_mem < mem:
+                c3 += n
+                if free_milli < milli or free_mem < mem:
                     continue
-                c4 += 1
-            h0[c0] += 1
-            h1[c1] += 1
-            h2[c2] += 1
-            h3[c3] += 1
-            h4[c4] += 1
+                c4 += n
+            h0[c0] += nodes
+            h1[c1] += nodes
+            h2[c2] += nodes
+            h3[c3] += nodes
+            h4[c4] += nodes
         return hist
 
     def _diagnose(
@@ -927,10 +1075,115 @@ class Cycle:
         )
 
 
+# What `_level_histogram` reads of one GPU with room at the start of the cycle.
+_SlotProfile = tuple[int, int, str, bool, int, int | None, int, int]
+
+
+def _room_profiles(
+    had_room: list[list[Slot]],
+) -> list[tuple[tuple[tuple[_SlotProfile, int], ...], int]]:
+    """Distinct nodes as seen by the pending-reason histograms, with their multiplicity.
+
+    A node is the multiset of its GPUs' profiles ((profile, how many) pairs): the
+    histograms only count GPUs per node, so GPU order and identical GPUs don't matter,
+    and on a large cluster a few hundred kinds of node stand for a thousand.
+    """
+    counts: dict[frozenset[tuple[_SlotProfile, int]], int] = {}
+    for room in had_room:
+        per_gpu: dict[_SlotProfile, int] = {}
+        for sl in room:
+            sp = (
+                sl.init_free_milli,
+                sl.total_mem,
+                sl.model,
+                sl.blocker is not None,
+                sl.init_free_mem,
+                sl.reserved_for,
+                sl.free_milli,
+                sl.free_mem,
+            )
+            per_gpu[sp] = per_gpu.get(sp, 0) + 1
+        node = frozenset(per_gpu.items())
+        counts[node] = counts.get(node, 0) + 1
+    return [(tuple(node), n) for node, n in counts.items()]
+
+
 def _reservation_note(when: datetime | None) -> str:
     if when is None:
         return "; GPUs reserved, start time unknown (running jobs without runtime estimate)"
     return f"; GPUs reserved, estimated start {when.isoformat()}"
+
+
+class _Shape(NamedTuple):
+    """Per job shape, worked out once per cycle: the request, its can-never-fit
+    verdict and its keys in the failure set and node memos."""
+
+    req: Request
+    never: Status
+    key: int  # _memo_key(req, allow_reserved=False)
+    key_reserved: int  # _memo_key(req, allow_reserved=True)
+
+
+class _VictimHere(NamedTuple):
+    """A preemptible running job as seen from one node it runs on."""
+
+    id: int
+    idxs: tuple[int, ...]  # its GPU indices on this node
+    milli: int
+    run: RunningJobView
+    order: tuple[int, float, int]  # cheapest victims first: low priority, youngest, id
+
+    @staticmethod
+    def of(r: RunningJobView, node: str) -> _VictimHere:
+        idxs = tuple(i for nname, ix in r.placement if nname == node for i in ix)
+        key = (r.job.priority, -r.started_at.timestamp(), r.job.id)
+        return _VictimHere(r.job.id, idxs, r.share_milli, r, key)
+
+
+class _NodeForPreempt:
+    """What the victim search learnt about one node for one (model, memory) request,
+    valid while the node's version is unchanged (and, if the node holds reserved GPUs,
+    only for the job it was worked out for)."""
+
+    __slots__ = ("_hopeless", "own", "pool", "useful", "useful_idx", "version")
+
+    def __init__(
+        self, version: int, own: int | None, useful: list[Slot], pool: list[_VictimHere]
+    ) -> None:
+        self.version = version
+        self.own = own
+        self.useful = useful
+        self.useful_idx = {sl.index for sl in useful}
+        self.pool = pool
+        self._hopeless: dict[Request, bool] = {}
+
+    def hopeless(self, req: Request) -> bool:
+        """True if even stopping every preemptible job on the node (whatever the rules
+        say for this job) leaves fewer than `req.gpus` GPUs for it: an upper bound on
+        what any allowed victim set can free."""
+        got = self._hopeless.get(req)
+        if got is None:
+            freed: dict[int, int] = {}
+            for v in self.pool:
+                for i in v.idxs:
+                    freed[i] = freed.get(i, 0) + v.milli
+            got = self._hopeless[req] = _fits_after(self.useful, freed, req) < req.gpus
+        return got
+
+
+def _victim_order(v: _VictimHere) -> tuple[int, float, int]:
+    return v.order
+
+
+def _fits_after(useful: list[Slot], freed: dict[int, int], req: Request) -> int:
+    """GPUs of `useful` (usable, suitable, not reserved for another) that fit `req`
+    once `freed` (GPU index -> milli) is released on their node."""
+    n = 0
+    for s in useful:
+        f = freed.get(s.index, 0)
+        if s.free_milli + f >= req.milli and _mem_after_release(s, f) >= req.memory_mb:
+            n += 1
+    return n
 
 
 def _mem_after_release(s: Slot, milli: int) -> int:
@@ -966,46 +1219,46 @@ def reservation(
     held with an unknown start, so the head job still accumulates capacity.
     """
 
-    def static_ok(s: Slot) -> bool:
-        return (
-            s.blocker is None
-            and (req.model is None or s.model == req.model)
-            and s.total_mem >= req.memory_mb
-            and (s.reserved_for is None or s.reserved_for == job_id)
-        )
-
     milli_at: dict[int, int] = {}
     mem_ok: dict[int, bool] = {}
     free_now: dict[int, bool] = {}
     count: dict[str, int] = {}
     ok_nodes: dict[str, NodeState] = {}
+    model, memory_mb, milli = req.model, req.memory_mb, req.milli
     for n in nodes:
         if n.blocker is not None:
             continue
         c = 0
         for s in n.slots:
-            if not static_ok(s):
+            # Usable, right model, big enough, not held for another job.
+            if (
+                s.blocker is not None
+                or (model is not None and s.model != model)
+                or s.total_mem < memory_mb
+                or (s.reserved_for is not None and s.reserved_for != job_id)
+            ):
                 continue
-            milli_at[id(s)] = s.free_milli
-            mem_ok[id(s)] = s.free_mem >= req.memory_mb
-            now_ok = s.free_milli >= req.milli and mem_ok[id(s)]
-            free_now[id(s)] = now_ok
+            sid = id(s)
+            milli_at[sid] = s.free_milli
+            m_ok = mem_ok[sid] = s.free_mem >= memory_mb
+            now_ok = free_now[sid] = s.free_milli >= milli and m_ok
             c += now_ok
         count[n.name] = c
         if c >= req.gpus:
             ok_nodes[n.name] = n
     when: datetime | None = now if len(ok_nodes) >= req.nodes else None
     if when is None:
-        for end, slots, milli in sorted(releases, key=lambda r: r[0]):
+        for end, slots, freed in sorted(releases, key=itemgetter(0)):
             for s in slots:
                 sid = id(s)
-                if sid not in milli_at:
+                at = milli_at.get(sid)
+                if at is None:
                     continue
-                before = milli_at[sid] >= req.milli and mem_ok[sid]
-                milli_at[sid] += milli
-                if milli_at[sid] >= 1000:
-                    mem_ok[sid] = s.total_mem - s.foreign_mem >= req.memory_mb
-                after = milli_at[sid] >= req.milli and mem_ok[sid]
+                before = at >= milli and mem_ok[sid]
+                at = milli_at[sid] = at + freed
+                if at >= 1000:
+                    mem_ok[sid] = s.total_mem - s.foreign_mem >= memory_mb
+                after = at >= milli and mem_ok[sid]
                 if after and not before:
                     count[s.node.name] += 1
                     if count[s.node.name] >= req.gpus:

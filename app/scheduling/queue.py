@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
+from operator import attrgetter
 
 from app.scheduling.types import JobView, PolicySettings, ProjectView, RunningJobView
 from app.scheduling.usage import predict_runtime
@@ -19,14 +20,29 @@ def _submitted(job: JobView) -> datetime:
     return job.submitted_at or _EPOCH
 
 
+_ID = attrgetter("id")
+_SUBMITTED = attrgetter("submitted_at")
+_PRIORITY = attrgetter("priority")
+
+
 def fifo(jobs: Iterable[JobView]) -> list[JobView]:
     """First come, first served."""
-    return sorted(jobs, key=lambda j: (j.submitted_at or _EPOCH, j.id))
+    ordered = list(jobs)
+    if all(j.submitted_at is not None for j in ordered):
+        # Same order as the general key below, in two stable passes with one-attribute
+        # keys (no key tuples; the id pass is linear when jobs come in id order).
+        ordered.sort(key=_ID)
+        ordered.sort(key=_SUBMITTED)
+        return ordered
+    return sorted(ordered, key=lambda j: (j.submitted_at or _EPOCH, j.id))
 
 
 def by_priority(jobs: Iterable[JobView]) -> list[JobView]:
     """Higher priority first, FIFO within a priority."""
-    return sorted(jobs, key=lambda j: (-j.priority, j.submitted_at or _EPOCH, j.id))
+    ordered = fifo(jobs)
+    # Stable (reverse=True keeps equal keys in place): FIFO within each priority.
+    ordered.sort(key=_PRIORITY, reverse=True)
+    return ordered
 
 
 def fair_share(
@@ -60,13 +76,15 @@ def fair_share(
         weight[name] = _weight(name, projects)
         charge.setdefault(name, 0.0)
     keyed: list[tuple[float, str, int, JobView]] = []
+    append = keyed.append
     for k, job in enumerate(ordered):
         name = job.project
         # k (position in priority order) breaks ties like the project's own queue order
-        keyed.append((charge[name] / weight[name], name, k, job))
+        append((charge[name] / weight[name], name, k, job))
         gpus = job.gpus * job.nodes if job.nodes > 1 else job.gpus
         charge[name] += (gpus if gpus > 1 else 1) * horizon
-    keyed.sort(key=lambda t: (t[0], t[1], t[2]))
+    # Plain tuple order: k is unique, so the job itself is never compared.
+    keyed.sort()
     return [t[3] for t in keyed]
 
 

@@ -60,9 +60,9 @@ class Slot:
     """One GPU during a cycle."""
 
     __slots__ = (
+        "_cool",
         "blocker",
         "booked_mem",
-        "cool",
         "foreign_mem",
         "free_mem",
         "free_milli",
@@ -104,16 +104,25 @@ class Slot:
         self.blocker = blocker
         self.temp = temp
         self.util = util
-        # Thermal score of this GPU alone (see scorers/thermal.py), fixed for the cycle.
-        u = min(100.0, max(0.0, util or 0.0)) / 100.0
-        heat = 0.0 if temp is None else min(1.0, max(0.0, (temp - 40.0) / 50.0))
-        self.cool = 1.0 - 0.5 * u - 0.5 * heat
+        # Thermal score of this GPU alone (see scorers/thermal.py), fixed for the cycle;
+        # worked out on first use: most GPUs are never a candidate in a cycle.
+        self._cool: float | None = None
         self.peers = peers
         self.foreign_mem = foreign_mem
         self.booked_mem = 0
         self.reserved_for: int | None = None
         # (node, GPU) views whose GPU filters have not run yet (GPU fully ours at build).
         self.unchecked: tuple[NodeView, GpuView] | None = None
+
+    @property
+    def cool(self) -> float:
+        cool = self._cool
+        if cool is None:
+            u = min(100.0, max(0.0, self.util or 0.0)) / 100.0
+            t = self.temp
+            heat = 0.0 if t is None else min(1.0, max(0.0, (t - 40.0) / 50.0))
+            cool = self._cool = 1.0 - 0.5 * u - 0.5 * heat
+        return cool
 
     @property
     def usable(self) -> bool:
@@ -123,6 +132,17 @@ class Slot:
         return f"Slot({self.node.name}:{self.index} free={self.free_milli})"
 
 
+class Choice:
+    """A node's GPU pick for one request shape, valid while `NodeState.version` is unchanged."""
+
+    __slots__ = ("picked", "score", "version")
+
+    def __init__(self, version: int, picked: list[Slot] | None) -> None:
+        self.version = version
+        self.picked = picked
+        self.score: float | None = None  # weighted scorer total, filled when ranked
+
+
 class NodeState:
     __slots__ = (
         "blocker",
@@ -130,11 +150,13 @@ class NodeState:
         "free_whole",
         "gpu_count",
         "has_partial",
+        "memo",
         "models",
         "name",
         "rank",
         "slots",
         "usable",
+        "version",
     )
 
     def __init__(self, name: str, rank: int, blocker: Status | None) -> None:
@@ -149,6 +171,11 @@ class NodeState:
         self.free_sum = 0
         self.has_partial = False
         self.models: frozenset[str] = frozenset()
+        # Bumped by NodeIndex.refresh, which every change to the node's GPUs goes
+        # through; `memo` caches GPU picks per (request, may use reserved GPUs), keyed
+        # by a small int the cycle hands out per such pair.
+        self.version = 0
+        self.memo: dict[int, Choice] = {}
 
     def count_free_whole(self) -> int:
         """Recount the node's totals; returns usable, unreserved, wholly free GPUs."""
@@ -196,6 +223,7 @@ class NodeIndex:
 
     def refresh(self, n: NodeState) -> None:
         """Re-file a node after its slots changed."""
+        n.version += 1
         if n.blocker is not None:
             return
         new = n.count_free_whole()

@@ -11,6 +11,12 @@ The order is fixed here and nowhere else:
    enough GPUs per node / enough nodes. Separates "can never fit" from "not now".
 5. SLOT_FILTERS (per job x candidate GPU while placing): model, free memory
    from telemetry, room for the share. enough_gpus.fits then counts per node.
+
+Node and GPU filters also offer a precheck bound (`fresh_after`, `idle_before`):
+the cycle compares a timestamp with it and runs the filters themselves only
+when the bound cannot vouch for a node or GPU (nearly never on a healthy
+cluster). A precheck can only say "surely passes", so the first failing
+filter and its message are always the filter's own.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ on is not mistaken for a busy or freshly idle one.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from app.scheduling.status import OK, Context, Status, unschedulable
 from app.scheduling.types import GpuView, NodeView, ReasonKind
 
@@ -36,3 +38,16 @@ def check(node: NodeView, gpu: GpuView, ctx: Context) -> Status:
             f"{idle_s:.0f}s (need {settings.stability_window_s:.0f}s)",
         )
     return OK
+
+
+def idle_before(ctx: Context) -> datetime | None:
+    """Precheck bound: a GPU below the foreign-load threshold and idle since at or
+    before this instant surely passes `check` (millisecond of slack against float
+    rounding; anything else goes through `check`, which decides)."""
+    try:
+        return ctx.now - timedelta(seconds=ctx.settings.stability_window_s) - _MS
+    except (OverflowError, ValueError):
+        return None  # window not a representable time span (e.g. infinite): no bound
+
+
+_MS = timedelta(milliseconds=1)
