@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.cycle import lease
 from app.cycle.apply import apply_plan
 from app.cycle.settings import SchedulerSettings
-from app.cycle.snapshot import QueueMemory, head_depth, read_snapshot
+from app.cycle.snapshot import QueueMemory, read_snapshot
 from app.messaging import RUN_JOB, STOP_JOB, Messenger
 from app.metrics import CYCLE_SECONDS, PLACEMENTS
 from app.scheduling import plan_cycle
@@ -88,7 +88,7 @@ def run_cycle(
                 plan = replace(plan, preemptions=plan.preemptions + closing)
             plan_ms = (time.perf_counter() - plan_started) * 1000
             if memory is not None:
-                memory.remember(ctx, plan.queue_order, depth=head_depth(ctx.snapshot))
+                memory.remember(ctx, plan.queue_order)
             # 3. apply
             applied = apply_plan(
                 session, ctx=ctx, plan=plan, token=token, now=now, all_positions=all_positions

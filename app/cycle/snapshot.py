@@ -44,12 +44,14 @@ class SnapshotContext:
     usage: dict[int, float]
     attained: dict[int, float]
     quick: bool = False
+    # A quick read: the remembered head it asked for (some may have left the queue).
+    asked: tuple[int, ...] = ()
 
 
-def head_depth(snapshot: Snapshot) -> int:
+def head_depth(nodes: tuple[NodeView, ...]) -> int:
     """How much of the queue a quick cycle reads: enough candidates to fill every GPU a
     few times over (some will not fit), bounded so one query stays small."""
-    gpus = sum(len(node.gpus) for node in snapshot.nodes)
+    gpus = sum(len(node.gpus) for node in nodes)
     return min(2000, 64 + 4 * gpus)
 
 
@@ -59,13 +61,15 @@ class QueueMemory:
 
     Like Slurm's main scheduling loop (default_queue_depth) next to its periodic full
     pass: a cycle triggered by an event (a job finished, one was submitted) reads only
-    the head of the queue as the last full cycle ordered it, plus jobs new to the queue
-    (submitted or requeued since, still marked NEW), and reuses fair-share usage and
-    runtime history. Its cost then depends on the cluster's size, not the queue's depth;
-    the full cycle every few seconds re-ranks everything.
+    the head of the queue in the remembered order, plus jobs new to the queue (submitted
+    or requeued since, still marked NEW), and reuses fair-share usage and runtime
+    history. Its cost then depends on the cluster's size, not the queue's depth; the full
+    cycle every few seconds re-ranks everything.
     """
 
-    head: tuple[int, ...] = ()
+    # Pending job ids in policy order. Quick cycles re-rank the part they read and drop
+    # the jobs that left the queue, so the head they read slides forward as jobs start.
+    order: list[int] = field(default_factory=list)
     usage: dict[int, float] = field(default_factory=dict)
     attained: dict[int, float] = field(default_factory=dict)
     history: Mapping[tuple[str, str], tuple[float, ...]] = field(
@@ -73,12 +77,19 @@ class QueueMemory:
     )
     ready: bool = False
 
-    def remember(self, ctx: SnapshotContext, queue_order: tuple[int, ...], depth: int) -> None:
-        self.head = queue_order[:depth]
+    def head(self, depth: int) -> list[int]:
+        return self.order[:depth]
+
+    def remember(self, ctx: SnapshotContext, queue_order: tuple[int, ...]) -> None:
         if not ctx.quick:
+            self.order = list(queue_order)
             self.usage, self.attained = ctx.usage, ctx.attained
             self.history = ctx.snapshot.runtime_history
             self.ready = True
+            return
+        # Asked-for ids missing from the plan's order are no longer pending: forget them.
+        seen = set(ctx.asked) | set(queue_order)
+        self.order = [*queue_order, *(i for i in self.order if i not in seen)]
 
 
 def _gpu_view(gpu: Gpu) -> GpuView:
@@ -261,12 +272,14 @@ def read_snapshot(
         for j in active_jobs
     )
     pending_query = select(*JOB_COLUMNS).where(Job.status == JobStatus.PENDING).order_by(Job.id)
+    asked: tuple[int, ...] = ()
     if memory is not None:
-        head = session.execute(pending_query.where(Job.id.in_(memory.head))).all()
+        asked = tuple(memory.head(head_depth(node_views)))
+        head = session.execute(pending_query.where(Job.id.in_(asked))).all()
         arrived = session.execute(
-            pending_query.where(
-                Job.pending_reason == NEW_IN_QUEUE, Job.id.not_in(memory.head)
-            ).limit(quick_new_limit)
+            pending_query.where(Job.pending_reason == NEW_IN_QUEUE, Job.id.not_in(asked)).limit(
+                quick_new_limit
+            )
         ).all()
         pending_jobs = sorted([*head, *arrived], key=lambda j: j.id)
     else:
@@ -321,4 +334,5 @@ def read_snapshot(
         usage=dict(usage),
         attained=dict(attained),
         quick=quick,
+        asked=asked,
     )

@@ -56,7 +56,7 @@ def test_a_quick_read_sees_the_remembered_head_and_new_jobs_only(api):
             pending_reason="RESOURCES", queue_position=1))  # fmt: skip
         session.commit()
         project_id = session.scalar(select(Project.id).where(Project.name == "ml"))
-        memory = QueueMemory(head=(head,), usage={project_id: 1234.0}, ready=True)
+        memory = QueueMemory(order=[head], usage={project_id: 1234.0}, ready=True)
         ctx = read_snapshot(session=session, now=utcnow(), half_life_s=3600, quick_from=memory)
     assert ctx.quick
     assert [j.id for j in ctx.snapshot.pending] == [head, new]
@@ -75,16 +75,41 @@ def test_quick_cycles_read_the_head_and_place_new_jobs(api):
 
     first = cycle(full=False)  # nothing remembered yet: a full read
     assert (first.placed, first.pending, memory.ready) == (1, 79, True)
-    depth = len(memory.head)  # 64 + 4 per GPU
-    assert depth == 68
     assert NEW_IN_QUEUE not in {_reason(api, j) for j in queued[1:]}
+    depth = 64 + 4 * 1  # per GPU
 
-    # Between full cycles: only the head (minus the placed job) and the new arrival.
+    # Between full cycles: only the head (the placed job, gone now, and 67 waiting ones)
+    # and the new arrival.
     arrival = _submit(api)
     quick = cycle(full=False)
     assert (quick.placed, quick.pending) == (0, depth - 1 + 1)
     assert _reason(api, arrival) not in (None, NEW_IN_QUEUE)  # ranked near the head
+    assert queued[0] not in memory.order  # no longer pending: forgotten
 
     # A full cycle reads everything again.
     full = cycle(full=True)
     assert (full.placed, full.pending) == (0, 80)
+
+
+def test_the_head_a_quick_cycle_reads_slides_forward_as_jobs_start(api):
+    """Jobs that started leave the remembered order, so the next quick cycle reads jobs
+    further back (without a full cycle, the head would run dry)."""
+    _node(api.factory, gpus=1)
+    memory = QueueMemory()
+    queued = [_submit(api) for _ in range(100)]
+
+    def cycle(*, full: bool):
+        return run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t",
+                         now=utcnow(), all_positions=full, memory=memory)  # fmt: skip
+
+    assert cycle(full=True).placed == 1
+    with api.factory() as session:
+        # The first 80 jobs in the queue leave it (cancelled, say).
+        session.execute(update(Job).where(Job.id.in_(queued[:80])).values(status="CANCELLED"))
+        session.commit()
+    quick = cycle(full=False)
+    assert quick.pending == 0  # the 68 it asked for were all gone
+    assert memory.order == queued[68:]
+    again = cycle(full=False)
+    assert again.pending == 20  # the next ones in the remembered order
+    assert memory.order == queued[80:]
