@@ -9,7 +9,7 @@ PG_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
 $(BIN)/gpusched: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,bench]'
 	@touch $@
 
 install: $(BIN)/gpusched
