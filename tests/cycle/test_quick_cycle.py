@@ -10,8 +10,8 @@ from app.cycle.snapshot import QueueMemory, read_snapshot
 from app.db import utcnow
 from app.jobs.models import Job
 from app.jobs.states import NEW_IN_QUEUE
-from app.nodes.models import Gpu, Node, NodeState
 from app.projects.models import Project
+from tests.foundation.builders import ready_node
 
 SETTINGS = SchedulerSettings(stability_window_s=0, preemption=False)
 
@@ -24,23 +24,14 @@ def _submit(api, user="alice", **body):
 
 
 def _node(factory, gpus: int) -> None:
-    now = utcnow()
     with factory() as session:
-        node = Node(name="n1", hostname="n1", state=NodeState.READY, last_heartbeat_at=now)
-        node.gpus = [
-            Gpu(
-                index=i,
-                uuid=f"GPU-q-{i}",
-                model="H100-80GB",
-                memory_total_mb=81559,
-                sampled_at=now,
-                util_pct=0.0,
-                idle_since=now,
-            )
-            for i in range(gpus)
-        ]
-        session.add(node)
+        session.add(ready_node("n1", gpus=gpus, now=utcnow()))
         session.commit()
+
+
+def _cycle(api, memory: QueueMemory, *, full: bool):
+    return run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t",
+                     now=utcnow(), all_positions=full, memory=memory)  # fmt: skip
 
 
 def _reason(api, job_id: int) -> str | None:
@@ -69,11 +60,7 @@ def test_quick_cycles_read_the_head_and_place_new_jobs(api):
     memory = QueueMemory()
     queued = [_submit(api) for _ in range(80)]
 
-    def cycle(*, full: bool):
-        return run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t",
-                         now=utcnow(), all_positions=full, memory=memory)  # fmt: skip
-
-    first = cycle(full=False)  # nothing remembered yet: a full read
+    first = _cycle(api, memory, full=False)  # nothing remembered yet: a full read
     assert (first.placed, first.pending, memory.ready) == (1, 79, True)
     assert NEW_IN_QUEUE not in {_reason(api, j) for j in queued[1:]}
     depth = 64 + 4 * 1  # per GPU
@@ -81,13 +68,13 @@ def test_quick_cycles_read_the_head_and_place_new_jobs(api):
     # Between full cycles: only the head (the placed job, gone now, and 67 waiting ones)
     # and the new arrival.
     arrival = _submit(api)
-    quick = cycle(full=False)
+    quick = _cycle(api, memory, full=False)
     assert (quick.placed, quick.pending) == (0, depth - 1 + 1)
     assert _reason(api, arrival) not in (None, NEW_IN_QUEUE)  # ranked near the head
     assert queued[0] not in memory.order  # no longer pending: forgotten
 
     # A full cycle reads everything again.
-    full = cycle(full=True)
+    full = _cycle(api, memory, full=True)
     assert (full.placed, full.pending) == (0, 80)
 
 
@@ -98,18 +85,14 @@ def test_the_head_a_quick_cycle_reads_slides_forward_as_jobs_start(api):
     memory = QueueMemory()
     queued = [_submit(api) for _ in range(100)]
 
-    def cycle(*, full: bool):
-        return run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t",
-                         now=utcnow(), all_positions=full, memory=memory)  # fmt: skip
-
-    assert cycle(full=True).placed == 1
+    assert _cycle(api, memory, full=True).placed == 1
     with api.factory() as session:
         # The first 80 jobs in the queue leave it (cancelled, say).
         session.execute(update(Job).where(Job.id.in_(queued[:80])).values(status="CANCELLED"))
         session.commit()
-    quick = cycle(full=False)
+    quick = _cycle(api, memory, full=False)
     assert quick.pending == 0  # the 68 it asked for were all gone
     assert memory.order == queued[68:]
-    again = cycle(full=False)
+    again = _cycle(api, memory, full=False)
     assert again.pending == 20  # the next ones in the remembered order
     assert memory.order == queued[80:]

@@ -24,8 +24,9 @@ from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
 from app.jobs import service
 from app.jobs.models import Allocation, Job
-from app.nodes.models import Gpu, Node, NodeState
+from app.nodes.models import Gpu
 from app.projects.models import Project
+from tests.foundation.builders import ready_node
 
 pytestmark = pytest.mark.e2e
 
@@ -42,18 +43,7 @@ def test_cancel_racing_a_placement_does_not_leak_the_gpu(factory: sessionmaker[S
     with factory() as session:
         user, _ = create_user(session=session, name="u", projects=["p"], is_admin=False, ttl_days=0)
         project_id = session.scalar(select(Project.id).where(Project.name == "p"))
-        node = Node(name="n1", hostname="127.0.0.1", state=NodeState.READY, last_heartbeat_at=now)
-        node.gpus = [
-            Gpu(
-                index=0,
-                uuid="GPU-c-0",
-                model="H100-80GB",
-                memory_total_mb=81559,
-                sampled_at=now,
-                util_pct=0.0,
-                idle_since=now,
-            )
-        ]
+        node = ready_node("n1", gpus=1, now=now)
         session.add(node)
         job = Job(name="j", user_id=user.id, project_id=project_id, command="sleep 60", gpus=1)
         session.add(job)
@@ -89,7 +79,7 @@ def test_cancel_racing_a_placement_does_not_leak_the_gpu(factory: sessionmaker[S
         active = session.scalars(
             select(Allocation).where(Allocation.job_id == job_id, Allocation.released_at.is_(None))
         ).all()
-        gpu = session.scalar(select(Gpu).where(Gpu.uuid == "GPU-c-0"))
+        gpu = session.scalar(select(Gpu).where(Gpu.uuid == "GPU-n1-0"))
         assert gpu is not None
         state = (str(job.status), job.cancel_requested_at is not None, len(active))
         milli = gpu.allocated_milli

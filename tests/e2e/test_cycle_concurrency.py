@@ -33,9 +33,9 @@ from app.jobs import reports
 from app.jobs.models import Job
 from app.jobs.states import ACTIVE, JobStatus
 from app.migrate import upgrade
-from app.nodes.models import Gpu, Node, NodeState
 from app.projects.models import Project
 from bench.common import create_pg_database, drop_pg_database
+from tests.foundation.builders import ready_node
 
 pytestmark = [
     pytest.mark.e2e,
@@ -113,25 +113,9 @@ def _populate(factory: sessionmaker[Session], seed: int) -> None:
         )
         project_id = session.scalar(select(Project.id).where(Project.name == "p"))
         for n in range(NODES):
-            node = Node(
-                name=f"node{n}",
-                hostname="127.0.0.1",
-                state=NodeState.READY,
-                last_heartbeat_at=now,
+            node = ready_node(
+                f"node{n}", gpus=GPUS_PER_NODE, now=now, idle_since=now - timedelta(hours=1)
             )
-            node.gpus = [
-                Gpu(
-                    index=i,
-                    uuid=f"GPU-race-{n}-{i}",
-                    model="H100-80GB",
-                    memory_total_mb=81559,
-                    sampled_at=now,
-                    util_pct=0.0,
-                    memory_used_mb=0,
-                    idle_since=now - timedelta(hours=1),
-                )
-                for i in range(GPUS_PER_NODE)
-            ]
             session.add(node)
         for i in range(JOBS):
             kind = rng.random()

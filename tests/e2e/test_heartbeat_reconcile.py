@@ -21,8 +21,8 @@ from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
 from app.jobs.models import Job
-from app.nodes.models import Gpu, Node, NodeState
 from app.projects.models import Project
+from tests.foundation.builders import ready_node
 
 pytestmark = pytest.mark.e2e
 
@@ -32,19 +32,7 @@ def _running_job(factory: sessionmaker[Session]) -> tuple[int, int]:
     with factory() as session:
         user, _ = create_user(session=session, name="u", projects=["p"], is_admin=False, ttl_days=0)
         project_id = session.scalar(select(Project.id).where(Project.name == "p"))
-        node = Node(name="n1", hostname="127.0.0.1", state=NodeState.READY, last_heartbeat_at=now)
-        node.gpus = [
-            Gpu(
-                index=i,
-                uuid=f"GPU-hb-{i}",
-                model="H100-80GB",
-                memory_total_mb=81559,
-                sampled_at=now,
-                util_pct=0.0,
-                idle_since=now,
-            )
-            for i in range(2)
-        ]
+        node = ready_node("n1", gpus=2, now=now)
         session.add(node)
         # Two GPUs: two allocation rows, so the join yields the job twice.
         job = Job(

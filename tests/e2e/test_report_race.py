@@ -24,8 +24,8 @@ from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
 from app.jobs import reports
 from app.jobs.models import Allocation, Job, JobEvent
-from app.nodes.models import Gpu, Node, NodeState
 from app.projects.models import Project
+from tests.foundation.builders import ready_node
 
 pytestmark = pytest.mark.e2e
 
@@ -36,18 +36,7 @@ def _scheduled_job(factory: sessionmaker[Session]) -> tuple[int, int]:
     with factory() as session:
         user, _ = create_user(session=session, name="u", projects=["p"], is_admin=False, ttl_days=0)
         project_id = session.scalar(select(Project.id).where(Project.name == "p"))
-        node = Node(name="n1", hostname="127.0.0.1", state=NodeState.READY, last_heartbeat_at=now)
-        node.gpus = [
-            Gpu(
-                index=0,
-                uuid="GPU-race-0",
-                model="H100-80GB",
-                memory_total_mb=81559,
-                sampled_at=now,
-                util_pct=0.0,
-                idle_since=now,
-            )
-        ]
+        node = ready_node("n1", gpus=1, now=now)
         session.add(node)
         job = Job(
             name="fast", user_id=user.id, project_id=project_id, command="exit 3", gpus=1, retries=1

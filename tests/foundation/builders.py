@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import select
 
 from app.db import utcnow
@@ -9,6 +11,26 @@ from app.jobs.lifecycle import transition
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.nodes.models import Gpu, Node, NodeState
+
+
+def ready_node(name: str, *, gpus: int, now: datetime, idle_since: datetime | None = None) -> Node:
+    """An unsaved READY node whose GPUs report fresh, idle telemetry: a cycle may place on
+    it at once (with a zero stability window, or `idle_since` far enough back)."""
+    node = Node(name=name, hostname="127.0.0.1", state=NodeState.READY, last_heartbeat_at=now)
+    node.gpus = [
+        Gpu(
+            index=i,
+            uuid=f"GPU-{name}-{i}",
+            model="H100-80GB",
+            memory_total_mb=81559,
+            memory_used_mb=0,
+            sampled_at=now,
+            util_pct=0.0,
+            idle_since=idle_since or now,
+        )
+        for i in range(gpus)
+    ]
+    return node
 
 
 def add_node(
