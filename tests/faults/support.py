@@ -95,6 +95,33 @@ def revive_crashed(stack: Stack) -> list[str]:
     return crashed
 
 
+# kombu's Redis transport can kill a threads-pool Celery worker that acks a task while the
+# connection drops. `gpusched up` and the compose restart policy restart such a worker.
+KOMBU_ACK_CRASH = "object has no attribute 'hostname'"
+
+
+def revive_kombu_crashes(stack: Stack) -> list[str]:
+    """revive_crashed, failing on any crash other than the known kombu one."""
+    crashed = revive_crashed(stack)
+    unexpected = [c for c in crashed if KOMBU_ACK_CRASH not in c]
+    assert not unexpected, f"processes crashed: {unexpected}"
+    return crashed
+
+
+def wait_status_supervised(
+    stack: Stack, job_id: int, *statuses: str, timeout: float
+) -> dict[str, Any]:
+    """Wait for a job status after a Redis outage, restarting (as a supervisor would) any
+    worker the known kombu crash killed meanwhile."""
+
+    def probe() -> dict[str, Any] | None:
+        revive_kombu_crashes(stack)
+        job = stack.api("GET", f"/api/v1/jobs/{job_id}").json()
+        return job if job["status"] in statuses else None
+
+    return poll(f"job {job_id} to be {' or '.join(statuses)}", probe, timeout=timeout)
+
+
 # -- traffic ----------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from bench.common import poll
 from tests.faults.support import (
+    KOMBU_ACK_CRASH,
     Traffic,
     marker_command,
     probe_recovery,
@@ -76,8 +77,5 @@ def test_redis_stop_and_restart(make_stack, record, tmp_path: Path) -> None:
     assert not stuck, f"jobs still active after the outage: {stuck}"
     assert lost_attempts == 0, "a node was declared dead because Redis was down"
     verdict.assert_clean()
-    # kombu's Redis transport can kill a threads-pool worker that acks a task while the
-    # connection drops ('NoneType' object has no attribute 'hostname'); `gpusched up` and
-    # the compose restart policy bring such a worker back, as revive_crashed does here.
-    unexpected = [c for c in crashed if "object has no attribute 'hostname'" not in c]
+    unexpected = [c for c in crashed if KOMBU_ACK_CRASH not in c]
     assert not unexpected, f"processes crashed: {unexpected}"

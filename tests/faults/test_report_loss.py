@@ -14,7 +14,12 @@ from pathlib import Path
 import pytest
 
 from bench.common import Stack, poll
-from tests.faults.support import PrivatePgStack, PrivatePostgres, redis_restart
+from tests.faults.support import (
+    PrivatePgStack,
+    PrivatePostgres,
+    redis_restart,
+    wait_status_supervised,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +56,7 @@ def test_finished_report_survives_redis_outage(make_stack, tmp_path: Path) -> No
         )
     finally:
         redis_restart(stack)
-    done = stack.wait_status(job["id"], "SUCCEEDED", "FAILED", timeout=15)
+    done = wait_status_supervised(stack, job["id"], "SUCCEEDED", "FAILED", timeout=30)
     assert done["status"] == "SUCCEEDED" and done["attempt"] == 1
 
 
