@@ -44,6 +44,12 @@ def _lose_silent_nodes(session: Session, *, stale_before: datetime, repairs: Rep
     ):
         node.state = NodeState.NOT_READY
         node.health_message = f"no heartbeat since {node.last_heartbeat_at:%Y-%m-%d %H:%M:%S} UTC"
+        log.warning(
+            "node %s silent: last heartbeat %s, threshold %s",
+            node.name,
+            node.last_heartbeat_at.isoformat() if node.last_heartbeat_at else "never",
+            stale_before.isoformat(),
+        )
         repairs.lost_nodes.append(node.name)
         job_ids = session.scalars(
             select(Allocation.job_id)
