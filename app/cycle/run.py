@@ -23,6 +23,7 @@ from app.messaging import RUN_JOB, STOP_JOB, Messenger
 from app.metrics import CYCLE_SECONDS, PLACEMENTS
 from app.scheduling import plan_cycle
 from app.scheduling.window_close import window_close_preemptions
+from app.windows.calendar import window_rules
 from app.windows.service import intervals_for_scheduler, window_specs
 
 log = logging.getLogger("gpusched.cycle")
@@ -71,18 +72,15 @@ def run_cycle(
             # 2. plan
             plan_started = time.perf_counter()
             policy = settings.policy_settings()
-            if specs:
-                # The strictest window's rule bounds off-peak jobs outside every window.
-                policy = replace(
-                    policy,
-                    offpeak_outside_fraction=min(s.capacity_outside_fraction for s in specs),
-                )
+            rules = window_rules(specs)
+            if rules.outside_fraction is not None:
+                policy = replace(policy, offpeak_outside_fraction=rules.outside_fraction)
             plan = plan_cycle(ctx.snapshot, now=now, settings=policy)
             closing = window_close_preemptions(
                 ctx.snapshot.running,
                 ctx.snapshot.windows,
                 now=now,
-                preempt_on_close=frozenset(s.name for s in specs if s.preempt_on_close),
+                preempt_on_close=rules.preempt_on_close,
             )
             if closing:
                 plan = replace(plan, preemptions=plan.preemptions + closing)

@@ -51,7 +51,7 @@ from app.scheduling.window_close import window_close_preemptions
 from app.simulator.energy import DEFAULT_GPU_WATTS, GpuRun, energy_use
 from app.simulator.trace import TraceJob
 from app.simulator.windows import WindowTimeline
-from app.windows.calendar import WindowSpec
+from app.windows.calendar import WindowSpec, window_rules
 from app.windows.tariff import Tariff
 
 SIM_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -178,12 +178,10 @@ def simulate(
     epoch = epoch.astimezone(UTC)
     specs = tuple(window_specs or ())
     base = settings or PolicySettings()
-    if specs:
-        # As the live cycle does: the strictest window bounds off-peak jobs outside windows.
-        base = replace(
-            base, offpeak_outside_fraction=min(s.capacity_outside_fraction for s in specs)
-        )
-    preempt_on_close = frozenset(s.name for s in specs if s.preempt_on_close)
+    rules = window_rules(specs)  # as the live cycle applies them
+    if rules.outside_fraction is not None:
+        base = replace(base, offpeak_outside_fraction=rules.outside_fraction)
+    preempt_on_close = rules.preempt_on_close
     settings = replace(
         base,
         queue_policy=policy,  # type: ignore[arg-type]
@@ -405,7 +403,7 @@ def simulate(
         )
     result = _result(policy, jobs, skipped, preemptions, total_gpus, cycles)
     used = energy_use(gpu_runs, epoch=epoch, gpu_watts=gpu_watts, tariff=tariff)
-    result.offpeak_jobs = sum(j.trace.offpeak for j in jobs.values() if j.end is not None)
+    result.offpeak_jobs = offpeak_jobs
     result.window_preemptions = window_preemptions
     result.energy_wh = used.energy_wh
     result.cost = used.cost

@@ -16,11 +16,14 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 from app.scheduling import WindowInterval
-from app.windows.calendar import WindowSpec, next_opening, occurrences
+from app.windows.calendar import (
+    SCHEDULER_LOOKAHEAD,
+    SCHEDULER_LOOKBACK,
+    WindowSpec,
+    next_opening,
+    occurrences,
+)
 
-# The live scheduler's view around `now` (intervals_for_scheduler: 1 day back, 8 ahead).
-LOOKBACK = timedelta(days=1)
-LOOKAHEAD = timedelta(days=8)
 _CHUNK = timedelta(days=7)
 
 
@@ -40,7 +43,7 @@ class WindowTimeline:
         self._seen: set[tuple[str, datetime, datetime]] = set()
         self._new_edges: list[datetime] = []
         self._longest = timedelta(0)
-        self._horizon = epoch - LOOKBACK
+        self._horizon = epoch - SCHEDULER_LOOKBACK
         self._opens_again = True  # False once no spec opens within the calendar's lookahead
         self._add(extra)
 
@@ -80,9 +83,9 @@ class WindowTimeline:
         planned when a window opens and running ones stopped when it closes, even
         when no job arrives or ends then.
         """
-        if self._specs and now + LOOKAHEAD > self._horizon:
+        if self._specs and now + SCHEDULER_LOOKAHEAD > self._horizon:
             # A chunk at a time: calendar arithmetic is far dearer than the events.
-            self._generate(max(now + LOOKAHEAD, self._horizon + _CHUNK))
+            self._generate(max(now + SCHEDULER_LOOKAHEAD, self._horizon + _CHUNK))
             # A sparse window (weekly, monthly) may not open within the lookahead;
             # without its opening on the queue, jobs waiting for it would stall.
             if self._opens_again and not (self._intervals and self._intervals[-1].opens_at > now):
@@ -96,7 +99,7 @@ class WindowTimeline:
 
     def around(self, now: datetime) -> tuple[WindowInterval, ...]:
         """The intervals a cycle at `now` is shown: open between 1 day ago and 8 days ahead."""
-        lo, hi = now - LOOKBACK, now + LOOKAHEAD
+        lo, hi = now - SCHEDULER_LOOKBACK, now + SCHEDULER_LOOKAHEAD
         first = bisect.bisect_left(self._intervals, lo - self._longest, key=lambda w: w.opens_at)
         last = bisect.bisect_left(self._intervals, hi, key=lambda w: w.opens_at)
         return tuple(w for w in self._intervals[first:last] if w.closes_at > lo)

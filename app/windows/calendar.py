@@ -279,6 +279,30 @@ class UpcomingWindow(BaseModel):
 # --------------------------------------------------------------------------- wall-time helpers
 
 
+# What a scheduling cycle is shown of the calendar around its `now` (the live cycle and the
+# simulator alike): openings from a day back to 8 days ahead.
+SCHEDULER_LOOKBACK = timedelta(days=1)
+SCHEDULER_LOOKAHEAD = timedelta(days=8)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRules:
+    """The window settings that apply to a whole cycle rather than one window."""
+
+    # The strictest window's share of GPUs off-peak jobs may use outside every window;
+    # None without windows (the policy's own setting stands).
+    outside_fraction: float | None
+    # Windows whose closing stops their preemptible off-peak jobs.
+    preempt_on_close: frozenset[str]
+
+
+def window_rules(specs: Sequence[WindowSpec]) -> WindowRules:
+    return WindowRules(
+        outside_fraction=min((s.capacity_outside_fraction for s in specs), default=None),
+        preempt_on_close=frozenset(s.name for s in specs if s.preempt_on_close),
+    )
+
+
 def _require_aware(value: datetime, what: str) -> None:
     if not isinstance(value, datetime):
         raise TypeError(f"{what} must be a datetime")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -10,7 +10,14 @@ from sqlalchemy.orm import Session
 
 from app.errors import Conflict, NotFound
 from app.scheduling import WindowInterval
-from app.windows.calendar import UpcomingWindow, WindowSpec, occurrences, upcoming
+from app.windows.calendar import (
+    SCHEDULER_LOOKAHEAD,
+    SCHEDULER_LOOKBACK,
+    UpcomingWindow,
+    WindowSpec,
+    occurrences,
+    upcoming,
+)
 from app.windows.models import Window
 from app.windows.schemas import WindowIn, WindowOut
 
@@ -92,13 +99,14 @@ def upcoming_windows(*, session: Session, now: datetime, days: float) -> list[Up
 
 
 def intervals_for_scheduler(
-    specs: list[WindowSpec], *, now: datetime, days: float = 8
+    specs: list[WindowSpec], *, now: datetime
 ) -> tuple[WindowInterval, ...]:
     """Concrete openings around `now` for the pure core, in UTC (so arithmetic on them is
     real elapsed time even across daylight-saving changes)."""
     intervals = []
     for spec in specs:
-        for iv in occurrences(spec, start=now - timedelta(days=1), end=now + timedelta(days=days)):
+        start, end = now - SCHEDULER_LOOKBACK, now + SCHEDULER_LOOKAHEAD
+        for iv in occurrences(spec, start=start, end=end):
             intervals.append(
                 WindowInterval(name=spec.name, opens_at=iv.opens_utc, closes_at=iv.closes_utc)
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
@@ -19,6 +20,7 @@ from app.windows.calendar import (
     open_intervals_at,
     schedule_ready,
     upcoming,
+    window_rules,
 )
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -314,3 +316,12 @@ def test_interval_equality_uses_instants() -> None:
     b = Interval("w", second, second + timedelta(hours=3), "America/New_York")
     assert a != b
     assert len({a, b}) == 2
+
+
+def test_window_rules_take_the_strictest_fraction_and_the_preempting_windows() -> None:
+    loose = replace(NIGHT, capacity_outside_fraction=0.5)
+    strict = replace(WEEKEND, capacity_outside_fraction=0.25, preempt_on_close=False)
+    rules = window_rules([loose, strict])
+    assert rules.outside_fraction == 0.25
+    assert rules.preempt_on_close == frozenset({"night"})
+    assert window_rules([]).outside_fraction is None
