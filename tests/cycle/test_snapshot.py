@@ -23,6 +23,13 @@ def _submit(api, user="alice", **body):
     return r.json()["id"]
 
 
+def _allocation(job_id: int, gpu: Gpu, **times_and_share) -> Allocation:
+    """Attempt 1 of the job on one GPU."""
+    return Allocation(
+        job_id=job_id, attempt=1, node_id=gpu.node_id, gpu_id=gpu.id, **times_and_share
+    )
+
+
 def test_usage_attained_service_and_placements_come_from_allocations(api):
     add_node(api.factory, "n1", gpus=2)
     finished_job, running_job, waiting_job = _submit(api), _submit(api), _submit(api)
@@ -33,11 +40,9 @@ def test_usage_attained_service_and_placements_come_from_allocations(api):
         finished = session.get(Job, finished_job)
         finished.status, finished.attempt = "SUCCEEDED", 1
         session.add(
-            Allocation(
-                job_id=finished_job,
-                attempt=1,
-                node_id=gpu[0].node_id,
-                gpu_id=gpu[0].id,
+            _allocation(
+                finished_job,
+                gpu[0],
                 share_milli=1000,
                 created_at=now - timedelta(hours=3),
                 released_at=now - timedelta(hours=1),
@@ -47,11 +52,9 @@ def test_usage_attained_service_and_placements_come_from_allocations(api):
         waiting = session.get(Job, waiting_job)
         waiting.attempt = 1
         session.add(
-            Allocation(
-                job_id=waiting_job,
-                attempt=1,
-                node_id=gpu[1].node_id,
-                gpu_id=gpu[1].id,
+            _allocation(
+                waiting_job,
+                gpu[1],
                 share_milli=500,
                 created_at=now - timedelta(hours=2),
                 released_at=now - timedelta(hours=1),
@@ -62,13 +65,8 @@ def test_usage_attained_service_and_placements_come_from_allocations(api):
         running.status, running.attempt = "RUNNING", 1
         running.started_at = now - timedelta(minutes=30)
         session.add(
-            Allocation(
-                job_id=running_job,
-                attempt=1,
-                node_id=gpu[1].node_id,
-                gpu_id=gpu[1].id,
-                share_milli=1000,
-                created_at=now - timedelta(minutes=30),
+            _allocation(
+                running_job, gpu[1], share_milli=1000, created_at=now - timedelta(minutes=30)
             )
         )
         session.commit()

@@ -66,7 +66,7 @@ def test_offpeak_job_waits_for_the_window_while_peak_work_runs() -> None:
     assert r.offpeak_jobs == 1 and r.preemptions == 0
 
 
-def test_without_windows_the_same_trace_runs_at_once() -> None:
+def test_peak_jobs_do_not_wait_for_a_window() -> None:
     trace = [job(0, 1, 0, 100), job(1, 1, 0, 600)]
     r = simulate(trace, nodes=1, gpus_per_node=2, policy="default", window_specs=[NIGHT])
     assert r.jcts == [100, 600]
