@@ -75,6 +75,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _begin_immediate(conn: Any) -> None:
+            if conn.get_execution_options().get(READ_ONLY):
+                # WAL: a reader sees the last commit and never waits for a writer. Taking
+                # the write lock here let the scheduler's stream of short transactions
+                # starve API reads for many seconds on a busy machine.
+                conn.exec_driver_sql("BEGIN")
+                return
             # SQLite ignores SELECT ... FOR UPDATE. Taking the write lock when a transaction
             # starts makes read-check-write sequences (two agent reports about one job, a
             # cancel racing a placement) serialise as they do on PostgreSQL.
@@ -89,6 +95,17 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+# Execution option of engines whose transactions only read (see make_engine).
+READ_ONLY = "gpusched_read_only"
+
+
+def make_read_session_factory(factory: sessionmaker[Session]) -> sessionmaker[Session]:
+    """Sessions for work that only reads, on the same pool. On SQLite their transactions
+    take no write lock; elsewhere they are ordinary sessions."""
+    engine: Engine = factory.kw["bind"]
+    return sessionmaker(engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
 
 
 @contextmanager

@@ -20,7 +20,10 @@ def get_settings(request: Request) -> Settings:
 
 
 def get_session(request: Request) -> Iterator[Session]:
-    with request.app.state.session_factory() as session:
+    # GET and HEAD only read (no route writes on them), so they need no write lock.
+    state = request.app.state
+    reads = request.method in ("GET", "HEAD")
+    with (state.read_session_factory if reads else state.session_factory)() as session:
         yield session
 
 

@@ -16,7 +16,7 @@ from app.auth.router import router as auth_router
 from app.auth.service import FailedAuthLimiter
 from app.batches.router import router as batches_router
 from app.config import Settings
-from app.db import make_engine, make_session_factory
+from app.db import make_engine, make_read_session_factory, make_session_factory
 from app.errors import API_ERROR_RESPONSES, DomainError, FieldError
 from app.estimator.router import router as estimator_router
 from app.etag import ETagMiddleware
@@ -106,8 +106,10 @@ def create_app(
     app.state.tariff = settings.tariff
     app.state.auth_limiter = FailedAuthLimiter(limit=settings.auth_failures_per_minute)
     app.state.metrics_registry = CollectorRegistry()
-    app.state.metrics_registry.register(DatabaseCollector(session_factory))
+    read_session_factory = make_read_session_factory(session_factory)
+    app.state.metrics_registry.register(DatabaseCollector(read_session_factory))
     app.state.session_factory = session_factory
+    app.state.read_session_factory = read_session_factory
     app.state.redis = redis_client
 
     app.add_exception_handler(FieldError, _field_error)

@@ -27,7 +27,7 @@ def readyz(request: Request) -> JSONResponse:
     """Database and Redis reachable: 200, else 503 naming what is down."""
     checks: dict[str, str] = {}
     try:
-        with request.app.state.session_factory() as session:
+        with request.app.state.read_session_factory() as session:
             session.execute(text("SELECT 1"))
         checks["database"] = "ok"
     except Exception as exc:  # any failure means "not ready", reported, not raised

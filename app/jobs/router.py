@@ -145,9 +145,9 @@ def get_job_logs(
     headers = {"X-Job-Status": job.status, "X-Attempt": str(chosen)}
     if not follow_:
         return PlainTextResponse(text, headers=headers)
-    factory = request.app.state.session_factory
-    # The stream may last hours: end this request's transaction now (on SQLite it holds the
-    # write lock) and check the job's state with short sessions of its own.
+    factory = request.app.state.read_session_factory
+    # The stream may last hours: end this request's transaction now (on SQLite it pins a
+    # snapshot) and check the job's state with short sessions of its own.
     session.rollback()
 
     async def attempt_running() -> bool:

@@ -10,10 +10,10 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
-from sqlalchemy.orm import sessionmaker
 from starlette.routing import BaseRoute, Mount, Route
 
 from app.config import Settings
+from app.db import make_engine, make_session_factory
 from app.deps import get_principal, require_admin
 from app.main import create_app
 
@@ -86,7 +86,9 @@ def _is_api_route(route: Any) -> bool:
 
 def build_app() -> FastAPI:
     """The real app, built only to read its routes (never serves a request)."""
-    return create_app(Settings(database_url="sqlite://"), session_factory=sessionmaker())
+    # An in-memory engine connects only when used, and it never is here.
+    factory = make_session_factory(make_engine("sqlite://"))
+    return create_app(Settings(database_url="sqlite://"), session_factory=factory)
 
 
 def all_routes(app: FastAPI) -> list[Any]:
