@@ -8,7 +8,7 @@ const AXIS = { stroke: "#556070", grid: { stroke: "#eef1f5", width: 1 }, ticks: 
  *  series: [{label, color, scale: "pct" | "mb" | "w", fill?}]
  *  bands(): [{from, to, color, label}] in epoch seconds, drawn behind the data (off-peak windows)
  *  xRange(): [min, max] epoch seconds, or null for the data's extent
- *  ceil: {mb: () => number}: the least top of a scale (so 0 MB used does not fill the chart)
+ *  ceil: {mb: () => number}: the least top of a scale (so 0 MiB used does not fill the chart)
  */
 export function lineChart(container, { series, bands = () => [], xRange = () => null, ceil = {}, height = 260 }) {
   const scales = { x: { time: true, range: (u, min, max) => xRange() || [min, max] } };
@@ -126,7 +126,7 @@ function legend(series) {
 function formatAxis(scale, v) {
   if (v == null) return "";
   if (scale === "pct") return `${Math.round(v)}%`;
-  if (scale === "mb") return v >= 1000 ? `${(v / 1024).toFixed(v >= 10240 ? 0 : 1)} GB` : `${Math.round(v)} MB`;
+  if (scale === "mb") return v >= 1000 ? `${(v / 1024).toFixed(v >= 10240 ? 0 : 1)} GiB` : `${Math.round(v)} MiB`;
   if (scale === "w") return v >= 1000 ? `${(v / 1000).toFixed(1)} kW` : `${Math.round(v)} W`;
   return String(v);
 }

@@ -85,9 +85,10 @@ export function fmtNum(n, digits = 0) {
   return Number(n).toLocaleString(undefined, { maximumFractionDigits: digits, minimumFractionDigits: digits });
 }
 
+// Memory comes in MiB (as NVML reports it), so the larger unit is GiB.
 export function fmtMem(mb) {
   if (mb === null || mb === undefined) return "—";
-  return mb >= 1024 ? `${(mb / 1024).toFixed(1)} GB` : `${mb} MB`;
+  return mb >= 1024 ? `${(mb / 1024).toFixed(1)} GiB` : `${mb} MiB`;
 }
 
 export const ACTIVE = new Set(["PENDING", "SCHEDULED", "RUNNING"]);

@@ -97,7 +97,7 @@ export function jobPage(root, ctx, { match }) {
         ["Project", job.project],
         ["User", job.user],
         ["Request", gpuRequest(job)],
-        job.gpu_memory_mb ? ["GPU memory", `${fmtNum(job.gpu_memory_mb)} MB per GPU`] : null,
+        job.gpu_memory_mb ? ["GPU memory", `${fmtNum(job.gpu_memory_mb)} MiB per GPU`] : null,
         ["Placed on", h("span", { class: "mono" }, allocationText(job))],
         ["Priority", String(job.priority)],
         ["Schedule", scheduleText(job.schedule)],

@@ -59,7 +59,7 @@ export function submitPage(root, ctx) {
       h("div", { class: "form-grid" },
         field("gpus", "GPUs per node", num({ value: 1, min: 0 })),
         field("nodes", "Nodes", num({ value: 1, min: 1 })),
-        field("gpu_memory_mb", "GPU memory (MB)", num({ min: 1, placeholder: "any" })),
+        field("gpu_memory_mb", "GPU memory (MiB)", num({ min: 1, placeholder: "any" })),
         field("gpu_share", "GPU share", h("input", { type: "number", step: "0.05", min: 0.05, max: 1, placeholder: "1 (whole GPU)" }),
           { help: "below 1 shares one GPU" }),
         field("gpu_model", "GPU model", h("input", { type: "text", placeholder: "any", list: "model-list" })),
