@@ -116,7 +116,7 @@ def wait_status_supervised(
 
     def probe() -> dict[str, Any] | None:
         revive_kombu_crashes(stack)
-        job = stack.api("GET", f"/api/v1/jobs/{job_id}").json()
+        job = stack.job(job_id)
         return job if job["status"] in statuses else None
 
     return poll(f"job {job_id} to be {' or '.join(statuses)}", probe, timeout=timeout)
