@@ -104,8 +104,8 @@ def intervals_for_scheduler(
     """Concrete openings around `now` for the pure core, in UTC (so arithmetic on them is
     real elapsed time even across daylight-saving changes)."""
     intervals = []
+    start, end = now - SCHEDULER_LOOKBACK, now + SCHEDULER_LOOKAHEAD
     for spec in specs:
-        start, end = now - SCHEDULER_LOOKBACK, now + SCHEDULER_LOOKAHEAD
         for iv in occurrences(spec, start=start, end=end):
             intervals.append(
                 WindowInterval(name=spec.name, opens_at=iv.opens_utc, closes_at=iv.closes_utc)
