@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from app.cli.client import EXIT_USAGE, CliError
+from app.cli.jobs import parse_duration
 from app.simulator.energy import DEFAULT_GPU_WATTS
 
 
@@ -43,10 +44,15 @@ def simulate(
         str | None,
         typer.Option(help="Instant of trace time 0, ISO 8601 with offset (default 2026-01-01Z)"),
     ] = None,
+    starvation_after: Annotated[
+        str,
+        typer.Option(help="Default policy: a job waiting this long goes first (24h; 0 = never)"),
+    ] = "24h",
 ) -> None:
     """Discrete-event simulation of a trace: JCT, queueing, makespan, utilisation, bounds."""
     from app.simulator.cli import run_simulation_cli
 
+    starvation_after_s = parse_duration(starvation_after, "--starvation-after")
     if not trace.is_file():
         raise CliError(f"no trace file at {trace}", EXIT_USAGE)
     try:
@@ -63,6 +69,7 @@ def simulate(
             gpu_watts=gpu_watts,
             seed=seed,
             start=start,
+            starvation_after_s=starvation_after_s,
         )
     except (ValueError, KeyError) as exc:
         raise CliError(f"cannot simulate {trace}: {exc}", EXIT_USAGE) from None

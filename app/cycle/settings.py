@@ -20,6 +20,12 @@ class SchedulerSettings(BaseSettings):
     preemption: bool = True
     min_run_before_preempt_s: float = Field(default=600.0, ge=0)
     fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0)
+    starvation_after_s: float = Field(
+        default=86400.0,
+        ge=0,
+        le=3650 * 86400.0,
+        description="default policy: waited this long, goes first; 0 = never",
+    )
     lease_ttl_s: float = Field(default=30.0, gt=0)
     heartbeat_timeout_s: float = Field(default=30.0, gt=0)
     dispatch_timeout_s: float = Field(default=15.0, gt=0)
@@ -35,4 +41,5 @@ class SchedulerSettings(BaseSettings):
             backfill=self.backfill,
             preemption=self.preemption,
             min_run_before_preempt_s=self.min_run_before_preempt_s,
+            starvation_after_s=self.starvation_after_s,
         )

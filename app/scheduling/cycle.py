@@ -255,6 +255,7 @@ class Cycle:
             projects=self.projects,
             running=snap.running,
             history=snap.runtime_history,
+            now=self.now,
         )
         strict_blocker: JobView | None = None
         strict_msg = ""

@@ -150,6 +150,9 @@ class PolicySettings:
     borrowing: bool = True
     # Fair share: each queued or running GPU is charged this many seconds when ordering.
     fair_share_horizon_s: float = 3600.0
+    # Default policy: a job pending this long goes first in its priority tier, in submit
+    # order, ahead of fair share and short-first (Slurm's PriorityMaxAge). 0 = never.
+    starvation_after_s: float = 86400.0
     # LAS (Tiresias-style discretised queues) thresholds on attained GPU-seconds.
     las_thresholds_gpu_s: tuple[float, ...] = (3600.0, 36000.0)
     weight_best_fit: float = 1.0

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.config import load_tariff
-from app.scheduling import QUEUE_POLICIES
+from app.scheduling import QUEUE_POLICIES, PolicySettings
 from app.simulator.energy import DEFAULT_GPU_WATTS
 from app.simulator.engine import SIM_EPOCH, SimResult, simulate
 from app.simulator.trace import mark_offpeak, read_trace
@@ -127,6 +127,7 @@ def run_simulation_cli(
     gpu_watts: float = DEFAULT_GPU_WATTS,
     seed: int = 0,
     start: str | None = None,
+    starvation_after_s: float = PolicySettings().starvation_after_s,
 ) -> str:
     """Run one policy (or all when `policy` is None) and return the text to print.
 
@@ -160,6 +161,7 @@ def run_simulation_cli(
             tariff=tariff,
             gpu_watts=gpu_watts,
             epoch=epoch,
+            settings=PolicySettings(starvation_after_s=starvation_after_s),
         )
         for p in policies
     ]

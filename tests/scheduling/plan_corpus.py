@@ -1,9 +1,9 @@
 """Seeded random snapshots and a canonical form of their plans, for the golden test.
 
 `test_plan_equivalence.py` compares `plan_cycle` on every case here with the
-plans stored in `plan_golden.json`, which were produced by the code before the
-speed work of issue #4. Speed-ups must leave every plan identical, so the
-golden file is only regenerated when a change is *meant* to alter decisions:
+plans stored in `plan_golden.json`. Speed-ups must leave every plan identical, so
+the golden file is only regenerated when a change is *meant* to alter decisions
+(last: the default policy's short-first order and starvation guard):
 
     .venv/bin/python -m tests.scheduling.plan_corpus --write
 

@@ -268,7 +268,7 @@ def test_quota_reason_when_borrowing_disabled() -> None:
 
 def test_priority_reason_when_backfill_off() -> None:
     s = snap([node("a").gpus(4).alloc(0).alloc(1)], pending=[job(1, gpus=4), job(2, gpus=1)])
-    p = plan(s, backfill=False)
+    p = plan(s, backfill=False, queue_policy="fifo")
     assert p.placements == ()
     assert reason(p, 2).kind is ReasonKind.PRIORITY
     assert reason(p, 2).message == "waiting behind job 1 (strict queue order, backfill off)"
@@ -300,8 +300,12 @@ def _backfill_case() -> Snapshot:
     )
 
 
+# Backfill cases use FIFO so that job 1 is the head; the default policy would put the
+# small jobs first.
+
+
 def test_backfill_reserves_for_head_and_lets_short_jobs_in() -> None:
-    p = plan(_backfill_case())
+    p = plan(_backfill_case(), queue_policy="fifo")
     assert sorted(pl.job_id for pl in p.placements) == [2, 5]
     head = reason(p, 1)
     assert head.estimated_start == at(3600)
@@ -321,7 +325,7 @@ def test_backfill_on_gpus_the_reservation_does_not_need() -> None:
         running=[r],
         pending=[job(1, gpus=8), job(2, gpus=4, estimated_runtime_s=99_999), job(3, gpus=2)],
     )
-    p = plan(s)
+    p = plan(s, queue_policy="fifo")
     assert [(pl.job_id, pl.node) for pl in p.placements] == [(2, "b")]
     # Job 3 (2 GPUs, unknown runtime) could have used b before job 2 took it; a's free GPUs
     # are held. The ladder reports the last relaxation that fails: b taken this cycle.
@@ -341,7 +345,7 @@ def test_head_with_unknown_end_holds_free_gpus() -> None:
         running=[r],
         pending=[job(1, gpus=8), job(2, gpus=1, estimated_runtime_s=60)],
     )
-    p = plan(s)
+    p = plan(s, queue_policy="fifo")
     assert p.placements == ()
     assert reason(p, 1).estimated_start is None
     assert "start time unknown" in reason(p, 1).message

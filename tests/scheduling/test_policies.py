@@ -8,17 +8,19 @@ import pytest
 
 from app.scheduling import PolicySettings, decay_usage, order_jobs, plan_cycle, predict_runtime
 from app.scheduling.queue import las_level
+from app.scheduling.types import JobView
 
 from .builders import T0, job, node, project, running, snap
 
 
-def _order(policy: str, jobs, projects=(), running_=(), history=None) -> list[int]:  # type: ignore[no-untyped-def]
+def _order(policy: str, jobs, projects=(), running_=(), history=None, **kw) -> list[int]:  # type: ignore[no-untyped-def]
     out = order_jobs(
         jobs,
-        settings=PolicySettings(queue_policy=policy),  # type: ignore[arg-type]
+        settings=PolicySettings(queue_policy=policy, **kw),  # type: ignore[arg-type]
         projects={p.name: p for p in projects},
         running=running_,
         history=history or {},
+        now=T0,
     )
     return [j.id for j in out]
 
@@ -89,6 +91,81 @@ def test_default_is_priority_tiers_then_fair_share() -> None:
     projects = [project("a", usage=0), project("b", usage=100_000)]
     # tier 9: job 4. tier 1: a (0) before b (100000 + 3600 charged by job 4) -> 1, 2, 3
     assert _order("default", jobs, projects) == [4, 1, 2, 3]
+
+
+def _waited(hours: float) -> dict[str, object]:
+    return {"submitted_at": T0 - timedelta(hours=hours)}
+
+
+@pytest.mark.parametrize(
+    ("jobs", "expected"),
+    [
+        # One project: shortest expected GPU-time first. 2 = 1 GPU x 1 h, 1 = 8 GPUs x 1 h.
+        ([job(1, gpus=8, estimated_runtime_s=3600), job(2, estimated_runtime_s=3600)], [2, 1]),
+        # Aging, limit 24 h: job 1 (8 GPUs x 10 h, waited 18 h) has key 80 x (1 - 18/24) =
+        # 20 GPU-h; job 2 (1 GPU x 30 h, fresh) has 30 GPU-h -> 1 first.
+        (
+            [
+                job(1, gpus=8, estimated_runtime_s=36_000, **_waited(18)),
+                job(2, estimated_runtime_s=108_000, **_waited(0)),
+            ],
+            [1, 2],
+        ),
+        # Same job 1 after 6 h only: 80 x 0.75 = 60 GPU-h > 30 -> 2 first.
+        (
+            [
+                job(1, gpus=8, estimated_runtime_s=36_000, **_waited(6)),
+                job(2, estimated_runtime_s=108_000, **_waited(0)),
+            ],
+            [2, 1],
+        ),
+        # Starving (waited >= 24 h) goes first in submit order, whatever its size:
+        # 1 and 3 starve (3 submitted earlier), then 2.
+        (
+            [
+                job(1, gpus=8, estimated_runtime_s=36_000, **_waited(25)),
+                job(2, estimated_runtime_s=60, **_waited(1)),
+                job(3, gpus=4, **_waited(30)),
+            ],
+            [3, 1, 2],
+        ),
+        # Equal expected size (no estimate, no history: default 24 h): FIFO.
+        ([job(1), job(2), job(3)], [1, 2, 3]),
+    ],
+)
+def test_default_is_short_first_with_aging_in_a_project(
+    jobs: list[JobView], expected: list[int]
+) -> None:
+    assert _order("default", jobs) == expected
+
+
+def test_default_starving_job_goes_ahead_of_fair_share() -> None:
+    # a used 100 GPU-h, b nothing: fair share puts b's fresh job first, unless a's job
+    # has waited the starvation limit.
+    projects = [project("a", usage=360_000), project("b", usage=0)]
+    fresh_b = job(2, project="b", **_waited(0))
+    assert _order("default", [job(1, project="a", **_waited(23)), fresh_b], projects) == [2, 1]
+    assert _order("default", [job(1, project="a", **_waited(24)), fresh_b], projects) == [1, 2]
+    # Off (0): fair share decides however long a job waited.
+    starving_a = job(1, project="a", **_waited(240))
+    assert _order("default", [starving_a, fresh_b], projects, starvation_after_s=0) == [2, 1]
+
+
+def test_default_limit_longer_than_time_itself_means_never() -> None:
+    # No date arithmetic overflow; nobody starves, so size decides (job 2 is shorter).
+    jobs = [job(1, gpus=8, **_waited(10_000)), job(2, **_waited(0))]
+    assert _order("default", jobs, starvation_after_s=1e300) == [2, 1]
+
+
+def test_default_priority_tier_beats_starvation() -> None:
+    jobs = [job(1, **_waited(48)), job(2, priority=1, **_waited(0))]
+    assert _order("default", jobs) == [2, 1]
+
+
+def test_default_predicts_runtime_from_history() -> None:
+    jobs = [job(1, name="big", user="u"), job(2, name="small", user="u")]
+    history = {("u", "big"): (5000.0, 7000.0, 6000.0), ("u", "small"): (10.0, 30.0)}
+    assert _order("default", jobs, history=history) == [2, 1]
 
 
 def test_sjf_uses_history_prediction_when_no_estimate() -> None:

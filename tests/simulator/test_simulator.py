@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from app.cli import app
 from app.simulator import TraceJob, read_trace, shape_for, simulate
 from app.simulator.cli import run_simulation_cli
 from app.simulator.engine import percentile
@@ -178,3 +180,40 @@ def test_shared_trace_smoke() -> None:
     assert r.avg_jct_s >= r.lower_bounds["avg_jct_s"] - 1e-6
     assert r.makespan_s >= r.lower_bounds["makespan_s"] - 1e-6 or r.makespan_s > 0
     assert 0 < r.utilization <= 1.0
+
+
+# One GPU, default policy. s0 (10 s) finishes first, so "short" jobs are predicted at 10 s;
+# "long" has no history, so it counts as the 24 h default. A blocker holds the GPU from 20
+# to 100,020. L ("long", 1,000 s) arrives at 30, S1 ("short", 10 s) at 50,000.
+# At 100,020 L has waited 99,990 s and S1 50,020 s.
+#   24 h guard: L starves and goes first: L 100,020-101,020 (JCT 100,990), S1 -101,030
+#     (51,030). avg = (10 + 100,000 + 100,990 + 51,030) / 4 = 63,007.5
+#   guard off: S1 is shorter: S1 100,020-100,030 (50,030), L -101,030 (101,000).
+#     avg = (10 + 100,000 + 50,030 + 101,000) / 4 = 62,760
+STARVING = [
+    tj(0, "short", 1, 0, 10),
+    tj(1, "blocker", 1, 20, 100_000),
+    tj(2, "long", 1, 30, 1000),
+    tj(3, "short", 1, 50_000, 10),
+]
+
+
+@pytest.mark.parametrize(("limit", "avg"), [("24h", 63_007.5), ("1d", 63_007.5), ("0", 62_760)])
+def test_cli_starvation_after(tmp_path: Path, limit: str, avg: float) -> None:
+    trace = tmp_path / "t.csv"
+    rows = ["job_id,user,vc,jobname,gpu_num,gpu_milli,submit_time,duration"]
+    rows += [f"{j.job_id},u,v,{j.jobname},1,1000,{j.submit_time},{j.duration}" for j in STARVING]
+    trace.write_text("\n".join(rows) + "\n")
+    args = ["simulate", "--trace", str(trace), "--nodes", "1", "--gpus-per-node", "1", "--json"]
+    result = CliRunner().invoke(app, [*args, "--starvation-after", limit])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["avg_jct_s"] == pytest.approx(avg)
+
+
+def test_cli_rejects_a_bad_starvation_limit(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,user,vc,jobname,gpu_num,gpu_milli,submit_time,duration\n")
+    args = ["simulate", "--trace", str(trace), "--nodes", "1", "--gpus-per-node", "1"]
+    result = CliRunner().invoke(app, [*args, "--starvation-after", "soon"])
+    assert result.exit_code == 2
+    assert "--starvation-after: 'soon': expected seconds or a duration" in result.output

@@ -1,0 +1,24 @@
+"""GPUSCHED_SCHEDULER_* settings reach the pure policy settings."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from app.cycle.settings import SchedulerSettings
+
+
+def test_starvation_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSCHED_SCHEDULER_STARVATION_AFTER_S", "7200")
+    assert SchedulerSettings().policy_settings().starvation_after_s == 7200.0
+
+
+def test_starvation_limit_defaults_to_a_day_and_zero_turns_it_off() -> None:
+    assert SchedulerSettings().policy_settings().starvation_after_s == 86400.0
+    assert SchedulerSettings(starvation_after_s=0).policy_settings().starvation_after_s == 0.0
+
+
+@pytest.mark.parametrize("limit", [-1, 3651 * 86400])
+def test_starvation_limit_out_of_range_is_refused(limit: float) -> None:
+    with pytest.raises(ValidationError, match="starvation_after_s"):
+        SchedulerSettings(starvation_after_s=limit)
