@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from celery import Celery
+from kombu.transport import redis as kombu_redis
 
 from app.metrics import DISPATCH_FAILURES
 
@@ -35,6 +36,38 @@ def node_queue(node: str) -> str:
     return f"node.{node}"
 
 
+class _RedisChannel(kombu_redis.Channel):
+    """kombu's Redis channel, made safe to use after its connection was lost.
+
+    When Redis goes away, Celery (5.7) collects the lost connection before it closes the
+    channel. Giving unacknowledged messages back on close, or acknowledging a task that
+    ran through the outage, then reads the collected connection, raises AttributeError
+    and kills the worker (for an agent: its watchdog stops every job on the node). Both
+    are skipped on such a channel: the messages stay in Redis's unacked set and are
+    delivered again after the visibility timeout, as those of a worker that died (tasks
+    are idempotent for that reason).
+    """
+
+    def _collected(self) -> bool:
+        return self.connection is None or self.connection.client is None
+
+    @property
+    def do_restore(self) -> bool:  # type: ignore[override]
+        return not self._collected()
+
+    def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
+        if self._collected():
+            log.warning(
+                "not acknowledging message %s: its connection to Redis was lost", delivery_tag
+            )
+            return
+        super().basic_ack(delivery_tag, multiple=multiple)  # type: ignore[no-untyped-call]
+
+
+class RedisTransport(kombu_redis.Transport):
+    Channel = _RedisChannel
+
+
 def create_celery(redis_url: str, *, name: str = "gpusched") -> Celery:
     celery = Celery(name, broker=redis_url)
     celery.conf.update(
@@ -53,6 +86,7 @@ def create_celery(redis_url: str, *, name: str = "gpusched") -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
+        broker_transport=f"{__name__}:RedisTransport",
         broker_transport_options={"visibility_timeout": 300},
         task_serializer="json",
         accept_content=["json"],

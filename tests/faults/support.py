@@ -77,11 +77,10 @@ def spawn_extra(stack: Stack, label: str, like: str, argv: list[str] | None = No
     return stack._spawn(label, argv or old.argv, old.extra_env)
 
 
-def revive_crashed(stack: Stack) -> list[str]:
-    """Restart, as a process supervisor (systemd, docker restart policy) would, any stack
-    process that exited without a test killing it; returns '<label>: <why>' for each."""
-    crashed = []
-    for label, proc in list(stack.procs.items()):
+def crashed(stack: Stack) -> list[str]:
+    """'<label>: <why>' for each stack process that exited without a test killing it."""
+    found = []
+    for label, proc in stack.procs.items():
         if proc.expected_dead or proc.alive():
             continue
         text = proc.log.read_text(errors="replace")
@@ -89,33 +88,16 @@ def revive_crashed(stack: Stack) -> list[str]:
             (line for line in reversed(text.splitlines()) if "Unrecoverable error" in line),
             f"exit code {proc.popen.returncode if proc.popen else '?'}",
         )
-        crashed.append(f"{label}: {why.strip()}")
-        proc.expected_dead = True
-        restart(stack, label)
-    return crashed
+        found.append(f"{label}: {why.strip()}")
+    return found
 
 
-# kombu's Redis transport can kill a threads-pool Celery worker that acks a task while the
-# connection drops. `gpusched up` and the compose restart policy restart such a worker.
-KOMBU_ACK_CRASH = "object has no attribute 'hostname'"
-
-
-def revive_kombu_crashes(stack: Stack) -> list[str]:
-    """revive_crashed, failing on any crash other than the known kombu one."""
-    crashed = revive_crashed(stack)
-    unexpected = [c for c in crashed if KOMBU_ACK_CRASH not in c]
-    assert not unexpected, f"processes crashed: {unexpected}"
-    return crashed
-
-
-def wait_status_supervised(
-    stack: Stack, job_id: int, *statuses: str, timeout: float
-) -> dict[str, Any]:
-    """Wait for a job status after a Redis outage, restarting (as a supervisor would) any
-    worker the known kombu crash killed meanwhile."""
+def wait_status_alive(stack: Stack, job_id: int, *statuses: str, timeout: float) -> dict[str, Any]:
+    """Wait for a job status, failing at once if a stack process crashed meanwhile (a
+    Redis outage must not kill a worker: see app/messaging.py)."""
 
     def probe() -> dict[str, Any] | None:
-        revive_kombu_crashes(stack)
+        assert not crashed(stack), crashed(stack)
         job = stack.job(job_id)
         return job if job["status"] in statuses else None
 

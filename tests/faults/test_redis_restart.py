@@ -12,10 +12,10 @@ import pytest
 from bench.common import poll
 from tests.faults.support import (
     Traffic,
+    crashed,
     marker_command,
     probe_recovery,
     redis_restart,
-    revive_kombu_crashes,
     verify,
     wait_settled,
 )
@@ -45,10 +45,8 @@ def test_redis_stop_and_restart(make_stack, record, tmp_path: Path) -> None:
         time.sleep(0.1)
     redis_restart(stack)
     up_at = time.monotonic()
-    crashed = revive_kombu_crashes(stack)
     poll("redis ready again", lambda: stack.api("GET", "/readyz", check=False).status_code == 200,
          timeout=20)  # fmt: skip
-    crashed += revive_kombu_crashes(stack)
     during = traffic.codes_between(down_at, up_at)
     readyz_down = [r for t, code, r in traffic.readyz if down_at < t < up_at and code == 503]
 
@@ -56,14 +54,17 @@ def test_redis_stop_and_restart(make_stack, record, tmp_path: Path) -> None:
     traffic.stop()
     stuck = wait_settled(stack, timeout=30)
     verdict = verify(stack, traffic.ids, runs=runs)
-    lost_attempts = sum(1 for j in traffic.ids for e in stack.events(j) if e["to_status"] == "LOST")
+    dead = crashed(stack)
+    lost = [(j, e["attempt"], e["at"], e["actor"], e["reason"])
+            for j in traffic.ids for e in stack.events(j) if e["to_status"] == "LOST"]  # fmt: skip
     record("redis stop/restart (same port)", verdict.submitted, len(verdict.lost),
            len(verdict.duplicated) + len(verdict.gpu_overlaps), recover,
            f"{during.get(('submit', 201), 0)} submits accepted while down; "
-           f"{lost_attempts} attempts LOST; {len(verdict.reruns)} ran twice"
-           + (f"; CRASHED: {[c.split(':')[0] for c in crashed]}" if crashed else "")
+           f"{len(lost)} attempts LOST; {len(verdict.reruns)} ran twice"
+           + (f"; CRASHED: {[c.split(':')[0] for c in dead]}" if dead else "")
            + (f"; STUCK: {[(j['id'], j['status']) for j in stuck]}" if stuck else ""))  # fmt: skip
 
+    assert not dead, f"a worker died with the Redis connection: {dead}"
     assert during.get(("submit", 201), 0) >= 4, during
     assert not [k for k in during if k[0] == "submit" and k[1] != 201], during
     assert readyz_down and all("redis" in r["checks"] and r["checks"]["redis"] != "ok"
@@ -74,5 +75,5 @@ def test_redis_stop_and_restart(make_stack, record, tmp_path: Path) -> None:
     # silent nodes until heartbeats have had a full timeout to resume: no job that finished
     # during the outage is left RUNNING, declared LOST, or run again.
     assert not stuck, f"jobs still active after the outage: {stuck}"
-    assert lost_attempts == 0, "a node was declared dead because Redis was down"
+    assert not lost, f"attempts declared LOST because Redis was down: {lost}"
     verdict.assert_clean()

@@ -18,7 +18,7 @@ from tests.faults.support import (
     PrivatePgStack,
     PrivatePostgres,
     redis_restart,
-    wait_status_supervised,
+    wait_status_alive,
 )
 
 pytestmark = pytest.mark.e2e
@@ -56,7 +56,7 @@ def test_finished_report_survives_redis_outage(make_stack, tmp_path: Path) -> No
         )
     finally:
         redis_restart(stack)
-    done = wait_status_supervised(stack, job["id"], "SUCCEEDED", "FAILED", timeout=30)
+    done = wait_status_alive(stack, job["id"], "SUCCEEDED", "FAILED", timeout=30)
     assert done["status"] == "SUCCEEDED" and done["attempt"] == 1
 
 

