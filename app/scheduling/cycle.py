@@ -357,6 +357,8 @@ class Cycle:
                 strict_blocker = job
                 strict_msg = f"waiting behind job {job.id} (strict queue order, backfill off)"
             deferred.append((pos, job, req))
+            if may_preempt_any and not self._later_may_preempt(job):
+                may_preempt_any = False
             if not may_preempt_any and self.version != checked_at:
                 checked_at = self.version
                 full_outside = self.index.largest_free_block() == 0 and not self.index.partial
@@ -370,6 +372,17 @@ class Cycle:
             pending=tuple(self.pending),
             queue_order=tuple([j.id for j in order]),
         )
+
+    def _later_may_preempt(self, job: JobView) -> bool:
+        """Whether a job after `job` in the queue (which failed to start) may still start
+        by preemption in this cycle; if not, the rest of the queue needs only free room."""
+        if self.preempt_attempts >= _MAX_PREEMPT_SEARCHES:
+            return False
+        if self.settings.queue_policy != "las" or self.quota_any:
+            return True
+        # LAS orders by queue level and only a lower level preempts: later jobs are at
+        # this level or above.
+        return las_level(job.attained_gpu_s, self.settings) < self._max_level
 
     def _no_room_left(self) -> bool:
         """True when no usable GPU has any share free (reserved ones included)."""
@@ -717,16 +730,7 @@ class Cycle:
             ]
             self._pool: list[RunningJobView] | None = pool
             self._pool_keys = [(r.job.id, r.job.project, r.job.priority) for r in pool]
-            on_node: dict[str, list[RunningJobView]] = {}
-            for r in pool:
-                for nname, _ in r.placement:
-                    on_node.setdefault(nname, []).append(r)
-            # Per node: (job id, its GPU indices on this node, share, job, victim order key).
-            self._pool_by_node = [
-                (n, [_VictimHere.of(r, n.name) for r in on_node[n.name]])
-                for n in self.nodes
-                if n.name in on_node
-            ]
+            self._pool_by_node: list[tuple[NodeState, list[_VictimHere]]] | None = None
             self._min_prio = min((r.job.priority for r in pool), default=0)
             self._las_levels: dict[int, int] = {}
             if self.settings.queue_policy == "las":
@@ -738,6 +742,21 @@ class Cycle:
                 }
             self._max_level = max(self._las_levels.values(), default=0)
         return pool
+
+    def _victims_by_node(self) -> list[tuple[NodeState, list[_VictimHere]]]:
+        """The pool per node, in node order; built at the first victim search (most
+        cycles run none)."""
+        if self._pool_by_node is None:
+            on_node: dict[str, list[RunningJobView]] = {}
+            for r in self._victim_pool():
+                for nname, _ in r.placement:
+                    on_node.setdefault(nname, []).append(r)
+            self._pool_by_node = [
+                (n, [_VictimHere.of(r, n.name) for r in on_node[n.name]])
+                for n in self.nodes
+                if n.name in on_node
+            ]
+        return self._pool_by_node
 
     def _may_preempt(self, job: JobView, req: Request) -> tuple[Request, str, int, int] | None:
         """Cheap test whether any preemption rule could apply; else skip the search."""
@@ -787,7 +806,7 @@ class Cycle:
             return False
         enough = req.nodes + _PREEMPT_OPTIONS
         pmemo = self._pmemo
-        for node, pool in self._pool_by_node:
+        for node, pool in self._victims_by_node():
             if len(options) >= enough:
                 break  # a few alternatives are plenty; scanning every node is not worth it
             if node.blocker is not None or (req.model is not None and req.model not in node.models):
