@@ -107,16 +107,23 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                 return "registered"
             if kind == "heartbeat":
                 now = utcnow()
-                ingest_heartbeat(session=session, payload=payload, policy=telemetry, now=now)
-                repairs = reconcile_node_attempts(
-                    session=session,
-                    node=payload["node"],
-                    running=payload.get("running", []),
-                    recent=payload.get("recent", []),
-                    now=now,
-                    grace_s=scheduler.dispatch_timeout_s,
-                )
-                session.commit()
+                try:
+                    ingest_heartbeat(session=session, payload=payload, policy=telemetry, now=now)
+                    repairs = reconcile_node_attempts(
+                        session=session,
+                        node=payload["node"],
+                        running=payload.get("running", []),
+                        recent=payload.get("recent", []),
+                        now=now,
+                        grace_s=scheduler.dispatch_timeout_s,
+                    )
+                    session.commit()
+                except OperationalError as exc:
+                    # Not retried: a heartbeat is a snapshot. Applied late, it would judge
+                    # attempts started since against its old list of running ones and
+                    # declare them lost; the next heartbeat, seconds away, is current.
+                    log.warning("heartbeat from %s dropped: %s", payload.get("node"), exc)
+                    return "dropped"
                 if repairs.lost or repairs.finished:
                     runtime.messenger.request_cycle()
                 for stop in repairs.stops:
