@@ -111,8 +111,9 @@ def reconcile(
 class SilenceJudge:
     """Whether a node's silence is evidence against the node, as seen from one scheduler.
 
-    Heartbeats travel through Redis to this process. After it (re)starts, or after a gap
-    in its own reconcile runs (a Redis outage, a paused process), heartbeats may be late
+    Heartbeats travel through Redis to this process and are stored in the database. After
+    it (re)starts, after a gap in its own reconcile runs (a Redis outage, a paused
+    process) or after a run that failed (a database outage), heartbeats may be missing
     through no fault of the nodes; only a full heartbeat timeout of continuous service
     later does silence count again. Otherwise a broker outage would declare every node
     dead and run all their jobs twice.
@@ -130,6 +131,11 @@ class SilenceJudge:
         self._last_run = now
         assert self._trusted_from is not None
         return (now - self._trusted_from).total_seconds() >= self.heartbeat_timeout_s
+
+    def interrupted(self) -> None:
+        """A run failed (the database is down): heartbeats cannot be stored either, so
+        the service counts as interrupted from here, however soon the next run comes."""
+        self._last_run = None
 
 
 @dataclass

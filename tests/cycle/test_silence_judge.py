@@ -29,3 +29,11 @@ def test_a_gap_in_reconcile_runs_restarts_the_grace() -> None:
 def test_runs_within_the_timeout_keep_judging() -> None:
     judge = SilenceJudge(heartbeat_timeout_s=3)
     assert runs(judge, 0, 3, 6, 9) == [False, True, True, True]
+
+
+def test_a_failed_run_restarts_the_grace() -> None:
+    """A database outage: runs keep coming but fail, and no heartbeat could be stored."""
+    judge = SilenceJudge(heartbeat_timeout_s=3)
+    assert runs(judge, 0, 1, 2, 3) == [False, False, False, True]
+    judge.interrupted()  # the run at 3 s met a database error
+    assert runs(judge, 4, 5, 6, 7) == [False, False, False, True]
