@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from app.cycle.run import gc_paused
 from app.cycle.snapshot import head_depth
 from app.scheduling import (
     GpuView,
@@ -181,7 +182,8 @@ def time_plan(
     plan = None
     for _ in range(repeat):
         t, c = time.perf_counter(), time.process_time()
-        plan = plan_cycle(s, now=NOW, settings=settings, seed=0)
+        with gc_paused():  # as the live cycle's plan phase
+            plan = plan_cycle(s, now=NOW, settings=settings, seed=0)
         cpus.append((time.process_time() - c) * 1000)
         walls.append((time.perf_counter() - t) * 1000)
     assert plan is not None
