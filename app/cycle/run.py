@@ -37,8 +37,8 @@ def gc_paused() -> Iterator[None]:
     """No cyclic garbage collection inside: for the plan phase.
 
     A plan allocates tens of thousands of short-lived objects next to a large snapshot,
-    so the collector keeps running and its full passes walk the whole heap: about a
-    third of a 10,000-job plan's time (`bench/cycle.py`). What the plan drops is freed by
+    so the collector keeps running and its full passes walk the whole heap: about
+    half of a 10,000-job plan's time (`bench/cycle.py`). What the plan drops is freed by
     reference counting as usual; the rest waits for the next collection after it.
     """
     was_enabled = gc.isenabled()

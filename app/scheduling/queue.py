@@ -6,10 +6,8 @@ broken by submit time, then id), which also gives each job its queue position.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
-from functools import cache
 from operator import attrgetter
 
 from app.scheduling.types import JobView, PolicySettings, ProjectView, RunningJobView
@@ -203,14 +201,13 @@ def sjf(
     return [t[3] for t in keyed]
 
 
-@cache
-def _ascending(thresholds: tuple[float, ...]) -> tuple[float, ...]:
-    return tuple(sorted(thresholds))
-
-
 def las_level(attained_gpu_s: float, settings: PolicySettings) -> int:
-    """Tiresias discretised LAS queue: the number of thresholds reached (0 below all)."""
-    return bisect_right(_ascending(settings.las_thresholds_gpu_s), attained_gpu_s)
+    """Tiresias discretised LAS queue: 0 until the first threshold, then 1, ..."""
+    level = 0
+    for t in settings.las_thresholds_gpu_s:
+        if attained_gpu_s >= t:
+            level += 1
+    return level
 
 
 def attained(job: JobView, now: datetime, started_at: datetime | None, share: float) -> float:
@@ -223,10 +220,7 @@ def attained(job: JobView, now: datetime, started_at: datetime | None, share: fl
 
 def las(jobs: Iterable[JobView], settings: PolicySettings) -> list[JobView]:
     """Least attained service (Tiresias 2D-LAS): lower queue first, FIFO inside."""
-    bounds = _ascending(settings.las_thresholds_gpu_s)  # las_level, inlined: 10k jobs a cycle
-    return sorted(
-        jobs, key=lambda j: (bisect_right(bounds, j.attained_gpu_s), j.submitted_at or _EPOCH, j.id)
-    )
+    return sorted(jobs, key=lambda j: (las_level(j.attained_gpu_s, settings), _submitted(j), j.id))
 
 
 def order_jobs(
