@@ -16,7 +16,12 @@ from sqlalchemy.exc import OperationalError
 from app.batches.service import CHECK_INTERVAL_S as BATCH_CHECK_INTERVAL_S
 from app.batches.service import fire_due
 from app.config import Settings
-from app.cycle.reconcile import SilenceJudge, reconcile, reconcile_node_attempts
+from app.cycle.reconcile import (
+    SilenceJudge,
+    heartbeat_taken_at,
+    reconcile,
+    reconcile_node_attempts,
+)
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory
@@ -114,7 +119,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                         node=payload["node"],
                         running=payload.get("running", []),
                         recent=payload.get("recent", []),
-                        now=now,
+                        taken_at=heartbeat_taken_at(payload, received_at=now),
                         grace_s=scheduler.dispatch_timeout_s,
                     )
                     session.commit()

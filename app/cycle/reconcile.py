@@ -10,8 +10,9 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import or_, select
@@ -145,13 +146,27 @@ class NodeRepairs:
     finished: list[int] = field(default_factory=list)
 
 
+def heartbeat_taken_at(payload: dict[str, Any], *, received_at: datetime) -> datetime:
+    """When the agent took a heartbeat's lists of running and finished attempts.
+
+    A heartbeat can be handled long after it was taken (redelivered after a worker died,
+    queued behind a backlog); judged by the time it is handled, an attempt that started
+    in between looks vanished. The agent's stamp is used, but never a time later than
+    receipt, so an agent clock running ahead cannot make the judgement harsher.
+    """
+    stamp = payload.get("taken_at")
+    if not isinstance(stamp, int | float) or not math.isfinite(stamp):
+        return received_at  # an agent from before the stamp existed
+    return min(received_at, datetime.fromtimestamp(stamp, UTC))
+
+
 def reconcile_node_attempts(
     *,
     session: Session,
     node: str,
     running: list[dict[str, Any]],
     recent: list[dict[str, Any]],
-    now: datetime,
+    taken_at: datetime,
     grace_s: float,
 ) -> NodeRepairs:
     """Compare what an agent reports in its heartbeat with what the database says.
@@ -186,7 +201,8 @@ def reconcile_node_attempts(
         Dispatch(node=node, payload={"job_id": j, "attempt": a, "reason": "cancel"})
         for j, a in sorted(reported - here.keys())
     ]
-    settled = now - timedelta(seconds=grace_s)
+    # Attempts started this long before the heartbeat was taken should be in it.
+    settled = taken_at - timedelta(seconds=grace_s)
     for key, job in here.items():
         if key in results and "result" in results[key]:
             if reports.job_finished(session=session, payload=results[key]).accepted:

@@ -9,20 +9,26 @@ became schedulable. This is the minimal reproduction (runs on both backends).
 
 from __future__ import annotations
 
-from datetime import timedelta
+import time
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.auth.service import create_user
+from app.config import Settings
 from app.cycle.reconcile import reconcile_node_attempts
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
+from app.jobs import reports
 from app.jobs.models import Job
+from app.jobs.states import JobStatus
+from app.messaging import AGENT_REPORT
 from app.projects.models import Project
 from tests.foundation.builders import ready_node
+from workers.scheduler import build_scheduler_app
 
 pytestmark = pytest.mark.e2e
 
@@ -70,7 +76,7 @@ def test_heartbeat_of_a_node_running_a_job_reconciles(factory: sessionmaker[Sess
             node="n1",
             running=[{"job_id": job_id, "attempt": attempt}],
             recent=[],
-            now=now,
+            taken_at=now,
             grace_s=15,
         )
         session.commit()
@@ -82,7 +88,7 @@ def test_heartbeat_of_a_node_running_a_job_reconciles(factory: sessionmaker[Sess
             node="n1",
             running=[{"job_id": job_id, "attempt": attempt}, {"job_id": job_id, "attempt": 0}],
             recent=[],
-            now=now,
+            taken_at=now,
             grace_s=15,
         )
         session.commit()
@@ -90,3 +96,57 @@ def test_heartbeat_of_a_node_running_a_job_reconciles(factory: sessionmaker[Sess
         {"job_id": job_id, "attempt": 0, "reason": "cancel"}
     ]
     assert repairs.lost == []
+
+
+def test_a_heartbeat_taken_before_a_start_does_not_lose_it(
+    factory: sessionmaker[Session],
+) -> None:
+    """Handled late (redelivered, or queued behind a backlog), a heartbeat taken before
+    the attempt started does not list it; that is no evidence the process vanished."""
+    job_id, attempt = _running_job(factory)
+    with factory() as session:
+        reports.job_started(
+            session=session, payload={"job_id": job_id, "attempt": attempt, "node": "n1"}
+        )
+        session.commit()
+        job = session.get(Job, job_id)
+        assert job is not None and job.started_at is not None
+        started_at = job.started_at
+
+    def heartbeat(taken_at: datetime) -> list[int]:
+        with factory() as session:
+            repairs = reconcile_node_attempts(
+                session=session, node="n1", running=[], recent=[], taken_at=taken_at, grace_s=15
+            )
+            session.commit()
+        return repairs.lost
+
+    assert heartbeat(started_at - timedelta(seconds=1)) == []
+    # Taken well after the start and it does not list the attempt: the process is gone.
+    assert heartbeat(started_at + timedelta(seconds=60)) == [job_id]
+
+
+def test_the_scheduler_judges_a_late_heartbeat_by_when_it_was_taken(
+    factory: sessionmaker[Session], settings: Settings
+) -> None:
+    job_id, attempt = _running_job(factory)
+    with factory() as session:
+        reports.job_started(
+            session=session, payload={"job_id": job_id, "attempt": attempt, "node": "n1"}
+        )
+        session.commit()
+        job = session.get(Job, job_id)
+        assert job is not None and job.started_at is not None
+        taken_before_start = (job.started_at - timedelta(seconds=1)).timestamp()
+    celery = build_scheduler_app(settings, SchedulerSettings(dispatch_timeout_s=0.01))
+    time.sleep(0.1)  # handled now, the attempt is well past the grace
+    heartbeat = {"kind": "heartbeat", "node": "n1", "gpus": [], "running": [], "recent": [],
+                 "taken_at": taken_before_start}  # fmt: skip
+
+    result = celery.tasks[AGENT_REPORT].apply(kwargs={"payload": heartbeat})
+
+    assert result.successful(), result.traceback
+    assert result.result == "heartbeat"  # applied, not dropped
+    with factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.status is JobStatus.RUNNING

@@ -204,6 +204,7 @@ class Agent:
         when our jobs share the GPU with them.
         """
         with self._lock:
+            taken_at = time.time()  # when these lists were true (see heartbeat_taken_at)
             ours = {a.process.pgid: key for key, a in self._running.items()}
             running = [{"job_id": k[0], "attempt": k[1]} for k in self._running]
             horizon = time.monotonic() - RECENT_S
@@ -259,6 +260,7 @@ class Agent:
             "gpus": gpus,
             "running": running,
             "recent": recent,
+            "taken_at": taken_at,
         }
 
     # -- jobs ------------------------------------------------------------------------
