@@ -12,11 +12,13 @@ from typing import Any
 
 from celery import Celery
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 
 from app.batches.service import CHECK_INTERVAL_S as BATCH_CHECK_INTERVAL_S
 from app.batches.service import fire_due
 from app.config import Settings
 from app.cycle.reconcile import (
+    NodeRepairs,
     SilenceJudge,
     heartbeat_taken_at,
     reconcile,
@@ -43,6 +45,39 @@ from workers.runtime import Runtime
 log = logging.getLogger("gpusched.scheduler")
 # Queue positions behind the head are refreshed this often (see app.cycle.apply).
 FULL_POSITIONS_EVERY_S = 5.0
+
+
+def handle_heartbeat(
+    *,
+    session: Session,
+    payload: dict[str, Any],
+    telemetry: TelemetryPolicy,
+    grace_s: float,
+    now: datetime,
+) -> NodeRepairs | None:
+    """Store a heartbeat's readings and reconcile the node's attempts with it (committed);
+    None when the database failed and the heartbeat was dropped.
+
+    Dropped, not retried: a heartbeat is a snapshot. Applied late, it would judge attempts
+    started since against its old list of running ones and declare them lost; the next
+    heartbeat, seconds away, is current.
+    """
+    try:
+        ingest_heartbeat(session=session, payload=payload, policy=telemetry, now=now)
+        repairs = reconcile_node_attempts(
+            session=session,
+            node=payload["node"],
+            running=payload.get("running", []),
+            recent=payload.get("recent", []),
+            taken_at=heartbeat_taken_at(payload, received_at=now),
+            grace_s=grace_s,
+        )
+        session.commit()
+    except OperationalError as exc:
+        session.rollback()
+        log.warning("heartbeat from %s dropped: %s", payload.get("node"), exc)
+        return None
+    return repairs
 
 
 def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Celery:
@@ -111,23 +146,14 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                 runtime.messenger.request_cycle()
                 return "registered"
             if kind == "heartbeat":
-                now = utcnow()
-                try:
-                    ingest_heartbeat(session=session, payload=payload, policy=telemetry, now=now)
-                    repairs = reconcile_node_attempts(
-                        session=session,
-                        node=payload["node"],
-                        running=payload.get("running", []),
-                        recent=payload.get("recent", []),
-                        taken_at=heartbeat_taken_at(payload, received_at=now),
-                        grace_s=scheduler.dispatch_timeout_s,
-                    )
-                    session.commit()
-                except OperationalError as exc:
-                    # Not retried: a heartbeat is a snapshot. Applied late, it would judge
-                    # attempts started since against its old list of running ones and
-                    # declare them lost; the next heartbeat, seconds away, is current.
-                    log.warning("heartbeat from %s dropped: %s", payload.get("node"), exc)
+                repairs = handle_heartbeat(
+                    session=session,
+                    payload=payload,
+                    telemetry=telemetry,
+                    grace_s=scheduler.dispatch_timeout_s,
+                    now=utcnow(),
+                )
+                if repairs is None:
                     return "dropped"
                 if repairs.lost or repairs.finished:
                     runtime.messenger.request_cycle()

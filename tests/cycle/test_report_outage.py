@@ -4,20 +4,25 @@ started since then lost (and stop them). Start and finish reports keep their ret
 
 from __future__ import annotations
 
-from app.config import Settings
-from app.cycle.settings import SchedulerSettings
-from app.messaging import AGENT_REPORT
-from workers.scheduler import build_scheduler_app
+from app.db import make_engine, make_session_factory, utcnow
+from app.nodes.telemetry import TelemetryPolicy
+from workers.scheduler import handle_heartbeat
 
 # Nothing listens on port 1: every connection is refused, as while the database is down.
 DATABASE_DOWN = "postgresql+psycopg://postgres@127.0.0.1:1/test"
 
 
 def test_heartbeat_during_a_database_outage_is_dropped() -> None:
-    celery = build_scheduler_app(Settings(database_url=DATABASE_DOWN), SchedulerSettings())
+    factory = make_session_factory(make_engine(DATABASE_DOWN))
     heartbeat = {"kind": "heartbeat", "node": "n1", "gpus": [], "running": [], "recent": []}
 
-    result = celery.tasks[AGENT_REPORT].apply(kwargs={"payload": heartbeat})
+    with factory() as session:
+        repairs = handle_heartbeat(
+            session=session,
+            payload=heartbeat,
+            telemetry=TelemetryPolicy(),
+            grace_s=15,
+            now=utcnow(),
+        )
 
-    assert result.successful(), result.traceback
-    assert result.result == "dropped"
+    assert repairs is None
