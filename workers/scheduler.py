@@ -191,18 +191,13 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
     @celery.task(name=RECONCILE)
     def reconcile_task() -> dict[str, int]:
         with runtime.factory() as session:
-            now = utcnow()
-            try:
-                repairs = reconcile(
-                    session=session,
-                    now=now,
-                    heartbeat_timeout_s=scheduler.heartbeat_timeout_s,
-                    dispatch_timeout_s=scheduler.dispatch_timeout_s,
-                    judge_nodes=silence.may_judge(now),
-                )
-            except OperationalError:
-                silence.interrupted()
-                raise
+            repairs = reconcile(
+                session=session,
+                now=utcnow(),
+                heartbeat_timeout_s=scheduler.heartbeat_timeout_s,
+                dispatch_timeout_s=scheduler.dispatch_timeout_s,
+                silence=silence,
+            )
         for dispatch in repairs.run:
             runtime.messenger.send_to_node(
                 dispatch.node, RUN_JOB, dispatch.payload, expires_s=scheduler.dispatch_timeout_s

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import or_, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app.cycle.dispatch import Dispatch, released_gates, run_messages, stop_messages
@@ -73,10 +74,31 @@ def reconcile(
     now: datetime,
     heartbeat_timeout_s: float,
     dispatch_timeout_s: float,
-    judge_nodes: bool = True,
+    silence: SilenceJudge,
 ) -> Repairs:
-    """`judge_nodes=False` while silence is not yet evidence of a dead node (see
-    SilenceJudge)."""
+    """Silent nodes are judged only when `silence` allows it; a run that the database
+    fails interrupts the judge's trust (heartbeats could not be stored either)."""
+    try:
+        return _repair(
+            session,
+            now=now,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            dispatch_timeout_s=dispatch_timeout_s,
+            judge_nodes=silence.may_judge(now),
+        )
+    except OperationalError:
+        silence.interrupted()
+        raise
+
+
+def _repair(
+    session: Session,
+    *,
+    now: datetime,
+    heartbeat_timeout_s: float,
+    dispatch_timeout_s: float,
+    judge_nodes: bool,
+) -> Repairs:
     repairs = Repairs()
     stale_before = now - timedelta(seconds=heartbeat_timeout_s)
     if judge_nodes:
@@ -134,7 +156,7 @@ class SilenceJudge:
         return (now - self._trusted_from).total_seconds() >= self.heartbeat_timeout_s
 
     def interrupted(self) -> None:
-        """A run failed (the database is down): heartbeats cannot be stored either, so
+        """A run failed (the database is down): heartbeats could not be stored either, so
         the service counts as interrupted from here, however soon the next run comes."""
         self._last_run = None
 

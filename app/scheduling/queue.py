@@ -147,11 +147,11 @@ def default(
     for prio in sorted(tiers, reverse=True):
         tier = tiers[prio]
         if guard:
-            starving = [j for j in tier if (j.submitted_at or _EPOCH) <= starved_since]
+            starving = [j for j in tier if _submitted(j) <= starved_since]
             if starving:
                 _charge(starving, charge, horizon)
                 order.extend(fifo(starving))
-                tier = [j for j in tier if (j.submitted_at or _EPOCH) > starved_since]
+                tier = [j for j in tier if _submitted(j) > starved_since]
         by_size = sjf(tier, history, settings, now=now, age_over_s=limit)
         order.extend(_interleave(by_size, projects, settings, charge))
     return order

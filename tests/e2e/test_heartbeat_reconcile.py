@@ -31,7 +31,7 @@ from workers.scheduler import handle_heartbeat
 pytestmark = pytest.mark.e2e
 
 
-def _running_job(factory: sessionmaker[Session]) -> tuple[int, int]:
+def _placed_job(factory: sessionmaker[Session]) -> tuple[int, int]:
     now = utcnow()
     with factory() as session:
         user, _ = create_user(session=session, name="u", projects=["p"], is_admin=False, ttl_days=0)
@@ -65,8 +65,21 @@ def _running_job(factory: sessionmaker[Session]) -> tuple[int, int]:
         return job.id, job.attempt
 
 
+def _started_job(factory: sessionmaker[Session]) -> tuple[int, datetime]:
+    """A placed job whose agent reported it started: RUNNING since the returned time."""
+    job_id, attempt = _placed_job(factory)
+    with factory() as session:
+        reports.job_started(
+            session=session, payload={"job_id": job_id, "attempt": attempt, "node": "n1"}
+        )
+        session.commit()
+        job = session.get(Job, job_id)
+        assert job is not None and job.started_at is not None
+        return job_id, job.started_at
+
+
 def test_heartbeat_of_a_node_running_a_job_reconciles(factory: sessionmaker[Session]) -> None:
-    job_id, attempt = _running_job(factory)
+    job_id, attempt = _placed_job(factory)
     now = utcnow() + timedelta(seconds=60)
     with factory() as session:
         repairs = reconcile_node_attempts(
@@ -101,15 +114,7 @@ def test_a_heartbeat_taken_before_a_start_does_not_lose_it(
 ) -> None:
     """Handled late (redelivered, or queued behind a backlog), a heartbeat taken before
     the attempt started does not list it; that is no evidence the process vanished."""
-    job_id, attempt = _running_job(factory)
-    with factory() as session:
-        reports.job_started(
-            session=session, payload={"job_id": job_id, "attempt": attempt, "node": "n1"}
-        )
-        session.commit()
-        job = session.get(Job, job_id)
-        assert job is not None and job.started_at is not None
-        started_at = job.started_at
+    job_id, started_at = _started_job(factory)
 
     def heartbeat(taken_at: datetime) -> list[int]:
         with factory() as session:
@@ -127,15 +132,7 @@ def test_a_heartbeat_taken_before_a_start_does_not_lose_it(
 def test_the_scheduler_judges_a_late_heartbeat_by_when_it_was_taken(
     factory: sessionmaker[Session],
 ) -> None:
-    job_id, attempt = _running_job(factory)
-    with factory() as session:
-        reports.job_started(
-            session=session, payload={"job_id": job_id, "attempt": attempt, "node": "n1"}
-        )
-        session.commit()
-        job = session.get(Job, job_id)
-        assert job is not None and job.started_at is not None
-        started_at = job.started_at
+    job_id, started_at = _started_job(factory)
     heartbeat = {"kind": "heartbeat", "node": "n1", "gpus": [], "running": [], "recent": [],
                  "taken_at": (started_at - timedelta(seconds=1)).timestamp()}  # fmt: skip
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +46,10 @@ def test_worker_survives_redis_loss_while_holding_a_message(tmp_path: Path) -> N
     port = server.port
     url = f"redis://127.0.0.1:{port}/0"
     log = (tmp_path / "worker.log").open("w")
+
+    def _log() -> str:
+        return (tmp_path / "worker.log").read_text()
+
     worker = subprocess.Popen(
         [sys.executable, "-c", WORKER, url, str(tmp_path)],
         cwd=ROOT,
@@ -60,16 +63,16 @@ def test_worker_survives_redis_loss_while_holding_a_message(tmp_path: Path) -> N
         server.stop()
         # The worker notices the loss while the message is unacknowledged; a crashed one
         # lingers until the task it runs ends, so look after that.
-        time.sleep(4)
-        output = (tmp_path / "worker.log").read_text()
-        assert worker.poll() is None, f"the worker exited when Redis went away:\n{output}"
+        poll("the held task to end while Redis is down", lambda: "succeeded" in _log(), timeout=30)
+        assert worker.poll() is None, f"the worker exited when Redis went away:\n{_log()}"
 
         server._desired_port = port  # the same address, as after a Redis restart
         server.start()
         sender = create_celery(url)
         sender.send_task("probe.hold", args=["after"], queue="probe")
-        poll("the worker to consume again", (tmp_path / "after").exists, timeout=60)
-        assert worker.poll() is None
+        poll("the worker to consume again", (tmp_path / "after").exists, timeout=60,
+             on_timeout=_log)  # fmt: skip
+        assert worker.poll() is None, _log()
     finally:
         worker.terminate()
         worker.wait(timeout=30)
