@@ -57,7 +57,7 @@ def _parse_labels(values: list[str]) -> list[tuple[str, str]]:
     for value in values:
         key, sep, val = value.partition("=")
         if not sep or not key:
-            raise FieldError("label", f"{value!r}: expected key=value")
+            raise FieldError("label", f"{value!r}: expected key=value", location="query")
         parsed.append((key, val))
     return parsed
 
@@ -66,7 +66,7 @@ def _parse_cursor(cursor: str | None) -> int | None:
     if cursor is None:
         return None
     if not cursor.isdigit() or int(cursor) > 2**31:
-        raise FieldError("cursor", "not a cursor returned by this endpoint")
+        raise FieldError("cursor", "not a cursor returned by this endpoint", location="query")
     return int(cursor)
 
 
