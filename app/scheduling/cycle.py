@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta
 from operator import attrgetter, itemgetter
 from typing import NamedTuple
@@ -36,6 +36,7 @@ from app.scheduling.state import (
 )
 from app.scheduling.status import OK, Code, Context, Status
 from app.scheduling.types import (
+    GpuView,
     JobView,
     PendingReason,
     Placement,
@@ -49,6 +50,7 @@ from app.scheduling.types import (
 )
 
 Chosen = list[tuple[NodeState, list[Slot]]]
+NodeGpus = tuple[tuple[str, tuple[int, ...]], ...]  # a placement: GPU indices per node name
 _QUEUE_POSITION = attrgetter("queue_position")
 # The filter sets the build prechecks were written for (tests may swap the tuples).
 _NODE_FILTERS = F.NODE_FILTERS
@@ -90,6 +92,9 @@ class Cycle:
         self.res_nodes: list[NodeState] = []
         self.res_tried = False
         self.preempt_failed: set[tuple[Request, str, int, int]] = set()
+        # Requests whose victim search found too few nodes, per victim set (see
+        # _dominated); emptied when a preemption frees GPUs.
+        self.no_victims: dict[_VictimRules, list[Request]] = {}
         self._hardware: tuple[HardwareClass, ...] | None = None
         self._had_room: list[list[Slot]] = []
         self._room_profiles: list[tuple[tuple[tuple[_SlotProfile, int], ...], int]] = []
@@ -98,7 +103,7 @@ class Cycle:
         self._pmemo: dict[tuple[str, str | None, int], _NodeForPreempt] = {}
         self.version = 0  # bumped whenever GPU state changes (placement, release, reservation)
         # Expected ends of jobs placed this cycle (for the reservation).
-        self.placed_ends: list[tuple[datetime | None, list[Slot], int]] = []
+        self.placed_ends: list[tuple[datetime | None, NodeGpus, int]] = []
         self._build()
 
     # ------------------------------------------------------------------ 1. build
@@ -113,24 +118,23 @@ class Cycle:
 
         self.projects: dict[str, ProjectView] = {p.name: p for p in self.snap.projects}
         self.quota_any = any(p.quota_gpus > 0 for p in self.snap.projects)
-        self.used_milli: dict[str, int] = {}
-        self.running: dict[int, RunningJobView] = {}
-        self.running_on: dict[str, list[RunningJobView]] = {}
-        self.offpeak_running_milli = 0
+        self.used_milli = used_milli = dict[str, int]()
+        self.running = running = dict[int, RunningJobView]()
+        offpeak_milli = 0
         booked: dict[tuple[str, int], int] = {}
         for r in self.snap.running:
             job = r.job
-            self.running[job.id] = r
+            running[job.id] = r
             used = r.share_milli * job.total_gpus
-            self.used_milli[job.project] = self.used_milli.get(job.project, 0) + used
+            used_milli[job.project] = used_milli.get(job.project, 0) + used
             if job.schedule_mode == "offpeak":
-                self.offpeak_running_milli += used
+                offpeak_milli += used
             mem = job.gpu_memory_mb or 0
-            for node, idxs in r.placement:
-                self.running_on.setdefault(node, []).append(r)
-                if mem:
+            if mem:
+                for node, idxs in r.placement:
                     for idx in idxs:
                         booked[(node, idx)] = booked.get((node, idx), 0) + mem
+        self.offpeak_running_milli = offpeak_milli
 
         # Precheck bounds (see filters/__init__.py): only nodes and GPUs they cannot
         # vouch for run the filters, which then decide as always.
@@ -139,6 +143,8 @@ class Cycle:
         tel_after = F.telemetry_fresh.fresh_after(ctx)
         idle_before = F.foreign_load.idle_before(ctx)
         foreign_below = self.settings.foreign_util_threshold_pct
+        # For _check_late: None when the GPU filters must always run.
+        self._gpu_bounds = (tel_after, idle_before, foreign_below) if prechecks else None
         for i, nv in enumerate(self.snap.nodes):
             blocker: Status | None = None
             hb = nv.heartbeat_at
@@ -171,17 +177,7 @@ class Cycle:
                         # it, and then the GPU filters run (see _release). Saves most of the
                         # filter calls on a busy cluster.
                         unchecked = True
-                    elif not (
-                        prechecks
-                        and g.healthy
-                        and g.foreign_util_pct < foreign_below
-                        and (at := g.telemetry_at) is not None
-                        and tel_after is not None
-                        and at >= tel_after
-                        and (idle := g.idle_since) is not None
-                        and idle_before is not None
-                        and idle <= idle_before
-                    ):
+                    elif not (prechecks and _gpu_vouched(g, tel_after, idle_before, foreign_below)):
                         for gf in gpu_filters:
                             st = gf(nv, g, ctx)
                             if st is not OK:
@@ -230,6 +226,8 @@ class Cycle:
             return False
         nv, g = s.unchecked
         s.unchecked = None
+        if self._gpu_bounds is not None and _gpu_vouched(g, *self._gpu_bounds):
+            return False
         for gf in F.GPU_FILTERS:
             st = gf(nv, g, self.ctx)
             if st is not OK:
@@ -597,29 +595,21 @@ class Cycle:
 
     def _commit(self, job: JobView, req: Request, chosen: Chosen, after: tuple[int, ...]) -> None:
         self.version += 1
-        slots: list[Slot] = []
         for node, picked in chosen:
             for s in picked:
                 s.free_milli -= req.milli
                 s.free_mem -= req.memory_mb
-                slots.append(s)
             self.index.refresh(node)
         need = req.milli * job.total_gpus
         self.used_milli[job.project] = self.used_milli.get(job.project, 0) + need
         if job.schedule_mode == "offpeak":
             self.offpeak_running_milli += need
+        placed = tuple([(n.name, tuple([s.index for s in p])) for n, p in chosen])
         if not self.res_tried:  # only the (single) reservation reads these
             rt = _runtime(job)
             end = None if rt is None else self.now + timedelta(seconds=rt)
-            self.placed_ends.append((end, slots, req.milli))
-        self.placements.append(
-            Placement(
-                job.id,
-                tuple([(n.name, tuple([s.index for s in p])) for n, p in chosen]),
-                req.milli / 1000,
-                after,
-            )
-        )
+            self.placed_ends.append((end, placed, req.milli))
+        self.placements.append(Placement(job.id, placed, req.milli / 1000, after))
 
     # ------------------------------------------------------------------ backfill
 
@@ -627,10 +617,9 @@ class Cycle:
         """EASY backfill: reserve for the first blocked job the GPUs it can start on soonest."""
         if req.gpus == 0:
             return
-        releases: list[tuple[datetime, list[Slot], int]] = []
+        releases: list[tuple[datetime, NodeGpus, int]] = []
         now = self.now
         preempted = self.preempted
-        slot_at = self.slot_at
         spans: dict[int, timedelta] = {}  # runtimes repeat: one timedelta each
         for r in self.running.values():
             rj = r.job
@@ -645,17 +634,13 @@ class Cycle:
             end = r.started_at + span
             if not end > now:  # max(now, end), keeping `now` on ties as max() does
                 end = now
-            rslots = [
-                s
-                for node, idxs in r.placement
-                for i in idxs
-                if (s := slot_at.get((node, i))) is not None
-            ]
-            releases.append((end, rslots, r.share_milli))
-        for end_opt, pslots, milli in self.placed_ends:
+            releases.append((end, r.placement, r.share_milli))
+        for end_opt, placed, milli in self.placed_ends:
             if end_opt is not None:
-                releases.append((end_opt, pslots, milli))
-        when, per_node = reservation(self.nodes, releases, req, job.id, self.now)
+                releases.append((end_opt, placed, milli))
+        when, per_node = reservation(
+            self.nodes, releases, req, job.id, self.now, slot_at=self.slot_at
+        )
         if not per_node:
             return
         self.version += 1
@@ -674,38 +659,45 @@ class Cycle:
         age = (self.now - r.started_at).total_seconds()
         return age < self.settings.min_run_before_preempt_s
 
-    def _victim_reasons(self, job: JobView, req: Request) -> dict[int, str]:
-        """Running jobs `job` may stop, with the rule that allows it (first that applies).
+    def _victim_rules(self, job: JobView, req: Request) -> _VictimRules:
+        """What decides which running jobs `job` may stop (see `_victim_reasons`)."""
+        quota = self._quota_of(job.project)
+        used = self.used_milli
+        borrowing: frozenset[str] = frozenset()
+        if quota > 0 and used.get(job.project, 0) + req.milli * job.total_gpus <= quota:
+            # It may reclaim its quota from projects borrowing beyond theirs right now.
+            borrowing = frozenset(
+                name
+                for name, milli in used.items()
+                if milli > self._quota_of(name) and name != job.project
+            )
+        policy = self.settings.queue_policy
+        return _VictimRules(
+            borrowing,
+            job.priority if policy in ("default", "priority") else None,
+            las_level(job.attained_gpu_s, self.settings) if policy == "las" else None,
+        )
+
+    def _victim_reasons(self, rules: _VictimRules) -> dict[int, str]:
+        """Running jobs the rules allow stopping, with the rule that allows it (first that
+        applies).
 
         The pool is already limited to preemptible jobs past `min_run_before_preempt_s`.
         Messages are formatted only for the victims finally chosen (`_why`).
         """
-        quota = self._quota_of(job.project)
-        used = self.used_milli
-        reclaim = quota > 0 and used.get(job.project, 0) + req.milli * job.total_gpus <= quota
-        policy = self.settings.queue_policy
-        by_prio = policy in ("default", "priority")
-        las = policy == "las"
-        mine = las_level(job.attained_gpu_s, self.settings) if las else 0
+        borrowing, above, mine = rules
         out: dict[int, str] = {}
         self._victim_pool()
         preempted = self.preempted
-        if reclaim:
-            # Projects borrowing beyond their quota right now (a handful; the pool is large).
-            borrowing = {name for name, milli in used.items() if milli > self._quota_of(name)} - {
-                job.project
-            }
-        else:
-            borrowing = set()
         levels = self._las_levels
         for rid, project, priority in self._pool_keys:
-            if rid in preempted or rid == job.id:
+            if rid in preempted:
                 continue
             if project in borrowing:
                 out[rid] = "quota"
-            elif by_prio and priority < job.priority:
+            elif above is not None and priority < above:
                 out[rid] = "priority"
-            elif las and levels[rid] > mine:
+            elif mine is not None and levels[rid] > mine:
                 out[rid] = "las"
         return out
 
@@ -793,16 +785,38 @@ class Cycle:
         if key is None:
             return False
         self.preempt_attempts += 1
-        if self._search_preempt(job, req):
+        rules = self._victim_rules(job, req)
+        if not self._dominated(job, req, rules) and self._search_preempt(job, req, rules):
             return True
         self.preempt_failed.add(key)
         return False
 
-    def _search_preempt(self, job: JobView, req: Request) -> bool:
+    def _dominated(self, job: JobView, req: Request, rules: _VictimRules) -> bool:
+        """Whether a search with the same victims already failed for a request no harder
+        than `req`: then this one fails too, and is counted without scanning every node.
+
+        No harder: no more GPUs, nodes, share or memory per GPU, and any model or the
+        same one. Every node test of the search is monotone in these, so a node that
+        offered the easier request no victim set offers none to this one. Not for the
+        reservation's owner: the GPUs reserved for it add to what it may use.
+        """
+        if job.id == self.res_job:
+            return False
+        return any(
+            req.gpus >= f.gpus
+            and req.nodes >= f.nodes
+            and req.milli >= f.milli
+            and req.memory_mb >= f.memory_mb
+            and (f.model is None or f.model == req.model)
+            for f in self.no_victims.get(rules, ())
+        )
+
+    def _search_preempt(self, job: JobView, req: Request, rules: _VictimRules) -> bool:
         options: list[tuple[tuple[int, int, int], NodeState, list[RunningJobView]]] = []
         # Which running jobs this job may stop at all, and why (one pass over the pool).
-        reasons = self._victim_reasons(job, req)
+        reasons = self._victim_reasons(rules)
         if not reasons:
+            self.no_victims.setdefault(rules, []).append(req)
             return False
         enough = req.nodes + _PREEMPT_OPTIONS
         pmemo = self._pmemo
@@ -872,6 +886,8 @@ class Cycle:
                     options.append((cost, node, list(picked)))
                     break
         if len(options) < req.nodes:
+            if job.id != self.res_job:
+                self.no_victims.setdefault(rules, []).append(req)
             return False
         options.sort(key=lambda o: o[0])
         chosen_opts = options[: req.nodes]
@@ -911,7 +927,9 @@ class Cycle:
             self.preemptions.append(
                 Preemption(r.job.id, job.id, self._why(reasons[r.job.id], job, r))
             )
-        self.failed = set()  # capacity went up: earlier failures may fit now
+        # Capacity went up: earlier failures may fit now.
+        self.failed = set()
+        self.no_victims = {}
         self._commit(job, req, chosen, tuple(victims))
         return True
 
@@ -1144,6 +1162,16 @@ class _Shape(NamedTuple):
     key_reserved: int  # _memo_key(req, allow_reserved=True)
 
 
+class _VictimRules(NamedTuple):
+    """Which running jobs a job may stop: those of `borrowing` projects (quota
+    reclaim), those below priority `above`, those in a LAS queue above `las_level`
+    (None: the rule does not apply under this policy)."""
+
+    borrowing: frozenset[str]
+    above: int | None
+    las_level: int | None
+
+
 class _VictimHere(NamedTuple):
     """A preemptible running job as seen from one node it runs on."""
 
@@ -1191,6 +1219,22 @@ class _NodeForPreempt:
         return got
 
 
+def _gpu_vouched(
+    g: GpuView, tel_after: datetime | None, idle_before: datetime | None, foreign_below: float
+) -> bool:
+    """The GPU filters' precheck (filters/__init__.py): True only if they surely pass."""
+    return (
+        g.healthy
+        and g.foreign_util_pct < foreign_below
+        and (at := g.telemetry_at) is not None
+        and tel_after is not None
+        and at >= tel_after
+        and (idle := g.idle_since) is not None
+        and idle_before is not None
+        and idle <= idle_before
+    )
+
+
 def _victim_order(v: _VictimHere) -> tuple[int, float, int]:
     return v.order
 
@@ -1224,13 +1268,17 @@ def _first_failure(req: Request, hardware: tuple[HardwareClass, ...]) -> Status:
 
 def reservation(
     nodes: list[NodeState],
-    releases: list[tuple[datetime, list[Slot], int]],
+    releases: list[tuple[datetime, NodeGpus, int]],
     req: Request,
     job_id: int,
     now: datetime,
+    *,
+    slot_at: Mapping[tuple[str, int], Slot],
 ) -> tuple[datetime | None, list[tuple[NodeState, list[Slot]]]]:
     """Earliest time `req` fits as running jobs end, and the GPUs to hold for it.
 
+    `releases` are (expected end, GPUs by node name, milli freed per GPU); `slot_at`
+    finds a GPU's state, looked up only for the releases walked (usually few of them).
     Walks expected job ends in time order, adding freed capacity per GPU, until
     `req.nodes` nodes each have `req.gpus` suitable GPUs. GPUs busy now but
     free by then are preferred for the reservation, so as few GPUs as possible
@@ -1268,21 +1316,25 @@ def reservation(
             ok_nodes[n.name] = n
     when: datetime | None = now if len(ok_nodes) >= req.nodes else None
     if when is None:
-        for end, slots, freed in sorted(releases, key=itemgetter(0)):
-            for s in slots:
-                sid = id(s)
-                at = milli_at.get(sid)
-                if at is None:
-                    continue
-                before = at >= milli and mem_ok[sid]
-                at = milli_at[sid] = at + freed
-                if at >= 1000:
-                    mem_ok[sid] = s.total_mem - s.foreign_mem >= memory_mb
-                after = at >= milli and mem_ok[sid]
-                if after and not before:
-                    count[s.node.name] += 1
-                    if count[s.node.name] >= req.gpus:
-                        ok_nodes[s.node.name] = s.node
+        for end, placement, freed in sorted(releases, key=itemgetter(0)):
+            for name, idxs in placement:
+                for i in idxs:
+                    freed_on = slot_at.get((name, i))
+                    if freed_on is None:
+                        continue
+                    sid = id(freed_on)
+                    at = milli_at.get(sid)
+                    if at is None:
+                        continue
+                    before = at >= milli and mem_ok[sid]
+                    at = milli_at[sid] = at + freed
+                    if at >= 1000:
+                        mem_ok[sid] = freed_on.total_mem - freed_on.foreign_mem >= memory_mb
+                    after = at >= milli and mem_ok[sid]
+                    if after and not before:
+                        count[name] += 1
+                        if count[name] >= req.gpus:
+                            ok_nodes[name] = freed_on.node
             if len(ok_nodes) >= req.nodes:
                 when = end
                 break

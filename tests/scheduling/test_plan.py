@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,10 @@ from app.scheduling import (
     estimate_start,
     plan_cycle,
 )
+from app.scheduling.cycle import Cycle
+from app.scheduling.state import Request
+from app.scheduling.status import Context
+from app.scheduling.types import JobView
 
 from .builders import T0, at, job, node, project, running, snap, window
 
@@ -441,6 +446,34 @@ def test_las_preempts_jobs_with_much_more_service() -> None:
     # same attained level: no preemption
     s2 = snap([node("a").gpus(4)], pending=[job(1, gpus=4, attained_gpu_s=5000)], running=rs)
     assert plan(s2, queue_policy="las").preemptions == ()
+
+
+def test_a_search_dominated_by_a_failed_one_is_not_run() -> None:
+    # Job 1 (4 GPUs) finds no victims: only job 20's 2 GPUs may be stopped. Job 2 asks
+    # for more (4 GPUs with 40 GB each) under the same rules, so it fails too without a
+    # scan; job 3 (2 GPUs) is easier and is searched, and stops job 20.
+    rs = [
+        running(job(20, priority=1, preemptible=True, gpus=2), {"a": (0, 1)}),
+        running(job(21, priority=5, preemptible=False, gpus=2), {"a": (2, 3)}),
+    ]
+    pending = [
+        job(1, priority=5, gpus=4),
+        job(2, priority=5, gpus=4, gpu_memory_mb=40_000),
+        job(3, priority=5, gpus=2),
+    ]
+    s = snap([node("a").gpus(4)], pending=pending, running=rs)
+    searched: list[int] = []
+
+    class Spy(Cycle):
+        def _search_preempt(self, job: JobView, req: Request, rules: Any) -> bool:
+            searched.append(job.id)
+            return super()._search_preempt(job, req, rules)
+
+    ctx = Context(now=T0, settings=PolicySettings(queue_policy="priority"), windows=())
+    p = Spy(s, ctx, 0).run()
+    assert searched == [1, 3]
+    assert [(x.victim_job_id, x.for_job_id) for x in p.preemptions] == [(20, 3)]
+    assert p == plan(s, queue_policy="priority")  # the same plan as the plain cycle
 
 
 def test_reservation_and_preemption_together_never_double_book() -> None:
