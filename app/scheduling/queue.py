@@ -83,17 +83,18 @@ def _interleave(
     for name in {j.project for j in ordered}:
         weight[name] = _weight(name, projects)
         charge.setdefault(name, 0.0)
-    keyed: list[tuple[float, str, int, JobView]] = []
-    append = keyed.append
-    for k, job in enumerate(ordered):
+    keys: list[float] = []
+    append = keys.append
+    for job in ordered:
         name = job.project
-        # k (position in the given order) breaks ties like the project's own queue order
-        append((charge[name] / weight[name], name, k, job))
+        append(charge[name] / weight[name])
         gpus = job.gpus * job.nodes if job.nodes > 1 else job.gpus
         charge[name] += (gpus if gpus > 1 else 1) * horizon
-    # Plain tuple order: k is unique, so the job itself is never compared.
-    keyed.sort()
-    return [t[3] for t in keyed]
+    # Order by (key, project name, position in `ordered`): two stable sorts of positions,
+    # each on one plain key, cost far less than one sort of tuples.
+    by_name = sorted(range(len(ordered)), key=[j.project for j in ordered].__getitem__)
+    by_name.sort(key=keys.__getitem__)
+    return [ordered[k] for k in by_name]
 
 
 def _charge(jobs: Iterable[JobView], charge: dict[str, float], horizon: float) -> None:
@@ -187,18 +188,27 @@ def sjf(
     """
     predicted: dict[tuple[str, str], float | None] = {}  # one median per user + name
     aged_at = now if age_over_s > 0 else None
-    keyed: list[tuple[float, datetime, int, JobView]] = []
-    for j in jobs:
-        key = (j.user, j.name)
-        if j.estimated_runtime_s is None and key not in predicted:
-            predicted[key] = predict_runtime(history, j)
-        size = expected_runtime(j, predicted.get(key), settings) * max(1, j.total_gpus)
-        submitted = j.submitted_at or _EPOCH
+    ordered = fifo(jobs)  # ties on size: FIFO
+    sizes: list[float] = []
+    for j in ordered:
+        estimate = j.estimated_runtime_s
+        if estimate is not None:  # expected_runtime's first case, inlined
+            size = float(estimate)
+        else:
+            key = (j.user, j.name)
+            if key not in predicted:
+                predicted[key] = predict_runtime(history, j)
+            size = expected_runtime(j, predicted[key], settings)
+        gpus = j.gpus * j.nodes if j.nodes > 1 else j.gpus
+        if gpus > 1:
+            size *= gpus
         if aged_at is not None:
-            size *= max(0.0, 1.0 - (aged_at - submitted).total_seconds() / age_over_s)
-        keyed.append((size, submitted, j.id, j))
-    keyed.sort()  # ids are unique, so the job itself is never compared
-    return [t[3] for t in keyed]
+            waited = (aged_at - (j.submitted_at or _EPOCH)).total_seconds()
+            size *= max(0.0, 1.0 - waited / age_over_s)
+        sizes.append(size)
+    # Stable sort on the plain float key (much cheaper than sorting tuples).
+    by_size = sorted(range(len(ordered)), key=sizes.__getitem__)
+    return [ordered[k] for k in by_size]
 
 
 def las_level(attained_gpu_s: float, settings: PolicySettings) -> int:
