@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from app import compiled_core
 from app.cycle.run import gc_paused
 from app.cycle.snapshot import head_depth
 from app.scheduling import (
@@ -206,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     print(
         f"plan_cycle: {args.nodes} nodes x 8 GPUs, {args.pending} pending jobs, "
-        f"median of {args.repeat} runs (python {sys.version.split()[0]})"
+        f"median of {args.repeat} runs (python {sys.version.split()[0]}, "
+        f"{'compiled' if compiled_core.in_use() else 'plain-Python'} scheduling core)"
     )
     head = (
         f"{'scenario':<26} {'policy':<11} {'running':>8} {'wall ms':>8} {'cpu ms':>7} "

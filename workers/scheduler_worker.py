@@ -6,6 +6,7 @@ import logging
 
 from prometheus_client import start_http_server
 
+from app import compiled_core
 from app.config import Settings
 from app.cycle.settings import SchedulerSettings
 from app.logs import configure_logging
@@ -16,6 +17,12 @@ log = logging.getLogger("gpusched.scheduler")
 
 def run_scheduler_worker(settings: Settings, scheduler: SchedulerSettings, *, beat: bool) -> None:
     configure_logging()
+    log.info(
+        "scheduling core: %s",
+        "compiled (mypyc)"
+        if compiled_core.in_use()
+        else "plain Python (`make native` compiles it)",
+    )
     celery = build_scheduler_app(settings, scheduler)
     if scheduler.metrics_port:
         # Cycle durations and dispatch failures live in this process only.

@@ -86,6 +86,7 @@ class Cycle:
         self.never_cache: dict[Request, Status] = {}
         self.preempted: set[int] = set()
         self.preempt_attempts = 0
+        self.victim_scans = 0  # searches that ran (a dominated one counts as attempt only)
         # Backfill reservation (one, for the first job that cannot start).
         self.res_job: int | None = None
         self.res_time: datetime | None = None
@@ -812,6 +813,7 @@ class Cycle:
         )
 
     def _search_preempt(self, job: JobView, req: Request, rules: _VictimRules) -> bool:
+        self.victim_scans += 1
         options: list[tuple[tuple[int, int, int], NodeState, list[RunningJobView]]] = []
         # Which running jobs this job may stop at all, and why (one pass over the pool).
         reasons = self._victim_reasons(rules)

@@ -106,7 +106,7 @@ def _initial_charge(
     projects: Mapping[str, ProjectView], running: Iterable[RunningJobView], horizon: float
 ) -> dict[str, float]:
     charge = {name: p.usage_gpu_s for name, p in projects.items()}
-    _charge((r.job for r in running), charge, horizon)
+    _charge([r.job for r in running], charge, horizon)
     return charge
 
 
