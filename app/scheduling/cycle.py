@@ -96,6 +96,7 @@ class Cycle:
         # Requests whose victim search found too few nodes, per victim set (see
         # _dominated); emptied when a preemption frees GPUs.
         self.no_victims: dict[_VictimRules, list[Request]] = {}
+        self._reasons_by_rules: dict[_VictimRules, dict[int, str]] = {}
         self._hardware: tuple[HardwareClass, ...] | None = None
         self._had_room: list[list[Slot]] = []
         self._room_profiles: list[tuple[tuple[tuple[_SlotProfile, int], ...], int]] = []
@@ -684,10 +685,14 @@ class Cycle:
         applies).
 
         The pool is already limited to preemptible jobs past `min_run_before_preempt_s`.
-        Messages are formatted only for the victims finally chosen (`_why`).
+        Messages are formatted only for the victims finally chosen (`_why`). Remembered
+        per rules for the cycle: `_release` drops each victim from every remembered set.
         """
+        out = self._reasons_by_rules.get(rules)
+        if out is not None:
+            return out
+        out = self._reasons_by_rules[rules] = {}
         borrowing, above, mine = rules
-        out: dict[int, str] = {}
         self._victim_pool()
         preempted = self.preempted
         levels = self._las_levels
@@ -904,6 +909,7 @@ class Cycle:
             for i in idxs
             if (vs := self.slot_at.get((nname, i))) is not None
         }
+        rule_of = {rid: reasons[rid] for rid in victims}  # _release drops them from reasons
         touched: set[str] = set()
         for r in victims.values():
             self._release(r, touched)
@@ -927,7 +933,7 @@ class Cycle:
             return False
         for r in victims.values():
             self.preemptions.append(
-                Preemption(r.job.id, job.id, self._why(reasons[r.job.id], job, r))
+                Preemption(r.job.id, job.id, self._why(rule_of[r.job.id], job, r))
             )
         # Capacity went up: earlier failures may fit now.
         self.failed = set()
@@ -945,6 +951,8 @@ class Cycle:
     def _release(self, r: RunningJobView, touched: set[str]) -> None:
         self.version += 1
         self.preempted.add(r.job.id)
+        for reasons in self._reasons_by_rules.values():
+            reasons.pop(r.job.id, None)
         milli = r.share_milli
         mem = r.job.gpu_memory_mb or 0
         for nname, idxs in r.placement:
@@ -965,6 +973,7 @@ class Cycle:
 
     def _unrelease(self, r: RunningJobView) -> None:
         self.preempted.discard(r.job.id)
+        self._reasons_by_rules.clear()  # worked out again, with this job a victim again
         self.used_milli[r.job.project] = self.used_milli.get(r.job.project, 0) + (
             r.share_milli * r.job.total_gpus
         )

@@ -203,12 +203,19 @@ def sjf(
         if gpus > 1:
             size *= gpus
         if aged_at is not None:
-            waited = (aged_at - (j.submitted_at or _EPOCH)).total_seconds()
+            waited = _seconds(aged_at - (j.submitted_at or _EPOCH))
             size *= max(0.0, 1.0 - waited / age_over_s)
         sizes.append(size)
     # Stable sort on the plain float key (much cheaper than sorting tuples).
     by_size = sorted(range(len(ordered)), key=sizes.__getitem__)
     return [ordered[k] for k in by_size]
+
+
+def _seconds(span: timedelta) -> float:
+    """`span.total_seconds()`, to the same float (whole microseconds, one correctly
+    rounded division) for spans under 2**53 µs (285 years), without its method call:
+    compiled, several times cheaper, and `sjf` needs it for every pending job."""
+    return ((span.days * 86_400 + span.seconds) * 1_000_000 + span.microseconds) / 1_000_000
 
 
 def las_level(attained_gpu_s: float, settings: PolicySettings) -> int:

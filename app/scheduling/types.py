@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, NamedTuple
 
 QueuePolicy = Literal["default", "fifo", "priority", "fair-share", "sjf", "las"]
 QUEUE_POLICIES: tuple[str, ...] = ("default", "fifo", "priority", "fair-share", "sjf", "las")
@@ -211,8 +211,10 @@ class Preemption:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class PendingReason:
+class PendingReason(NamedTuple):
+    """Why a job waits. A NamedTuple: a cycle makes one per waiting job (thousands), and
+    a tuple is built several times faster than a frozen dataclass."""
+
     job_id: int
     kind: ReasonKind
     message: str

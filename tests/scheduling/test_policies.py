@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from app.scheduling import PolicySettings, decay_usage, order_jobs, plan_cycle, predict_runtime
-from app.scheduling.queue import las_level
+from app.scheduling.queue import _seconds, las_level
 from app.scheduling.types import JobView
 
 from .builders import T0, job, node, project, running, snap
@@ -213,3 +215,12 @@ def test_unknown_policy_is_an_error() -> None:
 def test_submitted_at_none_sorts_first() -> None:
     jobs = [job(1), job(2, submitted_at=None), job(3, submitted_at=T0 - timedelta(days=1))]
     assert _order("fifo", jobs) == [2, 3, 1]
+
+
+_EXACT = timedelta(microseconds=2**53 - 1)  # about 285 years
+
+
+@given(st.timedeltas(min_value=-_EXACT, max_value=_EXACT))
+def test_seconds_equals_total_seconds_exactly(span: timedelta) -> None:
+    # sjf's aging uses it instead of total_seconds(): the same float, or orders would move.
+    assert _seconds(span) == span.total_seconds()
