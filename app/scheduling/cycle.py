@@ -317,7 +317,7 @@ class Cycle:
             if strict_blocker is not None:
                 if not explain:
                     break  # strict order: nothing after the blocked job can start
-                pending.append(PendingReason(job.id, ReasonKind.PRIORITY, strict_msg, pos, None))
+                pending.append(_reason(job.id, ReasonKind.PRIORITY, strict_msg, pos, None))
                 continue
             if exhausted and req.gpus > 0:
                 deferred.append((pos, job, req))
@@ -402,7 +402,7 @@ class Cycle:
         message: str,
         estimated_start: datetime | None = None,
     ) -> None:
-        self.pending.append(PendingReason(job.id, kind, message, pos, estimated_start))
+        self.pending.append(_reason(job.id, kind, message, pos, estimated_start))
 
     # ------------------------------------------------------------------ eligibility
 
@@ -1001,7 +1001,7 @@ class Cycle:
             got = cache.get(id(req))
             if got is None:
                 got = cache[id(req)] = self._diagnose(req, levels)
-            pending.append(PendingReason(job.id, got[0], got[1], pos, None))
+            pending.append(_reason(job.id, got[0], got[1], pos, None))
 
     def _level_histogram(
         self, key: tuple[int, int, str | None], own: int | None
@@ -1155,6 +1155,14 @@ def _room_profiles(
         node = frozenset(per_gpu.items())
         counts[node] = counts.get(node, 0) + 1
     return [(tuple(node), n) for node, n in counts.items()]
+
+
+def _reason(
+    job_id: int, kind: ReasonKind, message: str, position: int, start: datetime | None
+) -> PendingReason:
+    """`PendingReason(...)` without the NamedTuple's own `__new__`, which runs as
+    interpreted Python even in the compiled core: one per waiting job, thousands a cycle."""
+    return tuple.__new__(PendingReason, (job_id, kind, message, position, start))
 
 
 def _reservation_note(when: datetime | None) -> str:

@@ -73,28 +73,39 @@ def _interleave(
     `charge` (project -> GPU-seconds) is updated, so priority tiers share one account.
     """
     horizon = settings.fair_share_horizon_s
-    if len({j.project for j in ordered}) <= 1:
+    names = {j.project for j in ordered}
+    if len(names) <= 1:
         _charge(ordered, charge, horizon)  # keep the account right for later tiers
         return ordered
     # Taking a project's next job charges it; the project with the smallest charge/weight
     # goes next. Charges only grow, so that greedy merge equals one sort by the key each
     # job has when its turn comes (ties by project name, then the project's own order).
     weight: dict[str, float] = {}
-    for name in {j.project for j in ordered}:
+    for name in names:
         weight[name] = _weight(name, projects)
         charge.setdefault(name, 0.0)
     keys: list[float] = []
     append = keys.append
     for job in ordered:
         name = job.project
-        append(charge[name] / weight[name])
+        owed = charge[name]
+        append(owed / weight[name])
         gpus = job.gpus * job.nodes if job.nodes > 1 else job.gpus
-        charge[name] += (gpus if gpus > 1 else 1) * horizon
-    # Order by (key, project name, position in `ordered`): two stable sorts of positions,
-    # each on one plain key, cost far less than one sort of tuples.
-    by_name = sorted(range(len(ordered)), key=[j.project for j in ordered].__getitem__)
-    by_name.sort(key=keys.__getitem__)
-    return [ordered[k] for k in by_name]
+        charge[name] = owed + (gpus if gpus > 1 else 1) * horizon
+    # A stable sort on the plain float key (far cheaper than sorting tuples) keeps equal
+    # keys in `ordered`'s order; only those runs (rare unless usage is equal) are then
+    # put in project-name order.
+    by_key = sorted(range(len(ordered)), key=keys.__getitem__)
+    start, n = 0, len(by_key)
+    while start < n:
+        key = keys[by_key[start]]
+        end = start + 1
+        while end < n and keys[by_key[end]] == key:
+            end += 1
+        if end - start > 1:
+            by_key[start:end] = sorted(by_key[start:end], key=lambda k: ordered[k].project)
+        start = end
+    return [ordered[k] for k in by_key]
 
 
 def _charge(jobs: Iterable[JobView], charge: dict[str, float], horizon: float) -> None:
@@ -188,7 +199,7 @@ def sjf(
     """
     predicted: dict[tuple[str, str], float | None] = {}  # one median per user + name
     aged_at = now if age_over_s > 0 else None
-    ordered = fifo(jobs)  # ties on size: FIFO
+    ordered = list(jobs)
     sizes: list[float] = []
     for j in ordered:
         estimate = j.estimated_runtime_s
@@ -206,9 +217,22 @@ def sjf(
             waited = _seconds(aged_at - (j.submitted_at or _EPOCH))
             size *= max(0.0, 1.0 - waited / age_over_s)
         sizes.append(size)
-    # Stable sort on the plain float key (much cheaper than sorting tuples).
+    # Sort on the plain float key (much cheaper than sorting tuples), then FIFO among
+    # equal sizes: with aging those are rare, so most runs of equal size are one job.
     by_size = sorted(range(len(ordered)), key=sizes.__getitem__)
-    return [ordered[k] for k in by_size]
+    out: list[JobView] = []
+    start, n = 0, len(by_size)
+    while start < n:
+        size = sizes[by_size[start]]
+        end = start + 1
+        while end < n and sizes[by_size[end]] == size:
+            end += 1
+        if end - start == 1:
+            out.append(ordered[by_size[start]])
+        else:
+            out.extend(fifo([ordered[k] for k in by_size[start:end]]))
+        start = end
+    return out
 
 
 def _seconds(span: timedelta) -> float:
