@@ -187,8 +187,9 @@ class ReasonKind(enum.Enum):
     PRIORITY = "priority"
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
+class Placement(NamedTuple):
+    """Where a job starts. A NamedTuple, as PendingReason: built per placed job."""
+
     job_id: int
     node_gpus: NodeGpus
     share: float = 1.0
