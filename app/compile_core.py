@@ -1,4 +1,4 @@
-"""Compile the scheduling core with mypyc: `python -m app.compile_core` (`make install`).
+"""Compile the scheduling core with mypyc: `python -m app.compile_core` (`make native`).
 
 See `app/compiled_core.py` for how and when the build is used.
 """

@@ -5,7 +5,7 @@ simulator and the tests all run it. mypyc (part of mypy) compiles such code to a
 C extension that runs the same logic about twice as fast, which is what a
 10,000-job cycle needs to stay within its budget (`bench/cycle.py`).
 
-`python -m app.compile_core` (run by `make install`) compiles the package's modules
+`python -m app.compile_core` (run by `make native`) compiles the package's modules
 into `build/native/<digest>/`, where the digest covers every source file of the
 package and the interpreter. At import, `app/__init__.py` calls `use_compiled()`:
 when a build for the current digest exists, a finder loads `app.scheduling`'s

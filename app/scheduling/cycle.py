@@ -120,8 +120,10 @@ class Cycle:
 
         self.projects: dict[str, ProjectView] = {p.name: p for p in self.snap.projects}
         self.quota_any = any(p.quota_gpus > 0 for p in self.snap.projects)
-        self.used_milli = used_milli = dict[str, int]()
-        self.running = running = dict[int, RunningJobView]()
+        used_milli: dict[str, int] = {}
+        running: dict[int, RunningJobView] = {}
+        self.used_milli = used_milli
+        self.running = running
         offpeak_milli = 0
         booked: dict[tuple[str, int], int] = {}
         for r in self.snap.running:
