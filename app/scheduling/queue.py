@@ -23,6 +23,7 @@ def _submitted(job: JobView) -> datetime:
 _ID = attrgetter("id")
 _SUBMITTED = attrgetter("submitted_at")
 _PRIORITY = attrgetter("priority")
+_PROJECT = attrgetter("project")
 
 
 def fifo(jobs: Iterable[JobView]) -> list[JobView]:
@@ -92,20 +93,8 @@ def _interleave(
         append(owed / weight[name])
         gpus = job.gpus * job.nodes if job.nodes > 1 else job.gpus
         charge[name] = owed + (gpus if gpus > 1 else 1) * horizon
-    # A stable sort on the plain float key (far cheaper than sorting tuples) keeps equal
-    # keys in `ordered`'s order; only those runs (rare unless usage is equal) are then
-    # put in project-name order.
-    by_key = sorted(range(len(ordered)), key=keys.__getitem__)
-    start, n = 0, len(by_key)
-    while start < n:
-        key = keys[by_key[start]]
-        end = start + 1
-        while end < n and keys[by_key[end]] == key:
-            end += 1
-        if end - start > 1:
-            by_key[start:end] = sorted(by_key[start:end], key=lambda k: ordered[k].project)
-        start = end
-    return [ordered[k] for k in by_key]
+    # Equal keys (rare unless usage is equal) keep `ordered`'s order within a project.
+    return _by_key(ordered, keys, lambda tied: sorted(tied, key=_PROJECT))
 
 
 def _charge(jobs: Iterable[JobView], charge: dict[str, float], horizon: float) -> None:
@@ -217,20 +206,27 @@ def sjf(
             waited = _seconds(aged_at - (j.submitted_at or _EPOCH))
             size *= max(0.0, 1.0 - waited / age_over_s)
         sizes.append(size)
-    # Sort on the plain float key (much cheaper than sorting tuples), then FIFO among
-    # equal sizes: with aging those are rare, so most runs of equal size are one job.
-    by_size = sorted(range(len(ordered)), key=sizes.__getitem__)
+    return _by_key(ordered, sizes, fifo)  # with aging, equal sizes are rare
+
+
+def _by_key(
+    jobs: list[JobView], keys: list[float], tie_order: Callable[[list[JobView]], list[JobView]]
+) -> list[JobView]:
+    """`jobs` by ascending `keys` (one float per job), each run of equal keys (in `jobs`'
+    order) put in `tie_order`. A sort on the plain float key, then work on the ties only:
+    much cheaper than sorting tuples of the key and the tie-breaks."""
+    by_key = sorted(range(len(jobs)), key=keys.__getitem__)
     out: list[JobView] = []
-    start, n = 0, len(by_size)
+    start, n = 0, len(by_key)
     while start < n:
-        size = sizes[by_size[start]]
+        key = keys[by_key[start]]
         end = start + 1
-        while end < n and sizes[by_size[end]] == size:
+        while end < n and keys[by_key[end]] == key:
             end += 1
         if end - start == 1:
-            out.append(ordered[by_size[start]])
+            out.append(jobs[by_key[start]])
         else:
-            out.extend(fifo([ordered[k] for k in by_size[start:end]]))
+            out.extend(tie_order([jobs[k] for k in by_key[start:end]]))
         start = end
     return out
 
