@@ -11,7 +11,8 @@ package and the interpreter. At import, `app/__init__.py` calls `use_compiled()`
 when a build for the current digest exists, a finder loads `app.scheduling`'s
 modules from it; otherwise nothing changes and the source runs. So an edited
 source never runs stale compiled code (it runs as plain Python until the next
-build), and a machine without a C compiler simply runs the source.
+build), a machine without a C compiler simply runs the source, and so does one whose
+build is damaged (with a warning).
 `GPUSCHED_NATIVE=0` turns the compiled modules off.
 """
 
@@ -23,6 +24,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from pathlib import Path
@@ -33,6 +35,7 @@ SOURCE_DIR = Path(__file__).resolve().parent / "scheduling"
 BUILD_ROOT = Path(__file__).resolve().parents[1] / "build" / "native"
 # The mypyc runtime and all compiled code live in one shared library of this name.
 GROUP = "gpusched_scheduling"
+_LIBRARY = f"{GROUP}__mypyc"
 MANIFEST = "modules.txt"
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
@@ -64,16 +67,19 @@ class _CompiledFinder(importlib.abc.MetaPathFinder):
     def __init__(self, root: Path, modules: frozenset[str]) -> None:
         self.root = root
         self.modules = modules
+        self.loaded = False
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname == f"{GROUP}__mypyc":
+        if fullname == _LIBRARY:
             return importlib.util.spec_from_file_location(
-                fullname, self.root / (fullname + _SUFFIX)
+                fullname, self.root / (_LIBRARY + _SUFFIX)
             )
         if fullname not in self.modules:
             return None
+        if not self.loaded and not self._load_library():
+            return None  # the source, from now on
         where = self.root.joinpath(*fullname.split("."))
         if where.is_dir():  # a subpackage: its __init__, and its modules found here too
             return importlib.util.spec_from_file_location(
@@ -82,6 +88,22 @@ class _CompiledFinder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_file_location(
             fullname, where.with_name(where.name + _SUFFIX)
         )
+
+    def _load_library(self) -> bool:
+        """Load the shared library that holds all compiled code, before the first module
+        needs it; if it cannot be loaded (a damaged build), step aside for the source."""
+        self.loaded = True
+        try:
+            importlib.import_module(_LIBRARY)
+        except (ImportError, OSError) as exc:
+            sys.meta_path.remove(self)
+            warnings.warn(
+                f"compiled scheduling core in {self.root} unusable ({exc}); running the source",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return False
+        return True
 
 
 def compiled_build() -> Path | None:

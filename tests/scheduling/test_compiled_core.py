@@ -45,15 +45,26 @@ def test_the_build_of_the_current_source_is_used(built: Path) -> None:
     assert _loaded_from(REPO, GPUSCHED_NATIVE="0") == REPO / "app" / "scheduling" / "cycle.py"
 
 
-def test_an_edited_source_runs_as_plain_python(built: Path, tmp_path: Path) -> None:
-    # A copy of the package and of its build, laid out as in the repository.
-    (tmp_path / "app").mkdir()
+def _copy(built: Path, root: Path) -> Path:
+    """A copy of the package and of its build, laid out as in the repository."""
+    (root / "app").mkdir()
     for name in ("__init__.py", "compiled_core.py"):
-        shutil.copy(REPO / "app" / name, tmp_path / "app" / name)
-    shutil.copytree(REPO / "app" / "scheduling", tmp_path / "app" / "scheduling")
-    shutil.copytree(built, tmp_path / "build" / "native" / built.name)
-    assert _loaded_from(tmp_path).is_relative_to(tmp_path / "build" / "native" / built.name)
+        shutil.copy(REPO / "app" / name, root / "app" / name)
+    shutil.copytree(REPO / "app" / "scheduling", root / "app" / "scheduling")
+    return Path(shutil.copytree(built, root / "build" / "native" / built.name))
+
+
+def test_an_edited_source_runs_as_plain_python(built: Path, tmp_path: Path) -> None:
+    copy = _copy(built, tmp_path)
+    assert _loaded_from(tmp_path).is_relative_to(copy)
 
     with (tmp_path / "app" / "scheduling" / "queue.py").open("a") as f:
         f.write("\n# edited after the build\n")
+    assert _loaded_from(tmp_path) == tmp_path / "app" / "scheduling" / "cycle.py"
+
+
+def test_a_damaged_build_gives_way_to_the_source(built: Path, tmp_path: Path) -> None:
+    copy = _copy(built, tmp_path)
+    library = next(copy.glob(f"{compiled_core.GROUP}__mypyc.*"))
+    library.write_bytes(b"not a shared library")
     assert _loaded_from(tmp_path) == tmp_path / "app" / "scheduling" / "cycle.py"
