@@ -25,10 +25,18 @@ from app.projects.models import Project
 
 WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400)
 
+# kind: "full" (the whole queue read and ranked) or "quick" (the head of the queue only).
 CYCLE_SECONDS = Histogram(
     "gpusched_scheduling_cycle_seconds",
     "Duration of one scheduling cycle (snapshot, plan, apply, dispatch)",
+    ["kind"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+PLAN_SECONDS = Histogram(
+    "gpusched_scheduling_plan_seconds",
+    "Duration of a cycle's plan phase: the policy core alone, as bench/cycle.py times it",
+    ["kind"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
 )
 PLACEMENTS = Counter("gpusched_placements", "Jobs placed by the scheduler")
 DISPATCH_FAILURES = Counter(

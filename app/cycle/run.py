@@ -23,7 +23,7 @@ from app.cycle.apply import apply_plan
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory, read_snapshot
 from app.messaging import RUN_JOB, STOP_JOB, Messenger
-from app.metrics import CYCLE_SECONDS, PLACEMENTS
+from app.metrics import CYCLE_SECONDS, PLACEMENTS, PLAN_SECONDS
 from app.scheduling import plan_cycle
 from app.scheduling.window_close import window_close_preemptions
 from app.windows.calendar import window_rules
@@ -107,6 +107,8 @@ def run_cycle(
             if closing:
                 plan = replace(plan, preemptions=plan.preemptions + closing)
             plan_ms = (time.perf_counter() - plan_started) * 1000
+            kind = "quick" if ctx.quick else "full"
+            PLAN_SECONDS.labels(kind).observe(plan_ms / 1000)
             if memory is not None:
                 memory.remember(ctx, plan.queue_order)
             # 3. apply
@@ -126,7 +128,7 @@ def run_cycle(
             )
         for stop in applied.stops:
             messenger.send_to_node(stop.node, STOP_JOB, stop.payload)
-    CYCLE_SECONDS.observe(time.perf_counter() - started)
+    CYCLE_SECONDS.labels(kind).observe(time.perf_counter() - started)
     PLACEMENTS.inc(len(applied.placed))
     report = CycleReport(
         ran=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from prometheus_client import REGISTRY
 from sqlalchemy import select, update
 
 from app.cycle.run import run_cycle
@@ -34,6 +35,11 @@ def _cycle(api, memory: QueueMemory, *, full: bool):
                      now=utcnow(), all_positions=full, memory=memory)  # fmt: skip
 
 
+def _plans(kind: str) -> float:
+    """Plan phases observed so far by the scheduler's metrics, of this kind."""
+    return REGISTRY.get_sample_value("gpusched_scheduling_plan_seconds_count", {"kind": kind}) or 0
+
+
 def _reason(api, job_id: int) -> str | None:
     with api.factory() as session:
         return session.scalar(select(Job.pending_reason).where(Job.id == job_id))
@@ -59,6 +65,7 @@ def test_quick_cycles_read_the_head_and_place_new_jobs(api):
     _node(api.factory, gpus=1)
     memory = QueueMemory()
     queued = [_submit(api) for _ in range(80)]
+    plans = {kind: _plans(kind) for kind in ("full", "quick")}
 
     first = _cycle(api, memory, full=False)  # nothing remembered yet: a full read
     assert (first.placed, first.pending, memory.ready) == (1, 79, True)
@@ -76,6 +83,8 @@ def test_quick_cycles_read_the_head_and_place_new_jobs(api):
     # A full cycle reads everything again.
     full = _cycle(api, memory, full=True)
     assert (full.placed, full.pending) == (0, 80)
+    # Operators see the two kinds apart (the first cycle read everything: a full one).
+    assert (_plans("full") - plans["full"], _plans("quick") - plans["quick"]) == (2, 1)
 
 
 def test_the_head_a_quick_cycle_reads_slides_forward_as_jobs_start(api):
