@@ -40,12 +40,12 @@ class _RedisChannel(kombu_redis.Channel):
     """kombu's Redis channel, made safe to use after its connection was lost.
 
     When Redis goes away, Celery (5.7) collects the lost connection before it closes the
-    channel. Giving unacknowledged messages back on close, or acknowledging a task that
-    ran through the outage, then reads the collected connection, raises AttributeError
-    and kills the worker (for an agent: its watchdog stops every job on the node). Both
-    are skipped on such a channel: the messages stay in Redis's unacked set and are
-    delivered again after the visibility timeout, as those of a worker that died (tasks
-    are idempotent for that reason).
+    channel. Giving unacknowledged messages back on close, or acknowledging or rejecting
+    a task that ran through the outage, then reads the collected connection, raises
+    AttributeError and kills the worker (for an agent: its watchdog stops every job on
+    the node). All three are skipped on such a channel: the messages stay in Redis's
+    unacked set and are delivered again after the visibility timeout, as those of a
+    worker that died (tasks are idempotent for that reason).
     """
 
     def _collected(self) -> bool:
@@ -62,6 +62,12 @@ class _RedisChannel(kombu_redis.Channel):
             )
             return
         super().basic_ack(delivery_tag, multiple=multiple)  # type: ignore[no-untyped-call]
+
+    def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        if self._collected():
+            log.warning("not rejecting message %s: its connection to Redis was lost", delivery_tag)
+            return
+        super().basic_reject(delivery_tag, requeue=requeue)  # type: ignore[no-untyped-call]
 
 
 class RedisTransport(kombu_redis.Transport):

@@ -3,8 +3,9 @@ an unacknowledged message: it must wait for Redis and go on, not exit.
 
 Celery collects a lost connection before closing it, and closing the channel then tried
 to give the unacknowledged message back through the collected connection: an
-AttributeError that killed the worker. For an agent that meant its watchdog killed every
-job on the node because of a Redis blip.
+AttributeError that killed the worker. Acknowledging or rejecting the message once its
+task ended did the same. For an agent that meant its watchdog killed every job on the
+node because of a Redis blip.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.e2e
 WORKER = """
 import sys, time
 from pathlib import Path
+from celery.exceptions import Reject
 from app.messaging import create_celery
 
 url, out = sys.argv[1], Path(sys.argv[2])
@@ -34,13 +36,23 @@ def hold(tag: str) -> None:
     (out / tag).touch()
     time.sleep(3)  # unacknowledged all this time (acks late)
 
+@celery.task(name="probe.reject")
+def reject(tag: str) -> None:
+    hold(tag)
+    raise Reject("probe requeue", requeue=True)  # as Celery does when a worker is lost
+
 celery.worker_main(["worker", "--queues", "probe", "--pool", "threads", "--concurrency", "2",
                     "--without-gossip", "--without-mingle", "--without-heartbeat",
                     "--loglevel", "INFO"])
 """
 
 
-def test_worker_survives_redis_loss_while_holding_a_message(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("task", "ended"), [("probe.hold", "succeeded"), ("probe.reject", "probe requeue")]
+)
+def test_worker_survives_redis_loss_while_holding_a_message(
+    tmp_path: Path, task: str, ended: str
+) -> None:
     server = ValkeyServer(host="127.0.0.1")
     server.start()
     port = server.port
@@ -58,12 +70,12 @@ def test_worker_survives_redis_loss_while_holding_a_message(tmp_path: Path) -> N
     )
     sender = create_celery(url)
     try:
-        sender.send_task("probe.hold", args=["before"], queue="probe")
+        sender.send_task(task, args=["before"], queue="probe")
         poll("the worker to take the message", (tmp_path / "before").exists, timeout=30)
         server.stop()
         # The worker notices the loss while the message is unacknowledged; a crashed one
         # lingers until the task it runs ends, so look after that.
-        poll("the held task to end while Redis is down", lambda: "succeeded" in _log(), timeout=30)
+        poll("the held task to end while Redis is down", lambda: ended in _log(), timeout=30)
         assert worker.poll() is None, f"the worker exited when Redis went away:\n{_log()}"
 
         server._desired_port = port  # the same address, as after a Redis restart
