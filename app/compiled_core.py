@@ -119,14 +119,13 @@ def in_use() -> bool:
     return any(isinstance(f, _CompiledFinder) for f in sys.meta_path)
 
 
-def use_compiled() -> bool:
-    """Load `app.scheduling`'s modules from the matching build, if any. Before any of
-    them is imported; returns whether the compiled modules are in use."""
-    if in_use():
-        return True
+def use_compiled() -> None:
+    """Load `app.scheduling`'s modules from the matching build, if any (before any of
+    them is imported; see `in_use`)."""
+    if in_use() or any(name.startswith(PACKAGE + ".") for name in sys.modules):
+        return
     root = compiled_build()
-    if root is None or any(name.startswith(PACKAGE + ".") for name in sys.modules):
-        return False
+    if root is None:
+        return
     modules = frozenset((root / MANIFEST).read_text().split())
     sys.meta_path.insert(0, _CompiledFinder(root, modules))
-    return True

@@ -38,6 +38,7 @@ from app.scheduling.status import OK, Code, Context, Status
 from app.scheduling.types import (
     GpuView,
     JobView,
+    NodeGpus,
     PendingReason,
     Placement,
     Plan,
@@ -50,7 +51,6 @@ from app.scheduling.types import (
 )
 
 Chosen = list[tuple[NodeState, list[Slot]]]
-NodeGpus = tuple[tuple[str, tuple[int, ...]], ...]  # a placement: GPU indices per node name
 _QUEUE_POSITION = attrgetter("queue_position")
 # The filter sets the build prechecks were written for (tests may swap the tuples).
 _NODE_FILTERS = F.NODE_FILTERS

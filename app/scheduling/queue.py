@@ -91,8 +91,7 @@ def _interleave(
         name = job.project
         owed = charge[name]
         append(owed / weight[name])
-        gpus = job.gpus * job.nodes if job.nodes > 1 else job.gpus
-        charge[name] = owed + (gpus if gpus > 1 else 1) * horizon
+        charge[name] = owed + max(1, job.total_gpus) * horizon  # as _charge
     # Equal keys (rare unless usage is equal) keep `ordered`'s order within a project.
     return _by_key(ordered, keys, lambda tied: sorted(tied, key=_PROJECT))
 
@@ -191,17 +190,10 @@ def sjf(
     ordered = list(jobs)
     sizes: list[float] = []
     for j in ordered:
-        estimate = j.estimated_runtime_s
-        if estimate is not None:  # expected_runtime's first case, inlined
-            size = float(estimate)
-        else:
-            key = (j.user, j.name)
-            if key not in predicted:
-                predicted[key] = predict_runtime(history, j)
-            size = expected_runtime(j, predicted[key], settings)
-        gpus = j.gpus * j.nodes if j.nodes > 1 else j.gpus
-        if gpus > 1:
-            size *= gpus
+        key = (j.user, j.name)
+        if j.estimated_runtime_s is None and key not in predicted:
+            predicted[key] = predict_runtime(history, j)
+        size = expected_runtime(j, predicted.get(key), settings) * max(1, j.total_gpus)
         if aged_at is not None:
             waited = _seconds(aged_at - (j.submitted_at or _EPOCH))
             size *= max(0.0, 1.0 - waited / age_over_s)

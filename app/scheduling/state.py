@@ -51,9 +51,7 @@ def hardware_classes(nodes: tuple[NodeView, ...]) -> tuple[HardwareClass, ...]:
     """Group all nodes, whatever their state, by GPU hardware: what the cluster *could* run."""
     groups: dict[tuple[tuple[str, int], ...], list[str]] = {}
     for n in nodes:
-        gpus = [(g.model, g.memory_total_mb) for g in n.gpus]
-        gpus.sort()
-        sig = tuple(gpus)
+        sig = tuple(sorted([(g.model, g.memory_total_mb) for g in n.gpus]))
         groups.setdefault(sig, []).append(n.name)
     return tuple(HardwareClass(names[0], len(names), sig) for sig, names in groups.items())
 
