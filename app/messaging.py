@@ -55,19 +55,19 @@ class _RedisChannel(kombu_redis.Channel):
     def do_restore(self) -> bool:  # type: ignore[override]
         return not self._collected()
 
+    def _skipped(self, action: str, delivery_tag: Any) -> bool:
+        if not self._collected():
+            return False
+        log.warning("not %s message %s: its connection to Redis was lost", action, delivery_tag)
+        return True
+
     def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
-        if self._collected():
-            log.warning(
-                "not acknowledging message %s: its connection to Redis was lost", delivery_tag
-            )
-            return
-        super().basic_ack(delivery_tag, multiple=multiple)  # type: ignore[no-untyped-call]
+        if not self._skipped("acknowledging", delivery_tag):
+            super().basic_ack(delivery_tag, multiple=multiple)  # type: ignore[no-untyped-call]
 
     def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
-        if self._collected():
-            log.warning("not rejecting message %s: its connection to Redis was lost", delivery_tag)
-            return
-        super().basic_reject(delivery_tag, requeue=requeue)  # type: ignore[no-untyped-call]
+        if not self._skipped("rejecting", delivery_tag):
+            super().basic_reject(delivery_tag, requeue=requeue)  # type: ignore[no-untyped-call]
 
 
 class RedisTransport(kombu_redis.Transport):

@@ -34,7 +34,8 @@ celery = create_celery(url)
 @celery.task(name="probe.hold")
 def hold(tag: str) -> None:
     (out / tag).touch()
-    time.sleep(3)  # unacknowledged all this time (acks late)
+    while not (out / f"{tag}.release").exists():  # unacknowledged all this time (acks late)
+        time.sleep(0.05)
 
 @celery.task(name="probe.reject")
 def reject(tag: str) -> None:
@@ -73,14 +74,17 @@ def test_worker_survives_redis_loss_while_holding_a_message(
         sender.send_task(task, args=["before"], queue="probe")
         poll("the worker to take the message", (tmp_path / "before").exists, timeout=30)
         server.stop()
-        # The worker notices the loss while the message is unacknowledged; a crashed one
-        # lingers until the task it runs ends, so look after that.
+        # The task ends (and its message is acknowledged or rejected) only once the worker
+        # has noticed the loss; a crashed worker lingers until then, so look after that.
+        poll("the worker to notice", lambda: "Connection to broker lost" in _log(), timeout=30)
+        (tmp_path / "before.release").touch()
         poll("the held task to end while Redis is down", lambda: ended in _log(), timeout=30)
         assert worker.poll() is None, f"the worker exited when Redis went away:\n{_log()}"
 
         server._desired_port = port  # the same address, as after a Redis restart
         server.start()
         sender = create_celery(url)
+        (tmp_path / "after.release").touch()
         sender.send_task("probe.hold", args=["after"], queue="probe")
         poll("the worker to consume again", (tmp_path / "after").exists, timeout=60,
              on_timeout=_log)  # fmt: skip
