@@ -1,7 +1,7 @@
 """Every queue policy on the shared Philly traces, next to the lower bounds.
 
     .venv/bin/python bench/scheduling_quality.py [--traces-dir ../shared/traces]
-        [--load 0.7] [--nodes 8] [--only philly_0e4a51.csv ...]
+        [--load 0.7] [--nodes 8] [--only philly_0e4a51.csv ...] [--sweep 0.3 0.5 0.7]
 
 Load: a trace's average demand (total GPU-seconds / arrival span) would keep
 that many GPUs busy. The cluster is `--nodes` x 8 GPUs (64 by default: the
@@ -14,13 +14,17 @@ bound). Rows:
 - fifo-strict : FIFO without backfill (the YARN-like baseline of Tiresias)
 - fifo        : FIFO with EASY backfill
 - default, priority, fair-share, sjf, las : the policies with their defaults
+- sjf, exact runtimes : SJF told every job's true duration; a clairvoyant
+  reference (no live scheduler has it) for how close any queue order gets
 
-The scheduler never sees true durations: runtimes come from the median of the
-same user's finished jobs with the same name. Also runs a "merged" trace with
+Apart from that reference the scheduler never sees true durations: runtimes
+come from the median of the same user's finished jobs with the same name. Also runs a "merged" trace with
 four VCs together (fair share matters only with several teams).
 
 Writes bench/results/jct_cdf_<trace>.png (JCT CDF per policy) and
-bench/results/scheduling_quality.md (the tables).
+bench/results/scheduling_quality.md (the tables). `--sweep LOADS` writes instead
+bench/results/load_sweep.md: avg JCT over the bound for fifo, default and the
+clairvoyant reference at each load, and default's p99 over FIFO's.
 """
 
 from __future__ import annotations
@@ -39,15 +43,19 @@ sys.path.insert(0, str(ROOT))
 from app.scheduling import PolicySettings  # noqa: E402
 from app.simulator import SimResult, TraceJob, read_trace, simulate  # noqa: E402
 
-ROWS: list[tuple[str, str, PolicySettings]] = [
-    ("fifo-strict", "fifo", PolicySettings(backfill=False)),
-    ("fifo", "fifo", PolicySettings()),
-    ("default", "default", PolicySettings()),
-    ("priority", "priority", PolicySettings()),
-    ("fair-share", "fair-share", PolicySettings()),
-    ("sjf", "sjf", PolicySettings()),
-    ("las", "las", PolicySettings()),
+# (label, policy, settings, exact runtimes)
+Row = tuple[str, str, PolicySettings, bool]
+ROWS: list[Row] = [
+    ("fifo-strict", "fifo", PolicySettings(backfill=False), False),
+    ("fifo", "fifo", PolicySettings(), False),
+    ("default", "default", PolicySettings(), False),
+    ("priority", "priority", PolicySettings(), False),
+    ("fair-share", "fair-share", PolicySettings(), False),
+    ("sjf", "sjf", PolicySettings(), False),
+    ("las", "las", PolicySettings(), False),
+    ("sjf, exact runtimes", "sjf", PolicySettings(), True),
 ]
+SWEEP_ROWS = [row for row in ROWS if row[0] in ("fifo", "default", "sjf, exact runtimes")]
 MERGED = ("philly_103959.csv", "philly_ed69ec.csv", "philly_e13805.csv", "philly_2869ce.csv")
 
 
@@ -73,14 +81,20 @@ def demand(jobs: list[TraceJob]) -> float:
 
 
 def run_trace(
-    name: str, jobs: list[TraceJob], nodes: int, load: float
+    jobs: list[TraceJob], nodes: int, load: float, rows: list[Row] = ROWS
 ) -> tuple[float, list[tuple[str, SimResult, float]]]:
     scale = load * nodes * 8 / demand(jobs)
     out = []
-    for label, policy, settings in ROWS:
+    for label, policy, settings, exact in rows:
         t = time.perf_counter()
         r = simulate(
-            jobs, nodes=nodes, gpus_per_node=8, policy=policy, time_scale=scale, settings=settings
+            jobs,
+            nodes=nodes,
+            gpus_per_node=8,
+            policy=policy,
+            time_scale=scale,
+            settings=settings,
+            exact_runtimes=exact,
         )
         out.append((label, r, time.perf_counter() - t))
     return scale, out
@@ -112,6 +126,26 @@ def table(name: str, scale: float, rows: list[tuple[str, SimResult, float]]) -> 
         f"| lower bound | {h(lb['avg_jct_s'])} | 1.00x | | | | 0.0 | {h(lb['makespan_s'])} "
         f"| {util_bound:.1%} | | |"
     )
+    return "\n".join(lines)
+
+
+def sweep_table(traces: list[tuple[str, list[TraceJob]]], nodes: int, loads: list[float]) -> str:
+    lines = [
+        f"Cluster {nodes} x 8 GPUs. Avg JCT over the lower bound (mean duration) at each "
+        "offered load, and the default policy's p99 JCT over FIFO's (with backfill).",
+        "",
+        "| trace | load | fifo | default | sjf, exact runtimes | default p99 / fifo p99 |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, jobs in traces:
+        for load in loads:
+            _, rows = run_trace(jobs, nodes, load, SWEEP_ROWS)
+            res = {label: r for label, r, _ in rows}
+            bound = res["fifo"].lower_bounds["avg_jct_s"]
+            ratios = " | ".join(f"{r.avg_jct_s / bound:.2f}x" for r in res.values())
+            p99 = res["default"].p99_jct_s / res["fifo"].p99_jct_s
+            lines.append(f"| {name} | {load:g} | {ratios} | {p99:.2f} |")
+            print(lines[-1], flush=True)
     return "\n".join(lines)
 
 
@@ -157,6 +191,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-merged", action="store_true")
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument(
+        "--sweep",
+        nargs="+",
+        type=float,
+        default=None,
+        metavar="LOAD",
+        help="instead: fifo, default and the clairvoyant reference at these loads",
+    )
+    ap.add_argument(
         "--synthetic",
         type=int,
         default=0,
@@ -191,9 +233,13 @@ def main(argv: list[str] | None = None) -> None:
             merged += read_trace(args.traces_dir / m)
         merged.sort(key=lambda j: j.submit_time)
         traces.append(("merged-4vc", [replace(j) for j in merged]))
+    if args.sweep:
+        text = sweep_table(traces, args.nodes, args.sweep)
+        (args.results / "load_sweep.md").write_text(text + "\n")
+        return
     for name, jobs in traces:
         t = time.perf_counter()
-        scale, rows = run_trace(name, jobs, args.nodes, args.load)
+        scale, rows = run_trace(jobs, args.nodes, args.load)
         text = table(name, scale, rows)
         print(text + f"\n({time.perf_counter() - t:.0f} s)\n", flush=True)
         sections.append(text)

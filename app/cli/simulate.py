@@ -48,6 +48,12 @@ def simulate(
         str,
         typer.Option(help="Default policy: a job waiting this long goes first (24h; 0 = never)"),
     ] = "24h",
+    exact_runtimes: Annotated[
+        bool,
+        typer.Option(
+            help="Tell the scheduler each job's true duration (what perfect estimates would gain)"
+        ),
+    ] = False,
 ) -> None:
     """Discrete-event simulation of a trace: JCT, queueing, makespan, utilisation, bounds."""
     from app.simulator.cli import run_simulation_cli
@@ -70,6 +76,7 @@ def simulate(
             seed=seed,
             start=start,
             starvation_after_s=starvation_after_s,
+            exact_runtimes=exact_runtimes,
         )
     except (ValueError, KeyError) as exc:
         raise CliError(f"cannot simulate {trace}: {exc}", EXIT_USAGE) from None

@@ -128,6 +128,7 @@ def run_simulation_cli(
     seed: int = 0,
     start: str | None = None,
     starvation_after_s: float = PolicySettings().starvation_after_s,
+    exact_runtimes: bool = False,
 ) -> str:
     """Run one policy (or all when `policy` is None) and return the text to print.
 
@@ -162,6 +163,7 @@ def run_simulation_cli(
             gpu_watts=gpu_watts,
             epoch=epoch,
             settings=PolicySettings(starvation_after_s=starvation_after_s),
+            exact_runtimes=exact_runtimes,
         )
         for p in policies
     ]
@@ -169,6 +171,8 @@ def run_simulation_cli(
         payload = results[0].to_json() if len(results) == 1 else [r.to_json() for r in results]
         return json.dumps(payload, indent=2)
     title = f"trace {trace.name}: {nodes} nodes x {gpus_per_node} GPUs, time scale {time_scale:g}"
+    if exact_runtimes:
+        title += ", exact runtimes (clairvoyant)"
     if specs or tariff is not None:
         title += (
             f"\nstart {epoch.isoformat()}, windows {', '.join(s.name for s in specs) or 'none'}, "

@@ -17,7 +17,9 @@ What the scheduler is told about a job (the honest part): GPU count and share,
 user, job name and VC. Not its duration. `estimated_runtime_s` is the median
 of the durations of the same user's finished jobs with the same name
 (`predict_runtime`), or unknown when there is no history yet. SJF orders by
-that prediction and backfill reserves by it.
+that prediction and backfill reserves by it. With `exact_runtimes` the scheduler
+is told each job's true duration instead: a clairvoyant reference that shows
+what perfect runtime estimates would gain, not something a live cluster has.
 
 Simulated GPUs are healthy, have no foreign load, and report continuously, so
 the telemetry-age and stability checks are switched off (not simulated).
@@ -76,6 +78,8 @@ class SimResult:
     preemptions: int
     per_vc: dict[str, float]
     lower_bounds: dict[str, float]
+    # True when the scheduler was told true durations (`simulate(exact_runtimes=True)`).
+    exact_runtimes: bool = False
     offpeak_jobs: int = 0
     # Of `preemptions`, those made because an off-peak window closed.
     window_preemptions: int = 0
@@ -105,6 +109,7 @@ class SimResult:
             "preemptions": self.preemptions,
             "per_vc": dict(self.per_vc),
             "lower_bounds": dict(self.lower_bounds),
+            "exact_runtimes": self.exact_runtimes,
             "offpeak_jobs": self.offpeak_jobs,
             "window_preemptions": self.window_preemptions,
             "energy_wh": self.energy_wh,
@@ -160,12 +165,16 @@ def simulate(
     tariff: Tariff | None = None,
     gpu_watts: float = DEFAULT_GPU_WATTS,
     epoch: datetime = SIM_EPOCH,
+    exact_runtimes: bool = False,
 ) -> SimResult:
     """Replay a trace on `nodes` x `gpus_per_node` GPUs under a queue policy.
 
     Arrival times are divided by `time_scale` (2.0 = arrivals twice as dense);
     durations are not scaled. Jobs that could never fit the cluster are skipped.
     Time 0 of the trace is `epoch` (timezone-aware).
+
+    `exact_runtimes` tells the scheduler each job's true duration, in place of the
+    prediction from finished jobs (a clairvoyant reference, see the module doc).
 
     Trace jobs marked `offpeak` wait for a window of `window_specs` (turned into
     intervals along the simulated calendar) or of the fixed `windows` intervals;
@@ -303,7 +312,7 @@ def simulate(
             if kind == _ARRIVAL:
                 arrivals_left -= 1
                 view = job.view
-                pred = predict_runtime(history, view)
+                pred = job.trace.duration if exact_runtimes else predict_runtime(history, view)
                 if pred is not None:
                     view = replace(view, estimated_runtime_s=max(1, round(pred)))
                 pending[jid] = view
@@ -403,6 +412,7 @@ def simulate(
         )
     result = _result(policy, jobs, skipped, preemptions, total_gpus, cycles)
     used = energy_use(gpu_runs, epoch=epoch, gpu_watts=gpu_watts, tariff=tariff)
+    result.exact_runtimes = exact_runtimes
     result.offpeak_jobs = offpeak_jobs
     result.window_preemptions = window_preemptions
     result.energy_wh = used.energy_wh

@@ -55,6 +55,7 @@ def test_to_json_has_exactly_the_documented_keys() -> None:
         "preemptions",
         "per_vc",
         "lower_bounds",
+        "exact_runtimes",
         "offpeak_jobs",
         "window_preemptions",
         "energy_wh",
@@ -81,6 +82,36 @@ SJF_TRACE = [
 def test_sjf_uses_predicted_runtime(policy: str, avg: float) -> None:
     r = simulate(SJF_TRACE, nodes=1, gpus_per_node=1, policy=policy)
     assert r.avg_jct_s == pytest.approx(avg)
+
+
+# 1 GPU, SJF. A blocker runs 0..100; "x" (50 s) arrives at 10 and "y" (5 s) at 20. No job
+# has finished when they are ordered at 100, so from history both are unknown and the older
+# goes first: x 100..150, y 150..155 -> JCT 100, 140, 135 -> avg 125.
+# Told the true durations: y 100..105, x 105..155 -> JCT 100, 145, 85 -> avg 110.
+UNKNOWN_RUNTIMES = [tj(0, "b", 1, 0, 100), tj(1, "x", 1, 10, 50), tj(2, "y", 1, 20, 5)]
+
+
+@pytest.mark.parametrize(("exact", "avg"), [(False, 125.0), (True, 110.0)])
+def test_exact_runtimes_are_told_to_the_scheduler(exact: bool, avg: float) -> None:
+    r = simulate(UNKNOWN_RUNTIMES, nodes=1, gpus_per_node=1, policy="sjf", exact_runtimes=exact)
+    assert r.avg_jct_s == pytest.approx(avg)
+    assert r.to_json()["exact_runtimes"] is exact
+
+
+def test_cli_exact_runtimes(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    rows = ["job_id,user,vc,jobname,gpu_num,gpu_milli,submit_time,duration"]
+    rows += [
+        f"{j.job_id},u,v,{j.jobname},1,1000,{j.submit_time},{j.duration}" for j in UNKNOWN_RUNTIMES
+    ]
+    trace.write_text("\n".join(rows) + "\n")
+    args = ["simulate", "--trace", str(trace), "--nodes", "1", "--gpus-per-node", "1"]
+    result = CliRunner().invoke(app, [*args, "--policy", "sjf", "--exact-runtimes", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["avg_jct_s"] == pytest.approx(110.0)
+    table = CliRunner().invoke(app, [*args, "--exact-runtimes"])
+    assert table.exit_code == 0, table.output
+    assert "exact runtimes (clairvoyant)" in table.output
 
 
 def test_las_preempts_long_runner_for_newcomer() -> None:
