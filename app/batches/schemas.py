@@ -11,9 +11,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_serializer, field_validator
 
 from app.jobs.schemas import JobCreate, ScheduleSpec
+from app.request_body import RequestBody
 from app.windows.calendar import SLUG_RE, validate_cron, validate_timezone
 
 Target = Literal["now", "offpeak"]
@@ -34,10 +35,8 @@ class JobTemplate(JobCreate):
         )
 
 
-class BatchIn(BaseModel):
+class BatchIn(RequestBody):
     """Body of ``POST /batches`` and ``PUT /batches/{name}``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=SLUG_RE.pattern, description="slug: a-z, 0-9, '-', '_'")
     cron: str = Field(description="5-field cron of local fire times, e.g. '0 2 * * *'")

@@ -1,8 +1,8 @@
 """Pydantic v2 request/response models for the memory/GPU estimator.
 
-Pure data definitions: this module imports pydantic only.  All sizes are bytes unless the
-field name says otherwise; ``*_mb`` fields are MiB (2**20 bytes), the unit NVML and
-``nvidia-smi`` report GPU memory in.
+Pure data definitions: this module imports pydantic only (`app.request_body` is pydantic
+too).  All sizes are bytes unless the field name says otherwise; ``*_mb`` fields are MiB
+(2**20 bytes), the unit NVML and ``nvidia-smi`` report GPU memory in.
 """
 
 from __future__ import annotations
@@ -11,13 +11,15 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.request_body import RequestBody
+
 Precision = Literal["fp32", "mixed", "bf16"]
 Optimizer = Literal["adam", "sgd", "adafactor", "adam8bit"]
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
 SuggestionKind = Literal["precision", "sharding", "checkpointing", "micro_batch", "combined"]
 
 
-class GpuModelSpec(BaseModel):
+class GpuModelSpec(RequestBody):
     """One GPU model the estimate is checked against.
 
     ``memory_mb`` is the usable device memory in MiB (as NVML reports it).  Peak figures are
@@ -25,17 +27,17 @@ class GpuModelSpec(BaseModel):
     runs at (the TF32 tensor-core peak if TF32 matmuls are enabled, else plain FP32).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     memory_mb: int = Field(gt=0, description="usable device memory, MiB")
     peak_tflops_bf16: float = Field(gt=0, description="dense bf16/fp16 tensor-core peak, TFLOP/s")
     peak_tflops_fp32: float = Field(gt=0, description="fp32 (or TF32) peak, TFLOP/s")
 
 
-class TransformerShape(BaseModel):
+class TransformerShape(RequestBody):
     """Decoder-only (GPT-style) transformer shape: non-gated MLP, tied embeddings."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     layers: int = Field(gt=0, description="number of transformer layers L")
     hidden: int = Field(gt=0, description="hidden size h")
@@ -61,10 +63,8 @@ class TransformerShape(BaseModel):
         return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
 
 
-class EstimateRequest(BaseModel):
+class EstimateRequest(RequestBody):
     """What to estimate: a model (``parameters`` XOR ``transformer``) and a training setup."""
-
-    model_config = ConfigDict(extra="forbid")
 
     parameters: int | None = Field(
         default=None, gt=0, description="parameter count; give this or transformer"

@@ -4,9 +4,10 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from app.estimator.schemas import EstimateRequest
+from app.request_body import RequestBody
 from app.timeutil import checked_utc
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -36,11 +37,9 @@ def _find_nul(value: object) -> bool:
     return False
 
 
-class Strict(BaseModel):
+class Strict(RequestBody):
     """Request bodies: unknown fields are errors, and no string may hold a NUL byte (no
     database text column, environment variable or argv entry can carry one)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="after")
     def _no_nul_bytes(self) -> Strict:

@@ -3,7 +3,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from app.request_body import RequestBody
 
 
 class GpuOut(BaseModel):
@@ -44,6 +46,5 @@ class NodeOut(BaseModel):
     gpus: list[GpuOut]
 
 
-class DrainRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DrainRequest(RequestBody):
     reason: str = Field(default="", max_length=255)

@@ -15,13 +15,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
 )
 
+from app.request_body import RequestBody
 from app.windows.calendar import (
     SLUG_RE,
     DailyRange,
@@ -38,13 +38,11 @@ __all__ = ["DailyRangeIn", "UpcomingWindow", "WindowIn", "WindowOut"]
 HHMM = Annotated[str, Field(examples=["01:00"], description="local wall time HH:MM")]
 
 
-class DailyRangeIn(BaseModel):
+class DailyRangeIn(RequestBody):
     """``{"start": "HH:MM", "end": "HH:MM", "days": ["mon", ...]}``.
 
     ``end`` before ``start`` crosses midnight; ``days`` name the opening weekday.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     start: HHMM
     end: HHMM
@@ -85,10 +83,8 @@ class DailyRangeIn(BaseModel):
 _ALL: tuple[Weekday, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
-class WindowIn(BaseModel):
+class WindowIn(RequestBody):
     """Body of ``POST/PUT /windows``: exactly one of ``cron`` (+ ``duration_s``) or ``daily``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=SLUG_RE.pattern, description="slug: a-z, 0-9, '-', '_'")
     timezone: str = Field(description="IANA zone name, e.g. Europe/Berlin")

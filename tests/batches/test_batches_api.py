@@ -65,6 +65,7 @@ def test_validation_errors_name_the_field(api: Api) -> None:
         (body(name="Not A Slug"), ["body", "name"]),
         (body(templates=[]), ["body", "templates"]),
         (body(templates=[{"command": ["x"], "gpus": -1}]), ["body", "templates", 0, "gpus"]),
+        (body(templates=[{"command": ["x"], "gpus": True}]), ["body", "templates", 0, "gpus"]),
         (
             body(templates=[{"command": ["x"]}, {"command": []}]),
             ["body", "templates", 1, "command"],

@@ -25,6 +25,8 @@ def error_of(**fields: Any) -> tuple[tuple[str | int, ...], str]:
     [
         ({"parameters": -5}, ("parameters",)),
         ({"parameters": 0}, ("parameters",)),
+        ({"parameters": True}, ("parameters",)),  # not read as 1 parameter
+        ({"transformer": {**SHAPE, "layers": True}}, ("transformer", "layers")),
         ({"parameters": 10**9, "optimizer": "lion"}, ("optimizer",)),
         ({"parameters": 10**9, "precision": "fp8"}, ("precision",)),
         ({"parameters": 10**9, "sharding": "zero4"}, ("sharding",)),

@@ -74,6 +74,9 @@ def test_shell_command_and_shared_gpu(api):
         ({"max_runtime_s": 0}, ("max_runtime_s",)),
         ({"retries": -1}, ("retries",)),
         ({"frobnicate": True}, ("frobnicate",)),
+        ({"gpus": True}, ("gpus",)),  # lax pydantic read true as 1 GPU
+        ({"gpu_share": False}, ("gpu_share",)),
+        ({"estimated_runtime_s": True}, ("estimated_runtime_s",)),
         ({"schedule": {"mode": "at"}}, ("schedule",)),
         ({"schedule": {"mode": "at", "at": "2030-01-01T02:00:00"}}, ("schedule",)),
         ({"schedule": {"mode": "soon"}}, ("schedule", "mode")),
@@ -86,6 +89,12 @@ def test_bad_input_names_the_field(api, body, field):
     errors = field_errors(r)
     assert any(loc[: len(field)] == field for loc in errors), errors
     assert all(msg for msg in errors.values())
+
+
+def test_true_for_a_count_says_a_number_is_needed(api):
+    r = submit(api, gpus=True)
+    assert r.status_code == 422
+    assert field_errors(r)[("gpus",)] == "Value error, must be a number, not true or false"
 
 
 def test_share_below_one_needs_a_single_gpu(api):

@@ -74,6 +74,8 @@ def test_days_optional_means_every_day() -> None:
         ({"capacity_outside_fraction": 1.5}, ("capacity_outside_fraction",)),
         ({"capacity_outside_fraction": -0.1}, ("capacity_outside_fraction",)),
         ({"surprise": 1}, ("surprise",)),  # extra="forbid"
+        ({"duration_s": True}, ("duration_s",)),  # not read as 1 s
+        ({"capacity_outside_fraction": False}, ("capacity_outside_fraction",)),
     ],
 )
 def test_cron_body_errors_name_field(patch: dict[str, Any], loc: tuple[str, ...]) -> None:
