@@ -23,6 +23,7 @@ def test_heartbeat_carries_when_it_was_taken(tmp_path: Path) -> None:
         reporter=Reports(),
         log_dir=tmp_path,
         log_cap_bytes=1_000,
+        state_dir=tmp_path / "state",
     )
     before = time.time()
     heartbeat = agent.heartbeat(NodeSample(taken_at=before, gpus=()))

@@ -2,7 +2,9 @@
 attempt 1, within a few seconds, never LOST and run again.
 
 Redis down: the agent cannot send its "finished" report, but every heartbeat repeats the
-results of recent attempts, so the first heartbeat after the outage settles the job.
+results of recent attempts, so the first heartbeat after the outage settles the job. The
+agent keeps those results on disk too: killed during the outage and started again, it
+reports them again.
 PostgreSQL down: the scheduler's report task fails and is retried with backoff.
 """
 
@@ -17,6 +19,7 @@ from bench.common import Stack, poll
 from tests.faults.support import (
     PrivatePgStack,
     PrivatePostgres,
+    kill9,
     redis_restart,
     wait_status_alive,
 )
@@ -58,6 +61,25 @@ def test_finished_report_survives_redis_outage(make_stack, tmp_path: Path) -> No
         redis_restart(stack)
     done = wait_status_alive(stack, job["id"], "SUCCEEDED", "FAILED", timeout=30)
     assert done["status"] == "SUCCEEDED" and done["attempt"] == 1
+
+
+def test_finished_report_survives_an_agent_killed_during_redis_outage(
+    make_stack, tmp_path: Path
+) -> None:
+    stack = make_stack(agents={"n1": "sim:2:H100-80GB"}, env=ENV)
+    gate = tmp_path / "gate"
+    job = _gated_job(stack, gate)
+    agent = f"agent-{stack.name('n1')}"
+    stack.redis_server.stop()
+    try:
+        _finish_during(stack, job, gate, agent, "could not send report finished")
+        kill9(stack, agent)  # the unsent report and the heartbeats' memory die with it
+    finally:
+        redis_restart(stack)
+    stack.start_agent("n1")
+    done = wait_status_alive(stack, job["id"], "SUCCEEDED", "FAILED", "LOST", timeout=30)
+    assert done["status"] == "SUCCEEDED" and done["attempt"] == 1, done
+    assert "finished before the restart: reporting again" in stack.agent("n1").log.read_text()
 
 
 def test_finished_report_survives_database_outage(make_stack, tmp_path: Path) -> None:

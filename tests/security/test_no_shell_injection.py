@@ -76,6 +76,7 @@ def run_through_agent(cluster: Cluster, job_id: int, tmp_path: Path) -> tuple[di
         reporter=reporter,
         log_dir=log_dir,
         log_cap_bytes=1_000_000,
+        state_dir=tmp_path / "agent-state",
     )
     assert agent.run_job(dispatch.payload) == "started", reporter.reports
     assert reporter.finished.wait(WAIT_S), reporter.reports

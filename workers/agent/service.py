@@ -7,6 +7,7 @@ finished). Every report names (job_id, attempt) so the scheduler can ignore stal
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -77,12 +78,17 @@ class Agent:
         reporter: Reporter,
         log_dir: Path,
         log_cap_bytes: int,
+        state_dir: Path,
     ) -> None:
         self.settings = settings
         self.backend = backend
         self.reporter = reporter
         self.log_dir = log_dir
         self.log_cap_bytes = log_cap_bytes
+        # One file per finished attempt while it is in `_recent`: an agent killed before its
+        # report was applied repeats it after a restart, instead of the attempt being taken
+        # for a lost process and run again.
+        self.finished_dir = state_dir / "finished"
         self._lock = threading.Lock()
         self._running: dict[tuple[int, int], _Attempt] = {}
         # Attempts this agent has accepted (started or refused); a redelivered run_job for
@@ -102,6 +108,7 @@ class Agent:
 
     def start(self) -> None:
         self._kill_leftovers()
+        self.replay_finished()
         self._start_watchdog()
         self._register()
         self._thread = threading.Thread(target=self._telemetry_loop, name="telemetry", daemon=True)
@@ -162,6 +169,36 @@ class Agent:
                     }
                 )
 
+    def replay_finished(self) -> None:
+        """Report again the attempts a previous agent finished lately (from their files) and
+        repeat them in heartbeats; a run_job redelivered for one of them does nothing."""
+        for path in sorted(self.finished_dir.glob("*.json")):
+            try:
+                report = json.loads(path.read_text())
+                key = (int(report["job_id"]), int(report["attempt"]))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("dropping unreadable finished record %s: %s", path, exc)
+                path.unlink(missing_ok=True)
+                continue
+            log.info("job %s attempt %s finished before the restart: reporting again", *key)
+            with self._lock:
+                self._seen.add(key)
+                self._recent[key] = (time.monotonic(), report)
+            self.reporter.report(report)
+
+    def _finished_path(self, key: tuple[int, int]) -> Path:
+        return self.finished_dir / f"{key[0]}-{key[1]}.json"
+
+    def _record_finished(self, key: tuple[int, int], report: dict[str, Any]) -> None:
+        path = self._finished_path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".tmp")
+            partial.write_text(json.dumps(report))
+            partial.replace(path)  # atomic: a restart never reads half a record
+        except OSError as exc:  # a full disk must not stop the report itself
+            log.warning("could not record job %s attempt %s: %s", key[0], key[1], exc)
+
     def _register(self) -> None:
         info = self.backend.node_info()
         self.reporter.report(
@@ -208,8 +245,12 @@ class Agent:
             ours = {a.process.pgid: key for key, a in self._running.items()}
             running = [{"job_id": k[0], "attempt": k[1]} for k in self._running]
             horizon = time.monotonic() - RECENT_S
-            self._recent = {k: v for k, v in self._recent.items() if v[0] >= horizon}
+            expired = [k for k, v in self._recent.items() if v[0] < horizon]
+            for key in expired:
+                del self._recent[key]
             recent = [report for _, report in self._recent.values()]
+        for old in expired:
+            self._finished_path(old).unlink(missing_ok=True)
         gpus = []
         for gpu in sample.gpus:
             processes = []
@@ -372,6 +413,7 @@ class Agent:
             "exit_code": exit_code,
             "message": message,
         }
+        self._record_finished(key, report)
         with self._lock:
             # One step: a heartbeat must never see the attempt in neither list, or the
             # scheduler would take it for a process that vanished.

@@ -33,6 +33,7 @@ def build_agent(settings: Settings, agent_settings: AgentSettings) -> tuple[Cele
         reporter=messenger,
         log_dir=settings.log_dir.resolve(),
         log_cap_bytes=settings.log_cap_bytes,
+        state_dir=(settings.data_dir / "agents" / agent_settings.name).resolve(),
     )
 
     @celery.task(name=RUN_JOB)
