@@ -246,11 +246,11 @@ class Agent:
             running = [{"job_id": k[0], "attempt": k[1]} for k in self._running]
             horizon = time.monotonic() - RECENT_S
             expired = [k for k, v in self._recent.items() if v[0] < horizon]
-            for key in expired:
-                del self._recent[key]
+            for done in expired:
+                del self._recent[done]
             recent = [report for _, report in self._recent.values()]
-        for old in expired:
-            self._finished_path(old).unlink(missing_ok=True)
+        for done in expired:
+            self._finished_path(done).unlink(missing_ok=True)
         gpus = []
         for gpu in sample.gpus:
             processes = []
