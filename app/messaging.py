@@ -7,6 +7,7 @@ happens after the database transaction that justifies it has committed.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from celery import Celery
@@ -124,10 +125,12 @@ class Messenger:
     ) -> bool:
         """`expires_s`: a message not consumed by then is dropped. run_job uses it, so an
         agent that comes back late never starts an attempt that was given up meanwhile
-        (reconciliation re-sends the ones still wanted)."""
+        (reconciliation re-sends the ones still wanted). `sent_at` lets an agent also
+        refuse one sent before it started: meant for the agent it replaced."""
+        stamped = {**payload, "sent_at": time.time()}
         try:
             self.celery.send_task(
-                task, kwargs={"payload": payload}, queue=node_queue(node), expires=expires_s
+                task, kwargs={"payload": stamped}, queue=node_queue(node), expires=expires_s
             )
             return True
         except Exception as exc:

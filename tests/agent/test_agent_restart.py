@@ -103,3 +103,15 @@ def test_an_unreadable_record_is_dropped_not_fatal(tmp_path: Path) -> None:
 
     assert reports.sent == [] and not (records / "9-1.json").exists()
     assert heartbeat(restarted)["recent"] == []
+
+
+def test_a_run_sent_to_the_agent_before_this_one_is_not_started(tmp_path: Path) -> None:
+    reports = Reports()
+    restarted = agent(tmp_path, reports)
+    stale = {**RUN, "sent_at": restarted.started_at - 5}
+
+    assert restarted.run_job(stale) == "stale"
+    assert reports.sent == [] and heartbeat(restarted)["running"] == []
+    # Reconciliation sends it again when it is still due: that one runs.
+    assert restarted.run_job({**RUN, "sent_at": time.time()}) == "started"
+    assert reports.finished.wait(10), reports.sent

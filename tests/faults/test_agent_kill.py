@@ -103,9 +103,34 @@ def test_agent_sigkill_mid_job(make_stack, record, tmp_path: Path) -> None:
         if starts[(job_id, 1)] > killed_wall:
             stale[job_id] = ends  # attempt 1 started only after its agent was killed
     verdict.assert_clean(allow_reruns=True)
-    if stale:
-        pytest.xfail(
-            "BUG (reported): the restarted agent ran a run_job for an attempt that was "
-            "already LOST and requeued (the message was queued for, or unacknowledged by, "
-            f"the killed agent): the job ran again after it had succeeded elsewhere: {stale}"
-        )
+    # A run_job queued for the killed agent is refused by its successor (sent before it
+    # started): an attempt that started after the kill never runs.
+    assert not stale, stale
+
+
+def test_a_run_queued_for_a_dead_agent_is_not_started_by_its_successor(
+    make_stack, tmp_path: Path
+) -> None:
+    """A job placed on a node whose agent just died is declared LOST with the node and
+    requeued; its first run_job is still queued (and not expired) when the agent comes
+    back. The new agent must not start that attempt: only the requeued one runs."""
+    stack = make_stack(
+        agents={"n1": "sim:2:H100-80GB"},
+        env={"GPUSCHED_SCHEDULER_DISPATCH_TIMEOUT_S": "30"},  # outlives the node's loss
+    )
+    runs = tmp_path / "runs"
+    kill9(stack, f"agent-{stack.name('n1')}")
+    job = stack.submit({"command": marker_command(runs, 0.2), "gpus": 1, "retries": 1})
+    poll(
+        "attempt 1 to be lost with the node",
+        lambda: any(e["to_status"] == "LOST" for e in stack.events(job["id"])),
+        timeout=20,
+    )
+    stack.start_agent("n1")
+
+    done = stack.wait_status(job["id"], "SUCCEEDED", timeout=30)
+    assert done["attempt"] == 2
+    ran = [line.split()[:3] for line in runs.read_text().splitlines()]
+    assert ran == [[str(job["id"]), "2", "s"], [str(job["id"]), "2", "e"]], ran
+    log = stack.agent("n1").log.read_text()
+    assert "run_job sent before this agent started; ignored" in log

@@ -89,6 +89,8 @@ class Agent:
         # report was applied repeats it after a restart, instead of the attempt being taken
         # for a lost process and run again.
         self.finished_dir = state_dir / "finished"
+        # A run_job sent before this instant was meant for the agent this one replaced.
+        self.started_at = time.time()
         self._lock = threading.Lock()
         self._running: dict[tuple[int, int], _Attempt] = {}
         # Attempts this agent has accepted (started or refused); a redelivered run_job for
@@ -308,6 +310,13 @@ class Agent:
 
     def run_job(self, payload: dict[str, Any]) -> str:
         key = (int(payload["job_id"]), int(payload["attempt"]))
+        sent_at = payload.get("sent_at")
+        if isinstance(sent_at, int | float) and sent_at < self.started_at:
+            # Queued for the agent before this one: while that agent was down, the node may
+            # have been declared lost and the attempt requeued elsewhere. Reconciliation
+            # sends it again if it is still this node's to run.
+            log.warning("job %s attempt %s: run_job sent before this agent started; ignored", *key)
+            return "stale"
         with self._lock:
             if key in self._seen:
                 return "duplicate"  # a redelivered message for an attempt we already took
