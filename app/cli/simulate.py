@@ -51,7 +51,8 @@ def simulate(
     exact_runtimes: Annotated[
         bool,
         typer.Option(
-            help="Tell the scheduler each job's true duration (what perfect estimates would gain)"
+            "--exact-runtimes",
+            help="Tell the scheduler each job's true duration (what perfect estimates would gain)",
         ),
     ] = False,
 ) -> None:
