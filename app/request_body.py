@@ -1,4 +1,6 @@
-"""Base of every request body: unknown fields and true/false where a number belongs are errors."""
+"""Base of every request body. Refused, each with the field named: unknown fields, true or
+false where a number belongs, and NUL bytes in any string (no database text column,
+environment variable or argv entry can carry one)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,16 @@ def _numeric(annotation: Any) -> bool:
     return bool(kinds & {int, float}) and bool not in kinds
 
 
+def _has_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    return False
+
+
 class RequestBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -26,4 +38,13 @@ class RequestBody(BaseModel):
         field = cls.model_fields.get(info.field_name or "")
         if isinstance(value, bool) and field is not None and _numeric(field.annotation):
             raise ValueError("must be a number, not true or false")
+        return value
+
+    @field_validator("*")
+    @classmethod
+    def _no_nul_bytes(cls, value: Any) -> Any:
+        # After validation, a nested body is a model (checked by its own validator, which
+        # names the inner field); strings, lists and dicts are looked into here.
+        if _has_nul(value):
+            raise ValueError("must not contain NUL bytes")
         return value

@@ -27,29 +27,7 @@ _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 
 
-def _find_nul(value: object) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, list):
-        return any(_find_nul(v) for v in value)
-    if isinstance(value, dict):
-        return any(_find_nul(k) or _find_nul(v) for k, v in value.items())
-    return False
-
-
-class Strict(RequestBody):
-    """Request bodies: unknown fields are errors, and no string may hold a NUL byte (no
-    database text column, environment variable or argv entry can carry one)."""
-
-    @model_validator(mode="after")
-    def _no_nul_bytes(self) -> Strict:
-        for name in type(self).model_fields:
-            if _find_nul(getattr(self, name)):
-                raise ValueError(f"{name}: must not contain NUL bytes")
-        return self
-
-
-class ScheduleSpec(Strict):
+class ScheduleSpec(RequestBody):
     mode: Literal["now", "offpeak", "at"] = "now"
     at: datetime | None = Field(default=None, description="begin time, with a UTC offset")
     window: str | None = Field(default=None, max_length=64, description="off-peak window name")
@@ -70,7 +48,7 @@ class ScheduleSpec(Strict):
         return self
 
 
-class JobCreate(Strict):
+class JobCreate(RequestBody):
     name: Name | None = None
     command: (
         list[Annotated[str, Field(max_length=8192)]]

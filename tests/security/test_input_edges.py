@@ -87,3 +87,37 @@ def test_nul_bytes_are_never_a_500(cluster: Cluster, method: str, url: str, body
 def test_extreme_dates_are_never_a_500(cluster: Cluster, method: str, url: str, body: Any) -> None:
     r = request(cluster, method, url, body)
     assert r.status_code < 500, (r.status_code, r.text[:300])
+
+
+@pytest.mark.parametrize(
+    ("url", "body", "loc"),
+    [
+        ("/api/v1/jobs", {"command": ["tr\0ue"]}, ["body", "command"]),
+        ("/api/v1/jobs", {"command": ["true"], "env": {"A": "x\0"}}, ["body", "env"]),
+        (
+            "/api/v1/jobs",
+            {"command": ["true"], "schedule": {"mode": "offpeak", "window": "n\0"}},
+            ["body", "schedule", "window"],
+        ),
+        ("/api/v1/nodes/n1/drain", {"reason": "a\0"}, ["body", "reason"]),
+        (
+            "/api/v1/batches",
+            {
+                "name": "x",
+                "cron": "0 2 * * *",
+                "target": "offpeak",
+                "window": "a\0",
+                "templates": [{"command": ["a"]}],
+            },
+            ["body", "window"],
+        ),  # fmt: skip
+    ],
+)
+def test_nul_bytes_are_refused_naming_the_field(
+    cluster: Cluster, url: str, body: Any, loc: list[str]
+) -> None:
+    """On SQLite too, which would store them: every request body refuses them alike."""
+    r = request(cluster, "POST", url, body)
+    assert r.status_code == 422, r.text
+    assert [e["loc"] for e in r.json()["detail"]] == [loc], r.text
+    assert r.json()["detail"][0]["msg"] == "Value error, must not contain NUL bytes"
