@@ -110,7 +110,7 @@ def test_extreme_dates_are_never_a_500(cluster: Cluster, method: str, url: str, 
                 "templates": [{"command": ["a"]}],
             },
             ["body", "window"],
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_nul_bytes_are_refused_naming_the_field(
