@@ -5,26 +5,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
+from tests.agent.support import RecordingReporter, agent_without_gpus
 from workers.agent.gpu_backend import NodeSample
-from workers.agent.service import Agent, AgentSettings
-
-
-class Reports:
-    def report(self, payload: dict[str, Any]) -> bool:  # pragma: no cover - nothing sent
-        return True
 
 
 def test_heartbeat_carries_when_it_was_taken(tmp_path: Path) -> None:
-    agent = Agent(
-        settings=AgentSettings(name="n1"),
-        backend=None,  # type: ignore[arg-type]  # heartbeat() reads only the sample given
-        reporter=Reports(),
-        log_dir=tmp_path,
-        log_cap_bytes=1_000,
-        state_dir=tmp_path / "state",
-    )
+    agent = agent_without_gpus(tmp_path, RecordingReporter())  # heartbeat() reads the sample
     before = time.time()
     heartbeat = agent.heartbeat(NodeSample(taken_at=before, gpus=()))
     after = time.time()

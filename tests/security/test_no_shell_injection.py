@@ -9,14 +9,13 @@ reporter). A canary file that any of the injections would create must never appe
 from __future__ import annotations
 
 import shlex
-import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from app.cycle.dispatch import run_messages
 from app.jobs.models import Job
+from tests.agent.support import RecordingReporter
 from tests.security.conftest import Cluster, running_job
 from workers.agent.gpu_backend import NodeInfo, NodeSample
 from workers.agent.runner import JobLaunch, start_job
@@ -38,18 +37,6 @@ def injections(canary: Path) -> list[str]:
     ]
 
 
-class FakeReporter:
-    def __init__(self) -> None:
-        self.reports: list[dict[str, Any]] = []
-        self.finished = threading.Event()
-
-    def report(self, payload: dict[str, Any]) -> bool:
-        self.reports.append(payload)
-        if payload["kind"] == "finished":
-            self.finished.set()
-        return True
-
-
 class NoGpus:
     """A GPU backend with nothing to report: the agent only runs processes here."""
 
@@ -68,7 +55,7 @@ def run_through_agent(cluster: Cluster, job_id: int, tmp_path: Path) -> tuple[di
     the finished report and the attempt's log."""
     with cluster.api.factory() as session:
         [dispatch] = run_messages(session, job=session.get(Job, job_id))
-    reporter = FakeReporter()
+    reporter = RecordingReporter()
     log_dir = tmp_path / "agent-logs"
     agent = Agent(
         settings=AgentSettings(name="n1", grace_s=1.0, sample_interval_s=60),
