@@ -18,8 +18,9 @@ bound). Rows:
   reference (no live scheduler has it) for how close any queue order gets
 
 Apart from that reference the scheduler never sees true durations: runtimes
-come from the median of the same user's finished jobs with the same name. Also runs a "merged" trace with
-four VCs together (fair share matters only with several teams).
+come from the median of the same user's finished jobs with the same name. Also
+runs a "merged" trace with four VCs together (fair share matters only with
+several teams).
 
 Writes bench/results/jct_cdf_<trace>.png (JCT CDF per policy) and
 bench/results/scheduling_quality.md (the tables). `--sweep LOADS` writes instead
@@ -134,15 +135,15 @@ def sweep_table(traces: list[tuple[str, list[TraceJob]]], nodes: int, loads: lis
         f"Cluster {nodes} x 8 GPUs. Avg JCT over the lower bound (mean duration) at each "
         "offered load, and the default policy's p99 JCT over FIFO's (with backfill).",
         "",
-        "| trace | load | fifo | default | sjf, exact runtimes | default p99 / fifo p99 |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        f"| trace | load | {' | '.join(row[0] for row in SWEEP_ROWS)} | default p99 / fifo p99 |",
+        "| --- | ---: |" + " ---: |" * (len(SWEEP_ROWS) + 1),
     ]
     for name, jobs in traces:
         for load in loads:
             _, rows = run_trace(jobs, nodes, load, SWEEP_ROWS)
             res = {label: r for label, r, _ in rows}
             bound = res["fifo"].lower_bounds["avg_jct_s"]
-            ratios = " | ".join(f"{r.avg_jct_s / bound:.2f}x" for r in res.values())
+            ratios = " | ".join(f"{r.avg_jct_s / bound:.2f}x" for _, r, _ in rows)
             p99 = res["default"].p99_jct_s / res["fifo"].p99_jct_s
             lines.append(f"| {name} | {load:g} | {ratios} | {p99:.2f} |")
             print(lines[-1], flush=True)

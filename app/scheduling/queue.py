@@ -91,14 +91,19 @@ def _interleave(
         name = job.project
         owed = charge[name]
         append(owed / weight[name])
-        charge[name] = owed + max(1, job.total_gpus) * horizon  # as _charge
+        charge[name] = owed + _cost(job, horizon)
     # Equal keys (rare unless usage is equal) keep `ordered`'s order within a project.
     return _by_key(ordered, keys, lambda tied: sorted(tied, key=_PROJECT))
 
 
+def _cost(job: JobView, horizon: float) -> float:
+    """What running `job` for the fair-share horizon charges its project (GPU-seconds)."""
+    return max(1, job.total_gpus) * horizon
+
+
 def _charge(jobs: Iterable[JobView], charge: dict[str, float], horizon: float) -> None:
     for job in jobs:
-        charge[job.project] = charge.get(job.project, 0.0) + max(1, job.total_gpus) * horizon
+        charge[job.project] = charge.get(job.project, 0.0) + _cost(job, horizon)
 
 
 def _initial_charge(
