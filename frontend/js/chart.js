@@ -1,7 +1,13 @@
 // Time-series charts with uPlot (vendored in ../vendor/uplot, MIT).
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 
-const AXIS = { stroke: "#556070", grid: { stroke: "#eef1f5", width: 1 }, ticks: { stroke: "#dde2ea", width: 1 } };
+const AXIS_FONT = "12px system-ui, -apple-system, 'Segoe UI', sans-serif";
+const AXIS = { font: AXIS_FONT, stroke: "#556070", grid: { stroke: "#eef1f5", width: 1 }, ticks: { stroke: "#dde2ea", width: 1 } };
+const measure = document.createElement("canvas").getContext("2d");
+measure.font = AXIS_FONT;
+// A value axis as wide as its longest label (uPlot's fixed size clipped "637 GiB"):
+// tick (10) + gap (5) + text + a little air.
+const fitLabels = (u, values) => 20 + Math.max(30, ...(values || []).map((v) => measure.measureText(v).width));
 
 /**
  * A responsive line chart.
@@ -23,7 +29,7 @@ export function lineChart(container, { series, bands = () => [], xRange = () => 
       scale,
       side: i === 0 ? 3 : 1,
       grid: i === 0 ? AXIS.grid : { show: false },
-      size: 60,
+      size: fitLabels,
       values: (u, vals) => vals.map((v) => formatAxis(scale, v)),
       // Secondary axes tick at the same fifths as the % axis, so one grid serves both.
       splits: i === 0 ? undefined : (u, ai, min, max) => [0, 0.2, 0.4, 0.6, 0.8, 1].map((f) => min + f * (max - min)),

@@ -311,6 +311,8 @@ def test_every_page_renders_without_console_errors(
         page.wait_for_load_state("networkidle")
         page.wait_for_timeout(300)
         view.shot(f"{name}-{width}")
+        if name == "overview":  # MiB from NVML shown in binary units, as on the chart's axis
+            _expect_text(page, "[data-stat=util] .hint", r"^\d[\d,]* / \d[\d,]* GiB memory in use$")
     # The form with the server's errors next to the fields.
     view.console.allow(422, r"/api/v1/jobs$")
     view.go("#/submit")

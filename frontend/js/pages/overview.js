@@ -89,7 +89,7 @@ export function overviewPage(root) {
         h("div", { class: "label" }, label), h("div", { class: "value" }, value), h("div", { class: "hint" }, hint));
     clear(stats,
       stat("util", "Utilisation now", sampled ? `${fmtNum(util / sampled)}%` : "—",
-        `${fmtNum(memUsed / 1024, 0)} / ${fmtNum(total_mb / 1024, 0)} GB memory in use`),
+        `${fmtNum(memUsed / 1024, 0)} / ${fmtNum(total_mb / 1024, 0)} GiB memory in use`),
       stat("busy", "Busy", count.busy, `of ${total} GPUs allocated to jobs`),
       stat("idle", "Idle", count.idle, "free for new jobs"),
       stat("foreign", "Foreign-used", count.foreign, "used outside the scheduler"),
