@@ -250,6 +250,8 @@ def _reason_cell(job: dict[str, Any]) -> str:
         return str(job.get("pending_message") or job.get("pending_reason") or "")
     if job.get("exit_code") is not None:
         return f"exit {job['exit_code']}"
+    if job["status"] == "TIMED_OUT" and job.get("max_runtime_s"):
+        return f"max runtime {human_duration(job['max_runtime_s'])}"  # Slurm's TIMEOUT
     if job.get("cancel_requested") and job["status"] in ("SCHEDULED", "RUNNING"):
         return "cancel requested"
     return ""

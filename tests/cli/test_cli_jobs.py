@@ -192,6 +192,12 @@ def test_jobs_table_and_filters(cli: Cli) -> None:
     assert "3x2" in result.stdout  # GPUs per node x nodes
     assert "CANCELLED" in result.stdout
 
+    # A job killed at its limit says which limit (it has no exit code of its own).
+    timed_out = _submit_json(cli, "--name", "gamma", "--max-runtime", "1h30m", "--", "true")
+    with cli.factory.begin() as session:
+        session.get_one(Job, timed_out["id"]).status = JobStatus.TIMED_OUT
+    assert "max runtime 1h30m" in cli("jobs", "--status", "TIMED_OUT").stdout
+
     result = cli("jobs", "--json", "--status", "pending", "--label", "team=nlp")
     assert [j["name"] for j in json.loads(result.stdout)["items"]] == ["alpha"]
 
