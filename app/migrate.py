@@ -6,12 +6,21 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.util.exc import CommandError
 from sqlalchemy.engine import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def alembic_config(url: str) -> Config:
+    if not (ROOT / "migrations").is_dir():
+        # A plain `pip install .` copies the packages into site-packages and leaves
+        # migrations/ (and the dashboard) behind in the source tree.
+        raise CommandError(
+            f"no migrations/ directory beside the app package in {ROOT}: run gpusched from a "
+            "source checkout or an editable install (`pip install -e .`, as `make install` "
+            "and the Docker image do)"
+        )
     cfg = Config(str(ROOT / "alembic.ini"))
     cfg.set_main_option("script_location", str(ROOT / "migrations"))
     # ConfigParser interpolation: a literal % in a password must be doubled.

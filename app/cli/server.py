@@ -125,10 +125,17 @@ def announce_token(token: str, path: Path) -> None:
     )
 
 
+def migrate_or_exit(engine: Engine, revision: str = "head") -> None:
+    try:
+        upgrade(engine, revision)
+    except CommandError as exc:  # e.g. an unknown revision, or no migrations/ installed
+        raise CliError(f"migration failed: {exc}", EXIT_USAGE) from None
+
+
 def prepare_database(settings: Settings, engine: Engine) -> sessionmaker[Session]:
     """What every start does before serving (`server`, and one-command launchers like `up`):
     migrate to head, then on an empty database create the admin and show its token once."""
-    upgrade(engine)
+    migrate_or_exit(engine)
     factory = make_session_factory(engine)
     token = bootstrap_admin(settings, factory)
     if token is not None:
@@ -192,10 +199,7 @@ def migrate(
     settings = load_settings_or_exit()
     ensure_data_dir(settings.data_dir)
     with database(settings) as engine:
-        try:
-            upgrade(engine, revision)
-        except CommandError as exc:
-            raise CliError(f"migration failed: {exc}", EXIT_USAGE) from None
+        migrate_or_exit(engine, revision)
         typer.echo(
             f"database {safe_url(settings.effective_database_url)} is at revision "
             f"{current_revision(engine)}"

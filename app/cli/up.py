@@ -24,6 +24,7 @@ from app.cli.server import (
     database,
     ensure_data_dir,
     load_settings_or_exit,
+    migrate_or_exit,
 )
 from app.db import make_session_factory
 
@@ -78,10 +79,8 @@ def up(
     data_dir = settings.data_dir.resolve()
     agents = _agent_plan(gpus)
 
-    from app.migrate import upgrade
-
     with database(settings) as engine:
-        upgrade(engine)
+        migrate_or_exit(engine)
         token = bootstrap_admin(settings, make_session_factory(engine))
 
     redis_server = None

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
 import app.cli.server as server_module
+import app.migrate as migrate_module
 from app.auth.service import load_principal
 from app.cli import app as cli_app
 from app.config import Settings
@@ -110,3 +111,19 @@ def test_migrate(tmp_path: Path) -> None:
 
     bad = runner.invoke(cli_app, ["migrate", "nosuchrevision"], env=env)
     assert bad.exit_code == 2 and "migration failed" in bad.stderr
+
+
+def test_an_install_without_migrations_says_how_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, served: list[Settings]
+) -> None:
+    # What a plain `pip install .` looks like: the app package without migrations/ beside it
+    # (the server used to die with a traceback, `migrate` with alembic's "use the 'init'
+    # command").
+    monkeypatch.setattr(migrate_module, "ROOT", tmp_path / "site-packages")
+    env = {**CLEAN_ENV, "GPUSCHED_DATA_DIR": str(tmp_path / "d"), "GPUSCHED_DATABASE_URL": None}
+    for command in ("migrate", "server"):
+        result = runner.invoke(cli_app, [command], env=env)
+        assert result.exit_code == 2, result.output
+        assert "no migrations/ directory" in result.stderr
+        assert "pip install -e ." in result.stderr
+    assert served == []
