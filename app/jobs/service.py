@@ -407,6 +407,7 @@ def _outs(session: Session, jobs: Sequence[Job]) -> list[JobOut]:
 
 
 def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOut]) -> JobOut:
+    waiting = job.status == JobStatus.PENDING
     return JobOut(
         id=job.id,
         name=job.name,
@@ -434,10 +435,12 @@ def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOu
         ),
         labels=job.labels,
         attempt=job.attempt,
-        pending_reason=job.pending_reason,
-        pending_message=job.pending_message,
-        queue_position=job.queue_position,
-        estimated_start_at=job.estimated_start_at,
+        # Only a waiting job has a reason to wait: a job cancelled while pending (or in
+        # the moment a cycle still ranked it) must not say "waiting for 4 GPUs".
+        pending_reason=job.pending_reason if waiting else None,
+        pending_message=job.pending_message if waiting else None,
+        queue_position=job.queue_position if waiting else None,
+        estimated_start_at=job.estimated_start_at if waiting else None,
         exit_code=job.exit_code,
         cancel_requested=job.cancel_requested_at is not None,
         allocations=allocations,

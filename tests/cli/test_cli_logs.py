@@ -1,0 +1,68 @@
+"""`gpusched logs` for jobs that have not run: say so, or with --follow wait for the start."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+from typer.testing import Result
+
+import app.cli.logs as logs_module
+from app.jobs.logs import attempt_log_path
+from app.jobs.models import Job
+from app.jobs.states import JobStatus
+from tests.cli.harness import Cli
+
+
+def _submit(cli: Cli) -> int:
+    result = cli("submit", "--json", "--name", "later", "--", "echo", "hello")
+    assert result.exit_code == 0, result.stderr
+    job_id: int = json.loads(result.stdout)["id"]
+    return job_id
+
+
+def _set(cli: Cli, job_id: int, **values: Any) -> None:
+    with cli.factory.begin() as session:
+        job = session.get_one(Job, job_id)
+        for key, value in values.items():
+            setattr(job, key, value)
+
+
+def test_a_pending_or_never_started_job_says_why_it_has_no_output(cli: Cli) -> None:
+    job_id = _submit(cli)
+    result = cli("logs", str(job_id))
+    assert result.exit_code == 0 and result.stdout == ""
+    assert f"job {job_id} has not started yet (PENDING" in result.stderr
+
+    assert cli("cancel", str(job_id)).exit_code == 0
+    result = cli("logs", "--follow", str(job_id))  # nothing to wait for
+    assert result.exit_code == 0 and result.stdout == ""
+    assert f"job {job_id} never started (CANCELLED)" in result.stderr
+
+
+def test_follow_waits_for_a_pending_job_to_start(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logs_module, "START_POLL_S", 0.05)
+    job_id = _submit(cli)
+    done: list[Result] = []
+    follower = threading.Thread(target=lambda: done.append(cli("logs", "-f", str(job_id))))
+    follower.start()
+    time.sleep(0.5)
+    assert follower.is_alive()  # waiting, not returning an empty log
+
+    # The job starts (as an agent would report) and prints, then ends.
+    log = attempt_log_path(cli.settings.log_dir, job_id, 1)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("hello\n")
+    _set(cli, job_id, attempt=1, status=JobStatus.RUNNING)
+    time.sleep(0.5)
+    _set(cli, job_id, status=JobStatus.SUCCEEDED)
+    follower.join(timeout=20)
+
+    assert not follower.is_alive()
+    assert done[0].exit_code == 0, done[0].stderr
+    assert done[0].stdout == "hello\n"
+    assert f"job {job_id} has not started yet (PENDING" in done[0].stderr
+    assert "waiting for it" in done[0].stderr
