@@ -323,6 +323,8 @@ def test_every_page_renders_without_console_errors(
     page.click("#submit-job")
     page.wait_for_selector("#err-gpus:not([hidden])")
     view.shot(f"submit-errors-{width}")
+    view.go(f"#/jobs/{waiting['id']}")
+    _expect_text(page, "#job-log", "^The job has not started yet[.]$")
     view.go(f"#/jobs/{running['id']}")
     page.wait_for_selector("#job-command")
     _expect_text(page, "#job-log", "epoch 1", timeout=20_000)

@@ -152,11 +152,15 @@ export function jobPage(root, ctx, { match }) {
   const refreshLog = async () => {
     const text = await api(`/api/v1/jobs/${jobId}/logs`, { query: { tail: 200 }, text: true });
     const atBottom = logPre.scrollHeight - logPre.scrollTop - logPre.clientHeight < 30;
-    if (logPre.textContent !== text) {
-      logPre.textContent = text || (job && job.attempt === 0 ? "The job has not started yet." : "(no output yet)");
+    const running = job && ACTIVE.has(job.status);
+    const shown = text || (job && job.attempt === 0
+      ? (running ? "The job has not started yet." : "The job never started.")
+      : (running ? "(no output yet)" : "(no output)"));
+    if (logPre.textContent !== shown) {  // (an empty log on an empty box used to show nothing)
+      logPre.textContent = shown;
       if (atBottom) logPre.scrollTop = logPre.scrollHeight;
     }
-    logNote.textContent = job && ACTIVE.has(job.status) ? "live · last 200 lines" : "last 200 lines";
+    logNote.textContent = running ? "live · last 200 lines" : "last 200 lines";
   };
 
   const refreshTelemetry = async () => {
