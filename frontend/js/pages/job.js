@@ -173,7 +173,9 @@ export function jobPage(root, ctx, { match }) {
     const points = data.points || [];
     chart.setHidden(false);
     chart.setData(columns(points, ["util_pct", "memory_used_mb"]));
-    chartNote.textContent = points.length ? "" : "No samples yet: telemetry appears while the job runs.";
+    chartNote.textContent = points.length ? ""
+      : job && !ACTIVE.has(job.status) ? "No samples: none was taken while the job ran."
+      : "No samples yet: telemetry appears while the job runs.";
   };
 
   // One loop: fast while the job is active, then a final refresh and stop.
