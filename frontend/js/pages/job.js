@@ -156,7 +156,7 @@ export function jobPage(root, ctx, { match }) {
     const shown = text || (job && job.attempt === 0
       ? (running ? "The job has not started yet." : "The job never started.")
       : (running ? "(no output yet)" : "(no output)"));
-    if (logPre.textContent !== shown) {  // (an empty log on an empty box used to show nothing)
+    if (logPre.textContent !== shown) {  // compare what is shown: an empty log gets its note too
       logPre.textContent = shown;
       if (atBottom) logPre.scrollTop = logPre.scrollHeight;
     }
