@@ -40,6 +40,7 @@ from app.messaging import (
     STOP_JOB,
 )
 from app.nodes.telemetry import TelemetryPolicy, compact_telemetry, ingest_heartbeat, register_node
+from app.windows.timeline import SchedulerWindows
 from workers.runtime import Runtime
 
 log = logging.getLogger("gpusched.scheduler")
@@ -92,6 +93,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
     silence = SilenceJudge(heartbeat_timeout_s=scheduler.heartbeat_timeout_s)
     last_full_positions = [datetime.min.replace(tzinfo=UTC)]
     queue_memory = QueueMemory()
+    scheduler_windows = SchedulerWindows()  # window intervals, generated once per window set
 
     @celery.task(name=SCHEDULE_CYCLE)
     def schedule_cycle() -> dict[str, Any]:
@@ -120,6 +122,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                     now=now,
                     all_positions=full,
                     memory=queue_memory,
+                    windows=scheduler_windows,
                 )
                 placed += report.placed
                 if full and report.ran:

@@ -27,7 +27,8 @@ from app.metrics import CYCLE_SECONDS, PLACEMENTS, PLAN_SECONDS
 from app.scheduling import plan_cycle
 from app.scheduling.window_close import window_close_preemptions
 from app.windows.calendar import window_rules
-from app.windows.service import intervals_for_scheduler, window_specs
+from app.windows.service import window_specs
+from app.windows.timeline import SchedulerWindows
 
 log = logging.getLogger("gpusched.cycle")
 
@@ -70,6 +71,7 @@ def run_cycle(
     now: datetime,
     all_positions: bool = True,
     memory: QueueMemory | None = None,
+    windows: SchedulerWindows | None = None,
 ) -> CycleReport:
     """One cycle. `all_positions=False` rewrites queue positions only near the head of the
     queue (the scheduler worker asks for a full refresh every few seconds); with it, a
@@ -86,7 +88,7 @@ def run_cycle(
                 session=session,
                 now=now,
                 half_life_s=settings.fair_share_half_life_s,
-                windows=intervals_for_scheduler(specs, now=now),
+                windows=(windows or SchedulerWindows()).around(specs, now=now),
                 quick_from=None if all_positions else memory,
             )
             session.rollback()  # end the read transaction before the pure phase

@@ -52,9 +52,9 @@ from app.scheduling import (
 from app.scheduling.window_close import window_close_preemptions
 from app.simulator.energy import DEFAULT_GPU_WATTS, GpuRun, energy_use
 from app.simulator.trace import TraceJob
-from app.simulator.windows import WindowTimeline
 from app.windows.calendar import WindowSpec, window_rules
 from app.windows.tariff import Tariff
+from app.windows.timeline import WindowTimeline
 
 SIM_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 FAIR_SHARE_HALF_LIFE_S = 7 * 86400.0

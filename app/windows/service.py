@@ -9,15 +9,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, NotFound
-from app.scheduling import WindowInterval
-from app.windows.calendar import (
-    SCHEDULER_LOOKAHEAD,
-    SCHEDULER_LOOKBACK,
-    UpcomingWindow,
-    WindowSpec,
-    occurrences,
-    upcoming,
-)
+from app.windows.calendar import UpcomingWindow, WindowSpec, upcoming
 from app.windows.models import Window
 from app.windows.schemas import WindowIn, WindowOut
 
@@ -96,18 +88,3 @@ def window_specs(*, session: Session) -> list[WindowSpec]:
 
 def upcoming_windows(*, session: Session, now: datetime, days: float) -> list[UpcomingWindow]:
     return upcoming(window_specs(session=session), now=now, days=days)
-
-
-def intervals_for_scheduler(
-    specs: list[WindowSpec], *, now: datetime
-) -> tuple[WindowInterval, ...]:
-    """Concrete openings around `now` for the pure core, in UTC (so arithmetic on them is
-    real elapsed time even across daylight-saving changes)."""
-    intervals = []
-    start, end = now - SCHEDULER_LOOKBACK, now + SCHEDULER_LOOKAHEAD
-    for spec in specs:
-        for iv in occurrences(spec, start=start, end=end):
-            intervals.append(
-                WindowInterval(name=spec.name, opens_at=iv.opens_utc, closes_at=iv.closes_utc)
-            )
-    return tuple(sorted(intervals, key=lambda w: (w.opens_at, w.name)))

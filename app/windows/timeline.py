@@ -1,19 +1,19 @@
-"""Off-peak windows along the simulated clock.
+"""Off-peak window intervals along an advancing clock, generated a chunk at a time.
 
-Window specs become concrete intervals with the live calendar code
-(`app.windows.calendar.occurrences`, zones and DST included), generated a chunk
-at a time as the clock advances: a trace can span months and a job can wait
-long, so the span to cover is not known in advance. Each cycle sees only the
-intervals around its `now`, as the live scheduler does
-(`app.windows.service.intervals_for_scheduler`), so a cycle's cost does not grow
-with the length of the simulation.
+Window specs become concrete intervals with the calendar code
+(`app.windows.calendar.occurrences`, zones and DST included). Calendar arithmetic is
+dear (a minutely cron window is about 13,000 intervals over a cycle's nine-day view,
+a second to generate), so intervals are generated once and extended as the clock
+advances. Each cycle sees only the intervals around its `now`, so its cost does not
+grow with the timeline's length. The trace simulator keeps one timeline for a whole
+replay; the live scheduler one per window set (`SchedulerWindows`).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from app.scheduling import WindowInterval
 from app.windows.calendar import (
@@ -65,6 +65,13 @@ class WindowTimeline:
         if added:
             self._intervals.sort(key=lambda w: (w.opens_at, w.name))
 
+    def _forget(self, *, before: datetime) -> None:
+        """Let go of intervals closed before `before`: no cycle will see them again (the
+        clock only advances), and a long replay or a scheduler running for months would
+        otherwise keep every interval it ever generated."""
+        self._intervals = [w for w in self._intervals if w.closes_at > before]
+        self._seen = {(w.name, w.opens_at, w.closes_at) for w in self._intervals}
+
     def _generate(self, until: datetime) -> None:
         if until <= self._horizon:
             return
@@ -84,6 +91,7 @@ class WindowTimeline:
         when no job arrives or ends then.
         """
         if self._specs and now + SCHEDULER_LOOKAHEAD > self._horizon:
+            self._forget(before=now - SCHEDULER_LOOKBACK)
             # A chunk at a time: calendar arithmetic is far dearer than the events.
             self._generate(max(now + SCHEDULER_LOOKAHEAD, self._horizon + _CHUNK))
             # A sparse window (weekly, monthly) may not open within the lookahead;
@@ -103,3 +111,23 @@ class WindowTimeline:
         first = bisect.bisect_left(self._intervals, lo - self._longest, key=lambda w: w.opens_at)
         last = bisect.bisect_left(self._intervals, hi, key=lambda w: w.opens_at)
         return tuple(w for w in self._intervals[first:last] if w.closes_at > lo)
+
+
+class SchedulerWindows:
+    """The live scheduler's intervals across cycles: one timeline per window set, rebuilt
+    when the set changes (or the clock steps back before the timeline's start)."""
+
+    def __init__(self) -> None:
+        self._specs: tuple[WindowSpec, ...] = ()
+        self._timeline: WindowTimeline | None = None
+        self._epoch = datetime.min.replace(tzinfo=UTC)
+
+    def around(self, specs: Sequence[WindowSpec], *, now: datetime) -> tuple[WindowInterval, ...]:
+        """The intervals a cycle at `now` is shown (see `WindowTimeline.around`)."""
+        specs = tuple(specs)
+        timeline = self._timeline
+        if timeline is None or specs != self._specs or now < self._epoch:
+            timeline = self._timeline = WindowTimeline(specs, epoch=now)
+            self._specs, self._epoch = specs, now
+        timeline.extend(now)
+        return timeline.around(now)
