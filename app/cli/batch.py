@@ -278,7 +278,7 @@ def show(
     out = console()
     out.print(_details(batch))
     if firings:
-        table = make_table("FIRE TIME", "JOBS", "NOTE", title="Firings")
+        table = make_table("FIRE TIME", "JOB IDS", "NOTE", title="Firings")
         for f in firings:
             note = "skipped (late)" if f["skipped"] else (f.get("error") or "")
             add_row(table, f["fire_at"], ",".join(str(j) for j in f["job_ids"]), note)
