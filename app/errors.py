@@ -55,7 +55,13 @@ class FieldError(DomainError):
 
     status_code = 422
 
-    def __init__(self, field: str, message: str, *, location: str = "body") -> None:
+    def __init__(
+        self, field: str | tuple[str, ...], message: str, *, location: str = "body"
+    ) -> None:
         super().__init__(message)
-        self.field = field
+        self.field = field  # a name, or a path into a nested body: ("schedule", "window")
         self.location = location
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return (self.field,) if isinstance(self.field, str) else self.field

@@ -36,7 +36,7 @@ log = logging.getLogger("gpusched.api")
 
 def _field_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FieldError)
-    detail = [{"loc": [exc.location, exc.field], "msg": exc.message, "type": "value_error"}]
+    detail = [{"loc": [exc.location, *exc.path], "msg": exc.message, "type": "value_error"}]
     return JSONResponse({"detail": detail}, status_code=422)
 
 

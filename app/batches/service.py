@@ -124,8 +124,9 @@ class TemplateFieldError(FieldError):
     under the body, e.g. ``("templates", 0, "gpus")``."""
 
     def __init__(self, index: int, error: FieldError) -> None:
-        super().__init__("templates", f"templates[{index}].{error.field}: {error.message}")
-        self.loc: tuple[str | int, ...] = ("templates", index, error.field)
+        field = ".".join(error.path)
+        super().__init__("templates", f"templates[{index}].{field}: {error.message}")
+        self.loc: tuple[str | int, ...] = ("templates", index, *error.path)
         self.detail = error.message
 
 
@@ -474,7 +475,7 @@ def fire_schedule(
             session.rollback()
             message = exc.message if isinstance(exc, DomainError) else str(exc)
             if isinstance(exc, FieldError):
-                message = f"{exc.field}: {message}"
+                message = f"{'.'.join(exc.path)}: {message}"
             log.warning("batch %s: firing %s failed: %s", name, due.isoformat(), message)
             if not _record_failure(factory, schedule_id, due, now, message):
                 return Firing(name, due, "duplicate")

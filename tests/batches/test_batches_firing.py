@@ -223,6 +223,23 @@ def test_a_firing_that_cannot_submit_is_recorded_once_with_the_reason(
         assert session.scalar(select(Job.id)) is None
 
 
+def test_a_batch_whose_window_was_deleted_fails_its_firing_saying_so(
+    world: World, alice: Principal
+) -> None:
+    with world.factory() as session:
+        session.add(Window(name="night", timezone="UTC", cron="0 22 * * *", duration_s=8 * 3600))
+        session.commit()
+    sid = world.create(alice, utc(2026, 1, 1), target="offpeak", window="night")
+    with world.factory() as session:
+        session.execute(delete(Window))
+        session.commit()
+    # Not jobs that would wait forever for a window nobody defines any more.
+    assert [f.outcome for f in world.fire(utc(2026, 1, 1, 2, 0, 1)).firings] == ["failed"]
+    (firing,) = world.firings(sid)
+    assert firing.error == "schedule.window: no off-peak window named 'night'; defined: none"
+    assert world.jobs() == []
+
+
 def test_one_broken_schedule_does_not_stop_the_others(
     world: World, alice: Principal, monkeypatch
 ) -> None:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import httpx
 from sqlalchemy import select
 
 from app.jobs.models import Job
@@ -82,6 +83,13 @@ def test_submit_without_double_dash_keeps_options_after_the_program(cli: Cli) ->
 
 
 def test_submit_shell_offpeak_and_at(cli: Cli) -> None:
+    unknown = cli("submit", "--offpeak", "--window", "night", "--", "true")
+    assert unknown.exit_code == 1
+    assert "schedule.window: no off-peak window named 'night'" in unknown.stderr
+    night = {"name": "night", "timezone": "UTC", "daily": [{"start": "22:00", "end": "06:00"}]}
+    admin = {"Authorization": f"Bearer {cli.tokens['admin']}"}
+    httpx.post(f"{cli.url}/api/v1/windows", json=night, headers=admin).raise_for_status()
+
     body = _submit_json(cli, "--shell", "echo $HOME && ls", "--offpeak", "--window", "night")
     assert body["command"] == "echo $HOME && ls"
     assert body["schedule"] == {"mode": "offpeak", "at": None, "window": "night"}

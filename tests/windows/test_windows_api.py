@@ -58,3 +58,18 @@ def test_upcoming_lists_openings_with_offsets(api):
     assert (
         api.client.get("/api/v1/windows/upcoming?days=0", headers=api.as_("bob")).status_code == 422
     )
+
+
+def test_a_job_for_an_undefined_window_is_refused_naming_the_defined_ones(api):
+    job = {"command": "true", "gpus": 1, "schedule": {"mode": "offpeak", "window": "nigth"}}
+    r = api.client.post("/api/v1/jobs", json=job, headers=api.as_("alice"))
+    assert r.status_code == 422, r.text
+    [error] = r.json()["detail"]
+    assert error["loc"] == ["body", "schedule", "window"]
+    assert error["msg"] == "no off-peak window named 'nigth'; defined: none"
+
+    api.client.post("/api/v1/windows", json=NIGHT, headers=api.as_("admin"))
+    r = api.client.post("/api/v1/jobs", json=job, headers=api.as_("alice"))
+    assert r.json()["detail"][0]["msg"] == "no off-peak window named 'nigth'; defined: night"
+    job["schedule"]["window"] = "night"
+    assert api.client.post("/api/v1/jobs", json=job, headers=api.as_("alice")).status_code == 201
