@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from app.scheduling import WindowInterval
 from app.windows.calendar import (
@@ -37,8 +37,8 @@ class WindowTimeline:
         epoch: datetime,
         extra: Iterable[WindowInterval] = (),
     ) -> None:
-        self._specs = tuple(specs)
-        self._epoch = epoch
+        self.specs = tuple(specs)  # read-only after construction
+        self.epoch = epoch
         self._intervals: list[WindowInterval] = []
         self._seen: set[tuple[str, datetime, datetime]] = set()
         self._new_edges: list[datetime] = []
@@ -49,7 +49,7 @@ class WindowTimeline:
 
     @property
     def empty(self) -> bool:
-        return not self._specs and not self._intervals
+        return not self.specs and not self._intervals
 
     def _add(self, intervals: Iterable[WindowInterval]) -> None:
         added = False
@@ -75,7 +75,7 @@ class WindowTimeline:
     def _generate(self, until: datetime) -> None:
         if until <= self._horizon:
             return
-        for spec in self._specs:
+        for spec in self.specs:
             self._add(
                 WindowInterval(name=spec.name, opens_at=iv.opens_utc, closes_at=iv.closes_utc)
                 for iv in occurrences(spec, start=self._horizon, end=until)
@@ -90,20 +90,20 @@ class WindowTimeline:
         planned when a window opens and running ones stopped when it closes, even
         when no job arrives or ends then.
         """
-        if self._specs and now + SCHEDULER_LOOKAHEAD > self._horizon:
+        if self.specs and now + SCHEDULER_LOOKAHEAD > self._horizon:
             self._forget(before=now - SCHEDULER_LOOKBACK)
             # A chunk at a time: calendar arithmetic is far dearer than the events.
             self._generate(max(now + SCHEDULER_LOOKAHEAD, self._horizon + _CHUNK))
             # A sparse window (weekly, monthly) may not open within the lookahead;
             # without its opening on the queue, jobs waiting for it would stall.
             if self._opens_again and not (self._intervals and self._intervals[-1].opens_at > now):
-                nxt = next_opening(self._specs, now)
+                nxt = next_opening(self.specs, now)
                 if nxt is None:
                     self._opens_again = False
                 else:
                     self._generate(nxt.closes_utc + timedelta(seconds=1))
         edges, self._new_edges = self._new_edges, []
-        return sorted(e for e in edges if e >= self._epoch)
+        return sorted(e for e in edges if e >= self.epoch)
 
     def around(self, now: datetime) -> tuple[WindowInterval, ...]:
         """The intervals a cycle at `now` is shown: open between 1 day ago and 8 days ahead."""
@@ -118,16 +118,12 @@ class SchedulerWindows:
     when the set changes (or the clock steps back before the timeline's start)."""
 
     def __init__(self) -> None:
-        self._specs: tuple[WindowSpec, ...] = ()
         self._timeline: WindowTimeline | None = None
-        self._epoch = datetime.min.replace(tzinfo=UTC)
 
     def around(self, specs: Sequence[WindowSpec], *, now: datetime) -> tuple[WindowInterval, ...]:
         """The intervals a cycle at `now` is shown (see `WindowTimeline.around`)."""
-        specs = tuple(specs)
         timeline = self._timeline
-        if timeline is None or specs != self._specs or now < self._epoch:
+        if timeline is None or timeline.specs != tuple(specs) or now < timeline.epoch:
             timeline = self._timeline = WindowTimeline(specs, epoch=now)
-            self._specs, self._epoch = specs, now
         timeline.extend(now)
         return timeline.around(now)
