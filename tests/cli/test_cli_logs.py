@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -44,12 +44,19 @@ def test_a_pending_or_never_started_job_says_why_it_has_no_output(cli: Cli) -> N
 
 
 def test_follow_waits_for_a_pending_job_to_start(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(logs_module, "START_POLL_S", 0.05)
+    # The CLI's pause between polls tells the test it is waiting, and waits for the start.
+    waiting, started = threading.Event(), threading.Event()
+
+    def pause(_seconds: float) -> None:
+        waiting.set()
+        started.wait(20)
+
+    monkeypatch.setattr(logs_module, "time", SimpleNamespace(sleep=pause))
     job_id = _submit(cli)
     done: list[Result] = []
     follower = threading.Thread(target=lambda: done.append(cli("logs", "-f", str(job_id))))
     follower.start()
-    time.sleep(0.5)
+    assert waiting.wait(20)
     assert follower.is_alive()  # waiting, not returning an empty log
 
     # The job starts (as an agent would report) and prints, then ends.
@@ -57,7 +64,7 @@ def test_follow_waits_for_a_pending_job_to_start(cli: Cli, monkeypatch: pytest.M
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("hello\n")
     _set(cli, job_id, attempt=1, status=JobStatus.RUNNING)
-    time.sleep(0.5)
+    started.set()
     _set(cli, job_id, status=JobStatus.SUCCEEDED)
     follower.join(timeout=20)
 
