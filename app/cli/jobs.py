@@ -363,7 +363,7 @@ def _job_details(job: dict[str, Any]) -> Table:
     if job.get("estimated_runtime_s"):
         rows.append(("estimated runtime", human_duration(job["estimated_runtime_s"])))
     rows.append(("attempt", f"{job['attempt']} (failures {job['failures']}/{job['retries']})"))
-    if job["status"] == "PENDING" or job.get("pending_reason"):
+    if job["status"] == "PENDING":  # the API gives a reason to pending jobs only
         rows.append(("pending reason", job.get("pending_reason") or ""))
         rows.append(("pending message", job.get("pending_message") or ""))
     if job.get("queue_position") is not None:
