@@ -44,7 +44,7 @@ from app.jobs.service import _resolve_project, check_can_ever_fit, create_job
 from app.messaging import Messenger
 from app.projects.models import Project
 from app.windows.calendar import resolve_local, validate_timezone
-from app.windows.models import Window
+from app.windows.service import require_window
 
 log = logging.getLogger("gpusched.batches")
 
@@ -261,14 +261,6 @@ def _check_templates(
     return stored, first_project
 
 
-def _check_window(session: Session, body: BatchIn) -> None:
-    if (
-        body.window is not None
-        and session.scalar(select(Window.id).where(Window.name == body.window)) is None
-    ):
-        raise FieldError("window", f"no off-peak window named {body.window!r}")
-
-
 def create_batch(
     *, session: Session, principal: Principal, body: BatchIn, now: datetime
 ) -> BatchOut:
@@ -276,7 +268,7 @@ def create_batch(
     now = _utc(now)
     owner = owner_principal(session=session, user_id=principal.user_id)
     templates, project_id = _check_templates(session, owner, body)
-    _check_window(session, body)
+    require_window(session=session, name=body.window, field="window")
     row = BatchSchedule(
         name=body.name,
         user_id=owner.user_id,
@@ -310,7 +302,7 @@ def replace_batch(
     row = _row(session, principal, name, write=True)
     owner = owner_principal(session=session, user_id=row.user_id)
     templates, project_id = _check_templates(session, owner, body)
-    _check_window(session, body)
+    require_window(session=session, name=body.window, field="window")
     if body.cron != row.cron or body.timezone != row.timezone or (body.enabled and not row.enabled):
         row.active_from = now
     row.name = body.name

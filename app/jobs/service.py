@@ -30,7 +30,7 @@ from app.jobs.schemas import (
 from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
 from app.nodes.models import Gpu, Node
 from app.projects.models import Project
-from app.windows.models import Window
+from app.windows.service import require_window
 
 MAX_PAGE = 500
 
@@ -125,17 +125,6 @@ def check_can_ever_fit(*, session: Session, spec: JobCreate) -> None:
         )
 
 
-def _check_window_exists(*, session: Session, name: str | None) -> None:
-    """A job bound to a window nobody defined would wait forever ("no opening scheduled")."""
-    if name is None or session.scalar(select(Window.id).where(Window.name == name)):
-        return
-    defined = session.scalars(select(Window.name).order_by(Window.name)).all()
-    raise FieldError(
-        ("schedule", "window"),
-        f"no off-peak window named {name!r}; defined: {', '.join(defined) or 'none'}",
-    )
-
-
 def create_job(
     *,
     session: Session,
@@ -161,7 +150,7 @@ def create_job(
         )
         spec = spec.model_copy(update={"gpu_memory_mb": memory})
     check_can_ever_fit(session=session, spec=spec)
-    _check_window_exists(session=session, name=spec.schedule.window)
+    require_window(session=session, name=spec.schedule.window, field=("schedule", "window"))
     now = utcnow()
     job = Job(
         name=spec.name or _default_name(spec.command),

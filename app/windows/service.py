@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, NotFound
+from app.errors import Conflict, FieldError, NotFound
 from app.windows.calendar import UpcomingWindow, WindowSpec, upcoming
 from app.windows.models import Window
 from app.windows.schemas import WindowIn, WindowOut
@@ -88,3 +88,14 @@ def window_specs(*, session: Session) -> list[WindowSpec]:
 
 def upcoming_windows(*, session: Session, now: datetime, days: float) -> list[UpcomingWindow]:
     return upcoming(window_specs(session=session), now=now, days=days)
+
+
+def require_window(*, session: Session, name: str | None, field: str | tuple[str, ...]) -> None:
+    """Refuse a reference to a window nobody defined: a job bound to it would wait forever
+    ("no opening scheduled"). The message lists the windows that exist."""
+    if name is None or session.scalar(select(Window.id).where(Window.name == name)):
+        return
+    defined = session.scalars(select(Window.name).order_by(Window.name)).all()
+    raise FieldError(
+        field, f"no off-peak window named {name!r}; defined: {', '.join(defined) or 'none'}"
+    )
