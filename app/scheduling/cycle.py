@@ -85,6 +85,10 @@ class Cycle:
         self.failed: set[int] = set()
         self.never_cache: dict[Request, Status] = {}
         self.preempted: set[int] = set()
+        # Explain phase: projects running beyond their quota, and the note per project.
+        self._borrowers: dict[str, tuple[datetime | None, bool]] = {}
+        self._reclaim_notes: dict[str, str] = {}
+        self._quota_room: dict[str, int] = {}
         self.preempt_attempts = 0
         self.victim_scans = 0  # searches that ran (a dominated one counts as attempt only)
         # Backfill reservation (one, for the first job that cannot start).
@@ -995,15 +999,72 @@ class Cycle:
         self._room_max = max((len(room) for room in self._had_room), default=0)
         pending = self.pending
         res_job = self.res_job
+        if self.quota_any and self.settings.preemption:
+            self._borrowers = self._find_borrowers()
+            used = self.used_milli
+            # GPU share (milli) each project may still take within its quota.
+            self._quota_room = {
+                name: self._quota_of(name) - used.get(name, 0)
+                for name, p in self.projects.items()
+                if p.quota_gpus > 0
+            }
+        reclaim = bool(self._borrowers)  # else no job has anything to reclaim
         for pos, job, req in deferred:
+            note = self._reclaim_note(job, req) if reclaim else ""
             if job.id == res_job:
                 kind, msg = self._diagnose(req, {}, own=job.id)  # its own GPUs count as free
-                self._pend(job, pos, kind, msg + _reservation_note(self.res_time), self.res_time)
+                msg += _reservation_note(self.res_time) + note
+                self._pend(job, pos, kind, msg, self.res_time)
                 continue
             got = cache.get(id(req))
             if got is None:
                 got = cache[id(req)] = self._diagnose(req, levels)
-            pending.append(_reason(job.id, got[0], got[1], pos, None))
+            pending.append(_reason(job.id, got[0], got[1] + note, pos, None))
+
+    def _reclaim_note(self, job: JobView, req: Request) -> str:
+        """Why a job that fits in its project's quota did not take it back from borrowers
+        this cycle: they are too young to preempt (anti-loop guard) or not preemptible.
+        Without this, "waiting for GPUs" reads as a broken guarantee."""
+        if not 0 < req.milli * job.total_gpus <= self._quota_room.get(job.project, 0):
+            return ""
+        note = self._reclaim_notes.get(job.project)
+        if note is None:
+            note = self._reclaim_notes[job.project] = self._reclaim_from(job.project)
+        return note
+
+    def _reclaim_from(self, project: str) -> str:
+        borrowers = self._borrowers
+        others = [b for name, b in borrowers.items() if name != project]
+        young = [b[0] for b in others if b[0] is not None]
+        if young:
+            guard = self.settings.min_run_before_preempt_s
+            when = min(young) + timedelta(seconds=guard)
+            return (
+                "; within quota: borrowed GPUs are reclaimed once a borrowing job has run"
+                f" {_minutes(guard)} (from {when.isoformat()})"
+            )
+        if others and not any(b[1] for b in others):
+            names = ", ".join(sorted(name for name in borrowers if name != project))
+            return (
+                f"; within quota, but the GPUs borrowed by {names} are held by"
+                " non-preemptible jobs, which run to the end"
+            )
+        return ""
+
+    def _find_borrowers(self) -> dict[str, tuple[datetime | None, bool]]:
+        """Per project running beyond its quota: the earliest start among its preemptible
+        jobs still too young to preempt, and whether any of its jobs is preemptible."""
+        used = self.used_milli
+        out: dict[str, tuple[datetime | None, bool]] = {}
+        for r in self.running.values():
+            project = r.job.project
+            if r.job.id in self.preempted or used.get(project, 0) <= self._quota_of(project):
+                continue
+            young, preemptible = out.get(project, (None, False))
+            if r.job.preemptible and self._protected(r) and (young is None or r.started_at < young):
+                young = r.started_at
+            out[project] = (young, preemptible or r.job.preemptible)
+        return out
 
     def _level_histogram(
         self, key: tuple[int, int, str | None], own: int | None
@@ -1165,6 +1226,10 @@ def _reason(
     """`PendingReason(...)` without the NamedTuple's own `__new__`, which runs as
     interpreted Python even in the compiled core: one per waiting job, thousands a cycle."""
     return tuple.__new__(PendingReason, (job_id, kind, message, position, start))
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:g} s" if seconds < 60 else f"{round(seconds / 60)} min"
 
 
 def _reservation_note(when: datetime | None) -> str:

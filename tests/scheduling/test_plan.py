@@ -389,15 +389,30 @@ def test_owner_reclaims_guaranteed_gpus_from_borrowers() -> None:
 
 
 @pytest.mark.parametrize(
-    ("started_ago_s", "preemptible", "quota_q"),
+    ("started_ago_s", "preemptible", "quota_q", "note"),
     [
-        (60, True, 0),  # victims too young (anti-loop window 600 s)
-        (7200, False, 0),  # victims not preemptible
-        (7200, True, 4),  # q is within its own quota: not borrowing
+        # Victims too young (anti-loop window 600 s): the oldest, job 23, started 63 s
+        # ago, so the first may be reclaimed 537 s from now (T0 12:00:00 + 8 min 57 s).
+        (
+            60,
+            True,
+            0,
+            "; within quota: borrowed GPUs are reclaimed once a borrowing job has run 10 min"
+            " (from 2026-11-22T12:08:57+00:00)",
+        ),
+        # Victims not preemptible: the guarantee cannot be honoured until they end.
+        (
+            7200,
+            False,
+            0,
+            "; within quota, but the GPUs borrowed by q are held by non-preemptible jobs,"
+            " which run to the end",
+        ),
+        (7200, True, 4, ""),  # q is within its own quota: not borrowing, nothing to reclaim
     ],
 )
 def test_no_reclaim_when_victims_are_protected(
-    started_ago_s: float, preemptible: bool, quota_q: int
+    started_ago_s: float, preemptible: bool, quota_q: int, note: str
 ) -> None:
     s = snap(
         [node("a").gpus(4)],
@@ -408,6 +423,20 @@ def test_no_reclaim_when_victims_are_protected(
     p = plan(s)
     assert p.preemptions == ()
     assert p.placements == ()
+    assert reason(p, 1).message == "waiting for 2 GPUs (largest free block 0)" + note
+
+
+def test_no_reclaim_note_beyond_the_quota_or_for_the_borrower_itself() -> None:
+    s = snap(
+        [node("a").gpus(4)],
+        # 1 would take p beyond its quota of 1; 2 belongs to the borrowing project q.
+        pending=[job(1, project="p", gpus=2), job(2, project="q", gpus=1)],
+        running=_borrowed_cluster(started_ago_s=60),
+        projects=[project("p", quota=1), project("q", quota=0)],
+    )
+    p = plan(s)
+    assert reason(p, 1).message == "waiting for 2 GPUs (largest free block 0)"
+    assert reason(p, 2).message == "waiting for 1 GPU (largest free block 0)"
 
 
 def test_project_above_quota_cannot_reclaim() -> None:
