@@ -1,4 +1,4 @@
-"""Cluster commands: nodes, queues, drain, undrain."""
+"""Cluster commands: nodes, queues, quota, drain, undrain."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from urllib.parse import quote
 import typer
 
 from app.cli.client import (
+    EXIT_USAGE,
     ApiClient,
+    CliError,
     JsonOption,
     TokenOption,
     UrlOption,
@@ -21,6 +23,7 @@ from app.cli.client import (
 
 NODES = "/api/v1/nodes"
 QUEUES = "/api/v1/queues"
+PROJECTS = "/api/v1/projects"
 
 NodeName = Annotated[str, typer.Argument(help="Node name", show_default=False)]
 
@@ -104,6 +107,53 @@ def queues(as_json: JsonOption = False, url: UrlOption = None, token: TokenOptio
     console().print(table)
 
 
+def quota(
+    project: Annotated[str, typer.Argument(help="Project name", show_default=False)],
+    gpus: Annotated[
+        int | None,
+        typer.Option(
+            "--gpus",
+            min=0,
+            help="GPUs guaranteed to the project (0: none, it only borrows idle GPUs)",
+            show_default=False,
+        ),
+    ] = None,
+    weight: Annotated[
+        float | None,
+        typer.Option(
+            help="Fair-share weight relative to other projects (default of a new project: 1)",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Set a project's guaranteed GPUs and fair-share weight (admin).
+
+    Others may borrow its idle guaranteed GPUs; preemptible borrowers are requeued for it.
+
+    Applies from the next cycle; after a cut, its jobs above the quota count as borrowed.
+    """
+    if gpus is None and weight is None:
+        raise CliError(
+            "give --gpus, --weight or both (`gpusched queues` shows the current values)", EXIT_USAGE
+        )
+    body = {k: v for k, v in (("gpu_quota", gpus), ("weight", weight)) if v is not None}
+    client = ApiClient.from_options(url, token)
+    result = client.body(
+        client.request("PATCH", f"{PROJECTS}/{quote(project, safe='')}", json=body)
+    )
+    if as_json:
+        print_json(result)
+        return
+    guarantee = f"{result['gpu_quota']} GPUs guaranteed" if result["gpu_quota"] else "no guarantee"
+    typer.echo(
+        f"project {result['project']}: {guarantee}, fair-share weight {result['weight']:g}"
+        f" ({result['gpus_in_use']:g} GPUs in use, {result['pending']} jobs pending)"
+    )
+
+
 def drain(
     node: NodeName,
     reason: Annotated[str, typer.Option(help="Why (shown in `gpusched nodes`)")] = "",
@@ -139,5 +189,6 @@ def undrain(
 def register(app: typer.Typer) -> None:
     app.command("nodes", rich_help_panel="Cluster")(nodes)
     app.command("queues", rich_help_panel="Cluster")(queues)
+    app.command("quota", rich_help_panel="Cluster")(quota)
     app.command("drain", rich_help_panel="Cluster")(drain)
     app.command("undrain", rich_help_panel="Cluster")(undrain)

@@ -4,11 +4,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from app.deps import CurrentUser, SessionDep
+from app.deps import AdminUser, CurrentUser, SessionDep
 from app.jobs import service as jobs_service
 from app.jobs.schemas import PendingPage
 from app.projects import service
-from app.projects.schemas import QueueOut
+from app.projects.schemas import ProjectUpdate, QueueOut
 
 router = APIRouter(prefix="/api/v1", tags=["queues"])
 
@@ -16,6 +16,12 @@ router = APIRouter(prefix="/api/v1", tags=["queues"])
 @router.get("/queues", response_model=list[QueueOut])
 def list_queues(session: SessionDep, principal: CurrentUser) -> list[QueueOut]:
     return service.queues(session=session, principal=principal)
+
+
+@router.patch("/projects/{name}", response_model=QueueOut)
+def update_project(name: str, body: ProjectUpdate, session: SessionDep, _: AdminUser) -> QueueOut:
+    """Set a project's guaranteed GPUs (quota) and fair-share weight; returns its queue row."""
+    return service.update_project(session=session, name=name, change=body)
 
 
 @router.get("/queue", response_model=PendingPage)

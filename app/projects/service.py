@@ -4,10 +4,11 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
+from app.errors import NotFound
 from app.jobs.models import Allocation, Job
 from app.jobs.states import ACTIVE, JobStatus
 from app.projects.models import Project
-from app.projects.schemas import QueueOut
+from app.projects.schemas import ProjectUpdate, QueueOut
 
 
 def queues(*, session: Session, principal: Principal) -> list[QueueOut]:
@@ -15,7 +16,25 @@ def queues(*, session: Session, principal: Principal) -> list[QueueOut]:
     projects = select(Project).order_by(Project.name)
     if not principal.is_admin:
         projects = projects.where(Project.id.in_(principal.project_ids or {-1}))
-    rows = list(session.scalars(projects))
+    return _queue_rows(session, list(session.scalars(projects)))
+
+
+def update_project(*, session: Session, name: str, change: ProjectUpdate) -> QueueOut:
+    """Set a project's guaranteed GPUs and fair-share weight. The next cycle plans with them:
+    jobs beyond a lowered quota count as borrowed, so preemptible ones may be reclaimed."""
+    project = session.scalar(select(Project).where(Project.name == name))
+    if project is None:
+        known = ", ".join(session.scalars(select(Project.name).order_by(Project.name))) or "none"
+        raise NotFound(f"no project named {name!r}; projects: {known}")
+    if change.gpu_quota is not None:
+        project.gpu_quota = change.gpu_quota
+    if change.weight is not None:
+        project.weight = change.weight
+    session.commit()
+    return _queue_rows(session, [project])[0]
+
+
+def _queue_rows(session: Session, rows: list[Project]) -> list[QueueOut]:
     ids = [p.id for p in rows]
     pending = JobStatus.PENDING
     counts = {

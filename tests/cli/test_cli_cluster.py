@@ -73,3 +73,35 @@ def test_drain_and_undrain(cli: Cli) -> None:
 
     missing = cli("drain", "nope", user="admin")
     assert missing.exit_code == 1 and "nope" in missing.stderr
+
+
+def test_quota_sets_guarantee_and_weight(cli: Cli) -> None:
+    result = cli("quota", "ml", "--gpus", "8", "--weight", "2", user="admin")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == (
+        "project ml: 8 GPUs guaranteed, fair-share weight 2 (0 GPUs in use, 0 jobs pending)"
+    )
+    shown = cli("queues", "--json", user="admin")
+    ml = next(q for q in json.loads(shown.stdout) if q["project"] == "ml")
+    assert (ml["gpu_quota"], ml["weight"]) == (8, 2.0)
+
+    cleared = cli("quota", "ml", "--gpus", "0", "--json", user="admin")
+    assert json.loads(cleared.stdout)["gpu_quota"] == 0
+    assert (
+        "no guarantee, fair-share weight 2"
+        in cli("quota", "ml", "--weight", "2", user="admin").stdout
+    )
+
+    nothing = cli("quota", "ml", user="admin")
+    assert nothing.exit_code == 2 and "give --gpus, --weight or both" in nothing.stderr
+    negative = cli("quota", "ml", "--gpus", "-1", user="admin")
+    assert negative.exit_code == 2 and "--gpus" in negative.stderr
+    zero = cli("quota", "ml", "--weight", "0", user="admin")
+    assert zero.exit_code == 1 and "weight: Input should be greater than 0" in zero.stderr
+    denied = cli("quota", "ml", "--gpus", "1", user="alice")
+    assert denied.exit_code == 1 and "admin role required" in denied.stderr
+    missing = cli("quota", "nlp", "--gpus", "1", user="admin")
+    assert (
+        missing.exit_code == 1
+        and "no project named 'nlp'; projects: cv, default, ml" in missing.stderr
+    )

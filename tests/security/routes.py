@@ -30,6 +30,7 @@ EXPECTED_ADMIN_ONLY = frozenset(
         ("POST", "/api/v1/windows"),
         ("PUT", "/api/v1/windows/{name}"),
         ("DELETE", "/api/v1/windows/{name}"),
+        ("PATCH", "/api/v1/projects/{name}"),
     }
 )
 

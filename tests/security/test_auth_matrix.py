@@ -37,6 +37,7 @@ BODIES: dict[tuple[str, str], Any] = {
     },
     ("PUT", "/api/v1/batches/{name}"): BATCH,
     ("POST", "/api/v1/nodes/{name}/drain"): {"reason": "fan"},
+    ("PATCH", "/api/v1/projects/{name}"): {"gpu_quota": 2},
 }
 # Operations whose body names a project: another project's user is refused, but as a
 # field error (422 "you are not a member of project 'ml'"), which is also accepted.
@@ -56,6 +57,8 @@ def path_values(cluster: Cluster, op: Operation) -> dict[str, Any]:
             values[param] = cluster.window
         elif param == "name" and op.path.startswith("/api/v1/batches/"):
             values[param] = cluster.batch
+        elif param == "name" and op.path.startswith("/api/v1/projects/"):
+            values[param] = "ml"
         else:
             raise LookupError(f"{op.id}: no seeded value for path parameter {param!r}")
     return values
