@@ -1041,7 +1041,7 @@ class Cycle:
             when = min(young) + timedelta(seconds=guard)
             return (
                 "; within quota: borrowed GPUs are reclaimed once a borrowing job has run"
-                f" {_minutes(guard)} (from {when.isoformat()})"
+                f" {_minutes(guard)} (from {when.isoformat(timespec='seconds')})"
             )
         if others and not any(b[1] for b in others):
             names = ", ".join(sorted(name for name in borrowers if name != project))
