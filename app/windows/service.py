@@ -8,7 +8,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.batches.models import BatchSchedule
 from app.errors import Conflict, FieldError, NotFound
+from app.jobs.models import Job
+from app.jobs.states import JobStatus
 from app.windows.calendar import UpcomingWindow, WindowSpec, upcoming
 from app.windows.models import Window
 from app.windows.schemas import WindowIn, WindowOut
@@ -68,6 +71,8 @@ def create_window(*, session: Session, body: WindowIn) -> WindowOut:
 
 def replace_window(*, session: Session, name: str, body: WindowIn) -> WindowOut:
     row = _row(session, name)
+    if body.name != name:
+        _refuse_if_in_use(session, name, "renamed")
     _fill(row, body)
     try:
         session.commit()
@@ -78,8 +83,36 @@ def replace_window(*, session: Session, name: str, body: WindowIn) -> WindowOut:
 
 
 def delete_window(*, session: Session, name: str) -> None:
-    session.delete(_row(session, name))
+    row = _row(session, name)
+    _refuse_if_in_use(session, name, "deleted")
+    session.delete(row)
     session.commit()
+
+
+def _refuse_if_in_use(session: Session, name: str, action: str) -> None:
+    """Pending jobs and batches bound to a window would wait forever without it ("no
+    opening scheduled"), as Slurm refuses to delete a reservation that jobs use."""
+    jobs = session.scalars(
+        select(Job.id)
+        .where(Job.window == name, Job.status == JobStatus.PENDING)
+        .order_by(Job.id)
+        .limit(11)
+    ).all()
+    batches = session.scalars(
+        select(BatchSchedule.name).where(BatchSchedule.window == name).order_by(BatchSchedule.name)
+    ).all()
+    if not jobs and not batches:
+        return
+    users = []
+    if jobs:
+        ids = ", ".join(str(i) for i in jobs[:10]) + (", ..." if len(jobs) > 10 else "")
+        users.append(f"pending job{'s' if len(jobs) > 1 else ''} {ids}")
+    if batches:
+        users.append(f"batch{'es' if len(batches) > 1 else ''} {', '.join(batches)}")
+    raise Conflict(
+        f"window {name!r} cannot be {action}: {' and '.join(users)} use it;"
+        " let those jobs start or cancel them, and delete or change those batches first"
+    )
 
 
 def window_specs(*, session: Session) -> list[WindowSpec]:

@@ -73,3 +73,42 @@ def test_a_job_for_an_undefined_window_is_refused_naming_the_defined_ones(api):
     assert r.json()["detail"][0]["msg"] == "no off-peak window named 'nigth'; defined: night"
     job["schedule"]["window"] = "night"
     assert api.client.post("/api/v1/jobs", json=job, headers=api.as_("alice")).status_code == 201
+
+
+def test_a_window_in_use_is_not_deleted_or_renamed(api):
+    admin = api.as_("admin")
+    api.client.post("/api/v1/windows", json=NIGHT, headers=admin)
+    job = {"command": ["train"], "schedule": {"mode": "offpeak", "window": "night"}}
+    ids = [api.client.post("/api/v1/jobs", json=job, headers=api.as_("alice")).json()["id"]]
+    batch = {
+        "name": "nightly",
+        "cron": "0 2 * * *",
+        "timezone": "UTC",
+        "target": "offpeak",
+        "window": "night",
+        "templates": [{"command": ["train"], "project": "ml"}],
+    }
+    assert api.client.post("/api/v1/batches", json=batch, headers=admin).status_code == 201
+
+    r = api.client.delete("/api/v1/windows/night", headers=admin)
+    assert r.status_code == 409
+    assert r.json()["detail"] == (
+        f"window 'night' cannot be deleted: pending job {ids[0]} and batch nightly use it;"
+        " let those jobs start or cancel them, and delete or change those batches first"
+    )
+    renamed = {**NIGHT, "name": "late"}
+    r = api.client.put("/api/v1/windows/night", json=renamed, headers=admin)
+    assert r.status_code == 409 and "cannot be renamed" in r.json()["detail"]
+    # Changing the hours keeps the name: the jobs and the batch follow the new hours.
+    hours = {**NIGHT, "daily": [{"start": "23:00", "end": "05:00"}]}
+    assert api.client.put("/api/v1/windows/night", json=hours, headers=admin).status_code == 200
+
+    assert api.client.delete("/api/v1/batches/nightly", headers=admin).status_code == 204
+    ids += [api.client.post("/api/v1/jobs", json=job, headers=api.as_("alice")).json()["id"]]
+    r = api.client.delete("/api/v1/windows/night", headers=admin)
+    assert r.json()["detail"].startswith(
+        f"window 'night' cannot be deleted: pending jobs {ids[0]}, {ids[1]} use it"
+    )
+    for job_id in ids:
+        api.client.post(f"/api/v1/jobs/{job_id}/cancel", headers=api.as_("alice"))
+    assert api.client.delete("/api/v1/windows/night", headers=admin).status_code == 204
