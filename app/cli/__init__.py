@@ -14,7 +14,19 @@ import typer
 from sqlalchemy.exc import DBAPIError
 from typer.core import TyperGroup
 
-from app.cli import admin, batch, cluster, jobs, logs, reports, server, simulate, up, workers
+from app.cli import (
+    admin,
+    batch,
+    cluster,
+    jobs,
+    logs,
+    reports,
+    server,
+    simulate,
+    up,
+    windows,
+    workers,
+)
 from app.cli.client import EXIT_USAGE, CliError
 from app.config import SettingsError
 
@@ -54,6 +66,7 @@ server.register(app)
 jobs.register(app)
 logs.register(app)
 cluster.register(app)
+windows.register(app)
 admin.register(app)
 up.register(app)
 workers.register(app)
