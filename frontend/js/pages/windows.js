@@ -45,7 +45,8 @@ export function windowsPage(root) {
     const windows = await loadWindows(DAYS);
     if (windows === null || !windows.length) {
       clear(winCard, h("h2", {}, "Next 7 days"),
-        h("div", { class: "notice", id: "no-windows" }, "No off-peak windows configured."));
+        h("div", { class: "notice", id: "no-windows" }, "No off-peak windows configured. An admin creates one with ",
+          h("code", {}, "gpusched window create night --tz Europe/Berlin --daily '22:00-06:00'"), "."));
       return;
     }
     const now = Date.now() / 1000;
