@@ -71,24 +71,38 @@ def parse_daily(value: str) -> dict[str, Any]:
     return daily
 
 
+def days_text(days: list[str]) -> str:
+    """The inverse of `parse_days` for display: runs of three or more days as ranges."""
+    runs: list[list[int]] = []
+    for i in sorted(WEEKDAYS.index(d) for d in days):
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(
+        f"{WEEKDAYS[r[0]]}-{WEEKDAYS[r[-1]]}" if len(r) > 2 else ",".join(WEEKDAYS[i] for i in r)
+        for r in runs
+    )
+
+
 def _hours(window: dict[str, Any]) -> str:
     if window.get("cron"):
         return f"cron '{window['cron']}' for {human_duration(window['duration_s'])}"
     ranges = []
     for r in window.get("daily") or []:
-        days = f" {','.join(r['days'])}" if r.get("days") else ""
+        days = f" {days_text(r['days'])}" if r.get("days") else ""
         ranges.append(f"{r['start']}-{r['end']}{days}")
     return "daily " + "; ".join(ranges)
 
 
 def _opening(opening: dict[str, Any] | None) -> str:
-    """'Mon 2026-11-23 22:00 - Tue 06:00', in the window's own zone."""
+    """'Mon 23 Nov 22:00 - Tue 06:00', in the window's own zone."""
     if opening is None:
         return f"none in {LOOKAHEAD_DAYS} days"
     opens = datetime.fromisoformat(opening["opens_at"])
     closes = datetime.fromisoformat(opening["closes_at"])
     end = closes.strftime("%H:%M" if closes.date() == opens.date() else "%a %H:%M")
-    return f"{opens.strftime('%a %Y-%m-%d %H:%M')} - {end}"
+    return f"{opens.strftime('%a %d %b %H:%M')} - {end}"
 
 
 def _next_openings(client: ApiClient) -> dict[str, dict[str, Any]]:

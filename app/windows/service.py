@@ -103,15 +103,18 @@ def _refuse_if_in_use(session: Session, name: str, action: str) -> None:
     ).all()
     if not jobs and not batches:
         return
-    users = []
+    users, hints = [], []
     if jobs:
         ids = ", ".join(str(i) for i in jobs[:10]) + (", ..." if len(jobs) > 10 else "")
         users.append(f"pending job{'s' if len(jobs) > 1 else ''} {ids}")
+        hints.append("let the jobs start or cancel them")
     if batches:
         users.append(f"batch{'es' if len(batches) > 1 else ''} {', '.join(batches)}")
+        hints.append("delete the batches or give them another window")
+    verb = "uses" if len(jobs) + len(batches) == 1 else "use"
     raise Conflict(
-        f"window {name!r} cannot be {action}: {' and '.join(users)} use it;"
-        " let those jobs start or cancel them, and delete or change those batches first"
+        f"window {name!r} cannot be {action}: {' and '.join(users)} {verb} it;"
+        f" first {', and '.join(hints)}"
     )
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app.cli.client import CliError
-from app.cli.windows import parse_daily, parse_days
+from app.cli.windows import days_text, parse_daily, parse_days
 from tests.cli.harness import Cli, Result
 
 
@@ -28,6 +28,18 @@ def test_days(text: str, days: list[str]) -> None:
     assert parse_days(text, "--daily") == days
 
 
+@pytest.mark.parametrize(
+    ("days", "text"),
+    [
+        (["mon", "tue", "wed", "thu", "fri"], "mon-fri"),
+        (["sat", "sun"], "sat,sun"),
+        (["mon", "tue", "thu", "fri", "sat", "sun"], "mon,tue,thu-sun"),
+    ],
+)
+def test_days_text(days: list[str], text: str) -> None:
+    assert days_text(days) == text
+
+
 @pytest.mark.parametrize("text", ["22:00", "22:00-", "-06:00", "22:00-06:00 weekdays"])
 def test_bad_daily_ranges_say_the_format(text: str) -> None:
     with pytest.raises(CliError) as error:
@@ -43,8 +55,8 @@ def test_create_list_replace_and_delete(cli: Cli) -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert result.stdout.startswith(
-        "created window night (Europe/Berlin): daily 22:00-06:00 mon,tue,wed,thu,fri;"
-        " 08:00-20:00 sat,sun; next opening "
+        "created window night (Europe/Berlin): daily 22:00-06:00 mon-fri; 08:00-20:00 sat,sun;"
+        " next opening "
     )
     [stored] = json.loads(window(cli, "list", "--json").stdout)
     assert stored["daily"] == [

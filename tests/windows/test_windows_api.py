@@ -94,7 +94,8 @@ def test_a_window_in_use_is_not_deleted_or_renamed(api):
     assert r.status_code == 409
     assert r.json()["detail"] == (
         f"window 'night' cannot be deleted: pending job {ids[0]} and batch nightly use it;"
-        " let those jobs start or cancel them, and delete or change those batches first"
+        " first let the jobs start or cancel them, and delete the batches or give them another"
+        " window"
     )
     renamed = {**NIGHT, "name": "late"}
     r = api.client.put("/api/v1/windows/night", json=renamed, headers=admin)
@@ -104,10 +105,16 @@ def test_a_window_in_use_is_not_deleted_or_renamed(api):
     assert api.client.put("/api/v1/windows/night", json=hours, headers=admin).status_code == 200
 
     assert api.client.delete("/api/v1/batches/nightly", headers=admin).status_code == 204
+    r = api.client.delete("/api/v1/windows/night", headers=admin)
+    assert r.json()["detail"] == (
+        f"window 'night' cannot be deleted: pending job {ids[0]} uses it;"
+        " first let the jobs start or cancel them"
+    )
     ids += [api.client.post("/api/v1/jobs", json=job, headers=api.as_("alice")).json()["id"]]
     r = api.client.delete("/api/v1/windows/night", headers=admin)
-    assert r.json()["detail"].startswith(
-        f"window 'night' cannot be deleted: pending jobs {ids[0]}, {ids[1]} use it"
+    assert r.json()["detail"] == (
+        f"window 'night' cannot be deleted: pending jobs {ids[0]}, {ids[1]} use it;"
+        " first let the jobs start or cancel them"
     )
     for job_id in ids:
         api.client.post(f"/api/v1/jobs/{job_id}/cancel", headers=api.as_("alice"))
