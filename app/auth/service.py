@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from app.auth.models import ApiToken, User
@@ -93,6 +93,52 @@ def create_user(
         session.add(ProjectMember(user_id=user.id, project_id=project.id))
     token = issue_token(session=session, user=user, ttl_days=ttl_days, label="initial")
     return user, token
+
+
+def user_projects(*, session: Session, user_id: int) -> list[str]:
+    return list(
+        session.scalars(
+            select(Project.name)
+            .join(ProjectMember, ProjectMember.project_id == Project.id)
+            .where(ProjectMember.user_id == user_id)
+            .order_by(Project.name)
+        )
+    )
+
+
+def change_membership(
+    *, session: Session, user_name: str, projects: list[str], member: bool
+) -> list[str]:
+    """Add a user to projects (created when missing) or remove it from them, as Slurm's
+    `sacctmgr add/remove user ... account=`; returns the user's projects afterwards.
+
+    A user keeps at least one project: without one it could not submit anything."""
+    user = session.scalar(select(User).where(User.name == user_name))
+    if user is None:
+        raise LookupError(f"no user named {user_name!r}")
+    current = set(user_projects(session=session, user_id=user.id))
+    if member:
+        for name in projects:
+            if name not in current:
+                project = get_or_create_project(session=session, name=name)
+                session.add(ProjectMember(user_id=user.id, project_id=project.id))
+    else:
+        missing = [name for name in projects if name not in current]
+        if missing:
+            raise LookupError(f"{user_name!r} is not in project(s) {', '.join(missing)}")
+        if current <= set(projects):
+            raise ValueError(
+                f"{user_name!r} would be left without a project; add it to another one first"
+            )
+        session.execute(
+            delete(ProjectMember).where(
+                ProjectMember.user_id == user.id,
+                ProjectMember.project_id.in_(select(Project.id).where(Project.name.in_(projects))),
+            )
+        )
+    session.flush()
+    TOKEN_CACHE.clear()  # this process at once; other API processes within the cache time
+    return user_projects(session=session, user_id=user.id)
 
 
 def revoke_tokens(*, session: Session, user_name: str) -> int:

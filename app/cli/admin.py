@@ -12,13 +12,21 @@ import typer
 from sqlalchemy import select
 
 from app.auth.models import User
-from app.auth.service import UserExists, issue_token, revoke_tokens
+from app.auth.service import (
+    UserExists,
+    change_membership,
+    issue_token,
+    revoke_tokens,
+    user_projects,
+)
 from app.auth.service import create_user as create
-from app.cli.client import EXIT_REJECTED, EXIT_USAGE, CliError
+from app.cli.client import EXIT_REJECTED, EXIT_USAGE, CliError, add_row, console, make_table
 from app.cli.server import load_settings_or_exit, session_scope
+from app.db import utcnow
 
 admin_app = typer.Typer(
-    help="Users and tokens (direct database access; run where the database is reachable).",
+    help="Users, their projects and tokens (direct database access; run where the database"
+    " is reachable).",
     no_args_is_help=True,
 )
 
@@ -83,6 +91,58 @@ def create_token(
             session=session, user=user, ttl_days=settings.token_ttl_days, label=label[:64]
         )
     _print_token(f"new token for {name!r}", token)
+
+
+ProjectOption = Annotated[
+    list[str],
+    typer.Option("--project", "-p", help="Project; repeatable", show_default=False),
+]
+
+
+def _change_membership(name: str, project: list[str], *, member: bool) -> list[str]:
+    projects = list(dict.fromkeys(_check_name(p, "project") for p in project))
+    settings = load_settings_or_exit()
+    try:
+        with session_scope(settings) as session:
+            return change_membership(
+                session=session, user_name=name, projects=projects, member=member
+            )
+    except (LookupError, ValueError) as exc:
+        raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
+
+
+@admin_app.command("add-to-project")
+def add_to_project(name: UserName, project: ProjectOption) -> None:
+    """Add a user to projects (created when missing); API processes see it within the cache time."""
+    now_in = _change_membership(name, project, member=True)
+    typer.echo(f"{name!r} is now in project(s) {', '.join(now_in)}")
+
+
+@admin_app.command("remove-from-project")
+def remove_from_project(name: UserName, project: ProjectOption) -> None:
+    """Remove a user from projects; the jobs it submitted there stay (cancel them if need be)."""
+    now_in = _change_membership(name, project, member=False)
+    typer.echo(f"{name!r} is now in project(s) {', '.join(now_in)}")
+
+
+@admin_app.command("users")
+def users() -> None:
+    """List users: role, projects and how many tokens still work."""
+    settings = load_settings_or_exit()
+    now = utcnow()
+    table = make_table("USER", "ROLE", "PROJECTS", "ACTIVE TOKENS")
+    with session_scope(settings) as session:
+        for user in session.scalars(select(User).order_by(User.name)):
+            active = sum(
+                1
+                for t in user.tokens
+                if t.revoked_at is None and (t.expires_at is None or t.expires_at > now)
+            )
+            projects = user_projects(session=session, user_id=user.id)
+            add_row(
+                table, user.name, "admin" if user.is_admin else "user", ", ".join(projects), active
+            )
+    console().print(table)
 
 
 @admin_app.command("revoke")

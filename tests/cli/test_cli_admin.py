@@ -67,3 +67,45 @@ def test_admin_on_an_unmigrated_database_says_so(cli: Cli, tmp_path: Path) -> No
     )
     assert result.exit_code == 2
     assert "gpusched migrate" in result.stderr and "Traceback" not in result.output
+
+
+def test_add_to_and_remove_from_projects(cli: Cli) -> None:
+    token = cli.tokens["alice"]
+
+    def submit_to(project: str):  # type: ignore[no-untyped-def]
+        args = ["submit", "--url", cli.url, "--token", token, "--project", project, "--", "x"]
+        return cli.raw(args)
+
+    denied = submit_to("cv")
+    assert denied.exit_code == 1 and "not a member of project 'cv'" in denied.stderr
+
+    added = cli.raw(["admin", "add-to-project", "alice", "-p", "cv", "-p", "nlp"])
+    assert added.exit_code == 0, added.stderr
+    assert added.stdout.strip() == "'alice' is now in project(s) cv, ml, nlp"
+    assert submit_to("cv").exit_code == 0  # the same token, at once: the cache was cleared
+    again = cli.raw(["admin", "add-to-project", "alice", "-p", "cv"])  # idempotent
+    assert again.stdout.strip() == "'alice' is now in project(s) cv, ml, nlp"
+
+    removed = cli.raw(["admin", "remove-from-project", "alice", "-p", "cv", "-p", "nlp"])
+    assert removed.exit_code == 0 and removed.stdout.strip() == "'alice' is now in project(s) ml"
+    assert submit_to("cv").exit_code == 1
+
+    for args, words in (
+        (["remove-from-project", "alice", "-p", "ml"], "would be left without a project"),
+        (["remove-from-project", "alice", "-p", "cv"], "'alice' is not in project(s) cv"),
+        (["add-to-project", "nobody", "-p", "cv"], "no user named 'nobody'"),
+    ):
+        result = cli.raw(["admin", *args])
+        assert result.exit_code == 1 and words in result.stderr, (args, result.stderr)
+    assert cli.raw(["admin", "add-to-project", "alice"]).exit_code == 2  # no project given
+
+
+def test_users_lists_roles_projects_and_working_tokens(cli: Cli) -> None:
+    cli.raw(["admin", "create-token", "bob"])
+    cli.raw(["admin", "revoke", "alice"])
+    result = cli.raw(["admin", "users"])
+    assert result.exit_code == 0, result.stderr
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if "│" in line}
+    assert [c.strip() for c in rows["admin"].split("│")[2:5]] == ["admin", "default", "1"]
+    assert [c.strip() for c in rows["alice"].split("│")[2:5]] == ["user", "ml", "0"]
+    assert [c.strip() for c in rows["bob"].split("│")[2:5]] == ["user", "cv", "2"]
