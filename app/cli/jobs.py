@@ -12,8 +12,10 @@ import typer
 from rich.table import Table
 
 from app.cli.client import (
+    EXIT_REJECTED,
     EXIT_USAGE,
     ApiClient,
+    ApiError,
     CliError,
     JsonOption,
     TokenOption,
@@ -422,22 +424,42 @@ def show(
 
 
 def cancel(
-    job_id: Annotated[int, typer.Argument(help="Job id", show_default=False)],
+    job_ids: Annotated[list[int], typer.Argument(help="Job ids", show_default=False)],
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Cancel a job (idempotent). A running job is stopped by its agent."""
-    job = ApiClient.from_options(url, token).post(f"{JOBS}/{job_id}/cancel")
+    """Cancel jobs (idempotent), like scancel 12 13. A running job is stopped by its agent.
+
+    Every id is tried; exit 1 if any could not be cancelled. --json prints the job, or a list
+    of jobs for several ids."""
+    client = ApiClient.from_options(url, token)
+    ids = list(dict.fromkeys(job_ids))
+    done, failed = [], 0
+    for job_id in ids:
+        try:
+            job = client.post(f"{JOBS}/{job_id}/cancel")
+        except ApiError as exc:
+            if len(ids) == 1:
+                raise
+            typer.echo(f"error: job {job_id}: {exc.message}", err=True)
+            failed += 1
+            continue
+        done.append(job)
+        if not as_json:
+            typer.echo(_cancel_line(job))
     if as_json:
-        print_json(job)
-        return
+        print_json(done[0] if len(ids) == 1 else done)
+    if failed:
+        raise typer.Exit(EXIT_REJECTED)
+
+
+def _cancel_line(job: dict[str, Any]) -> str:
     if job["status"] == "CANCELLED":
-        typer.echo(f"job {job['id']} ({job['name']}): CANCELLED")
-    elif job.get("cancel_requested"):
-        typer.echo(f"job {job['id']} ({job['name']}): cancel requested, still {job['status']}")
-    else:
-        typer.echo(f"job {job['id']} ({job['name']}): {job['status']}")
+        return f"job {job['id']} ({job['name']}): CANCELLED"
+    if job.get("cancel_requested"):
+        return f"job {job['id']} ({job['name']}): cancel requested, still {job['status']}"
+    return f"job {job['id']} ({job['name']}): {job['status']}"
 
 
 def register(app: typer.Typer) -> None:

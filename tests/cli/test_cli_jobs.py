@@ -245,6 +245,26 @@ def test_cancel(cli: Cli) -> None:
     assert other.exit_code == 1 and other.stderr.strip()
 
 
+def test_cancel_several_jobs_tries_each_and_fails_if_any_fails(cli: Cli) -> None:
+    first, second = (_submit_json(cli, "--", "sleep", "100")["id"] for _ in range(2))
+    bobs = _submit_json(cli, "--", "true", user="bob")["id"]
+    result = cli("cancel", str(first), str(bobs), str(second), "99999")
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        f"job {first} (sleep): CANCELLED",
+        f"job {second} (sleep): CANCELLED",
+    ]
+    errors = result.stderr.splitlines()
+    assert [e.split(":")[0:2] for e in errors] == [
+        ["error", f" job {bobs}"],
+        ["error", " job 99999"],
+    ]
+    assert _stored(cli, bobs).status == "PENDING"  # not alice's: left alone
+    listed = cli("cancel", "--json", str(first), str(second), str(first))
+    assert listed.exit_code == 0
+    assert [j["id"] for j in json.loads(listed.stdout)] == [first, second]
+
+
 def test_show_prints_queue_position_and_allocations(cli: Cli) -> None:
     from app.jobs.models import Allocation
     from tests.cli.test_cli_cluster import _add_node
