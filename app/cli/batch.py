@@ -125,6 +125,10 @@ def create(
         ),
     ] = "once",
     disabled: Annotated[bool, typer.Option("--disabled", help="Create it disabled")] = False,
+    replace: Annotated[
+        bool,
+        typer.Option("--replace", help="Replace the batch of this name (its history stays)"),
+    ] = False,
     template_file: Annotated[
         list[str] | None,
         typer.Option(
@@ -177,8 +181,8 @@ def create(
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Create a batch: `gpusched batch create NAME --cron '0 2 * * *' --tz Europe/Berlin
-    [--offpeak] [--template-file jobs.json] [--gpus 4 -- PROGRAM ARGS...]`."""
+    """Create (or --replace) a batch: `gpusched batch create NAME --cron '0 2 * * *' --tz
+    Europe/Berlin [--offpeak] [--template-file jobs.json] [--gpus 4 -- PROGRAM ARGS...]`."""
     if window is not None and not offpeak:
         raise CliError("--window needs --offpeak", EXIT_USAGE)
     if catch_up not in ("once", "skip"):
@@ -224,13 +228,18 @@ def create(
     }
     if window:
         body["window"] = window
-    batch = ApiClient.from_options(url, token).post(BATCHES, json=body)
+    client = ApiClient.from_options(url, token)
+    if replace:
+        batch = client.body(client.request("PUT", _path(name), json=body))
+    else:
+        batch = client.post(BATCHES, json=body)
     if as_json:
         print_json(batch)
         return
     nxt = batch.get("next_fire_at") or "never (disabled)"
     typer.echo(
-        f"created batch {batch['name']}: {len(batch['templates'])} job(s) at "
+        f"{'replaced' if replace else 'created'} batch {batch['name']}:"
+        f" {len(batch['templates'])} job(s) at "
         f"'{batch['cron']}' {batch['timezone']}, next {nxt}"
     )
 

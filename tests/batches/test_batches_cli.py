@@ -91,3 +91,24 @@ def test_usage_and_server_errors_are_one_line(cli: Cli, tmp_path: Path) -> None:
     assert r.exit_code == 1 and "cron:" in r.stderr
     r = batch(cli, "create", "x", "--cron", "0 2 * * *", "--gpus", "-3", "--", "true")
     assert r.exit_code == 1 and "templates.0.gpus" in r.stderr
+
+
+def test_replace_changes_a_batch_in_place(cli: Cli, tmp_path: Path) -> None:
+    base = ["--cron", "0 2 * * *", "--workdir", str(tmp_path)]
+    assert batch(cli, "create", "nightly", *base, "--", "python", "a.py").exit_code == 0
+    taken = batch(cli, "create", "nightly", *base, "--", "python", "b.py")
+    assert taken.exit_code == 1 and "already exists" in taken.stderr
+
+    r = batch(
+        cli, "create", "nightly", "--cron", "30 3 * * *", "--tz", "Europe/Berlin",
+        "--workdir", str(tmp_path), "--gpus", "2", "--replace", "--", "python", "b.py",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.startswith("replaced batch nightly: 1 job(s) at '30 3 * * *' Europe/Berlin")
+    (item,) = json.loads(batch(cli, "list", "--json").stdout)
+    assert (item["cron"], item["timezone"]) == ("30 3 * * *", "Europe/Berlin")
+    assert item["templates"][0]["command"] == ["python", "b.py"]
+    assert item["templates"][0]["gpus"] == 2
+
+    missing = batch(cli, "create", "weekly", *base, "--replace", "--", "true")
+    assert missing.exit_code == 1 and "weekly" in missing.stderr
