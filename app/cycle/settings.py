@@ -18,6 +18,11 @@ class SchedulerSettings(BaseSettings):
     telemetry_max_age_s: float = Field(default=30.0, gt=0)
     backfill: bool = True
     preemption: bool = True
+    borrowing: bool = Field(
+        default=True,
+        description="projects may use idle GPUs beyond their quota; false makes every quota a"
+        " hard cap (a project with quota 0 runs nothing)",
+    )
     min_run_before_preempt_s: float = Field(default=600.0, ge=0)
     fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0)
     starvation_after_s: float = Field(
@@ -40,6 +45,7 @@ class SchedulerSettings(BaseSettings):
             telemetry_max_age_s=self.telemetry_max_age_s,
             backfill=self.backfill,
             preemption=self.preemption,
+            borrowing=self.borrowing,
             min_run_before_preempt_s=self.min_run_before_preempt_s,
             starvation_after_s=self.starvation_after_s,
         )

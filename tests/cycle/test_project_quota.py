@@ -97,3 +97,24 @@ def test_a_quota_given_over_the_api_reclaims_borrowed_gpus(api):
         f"preempting for job {owner}: quota: project ml reclaims its guaranteed GPUs from cv"
         " (borrowing)"
     )
+
+
+def test_without_borrowing_a_quota_is_a_hard_cap(api, monkeypatch):
+    monkeypatch.setenv("GPUSCHED_SCHEDULER_BORROWING", "false")
+    capped = SchedulerSettings(stability_window_s=0)
+    with api.factory() as session:
+        session.add(ready_node("n1", gpus=4, now=utcnow()))
+        session.commit()
+    assert _patch(api, "ml", {"gpu_quota": 2}).status_code == 200
+    first, second = (_submit(api, "alice", gpus=2) for _ in range(2))
+    report = _cycle(api, capped)
+    assert (report.placed, report.pending) == (1, 1)  # 2 of the 4 GPUs stay idle
+    shown = api.client.get(f"/api/v1/jobs/{second}", headers=api.as_("alice")).json()
+    assert (shown["pending_reason"], shown["pending_message"]) == (
+        "quota",
+        "project ml would exceed its quota of 2 GPUs (using 2, borrowing disabled)",
+    )
+    assert (
+        api.client.get(f"/api/v1/jobs/{first}", headers=api.as_("alice")).json()["status"]
+        == "SCHEDULED"
+    )
