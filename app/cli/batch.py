@@ -229,10 +229,7 @@ def create(
     if window:
         body["window"] = window
     client = ApiClient.from_options(url, token)
-    if replace:
-        batch = client.body(client.request("PUT", _path(name), json=body))
-    else:
-        batch = client.post(BATCHES, json=body)
+    batch = client.put(_path(name), json=body) if replace else client.post(BATCHES, json=body)
     if as_json:
         print_json(batch)
         return

@@ -236,6 +236,12 @@ class ApiClient:
     def post(self, path: str, *, json: Any = None, headers: dict[str, str] | None = None) -> Any:
         return self.body(self.request("POST", path, json=json, headers=headers))
 
+    def put(self, path: str, *, json: Any) -> Any:
+        return self.body(self.request("PUT", path, json=json))
+
+    def patch(self, path: str, *, json: Any) -> Any:
+        return self.body(self.request("PATCH", path, json=json))
+
 
 # --- output helpers shared by the command modules -------------------------------------------
 

@@ -140,9 +140,8 @@ def quota(
             "give --gpus, --weight or both (`gpusched queues` shows the current values)", EXIT_USAGE
         )
     body = {k: v for k, v in (("gpu_quota", gpus), ("weight", weight)) if v is not None}
-    client = ApiClient.from_options(url, token)
-    result = client.body(
-        client.request("PATCH", f"{PROJECTS}/{quote(project, safe='')}", json=body)
+    result = ApiClient.from_options(url, token).patch(
+        f"{PROJECTS}/{quote(project, safe='')}", json=body
     )
     if as_json:
         print_json(result)

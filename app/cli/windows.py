@@ -34,6 +34,11 @@ window_app = typer.Typer(
     no_args_is_help=True,
 )
 
+
+def _path(name: str) -> str:
+    return f"{WINDOWS}/{quote(name, safe='')}"
+
+
 WindowName = Annotated[str, typer.Argument(help="Window name (a slug)", show_default=False)]
 
 
@@ -207,11 +212,7 @@ def create(
         "preempt_on_close": preempt_on_close,
     }
     client = ApiClient.from_options(url, token)
-    if replace:
-        path = f"{WINDOWS}/{quote(name, safe='')}"
-        window = client.body(client.request("PUT", path, json=body))
-    else:
-        window = client.post(WINDOWS, json=body)
+    window = client.put(_path(name), json=body) if replace else client.post(WINDOWS, json=body)
     if as_json:
         print_json(window)
         return
@@ -225,7 +226,7 @@ def create(
 @window_app.command("delete")
 def delete(name: WindowName, url: UrlOption = None, token: TokenOption = None) -> None:
     """Delete a window (admin); refused while pending jobs or batches use it."""
-    ApiClient.from_options(url, token).request("DELETE", f"{WINDOWS}/{quote(name, safe='')}")
+    ApiClient.from_options(url, token).request("DELETE", _path(name))
     typer.echo(f"deleted window {name}")
 
 
