@@ -268,7 +268,8 @@ def create_batch(
     now = _utc(now)
     owner = owner_principal(session=session, user_id=principal.user_id)
     templates, project_id = _check_templates(session, owner, body)
-    require_window(session=session, name=body.window, field="window")
+    if body.target == "offpeak":
+        require_window(session=session, name=body.window, field="window")
     row = BatchSchedule(
         name=body.name,
         user_id=owner.user_id,
@@ -302,7 +303,8 @@ def replace_batch(
     row = _row(session, principal, name, write=True)
     owner = owner_principal(session=session, user_id=row.user_id)
     templates, project_id = _check_templates(session, owner, body)
-    require_window(session=session, name=body.window, field="window")
+    if body.target == "offpeak":
+        require_window(session=session, name=body.window, field="window")
     if body.cron != row.cron or body.timezone != row.timezone or (body.enabled and not row.enabled):
         row.active_from = now
     row.name = body.name

@@ -150,7 +150,8 @@ def create_job(
         )
         spec = spec.model_copy(update={"gpu_memory_mb": memory})
     check_can_ever_fit(session=session, spec=spec)
-    require_window(session=session, name=spec.schedule.window, field=("schedule", "window"))
+    if spec.schedule.mode == "offpeak":
+        require_window(session=session, name=spec.schedule.window, field=("schedule", "window"))
     now = utcnow()
     job = Job(
         name=spec.name or _default_name(spec.command),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -84,23 +84,36 @@ def replace_window(*, session: Session, name: str, body: WindowIn) -> WindowOut:
 
 def delete_window(*, session: Session, name: str) -> None:
     row = _row(session, name)
-    _refuse_if_in_use(session, name, "deleted")
+    only = session.scalar(select(func.count()).select_from(Window)) == 1
+    _refuse_if_in_use(session, name, "deleted", only=only)
     session.delete(row)
     session.commit()
 
 
-def _refuse_if_in_use(session: Session, name: str, action: str) -> None:
+def _refuse_if_in_use(session: Session, name: str, action: str, *, only: bool = False) -> None:
     """Pending jobs and batches bound to a window would wait forever without it ("no
-    opening scheduled"), as Slurm refuses to delete a reservation that jobs use."""
-    jobs = session.scalars(
-        select(Job.id)
-        .where(Job.window == name, Job.status == JobStatus.PENDING)
+    opening scheduled"), as Slurm refuses to delete a reservation that jobs use. The
+    `only` window is also used by every off-peak job and batch that names no window."""
+    job_uses = Job.window == name
+    batch_uses = BatchSchedule.window == name
+    if only:
+        job_uses = or_(job_uses, and_(Job.window.is_(None), Job.schedule_mode == "offpeak"))
+        batch_uses = or_(
+            batch_uses, and_(BatchSchedule.window.is_(None), BatchSchedule.target == "offpeak")
+        )
+    job_rows = session.execute(
+        select(Job.id, Job.window)
+        .where(job_uses, Job.status == JobStatus.PENDING)
         .order_by(Job.id)
         .limit(11)
     ).all()
-    batches = session.scalars(
-        select(BatchSchedule.name).where(BatchSchedule.window == name).order_by(BatchSchedule.name)
+    batch_rows = session.execute(
+        select(BatchSchedule.name, BatchSchedule.window)
+        .where(batch_uses)
+        .order_by(BatchSchedule.name)
     ).all()
+    jobs = [row[0] for row in job_rows]
+    batches = [row[0] for row in batch_rows]
     if not jobs and not batches:
         return
     users, hints = [], []
@@ -112,8 +125,12 @@ def _refuse_if_in_use(session: Session, name: str, action: str) -> None:
         users.append(f"batch{'es' if len(batches) > 1 else ''} {', '.join(batches)}")
         hints.append("delete the batches or give them another window")
     verb = "uses" if len(jobs) + len(batches) == 1 else "use"
+    unnamed = any(row[1] is None for row in (*job_rows, *batch_rows))
+    only_note = (
+        " (the only window, so off-peak work that names none waits for it)" if unnamed else ""
+    )
     raise Conflict(
-        f"window {name!r} cannot be {action}: {' and '.join(users)} {verb} it;"
+        f"window {name!r} cannot be {action}: {' and '.join(users)} {verb} it{only_note};"
         f" first {', and '.join(hints)}"
     )
 
@@ -127,9 +144,18 @@ def upcoming_windows(*, session: Session, now: datetime, days: float) -> list[Up
 
 
 def require_window(*, session: Session, name: str | None, field: str | tuple[str, ...]) -> None:
-    """Refuse a reference to a window nobody defined: a job bound to it would wait forever
-    ("no opening scheduled"). The message lists the windows that exist."""
-    if name is None or session.scalar(select(Window.id).where(Window.name == name)):
+    """For off-peak work: refuse a window nobody defined (or, with no `name`, a cluster
+    without any window). A job waiting for it would wait forever ("no opening scheduled").
+    The message lists the windows that exist."""
+    if name is None:
+        if session.scalar(select(Window.id).limit(1)) is None:
+            raise FieldError(
+                field,
+                "no off-peak window is defined, so off-peak work would never start; an admin "
+                "creates one (gpusched window create), or use 'now'",
+            )
+        return
+    if session.scalar(select(Window.id).where(Window.name == name)):
         return
     defined = session.scalars(select(Window.name).order_by(Window.name)).all()
     raise FieldError(

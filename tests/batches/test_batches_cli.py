@@ -52,10 +52,21 @@ def test_create_from_template_file_offpeak(cli: Cli, tmp_path: Path) -> None:
     ]
     path = tmp_path / "jobs.json"
     path.write_text(json.dumps({"templates": templates}))
-    r = batch(
-        cli, "create", "weekly", "--cron", "0 3 * * sun", "--tz", "UTC", "--offpeak",
+    create = (
+        "create", "weekly", "--cron", "0 3 * * sun", "--tz", "UTC", "--offpeak",
         "--catch-up", "skip", "--template-file", str(path), "--json",
     )  # fmt: skip
+    # Off-peak work on a cluster without any window would never start.
+    r = batch(cli, *create)
+    assert r.exit_code == 1
+    assert "window: no off-peak window is defined" in r.stderr
+    r = cli.raw(
+        ["window", "create", "--url", cli.url, "--token", cli.tokens["admin"],
+         "night", "--tz", "UTC", "--daily", "22:00-06:00"]
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+
+    r = batch(cli, *create)
     assert r.exit_code == 0, r.stderr
     body = json.loads(r.stdout)
     assert body["target"] == "offpeak" and body["catch_up"] == "skip"

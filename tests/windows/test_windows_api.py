@@ -119,3 +119,38 @@ def test_a_window_in_use_is_not_deleted_or_renamed(api):
     for job_id in ids:
         api.client.post(f"/api/v1/jobs/{job_id}/cancel", headers=api.as_("alice"))
     assert api.client.delete("/api/v1/windows/night", headers=admin).status_code == 204
+
+
+def test_off_peak_work_needs_some_window(api):
+    """Off-peak work that names no window waits for any window: with none defined it would
+    never start, so it is refused; and the last window cannot be deleted under it."""
+    admin = api.as_("admin")
+    job = {"command": ["train"], "schedule": {"mode": "offpeak"}}
+    r = api.client.post("/api/v1/jobs", json=job, headers=api.as_("alice"))
+    assert r.status_code == 422, r.text
+    [error] = r.json()["detail"]
+    assert error["loc"] == ["body", "schedule", "window"]
+    assert error["msg"].startswith("no off-peak window is defined, so off-peak work would never")
+    batch = {"name": "nightly", "cron": "0 2 * * *", "timezone": "UTC", "target": "offpeak",
+             "templates": [{"command": ["train"], "project": "ml"}]}  # fmt: skip
+    r = api.client.post("/api/v1/batches", json=batch, headers=admin)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "window"]
+    # Work that does not wait for a window is not concerned.
+    assert (
+        api.client.post("/api/v1/jobs", json={"command": ["x"]}, headers=admin).status_code == 201
+    )
+
+    api.client.post("/api/v1/windows", json=NIGHT, headers=admin)
+    job_id = api.client.post("/api/v1/jobs", json=job, headers=api.as_("alice")).json()["id"]
+    weekend = {**NIGHT, "name": "weekend"}
+    assert api.client.post("/api/v1/windows", json=weekend, headers=admin).status_code == 201
+    # With another window left the job still has one to wait for.
+    assert api.client.delete("/api/v1/windows/weekend", headers=admin).status_code == 204
+    r = api.client.delete("/api/v1/windows/night", headers=admin)
+    assert r.status_code == 409
+    assert r.json()["detail"] == (
+        f"window 'night' cannot be deleted: pending job {job_id} uses it (the only window, so"
+        " off-peak work that names none waits for it); first let the jobs start or cancel them"
+    )
+    api.client.post(f"/api/v1/jobs/{job_id}/cancel", headers=api.as_("alice"))
+    assert api.client.delete("/api/v1/windows/night", headers=admin).status_code == 204
