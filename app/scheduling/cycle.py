@@ -85,9 +85,10 @@ class Cycle:
         self.failed: set[int] = set()
         self.never_cache: dict[Request, Status] = {}
         self.preempted: set[int] = set()
-        # Explain phase: projects running beyond their quota, and the note per project.
-        self._borrowers: dict[str, tuple[datetime | None, bool]] = {}
-        self._reclaim_notes: dict[str, str] = {}
+        # Explain phase: projects running beyond their quota (per GPU model they hold), and
+        # the note per (project, GPU model asked for).
+        self._borrowers: dict[tuple[str, str], tuple[datetime | None, bool]] = {}
+        self._reclaim_notes: dict[tuple[str, str | None], str] = {}
         self._quota_room: dict[str, int] = {}
         self.preempt_attempts = 0
         self.victim_scans = 0  # searches that ran (a dominated one counts as attempt only)
@@ -1027,14 +1028,20 @@ class Cycle:
         Without this, "waiting for GPUs" reads as a broken guarantee."""
         if not 0 < req.milli * job.total_gpus <= self._quota_room.get(job.project, 0):
             return ""
-        note = self._reclaim_notes.get(job.project)
+        key = (job.project, req.model)
+        note = self._reclaim_notes.get(key)
         if note is None:
-            note = self._reclaim_notes[job.project] = self._reclaim_from(job.project)
+            note = self._reclaim_notes[key] = self._reclaim_from(*key)
         return note
 
-    def _reclaim_from(self, project: str) -> str:
-        borrowers = self._borrowers
-        others = [b for name, b in borrowers.items() if name != project]
+    def _reclaim_from(self, project: str, model: str | None) -> str:
+        # Only borrowers on GPUs of the model the job asks for could give it room.
+        borrowers = {
+            name: b
+            for (name, held), b in self._borrowers.items()
+            if name != project and model in (None, held)
+        }
+        others = list(borrowers.values())
         young = [b[0] for b in others if b[0] is not None]
         if young:
             guard = self.settings.min_run_before_preempt_s
@@ -1044,26 +1051,36 @@ class Cycle:
                 f" {_minutes(guard)} (from {when.isoformat(timespec='seconds')})"
             )
         if others and not any(b[1] for b in others):
-            names = ", ".join(sorted(name for name in borrowers if name != project))
+            names = ", ".join(sorted(borrowers))
             return (
                 f"; within quota, but the GPUs borrowed by {names} are held by"
                 " non-preemptible jobs, which run to the end"
             )
         return ""
 
-    def _find_borrowers(self) -> dict[str, tuple[datetime | None, bool]]:
-        """Per project running beyond its quota: the earliest start among its preemptible
-        jobs still too young to preempt, and whether any of its jobs is preemptible."""
+    def _find_borrowers(self) -> dict[tuple[str, str], tuple[datetime | None, bool]]:
+        """Per project running beyond its quota and GPU model its jobs hold: the earliest
+        start among its preemptible jobs still too young to preempt, and whether any of
+        its jobs is preemptible."""
         used = self.used_milli
-        out: dict[str, tuple[datetime | None, bool]] = {}
+        nodes = self.node_by_name
+        out: dict[tuple[str, str], tuple[datetime | None, bool]] = {}
         for r in self.running.values():
             project = r.job.project
             if r.job.id in self.preempted or used.get(project, 0) <= self._quota_of(project):
                 continue
-            young, preemptible = out.get(project, (None, False))
-            if r.job.preemptible and self._protected(r) and (young is None or r.started_at < young):
-                young = r.started_at
-            out[project] = (young, preemptible or r.job.preemptible)
+            protected = r.job.preemptible and self._protected(r)
+            held = {
+                slot.model
+                for name, indexes in r.placement
+                for slot in (nodes[name].slots if name in nodes else ())
+                if slot.index in indexes
+            }
+            for model in held:
+                young, preemptible = out.get((project, model), (None, False))
+                if protected and (young is None or r.started_at < young):
+                    young = r.started_at
+                out[project, model] = (young, preemptible or r.job.preemptible)
         return out
 
     def _level_histogram(

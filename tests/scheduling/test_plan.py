@@ -439,6 +439,26 @@ def test_no_reclaim_note_beyond_the_quota_or_for_the_borrower_itself() -> None:
     assert reason(p, 2).message == "waiting for 1 GPU (largest free block 0)"
 
 
+def test_reclaim_note_only_for_borrowed_gpus_of_the_model_asked_for() -> None:
+    s = snap(
+        [node("a").gpus(4), node("b").gpus(4, model="H100")],
+        pending=[
+            job(1, project="p", gpus=2, gpu_model="H100"),  # q borrows only A100s
+            job(2, project="p", gpus=2, gpu_model="A100"),
+        ],
+        running=[
+            *_borrowed_cluster(started_ago_s=60),
+            *(running(job(30 + i, project="r", gpus=1), {"b": (i,)}) for i in range(4)),
+        ],
+        projects=[project("p", quota=4), project("q", quota=0), project("r", quota=4)],
+    )
+    p = plan(s)
+    assert reason(p, 1).message == "waiting for 2 GPUs (largest free block 0)"
+    assert reason(p, 2).message.endswith(
+        "once a borrowing job has run 10 min (from 2026-11-22T12:08:57+00:00)"
+    )
+
+
 def test_project_above_quota_cannot_reclaim() -> None:
     s = snap(
         [node("a").gpus(4)],
