@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import typer
+from rich.cells import cell_len
 from rich.table import Table
 
 from app.cli.client import (
@@ -259,20 +260,42 @@ def _reason_cell(job: dict[str, Any]) -> str:
     return ""
 
 
-def jobs_table(items: list[dict[str, Any]]) -> Table:
-    table = make_table("ID", "NAME", "PROJECT", "USER", "STATUS", "GPUS", "REASON", "AGE")
-    for job in items:
-        add_row(
-            table,
-            job["id"],
-            job["name"],
-            job["project"],
-            job["user"],
-            job["status"],
+_JOB_COLUMNS = ("ID", "NAME", "PROJECT", "USER", "STATUS", "GPUS", "REASON", "AGE")
+_REASON = _JOB_COLUMNS.index("REASON")
+
+
+def jobs_table(items: list[dict[str, Any]], *, width: int) -> Table:
+    """One line per job, as squeue: the reason gets what the other columns leave of
+    `width` and ends in "…" when longer (`gpusched show ID` and --json have it whole);
+    wrapped, one reason took a dozen lines at 80 columns."""
+    rows = [
+        (
+            str(job["id"]),
+            str(job["name"]),
+            str(job["project"]),
+            str(job["user"]),
+            str(job["status"]),
             _gpus_cell(job),
             _reason_cell(job),
             age(job.get("created_at")),
         )
+        for job in items
+    ]
+    table = make_table(*_JOB_COLUMNS)
+    # Each column takes its widest cell plus 3 (padding and border), the table 1 more.
+    others = sum(
+        max(cell_len(name), *(cell_len(row[i]) for row in rows)) + 3
+        for i, name in enumerate(_JOB_COLUMNS)
+        if i != _REASON
+    )
+    reason = table.columns[_REASON]
+    reason.no_wrap, reason.overflow = True, "ellipsis"
+    reason.max_width = max(10, width - others - 4)
+    if any(cell_len(row[_REASON]) > reason.max_width for row in rows):
+        table.caption = "reasons cut to fit: gpusched show ID has them whole"
+        table.caption_justify = "left"
+    for row in rows:
+        add_row(table, *row)
     return table
 
 
@@ -327,7 +350,7 @@ def list_jobs(
     if not items:
         out.print("no jobs")
     else:
-        out.print(jobs_table(items))
+        out.print(jobs_table(items, width=out.width))
     if next_cursor:
         out.print(f"more: --cursor {next_cursor} (or --all)", style="dim")
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 import httpx
+from rich.console import Console
 from sqlalchemy import select
 
+from app.cli.jobs import jobs_table
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.nodes.models import Node
@@ -303,3 +306,32 @@ def test_show_prints_queue_position_and_allocations(cli: Cli) -> None:
         ("gpu-a", 0),
         ("gpu-a", 1),
     ]
+
+
+def test_jobs_table_keeps_one_line_per_job_on_a_narrow_terminal() -> None:
+    reason = (
+        "waiting for 4 GPUs (largest free block 0); within quota: borrowed GPUs are reclaimed"
+        " once a borrowing job has run 10 min (from 2026-11-23T08:59:54+00:00)"
+    )
+    jobs = [
+        {"id": 12, "name": "train", "project": "ml", "user": "alice", "status": "PENDING",
+         "gpus": 4, "pending_message": reason},
+        {"id": 13, "name": "eval", "project": "cv", "user": "bob", "status": "RUNNING",
+         "gpus": 1},
+    ]  # fmt: skip
+
+    def render(width: int) -> list[str]:
+        out = Console(file=io.StringIO(), width=width)
+        out.print(jobs_table(jobs, width=width))
+        return out.file.getvalue().splitlines()  # type: ignore[attr-defined]
+
+    narrow = render(80)
+    # Borders, header and one line per job, then the caption; exactly 80 wide.
+    [row_12] = [line for line in narrow if "│ 12 " in line]
+    assert (
+        row_12 == "│ 12 │ train │ ml      │ alice │ PENDING │ 4    │ waiting for 4 GPUs (l… │     │"
+    )
+    assert narrow[6].rstrip() == "reasons cut to fit: gpusched show ID has them whole"
+    assert len(narrow) == 7 and max(map(len, narrow)) == 80
+    wide = render(250)
+    assert len(wide) == 6 and any(reason in line for line in wide)
