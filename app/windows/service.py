@@ -151,8 +151,8 @@ def require_window(*, session: Session, name: str | None, field: str | tuple[str
         if session.scalar(select(Window.id).limit(1)) is None:
             raise FieldError(
                 field,
-                "no off-peak window is defined, so off-peak work would never start; an admin "
-                "creates one (gpusched window create), or use 'now'",
+                "no off-peak window is defined, so off-peak work would never start: an admin "
+                "creates one first (gpusched window create), or run it now",
             )
         return
     if session.scalar(select(Window.id).where(Window.name == name)):
