@@ -85,9 +85,9 @@ class Cycle:
         self.failed: set[int] = set()
         self.never_cache: dict[Request, Status] = {}
         self.preempted: set[int] = set()
-        # Explain phase: projects running beyond their quota (per GPU model they hold), and
-        # the note per (project, GPU model asked for).
-        self._borrowers: dict[tuple[str, str], tuple[datetime | None, bool]] = {}
+        # Explain phase: projects running beyond their quota (per GPU model asked for, None
+        # for any), and the note per (project, GPU model asked for).
+        self._borrowers: dict[str | None, dict[str, tuple[datetime | None, bool]]] = {}
         self._reclaim_notes: dict[tuple[str, str | None], str] = {}
         self._quota_room: dict[str, int] = {}
         self.preempt_attempts = 0
@@ -1001,7 +1001,7 @@ class Cycle:
         pending = self.pending
         res_job = self.res_job
         if self.quota_any and self.settings.preemption:
-            self._borrowers = self._find_borrowers()
+            self._borrowers[None] = self._find_borrowers(None)
             used = self.used_milli
             # GPU share (milli) each project may still take within its quota.
             self._quota_room = {
@@ -1009,7 +1009,7 @@ class Cycle:
                 for name, p in self.projects.items()
                 if p.quota_gpus > 0
             }
-        reclaim = bool(self._borrowers)  # else no job has anything to reclaim
+        reclaim = bool(self._borrowers.get(None))  # else no job has anything to reclaim
         for pos, job, req in deferred:
             note = self._reclaim_note(job, req) if reclaim else ""
             if job.id == res_job:
@@ -1036,11 +1036,10 @@ class Cycle:
 
     def _reclaim_from(self, project: str, model: str | None) -> str:
         # Only borrowers on GPUs of the model the job asks for could give it room.
-        borrowers = {
-            name: b
-            for (name, held), b in self._borrowers.items()
-            if name != project and model in (None, held)
-        }
+        by_model = self._borrowers.get(model)
+        if by_model is None:
+            by_model = self._borrowers[model] = self._find_borrowers(model)
+        borrowers = {name: b for name, b in by_model.items() if name != project}
         others = list(borrowers.values())
         young = [b[0] for b in others if b[0] is not None]
         if young:
@@ -1058,29 +1057,23 @@ class Cycle:
             )
         return ""
 
-    def _find_borrowers(self) -> dict[tuple[str, str], tuple[datetime | None, bool]]:
-        """Per project running beyond its quota and GPU model its jobs hold: the earliest
-        start among its preemptible jobs still too young to preempt, and whether any of
-        its jobs is preemptible."""
+    def _find_borrowers(self, model: str | None) -> dict[str, tuple[datetime | None, bool]]:
+        """Per project running beyond its quota (only its jobs on nodes with `model` GPUs
+        if given): the earliest start among its preemptible jobs still too young to
+        preempt, and whether any of its jobs is preemptible."""
         used = self.used_milli
         nodes = self.node_by_name
-        out: dict[tuple[str, str], tuple[datetime | None, bool]] = {}
+        out: dict[str, tuple[datetime | None, bool]] = {}
         for r in self.running.values():
             project = r.job.project
             if r.job.id in self.preempted or used.get(project, 0) <= self._quota_of(project):
                 continue
-            protected = r.job.preemptible and self._protected(r)
-            held = {
-                slot.model
-                for name, indexes in r.placement
-                for slot in (nodes[name].slots if name in nodes else ())
-                if slot.index in indexes
-            }
-            for model in held:
-                young, preemptible = out.get((project, model), (None, False))
-                if protected and (young is None or r.started_at < young):
-                    young = r.started_at
-                out[project, model] = (young, preemptible or r.job.preemptible)
+            if model is not None and not _holds_model(r, model, nodes):
+                continue
+            young, preemptible = out.get(project, (None, False))
+            if r.job.preemptible and self._protected(r) and (young is None or r.started_at < young):
+                young = r.started_at
+            out[project] = (young, preemptible or r.job.preemptible)
         return out
 
     def _level_histogram(
@@ -1243,6 +1236,19 @@ def _reason(
     """`PendingReason(...)` without the NamedTuple's own `__new__`, which runs as
     interpreted Python even in the compiled core: one per waiting job, thousands a cycle."""
     return tuple.__new__(PendingReason, (job_id, kind, message, position, start))
+
+
+def _holds_model(r: RunningJobView, model: str, nodes: dict[str, NodeState]) -> bool:
+    """Whether any GPU `r` runs on is a `model` GPU."""
+    for name, indexes in r.placement:
+        node = nodes.get(name)
+        if (
+            node is not None
+            and model in node.models
+            and any(slot.model == model for slot in node.slots if slot.index in indexes)
+        ):
+            return True
+    return False
 
 
 def _minutes(seconds: float) -> str:

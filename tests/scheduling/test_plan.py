@@ -459,6 +459,21 @@ def test_reclaim_note_only_for_borrowed_gpus_of_the_model_asked_for() -> None:
     )
 
 
+def test_reclaim_note_gives_the_earliest_borrower_across_gpu_models() -> None:
+    s = snap(
+        [node("a").gpus(4), node("b").gpus(4, model="H100")],
+        pending=[job(1, project="p", gpus=1)],  # any model
+        running=[
+            running(job(19, project="q", gpus=1, preemptible=True), {"b": (0,)}, started_ago_s=300),
+            *_borrowed_cluster(started_ago_s=60),  # q on the A100s: reclaimable from 12:08:57
+            *(running(job(30 + i, project="r", gpus=1), {"b": (i,)}) for i in range(1, 4)),
+        ],
+        projects=[project("p", quota=4), project("q", quota=0), project("r", quota=4)],
+    )
+    # q's H100 job started 300 s ago: reclaimable 600 s after, at 12:05:00.
+    assert reason(plan(s), 1).message.endswith("run 10 min (from 2026-11-22T12:05:00+00:00)")
+
+
 def test_project_above_quota_cannot_reclaim() -> None:
     s = snap(
         [node("a").gpus(4)],
