@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.audit.router import router as audit_router
 from app.auth.router import router as auth_router
 from app.auth.service import FailedAuthLimiter
 from app.batches.router import router as batches_router
@@ -128,6 +129,7 @@ def create_app(
     app.include_router(reports_router, responses=API_ERROR_RESPONSES)
     app.include_router(windows_router, responses=API_ERROR_RESPONSES)
     app.include_router(batches_router, responses=API_ERROR_RESPONSES)
+    app.include_router(audit_router, responses=API_ERROR_RESPONSES)
     app.add_middleware(ETagMiddleware)
     mount_frontend(app)
     return app

@@ -1,5 +1,6 @@
 """Imports every domain's models so Base.metadata is complete (Alembic, tests)."""
 
+from app.audit.models import AuditEvent
 from app.auth.models import ApiToken, User
 from app.batches.models import BatchFiring, BatchSchedule
 from app.cycle.models import SchedulerLease
@@ -12,6 +13,7 @@ from app.windows.models import Window
 __all__ = [
     "Allocation",
     "ApiToken",
+    "AuditEvent",
     "Base",
     "BatchFiring",
     "BatchSchedule",

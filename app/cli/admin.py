@@ -6,11 +6,15 @@ REST API, so they work before any admin token exists.
 
 from __future__ import annotations
 
+import getpass
+import os
+import socket
 from typing import Annotated
 
 import typer
 from sqlalchemy import select
 
+from app.audit.service import changes, record
 from app.auth.models import User
 from app.auth.service import (
     UserExists,
@@ -38,6 +42,15 @@ def _check_name(value: str, what: str) -> str:
     if not value or len(value) > 64:
         raise CliError(f"{what} {value!r}: must be 1 to 64 characters", EXIT_USAGE)
     return value
+
+
+def _local_actor() -> str:
+    """Who ran a database-side admin command, for the audit trail: OS user and host."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name, e.g. a container user without passwd entry
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()} (gpusched admin)"[:128]
 
 
 def _print_token(intro: str, token: str) -> None:
@@ -70,6 +83,10 @@ def create_user(
                 is_admin=admin,
                 ttl_days=settings.token_ttl_days,
             )
+            info = {"projects": projects, "admin": admin}
+            record(
+                session=session, actor=_local_actor(), action="user.create", target=name, info=info
+            )
     except UserExists as exc:
         raise CliError(str(exc), EXIT_REJECTED) from None
     role = "admin" if admin else "user"
@@ -90,6 +107,8 @@ def create_token(
         token = issue_token(
             session=session, user=user, ttl_days=settings.token_ttl_days, label=label[:64]
         )
+        info = {"label": label[:64]}
+        record(session=session, actor=_local_actor(), action="token.create", target=name, info=info)
     _print_token(f"new token for {name!r}", token)
 
 
@@ -104,9 +123,16 @@ def _change_membership(name: str, project: list[str], *, member: bool) -> list[s
     settings = load_settings_or_exit()
     try:
         with session_scope(settings) as session:
-            return change_membership(
+            user_id = session.scalar(select(User.id).where(User.name == name))
+            before = user_projects(session=session, user_id=user_id) if user_id else []
+            now_in = change_membership(
                 session=session, user_name=name, projects=projects, member=member
             )
+            if now_in != before:
+                action = "user.add_to_project" if member else "user.remove_from_project"
+                info = changes({"projects": before}, {"projects": now_in})
+                record(session=session, actor=_local_actor(), action=action, target=name, info=info)
+            return now_in
     except (LookupError, ValueError) as exc:
         raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
 
@@ -152,6 +178,10 @@ def revoke(name: UserName) -> None:
     try:
         with session_scope(settings) as session:
             count = revoke_tokens(session=session, user_name=name)
+            info = {"tokens": count}
+            record(
+                session=session, actor=_local_actor(), action="token.revoke", target=name, info=info
+            )
     except LookupError as exc:
         raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
     typer.echo(f"revoked {count} token(s) of {name!r}")

@@ -1,7 +1,8 @@
-"""Cluster commands: nodes, queues, quota, drain, undrain."""
+"""Cluster commands: nodes, queues, quota, drain, undrain, audit."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -24,6 +25,7 @@ from app.cli.client import (
 NODES = "/api/v1/nodes"
 QUEUES = "/api/v1/queues"
 PROJECTS = "/api/v1/projects"
+AUDIT = "/api/v1/audit"
 
 NodeName = Annotated[str, typer.Argument(help="Node name", show_default=False)]
 
@@ -185,9 +187,77 @@ def undrain(
     typer.echo(f"node {result['name']} is schedulable again ({result['state']})")
 
 
+def _audit_info(info: dict[str, Any]) -> str:
+    """'gpu_quota 0 -> 4, weight 1 -> 2' for changes, 'projects=ml,cv' for settings."""
+    parts = []
+    for key, value in info.items():
+        if isinstance(value, dict) and value.keys() == {"from", "to"}:
+            parts.append(f"{key} {_plain(value['from'])} -> {_plain(value['to'])}")
+        else:
+            parts.append(f"{key}={_plain(value)}")
+    return ", ".join(parts)
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(_plain(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"))
+    return "-" if value is None else str(value)
+
+
+def audit(
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            help="Only changes to this project, node, window or user", show_default=False
+        ),
+    ] = None,
+    action: Annotated[
+        str | None,
+        typer.Option(
+            help="Only this action, e.g. project.update or node.drain", show_default=False
+        ),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="How many (newest first)")] = 50,
+    before: Annotated[
+        int | None, typer.Option(min=1, help="Only changes older than this id (paging)")
+    ] = None,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Who changed what (admin): quotas and weights, project membership, users and tokens,
+    drains and off-peak windows, newest first (as `sacctmgr list transactions`)."""
+    params: dict[str, Any] = {"limit": limit}
+    if target is not None:
+        params["target"] = target
+    if action is not None:
+        params["action"] = action
+    if before is not None:
+        params["before"] = before
+    page = ApiClient.from_options(url, token).get(AUDIT, params=params)
+    if as_json:
+        print_json(page)
+        return
+    if not page["items"]:
+        console().print("no administrative changes recorded" + (f" for {target}" if target else ""))
+        return
+    table = make_table("AGE", "ACTOR", "ACTION", "TARGET", "CHANGE")
+    for event in page["items"]:
+        add_row(
+            table, age(event["at"]), event["actor"], event["action"], event["target"],
+            _audit_info(event["info"]),
+        )  # fmt: skip
+    console().print(table)
+    if page["next_before"] is not None:
+        console().print(f"older changes: --before {page['next_before']}", style="dim")
+
+
 def register(app: typer.Typer) -> None:
     app.command("nodes", rich_help_panel="Cluster")(nodes)
     app.command("queues", rich_help_panel="Cluster")(queues)
     app.command("quota", rich_help_panel="Cluster")(quota)
     app.command("drain", rich_help_panel="Cluster")(drain)
     app.command("undrain", rich_help_panel="Cluster")(undrain)
+    app.command("audit", rich_help_panel="Cluster")(audit)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
+from app.audit.service import record
 from app.auth.service import Principal
 from app.errors import NotFound
 from app.nodes.models import Gpu, Node
@@ -76,5 +77,9 @@ def set_drained(
     node = _node(session, name)
     node.drained = drained
     node.drain_reason = (reason or f"drained by {principal.name}") if drained else ""
+    action, info = (
+        ("node.drain", {"reason": node.drain_reason}) if drained else ("node.undrain", {})
+    )
+    record(session=session, actor=principal.name, action=action, target=name, info=info)
     session.commit()
     return _node_out(node)

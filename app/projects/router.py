@@ -19,9 +19,11 @@ def list_queues(session: SessionDep, principal: CurrentUser) -> list[QueueOut]:
 
 
 @router.patch("/projects/{name}", response_model=QueueOut)
-def update_project(name: str, body: ProjectUpdate, session: SessionDep, _: AdminUser) -> QueueOut:
+def update_project(
+    name: str, body: ProjectUpdate, session: SessionDep, admin: AdminUser
+) -> QueueOut:
     """Set a project's guaranteed GPUs (quota) and fair-share weight; returns its queue row."""
-    return service.update_project(session=session, name=name, change=body)
+    return service.update_project(session=session, actor=admin.name, name=name, change=body)
 
 
 @router.get("/queue", response_model=PendingPage)

@@ -3,6 +3,7 @@ from __future__ import annotations
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
+from app.audit.service import changes, record
 from app.auth.service import Principal
 from app.errors import NotFound
 from app.jobs.models import Allocation, Job
@@ -19,17 +20,21 @@ def queues(*, session: Session, principal: Principal) -> list[QueueOut]:
     return _queue_rows(session, list(session.scalars(projects)))
 
 
-def update_project(*, session: Session, name: str, change: ProjectUpdate) -> QueueOut:
+def update_project(*, session: Session, actor: str, name: str, change: ProjectUpdate) -> QueueOut:
     """Set a project's guaranteed GPUs and fair-share weight. The next cycle plans with them:
     jobs beyond a lowered quota count as borrowed, so preemptible ones may be reclaimed."""
     project = session.scalar(select(Project).where(Project.name == name))
     if project is None:
         known = ", ".join(session.scalars(select(Project.name).order_by(Project.name))) or "none"
         raise NotFound(f"no project named {name!r}; projects: {known}")
+    before = {"gpu_quota": project.gpu_quota, "weight": project.weight}
+    after = change.model_dump(exclude_none=True)
     if change.gpu_quota is not None:
         project.gpu_quota = change.gpu_quota
     if change.weight is not None:
         project.weight = change.weight
+    if changed := changes(before, after):
+        record(session=session, actor=actor, action="project.update", target=name, info=changed)
     session.commit()
     return _queue_rows(session, [project])[0]
 

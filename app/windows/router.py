@@ -28,8 +28,8 @@ def upcoming_windows(
 
 
 @router.post("", response_model=WindowOut, status_code=status.HTTP_201_CREATED)
-def create_window(body: WindowIn, session: SessionDep, _: AdminUser) -> WindowOut:
-    return service.create_window(session=session, body=body)
+def create_window(body: WindowIn, session: SessionDep, admin: AdminUser) -> WindowOut:
+    return service.create_window(session=session, actor=admin.name, body=body)
 
 
 @router.get("/{name}", response_model=WindowOut)
@@ -38,11 +38,11 @@ def get_window(name: str, session: SessionDep, _: CurrentUser) -> WindowOut:
 
 
 @router.put("/{name}", response_model=WindowOut)
-def replace_window(name: str, body: WindowIn, session: SessionDep, _: AdminUser) -> WindowOut:
-    return service.replace_window(session=session, name=name, body=body)
+def replace_window(name: str, body: WindowIn, session: SessionDep, admin: AdminUser) -> WindowOut:
+    return service.replace_window(session=session, actor=admin.name, name=name, body=body)
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_window(name: str, session: SessionDep, _: AdminUser) -> Response:
-    service.delete_window(session=session, name=name)
+def delete_window(name: str, session: SessionDep, admin: AdminUser) -> Response:
+    service.delete_window(session=session, actor=admin.name, name=name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

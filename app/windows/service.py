@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.audit.service import changes, record
 from app.batches.models import BatchSchedule
 from app.errors import Conflict, FieldError, NotFound
 from app.jobs.models import Job
@@ -57,10 +59,17 @@ def get_window(*, session: Session, name: str) -> WindowOut:
     return _out(_row(session, name))
 
 
-def create_window(*, session: Session, body: WindowIn) -> WindowOut:
+def _settings(window: WindowIn) -> dict[str, Any]:
+    """What the audit trail keeps of a window: its fields, without the row id."""
+    return window.model_dump(mode="json", exclude={"id"})
+
+
+def create_window(*, session: Session, actor: str, body: WindowIn) -> WindowOut:
     row = Window()
     _fill(row, body)
     session.add(row)
+    info = _settings(body)
+    record(session=session, actor=actor, action="window.create", target=body.name, info=info)
     try:
         session.commit()
     except IntegrityError:
@@ -69,10 +78,12 @@ def create_window(*, session: Session, body: WindowIn) -> WindowOut:
     return _out(row)
 
 
-def replace_window(*, session: Session, name: str, body: WindowIn) -> WindowOut:
+def replace_window(*, session: Session, actor: str, name: str, body: WindowIn) -> WindowOut:
     row = _row(session, name)
     if body.name != name:
         _refuse_if_in_use(session, name, "renamed")
+    if changed := changes(_settings(_out(row)), _settings(body)):
+        record(session=session, actor=actor, action="window.replace", target=name, info=changed)
     _fill(row, body)
     try:
         session.commit()
@@ -82,10 +93,12 @@ def replace_window(*, session: Session, name: str, body: WindowIn) -> WindowOut:
     return _out(row)
 
 
-def delete_window(*, session: Session, name: str) -> None:
+def delete_window(*, session: Session, actor: str, name: str) -> None:
     row = _row(session, name)
     only = session.scalar(select(func.count()).select_from(Window)) == 1
     _refuse_if_in_use(session, name, "deleted", only=only)
+    info = _settings(_out(row))
+    record(session=session, actor=actor, action="window.delete", target=name, info=info)
     session.delete(row)
     session.commit()
 

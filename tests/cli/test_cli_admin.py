@@ -109,3 +109,30 @@ def test_users_lists_roles_projects_and_working_tokens(cli: Cli) -> None:
     assert [c.strip() for c in rows["admin"].split("│")[2:5]] == ["admin", "default", "1"]
     assert [c.strip() for c in rows["alice"].split("│")[2:5]] == ["user", "ml", "0"]
     assert [c.strip() for c in rows["bob"].split("│")[2:5]] == ["user", "cv", "2"]
+
+
+def test_admin_changes_are_in_the_audit_trail(cli: Cli) -> None:
+    assert cli.raw(["admin", "add-to-project", "alice", "-p", "cv"]).exit_code == 0
+    assert cli.raw(["admin", "add-to-project", "alice", "-p", "cv"]).exit_code == 0  # no change
+    assert cli.raw(["admin", "revoke", "bob"]).exit_code == 0
+    assert cli("quota", "ml", "--gpus", "4", user="admin").exit_code == 0
+
+    result = cli("audit", "--json", user="admin")
+    assert result.exit_code == 0, result.stderr
+    events = json.loads(result.stdout)["items"]
+    assert [(e["action"], e["target"], e["info"]) for e in events] == [
+        ("project.update", "ml", {"gpu_quota": {"from": 0, "to": 4}}),
+        ("token.revoke", "bob", {"tokens": 1}),
+        ("user.add_to_project", "alice", {"projects": {"from": ["ml"], "to": ["cv", "ml"]}}),
+    ]
+    # The database-side commands name the OS user and host; API changes the API user.
+    assert events[0]["actor"] == "admin"
+    assert events[2]["actor"].endswith(" (gpusched admin)") and "@" in events[2]["actor"]
+
+    table = cli("audit", "alice", user="admin")
+    assert table.exit_code == 0, table.stderr
+    assert "user.add_to_project" in table.stdout and "projects ml -> cv,ml" in table.stdout
+    assert "project.update" not in table.stdout  # only changes to alice
+    assert "gpu_quota 0 -> 4" in cli("audit", "--action", "project.update", user="admin").stdout
+    denied = cli("audit", user="alice")
+    assert denied.exit_code == 1 and "admin role required" in denied.stderr

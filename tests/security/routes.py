@@ -31,6 +31,7 @@ EXPECTED_ADMIN_ONLY = frozenset(
         ("PUT", "/api/v1/windows/{name}"),
         ("DELETE", "/api/v1/windows/{name}"),
         ("PATCH", "/api/v1/projects/{name}"),
+        ("GET", "/api/v1/audit"),
     }
 )
 

@@ -1,0 +1,1 @@
+"""Audit trail of administrative changes: who changed which quota, membership, drain or window."""
