@@ -142,9 +142,10 @@ def quota(
             "give --gpus, --weight or both (`gpusched queues` shows the current values)", EXIT_USAGE
         )
     body = {k: v for k, v in (("gpu_quota", gpus), ("weight", weight)) if v is not None}
-    result = ApiClient.from_options(url, token).patch(
-        f"{PROJECTS}/{quote(project, safe='')}", json=body
-    )
+    client = ApiClient.from_options(url, token)
+    result = client.patch(f"{PROJECTS}/{quote(project, safe='')}", json=body)
+    if gpus:
+        _note_overcommit(client)
     if as_json:
         print_json(result)
         return
@@ -153,6 +154,18 @@ def quota(
         f"project {result['project']}: {guarantee}, fair-share weight {result['weight']:g}"
         f" ({result['gpus_in_use']:g} GPUs in use, {result['pending']} jobs pending)"
     )
+
+
+def _note_overcommit(client: ApiClient) -> None:
+    """Guarantees above the cluster's size are allowed (as in Kueue and Slurm): say so."""
+    guaranteed = sum(q["gpu_quota"] for q in client.get(QUEUES))
+    gpus = sum(n["gpu_count"] for n in client.get(NODES))
+    if guaranteed > gpus:
+        typer.echo(
+            f"note: guarantees now sum to {guaranteed} GPUs, more than the cluster's {gpus}:"
+            " they cannot all be honoured at once",
+            err=True,
+        )
 
 
 def drain(

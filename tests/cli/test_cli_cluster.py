@@ -75,6 +75,19 @@ def test_drain_and_undrain(cli: Cli) -> None:
     assert missing.exit_code == 1 and "nope" in missing.stderr
 
 
+def test_quota_notes_guarantees_beyond_the_cluster(cli: Cli) -> None:
+    _add_node(cli, "gpu-a", 8)
+    fits = cli("quota", "ml", "--gpus", "6", user="admin")
+    assert fits.exit_code == 0 and fits.stderr == ""
+    beyond = cli("quota", "cv", "--gpus", "4", user="admin")
+    # Allowed (a guarantee may be over-committed on purpose), but said.
+    assert beyond.exit_code == 0 and beyond.stdout.startswith("project cv: 4 GPUs guaranteed")
+    assert beyond.stderr.strip() == (
+        "note: guarantees now sum to 10 GPUs, more than the cluster's 8: they cannot all be"
+        " honoured at once"
+    )
+
+
 def test_quota_sets_guarantee_and_weight(cli: Cli) -> None:
     result = cli("quota", "ml", "--gpus", "8", "--weight", "2", user="admin")
     assert result.exit_code == 0, result.stderr
