@@ -9,10 +9,11 @@ from __future__ import annotations
 import getpass
 import os
 import socket
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app.audit.service import changes, record
 from app.auth.models import User
@@ -44,13 +45,15 @@ def _check_name(value: str, what: str) -> str:
     return value
 
 
-def _local_actor() -> str:
-    """Who ran a database-side admin command, for the audit trail: OS user and host."""
+def _audit(session: Session, action: str, target: str, info: dict[str, Any]) -> None:
+    """Record the change in the audit trail, by the OS user and host that ran the command
+    (no API user is involved: these commands use the database directly)."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no login name, e.g. a container user without passwd entry
         user = f"uid {os.getuid()}"
-    return f"{user}@{socket.gethostname()} (gpusched admin)"[:128]
+    actor = f"{user}@{socket.gethostname()} (gpusched admin)"[:128]
+    record(session=session, actor=actor, action=action, target=target, info=info)
 
 
 def _print_token(intro: str, token: str) -> None:
@@ -83,10 +86,7 @@ def create_user(
                 is_admin=admin,
                 ttl_days=settings.token_ttl_days,
             )
-            info = {"projects": projects, "admin": admin}
-            record(
-                session=session, actor=_local_actor(), action="user.create", target=name, info=info
-            )
+            _audit(session, "user.create", name, {"projects": projects, "admin": admin})
     except UserExists as exc:
         raise CliError(str(exc), EXIT_REJECTED) from None
     role = "admin" if admin else "user"
@@ -107,8 +107,7 @@ def create_token(
         token = issue_token(
             session=session, user=user, ttl_days=settings.token_ttl_days, label=label[:64]
         )
-        info = {"label": label[:64]}
-        record(session=session, actor=_local_actor(), action="token.create", target=name, info=info)
+        _audit(session, "token.create", name, {"label": label[:64]})
     _print_token(f"new token for {name!r}", token)
 
 
@@ -130,8 +129,7 @@ def _change_membership(name: str, project: list[str], *, member: bool) -> list[s
             )
             if now_in != before:
                 action = "user.add_to_project" if member else "user.remove_from_project"
-                info = changes({"projects": before}, {"projects": now_in})
-                record(session=session, actor=_local_actor(), action=action, target=name, info=info)
+                _audit(session, action, name, changes({"projects": before}, {"projects": now_in}))
             return now_in
     except (LookupError, ValueError) as exc:
         raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
@@ -178,10 +176,7 @@ def revoke(name: UserName) -> None:
     try:
         with session_scope(settings) as session:
             count = revoke_tokens(session=session, user_name=name)
-            info = {"tokens": count}
-            record(
-                session=session, actor=_local_actor(), action="token.revoke", target=name, info=info
-            )
+            _audit(session, "token.revoke", name, {"tokens": count})
     except LookupError as exc:
         raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
     typer.echo(f"revoked {count} token(s) of {name!r}")

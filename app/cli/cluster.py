@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -19,6 +20,7 @@ from app.cli.client import (
     age,
     console,
     make_table,
+    parse_time,
     print_json,
 )
 
@@ -242,13 +244,8 @@ def audit(
 ) -> None:
     """Who changed what (admin): quotas and weights, project membership, users and tokens,
     drains and off-peak windows, newest first (as `sacctmgr list transactions`)."""
-    params: dict[str, Any] = {"limit": limit}
-    if target is not None:
-        params["target"] = target
-    if action is not None:
-        params["action"] = action
-    if before is not None:
-        params["before"] = before
+    wanted = {"limit": limit, "target": target, "action": action, "before": before}
+    params = {k: v for k, v in wanted.items() if v is not None}
     page = ApiClient.from_options(url, token).get(AUDIT, params=params)
     if as_json:
         print_json(page)
@@ -256,12 +253,12 @@ def audit(
     if not page["items"]:
         console().print("no administrative changes recorded" + (f" for {target}" if target else ""))
         return
-    table = make_table("AGE", "ACTOR", "ACTION", "TARGET", "CHANGE")
+    table = make_table("AT (UTC)", "ACTOR", "ACTION", "TARGET", "CHANGE")
     for event in page["items"]:
-        add_row(
-            table, age(event["at"]), event["actor"], event["action"], event["target"],
-            _audit_info(event["info"]),
-        )  # fmt: skip
+        at = parse_time(event["at"])
+        when = at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if at else event["at"]
+        add_row(table, when, event["actor"], event["action"], event["target"],
+                _audit_info(event["info"]))  # fmt: skip
     console().print(table)
     if page["next_before"] is not None:
         console().print(f"older changes: --before {page['next_before']}", style="dim")

@@ -1058,9 +1058,9 @@ class Cycle:
         return ""
 
     def _find_borrowers(self, model: str | None) -> dict[str, tuple[datetime | None, bool]]:
-        """Per project running beyond its quota (only its jobs on nodes with `model` GPUs
-        if given): the earliest start among its preemptible jobs still too young to
-        preempt, and whether any of its jobs is preemptible."""
+        """Per project running beyond its quota (only its jobs on `model` GPUs if given):
+        the earliest start among its preemptible jobs still too young to preempt, and
+        whether any of its jobs is preemptible."""
         used = self.used_milli
         nodes = self.node_by_name
         out: dict[str, tuple[datetime | None, bool]] = {}
