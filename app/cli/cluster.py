@@ -203,9 +203,12 @@ def undrain(
 
 
 def _audit_info(info: dict[str, Any]) -> str:
-    """'gpu_quota 0 -> 4, weight 1 -> 2' for changes, 'projects=ml,cv' for settings."""
+    """'gpu_quota 0 -> 4, weight 1 -> 2' for changes, 'projects=ml,cv' for settings (unset
+    ones left out)."""
     parts = []
     for key, value in info.items():
+        if value is None:
+            continue
         if isinstance(value, dict) and value.keys() == {"from", "to"}:
             parts.append(f"{key} {_plain(value['from'])} -> {_plain(value['to'])}")
         else:
