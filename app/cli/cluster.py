@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -203,15 +202,13 @@ def undrain(
 
 
 def _audit_info(info: dict[str, Any]) -> str:
-    """'gpu_quota 0 -> 4, weight 1 -> 2' for changes, 'projects=ml,cv' for settings (unset
-    ones left out)."""
+    """'gpu_quota 0 -> 4, weight 1 -> 2' for changes, 'projects=ml,cv' for settings, nested
+    ones in parentheses, unset ones left out (the dashboard's audit page does the same)."""
     parts = []
     for key, value in info.items():
-        if value is None:
-            continue
         if isinstance(value, dict) and value.keys() == {"from", "to"}:
             parts.append(f"{key} {_plain(value['from'])} -> {_plain(value['to'])}")
-        else:
+        elif value is not None:
             parts.append(f"{key}={_plain(value)}")
     return ", ".join(parts)
 
@@ -220,7 +217,7 @@ def _plain(value: Any) -> str:
     if isinstance(value, list):
         return ",".join(_plain(v) for v in value) or "-"
     if isinstance(value, dict):
-        return json.dumps(value, separators=(",", ":"))
+        return "(" + " ".join(f"{k}={_plain(v)}" for k, v in value.items() if v is not None) + ")"
     return "-" if value is None else str(value)
 
 

@@ -8,6 +8,7 @@ import { nodesPage } from "./pages/nodes.js";
 import { jobPage } from "./pages/job.js";
 import { windowsPage } from "./pages/windows.js";
 import { submitPage } from "./pages/submit.js";
+import { auditPage } from "./pages/audit.js";
 
 const root = document.getElementById("app");
 const topbar = document.getElementById("topbar");
@@ -23,6 +24,7 @@ const routes = [
   [/^\/nodes$/, "nodes", nodesPage],
   [/^\/windows$/, "windows", windowsPage],
   [/^\/submit$/, "submit", submitPage],
+  [/^\/audit$/, "audit", auditPage],
   [/^\/jobs\/(\d+)$/, "queue", jobPage],
 ];
 
@@ -64,6 +66,8 @@ async function render() {
   document.getElementById("who-name").textContent = ctx.me.name
     ? `${ctx.me.name}${ctx.me.is_admin ? " · admin" : ""}`
     : "";
+  // The audit trail is for admins (unknown role: shown, and a 403 explains itself).
+  document.querySelector("[data-nav=audit]").hidden = ctx.me.is_admin === false;
   for (const [re, nav, page] of routes) {
     const match = path.match(re);
     if (!match) continue;

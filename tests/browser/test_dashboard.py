@@ -22,6 +22,7 @@ PAGES = [
     ("nodes", "#/nodes", ".gpu"),
     ("windows", "#/windows", "#windows h2"),
     ("submit", "#/submit", "#submit-form"),
+    ("audit", "#/audit", "#audit-table"),
 ]
 
 
@@ -166,6 +167,11 @@ def test_bob_sees_only_his_project(dash: Dashboard, stack: Stack) -> None:
     dash.go("#/nodes")
     page.wait_for_selector(".gpu")
     assert page.locator("[data-drain], [data-undrain]").count() == 0
+    # The audit trail is the admins': no link, and the page says so if typed in.
+    assert page.locator("[data-nav=audit]").is_hidden()
+    dash.console.allow(403, r"/api/v1/audit")
+    dash.go("#/audit")
+    _expect_text(page, "#audit-denied", "Only admins see the audit trail")
     dash.assert_clean()
     for job in (admin_job, bob_job):
         with contextlib.suppress(urllib.error.HTTPError):
