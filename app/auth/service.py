@@ -108,15 +108,16 @@ def user_projects(*, session: Session, user_id: int) -> list[str]:
 
 def change_membership(
     *, session: Session, user_name: str, projects: list[str], member: bool
-) -> list[str]:
+) -> tuple[list[str], list[str]]:
     """Add a user to projects (created when missing) or remove it from them, as Slurm's
-    `sacctmgr add/remove user ... account=`; returns the user's projects afterwards.
+    `sacctmgr add/remove user ... account=`; returns the user's projects before and after.
 
     A user keeps at least one project: without one it could not submit anything."""
     user = session.scalar(select(User).where(User.name == user_name))
     if user is None:
         raise LookupError(f"no user named {user_name!r}")
-    current = set(user_projects(session=session, user_id=user.id))
+    before = user_projects(session=session, user_id=user.id)
+    current = set(before)
     if member:
         for name in projects:
             if name not in current:
@@ -138,7 +139,7 @@ def change_membership(
         )
     session.flush()
     TOKEN_CACHE.clear()  # this process at once; other API processes within the cache time
-    return user_projects(session=session, user_id=user.id)
+    return before, user_projects(session=session, user_id=user.id)
 
 
 def revoke_tokens(*, session: Session, user_name: str) -> int:

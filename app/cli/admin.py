@@ -122,9 +122,7 @@ def _change_membership(name: str, project: list[str], *, member: bool) -> list[s
     settings = load_settings_or_exit()
     try:
         with session_scope(settings) as session:
-            user_id = session.scalar(select(User.id).where(User.name == name))
-            before = user_projects(session=session, user_id=user_id) if user_id else []
-            now_in = change_membership(
+            before, now_in = change_membership(
                 session=session, user_name=name, projects=projects, member=member
             )
             if now_in != before:

@@ -201,26 +201,6 @@ def undrain(
     typer.echo(f"node {result['name']} is schedulable again ({result['state']})")
 
 
-def _audit_info(info: dict[str, Any]) -> str:
-    """'gpu_quota 0 -> 4, weight 1 -> 2' for changes, 'projects=ml,cv' for settings, nested
-    ones in parentheses, unset ones left out (the dashboard's audit page does the same)."""
-    parts = []
-    for key, value in info.items():
-        if isinstance(value, dict) and value.keys() == {"from", "to"}:
-            parts.append(f"{key} {_plain(value['from'])} -> {_plain(value['to'])}")
-        elif value is not None:
-            parts.append(f"{key}={_plain(value)}")
-    return ", ".join(parts)
-
-
-def _plain(value: Any) -> str:
-    if isinstance(value, list):
-        return ",".join(_plain(v) for v in value) or "-"
-    if isinstance(value, dict):
-        return "(" + " ".join(f"{k}={_plain(v)}" for k, v in value.items() if v is not None) + ")"
-    return "-" if value is None else str(value)
-
-
 def audit(
     target: Annotated[
         str | None,
@@ -257,8 +237,7 @@ def audit(
     for event in page["items"]:
         at = parse_time(event["at"])
         when = at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if at else event["at"]
-        add_row(table, when, event["actor"], event["action"], event["target"],
-                _audit_info(event["info"]))  # fmt: skip
+        add_row(table, when, event["actor"], event["action"], event["target"], event["summary"])
     console().print(table)
     if page["next_before"] is not None:
         console().print(f"older changes: --before {page['next_before']}", style="dim")

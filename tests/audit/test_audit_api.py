@@ -52,6 +52,17 @@ def test_quota_drain_and_window_changes_are_recorded_newest_first(api):
         ("admin", "project.update", "ml", {"gpu_quota": {"from": 0, "to": 4}}),
     ]  # fmt: skip
 
+    # One line for people, shown as is by the CLI and the dashboard.
+    assert [e["summary"] for e in _events(api)][1:] == [
+        "daily (start=22:00 end=06:00) -> (start=23:00 end=05:00)",
+        "name=night, timezone=UTC, daily=(start=22:00 end=06:00), capacity_outside_fraction=0.0,"
+        " preempt_on_close=True",
+        "",
+        "reason=bad fan",
+        "gpu_quota 4 -> 2, weight 1.0 -> 3.0",
+        "gpu_quota 0 -> 4",
+    ]
+
     # Filters, and paging from the newest: next_before continues with older changes.
     assert [e["info"] for e in _events(api, target="ml", action="project.update", limit=1)] == [
         {"gpu_quota": {"from": 4, "to": 2}, "weight": {"from": 1.0, "to": 3.0}}

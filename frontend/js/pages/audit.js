@@ -4,27 +4,6 @@ import { cardify, clear, fmtAgo, fmtDateSec, h, poll } from "../util.js";
 
 const LIMIT = 100;
 
-// As `gpusched audit` prints it: {"gpu_quota": {"from": 0, "to": 4}} -> "gpu_quota 0 -> 4",
-// settings as "key=value", nested ones in parentheses, unset ones left out.
-const isSet = ([, v]) => v !== null && v !== undefined;
-
-function plain(value) {
-  if (value === null || value === undefined) return "-";
-  if (Array.isArray(value)) return value.map(plain).join(",") || "-";
-  if (typeof value === "object") {
-    return `(${Object.entries(value).filter(isSet).map(([k, v]) => `${k}=${plain(v)}`).join(" ")})`;
-  }
-  return String(value);
-}
-
-function changeText(info) {
-  return Object.entries(info).filter(isSet)
-    .map(([k, v]) => (v && typeof v === "object" && "from" in v && "to" in v
-      ? `${k} ${plain(v.from)} -> ${plain(v.to)}`
-      : `${k}=${plain(v)}`))
-    .join(", ");
-}
-
 export function auditPage(root) {
   const card = h("section", { class: "card", id: "audit" });
   root.append(h("div", { class: "page-head" }, h("h1", {}, "Audit trail")), card);
@@ -53,7 +32,8 @@ export function auditPage(root) {
           h("td", {}, e.actor),
           h("td", { class: "mono" }, e.action),
           h("td", {}, e.target),
-          h("td", { class: "small change wide" }, changeText(e.info)))))))));
+          // The server's one-line summary: the CLI prints the same.
+          h("td", { class: "small change wide" }, e.summary))))))));
   };
 
   return poll(refresh, 30000);
