@@ -111,7 +111,12 @@ class Api:
     def add_user(self, name: str, projects: list[str], *, admin: bool = False) -> str:
         with self.factory() as session:
             _, token = create_user(
-                session=session, name=name, projects=projects, is_admin=admin, ttl_days=0
+                session=session,
+                name=name,
+                projects=projects,
+                is_admin=admin,
+                ttl_days=0,
+                actor="test",
             )
             session.commit()
         self.tokens[name] = token

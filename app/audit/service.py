@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import getpass
+import os
+import socket
 from typing import Any
 
 from sqlalchemy import select
@@ -16,6 +19,16 @@ def record(
 ) -> None:
     """Add the record to the caller's transaction: it commits or rolls back with the change."""
     session.add(AuditEvent(actor=actor, action=action, target=target, info=info or {}))
+
+
+def local_actor(command: str) -> str:
+    """Who made a change outside the API (admin commands, the first start): the OS user and
+    host that ran `command`, since no API user is involved."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name, e.g. a container user without passwd entry
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()} ({command})"[:128]
 
 
 def changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from app.audit.service import changes, record
 from app.auth.models import ApiToken, User
 from app.db import utcnow
 from app.projects.models import Project, ProjectMember
@@ -54,7 +55,15 @@ def get_or_create_project(*, session: Session, name: str) -> Project:
     return project
 
 
-def issue_token(*, session: Session, user: User, ttl_days: int, label: str = "") -> str:
+def issue_token(*, session: Session, user: User, ttl_days: int, label: str, actor: str) -> str:
+    token = _add_token(session=session, user=user, ttl_days=ttl_days, label=label)
+    record(
+        session=session, actor=actor, action="token.create", target=user.name, info={"label": label}
+    )
+    return token
+
+
+def _add_token(*, session: Session, user: User, ttl_days: int, label: str) -> str:
     token = new_token()
     expires = utcnow() + timedelta(days=ttl_days) if ttl_days else None
     session.add(
@@ -81,6 +90,7 @@ def create_user(
     projects: list[str],
     is_admin: bool,
     ttl_days: int,
+    actor: str,
 ) -> tuple[User, str]:
     """Create a user in the given projects (created when missing) and return its first token."""
     if session.scalar(select(User.id).where(User.name == name)) is not None:
@@ -91,7 +101,14 @@ def create_user(
     for project_name in projects:
         project = get_or_create_project(session=session, name=project_name)
         session.add(ProjectMember(user_id=user.id, project_id=project.id))
-    token = issue_token(session=session, user=user, ttl_days=ttl_days, label="initial")
+    token = _add_token(session=session, user=user, ttl_days=ttl_days, label="initial")
+    record(
+        session=session,
+        actor=actor,
+        action="user.create",
+        target=name,
+        info={"projects": projects, "admin": is_admin},
+    )
     return user, token
 
 
@@ -107,10 +124,10 @@ def user_projects(*, session: Session, user_id: int) -> list[str]:
 
 
 def change_membership(
-    *, session: Session, user_name: str, projects: list[str], member: bool
-) -> tuple[list[str], list[str]]:
+    *, session: Session, user_name: str, projects: list[str], member: bool, actor: str
+) -> list[str]:
     """Add a user to projects (created when missing) or remove it from them, as Slurm's
-    `sacctmgr add/remove user ... account=`; returns the user's projects before and after.
+    `sacctmgr add/remove user ... account=`; returns the user's projects after the change.
 
     A user keeps at least one project: without one it could not submit anything."""
     user = session.scalar(select(User).where(User.name == user_name))
@@ -139,10 +156,15 @@ def change_membership(
         )
     session.flush()
     TOKEN_CACHE.clear()  # this process at once; other API processes within the cache time
-    return before, user_projects(session=session, user_id=user.id)
+    after = user_projects(session=session, user_id=user.id)
+    if after != before:
+        action = "user.add_to_project" if member else "user.remove_from_project"
+        info = changes({"projects": before}, {"projects": after})
+        record(session=session, actor=actor, action=action, target=user_name, info=info)
+    return after
 
 
-def revoke_tokens(*, session: Session, user_name: str) -> int:
+def revoke_tokens(*, session: Session, user_name: str, actor: str) -> int:
     user = session.scalar(select(User).where(User.name == user_name))
     if user is None:
         raise LookupError(f"no user named {user_name!r}")
@@ -153,6 +175,13 @@ def revoke_tokens(*, session: Session, user_name: str) -> int:
             token.revoked_at = now
             count += 1
     TOKEN_CACHE.clear()
+    record(
+        session=session,
+        actor=actor,
+        action="token.revoke",
+        target=user_name,
+        info={"tokens": count},
+    )
     return count
 
 
@@ -223,12 +252,17 @@ class TokenCache:
 TOKEN_CACHE = TokenCache()
 
 
-def ensure_bootstrap_admin(*, session: Session, ttl_days: int) -> str | None:
+def ensure_bootstrap_admin(*, session: Session, ttl_days: int, actor: str) -> str | None:
     """On an empty database create user `admin` (project `default`) and return its token."""
     if session.scalar(select(User.id).limit(1)) is not None:
         return None
     _, token = create_user(
-        session=session, name="admin", projects=["default"], is_admin=True, ttl_days=ttl_days
+        session=session,
+        name="admin",
+        projects=["default"],
+        is_admin=True,
+        ttl_days=ttl_days,
+        actor=actor,
     )
     return token
 

@@ -6,16 +6,12 @@ REST API, so they work before any admin token exists.
 
 from __future__ import annotations
 
-import getpass
-import os
-import socket
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from app.audit.service import changes, record
+from app.audit.service import local_actor
 from app.auth.models import User
 from app.auth.service import (
     UserExists,
@@ -45,15 +41,8 @@ def _check_name(value: str, what: str) -> str:
     return value
 
 
-def _audit(session: Session, action: str, target: str, info: dict[str, Any]) -> None:
-    """Record the change in the audit trail, by the OS user and host that ran the command
-    (no API user is involved: these commands use the database directly)."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no login name, e.g. a container user without passwd entry
-        user = f"uid {os.getuid()}"
-    actor = f"{user}@{socket.gethostname()} (gpusched admin)"[:128]
-    record(session=session, actor=actor, action=action, target=target, info=info)
+def _actor() -> str:
+    return local_actor("gpusched admin")
 
 
 def _print_token(intro: str, token: str) -> None:
@@ -85,8 +74,8 @@ def create_user(
                 projects=projects,
                 is_admin=admin,
                 ttl_days=settings.token_ttl_days,
+                actor=_actor(),
             )
-            _audit(session, "user.create", name, {"projects": projects, "admin": admin})
     except UserExists as exc:
         raise CliError(str(exc), EXIT_REJECTED) from None
     role = "admin" if admin else "user"
@@ -105,9 +94,12 @@ def create_token(
         if user is None:
             raise CliError(f"no user named {name!r}", EXIT_REJECTED)
         token = issue_token(
-            session=session, user=user, ttl_days=settings.token_ttl_days, label=label[:64]
+            session=session,
+            user=user,
+            ttl_days=settings.token_ttl_days,
+            label=label[:64],
+            actor=_actor(),
         )
-        _audit(session, "token.create", name, {"label": label[:64]})
     _print_token(f"new token for {name!r}", token)
 
 
@@ -122,13 +114,9 @@ def _change_membership(name: str, project: list[str], *, member: bool) -> list[s
     settings = load_settings_or_exit()
     try:
         with session_scope(settings) as session:
-            before, now_in = change_membership(
-                session=session, user_name=name, projects=projects, member=member
+            return change_membership(
+                session=session, user_name=name, projects=projects, member=member, actor=_actor()
             )
-            if now_in != before:
-                action = "user.add_to_project" if member else "user.remove_from_project"
-                _audit(session, action, name, changes({"projects": before}, {"projects": now_in}))
-            return now_in
     except (LookupError, ValueError) as exc:
         raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
 
@@ -173,8 +161,7 @@ def revoke(name: UserName) -> None:
     settings = load_settings_or_exit()
     try:
         with session_scope(settings) as session:
-            count = revoke_tokens(session=session, user_name=name)
-            _audit(session, "token.revoke", name, {"tokens": count})
+            count = revoke_tokens(session=session, user_name=name, actor=_actor())
     except LookupError as exc:
         raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
     typer.echo(f"revoked {count} token(s) of {name!r}")

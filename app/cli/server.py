@@ -14,6 +14,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.audit.service import local_actor
 from app.auth.service import ensure_bootstrap_admin
 from app.cli.client import EXIT_USAGE, CliError
 from app.config import Settings, SettingsError, load_settings
@@ -97,7 +98,11 @@ def bootstrap_admin(settings: Settings, factory: sessionmaker[Session]) -> str |
     path = settings.admin_token_file
     try:
         with transaction(factory) as session:
-            token = ensure_bootstrap_admin(session=session, ttl_days=settings.token_ttl_days)
+            token = ensure_bootstrap_admin(
+                session=session,
+                ttl_days=settings.token_ttl_days,
+                actor=local_actor("first start"),
+            )
             if token is not None:
                 try:
                     write_secret(path, token + "\n")

@@ -26,7 +26,14 @@ class World:
 
     def user(self, name: str, projects: list[str], *, admin: bool = False) -> Principal:
         with self.factory() as session:
-            create_user(session=session, name=name, projects=projects, is_admin=admin, ttl_days=0)
+            create_user(
+                session=session,
+                name=name,
+                projects=projects,
+                is_admin=admin,
+                ttl_days=0,
+                actor="test",
+            )
             session.commit()
         return self.principal(name)
 

@@ -112,6 +112,8 @@ def test_users_lists_roles_projects_and_working_tokens(cli: Cli) -> None:
 
 
 def test_admin_changes_are_in_the_audit_trail(cli: Cli) -> None:
+    assert cli.raw(["admin", "create-user", "carol", "-p", "ml"]).exit_code == 0
+    assert cli.raw(["admin", "create-token", "carol", "--label", "laptop"]).exit_code == 0
     assert cli.raw(["admin", "add-to-project", "alice", "-p", "cv"]).exit_code == 0
     assert cli.raw(["admin", "add-to-project", "alice", "-p", "cv"]).exit_code == 0  # no change
     assert cli.raw(["admin", "revoke", "bob"]).exit_code == 0
@@ -119,15 +121,18 @@ def test_admin_changes_are_in_the_audit_trail(cli: Cli) -> None:
 
     result = cli("audit", "--json", user="admin")
     assert result.exit_code == 0, result.stderr
-    events = json.loads(result.stdout)["items"]
+    # The test harness's own users (created with actor "test") come before these.
+    events = [e for e in json.loads(result.stdout)["items"] if e["actor"] != "test"]
     assert [(e["action"], e["target"], e["info"]) for e in events] == [
         ("project.update", "ml", {"gpu_quota": {"from": 0, "to": 4}}),
         ("token.revoke", "bob", {"tokens": 1}),
         ("user.add_to_project", "alice", {"projects": {"from": ["ml"], "to": ["cv", "ml"]}}),
+        ("token.create", "carol", {"label": "laptop"}),
+        ("user.create", "carol", {"projects": ["ml"], "admin": False}),
     ]
     # The database-side commands name the OS user and host; API changes the API user.
     assert events[0]["actor"] == "admin"
-    assert events[2]["actor"].endswith(" (gpusched admin)") and "@" in events[2]["actor"]
+    assert all(e["actor"].endswith(" (gpusched admin)") and "@" in e["actor"] for e in events[1:])
 
     table = cli("audit", "alice", user="admin")
     assert table.exit_code == 0, table.stderr

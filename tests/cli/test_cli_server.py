@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import app.cli.server as server_module
 import app.migrate as migrate_module
+from app.audit.service import list_events
 from app.auth.service import load_principal
 from app.cli import app as cli_app
 from app.config import Settings
@@ -91,6 +92,11 @@ def test_first_start_creates_admin_token_file_0600_and_prints_it_once(
     with session_factory() as session:
         principal = load_principal(session=session, token=token, now=utcnow())
     assert principal is not None and principal.name == "admin" and principal.is_admin
+    with session_factory() as session:
+        (created,) = list_events(session=session, limit=10).items
+    # Who created the first admin is on record, like every later user.
+    assert (created.action, created.target) == ("user.create", "admin")
+    assert created.actor.endswith(" (first start)") and "@" in created.actor
 
     # Second start: the database is not empty, nothing is printed or rewritten.
     again = runner.invoke(cli_app, ["server", "--port", "8124"], env=env)

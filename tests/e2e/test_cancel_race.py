@@ -41,7 +41,9 @@ BACKEND = os.environ.get("GPUSCHED_TEST_DB", "sqlite")
 def test_cancel_racing_a_placement_does_not_leak_the_gpu(factory: sessionmaker[Session]) -> None:
     now = utcnow()
     with factory() as session:
-        user, _ = create_user(session=session, name="u", projects=["p"], is_admin=False, ttl_days=0)
+        user, _ = create_user(
+            session=session, name="u", projects=["p"], is_admin=False, ttl_days=0, actor="test"
+        )
         project_id = session.scalar(select(Project.id).where(Project.name == "p"))
         node = ready_node("n1", gpus=1, now=now)
         session.add(node)

@@ -109,7 +109,7 @@ def _populate(factory: sessionmaker[Session], seed: int) -> None:
     now = utcnow()
     with factory() as session:
         user, _ = create_user(
-            session=session, name="racer", projects=["p"], is_admin=False, ttl_days=0
+            session=session, name="racer", projects=["p"], is_admin=False, ttl_days=0, actor="test"
         )
         project_id = session.scalar(select(Project.id).where(Project.name == "p"))
         for n in range(NODES):

@@ -34,7 +34,9 @@ pytestmark = pytest.mark.e2e
 def _placed_job(factory: sessionmaker[Session]) -> tuple[int, int]:
     now = utcnow()
     with factory() as session:
-        user, _ = create_user(session=session, name="u", projects=["p"], is_admin=False, ttl_days=0)
+        user, _ = create_user(
+            session=session, name="u", projects=["p"], is_admin=False, ttl_days=0, actor="test"
+        )
         project_id = session.scalar(select(Project.id).where(Project.name == "p"))
         node = ready_node("n1", gpus=2, now=now)
         session.add(node)

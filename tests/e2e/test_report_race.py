@@ -34,7 +34,9 @@ def _scheduled_job(factory: sessionmaker[Session]) -> tuple[int, int]:
     """One job placed by a real cycle: SCHEDULED, attempt 1, holding GPU 0 of node n1."""
     now = utcnow()
     with factory() as session:
-        user, _ = create_user(session=session, name="u", projects=["p"], is_admin=False, ttl_days=0)
+        user, _ = create_user(
+            session=session, name="u", projects=["p"], is_admin=False, ttl_days=0, actor="test"
+        )
         project_id = session.scalar(select(Project.id).where(Project.name == "p"))
         node = ready_node("n1", gpus=1, now=now)
         session.add(node)

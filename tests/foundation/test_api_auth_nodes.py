@@ -41,7 +41,7 @@ def cluster(api):
 def _expired_token(api) -> str:
     with api.factory() as session:
         user = session.scalar(select(User).where(User.name == "alice"))
-        token = issue_token(session=session, user=user, ttl_days=1)
+        token = issue_token(session=session, user=user, ttl_days=1, label="test", actor="test")
         row = session.scalar(select(ApiToken).order_by(ApiToken.id.desc()))
         row.expires_at = utcnow() - timedelta(seconds=1)
         session.commit()
@@ -67,7 +67,7 @@ def test_every_endpoint_needs_a_valid_token(cluster, method, path, body):
 def test_revoked_token_is_refused(cluster, method, path, body):
     api = cluster
     with api.factory() as session:
-        assert revoke_tokens(session=session, user_name="alice") == 1
+        assert revoke_tokens(session=session, user_name="alice", actor="test") == 1
         session.commit()
     assert call(api, method, path, body, api.as_("alice")).status_code == 401
 

@@ -13,7 +13,9 @@ from app.projects.models import Project
 
 
 def _job(session, *, retries=0):
-    user, _ = create_user(session=session, name="u", projects=["p"], is_admin=False, ttl_days=0)
+    user, _ = create_user(
+        session=session, name="u", projects=["p"], is_admin=False, ttl_days=0, actor="test"
+    )
     project_id = session.scalar(select(Project.id).where(Project.name == "p"))
     job = Job(name="j", user_id=user.id, project_id=project_id, command=["true"], retries=retries)
     session.add(job)

@@ -129,7 +129,9 @@ def cluster(api: Api, settings: Settings) -> Cluster:
 def expired_token(api: Api, user: str = "alice") -> str:
     with api.factory() as session:
         row_user = session.scalar(select(User).where(User.name == user))
-        token = issue_token(session=session, user=row_user, ttl_days=1, label="expired")
+        token = issue_token(
+            session=session, user=row_user, ttl_days=1, label="expired", actor="test"
+        )
         row = session.scalar(select(ApiToken).order_by(ApiToken.id.desc()))
         row.expires_at = utcnow() - timedelta(seconds=1)
         session.commit()
@@ -140,6 +142,6 @@ def revoked_token(api: Api, user: str) -> str:
     """A fresh user's token, then revoked (the other users keep theirs)."""
     token = api.add_user(user, ["ml"])
     with api.factory() as session:
-        assert revoke_tokens(session=session, user_name=user) == 1
+        assert revoke_tokens(session=session, user_name=user, actor="test") == 1
         session.commit()
     return token

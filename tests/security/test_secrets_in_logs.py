@@ -100,6 +100,7 @@ def _add_user(factory: sessionmaker[Session], name: str, projects: list[str], **
             projects=projects,
             is_admin=kw.get("admin", False),
             ttl_days=0,
+            actor="test",
         )
         session.commit()
     return token
@@ -121,7 +122,7 @@ def scenario(
 
         expired = expired_token(Api(None, session_factory), "alice")  # type: ignore[arg-type]
         with session_factory() as session:
-            revoke_tokens(session=session, user_name="carol")
+            revoke_tokens(session=session, user_name="carol", actor="test")
             session.commit()
         TOKEN_CACHE.clear()
         wrong = "gps_" + "x" * 43
