@@ -346,6 +346,13 @@ def test_every_page_renders_without_console_errors(
     view.shot(f"job-{width}")
     # Pages are scrollable vertically only: nothing wider than the viewport.
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    # Every page link, the admin's Audit included, is on screen (not behind a hidden
+    # horizontal scroll on a phone).
+    off_screen = page.evaluate(
+        "[...document.querySelectorAll('.nav a')].filter(a => a.getBoundingClientRect().right"
+        " > window.innerWidth).map(a => a.textContent)"
+    )
+    assert off_screen == []
     view.go("#/logout-does-not-exist")
     page.wait_for_selector("text=Page not found")
     view.assert_clean()
