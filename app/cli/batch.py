@@ -22,7 +22,26 @@ from app.cli.client import (
     make_table,
     print_json,
 )
-from app.cli.jobs import build_spec
+from app.cli.jobs import (
+    JOB_PANEL,
+    EnvOption,
+    EstimatedRuntimeOption,
+    GpuMemoryOption,
+    GpuModelOption,
+    GpuShareOption,
+    GpusOption,
+    LabelOption,
+    MaxRuntimeOption,
+    NodesOption,
+    PreemptibleOption,
+    PriorityOption,
+    ProjectOption,
+    RetriesOption,
+    ShellOption,
+    WindowOption,
+    WorkdirOption,
+    build_spec,
+)
 
 BATCHES = "/api/v1/batches"
 
@@ -115,9 +134,7 @@ def create(
     offpeak: Annotated[
         bool, typer.Option("--offpeak", help="Hold the jobs for the next off-peak window")
     ] = False,
-    window: Annotated[
-        str | None, typer.Option("--window", help="Off-peak window name (with --offpeak)")
-    ] = None,
+    window: WindowOption = None,
     catch_up: Annotated[
         str,
         typer.Option(
@@ -137,52 +154,32 @@ def create(
             show_default=False,
         ),
     ] = None,
-    shell: Annotated[
-        str | None, typer.Option("--shell", help="Single job: run this with /bin/sh -c")
+    shell: ShellOption = None,
+    job_name: Annotated[
+        str | None, typer.Option("--job-name", help="Job name", rich_help_panel=JOB_PANEL)
     ] = None,
-    job_name: Annotated[str | None, typer.Option("--job-name", help="Single job: job name")] = None,
-    gpus: Annotated[int | None, typer.Option(help="Single job: GPUs per node")] = None,
-    gpu_memory_mb: Annotated[
-        int | None, typer.Option("--gpu-memory-mb", help="Single job: GPU memory per GPU, MiB")
-    ] = None,
-    gpu_share: Annotated[
-        float | None, typer.Option("--gpu-share", help="Single job: fraction of one GPU")
-    ] = None,
-    gpu_model: Annotated[
-        str | None, typer.Option("--gpu-model", help="Single job: exact GPU model")
-    ] = None,
-    nodes: Annotated[int | None, typer.Option(help="Single job: nodes")] = None,
-    priority: Annotated[int | None, typer.Option(help="Single job: -1000..1000")] = None,
-    project: Annotated[
-        str | None, typer.Option(help="Single job: project (default: your only project)")
-    ] = None,
-    max_runtime: Annotated[
-        str | None, typer.Option("--max-runtime", help="Single job: hard limit, e.g. 2h")
-    ] = None,
-    estimated_runtime: Annotated[
-        str | None, typer.Option("--estimated-runtime", help="Single job: expected runtime")
-    ] = None,
-    retries: Annotated[int | None, typer.Option(help="Single job: retries")] = None,
-    preemptible: Annotated[
-        bool, typer.Option("--preemptible", help="Single job: may be preempted")
-    ] = False,
-    env: Annotated[
-        list[str] | None,
-        typer.Option("--env", help="Single job: KEY=VALUE, repeatable", show_default=False),
-    ] = None,
-    label: Annotated[
-        list[str] | None,
-        typer.Option("--label", help="Single job: KEY=VALUE, repeatable", show_default=False),
-    ] = None,
-    workdir: Annotated[
-        str | None, typer.Option("--workdir", help="Single job: working directory")
-    ] = None,
+    gpus: GpusOption = None,
+    gpu_memory_mb: GpuMemoryOption = None,
+    gpu_share: GpuShareOption = None,
+    gpu_model: GpuModelOption = None,
+    nodes: NodesOption = None,
+    priority: PriorityOption = None,
+    project: ProjectOption = None,
+    max_runtime: MaxRuntimeOption = None,
+    estimated_runtime: EstimatedRuntimeOption = None,
+    retries: RetriesOption = None,
+    preemptible: PreemptibleOption = False,
+    env: EnvOption = None,
+    label: LabelOption = None,
+    workdir: WorkdirOption = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
     """Create (or --replace) a batch: `gpusched batch create NAME --cron '0 2 * * *' --tz
-    Europe/Berlin [--offpeak] [--template-file jobs.json] [--gpus 4 -- PROGRAM ARGS...]`."""
+    Europe/Berlin [--offpeak] [--template-file jobs.json] [--gpus 4 -- PROGRAM ARGS...]`.
+
+    The Job options describe the job given after `--` (or with --shell)."""
     if window is not None and not offpeak:
         raise CliError("--window needs --offpeak", EXIT_USAGE)
     if catch_up not in ("once", "skip"):
@@ -207,9 +204,6 @@ def create(
                 estimated_runtime=estimated_runtime,
                 retries=retries,
                 preemptible=preemptible,
-                offpeak=False,
-                window=None,
-                at=None,
                 env=env,
                 label=label,
                 workdir=workdir,

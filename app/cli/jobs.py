@@ -92,12 +92,12 @@ def build_spec(
     estimated_runtime: str | None,
     retries: int | None,
     preemptible: bool,
-    offpeak: bool,
-    window: str | None,
-    at: str | None,
     env: list[str] | None,
     label: list[str] | None,
     workdir: str | None,
+    offpeak: bool = False,
+    window: str | None = None,
+    at: str | None = None,
 ) -> dict[str, Any]:
     """The JobCreate body. Only what the user set is sent: the server owns the defaults and
     the range checks (so its 422 names the field exactly as the API does)."""
@@ -144,59 +144,117 @@ def build_spec(
     return spec
 
 
+# The options of one job, shared by `submit` and `batch create` (its job given on the
+# command line); the server owns their defaults and range checks.
+JOB_PANEL = "Job"
+ShellOption = Annotated[
+    str | None,
+    typer.Option(
+        "--shell", help="Run this string with /bin/sh -c instead", rich_help_panel=JOB_PANEL
+    ),
+]
+GpusOption = Annotated[
+    int | None, typer.Option(help="GPUs per node (default: 1)", rich_help_panel=JOB_PANEL)
+]
+GpuMemoryOption = Annotated[
+    int | None,
+    typer.Option(
+        "--gpu-memory-mb", help="Free GPU memory needed per GPU, MiB", rich_help_panel=JOB_PANEL
+    ),
+]
+GpuShareOption = Annotated[
+    float | None,
+    typer.Option(
+        "--gpu-share", help="Fraction of one GPU (0 < share <= 1)", rich_help_panel=JOB_PANEL
+    ),
+]
+GpuModelOption = Annotated[
+    str | None, typer.Option("--gpu-model", help="Exact GPU model", rich_help_panel=JOB_PANEL)
+]
+NodesOption = Annotated[
+    int | None, typer.Option(help="Nodes (distributed job) (default: 1)", rich_help_panel=JOB_PANEL)
+]
+PriorityOption = Annotated[
+    int | None, typer.Option(help="-1000..1000 (default: 0)", rich_help_panel=JOB_PANEL)
+]
+ProjectOption = Annotated[
+    str | None, typer.Option(help="Project (default: your only project)", rich_help_panel=JOB_PANEL)
+]
+MaxRuntimeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-runtime", help="Hard limit: seconds, 90m, 2h, 1h30m", rich_help_panel=JOB_PANEL
+    ),
+]
+EstimatedRuntimeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--estimated-runtime",
+        help="Expected runtime: seconds, 90m, 2h, 1h30m",
+        rich_help_panel=JOB_PANEL,
+    ),
+]
+RetriesOption = Annotated[
+    int | None, typer.Option(help="Retries after a failure (default: 0)", rich_help_panel=JOB_PANEL)
+]
+PreemptibleOption = Annotated[
+    bool,
+    typer.Option(
+        "--preemptible", help="May be preempted by higher-priority work", rich_help_panel=JOB_PANEL
+    ),
+]
+WindowOption = Annotated[
+    str | None, typer.Option("--window", help="Off-peak window name (with --offpeak)")
+]
+EnvOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--env", help="KEY=VALUE, repeatable", show_default=False, rich_help_panel=JOB_PANEL
+    ),
+]
+LabelOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--label", help="KEY=VALUE, repeatable", show_default=False, rich_help_panel=JOB_PANEL
+    ),
+]
+WorkdirOption = Annotated[
+    str | None,
+    typer.Option(
+        "--workdir", help="Working directory (default: current)", rich_help_panel=JOB_PANEL
+    ),
+]
+
+
 def submit(
     command: Annotated[
         list[str] | None,
         typer.Argument(help="The program and its arguments, after `--`.", show_default=False),
     ] = None,
-    shell: Annotated[
-        str | None, typer.Option("--shell", help="Run this string with /bin/sh -c instead.")
+    shell: ShellOption = None,
+    name: Annotated[
+        str | None, typer.Option(help="Job name (default: the program)", rich_help_panel=JOB_PANEL)
     ] = None,
-    name: Annotated[str | None, typer.Option(help="Job name (default: the program)")] = None,
-    gpus: Annotated[int | None, typer.Option(help="GPUs per node (default: 1)")] = None,
-    gpu_memory_mb: Annotated[
-        int | None, typer.Option("--gpu-memory-mb", help="Free GPU memory needed per GPU, MiB")
-    ] = None,
-    gpu_share: Annotated[
-        float | None, typer.Option("--gpu-share", help="Fraction of one GPU (0 < share <= 1)")
-    ] = None,
-    gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="Exact GPU model")] = None,
-    nodes: Annotated[int | None, typer.Option(help="Nodes (distributed job) (default: 1)")] = None,
-    priority: Annotated[int | None, typer.Option(help="-1000..1000 (default: 0)")] = None,
-    project: Annotated[
-        str | None, typer.Option(help="Project (default: your only project)")
-    ] = None,
-    max_runtime: Annotated[
-        str | None, typer.Option("--max-runtime", help="Hard limit: seconds, 90m, 2h, 1h30m")
-    ] = None,
-    estimated_runtime: Annotated[
-        str | None,
-        typer.Option("--estimated-runtime", help="Expected runtime: seconds, 90m, 2h, 1h30m"),
-    ] = None,
-    retries: Annotated[
-        int | None, typer.Option(help="Retries after a failure (default: 0)")
-    ] = None,
-    preemptible: Annotated[
-        bool, typer.Option("--preemptible", help="May be preempted by higher-priority work")
-    ] = False,
+    gpus: GpusOption = None,
+    gpu_memory_mb: GpuMemoryOption = None,
+    gpu_share: GpuShareOption = None,
+    gpu_model: GpuModelOption = None,
+    nodes: NodesOption = None,
+    priority: PriorityOption = None,
+    project: ProjectOption = None,
+    max_runtime: MaxRuntimeOption = None,
+    estimated_runtime: EstimatedRuntimeOption = None,
+    retries: RetriesOption = None,
+    preemptible: PreemptibleOption = False,
     offpeak: Annotated[bool, typer.Option("--offpeak", help="Run in an off-peak window")] = False,
-    window: Annotated[
-        str | None, typer.Option("--window", help="Off-peak window name (with --offpeak)")
-    ] = None,
+    window: WindowOption = None,
     at: Annotated[
         str | None,
         typer.Option("--at", help="Do not start before this ISO 8601 time (local if no offset)"),
     ] = None,
-    env: Annotated[
-        list[str] | None, typer.Option("--env", help="KEY=VALUE, repeatable", show_default=False)
-    ] = None,
-    label: Annotated[
-        list[str] | None,
-        typer.Option("--label", help="KEY=VALUE, repeatable", show_default=False),
-    ] = None,
-    workdir: Annotated[
-        str | None, typer.Option("--workdir", help="Working directory (default: current)")
-    ] = None,
+    env: EnvOption = None,
+    label: LabelOption = None,
+    workdir: WorkdirOption = None,
     idempotency_key: Annotated[
         str | None,
         typer.Option("--idempotency-key", help="Resubmitting with the same key returns the job"),
