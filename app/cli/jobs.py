@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -26,6 +27,7 @@ from app.cli.client import (
     console,
     human_duration,
     make_table,
+    parse_time,
     print_json,
 )
 
@@ -318,14 +320,32 @@ def _reason_cell(job: dict[str, Any]) -> str:
     return ""
 
 
-_JOB_COLUMNS = ("ID", "NAME", "PROJECT", "USER", "STATUS", "GPUS", "REASON", "AGE")
-_REASON = _JOB_COLUMNS.index("REASON")
+def _one_line_per_job(
+    columns: tuple[str, ...], rows: Sequence[tuple[str, ...]], *, width: int
+) -> Table:
+    """One line per job, as squeue: the REASON column gets what the other columns leave of
+    `width` and ends in "…" when longer (`gpusched show ID` and --json have it whole);
+    wrapped, one reason took a dozen lines at 80 columns."""
+    flex = columns.index("REASON")
+    table = make_table(*columns)
+    # Each column takes its widest cell plus 3 (padding and border), the table 1 more.
+    others = sum(
+        max(cell_len(name), *(cell_len(row[i]) for row in rows)) + 3
+        for i, name in enumerate(columns)
+        if i != flex
+    )
+    reason = table.columns[flex]
+    reason.no_wrap, reason.overflow = True, "ellipsis"
+    reason.max_width = max(10, width - others - 4)
+    if any(cell_len(row[flex]) > reason.max_width for row in rows):
+        table.caption = "reasons cut to fit: gpusched show ID has them whole"
+        table.caption_justify = "left"
+    for row in rows:
+        add_row(table, *row)
+    return table
 
 
 def jobs_table(items: list[dict[str, Any]], *, width: int) -> Table:
-    """One line per job, as squeue: the reason gets what the other columns leave of
-    `width` and ends in "…" when longer (`gpusched show ID` and --json have it whole);
-    wrapped, one reason took a dozen lines at 80 columns."""
     rows = [
         (
             str(job["id"]),
@@ -339,22 +359,60 @@ def jobs_table(items: list[dict[str, Any]], *, width: int) -> Table:
         )
         for job in items
     ]
-    table = make_table(*_JOB_COLUMNS)
-    # Each column takes its widest cell plus 3 (padding and border), the table 1 more.
-    others = sum(
-        max(cell_len(name), *(cell_len(row[i]) for row in rows)) + 3
-        for i, name in enumerate(_JOB_COLUMNS)
-        if i != _REASON
-    )
-    reason = table.columns[_REASON]
-    reason.no_wrap, reason.overflow = True, "ellipsis"
-    reason.max_width = max(10, width - others - 4)
-    if any(cell_len(row[_REASON]) > reason.max_width for row in rows):
-        table.caption = "reasons cut to fit: gpusched show ID has them whole"
-        table.caption_justify = "left"
-    for row in rows:
-        add_row(table, *row)
-    return table
+    columns = ("ID", "NAME", "PROJECT", "USER", "STATUS", "GPUS", "REASON", "AGE")
+    return _one_line_per_job(columns, rows, width=width)
+
+
+def queue_table(items: list[dict[str, Any]], *, width: int, now: datetime) -> Table:
+    """Pending jobs in scheduling order, as `squeue --start`: START is when the backfill
+    reservation expects the job to start, blank when nothing running has a known end."""
+    rows = [
+        (
+            str(job.get("queue_position") or ""),
+            str(job["id"]),
+            str(job["name"]),
+            str(job["project"]),
+            str(job["user"]),
+            _gpus_cell(job),
+            _start_cell(job.get("estimated_start_at"), now=now),
+            _reason_cell(job),
+        )
+        for job in items
+    ]
+    columns = ("POS", "ID", "NAME", "PROJECT", "USER", "GPUS", "START", "REASON")
+    return _one_line_per_job(columns, rows, width=width)
+
+
+def _start_cell(value: str | None, *, now: datetime) -> str:
+    at = parse_time(value)
+    if at is None:
+        return ""
+    return "now" if at <= now else f"in {human_duration((at - now).total_seconds())}"
+
+
+def pending_queue(
+    project: Annotated[str | None, typer.Option(help="Only this project")] = None,
+    limit: Annotated[int, typer.Option(help="Jobs to show, from the head of the queue")] = 50,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Pending jobs in the order the scheduler considers them, with the estimated start
+    and why each waits (as squeue --start). --json prints {"total": N, "items": [...]}."""
+    params: dict[str, Any] = {"limit": limit}
+    if project:
+        params["project"] = project
+    page = ApiClient.from_options(url, token).get("/api/v1/queue", params=params)
+    if as_json:
+        print_json(page)
+        return
+    out = console()
+    if not page["items"]:
+        out.print("no pending jobs")
+        return
+    out.print(queue_table(page["items"], width=out.width, now=datetime.now(UTC)))
+    if page["total"] > len(page["items"]):
+        out.print(f"{page['total'] - len(page['items'])} more pending: --limit", style="dim")
 
 
 def list_jobs(
@@ -552,5 +610,6 @@ def register(app: typer.Typer) -> None:
         rich_help_panel="Jobs",
     )(submit)
     app.command("jobs", rich_help_panel="Jobs")(list_jobs)
+    app.command("queue", rich_help_panel="Jobs")(pending_queue)
     app.command("show", rich_help_panel="Jobs")(show)
     app.command("cancel", rich_help_panel="Jobs")(cancel)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
@@ -172,27 +173,26 @@ HEAD_POSITIONS = 100
 def _store_reasons(
     session: Session, *, ctx: SnapshotContext, plan: Plan, placed: set[int], all_positions: bool
 ) -> None:
-    """Write each waiting job's reason, position and estimated start; only rows that changed."""
+    """Write each waiting job's reason, position and estimated start; only rows that changed.
+
+    Positions are counted among the jobs still waiting: the plan numbers the whole queue,
+    and a job whose predecessors were just placed is first in line, not third."""
     changes = []
-    for reason in plan.pending:
-        if reason.job_id in placed:
-            continue
-        new = (
-            reason.kind.value,
-            reason.message[:512],
-            reason.queue_position,
-            reason.estimated_start,
-        )
+    waiting = sorted(
+        (r for r in plan.pending if r.job_id not in placed), key=attrgetter("queue_position")
+    )
+    for position, reason in enumerate(waiting, start=1):
+        new = (reason.kind.value, reason.message[:512], position, reason.estimated_start)
         old = ctx.pending_reasons.get(reason.job_id)
         if old == new:
             continue
         position_only = old is not None and old[:2] == new[:2] and old[3] == new[3]
-        if position_only and not all_positions and reason.queue_position > HEAD_POSITIONS:
+        if position_only and not all_positions and position > HEAD_POSITIONS:
             continue
         # Ranked only among the jobs a quick read saw, a new job's place behind the head
         # is unknown until the next full cycle; until then it stays NEW (and is read again).
         new_behind_head = old is not None and old[0] == NEW_IN_QUEUE
-        if ctx.quick and new_behind_head and reason.queue_position > HEAD_POSITIONS:
+        if ctx.quick and new_behind_head and position > HEAD_POSITIONS:
             continue
         changes.append(
             {

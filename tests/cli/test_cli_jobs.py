@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -335,3 +336,51 @@ def test_jobs_table_keeps_one_line_per_job_on_a_narrow_terminal() -> None:
     assert len(narrow) == 7 and max(map(len, narrow)) == 80
     wide = render(250)
     assert len(wide) == 6 and any(reason in line for line in wide)
+
+
+def test_queue_lists_pending_jobs_in_scheduling_order_with_estimated_start(cli: Cli) -> None:
+    from app.cycle.run import run_cycle
+    from app.cycle.settings import SchedulerSettings
+    from app.db import utcnow
+    from tests.foundation.builders import ready_node
+
+    now = utcnow()
+    with cli.factory.begin() as session:
+        session.add(ready_node("gpu-a", gpus=2, now=now, idle_since=now - timedelta(hours=1)))
+    settings = SchedulerSettings(stability_window_s=0)
+
+    def cycle() -> None:
+        run_cycle(factory=cli.factory, messenger=None, settings=settings, holder="t", now=now)
+
+    first = _submit_json(cli, "--name", "first", "--estimated-runtime", "5m", "--", "true")
+    running = _submit_json(cli, "--name", "running", "--max-runtime", "2h", "--", "true")
+    big = _submit_json(cli, "--name", "big", "--gpus", "2", "--", "true")
+    cycle()  # first and running start, one GPU each (shorter), big waits
+    # Positions count the jobs still waiting: big is next, not third.
+    assert [j["queue_position"] for j in json.loads(cli("queue", "--json").stdout)["items"]] == [1]
+    small = _submit_json(cli, "--name", "small", "--estimated-runtime", "10m", "--", "true")
+    cycle()
+    assert {_stored(cli, j["id"]).status for j in (first, running)} == {"SCHEDULED"}
+
+    page = json.loads(cli("queue", "--json").stdout)
+    assert page["total"] == 2
+    # The short job goes first (expected GPU-time), counted among the jobs still waiting.
+    assert [(j["name"], j["queue_position"]) for j in page["items"]] == [("small", 1), ("big", 2)]
+
+    result = cli("queue")
+    assert result.exit_code == 0, result.stderr
+    header = next(line for line in result.stdout.splitlines() if "┃" in line)
+    assert header.split() == "┃ POS ┃ ID ┃ NAME ┃ PROJECT ┃ USER ┃ GPUS ┃ START ┃ REASON ┃".split()
+    rows = [line for line in result.stdout.splitlines() if "│" in line]
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in rows]
+    assert [row[:6] for row in cells] == [
+        ["1", str(small["id"]), "small", "ml", "alice", "1"],
+        ["2", str(big["id"]), "big", "ml", "alice", "2"],
+    ]
+    # Both wait for a GPU; the head's reservation starts when `first` is expected to end.
+    assert cells[0][6] in ("in 4m", "in 5m") and cells[1][6] == ""
+    assert cells[0][7].startswith("waiting for 1 GPU") and cells[1][7].startswith("waiting for")
+
+    limited = cli("queue", "--limit", "1")
+    assert "1 more pending" in limited.stdout and "big" not in limited.stdout
+    assert "no pending jobs" in cli("queue", user="bob").stdout  # bob sees only his projects
