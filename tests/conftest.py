@@ -18,11 +18,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.auth.service import TOKEN_CACHE, create_user
+from app.auth.service import TOKEN_CACHE
 from app.config import Settings
 from app.db import Base, make_engine, make_session_factory
 from app.main import create_app
 from app.migrate import upgrade
+from tests.foundation.builders import add_user
 
 BACKEND = os.environ.get("GPUSCHED_TEST_DB", "sqlite")
 PG_URL = os.environ.get("GPUSCHED_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -109,18 +110,8 @@ class Api:
         self.tokens: dict[str, str] = {}
 
     def add_user(self, name: str, projects: list[str], *, admin: bool = False) -> str:
-        with self.factory() as session:
-            _, token = create_user(
-                session=session,
-                name=name,
-                projects=projects,
-                is_admin=admin,
-                ttl_days=0,
-                actor="test",
-            )
-            session.commit()
-        self.tokens[name] = token
-        return token
+        self.tokens[name] = add_user(self.factory, name, projects, admin=admin)
+        return self.tokens[name]
 
     def as_(self, user: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[user]}"}

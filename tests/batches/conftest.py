@@ -12,12 +12,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.auth.models import User
-from app.auth.service import Principal, create_user
+from app.auth.service import Principal
 from app.batches import service
 from app.batches.models import BatchFiring
 from app.batches.schemas import BatchIn
 from app.jobs.models import Job
 from tests.cli.conftest import cli  # noqa: F401  (the live-server CLI fixture)
+from tests.foundation.builders import add_user
 
 
 @dataclass
@@ -25,16 +26,7 @@ class World:
     factory: sessionmaker[Session]
 
     def user(self, name: str, projects: list[str], *, admin: bool = False) -> Principal:
-        with self.factory() as session:
-            create_user(
-                session=session,
-                name=name,
-                projects=projects,
-                is_admin=admin,
-                ttl_days=0,
-                actor="test",
-            )
-            session.commit()
+        add_user(self.factory, name, projects, admin=admin)
         return self.principal(name)
 
     def principal(self, name: str) -> Principal:

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner, Result
 
-from app.auth.service import create_user
 from app.cli import app as cli_app
 from app.config import Settings
+from tests.foundation.builders import add_user
 
 
 @dataclass
@@ -51,15 +51,5 @@ class Cli:
         return self.raw([command, *connection, *rest], **env)
 
     def add_user(self, name: str, projects: list[str], *, admin: bool = False) -> str:
-        with self.factory() as session:
-            _, token = create_user(
-                session=session,
-                name=name,
-                projects=projects,
-                is_admin=admin,
-                ttl_days=0,
-                actor="test",
-            )
-            session.commit()
-        self.tokens[name] = token
-        return token
+        self.tokens[name] = add_user(self.factory, name, projects, admin=admin)
+        return self.tokens[name]

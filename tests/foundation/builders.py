@@ -6,6 +6,7 @@ from datetime import datetime
 
 from sqlalchemy import select
 
+from app.auth.service import create_user
 from app.db import utcnow
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job
@@ -52,3 +53,14 @@ def move_job(factory, job_id: int, *path: JobStatus) -> None:
         for status in path:
             transition(session, job=job, to=status, actor="test")
         session.commit()
+
+
+def add_user(factory, name: str, projects: list[str], *, admin: bool = False) -> str:
+    """A user in `projects` (created when missing), committed; returns its token. Recorded
+    in the audit trail with actor "test", which audit tests leave out."""
+    with factory() as session:
+        _, token = create_user(
+            session=session, name=name, projects=projects, is_admin=admin, ttl_days=0, actor="test"
+        )
+        session.commit()
+    return token

@@ -20,9 +20,10 @@ import pytest
 import uvicorn
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.auth.service import TOKEN_CACHE, create_user, revoke_tokens
+from app.auth.service import TOKEN_CACHE, revoke_tokens
 from app.config import Settings
 from app.main import create_app
+from tests.foundation.builders import add_user
 from tests.security.conftest import expired_token
 
 ENV_SECRET = "envsecret-93be1c0d"
@@ -92,20 +93,6 @@ def serve(app) -> Iterator[str]:
         thread.join(10)
 
 
-def _add_user(factory: sessionmaker[Session], name: str, projects: list[str], **kw) -> str:
-    with factory() as session:
-        _, token = create_user(
-            session=session,
-            name=name,
-            projects=projects,
-            is_admin=kw.get("admin", False),
-            ttl_days=0,
-            actor="test",
-        )
-        session.commit()
-    return token
-
-
 def scenario(
     settings: Settings, session_factory: sessionmaker[Session]
 ) -> tuple[CaptureAll, dict[str, str]]:
@@ -115,9 +102,9 @@ def scenario(
     # A token cache period > 0 so the cache path is exercised too; the limiter low so 429 is.
     settings = settings.model_copy(update={"token_cache_s": 5.0, "auth_failures_per_minute": 8})
     with all_logging_at_debug() as captured:
-        admin = _add_user(session_factory, "admin", ["default"], admin=True)
-        alice = _add_user(session_factory, "alice", ["ml"])
-        carol = _add_user(session_factory, "carol", ["ml"])
+        admin = add_user(session_factory, "admin", ["default"], admin=True)
+        alice = add_user(session_factory, "alice", ["ml"])
+        carol = add_user(session_factory, "carol", ["ml"])
         from tests.conftest import Api
 
         expired = expired_token(Api(None, session_factory), "alice")  # type: ignore[arg-type]
