@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from app.jobs.limits import RuntimeLimits
 from app.windows.tariff import Tariff
 
 
@@ -39,9 +40,27 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
     log_cap_bytes: int = Field(default=10_000_000, ge=1024)
     heartbeat_timeout_s: float = Field(default=30.0, gt=0)
+    default_max_runtime_s: int | None = Field(
+        default=None, ge=1, description="time limit of jobs that set none (Slurm's DefaultTime)"
+    )
+    max_runtime_limit_s: int | None = Field(
+        default=None, ge=1, description="longest time limit a job may ask for (Slurm's MaxTime)"
+    )
     tariff_file: Path | None = Field(
         default=None, description="JSON time-of-use tariff: prices energy in the reports"
     )
+
+    @field_validator("max_runtime_limit_s")
+    @classmethod
+    def _limit_covers_default(cls, value: int | None, info: ValidationInfo) -> int | None:
+        default = info.data.get("default_max_runtime_s")
+        if value is not None and default is not None and default > value:
+            raise ValueError(f"below GPUSCHED_DEFAULT_MAX_RUNTIME_S ({default})")
+        return value
+
+    @property
+    def runtime_limits(self) -> RuntimeLimits:
+        return RuntimeLimits(default_s=self.default_max_runtime_s, max_s=self.max_runtime_limit_s)
 
     @field_validator("tariff_file")
     @classmethod

@@ -222,7 +222,12 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
     def fire_batches() -> dict[str, int]:
         # Reads every enabled schedule from the database each time: API changes apply at
         # once; the unique (schedule, fire time) row makes repeats and rival beats harmless.
-        report = fire_due(factory=runtime.factory, now=utcnow(), messenger=runtime.messenger)
+        report = fire_due(
+            factory=runtime.factory,
+            limits=settings.runtime_limits,
+            now=utcnow(),
+            messenger=runtime.messenger,
+        )
         return {"firings": len(report.firings), "jobs": len(report.submitted_jobs)}
 
     celery.conf.beat_schedule = {

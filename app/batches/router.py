@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 from app.batches import service
 from app.batches.schemas import BatchIn, BatchOut, FiringOut
 from app.db import utcnow
-from app.deps import CurrentUser, SessionDep
+from app.deps import CurrentUser, SessionDep, SettingsDep
 
 router = APIRouter(prefix="/api/v1/batches", tags=["batches"])
 
@@ -31,10 +31,18 @@ def list_batches(session: SessionDep, principal: CurrentUser) -> list[BatchOut]:
 
 
 @router.post("", response_model=BatchOut, status_code=status.HTTP_201_CREATED)
-def create_batch(body: BatchIn, session: SessionDep, principal: CurrentUser) -> BatchOut:
+def create_batch(
+    body: BatchIn, session: SessionDep, principal: CurrentUser, settings: SettingsDep
+) -> BatchOut:
     """Create a schedule owned by you; its jobs are submitted as you."""
     with _template_errors():
-        return service.create_batch(session=session, principal=principal, body=body, now=utcnow())
+        return service.create_batch(
+            session=session,
+            principal=principal,
+            body=body,
+            limits=settings.runtime_limits,
+            now=utcnow(),
+        )
 
 
 @router.get("/{name}", response_model=BatchOut)
@@ -44,12 +52,17 @@ def get_batch(name: str, session: SessionDep, principal: CurrentUser) -> BatchOu
 
 @router.put("/{name}", response_model=BatchOut)
 def replace_batch(
-    name: str, body: BatchIn, session: SessionDep, principal: CurrentUser
+    name: str, body: BatchIn, session: SessionDep, principal: CurrentUser, settings: SettingsDep
 ) -> BatchOut:
     """Replace a schedule; a changed cron or zone takes effect at the next check."""
     with _template_errors():
         return service.replace_batch(
-            session=session, principal=principal, name=name, body=body, now=utcnow()
+            session=session,
+            principal=principal,
+            name=name,
+            body=body,
+            limits=settings.runtime_limits,
+            now=utcnow(),
         )
 
 

@@ -39,6 +39,7 @@ from app.auth.service import Principal, principal_for
 from app.batches.models import BatchFiring, BatchSchedule
 from app.batches.schemas import BatchIn, BatchOut, FiringOut
 from app.errors import Conflict, DomainError, FieldError, Forbidden, NotFound
+from app.jobs.limits import RuntimeLimits
 from app.jobs.schemas import JobCreate
 from app.jobs.service import _resolve_project, check_can_ever_fit, create_job
 from app.messaging import Messenger
@@ -237,11 +238,12 @@ def owner_principal(*, session: Session, user_id: int) -> Principal:
 
 
 def _check_templates(
-    session: Session, owner: Principal, body: BatchIn
+    session: Session, owner: Principal, body: BatchIn, limits: RuntimeLimits
 ) -> tuple[list[dict[str, Any]], int]:
     """Validate the templates as job submissions by ``owner``; return them as stored (with
     the project resolved, so a later second membership cannot make them ambiguous) and the
-    first template's project id."""
+    first template's project id. The default time limit is applied at each firing, not
+    stored: a template follows the cluster's setting."""
     stored: list[dict[str, Any]] = []
     first_project: int | None = None
     for index, template in enumerate(body.templates):
@@ -250,6 +252,7 @@ def _check_templates(
                 session=session, principal=owner, name=template.project
             )
             check_can_ever_fit(session=session, spec=template)
+            limits.apply(template)
         except FieldError as exc:
             raise TemplateFieldError(index, exc) from None
         data = template.model_dump(mode="json", exclude_unset=True)
@@ -262,12 +265,12 @@ def _check_templates(
 
 
 def create_batch(
-    *, session: Session, principal: Principal, body: BatchIn, now: datetime
+    *, session: Session, principal: Principal, body: BatchIn, limits: RuntimeLimits, now: datetime
 ) -> BatchOut:
     """Create a schedule owned by ``principal``; it fires only for times after ``now``."""
     now = _utc(now)
     owner = owner_principal(session=session, user_id=principal.user_id)
-    templates, project_id = _check_templates(session, owner, body)
+    templates, project_id = _check_templates(session, owner, body, limits)
     if body.target == "offpeak":
         require_window(session=session, name=body.window, field="window")
     row = BatchSchedule(
@@ -295,14 +298,20 @@ def create_batch(
 
 
 def replace_batch(
-    *, session: Session, principal: Principal, name: str, body: BatchIn, now: datetime
+    *,
+    session: Session,
+    principal: Principal,
+    name: str,
+    body: BatchIn,
+    limits: RuntimeLimits,
+    now: datetime,
 ) -> BatchOut:
     """Replace a schedule (the owner stays). A new cron or zone, or re-enabling, starts
     afresh at ``now``: times before the change never fire."""
     now = _utc(now)
     row = _row(session, principal, name, write=True)
     owner = owner_principal(session=session, user_id=row.user_id)
-    templates, project_id = _check_templates(session, owner, body)
+    templates, project_id = _check_templates(session, owner, body, limits)
     if body.target == "offpeak":
         require_window(session=session, name=body.window, field="window")
     if body.cron != row.cron or body.timezone != row.timezone or (body.enabled and not row.enabled):
@@ -422,6 +431,7 @@ def fire_schedule(
     *,
     factory: sessionmaker[Session],
     schedule_id: int,
+    limits: RuntimeLimits,
     now: datetime,
     check_interval_s: float = CHECK_INTERVAL_S,
 ) -> Firing | None:
@@ -456,6 +466,7 @@ def fire_schedule(
                     session=session,
                     principal=owner,
                     spec=_job_spec(row, template),
+                    limits=limits,
                     actor=f"batch:{name}",
                     reason=f"cron batch {name!r} fired for {due.isoformat()}",
                 )
@@ -481,6 +492,7 @@ def fire_schedule(
 def fire_due(
     *,
     factory: sessionmaker[Session],
+    limits: RuntimeLimits,
     now: datetime,
     messenger: Messenger | None = None,
     check_interval_s: float = CHECK_INTERVAL_S,
@@ -499,6 +511,7 @@ def fire_due(
             firing = fire_schedule(
                 factory=factory,
                 schedule_id=schedule_id,
+                limits=limits,
                 now=now,
                 check_interval_s=check_interval_s,
             )

@@ -37,12 +37,18 @@ def submit_job(
     principal: CurrentUser,
     response: Response,
     messenger: MessengerDep,
+    settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
 ) -> JobOut:
     """Queue a job. Repeating a request with the same Idempotency-Key and body returns the
-    first job (200) instead of creating a second one."""
+    first job (200) instead of creating a second one. A job without max_runtime_s gets the
+    cluster's default time limit, if one is set."""
     submitted = service.submit(
-        session=session, principal=principal, spec=spec, idempotency_key=idempotency_key
+        session=session,
+        principal=principal,
+        spec=spec,
+        limits=settings.runtime_limits,
+        idempotency_key=idempotency_key,
     )
     if not submitted.created:
         response.status_code = status.HTTP_200_OK

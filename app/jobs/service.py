@@ -17,6 +17,7 @@ from app.db import utcnow
 from app.errors import Conflict, FieldError, Forbidden, NotFound
 from app.estimator.catalog import job_memory_from_model
 from app.jobs.lifecycle import transition
+from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Allocation, Job, JobEvent
 from app.jobs.schemas import (
     AllocationOut,
@@ -130,6 +131,7 @@ def create_job(
     session: Session,
     principal: Principal,
     spec: JobCreate,
+    limits: RuntimeLimits,
     idempotency_key: str | None = None,
     actor: str | None = None,
     reason: str = "submitted",
@@ -140,6 +142,7 @@ def create_job(
         session=session, principal=principal, name=spec.project
     )
     request_hash = _request_hash(spec)  # of the body as sent: idempotent replays compare it
+    spec = limits.apply(spec)
     if spec.model is not None and spec.gpu_memory_mb is None:
         memory = job_memory_from_model(
             session=session,
@@ -205,6 +208,7 @@ def submit(
     session: Session,
     principal: Principal,
     spec: JobCreate,
+    limits: RuntimeLimits,
     idempotency_key: str | None,
 ) -> Submitted:
     request_hash = _request_hash(spec)
@@ -216,7 +220,11 @@ def submit(
             return Submitted(job=replay, created=False)
     try:
         job, project_name = create_job(
-            session=session, principal=principal, spec=spec, idempotency_key=idempotency_key
+            session=session,
+            principal=principal,
+            spec=spec,
+            limits=limits,
+            idempotency_key=idempotency_key,
         )
         session.commit()
     except IntegrityError:

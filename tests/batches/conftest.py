@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +16,7 @@ from app.auth.service import Principal
 from app.batches import service
 from app.batches.models import BatchFiring
 from app.batches.schemas import BatchIn
+from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Job
 from tests.cli.conftest import cli  # noqa: F401  (the live-server CLI fixture)
 from tests.foundation.builders import add_user
@@ -24,6 +25,7 @@ from tests.foundation.builders import add_user
 @dataclass
 class World:
     factory: sessionmaker[Session]
+    limits: RuntimeLimits = field(default_factory=RuntimeLimits)  # none by default
 
     def user(self, name: str, projects: list[str], *, admin: bool = False) -> Principal:
         add_user(self.factory, name, projects, admin=admin)
@@ -45,12 +47,16 @@ class World:
         body.update(fields)
         with self.factory() as session:
             out = service.create_batch(
-                session=session, principal=owner, body=BatchIn.model_validate(body), now=now
+                session=session,
+                principal=owner,
+                body=BatchIn.model_validate(body),
+                limits=self.limits,
+                now=now,
             )
         return out.id
 
     def fire(self, now: datetime, **kwargs: Any) -> service.FireReport:
-        return service.fire_due(factory=self.factory, now=now, **kwargs)
+        return service.fire_due(factory=self.factory, limits=self.limits, now=now, **kwargs)
 
     def firings(self, schedule_id: int | None = None) -> list[BatchFiring]:
         with self.factory() as session:

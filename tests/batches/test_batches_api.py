@@ -8,6 +8,7 @@ from typing import Any
 from app.batches import service
 from app.batches.models import BatchSchedule
 from app.db import utcnow
+from app.jobs.limits import RuntimeLimits
 from tests.conftest import Api
 from tests.foundation.builders import add_node
 
@@ -185,7 +186,9 @@ def test_firings_history_and_delete(api: Api) -> None:
         assert row is not None
         minute = row.active_from.replace(second=0, microsecond=0).astimezone(UTC)
     # Two minutes later (an injected clock): only the latest minute runs, once.
-    report = service.fire_due(factory=api.factory, now=minute + timedelta(minutes=2, seconds=1))
+    report = service.fire_due(
+        factory=api.factory, limits=RuntimeLimits(), now=minute + timedelta(minutes=2, seconds=1)
+    )
     assert report.count("submitted") == 1
     h = api.as_("alice")
     firings = api.client.get(f"{BATCHES}/nightly/firings", headers=h).json()

@@ -10,6 +10,7 @@ from sqlalchemy import delete, select
 from app.auth.service import Principal
 from app.batches import service
 from app.batches.schemas import BatchIn
+from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Job, JobEvent
 from app.projects.models import Project, ProjectMember
 from app.windows.models import Window
@@ -121,7 +122,12 @@ def test_changed_cron_takes_effect_on_the_next_check(world: World, alice: Princi
             }
         )
         service.replace_batch(
-            session=session, principal=alice, name="nightly", body=body, now=utc(2026, 1, 1, 10, 7)
+            session=session,
+            principal=alice,
+            name="nightly",
+            body=body,
+            limits=world.limits,
+            now=utc(2026, 1, 1, 10, 7),
         )
     assert world.fire(utc(2026, 1, 1, 10, 15, 4)).count("submitted") == 1
     assert world.fire(utc(2026, 1, 2, 2, 0, 4)).firings == []  # the old 02:00 is gone
@@ -255,3 +261,14 @@ def test_one_broken_schedule_does_not_stop_the_others(
     monkeypatch.setattr(service, "fire_schedule", flaky)
     report = world.fire(utc(2026, 1, 1, 2, 0, 1))
     assert [f.schedule for f in report.firings] == ["b"]
+
+
+def test_jobs_get_the_cluster_default_time_limit_when_the_batch_fires(
+    world: World, alice: Principal
+) -> None:
+    templates = [{"command": ["train"]}, {"command": ["eval"], "max_runtime_s": 600}]
+    world.create(alice, utc(2026, 1, 1), templates=templates)
+    # Set after the batch was made: a template follows the cluster's setting.
+    world.limits = RuntimeLimits(default_s=7200)
+    assert world.fire(utc(2026, 1, 1, 2, 0, 4)).count("submitted") == 1
+    assert [job.max_runtime_s for job in world.jobs()] == [7200, 600]

@@ -1,0 +1,51 @@
+"""The cluster's time limits for jobs, as Slurm's DefaultTime and MaxTime on a partition.
+
+A job that gives no `max_runtime_s` gets the default. With every job's end known, backfill
+can plan around running jobs and waiting jobs get an estimated start; a job with no limit
+counts as never ending, so GPUs are held idle for the head of the queue instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.errors import FieldError
+from app.jobs.schemas import JobCreate
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeLimits:
+    default_s: int | None = None  # for jobs that set none; unset: max_s, else no limit
+    max_s: int | None = None  # the longest limit a job may ask for
+
+    def apply(self, spec: JobCreate) -> JobCreate:
+        """`spec` with its time limit filled in; a 422 on the field that breaks a limit."""
+        asked = spec.max_runtime_s
+        if asked is not None and self.max_s is not None and asked > self.max_s:
+            raise FieldError(
+                "max_runtime_s",
+                f"{_span(asked)} is above this cluster's longest time limit, {_span(self.max_s)}",
+            )
+        limit = asked if asked is not None else self.default_s or self.max_s
+        estimate = spec.estimated_runtime_s
+        if estimate is not None and limit is not None and estimate > limit:
+            given = "its max_runtime_s" if asked is not None else "the cluster's default"
+            room = f" up to {_span(self.max_s)}" if self.max_s is not None else ""
+            raise FieldError(
+                "estimated_runtime_s",
+                f"{_span(estimate)} is longer than the job's time limit, {_span(limit)}"
+                f" ({given}): it would be stopped first; set max_runtime_s{room}",
+            )
+        if limit == asked:
+            return spec
+        return spec.model_copy(update={"max_runtime_s": limit})
+
+
+def _span(seconds: int) -> str:
+    """'604800 s (7d)': the exact value the API takes, and one a person reads."""
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "m"), (secs, "s"))]
+    readable = "".join(p for p in parts if not p.startswith("0")) or "0s"
+    return f"{seconds} s ({readable})"

@@ -1,0 +1,101 @@
+"""The cluster's time limits (GPUSCHED_DEFAULT_MAX_RUNTIME_S, GPUSCHED_MAX_RUNTIME_LIMIT_S),
+as Slurm's DefaultTime and MaxTime: applied to submissions, batch templates and firings."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.config import SettingsError, load_settings
+from app.errors import FieldError
+from app.jobs.limits import RuntimeLimits
+from app.jobs.models import Job
+from app.jobs.schemas import JobCreate
+
+HOUR, DAY = 3600, 86400
+
+
+@pytest.mark.parametrize(
+    ("limits", "asked", "expected"),
+    [
+        (RuntimeLimits(), None, None),  # no limits: a job may run forever
+        (RuntimeLimits(), 30 * DAY, 30 * DAY),
+        (RuntimeLimits(default_s=DAY), None, DAY),
+        (RuntimeLimits(default_s=DAY), 3 * DAY, 3 * DAY),  # a default does not cap
+        (RuntimeLimits(max_s=7 * DAY), None, 7 * DAY),  # no default: the longest limit
+        (RuntimeLimits(max_s=7 * DAY), 7 * DAY, 7 * DAY),
+        (RuntimeLimits(default_s=DAY, max_s=7 * DAY), None, DAY),
+        (RuntimeLimits(default_s=DAY, max_s=7 * DAY), HOUR, HOUR),
+    ],
+)
+def test_a_job_gets_its_own_limit_else_the_default_else_the_longest(limits, asked, expected):
+    spec = JobCreate(command=["train"], max_runtime_s=asked)
+    assert limits.apply(spec).max_runtime_s == expected
+
+
+@pytest.mark.parametrize(
+    ("limits", "body", "field", "message"),
+    [
+        (
+            RuntimeLimits(max_s=7 * DAY),
+            {"max_runtime_s": 8 * DAY},
+            "max_runtime_s",
+            "691200 s (8d) is above this cluster's longest time limit, 604800 s (7d)",
+        ),
+        (
+            RuntimeLimits(default_s=DAY),
+            {"estimated_runtime_s": 2 * DAY},
+            "estimated_runtime_s",
+            "172800 s (2d) is longer than the job's time limit, 86400 s (1d) (the cluster's"
+            " default): it would be stopped first; set max_runtime_s",
+        ),
+        (
+            RuntimeLimits(default_s=DAY, max_s=7 * DAY),
+            {"max_runtime_s": 5400, "estimated_runtime_s": 2 * HOUR},
+            "estimated_runtime_s",
+            "7200 s (2h) is longer than the job's time limit, 5400 s (1h30m) (its"
+            " max_runtime_s): it would be stopped first; set max_runtime_s up to 604800 s (7d)",
+        ),
+    ],
+)
+def test_a_limit_a_job_cannot_meet_is_refused_on_its_field(limits, body, field, message):
+    with pytest.raises(FieldError) as refused:
+        limits.apply(JobCreate(command=["train"], **body))
+    assert refused.value.field == field and str(refused.value) == message
+
+
+def test_default_above_the_longest_limit_is_a_settings_error():
+    with pytest.raises(SettingsError, match=r"GPUSCHED_MAX_RUNTIME_LIMIT_S: .*below"):
+        load_settings(default_max_runtime_s=2 * DAY, max_runtime_limit_s=DAY)
+
+
+def _limited(api, **limits):
+    state = api.client.app.state
+    state.settings = state.settings.model_copy(update=limits)
+
+
+def test_submissions_get_the_default_and_are_held_to_the_longest_limit(api):
+    _limited(api, default_max_runtime_s=DAY, max_runtime_limit_s=7 * DAY)
+    alice = api.as_("alice")
+    r = api.client.post("/api/v1/jobs", json={"command": ["train"]}, headers=alice)
+    assert r.status_code == 201, r.text
+    assert r.json()["max_runtime_s"] == DAY
+    # The stored job is what the agent enforces and what backfill plans with.
+    with api.factory() as session:
+        assert session.get_one(Job, r.json()["id"]).max_runtime_s == DAY
+
+    r = api.client.post(
+        "/api/v1/jobs", json={"command": ["train"], "max_runtime_s": 8 * DAY}, headers=alice
+    )
+    assert r.status_code == 422
+    (error,) = r.json()["detail"]
+    assert error["loc"] == ["body", "max_runtime_s"] and "longest time limit" in error["msg"]
+
+    # A batch whose job asks too much is refused when it is made, not at 2 am.
+    batch = {
+        "name": "nightly",
+        "cron": "0 2 * * *",
+        "templates": [{"command": ["train"]}, {"command": ["eval"], "max_runtime_s": 8 * DAY}],
+    }
+    r = api.client.post("/api/v1/batches", json=batch, headers=alice)
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["body", "templates", 1, "max_runtime_s"]
