@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -562,22 +562,26 @@ def show(
         out.print(table)
 
 
-def cancel(
-    job_ids: Annotated[list[int], typer.Argument(help="Job ids", show_default=False)],
-    as_json: JsonOption = False,
-    url: UrlOption = None,
-    token: TokenOption = None,
-) -> None:
-    """Cancel jobs (idempotent), like scancel 12 13. A running job is stopped by its agent.
+JobIds = Annotated[list[int], typer.Argument(help="Job ids", show_default=False)]
 
-    Every id is tried; exit 1 if any could not be cancelled. --json prints the job, or a list
-    of jobs for several ids."""
+
+def _each_job(
+    job_ids: list[int],
+    action: str,
+    line: Callable[[dict[str, Any]], str],
+    *,
+    as_json: bool,
+    url: str | None,
+    token: str | None,
+) -> None:
+    """POST /jobs/ID/`action` for every id: one line each, errors per id on stderr, exit 1
+    if any failed. --json prints the job, or a list of jobs for several ids."""
     client = ApiClient.from_options(url, token)
     ids = list(dict.fromkeys(job_ids))
     done, failed = [], 0
     for job_id in ids:
         try:
-            job = client.post(f"{JOBS}/{job_id}/cancel")
+            job = client.post(f"{JOBS}/{job_id}/{action}")
         except ApiError as exc:
             if len(ids) == 1:
                 raise
@@ -586,11 +590,43 @@ def cancel(
             continue
         done.append(job)
         if not as_json:
-            typer.echo(_cancel_line(job))
+            typer.echo(line(job))
     if as_json:
         print_json(done[0] if len(ids) == 1 else done)
     if failed:
         raise typer.Exit(EXIT_REJECTED)
+
+
+def cancel(
+    job_ids: JobIds, as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None
+) -> None:
+    """Cancel jobs (idempotent), like scancel 12 13. A running job is stopped by its agent.
+
+    Every id is tried; exit 1 if any could not be cancelled. --json prints the job, or a list
+    of jobs for several ids."""
+    _each_job(job_ids, "cancel", _cancel_line, as_json=as_json, url=url, token=token)
+
+
+def hold(
+    job_ids: JobIds, as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None
+) -> None:
+    """Keep pending jobs from starting until released, like scontrol hold 12 13.
+
+    Every id is tried; exit 1 if any could not be held (e.g. it is already running)."""
+    _each_job(job_ids, "hold", _hold_line, as_json=as_json, url=url, token=token)
+
+
+def release(
+    job_ids: JobIds, as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None
+) -> None:
+    """Let held jobs be scheduled again, like scontrol release 12 13. A hold placed by an
+    admin only an admin releases."""
+    _each_job(job_ids, "release", _hold_line, as_json=as_json, url=url, token=token)
+
+
+def _hold_line(job: dict[str, Any]) -> str:
+    state = f"held by {job['held_by']}" if job.get("held_by") else job["status"]
+    return f"job {job['id']} ({job['name']}): {state}"
 
 
 def _cancel_line(job: dict[str, Any]) -> str:
@@ -613,3 +649,5 @@ def register(app: typer.Typer) -> None:
     app.command("queue", rich_help_panel="Jobs")(pending_queue)
     app.command("show", rich_help_panel="Jobs")(show)
     app.command("cancel", rich_help_panel="Jobs")(cancel)
+    app.command("hold", rich_help_panel="Jobs")(hold)
+    app.command("release", rich_help_panel="Jobs")(release)

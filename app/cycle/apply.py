@@ -119,7 +119,12 @@ def apply_plan(
             continue
         job = session.scalar(select(Job).where(Job.id == placement.job_id).with_for_update())
         expected_attempt = ctx.pending_attempts.get(placement.job_id)
-        if job is None or job.status is not JobStatus.PENDING or job.attempt != expected_attempt:
+        if (
+            job is None
+            or job.status is not JobStatus.PENDING
+            or job.attempt != expected_attempt
+            or job.held_by is not None
+        ):
             applied.skipped[placement.job_id] = "job changed since the snapshot"
             continue
         nodes_ok = session.scalars(

@@ -271,7 +271,12 @@ def read_snapshot(
         )
         for j in active_jobs
     )
-    pending_query = select(*JOB_COLUMNS).where(Job.status == JobStatus.PENDING).order_by(Job.id)
+    # Held jobs (gpusched hold) are left out: no cycle ranks, places or explains them.
+    pending_query = (
+        select(*JOB_COLUMNS)
+        .where(Job.status == JobStatus.PENDING, Job.held_by.is_(None))
+        .order_by(Job.id)
+    )
     asked: tuple[int, ...] = ()
     if memory is not None:
         asked = tuple(memory.head(head_depth(node_views)))

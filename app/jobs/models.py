@@ -64,6 +64,8 @@ class Job(Base):
     queue_position: Mapped[int | None] = mapped_column(Integer)
     estimated_start_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     exit_code: Mapped[int | None] = mapped_column(Integer)
+    # Who held this pending job (gpusched hold): no cycle considers it until released.
+    held_by: Mapped[str | None] = mapped_column(String(64))
     # Set by a cancel of a scheduled/running job; the agent stops the process and then
     # reports CANCELLED, so the GPUs are released only once the process is gone.
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -122,6 +122,25 @@ def cancel_job(
     return job
 
 
+@router.post("/{job_id}/hold", response_model=JobOut)
+def hold_job(job_id: JobId, session: SessionDep, principal: CurrentUser) -> JobOut:
+    """Keep a pending job from being scheduled until it is released (as `scontrol hold`).
+    Idempotent; a job that is not pending is a 409."""
+    return service.hold(session=session, principal=principal, job_id=job_id)
+
+
+@router.post("/{job_id}/release", response_model=JobOut)
+def release_job(
+    job_id: JobId, session: SessionDep, principal: CurrentUser, messenger: MessengerDep
+) -> JobOut:
+    """Let a held job be scheduled again; a hold placed by an admin only an admin releases.
+    Idempotent."""
+    job = service.release(session=session, principal=principal, job_id=job_id)
+    if messenger is not None:
+        messenger.request_cycle()
+    return job
+
+
 @router.get(
     "/{job_id}/logs",
     response_class=Response,

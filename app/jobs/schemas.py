@@ -168,6 +168,7 @@ class JobOut(BaseModel):
     pending_message: str | None
     queue_position: int | None
     estimated_start_at: datetime | None
+    held_by: str | None = Field(description="who held this pending job (release to run it)")
     exit_code: int | None
     cancel_requested: bool
     allocations: list[AllocationOut]

@@ -28,7 +28,7 @@ from app.jobs.schemas import (
     PendingPage,
     ScheduleSpec,
 )
-from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
+from app.jobs.states import ACTIVE, HELD, NEW_IN_QUEUE, JobStatus
 from app.nodes.models import Gpu, Node
 from app.projects.models import Project
 from app.windows.service import require_window
@@ -328,7 +328,8 @@ def list_jobs(
 def pending_in_order(
     *, session: Session, principal: Principal, project: str | None, offset: int, limit: int
 ) -> PendingPage:
-    """Waiting jobs in the order the last cycle would serve them (queue position)."""
+    """Waiting jobs in the order the last cycle would serve them (queue position), held
+    jobs last."""
     query = select(Job).where(Job.status == JobStatus.PENDING)
     if not principal.is_admin:
         query = query.where(Job.project_id.in_(principal.project_ids or {-1}))
@@ -336,7 +337,9 @@ def pending_in_order(
         query = query.join(Project, Project.id == Job.project_id).where(Project.name == project)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     jobs = session.scalars(
-        query.order_by(Job.queue_position.is_(None), Job.queue_position, Job.id)
+        query.order_by(
+            Job.held_by.is_not(None), Job.queue_position.is_(None), Job.queue_position, Job.id
+        )
         .offset(offset)
         .limit(limit)
     ).all()
@@ -363,20 +366,66 @@ def cancel(*, session: Session, principal: Principal, job_id: int) -> JobOut:
     elif status in ACTIVE:
         if job.cancel_requested_at is None:
             job.cancel_requested_at = utcnow()
-            session.add(
-                JobEvent(
-                    job_id=job.id,
-                    from_status=status,
-                    to_status=status,
-                    attempt=job.attempt,
-                    actor=principal.name,
-                    reason="cancel requested; stopping the process",
-                )
-            )
+            reason = "cancel requested; stopping the process"
+            _note(session, job=job, actor=principal.name, reason=reason)
     elif status is not JobStatus.CANCELLED:
         raise Conflict(f"job {job_id} already finished ({status}); nothing to cancel")
     session.commit()
     return _outs(session, [job])[0]
+
+
+def hold(*, session: Session, principal: Principal, job_id: int) -> JobOut:
+    """Keep a pending job out of scheduling until it is released, as `scontrol hold`: it
+    stays in the queue with its submit time (its age still counts), but no cycle ranks or
+    places it. Idempotent."""
+    job = _visible_job(session=session, principal=principal, job_id=job_id)
+    session.refresh(job, with_for_update=True)  # a cycle placing it now must not race
+    if job.status is not JobStatus.PENDING:
+        raise Conflict(f"job {job_id} is {job.status}: only a pending job can be held")
+    if job.held_by is None:
+        job.held_by = principal.name
+        _note(session, job=job, actor=principal.name, reason=f"held by {principal.name}")
+    session.commit()
+    return _outs(session, [job])[0]
+
+
+def release(*, session: Session, principal: Principal, job_id: int) -> JobOut:
+    """Let a held job be scheduled again (`scontrol release`). A hold an admin placed is
+    released only by an admin, as Slurm's admin hold. Idempotent."""
+    job = _visible_job(session=session, principal=principal, job_id=job_id)
+    session.refresh(job, with_for_update=True)
+    holder = job.held_by
+    if holder is None:
+        session.commit()
+        return _outs(session, [job])[0]
+    if holder != principal.name and not principal.is_admin:
+        held_by_admin = session.scalar(select(User.is_admin).where(User.name == holder))
+        if held_by_admin:
+            raise Forbidden(f"job {job_id} was held by admin {holder!r}; only an admin releases it")
+    job.held_by = None
+    # Back in the queue as a new arrival: the next quick cycle ranks it.
+    job.pending_reason = NEW_IN_QUEUE
+    job.pending_message = "waiting for the next scheduling cycle"
+    job.queue_position = job.estimated_start_at = None
+    _note(session, job=job, actor=principal.name, reason=f"released by {principal.name}")
+    session.commit()
+    return _outs(session, [job])[0]
+
+
+def _note(session: Session, *, job: Job, actor: str, reason: str) -> None:
+    """An event that changes no state (hold, release, a cancel still under way), so
+    `gpusched show` tells who did it."""
+    status = JobStatus(job.status)
+    session.add(
+        JobEvent(
+            job_id=job.id,
+            from_status=status,
+            to_status=status,
+            attempt=job.attempt,
+            actor=actor,
+            reason=reason,
+        )
+    )
 
 
 def _outs(session: Session, jobs: Sequence[Job]) -> list[JobOut]:
@@ -419,6 +468,8 @@ def _outs(session: Session, jobs: Sequence[Job]) -> list[JobOut]:
 
 def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOut]) -> JobOut:
     waiting = job.status == JobStatus.PENDING
+    # A held job's stored reason is the last cycle's (or one a cycle wrote as it was held).
+    held = waiting and job.held_by is not None
     return JobOut(
         id=job.id,
         name=job.name,
@@ -448,10 +499,17 @@ def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOu
         attempt=job.attempt,
         # Only a waiting job has a reason to wait: a job cancelled while pending (or in
         # the moment a cycle still ranked it) must not say "waiting for 4 GPUs".
-        pending_reason=job.pending_reason if waiting else None,
-        pending_message=job.pending_message if waiting else None,
-        queue_position=job.queue_position if waiting else None,
-        estimated_start_at=job.estimated_start_at if waiting else None,
+        pending_reason=HELD if held else job.pending_reason if waiting else None,
+        pending_message=(
+            f"held by {job.held_by}: gpusched release {job.id} lets it be scheduled"
+            if held
+            else job.pending_message
+            if waiting
+            else None
+        ),
+        queue_position=job.queue_position if waiting and not held else None,
+        estimated_start_at=job.estimated_start_at if waiting and not held else None,
+        held_by=job.held_by if waiting else None,
         exit_code=job.exit_code,
         cancel_requested=job.cancel_requested_at is not None,
         allocations=allocations,

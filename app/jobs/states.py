@@ -42,3 +42,5 @@ RETRYABLE = frozenset({S.FAILED, S.LOST})
 # The pending reason of a job that no scheduling cycle has ranked yet (just submitted, or
 # back in the queue); quick cycles look for it (app/cycle/snapshot.py).
 NEW_IN_QUEUE = "NEW"
+# The pending reason of a held job (gpusched hold): no cycle considers it until released.
+HELD = "held"

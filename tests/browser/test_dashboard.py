@@ -339,6 +339,13 @@ def test_every_page_renders_without_console_errors(
     )
     view.go(f"#/jobs/{later['id']}")
     _expect_text(page, "#job-log", "^The job has not started yet[.]$")
+    # Hold keeps it from starting until Release (scontrol hold / release).
+    page.click(f"[data-hold='{later['id']}']")
+    _expect_text(page, "#job-reason", "^held held by admin: gpusched release")
+    _expect_text(page, "#job-events li", "held by admin")  # who held it, in the timeline
+    view.shot(f"job-held-{width}")
+    page.click(f"[data-release='{later['id']}']")
+    page.wait_for_selector(f"[data-hold='{later['id']}']")
     view.go(f"#/jobs/{running['id']}")
     page.wait_for_selector("#job-command")
     _expect_text(page, "#job-log", "epoch 1", timeout=20_000)

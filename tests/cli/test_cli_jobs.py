@@ -385,3 +385,20 @@ def test_queue_lists_pending_jobs_in_scheduling_order_with_estimated_start(cli: 
     limited = cli("queue", "--limit", "1")
     assert "1 more pending" in limited.stdout and "big" not in limited.stdout
     assert "no pending jobs" in cli("queue", user="bob").stdout  # bob sees only his projects
+
+
+def test_hold_and_release(cli: Cli) -> None:
+    first, second = (_submit_json(cli, "--", "sleep", "100")["id"] for _ in range(2))
+    held = cli("hold", str(first), str(second))
+    assert held.exit_code == 0, held.stderr
+    assert held.stdout.splitlines() == [
+        f"job {first} (sleep): held by alice",
+        f"job {second} (sleep): held by alice",
+    ]
+    assert "held by alice" in cli("jobs").stdout  # the REASON column
+    released = cli("release", "--json", str(first))
+    assert released.exit_code == 0 and json.loads(released.stdout)["held_by"] is None
+    assert cli("release", str(first)).stdout == f"job {first} (sleep): PENDING\n"
+    assert cli("cancel", str(first)).exit_code == 0
+    refused = cli("hold", str(first))
+    assert refused.exit_code == 1 and "only a pending job can be held" in refused.stderr

@@ -5,7 +5,7 @@ import {
   ACTIVE, allocationText, clear, fmtDate, fmtDateSec, fmtDuration, fmtIn, fmtNum, gpuRequest,
   h, poll, reasonLabel, statusBadge,
 } from "../util.js";
-import { cancelButton } from "./queue.js";
+import { cancelButton, holdButton } from "./queue.js";
 
 function kvList(pairs) {
   return h("dl", { class: "kv" }, pairs.filter(Boolean).flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
@@ -76,7 +76,9 @@ export function jobPage(root, ctx, { match }) {
       h("div", {},
         h("div", { class: "small" }, h("a", { href: "#/queue" }, "← Queue")),
         h("h1", {}, `${job.name} `, h("span", { class: "muted mono", style: { fontSize: ".8em" } }, `#${job.id}`))),
-      h("div", { class: "form-actions" }, statusBadge(job.status), cancelButton(job, refreshJob)));
+      h("div", { class: "form-actions" }, statusBadge(job.status),
+        holdButton(job, () => Promise.all([refreshJob(), refreshEvents()])),
+        cancelButton(job, refreshJob)));
     document.title = `#${job.id} ${job.name} · gpusched`;
   };
 

@@ -40,6 +40,28 @@ export function cancelButton(job, onDone) {
   return btn;
 }
 
+// Hold (scontrol hold) keeps a pending job from starting; Release lets it run again.
+export function holdButton(job, onDone) {
+  if (job.status !== "PENDING") return null;
+  const action = job.held_by ? "release" : "hold";
+  const label = job.held_by ? "Release" : "Hold";
+  const btn = h("button", {
+    type: "button", class: "btn btn-ghost btn-sm", dataset: { [action]: job.id },
+    "aria-label": `${label} job ${job.id}`,
+    onclick: async () => {
+      btn.disabled = true;
+      try {
+        await api(`/api/v1/jobs/${job.id}/${action}`, { method: "POST" });
+        toast(`Job ${job.id} ${job.held_by ? "released" : "held"}`);
+      } catch (err) {
+        toast(`Cannot ${action} job ${job.id}: ${err.message}`, "error");
+      }
+      onDone();
+    },
+  }, label);
+  return btn;
+}
+
 function jobLink(job) {
   return h("a", { href: `#/jobs/${job.id}`, class: "mono" }, `#${job.id}`);
 }

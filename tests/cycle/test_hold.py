@@ -1,0 +1,119 @@
+"""Holding a pending job (scontrol hold / release): the live cycle leaves it alone, even
+when the hold lands between a cycle's snapshot and its apply."""
+
+from __future__ import annotations
+
+from app.cycle import lease
+from app.cycle.apply import apply_plan
+from app.cycle.run import run_cycle
+from app.cycle.settings import SchedulerSettings
+from app.cycle.snapshot import read_snapshot
+from app.db import utcnow
+from app.scheduling import Placement, Plan
+from tests.foundation.builders import ready_node
+
+SETTINGS = SchedulerSettings(stability_window_s=0)
+
+
+def _submit(api, user="alice", **body) -> int:
+    body.setdefault("command", ["train"])
+    r = api.client.post("/api/v1/jobs", json=body, headers=api.as_(user))
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def _post(api, job_id: int, action: str, user="alice"):
+    return api.client.post(f"/api/v1/jobs/{job_id}/{action}", headers=api.as_(user))
+
+
+def _job(api, job_id: int) -> dict:
+    r = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.as_("admin"))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _cycle(api) -> None:
+    run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
+
+
+def _add_node(api, gpus: int) -> None:
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=gpus, now=utcnow()))
+
+
+def test_a_held_job_is_not_scheduled_until_released(api):
+    _add_node(api, 1)
+    first, second = _submit(api), _submit(api)
+    r = _post(api, first, "hold")
+    assert r.status_code == 200, r.text
+    held = r.json()
+    assert (held["status"], held["held_by"], held["pending_reason"]) == ("PENDING", "alice", "held")
+    assert (
+        held["pending_message"] == f"held by alice: gpusched release {first} lets it be scheduled"
+    )
+    assert _post(api, first, "hold").json()["held_by"] == "alice"  # idempotent
+
+    _cycle(api)
+    # The only GPU goes to the job behind it; the held one keeps its reason, no position.
+    assert _job(api, second)["status"] == "SCHEDULED"
+    after = _job(api, first)
+    assert (after["status"], after["pending_reason"], after["queue_position"]) == (
+        "PENDING",
+        "held",
+        None,
+    )
+
+    released = _post(api, first, "release").json()
+    assert (released["held_by"], released["pending_reason"]) == (None, "NEW")
+    _cycle(api)
+    assert _job(api, first)["pending_reason"] == "waiting_for_gpus"  # ranked again
+    events = api.client.get(f"/api/v1/jobs/{first}/events", headers=api.as_("alice")).json()
+    assert [(e["actor"], e["reason"]) for e in events[1:]] == [
+        ("alice", "held by alice"),
+        ("alice", "released by alice"),
+    ]
+
+
+def test_a_hold_between_snapshot_and_apply_wins(api):
+    _add_node(api, 1)
+    job_id = _submit(api)
+    now = utcnow()
+    with api.factory() as session:
+        token = lease.acquire(session, holder="t", now=now, ttl_s=30)
+        ctx = read_snapshot(session=session, now=now, half_life_s=3600)
+        session.rollback()
+        assert _post(api, job_id, "hold").status_code == 200
+        plan = Plan(placements=(Placement(job_id, (("n1", (0,)),)),))
+        applied = apply_plan(session, ctx=ctx, plan=plan, token=token, now=now)
+    assert applied.placed == [] and job_id in applied.skipped
+    assert _job(api, job_id)["status"] == "PENDING"
+
+
+def test_who_may_hold_and_release(api):
+    job_id = _submit(api)
+    assert _post(api, job_id, "hold", user="bob").status_code == 403  # not bob's project
+    # An admin's hold is the admin's to lift, as Slurm's admin hold.
+    assert _post(api, job_id, "hold", user="admin").json()["held_by"] == "admin"
+    refused = _post(api, job_id, "release")
+    assert refused.status_code == 403
+    assert "held by admin 'admin'" in refused.json()["detail"]
+    assert _post(api, job_id, "release", user="admin").json()["held_by"] is None
+    # Releasing a job that is not held changes nothing.
+    assert _post(api, job_id, "release").json()["pending_reason"] == "NEW"
+
+    # Only a pending job can be held.
+    assert api.client.post(f"/api/v1/jobs/{job_id}/cancel", headers=api.as_("alice")).is_success
+    conflict = _post(api, job_id, "hold")
+    assert conflict.status_code == 409 and "only a pending job" in conflict.json()["detail"]
+    assert _post(api, 999_999, "hold").status_code == 404
+
+
+def test_held_jobs_come_last_in_the_queue(api):
+    _add_node(api, 1)
+    running, first, second = _submit(api), _submit(api), _submit(api)
+    _cycle(api)
+    assert _post(api, first, "hold").status_code == 200
+    _cycle(api)
+    queue = api.client.get("/api/v1/queue", headers=api.as_("alice")).json()
+    assert [(j["id"], j["queue_position"]) for j in queue["items"]] == [(second, 1), (first, None)]
+    assert _job(api, running)["status"] == "SCHEDULED"
