@@ -140,6 +140,7 @@ JOB_COLUMNS = (
     Job.pending_message,
     Job.queue_position,
     Job.estimated_start_at,
+    Job.held_s,
 )
 
 
@@ -155,7 +156,10 @@ def _job_view(job: Any, user: str, project: str, attained: float) -> JobView:
         gpu_model=job.gpu_model,
         nodes=job.nodes,
         priority=job.priority,
-        submitted_at=job.created_at,
+        # Time spent held is not time waited (gpusched hold).
+        submitted_at=job.created_at + timedelta(seconds=job.held_s)
+        if job.held_s
+        else job.created_at,
         estimated_runtime_s=job.estimated_runtime_s,
         max_runtime_s=job.max_runtime_s,
         preemptible=job.preemptible,

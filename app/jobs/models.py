@@ -64,8 +64,12 @@ class Job(Base):
     queue_position: Mapped[int | None] = mapped_column(Integer)
     estimated_start_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     exit_code: Mapped[int | None] = mapped_column(Integer)
-    # Who held this pending job (gpusched hold): no cycle considers it until released.
+    # Who held this pending job (gpusched hold), and since when: no cycle considers it
+    # until released. Time held does not count as waiting (queue order, aging,
+    # starvation), as Slurm accrues a job's age only while it is eligible: held_s sums it.
     held_by: Mapped[str | None] = mapped_column(String(64))
+    held_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    held_s: Mapped[int] = mapped_column(Integer, default=0)
     # Set by a cancel of a scheduled/running job; the agent stops the process and then
     # reports CANCELLED, so the GPUs are released only once the process is gone.
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -376,14 +376,14 @@ def cancel(*, session: Session, principal: Principal, job_id: int) -> JobOut:
 
 def hold(*, session: Session, principal: Principal, job_id: int) -> JobOut:
     """Keep a pending job out of scheduling until it is released, as `scontrol hold`: it
-    stays in the queue with its submit time (its age still counts), but no cycle ranks or
-    places it. Idempotent."""
+    stays pending, but no cycle ranks or places it, and the time held does not count as
+    waiting (else holding a job for a day would put it first as starving). Idempotent."""
     job = _visible_job(session=session, principal=principal, job_id=job_id)
     session.refresh(job, with_for_update=True)  # a cycle placing it now must not race
     if job.status is not JobStatus.PENDING:
         raise Conflict(f"job {job_id} is {job.status}: only a pending job can be held")
     if job.held_by is None:
-        job.held_by = principal.name
+        job.held_by, job.held_at = principal.name, utcnow()
         _note(session, job=job, actor=principal.name, reason=f"held by {principal.name}")
     session.commit()
     return _outs(session, [job])[0]
@@ -402,7 +402,9 @@ def release(*, session: Session, principal: Principal, job_id: int) -> JobOut:
         held_by_admin = session.scalar(select(User.is_admin).where(User.name == holder))
         if held_by_admin:
             raise Forbidden(f"job {job_id} was held by admin {holder!r}; only an admin releases it")
-    job.held_by = None
+    if job.held_at is not None:
+        job.held_s += max(0, int((utcnow() - job.held_at).total_seconds()))
+    job.held_by = job.held_at = None
     # Back in the queue as a new arrival: the next quick cycle ranks it.
     job.pending_reason = NEW_IN_QUEUE
     job.pending_message = "waiting for the next scheduling cycle"

@@ -3,13 +3,16 @@ when the hold lands between a cycle's snapshot and its apply."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from app.cycle import lease
 from app.cycle.apply import apply_plan
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
-from app.scheduling import Placement, Plan
+from app.jobs.models import Job
+from app.scheduling import Placement, Plan, plan_cycle
 from tests.foundation.builders import ready_node
 
 SETTINGS = SchedulerSettings(stability_window_s=0)
@@ -117,3 +120,27 @@ def test_held_jobs_come_last_in_the_queue(api):
     queue = api.client.get("/api/v1/queue", headers=api.as_("alice")).json()
     assert [(j["id"], j["queue_position"]) for j in queue["items"]] == [(second, 1), (first, None)]
     assert _job(api, running)["status"] == "SCHEDULED"
+
+
+def test_time_held_does_not_count_as_waiting(api):
+    """Else a job held for two days would, once released, go ahead of everything
+    submitted meanwhile (FIFO) or first as starving (default policy)."""
+    _add_node(api, 1)
+    held, later = _submit(api, name="held"), _submit(api, name="later")
+    assert _post(api, held, "hold").status_code == 200
+    now = utcnow()
+    with api.factory.begin() as session:  # as if submitted and held two days ago
+        job = session.get_one(Job, held)
+        job.created_at = job.held_at = now - timedelta(days=2)
+        session.get_one(Job, later).created_at = now - timedelta(hours=1)
+    released = _post(api, held, "release").json()
+    assert released["created_at"].startswith((now - timedelta(days=2)).date().isoformat())
+    with api.factory() as session:
+        assert session.get_one(Job, held).held_s >= 2 * 86400
+
+    for policy in ("fifo", "default"):
+        settings = SchedulerSettings(stability_window_s=0, policy=policy)
+        with api.factory() as session:
+            ctx = read_snapshot(session=session, now=utcnow(), half_life_s=3600)
+        plan = plan_cycle(ctx.snapshot, now=utcnow(), settings=settings.policy_settings())
+        assert plan.queue_order == (later, held), policy  # "later" has waited longer
