@@ -34,6 +34,15 @@ class JobTemplate(JobCreate):
             "not allowed in a batch template: set the batch's target (now/offpeak) and window"
         )
 
+    @field_validator("hold")
+    @classmethod
+    def _no_hold(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "not allowed in a batch template: disable the batch instead (batch disable)"
+            )
+        return value
+
 
 class BatchIn(RequestBody):
     """Body of ``POST /batches`` and ``PUT /batches/{name}``."""

@@ -100,6 +100,7 @@ def build_spec(
     offpeak: bool = False,
     window: str | None = None,
     at: str | None = None,
+    hold: bool = False,
 ) -> dict[str, Any]:
     """The JobCreate body. Only what the user set is sent: the server owns the defaults and
     the range checks (so its 422 names the field exactly as the API does)."""
@@ -132,6 +133,8 @@ def build_spec(
     spec.update({k: v for k, v in optional.items() if v is not None})
     if preemptible:
         spec["preemptible"] = True
+    if hold:
+        spec["hold"] = True
     if offpeak:
         spec["schedule"] = {"mode": "offpeak", **({"window": window} if window else {})}
     elif at is not None:
@@ -257,6 +260,9 @@ def submit(
     env: EnvOption = None,
     label: LabelOption = None,
     workdir: WorkdirOption = None,
+    hold: Annotated[
+        bool, typer.Option("--hold", help="Submit it held: it starts once released (release ID)")
+    ] = False,
     idempotency_key: Annotated[
         str | None,
         typer.Option("--idempotency-key", help="Resubmitting with the same key returns the job"),
@@ -284,6 +290,7 @@ def submit(
         offpeak=offpeak,
         window=window,
         at=at,
+        hold=hold,
         env=env,
         label=label,
         workdir=workdir,

@@ -69,6 +69,9 @@ class JobCreate(RequestBody):
     preemptible: bool = False
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     labels: dict[str, Annotated[str, Field(max_length=256)]] = Field(default_factory=dict)
+    hold: bool = Field(
+        default=False, description="submit it held, as sbatch --hold: it starts once released"
+    )
     model: EstimateRequest | None = Field(
         default=None,
         description="model description; without gpu_memory_mb, the estimate fills it "

@@ -178,6 +178,8 @@ def create_job(
         begin_at=spec.schedule.at,  # already UTC (ScheduleSpec)
         window=spec.schedule.window,
         labels=spec.labels,
+        held_by=(actor or principal.name) if spec.hold else None,
+        held_at=now if spec.hold else None,
         status=JobStatus.PENDING,
         attempt=0,
         pending_reason=NEW_IN_QUEUE,
@@ -197,7 +199,7 @@ def create_job(
             to_status=JobStatus.PENDING,
             attempt=0,
             actor=actor or principal.name,
-            reason=reason,
+            reason=f"{reason}, held" if spec.hold else reason,
         )
     )
     return job, project_name

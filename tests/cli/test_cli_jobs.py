@@ -402,3 +402,6 @@ def test_hold_and_release(cli: Cli) -> None:
     assert cli("cancel", str(first)).exit_code == 0
     refused = cli("hold", str(first))
     assert refused.exit_code == 1 and "only a pending job can be held" in refused.stderr
+    submitted = cli("submit", "--hold", "--", "true")
+    assert submitted.exit_code == 0, submitted.stderr
+    assert "held by alice: gpusched release" in submitted.stdout

@@ -144,3 +144,27 @@ def test_time_held_does_not_count_as_waiting(api):
             ctx = read_snapshot(session=session, now=utcnow(), half_life_s=3600)
         plan = plan_cycle(ctx.snapshot, now=utcnow(), settings=settings.policy_settings())
         assert plan.queue_order == (later, held), policy  # "later" has waited longer
+
+
+def test_a_job_submitted_held_waits_for_release(api):
+    _add_node(api, 1)
+    job_id = _submit(api, hold=True)
+    submitted = _job(api, job_id)
+    assert (submitted["held_by"], submitted["pending_reason"]) == ("alice", "held")
+    _cycle(api)
+    assert _job(api, job_id)["status"] == "PENDING"
+    events = api.client.get(f"/api/v1/jobs/{job_id}/events", headers=api.as_("alice")).json()
+    assert [e["reason"] for e in events] == ["submitted, held"]
+    _post(api, job_id, "release")
+    _cycle(api)
+    assert _job(api, job_id)["status"] == "SCHEDULED"
+
+    # A cron batch is paused by disabling it, not by holding each job it submits.
+    batch = {
+        "name": "nightly",
+        "cron": "0 2 * * *",
+        "templates": [{"command": ["x"], "hold": True}],
+    }
+    r = api.client.post("/api/v1/batches", json=batch, headers=api.as_("alice"))
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["body", "templates", 0, "hold"]
