@@ -419,7 +419,8 @@ def pending_queue(
         return
     out.print(queue_table(page["items"], width=out.width, now=datetime.now(UTC)))
     if page["total"] > len(page["items"]):
-        out.print(f"{page['total'] - len(page['items'])} more pending: --limit", style="dim")
+        more = page["total"] - len(page["items"])
+        out.print(f"{more} more pending: a larger --limit shows them", style="dim")
 
 
 def list_jobs(

@@ -471,9 +471,18 @@ def _outs(session: Session, jobs: Sequence[Job]) -> list[JobOut]:
 
 
 def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOut]) -> JobOut:
+    # Only a waiting job has a reason to wait: a job cancelled while pending (or in the
+    # moment a cycle still ranked it) must not say "waiting for 4 GPUs". A held job's
+    # stored reason is the last cycle's (or one a cycle wrote as it was held): not shown.
     waiting = job.status == JobStatus.PENDING
-    # A held job's stored reason is the last cycle's (or one a cycle wrote as it was held).
     held = waiting and job.held_by is not None
+    reason, message, position, start = None, None, None, None
+    if held:
+        reason = HELD
+        message = f"held by {job.held_by}: gpusched release {job.id} lets it be scheduled"
+    elif waiting:
+        reason, message = job.pending_reason, job.pending_message
+        position, start = job.queue_position, job.estimated_start_at
     return JobOut(
         id=job.id,
         name=job.name,
@@ -501,19 +510,11 @@ def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOu
         ),
         labels=job.labels,
         attempt=job.attempt,
-        # Only a waiting job has a reason to wait: a job cancelled while pending (or in
-        # the moment a cycle still ranked it) must not say "waiting for 4 GPUs".
-        pending_reason=HELD if held else job.pending_reason if waiting else None,
-        pending_message=(
-            f"held by {job.held_by}: gpusched release {job.id} lets it be scheduled"
-            if held
-            else job.pending_message
-            if waiting
-            else None
-        ),
-        queue_position=job.queue_position if waiting and not held else None,
-        estimated_start_at=job.estimated_start_at if waiting and not held else None,
-        held_by=job.held_by if waiting else None,
+        pending_reason=reason,
+        pending_message=message,
+        queue_position=position,
+        estimated_start_at=start,
+        held_by=job.held_by if held else None,
         exit_code=job.exit_code,
         cancel_requested=job.cancel_requested_at is not None,
         allocations=allocations,

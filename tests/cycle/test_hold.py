@@ -101,8 +101,11 @@ def test_who_may_hold_and_release(api):
     assert refused.status_code == 403
     assert "held by admin 'admin'" in refused.json()["detail"]
     assert _post(api, job_id, "release", user="admin").json()["held_by"] is None
-    # Releasing a job that is not held changes nothing.
-    assert _post(api, job_id, "release").json()["pending_reason"] == "NEW"
+    # Releasing a job that is not held changes nothing, and records nothing.
+    before = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.as_("alice")).json()
+    assert _post(api, job_id, "release").json() == before
+    events = api.client.get(f"/api/v1/jobs/{job_id}/events", headers=api.as_("alice")).json()
+    assert [e["reason"] for e in events] == ["submitted", "held by admin", "released by admin"]
 
     # Only a pending job can be held.
     assert api.client.post(f"/api/v1/jobs/{job_id}/cancel", headers=api.as_("alice")).is_success
