@@ -8,6 +8,7 @@ Every expected failure becomes a `CliError` carrying the message and the exit co
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -251,9 +252,18 @@ def print_json(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, ensure_ascii=False))
 
 
+# Wide enough that no table cell is ever cut in a pipe.
+PIPE_WIDTH = 1000
+
+
 def console() -> Console:
     # Built per call: CliRunner (and pipes) swap sys.stdout between invocations.
-    return Console(highlight=False)
+    out = Console(highlight=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        # Rich assumes 80 columns off a terminal; `gpusched jobs | grep` must see whole
+        # reasons, as `ps aux | grep` sees whole command lines.
+        out.width = PIPE_WIDTH
+    return out
 
 
 def make_table(*columns: str, title: str | None = None) -> Table:

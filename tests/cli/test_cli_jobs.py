@@ -338,6 +338,20 @@ def test_jobs_table_keeps_one_line_per_job_on_a_narrow_terminal() -> None:
     assert len(wide) == 6 and any(reason in line for line in wide)
 
 
+def test_jobs_and_queue_cut_no_reason_in_a_pipe(cli: Cli) -> None:
+    held = _submit_json(cli, "--hold", "--", "true")
+    whole = held["pending_message"]
+    assert len(whole) > 40, whole  # longer than an 80-column table leaves for it
+    for command in ("jobs", "queue"):
+        # CliRunner's stdout is not a terminal, as `gpusched jobs | grep held` is not.
+        piped = cli(command, COLUMNS=None)
+        assert piped.exit_code == 0, piped.stderr
+        assert whole in piped.stdout and "cut to fit" not in piped.stdout
+        # An explicit width still applies, as on a terminal of that size.
+        narrow = cli(command, COLUMNS="80")
+        assert whole not in narrow.stdout and "cut to fit" in narrow.stdout
+
+
 def test_queue_lists_pending_jobs_in_scheduling_order_with_estimated_start(cli: Cli) -> None:
     from app.cycle.run import run_cycle
     from app.cycle.settings import SchedulerSettings
