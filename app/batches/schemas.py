@@ -43,6 +43,13 @@ class JobTemplate(JobCreate):
             )
         return value
 
+    @field_validator("depends_on")
+    @classmethod
+    def _no_dependencies(cls, value: list[int]) -> list[int]:
+        if value:
+            raise ValueError("not allowed in a batch template: each firing makes new jobs")
+        return value
+
 
 class BatchIn(RequestBody):
     """Body of ``POST /batches`` and ``PUT /batches/{name}``."""

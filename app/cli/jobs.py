@@ -263,6 +263,15 @@ def submit(
     hold: Annotated[
         bool, typer.Option("--hold", help="Submit it held: it starts once released (release ID)")
     ] = False,
+    after: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--after",
+            help="Start only once job ID has succeeded (sbatch --dependency=afterok:ID); "
+            "repeatable. If it fails, this job is cancelled",
+            show_default=False,
+        ),
+    ] = None,
     idempotency_key: Annotated[
         str | None,
         typer.Option("--idempotency-key", help="Resubmitting with the same key returns the job"),
@@ -295,6 +304,8 @@ def submit(
         label=label,
         workdir=workdir,
     )
+    if after:
+        spec["depends_on"] = after
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
     client = ApiClient.from_options(url, token)
     response = client.request("POST", JOBS, json=spec, headers=headers)
@@ -507,6 +518,8 @@ def _job_details(job: dict[str, Any]) -> Table:
     elif mode == "at":
         mode += f" {schedule.get('at')}"
     rows.append(("schedule", mode))
+    if job.get("depends_on"):
+        rows.append(("depends on", ", ".join(map(str, job["depends_on"])) + " (must succeed)"))
     if job.get("max_runtime_s"):
         rows.append(("max runtime", human_duration(job["max_runtime_s"])))
     if job.get("estimated_runtime_s"):

@@ -1,5 +1,6 @@
 """One live scheduling cycle, phases numbered as in DESIGN.md:
 
+0. dependencies  jobs whose dependencies have all succeeded join the queue (one write)
 1. snapshot  read queue, nodes, GPUs, telemetry and usage (one read transaction)
 2. plan      the pure core decides (no I/O)
 3. apply     one transaction re-verifies and writes allocations and pending reasons
@@ -20,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.cycle import lease
 from app.cycle.apply import apply_plan
+from app.cycle.dependencies import settle_dependencies
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory, read_snapshot
 from app.messaging import RUN_JOB, STOP_JOB, Messenger
@@ -82,6 +84,9 @@ def run_cycle(
         if token is None:
             return CycleReport(ran=False)
         try:
+            # 0. dependencies
+            settle_dependencies(session, now=now)
+            session.commit()
             # 1. snapshot
             specs = window_specs(session=session)
             ctx = read_snapshot(

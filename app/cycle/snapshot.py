@@ -140,7 +140,7 @@ JOB_COLUMNS = (
     Job.pending_message,
     Job.queue_position,
     Job.estimated_start_at,
-    Job.held_s,
+    Job.ineligible_s,
 )
 
 
@@ -156,9 +156,9 @@ def _job_view(job: Any, user: str, project: str, attained: float) -> JobView:
         gpu_model=job.gpu_model,
         nodes=job.nodes,
         priority=job.priority,
-        # Time spent held is not time waited (gpusched hold).
-        submitted_at=job.created_at + timedelta(seconds=job.held_s)
-        if job.held_s
+        # Time spent held or waiting on dependencies is not time waited.
+        submitted_at=job.created_at + timedelta(seconds=job.ineligible_s)
+        if job.ineligible_s
         else job.created_at,
         estimated_runtime_s=job.estimated_runtime_s,
         max_runtime_s=job.max_runtime_s,
@@ -275,10 +275,15 @@ def read_snapshot(
         )
         for j in active_jobs
     )
-    # Held jobs (gpusched hold) are left out: no cycle ranks, places or explains them.
+    # Held jobs (gpusched hold) and jobs whose dependencies have not all succeeded are
+    # left out: no cycle ranks, places or explains them.
     pending_query = (
         select(*JOB_COLUMNS)
-        .where(Job.status == JobStatus.PENDING, Job.held_by.is_(None))
+        .where(
+            Job.status == JobStatus.PENDING,
+            Job.held_by.is_(None),
+            Job.dependencies_met.is_(True),
+        )
         .order_by(Job.id)
     )
     asked: tuple[int, ...] = ()

@@ -65,11 +65,17 @@ class Job(Base):
     estimated_start_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     # Who held this pending job (gpusched hold), and since when: no cycle considers it
-    # until released. Time held does not count as waiting (queue order, aging,
-    # starvation), as Slurm accrues a job's age only while it is eligible: held_s sums it.
+    # until released.
     held_by: Mapped[str | None] = mapped_column(String(64))
     held_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    held_s: Mapped[int] = mapped_column(Integer, default=0)
+    # Jobs that must succeed before this one may start (sbatch --dependency=afterok), and
+    # whether they all have: no cycle considers the job until then.
+    depends_on: Mapped[list[int]] = mapped_column(JSONType, default=list)
+    dependencies_met: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Seconds this pending job could not run (held, or waiting on its dependencies). They
+    # do not count as waiting (queue order, aging, starvation), as Slurm accrues a job's
+    # age only while it is eligible.
+    ineligible_s: Mapped[int] = mapped_column(Integer, default=0)
     # Set by a cancel of a scheduled/running job; the agent stops the process and then
     # reports CANCELLED, so the GPUs are released only once the process is gone.
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

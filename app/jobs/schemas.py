@@ -72,6 +72,12 @@ class JobCreate(RequestBody):
     hold: bool = Field(
         default=False, description="submit it held, as sbatch --hold: it starts once released"
     )
+    depends_on: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="ids of jobs that must succeed first, as sbatch --dependency=afterok; "
+        "if one ends otherwise, this job is cancelled",
+    )
     model: EstimateRequest | None = Field(
         default=None,
         description="model description; without gpu_memory_mb, the estimate fills it "
@@ -91,6 +97,11 @@ class JobCreate(RequestBody):
         elif not value.strip():
             raise ValueError("shell command must not be blank")
         return value
+
+    @field_validator("depends_on")
+    @classmethod
+    def _unique_ids(cls, value: list[int]) -> list[int]:
+        return list(dict.fromkeys(value))  # a repeated id is the same dependency
 
     @field_validator("workdir")
     @classmethod
@@ -172,6 +183,7 @@ class JobOut(BaseModel):
     queue_position: int | None
     estimated_start_at: datetime | None
     held_by: str | None = Field(description="who held this pending job (release to run it)")
+    depends_on: list[int] = Field(description="jobs that must succeed before this one starts")
     exit_code: int | None
     cancel_requested: bool
     allocations: list[AllocationOut]

@@ -13,9 +13,11 @@ from sqlalchemy.orm import Session
 
 from app.auth.models import User
 from app.auth.service import Principal
+from app.cycle.dependencies import load_dependencies
 from app.db import utcnow
 from app.errors import Conflict, FieldError, Forbidden, NotFound
 from app.estimator.catalog import job_memory_from_model
+from app.jobs.dependencies import judge
 from app.jobs.lifecycle import transition
 from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Allocation, Job, JobEvent
@@ -28,7 +30,7 @@ from app.jobs.schemas import (
     PendingPage,
     ScheduleSpec,
 )
-from app.jobs.states import ACTIVE, HELD, NEW_IN_QUEUE, JobStatus
+from app.jobs.states import ACTIVE, DEPENDENCY, HELD, NEW_IN_QUEUE, JobStatus
 from app.nodes.models import Gpu, Node
 from app.projects.models import Project
 from app.windows.service import require_window
@@ -155,6 +157,7 @@ def create_job(
     check_can_ever_fit(session=session, spec=spec)
     if spec.schedule.mode == "offpeak":
         require_window(session=session, name=spec.schedule.window, field=("schedule", "window"))
+    waits_for = _dependencies_left(session=session, principal=principal, ids=spec.depends_on)
     now = utcnow()
     job = Job(
         name=spec.name or _default_name(spec.command),
@@ -180,10 +183,12 @@ def create_job(
         labels=spec.labels,
         held_by=(actor or principal.name) if spec.hold else None,
         held_at=now if spec.hold else None,
+        depends_on=spec.depends_on,
+        dependencies_met=waits_for is None,
         status=JobStatus.PENDING,
         attempt=0,
-        pending_reason=NEW_IN_QUEUE,
-        pending_message="waiting for the next scheduling cycle",
+        pending_reason=NEW_IN_QUEUE if waits_for is None else DEPENDENCY,
+        pending_message=waits_for or "waiting for the next scheduling cycle",
         created_at=now,
         updated_at=now,
         idempotency_key=idempotency_key,
@@ -203,6 +208,21 @@ def create_job(
         )
     )
     return job, project_name
+
+
+def _dependencies_left(*, session: Session, principal: Principal, ids: list[int]) -> str | None:
+    """Why a job depending on `ids` must wait, or None when they have all succeeded. A job
+    the caller cannot see is treated as missing (its existence is not theirs to learn)."""
+    if not ids:
+        return None
+    projects = dict(session.execute(select(Job.id, Job.project_id).where(Job.id.in_(ids))).all())
+    unseen = [i for i in ids if i not in projects or not principal.can_see_project(projects[i])]
+    if unseen:
+        raise FieldError("depends_on", f"no job {unseen[0]} in your projects")
+    verdict = judge(ids, load_dependencies(session, ids))
+    if verdict.broken:
+        raise FieldError("depends_on", f"{verdict.message}, so this job could never start")
+    return None if verdict.met else verdict.message
 
 
 def submit(
@@ -405,7 +425,7 @@ def release(*, session: Session, principal: Principal, job_id: int) -> JobOut:
         if held_by_admin:
             raise Forbidden(f"job {job_id} was held by admin {holder!r}; only an admin releases it")
     if job.held_at is not None:
-        job.held_s += max(0, int((utcnow() - job.held_at).total_seconds()))
+        job.ineligible_s += max(0, int((utcnow() - job.held_at).total_seconds()))
     job.held_by = job.held_at = None
     # Back in the queue as a new arrival: the next quick cycle ranks it.
     job.pending_reason = NEW_IN_QUEUE
@@ -515,6 +535,7 @@ def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOu
         queue_position=position,
         estimated_start_at=start,
         held_by=job.held_by if held else None,
+        depends_on=job.depends_on,
         exit_code=job.exit_code,
         cancel_requested=job.cancel_requested_at is not None,
         allocations=allocations,

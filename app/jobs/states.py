@@ -44,3 +44,6 @@ RETRYABLE = frozenset({S.FAILED, S.LOST})
 NEW_IN_QUEUE = "NEW"
 # The pending reason of a held job (gpusched hold): no cycle considers it until released.
 HELD = "held"
+# The pending reason of a job whose dependencies (depends_on) have not all succeeded yet:
+# no cycle considers it until they have (app/cycle/dependencies.py).
+DEPENDENCY = "dependency"

@@ -123,6 +123,45 @@ def test_invalid_input_shows_the_servers_message_next_to_the_field(
     dash.assert_clean()
 
 
+def test_submit_held_and_after_another_job_through_the_form(dash: Dashboard, stack: Stack) -> None:
+    dash.console.allow(422, r"/api/v1/jobs$")
+    page = dash.page
+    dash.login(stack.admin_token)
+
+    def submit(name: str) -> int:
+        page.fill("#f-name", name)
+        page.click("#submit-job")
+        link = page.wait_for_selector("#job-link")
+        return int(re.search(r"/jobs/(\d+)", link.get_attribute("href") or "").group(1))  # type: ignore[union-attr]
+
+    dash.go("#/submit")
+    page.fill("#f-command", "true")
+    page.check("#f-hold")
+    train = submit("form-train")
+    page.uncheck("#f-hold")
+    # Not a job id: caught before sending. A job that does not exist: the server's 422.
+    for typed, message in (("12, x", '"x" is not a job id'), ("999999", "no job 999999")):
+        page.fill("#f-depends_on", typed)
+        page.click("#submit-job")
+        _expect_text(page, "#err-depends_on:not([hidden])", message)
+    page.fill("#f-depends_on", str(train))
+    evaluate = submit("form-eval")
+
+    dash.go(f"#/jobs/{train}")
+    _expect_text(page, "#job-reason", "^held held by admin")
+    dash.go(f"#/jobs/{evaluate}")
+    _expect_text(
+        page, "#job-reason", f"^dependency waiting for job {train} [(]form-train[)] to succeed$"
+    )
+    assert (page.text_content("#job-depends-on") or "") == f"#{train} (must succeed)"
+    dash.shot("job-dependency-desktop")
+    # The dependency is cancelled: the next cycle cancels this job, which could never start.
+    stack.request("POST", f"/api/v1/jobs/{train}/cancel")
+    _expect_text(page, "#job-spec", "CANCELLED", timeout=20_000)
+    _expect_text(page, "#job-events li", "dependency never satisfied")
+    dash.assert_clean()
+
+
 def test_bob_sees_only_his_project(dash: Dashboard, stack: Stack) -> None:
     dash.console.allow(403, r"/api/v1/jobs/\d+$")
     admin_job = stack.request(

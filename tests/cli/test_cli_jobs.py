@@ -419,3 +419,16 @@ def test_hold_and_release(cli: Cli) -> None:
     submitted = cli("submit", "--hold", "--", "true")
     assert submitted.exit_code == 0, submitted.stderr
     assert "held by alice: gpusched release" in submitted.stdout
+
+
+def test_submit_after_another_job(cli: Cli) -> None:
+    train = _submit_json(cli, "--name", "train", "--", "true")["id"]
+    result = cli("submit", "--after", str(train), "--name", "eval", "--", "true")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == (
+        f"submitted job {train + 1} (eval): PENDING — waiting for job {train} (train) to succeed\n"
+    )
+    shown = cli("show", str(train + 1)).stdout.splitlines()
+    assert f"depends on       {train} (must succeed)" in [line.rstrip() for line in shown]
+    refused = cli("submit", "--after", "999", "--", "true")
+    assert refused.exit_code == 1 and "depends_on: no job 999 in your projects" in refused.stderr

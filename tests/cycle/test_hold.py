@@ -139,7 +139,7 @@ def test_time_held_does_not_count_as_waiting(api):
     released = _post(api, held, "release").json()
     assert released["created_at"].startswith((now - timedelta(days=2)).date().isoformat())
     with api.factory() as session:
-        assert session.get_one(Job, held).held_s >= 2 * 86400
+        assert session.get_one(Job, held).ineligible_s >= 2 * 86400
 
     for policy in ("fifo", "default"):
         settings = SchedulerSettings(stability_window_s=0, policy=policy)

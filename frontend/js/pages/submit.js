@@ -75,7 +75,13 @@ export function submitPage(root, ctx) {
         h("div", { class: "field span-2", dataset: { field: "schedule" } },
           h("label", {}, "Start"), h("div", { class: "radios", role: "radiogroup" }, modeRadios),
           h("div", { class: "field-error", id: "err-schedule", hidden: true })),
-        field("at", "Start time (your local time)", atInput, { span: "span-2" }))),
+        field("at", "Start time (your local time)", atInput, { span: "span-2" }),
+        field("depends_on", "After jobs", h("input", { type: "text", inputmode: "numeric", placeholder: "e.g. 12, 13" }),
+          { span: "span-2", help: "starts once these jobs have succeeded; cancelled if one fails" }),
+        h("div", { class: "field span-2", dataset: { field: "hold" } },
+          h("label", { class: "check" }, h("input", { type: "checkbox", id: "f-hold", name: "hold" }),
+            "Submit held: it starts once released"),
+          h("div", { class: "field-error", id: "err-hold", hidden: true })))),
     h("fieldset", {}, h("legend", {}, "Environment and labels"),
       h("div", { class: "form-grid" },
         field("env", "Environment", h("textarea", { rows: 3, placeholder: "KEY=value, one per line" }), { span: "span-2" }),
@@ -138,6 +144,11 @@ export function submitPage(root, ctx) {
       if (!atInput.value) errors.push(["at", "choose a start time"]);
       else body.schedule.at = new Date(atInput.value).toISOString();
     }
+    const after = text("depends_on").split(/[\s,]+/).filter(Boolean);
+    const notId = after.find((id) => !/^[1-9]\d*$/.test(id));
+    if (notId) errors.push(["depends_on", `"${notId}" is not a job id`]);
+    else body.depends_on = after.map(Number);
+    body.hold = input("hold").checked;
     for (const name of ["env", "labels"]) {
       try {
         body[name] = parsePairs(input(name).value);

@@ -1,0 +1,73 @@
+"""Phase 0 of a cycle: settle the jobs waiting on their dependencies (depends_on).
+
+A job whose dependencies have all succeeded becomes eligible: the snapshot takes it from
+now on, and the time it waited for them does not count as waiting. A job one of whose
+dependencies ended otherwise is cancelled (it could never start). The rest get their
+reason brought up to date ("waiting for job 12 (train) and 1 more to succeed").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.jobs.dependencies import Dependency, judge
+from app.jobs.lifecycle import transition
+from app.jobs.models import Job
+from app.jobs.states import DEPENDENCY, NEW_IN_QUEUE, JobStatus
+
+
+def load_dependencies(session: Session, ids: Iterable[int]) -> dict[int, Dependency]:
+    rows = session.execute(
+        select(Job.id, Job.name, Job.status, Job.finished_at).where(Job.id.in_(set(ids)))
+    ).all()
+    return {
+        row.id: Dependency(row.id, row.name, JobStatus(row.status), row.finished_at) for row in rows
+    }
+
+
+def settle_dependencies(session: Session, *, now: datetime) -> None:
+    """Flushes, does not commit."""
+    waiting = session.scalars(
+        select(Job)
+        .where(Job.status == JobStatus.PENDING, Job.dependencies_met.is_(False))
+        .order_by(Job.id)
+        .with_for_update()
+    ).all()
+    if not waiting:
+        return
+    jobs = load_dependencies(session, (d for job in waiting for d in job.depends_on))
+    # In id order, and a job always has a higher id than the jobs it depends on: a chain
+    # whose first link breaks is cancelled to its end in this one pass.
+    for job in waiting:
+        verdict = judge(job.depends_on, jobs)
+        if verdict.broken:
+            transition(
+                session,
+                job=job,
+                to=JobStatus.CANCELLED,
+                actor="scheduler",
+                reason=f"dependency never satisfied: {verdict.message}",
+            )
+            jobs[job.id] = Dependency(job.id, job.name, JobStatus.CANCELLED, now)
+        elif verdict.met:
+            eligible_at = max(verdict.met_at or now, job.created_at)
+            job.dependencies_met = True
+            _ineligible_until(job, eligible_at)
+            # A new arrival for the next quick cycle, which ranks it.
+            job.pending_reason = NEW_IN_QUEUE
+            job.pending_message = "dependencies met; waiting for the next scheduling cycle"
+        elif job.pending_message != verdict.message:
+            job.pending_reason, job.pending_message = DEPENDENCY, verdict.message
+    session.flush()
+
+
+def _ineligible_until(job: Job, eligible_at: datetime) -> None:
+    """The job could not run before `eligible_at`: that time is not time waited. A hold
+    that overlapped it is counted once (from `eligible_at` on, if still held)."""
+    job.ineligible_s = max(job.ineligible_s, int((eligible_at - job.created_at).total_seconds()))
+    if job.held_at is not None and job.held_at < eligible_at:
+        job.held_at = eligible_at

@@ -1,0 +1,64 @@
+"""Job dependencies, as sbatch --dependency=afterok (pure; no database).
+
+A job with `depends_on` starts only once every job it names has succeeded. If one of
+them ends any other way, it never will: the job is cancelled, as Slurm does with
+kill_invalid_depend, rather than left pending for ever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from app.jobs.states import FINISHED, JobStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Dependency:
+    """The job another waits for, as it stands now."""
+
+    id: int
+    name: str
+    status: JobStatus
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    met: bool
+    # Some dependency ended without success (or is gone): the job can never start.
+    broken: bool
+    # All met: when the last one succeeded (the job is eligible from then on).
+    met_at: datetime | None
+    message: str
+
+
+def judge(depends_on: Sequence[int], jobs: Mapping[int, Dependency]) -> Verdict:
+    """Where a job with these dependencies stands, given the jobs they name.
+
+    A FAILED dependency is final: a failure with retries left goes back to PENDING in the
+    same transaction, so a stored FAILED has none left."""
+    waiting: list[Dependency] = []
+    met_at: datetime | None = None
+    for job_id in depends_on:
+        job = jobs.get(job_id)
+        if job is None:
+            return _broken(f"job {job_id} it depends on no longer exists")
+        if job.status is JobStatus.SUCCEEDED:
+            if job.finished_at is not None and (met_at is None or job.finished_at > met_at):
+                met_at = job.finished_at
+        elif job.status in FINISHED:
+            return _broken(f"job {job.id} ({job.name}) it depends on ended {job.status}")
+        else:
+            waiting.append(job)
+    if not waiting:
+        return Verdict(met=True, broken=False, met_at=met_at, message="")
+    first = waiting[0]
+    more = f" and {len(waiting) - 1} more" if len(waiting) > 1 else ""
+    message = f"waiting for job {first.id} ({first.name}){more} to succeed"
+    return Verdict(met=False, broken=False, met_at=None, message=message)
+
+
+def _broken(message: str) -> Verdict:
+    return Verdict(met=False, broken=True, met_at=None, message=message)

@@ -1,0 +1,243 @@
+"""Job dependencies (depends_on, sbatch --dependency=afterok): a job waits, out of the
+queue, until the jobs it names have succeeded; if one ends otherwise it is cancelled."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from app.cycle.dependencies import settle_dependencies
+from app.cycle.run import run_cycle
+from app.cycle.settings import SchedulerSettings
+from app.cycle.snapshot import read_snapshot
+from app.db import utcnow
+from app.jobs.dependencies import Dependency, judge
+from app.jobs.models import Job
+from app.jobs.reports import job_finished
+from app.jobs.states import JobStatus as S
+from app.scheduling import plan_cycle
+from tests.foundation.builders import ready_node
+
+SETTINGS = SchedulerSettings(stability_window_s=0)
+T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
+
+
+def _dep(job_id: int, status: S, finished_min: int | None = None) -> Dependency:
+    finished = None if finished_min is None else T0 + timedelta(minutes=finished_min)
+    return Dependency(job_id, f"j{job_id}", status, finished)
+
+
+@pytest.mark.parametrize(
+    ("depends_on", "jobs", "met", "broken", "met_at_min", "message"),
+    [
+        # Every dependency succeeded: eligible from the moment the last one did.
+        ([1, 2], [_dep(1, S.SUCCEEDED, 5), _dep(2, S.SUCCEEDED, 9)], True, False, 9, ""),
+        # The first unmet one is named, with its state, and how many more there are.
+        (
+            [1, 2, 3],
+            [_dep(1, S.SUCCEEDED, 5), _dep(2, S.RUNNING), _dep(3, S.PENDING)],
+            False,
+            False,
+            None,
+            "waiting for job 2 (j2) and 1 more to succeed",
+        ),
+        # A failure with no retries left, a cancel or a timeout can never turn into success.
+        (
+            [1, 2],
+            [_dep(1, S.RUNNING), _dep(2, S.FAILED, 3)],
+            False,
+            True,
+            None,
+            "job 2 (j2) it depends on ended FAILED",
+        ),
+        ([1], [_dep(1, S.CANCELLED, 1)], False, True, None, "job 1 (j1) it depends on ended CANCELLED"),
+        ([1], [_dep(1, S.TIMED_OUT, 1)], False, True, None, "job 1 (j1) it depends on ended TIMED_OUT"),
+        ([7], [], False, True, None, "job 7 it depends on no longer exists"),
+        # Preempted or lost: it will run again, so the dependent keeps waiting.
+        ([1], [_dep(1, S.PREEMPTED)], False, False, None, "waiting for job 1 (j1) to succeed"),
+    ],
+)  # fmt: skip
+def test_judge(depends_on, jobs, met, broken, met_at_min, message):
+    verdict = judge(depends_on, {j.id: j for j in jobs})
+    met_at = None if met_at_min is None else T0 + timedelta(minutes=met_at_min)
+    assert (verdict.met, verdict.broken, verdict.met_at, verdict.message) == (
+        met,
+        broken,
+        met_at,
+        message,
+    )
+
+
+def _submit(api, user="alice", **body) -> dict:
+    body.setdefault("command", ["train"])
+    r = api.client.post("/api/v1/jobs", json=body, headers=api.as_(user))
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def _job(api, job_id: int) -> dict:
+    r = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.as_("admin"))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _cycle(api) -> None:
+    run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
+
+
+def _finish(api, job_id: int, result: str) -> None:
+    with api.factory.begin() as session:
+        attempt = session.get_one(Job, job_id).attempt
+        payload = {"job_id": job_id, "attempt": attempt, "node": "n1", "result": result}
+        assert job_finished(session=session, payload=payload).accepted
+
+
+def _add_node(api, gpus: int) -> None:
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=gpus, now=utcnow()))
+
+
+def test_a_job_starts_only_once_its_dependency_has_succeeded(api):
+    _add_node(api, 2)
+    train = _submit(api, name="train")["id"]
+    evaluate = _submit(api, name="eval", depends_on=[train, train])
+    assert evaluate["depends_on"] == [train]  # the same job named twice is one dependency
+    assert (evaluate["pending_reason"], evaluate["pending_message"]) == (
+        "dependency",
+        f"waiting for job {train} (train) to succeed",
+    )
+
+    _cycle(api)
+    # A GPU is free, but eval is not in the queue: it waits, with no position.
+    assert _job(api, train)["status"] == "SCHEDULED"
+    waiting = _job(api, evaluate["id"])
+    assert (waiting["status"], waiting["pending_reason"], waiting["queue_position"]) == (
+        "PENDING",
+        "dependency",
+        None,
+    )
+
+    _finish(api, train, "SUCCEEDED")
+    _cycle(api)  # one cycle: it joins the queue and is placed
+    assert _job(api, evaluate["id"])["status"] == "SCHEDULED"
+
+
+def test_a_failed_dependency_cancels_the_chain_behind_it(api):
+    _add_node(api, 1)
+    train = _submit(api, name="train", retries=1)["id"]
+    evaluate = _submit(api, name="eval", depends_on=[train])["id"]
+    report = _submit(api, name="report", depends_on=[evaluate])["id"]
+    _cycle(api)
+    _finish(api, train, "FAILED")  # a retry is left: back in the queue
+    _cycle(api)
+    assert [_job(api, j)["status"] for j in (train, evaluate, report)] == [
+        "SCHEDULED",
+        "PENDING",
+        "PENDING",
+    ]
+
+    _finish(api, train, "FAILED")  # no retry left: eval can never start, nor report
+    _cycle(api)
+    assert [_job(api, j)["status"] for j in (train, evaluate, report)] == [
+        "FAILED",
+        "CANCELLED",
+        "CANCELLED",
+    ]
+    events = api.client.get(f"/api/v1/jobs/{report}/events", headers=api.as_("alice")).json()
+    assert (events[-1]["actor"], events[-1]["reason"]) == (
+        "scheduler",
+        f"dependency never satisfied: job {evaluate} (eval) it depends on ended CANCELLED",
+    )
+
+
+def test_submit_checks_the_dependencies(api):
+    mine = _submit(api)["id"]
+    theirs = _submit(api, user="bob")["id"]  # bob's project, which alice is not in
+
+    def refused(depends_on) -> tuple[list, str]:
+        r = api.client.post(
+            "/api/v1/jobs",
+            json={"command": ["eval"], "depends_on": depends_on},
+            headers=api.as_("alice"),
+        )
+        assert r.status_code == 422, r.text
+        [error] = r.json()["detail"]
+        return error["loc"], error["msg"]
+
+    # A job alice cannot see is answered as one that does not exist.
+    assert refused([mine, 999_999]) == (["body", "depends_on"], "no job 999999 in your projects")
+    assert refused([theirs]) == (["body", "depends_on"], f"no job {theirs} in your projects")
+    assert refused([0])[0] == ["body", "depends_on", 0]
+    assert refused(list(range(1, 66)))[0] == ["body", "depends_on"]  # at most 64
+
+    assert api.client.post(f"/api/v1/jobs/{mine}/cancel", headers=api.as_("alice")).is_success
+    assert refused([mine]) == (
+        ["body", "depends_on"],
+        f"job {mine} (train) it depends on ended CANCELLED, so this job could never start",
+    )
+
+    # An admin may name any job; one that already succeeded is met at once.
+    with api.factory.begin() as session:
+        done = session.get_one(Job, theirs)
+        done.status, done.finished_at = S.SUCCEEDED, utcnow()
+    ready = _submit(api, user="admin", project="ml", depends_on=[theirs])
+    assert (ready["pending_reason"], ready["depends_on"]) == ("NEW", [theirs])
+
+    # A batch fires new jobs each time: a fixed job id makes no sense in its templates.
+    r = api.client.post(
+        "/api/v1/batches",
+        json={"name": "nightly", "cron": "0 2 * * *", "templates": [{"command": ["x"], "depends_on": [theirs]}]},
+        headers=api.as_("alice"),
+    )  # fmt: skip
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-3:] == [
+        "templates",
+        0,
+        "depends_on",
+    ]
+
+
+def test_time_waiting_on_dependencies_does_not_count_as_waiting(api):
+    """Else a job submitted two days ago behind a long training run would, once eligible,
+    go ahead of everything submitted meanwhile (FIFO) or first as starving (default)."""
+    _add_node(api, 1)
+    train = _submit(api, name="train")["id"]
+    _cycle(api)
+    dependent = _submit(api, name="dependent", depends_on=[train])["id"]
+    later = _submit(api, name="later")["id"]
+    _finish(api, train, "SUCCEEDED")
+    now = utcnow()
+    with api.factory.begin() as session:
+        session.get_one(Job, dependent).created_at = now - timedelta(days=2)
+        session.get_one(Job, later).created_at = now - timedelta(hours=2)
+        session.get_one(Job, train).finished_at = now - timedelta(hours=1)
+    with api.factory.begin() as session:
+        settle_dependencies(session, now=now)
+    with api.factory() as session:
+        job = session.get_one(Job, dependent)
+        assert job.dependencies_met and job.ineligible_s == 47 * 3600  # until train succeeded
+
+    for policy in ("fifo", "default"):
+        settings = SchedulerSettings(stability_window_s=0, policy=policy)
+        with api.factory() as session:
+            ctx = read_snapshot(session=session, now=now, half_life_s=3600)
+        plan = plan_cycle(ctx.snapshot, now=now, settings=settings.policy_settings())
+        assert plan.queue_order == (later, dependent), policy  # "later" has waited longer
+
+
+def test_a_hold_while_waiting_on_dependencies_is_not_counted_twice(api):
+    train = _submit(api, name="train")["id"]
+    dependent = _submit(api, depends_on=[train], hold=True)["id"]
+    now = utcnow()
+    with api.factory.begin() as session:
+        job = session.get_one(Job, dependent)
+        job.created_at = job.held_at = now - timedelta(hours=3)
+        done = session.get_one(Job, train)
+        done.status, done.finished_at = S.SUCCEEDED, now - timedelta(hours=2)
+    with api.factory.begin() as session:
+        settle_dependencies(session, now=now)
+    released = api.client.post(f"/api/v1/jobs/{dependent}/release", headers=api.as_("alice"))
+    assert released.status_code == 200, released.text
+    with api.factory() as session:
+        # Three hours not eligible, from submission to release: not 1 + 3 + 2.
+        assert abs(session.get_one(Job, dependent).ineligible_s - 3 * 3600) <= 5
