@@ -645,6 +645,59 @@ def release(
     _each_job(job_ids, "release", _hold_line, as_json=as_json, url=url, token=token)
 
 
+def update(
+    job_id: Annotated[int, typer.Argument(help="Job id", show_default=False)],
+    name: Annotated[str | None, typer.Option(help="New name")] = None,
+    gpus: Annotated[int | None, typer.Option(help="GPUs per node")] = None,
+    gpu_memory_mb: Annotated[
+        int | None, typer.Option("--gpu-memory-mb", help="Free GPU memory needed per GPU, MiB")
+    ] = None,
+    nodes: Annotated[int | None, typer.Option(help="Nodes")] = None,
+    priority: Annotated[int | None, typer.Option(help="-1000..1000")] = None,
+    max_runtime: Annotated[
+        str | None, typer.Option("--max-runtime", help="Hard limit: 2h, 90m, ... or none")
+    ] = None,
+    estimated_runtime: Annotated[
+        str | None,
+        typer.Option("--estimated-runtime", help="Expected runtime: 2h, 90m, ... or none"),
+    ] = None,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Change a pending job, like scontrol update: `gpusched update 12 --gpus 4 --priority 10`.
+
+    It keeps its submit time, so its place by age; cancel and resubmit would lose it."""
+    changes: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "name": name,
+            "gpus": gpus,
+            "gpu_memory_mb": gpu_memory_mb,
+            "nodes": nodes,
+            "priority": priority,
+        }.items()
+        if v is not None
+    }
+    for field, value, option in (
+        ("max_runtime_s", max_runtime, "--max-runtime"),
+        ("estimated_runtime_s", estimated_runtime, "--estimated-runtime"),
+    ):
+        if value is not None:  # "none" clears it
+            cleared = value.strip().lower() == "none"
+            changes[field] = None if cleared else parse_duration(value, option)
+    if not changes:
+        raise CliError("nothing to change: give at least one option (see --help)", EXIT_USAGE)
+    job = ApiClient.from_options(url, token).patch(f"{JOBS}/{job_id}", json=changes)
+    if as_json:
+        print_json(job)
+        return
+    line = f"updated job {job['id']} ({job['name']}): {job['status']}"
+    if job.get("pending_message"):
+        line += f" — {job['pending_message']}"
+    typer.echo(line)
+
+
 def _hold_line(job: dict[str, Any]) -> str:
     state = f"held by {job['held_by']}" if job.get("held_by") else job["status"]
     return f"job {job['id']} ({job['name']}): {state}"
@@ -670,5 +723,6 @@ def register(app: typer.Typer) -> None:
     app.command("queue", rich_help_panel="Jobs")(pending_queue)
     app.command("show", rich_help_panel="Jobs")(show)
     app.command("cancel", rich_help_panel="Jobs")(cancel)
+    app.command("update", rich_help_panel="Jobs")(update)
     app.command("hold", rich_help_panel="Jobs")(hold)
     app.command("release", rich_help_panel="Jobs")(release)

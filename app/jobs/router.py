@@ -13,7 +13,7 @@ from app.deps import CurrentUser, MessengerDep, SessionDep, SettingsDep
 from app.errors import FieldError
 from app.jobs import service
 from app.jobs.logs import MAX_TAIL_LINES, attempt_log_path, follow, read_tail, resolve_attempt
-from app.jobs.schemas import JobCreate, JobEventOut, JobOut, JobPage
+from app.jobs.schemas import JobCreate, JobEventOut, JobOut, JobPage, JobUpdate
 from app.jobs.states import ACTIVE, JobStatus
 from app.messaging import STOP_JOB
 from app.nodes.telemetry import job_series
@@ -136,6 +136,29 @@ def release_job(
     """Let a held job be scheduled again; a hold placed by an admin only an admin releases.
     Idempotent."""
     job = service.release(session=session, principal=principal, job_id=job_id)
+    if messenger is not None:
+        messenger.request_cycle()
+    return job
+
+
+@router.patch("/{job_id}", response_model=JobOut)
+def update_job(
+    job_id: JobId,
+    changes: JobUpdate,
+    session: SessionDep,
+    principal: CurrentUser,
+    messenger: MessengerDep,
+    settings: SettingsDep,
+) -> JobOut:
+    """Change a pending job's name, GPUs, GPU memory, nodes, priority or time limits, as
+    `scontrol update`; it keeps its submit time. A job that is not pending is a 409."""
+    job = service.update(
+        session=session,
+        principal=principal,
+        job_id=job_id,
+        changes=changes,
+        limits=settings.runtime_limits,
+    )
     if messenger is not None:
         messenger.request_cycle()
     return job

@@ -148,6 +148,27 @@ class JobCreate(RequestBody):
         return 1000 if self.gpu_share is None else max(1, round(self.gpu_share * 1000))
 
 
+class JobUpdate(RequestBody):
+    """Body of PATCH /jobs/{id}: what to change in a pending job, as `scontrol update`.
+    Only the fields sent change; null clears gpu_memory_mb or a runtime. The result is
+    checked as a submission would be."""
+
+    name: Name | None = None
+    gpus: int | None = Field(default=None, description="GPUs per node")
+    gpu_memory_mb: int | None = None
+    nodes: int | None = None
+    priority: int | None = None
+    max_runtime_s: int | None = None
+    estimated_runtime_s: int | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name_not_cleared(cls, value: str | None) -> str | None:
+        if value is None:  # sent as null; a submission without a name is named by its program
+            raise ValueError("a job keeps a name: give a new one")
+        return value
+
+
 class AllocationOut(BaseModel):
     node: str
     gpu_index: int | None

@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -27,6 +28,7 @@ from app.jobs.schemas import (
     JobEventOut,
     JobOut,
     JobPage,
+    JobUpdate,
     PendingPage,
     ScheduleSpec,
 )
@@ -432,6 +434,52 @@ def release(*, session: Session, principal: Principal, job_id: int) -> JobOut:
     job.pending_message = "waiting for the next scheduling cycle"
     job.queue_position = job.estimated_start_at = None
     _note(session, job=job, actor=principal.name, reason=f"released by {principal.name}")
+    session.commit()
+    return _outs(session, [job])[0]
+
+
+def update(
+    *,
+    session: Session,
+    principal: Principal,
+    job_id: int,
+    changes: JobUpdate,
+    limits: RuntimeLimits,
+) -> JobOut:
+    """Change a pending job's request, as `scontrol update`: checked as a submission is
+    (ranges, time limits, whether it could ever fit). It keeps its submit time, so its
+    age; the next cycle ranks it anew. Cancel and resubmit would lose both."""
+    job = _visible_job(session=session, principal=principal, job_id=job_id)
+    session.refresh(job, with_for_update=True)  # a cycle placing it now must not race
+    if job.status is not JobStatus.PENDING:
+        raise Conflict(f"job {job_id} is {job.status}: only a pending job can be changed")
+    sent = changes.model_dump(exclude_unset=True)
+    current = {name: getattr(job, name) for name in JobUpdate.model_fields}
+    share = None if job.gpu_share_milli == 1000 else job.gpu_share_milli / 1000
+    try:
+        spec = JobCreate.model_validate(
+            {"command": job.command, "gpu_share": share, "gpu_model": job.gpu_model}
+            | current
+            | sent
+        )
+    except ValidationError as exc:
+        # The merged request is what is checked; its error names the field sent.
+        error = exc.errors()[0]
+        where = tuple(str(part) for part in error["loc"]) or (next(iter(sent)),)
+        raise FieldError(where, error["msg"].removeprefix("Value error, ")) from None
+    spec = limits.apply(spec)
+    check_can_ever_fit(session=session, spec=spec)
+    changed = {f: getattr(spec, f) for f in current if getattr(spec, f) != current[f]}
+    if changed:
+        for name, value in changed.items():
+            setattr(job, name, value)
+        job.updated_at = utcnow()
+        if job.dependencies_met:  # else it still waits for them, as its reason says
+            job.pending_reason = NEW_IN_QUEUE
+            job.pending_message = "changed; waiting for the next scheduling cycle"
+        job.queue_position = job.estimated_start_at = None
+        what = ", ".join(f"{f} {current[f]} -> {v}" for f, v in changed.items())
+        _note(session, job=job, actor=principal.name, reason=f"updated by {principal.name}: {what}")
     session.commit()
     return _outs(session, [job])[0]
 

@@ -432,3 +432,18 @@ def test_submit_after_another_job(cli: Cli) -> None:
     assert f"depends on       {train} (must succeed)" in [line.rstrip() for line in shown]
     refused = cli("submit", "--after", "999", "--", "true")
     assert refused.exit_code == 1 and "depends_on: no job 999 in your projects" in refused.stderr
+
+
+def test_update_a_pending_job(cli: Cli) -> None:
+    job = _submit_json(cli, "--max-runtime", "2h", "--", "true")["id"]
+    result = cli("update", str(job), "--gpus", "2", "--max-runtime", "none", "--priority", "3")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == (
+        f"updated job {job} (true): PENDING — changed; waiting for the next scheduling cycle\n"
+    )
+    shown = json.loads(cli("show", "--json", str(job)).stdout)
+    assert (shown["gpus"], shown["priority"], shown["max_runtime_s"]) == (2, 3, None)
+    nothing = cli("update", str(job))
+    assert nothing.exit_code == 2 and "nothing to change" in nothing.stderr
+    refused = cli("update", str(job), "--priority", "5000")
+    assert refused.exit_code == 1 and "priority" in refused.stderr

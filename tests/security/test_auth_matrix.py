@@ -27,6 +27,7 @@ IDS = [op.id for op in OPERATIONS]
 # A valid body per operation that takes one (for project ml where a project is named).
 BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/api/v1/jobs"): {"command": ["true"], "project": "ml"},
+    ("PATCH", "/api/v1/jobs/{job_id}"): {"priority": 1},
     ("POST", "/api/v1/estimate"): {"parameters": 1_000_000_000},
     ("POST", "/api/v1/windows"): {**WINDOW, "name": "day"},
     ("PUT", "/api/v1/windows/{name}"): WINDOW,

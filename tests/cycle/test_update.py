@@ -1,0 +1,101 @@
+"""Changing a pending job (scontrol update): PATCH /api/v1/jobs/{id} checks the result as
+a submission, keeps the job's submit time, and the next cycle ranks it anew."""
+
+from __future__ import annotations
+
+from app.cycle.run import run_cycle
+from app.cycle.settings import SchedulerSettings
+from app.db import utcnow
+from tests.foundation.builders import ready_node
+
+SETTINGS = SchedulerSettings(stability_window_s=0)
+DAY = 86400
+
+
+def _submit(api, **body) -> dict:
+    body.setdefault("command", ["train"])
+    r = api.client.post("/api/v1/jobs", json=body, headers=api.as_("alice"))
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def _patch(api, job_id: int, user="alice", **changes):
+    return api.client.patch(f"/api/v1/jobs/{job_id}", json=changes, headers=api.as_(user))
+
+
+def _cycle(api) -> None:
+    run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
+
+
+def test_a_job_asking_too_many_gpus_fits_once_changed(api):
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=4, now=utcnow()))
+    running = _submit(api, gpus=2)
+    big = _submit(api, name="big", gpus=4, max_runtime_s=DAY)
+    _cycle(api)
+    waiting = api.client.get(f"/api/v1/jobs/{big['id']}", headers=api.as_("alice")).json()
+    assert waiting["status"] == "PENDING"
+
+    r = _patch(api, big["id"], gpus=2, priority=5, max_runtime_s=None, estimated_runtime_s=600)
+    assert r.status_code == 200, r.text
+    changed = r.json()
+    assert (changed["gpus"], changed["priority"], changed["max_runtime_s"]) == (2, 5, None)
+    assert (changed["estimated_runtime_s"], changed["pending_reason"]) == (600, "NEW")
+    assert changed["created_at"] == big["created_at"]  # its age is kept
+    _cycle(api)
+    placed = api.client.get(f"/api/v1/jobs/{big['id']}", headers=api.as_("alice")).json()
+    assert placed["status"] == "SCHEDULED"
+    events = api.client.get(f"/api/v1/jobs/{big['id']}/events", headers=api.as_("alice")).json()
+    assert events[1]["reason"] == (
+        "updated by alice: gpus 4 -> 2, priority 0 -> 5, max_runtime_s 86400 -> None,"
+        " estimated_runtime_s None -> 600"
+    )
+    # Only a pending job can be changed.
+    conflict = _patch(api, running["id"], priority=1)
+    assert conflict.status_code == 409
+    assert "only a pending job can be changed" in conflict.json()["detail"]
+
+
+def test_a_change_is_checked_as_a_submission(api):
+    job = _submit(api, gpu_share=0.5)
+
+    def refused(**changes) -> tuple[list, str]:
+        r = _patch(api, job["id"], **changes)
+        assert r.status_code == 422, r.text
+        [error] = r.json()["detail"]
+        return error["loc"], error["msg"]
+
+    assert refused(priority=5000) == (
+        ["body", "priority"],
+        "Input should be less than or equal to 1000",
+    )
+    assert refused(gpus=None)[0] == ["body", "gpus"]
+    assert refused(name=None) == (
+        ["body", "name"],
+        "Value error, a job keeps a name: give a new one",
+    )
+    assert refused(project="cv") == (["body", "project"], "Extra inputs are not permitted")
+    # The job shares a GPU: the merged request breaks that rule, named on the field sent.
+    assert refused(gpus=2) == (
+        ["body", "gpus"],
+        "gpu_share below 1 needs gpus = 1 (a fraction of one GPU)",
+    )
+    assert refused(estimated_runtime_s=2 * DAY, max_runtime_s=DAY)[0] == [
+        "body",
+        "estimated_runtime_s",
+    ]
+    # Nothing changed, and nothing recorded.
+    after = api.client.get(f"/api/v1/jobs/{job['id']}", headers=api.as_("alice")).json()
+    assert (after["gpus"], after["priority"], after["estimated_runtime_s"]) == (1, 0, None)
+    events = api.client.get(f"/api/v1/jobs/{job['id']}/events", headers=api.as_("alice")).json()
+    assert [e["reason"] for e in events] == ["submitted"]
+    assert _patch(api, job["id"], user="bob", priority=1).status_code == 403
+    assert _patch(api, 999_999, priority=1).status_code == 404
+
+
+def test_a_job_waiting_on_a_dependency_keeps_its_reason_when_changed(api):
+    train = _submit(api, name="train")
+    evaluate = _submit(api, depends_on=[train["id"]])
+    r = _patch(api, evaluate["id"], name="eval-v2")
+    assert r.status_code == 200, r.text
+    assert (r.json()["name"], r.json()["pending_reason"]) == ("eval-v2", "dependency")
