@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.cycle.dependencies import settle_dependencies
-from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
@@ -17,9 +16,8 @@ from app.jobs.models import Job
 from app.jobs.reports import job_finished
 from app.jobs.states import JobStatus as S
 from app.scheduling import plan_cycle
-from tests.foundation.builders import ready_node
+from tests.cycle.jobs_api import add_node, get_job, job_events, run_one_cycle, submit
 
-SETTINGS = SchedulerSettings(stability_window_s=0)
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 
 
@@ -69,23 +67,6 @@ def test_judge(depends_on, jobs, met, broken, met_at_min, message):
     )
 
 
-def _submit(api, user="alice", **body) -> dict:
-    body.setdefault("command", ["train"])
-    r = api.client.post("/api/v1/jobs", json=body, headers=api.as_(user))
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def _job(api, job_id: int) -> dict:
-    r = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.as_("admin"))
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def _cycle(api) -> None:
-    run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
-
-
 def _finish(api, job_id: int, result: str) -> None:
     with api.factory.begin() as session:
         attempt = session.get_one(Job, job_id).attempt
@@ -93,25 +74,20 @@ def _finish(api, job_id: int, result: str) -> None:
         assert job_finished(session=session, payload=payload).accepted
 
 
-def _add_node(api, gpus: int) -> None:
-    with api.factory.begin() as session:
-        session.add(ready_node("n1", gpus=gpus, now=utcnow()))
-
-
 def test_a_job_starts_only_once_its_dependency_has_succeeded(api):
-    _add_node(api, 2)
-    train = _submit(api, name="train")["id"]
-    evaluate = _submit(api, name="eval", depends_on=[train, train])
+    add_node(api, 2)
+    train = submit(api, name="train")["id"]
+    evaluate = submit(api, name="eval", depends_on=[train, train])
     assert evaluate["depends_on"] == [train]  # the same job named twice is one dependency
     assert (evaluate["pending_reason"], evaluate["pending_message"]) == (
         "dependency",
         f"waiting for job {train} (train) to succeed",
     )
 
-    _cycle(api)
+    run_one_cycle(api)
     # A GPU is free, but eval is not in the queue: it waits, with no position.
-    assert _job(api, train)["status"] == "SCHEDULED"
-    waiting = _job(api, evaluate["id"])
+    assert get_job(api, train)["status"] == "SCHEDULED"
+    waiting = get_job(api, evaluate["id"])
     assert (waiting["status"], waiting["pending_reason"], waiting["queue_position"]) == (
         "PENDING",
         "dependency",
@@ -119,32 +95,32 @@ def test_a_job_starts_only_once_its_dependency_has_succeeded(api):
     )
 
     _finish(api, train, "SUCCEEDED")
-    _cycle(api)  # one cycle: it joins the queue and is placed
-    assert _job(api, evaluate["id"])["status"] == "SCHEDULED"
+    run_one_cycle(api)  # one cycle: it joins the queue and is placed
+    assert get_job(api, evaluate["id"])["status"] == "SCHEDULED"
 
 
 def test_a_failed_dependency_cancels_the_chain_behind_it(api):
-    _add_node(api, 1)
-    train = _submit(api, name="train", retries=1)["id"]
-    evaluate = _submit(api, name="eval", depends_on=[train])["id"]
-    report = _submit(api, name="report", depends_on=[evaluate])["id"]
-    _cycle(api)
+    add_node(api, 1)
+    train = submit(api, name="train", retries=1)["id"]
+    evaluate = submit(api, name="eval", depends_on=[train])["id"]
+    report = submit(api, name="report", depends_on=[evaluate])["id"]
+    run_one_cycle(api)
     _finish(api, train, "FAILED")  # a retry is left: back in the queue
-    _cycle(api)
-    assert [_job(api, j)["status"] for j in (train, evaluate, report)] == [
+    run_one_cycle(api)
+    assert [get_job(api, j)["status"] for j in (train, evaluate, report)] == [
         "SCHEDULED",
         "PENDING",
         "PENDING",
     ]
 
     _finish(api, train, "FAILED")  # no retry left: eval can never start, nor report
-    _cycle(api)
-    assert [_job(api, j)["status"] for j in (train, evaluate, report)] == [
+    run_one_cycle(api)
+    assert [get_job(api, j)["status"] for j in (train, evaluate, report)] == [
         "FAILED",
         "CANCELLED",
         "CANCELLED",
     ]
-    events = api.client.get(f"/api/v1/jobs/{report}/events", headers=api.as_("alice")).json()
+    events = job_events(api, report)
     assert (events[-1]["actor"], events[-1]["reason"]) == (
         "scheduler",
         f"dependency never satisfied: job {evaluate} (eval) it depends on ended CANCELLED",
@@ -152,8 +128,8 @@ def test_a_failed_dependency_cancels_the_chain_behind_it(api):
 
 
 def test_submit_checks_the_dependencies(api):
-    mine = _submit(api)["id"]
-    theirs = _submit(api, user="bob")["id"]  # bob's project, which alice is not in
+    mine = submit(api)["id"]
+    theirs = submit(api, user="bob")["id"]  # bob's project, which alice is not in
 
     def refused(depends_on) -> tuple[list, str]:
         r = api.client.post(
@@ -181,7 +157,7 @@ def test_submit_checks_the_dependencies(api):
     with api.factory.begin() as session:
         done = session.get_one(Job, theirs)
         done.status, done.finished_at = S.SUCCEEDED, utcnow()
-    ready = _submit(api, user="admin", project="ml", depends_on=[theirs])
+    ready = submit(api, user="admin", project="ml", depends_on=[theirs])
     assert (ready["pending_reason"], ready["depends_on"]) == ("NEW", [theirs])
 
     # A batch fires new jobs each time: a fixed job id makes no sense in its templates.
@@ -200,11 +176,11 @@ def test_submit_checks_the_dependencies(api):
 def test_time_waiting_on_dependencies_does_not_count_as_waiting(api):
     """Else a job submitted two days ago behind a long training run would, once eligible,
     go ahead of everything submitted meanwhile (FIFO) or first as starving (default)."""
-    _add_node(api, 1)
-    train = _submit(api, name="train")["id"]
-    _cycle(api)
-    dependent = _submit(api, name="dependent", depends_on=[train])["id"]
-    later = _submit(api, name="later")["id"]
+    add_node(api, 1)
+    train = submit(api, name="train")["id"]
+    run_one_cycle(api)
+    dependent = submit(api, name="dependent", depends_on=[train])["id"]
+    later = submit(api, name="later")["id"]
     _finish(api, train, "SUCCEEDED")
     now = utcnow()
     with api.factory.begin() as session:
@@ -226,8 +202,8 @@ def test_time_waiting_on_dependencies_does_not_count_as_waiting(api):
 
 
 def test_a_hold_while_waiting_on_dependencies_is_not_counted_twice(api):
-    train = _submit(api, name="train")["id"]
-    dependent = _submit(api, depends_on=[train], hold=True)["id"]
+    train = submit(api, name="train")["id"]
+    dependent = submit(api, depends_on=[train], hold=True)["id"]
     now = utcnow()
     with api.factory.begin() as session:
         job = session.get_one(Job, dependent)

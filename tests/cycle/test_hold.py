@@ -7,45 +7,24 @@ from datetime import timedelta
 
 from app.cycle import lease
 from app.cycle.apply import apply_plan
-from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
 from app.jobs.models import Job
 from app.scheduling import Placement, Plan, plan_cycle
-from tests.foundation.builders import ready_node
-
-SETTINGS = SchedulerSettings(stability_window_s=0)
+from tests.cycle.jobs_api import add_node, get_job, job_events, run_one_cycle, submit
 
 
-def _submit(api, user="alice", **body) -> int:
-    body.setdefault("command", ["train"])
-    r = api.client.post("/api/v1/jobs", json=body, headers=api.as_(user))
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
+def _submit(api, **body) -> int:
+    return submit(api, **body)["id"]
 
 
 def _post(api, job_id: int, action: str, user="alice"):
     return api.client.post(f"/api/v1/jobs/{job_id}/{action}", headers=api.as_(user))
 
 
-def _job(api, job_id: int) -> dict:
-    r = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.as_("admin"))
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def _cycle(api) -> None:
-    run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
-
-
-def _add_node(api, gpus: int) -> None:
-    with api.factory.begin() as session:
-        session.add(ready_node("n1", gpus=gpus, now=utcnow()))
-
-
 def test_a_held_job_is_not_scheduled_until_released(api):
-    _add_node(api, 1)
+    add_node(api, 1)
     first, second = _submit(api), _submit(api)
     r = _post(api, first, "hold")
     assert r.status_code == 200, r.text
@@ -56,10 +35,10 @@ def test_a_held_job_is_not_scheduled_until_released(api):
     )
     assert _post(api, first, "hold").json()["held_by"] == "alice"  # idempotent
 
-    _cycle(api)
+    run_one_cycle(api)
     # The only GPU goes to the job behind it; the held one keeps its reason, no position.
-    assert _job(api, second)["status"] == "SCHEDULED"
-    after = _job(api, first)
+    assert get_job(api, second)["status"] == "SCHEDULED"
+    after = get_job(api, first)
     assert (after["status"], after["pending_reason"], after["queue_position"]) == (
         "PENDING",
         "held",
@@ -68,9 +47,9 @@ def test_a_held_job_is_not_scheduled_until_released(api):
 
     released = _post(api, first, "release").json()
     assert (released["held_by"], released["pending_reason"]) == (None, "NEW")
-    _cycle(api)
-    assert _job(api, first)["pending_reason"] == "waiting_for_gpus"  # ranked again
-    events = api.client.get(f"/api/v1/jobs/{first}/events", headers=api.as_("alice")).json()
+    run_one_cycle(api)
+    assert get_job(api, first)["pending_reason"] == "waiting_for_gpus"  # ranked again
+    events = job_events(api, first)
     assert [(e["actor"], e["reason"]) for e in events[1:]] == [
         ("alice", "held by alice"),
         ("alice", "released by alice"),
@@ -78,7 +57,7 @@ def test_a_held_job_is_not_scheduled_until_released(api):
 
 
 def test_a_hold_between_snapshot_and_apply_wins(api):
-    _add_node(api, 1)
+    add_node(api, 1)
     job_id = _submit(api)
     now = utcnow()
     with api.factory() as session:
@@ -89,7 +68,7 @@ def test_a_hold_between_snapshot_and_apply_wins(api):
         plan = Plan(placements=(Placement(job_id, (("n1", (0,)),)),))
         applied = apply_plan(session, ctx=ctx, plan=plan, token=token, now=now)
     assert applied.placed == [] and job_id in applied.skipped
-    assert _job(api, job_id)["status"] == "PENDING"
+    assert get_job(api, job_id)["status"] == "PENDING"
 
 
 def test_who_may_hold_and_release(api):
@@ -104,7 +83,7 @@ def test_who_may_hold_and_release(api):
     # Releasing a job that is not held changes nothing, and records nothing.
     before = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.as_("alice")).json()
     assert _post(api, job_id, "release").json() == before
-    events = api.client.get(f"/api/v1/jobs/{job_id}/events", headers=api.as_("alice")).json()
+    events = job_events(api, job_id)
     assert [e["reason"] for e in events] == ["submitted", "held by admin", "released by admin"]
 
     # Only a pending job can be held.
@@ -115,20 +94,20 @@ def test_who_may_hold_and_release(api):
 
 
 def test_held_jobs_come_last_in_the_queue(api):
-    _add_node(api, 1)
+    add_node(api, 1)
     running, first, second = _submit(api), _submit(api), _submit(api)
-    _cycle(api)
+    run_one_cycle(api)
     assert _post(api, first, "hold").status_code == 200
-    _cycle(api)
+    run_one_cycle(api)
     queue = api.client.get("/api/v1/queue", headers=api.as_("alice")).json()
     assert [(j["id"], j["queue_position"]) for j in queue["items"]] == [(second, 1), (first, None)]
-    assert _job(api, running)["status"] == "SCHEDULED"
+    assert get_job(api, running)["status"] == "SCHEDULED"
 
 
 def test_time_held_does_not_count_as_waiting(api):
     """Else a job held for two days would, once released, go ahead of everything
     submitted meanwhile (FIFO) or first as starving (default policy)."""
-    _add_node(api, 1)
+    add_node(api, 1)
     held, later = _submit(api, name="held"), _submit(api, name="later")
     assert _post(api, held, "hold").status_code == 200
     now = utcnow()
@@ -150,17 +129,17 @@ def test_time_held_does_not_count_as_waiting(api):
 
 
 def test_a_job_submitted_held_waits_for_release(api):
-    _add_node(api, 1)
+    add_node(api, 1)
     job_id = _submit(api, hold=True)
-    submitted = _job(api, job_id)
+    submitted = get_job(api, job_id)
     assert (submitted["held_by"], submitted["pending_reason"]) == ("alice", "held")
-    _cycle(api)
-    assert _job(api, job_id)["status"] == "PENDING"
-    events = api.client.get(f"/api/v1/jobs/{job_id}/events", headers=api.as_("alice")).json()
+    run_one_cycle(api)
+    assert get_job(api, job_id)["status"] == "PENDING"
+    events = job_events(api, job_id)
     assert [e["reason"] for e in events] == ["submitted, held"]
     _post(api, job_id, "release")
-    _cycle(api)
-    assert _job(api, job_id)["status"] == "SCHEDULED"
+    run_one_cycle(api)
+    assert get_job(api, job_id)["status"] == "SCHEDULED"
 
     # A cron batch is paused by disabling it, not by holding each job it submits.
     batch = {

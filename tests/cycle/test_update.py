@@ -3,36 +3,20 @@ a submission, keeps the job's submit time, and the next cycle ranks it anew."""
 
 from __future__ import annotations
 
-from app.cycle.run import run_cycle
-from app.cycle.settings import SchedulerSettings
-from app.db import utcnow
-from tests.foundation.builders import ready_node
+from tests.cycle.jobs_api import add_node, job_events, run_one_cycle, submit
 
-SETTINGS = SchedulerSettings(stability_window_s=0)
 DAY = 86400
-
-
-def _submit(api, **body) -> dict:
-    body.setdefault("command", ["train"])
-    r = api.client.post("/api/v1/jobs", json=body, headers=api.as_("alice"))
-    assert r.status_code == 201, r.text
-    return r.json()
 
 
 def _patch(api, job_id: int, user="alice", **changes):
     return api.client.patch(f"/api/v1/jobs/{job_id}", json=changes, headers=api.as_(user))
 
 
-def _cycle(api) -> None:
-    run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
-
-
 def test_a_job_asking_too_many_gpus_fits_once_changed(api):
-    with api.factory.begin() as session:
-        session.add(ready_node("n1", gpus=4, now=utcnow()))
-    running = _submit(api, gpus=2)
-    big = _submit(api, name="big", gpus=4, max_runtime_s=DAY)
-    _cycle(api)
+    add_node(api, 4)
+    running = submit(api, gpus=2)
+    big = submit(api, name="big", gpus=4, max_runtime_s=DAY)
+    run_one_cycle(api)
     waiting = api.client.get(f"/api/v1/jobs/{big['id']}", headers=api.as_("alice")).json()
     assert waiting["status"] == "PENDING"
 
@@ -42,10 +26,10 @@ def test_a_job_asking_too_many_gpus_fits_once_changed(api):
     assert (changed["gpus"], changed["priority"], changed["max_runtime_s"]) == (2, 5, None)
     assert (changed["estimated_runtime_s"], changed["pending_reason"]) == (600, "NEW")
     assert changed["created_at"] == big["created_at"]  # its age is kept
-    _cycle(api)
+    run_one_cycle(api)
     placed = api.client.get(f"/api/v1/jobs/{big['id']}", headers=api.as_("alice")).json()
     assert placed["status"] == "SCHEDULED"
-    events = api.client.get(f"/api/v1/jobs/{big['id']}/events", headers=api.as_("alice")).json()
+    events = job_events(api, big["id"])
     assert events[1]["reason"] == (
         "updated by alice: gpus 4 -> 2, priority 0 -> 5, max_runtime_s 86400 -> None,"
         " estimated_runtime_s None -> 600"
@@ -57,7 +41,7 @@ def test_a_job_asking_too_many_gpus_fits_once_changed(api):
 
 
 def test_a_change_is_checked_as_a_submission(api):
-    job = _submit(api, gpu_share=0.5)
+    job = submit(api, gpu_share=0.5)
 
     def refused(**changes) -> tuple[list, str]:
         r = _patch(api, job["id"], **changes)
@@ -87,15 +71,15 @@ def test_a_change_is_checked_as_a_submission(api):
     # Nothing changed, and nothing recorded.
     after = api.client.get(f"/api/v1/jobs/{job['id']}", headers=api.as_("alice")).json()
     assert (after["gpus"], after["priority"], after["estimated_runtime_s"]) == (1, 0, None)
-    events = api.client.get(f"/api/v1/jobs/{job['id']}/events", headers=api.as_("alice")).json()
+    events = job_events(api, job["id"])
     assert [e["reason"] for e in events] == ["submitted"]
     assert _patch(api, job["id"], user="bob", priority=1).status_code == 403
     assert _patch(api, 999_999, priority=1).status_code == 404
 
 
 def test_a_job_waiting_on_a_dependency_keeps_its_reason_when_changed(api):
-    train = _submit(api, name="train")
-    evaluate = _submit(api, depends_on=[train["id"]])
+    train = submit(api, name="train")
+    evaluate = submit(api, depends_on=[train["id"]])
     r = _patch(api, evaluate["id"], name="eval-v2")
     assert r.status_code == 200, r.text
     assert (r.json()["name"], r.json()["pending_reason"]) == ("eval-v2", "dependency")

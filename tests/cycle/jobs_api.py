@@ -1,0 +1,43 @@
+"""For the tests that drive jobs through the API and run live cycles on them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.cycle.run import run_cycle
+from app.cycle.settings import SchedulerSettings
+from app.db import utcnow
+from tests.foundation.builders import ready_node
+
+SETTINGS = SchedulerSettings(stability_window_s=0)
+
+
+def submit(api: Any, user: str = "alice", **body: Any) -> dict[str, Any]:
+    body.setdefault("command", ["train"])
+    r = api.client.post("/api/v1/jobs", json=body, headers=api.as_(user))
+    assert r.status_code == 201, r.text
+    job: dict[str, Any] = r.json()
+    return job
+
+
+def get_job(api: Any, job_id: int) -> dict[str, Any]:
+    r = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.as_("admin"))
+    assert r.status_code == 200, r.text
+    job: dict[str, Any] = r.json()
+    return job
+
+
+def job_events(api: Any, job_id: int) -> list[dict[str, Any]]:
+    r = api.client.get(f"/api/v1/jobs/{job_id}/events", headers=api.as_("admin"))
+    assert r.status_code == 200, r.text
+    events: list[dict[str, Any]] = r.json()
+    return events
+
+
+def run_one_cycle(api: Any) -> None:
+    run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
+
+
+def add_node(api: Any, gpus: int) -> None:
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=gpus, now=utcnow()))
