@@ -1,12 +1,14 @@
-"""Job commands: submit, jobs, show, cancel."""
+"""Job commands: submit, jobs, queue, show, update, wait, cancel, hold, release."""
 
 from __future__ import annotations
 
 import os
 import re
 import shlex
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from itertools import chain, repeat
 from typing import Annotated, Any
 
 import typer
@@ -276,11 +278,19 @@ def submit(
         str | None,
         typer.Option("--idempotency-key", help="Resubmitting with the same key returns the job"),
     ] = None,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait", help="Return when the job ends, with its exit status (sbatch --wait)"
+        ),
+    ] = False,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Submit a job: `gpusched submit [OPTIONS] -- PROGRAM ARGS...`."""
+    """Submit a job: `gpusched submit [OPTIONS] -- PROGRAM ARGS...`.
+
+    With --wait, --json prints the job as it ended."""
     spec = build_spec(
         command=command,
         shell=shell,
@@ -310,14 +320,71 @@ def submit(
     client = ApiClient.from_options(url, token)
     response = client.request("POST", JOBS, json=spec, headers=headers)
     job = client.body(response)
+    if wait:
+        if not as_json:
+            typer.echo(_submitted_line(job, replay=response.status_code == 200))
+        raise typer.Exit(_wait_for(client, [job["id"]], as_json=as_json))
     if as_json:
         print_json(job)
         return
-    verb = "already submitted" if response.status_code == 200 else "submitted"
+    typer.echo(_submitted_line(job, replay=response.status_code == 200))
+
+
+def _submitted_line(job: dict[str, Any], *, replay: bool) -> str:
+    verb = "already submitted" if replay else "submitted"
     line = f"{verb} job {job['id']} ({job['name']}): {job['status']}"
     if job.get("pending_message"):
         line += f" — {job['pending_message']}"
-    typer.echo(line)
+    return line
+
+
+ENDED = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"})
+# Seconds between polls while waiting: a short job is seen ending soon, a long one costs
+# a request every 15 s.
+WAIT_POLLS_S = (1.0, 2.0, 5.0, 10.0, 15.0)
+EXIT_INTERRUPTED = 130  # as a shell reports Ctrl-C
+
+
+def _pause(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _wait_for(client: ApiClient, job_ids: list[int], *, as_json: bool) -> int:
+    """Poll until every job has ended, printing a line as each does; the exit status is 0
+    when all succeeded, else the exit code of the first that did not (1 if it has none:
+    cancelled, timed out, never ran). Ctrl-C stops the waiting, not the jobs."""
+    waiting = list(dict.fromkeys(job_ids))
+    ended: list[dict[str, Any]] = []
+    polls = chain(WAIT_POLLS_S, repeat(WAIT_POLLS_S[-1]))
+    try:
+        while True:
+            for job_id in list(waiting):
+                job = client.get(f"{JOBS}/{job_id}")
+                if job["status"] in ENDED:
+                    waiting.remove(job_id)
+                    ended.append(job)
+                    if not as_json:
+                        reason = _reason_cell(job)
+                        typer.echo(
+                            f"job {job_id} ({job['name']}): {job['status']}"
+                            + (f" ({reason})" if reason else "")
+                        )
+            if not waiting:
+                break
+            _pause(next(polls))
+    except KeyboardInterrupt:
+        ids = " ".join(map(str, waiting))
+        typer.echo(
+            f"stopped waiting; still running or pending: {ids} (gpusched cancel {ids})", err=True
+        )
+        return EXIT_INTERRUPTED
+    if as_json:
+        print_json(ended[0] if len(ended) == 1 else ended)
+    failed = [j for j in ended if j["status"] != "SUCCEEDED"]
+    if not failed:
+        return 0
+    code = failed[0].get("exit_code")
+    return code if isinstance(code, int) and 0 < code < 256 else EXIT_REJECTED
 
 
 def _gpus_cell(job: dict[str, Any]) -> str:
@@ -698,6 +765,14 @@ def update(
     typer.echo(line)
 
 
+def wait_jobs(
+    job_ids: JobIds, as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None
+) -> None:
+    """Wait until jobs end, like sbatch --wait: exit 0 when all succeeded, else the exit
+    code of the first that did not (1 if it has none). Ctrl-C stops waiting, not the jobs."""
+    raise typer.Exit(_wait_for(ApiClient.from_options(url, token), job_ids, as_json=as_json))
+
+
 def _hold_line(job: dict[str, Any]) -> str:
     state = f"held by {job['held_by']}" if job.get("held_by") else job["status"]
     return f"job {job['id']} ({job['name']}): {state}"
@@ -724,5 +799,6 @@ def register(app: typer.Typer) -> None:
     app.command("show", rich_help_panel="Jobs")(show)
     app.command("cancel", rich_help_panel="Jobs")(cancel)
     app.command("update", rich_help_panel="Jobs")(update)
+    app.command("wait", rich_help_panel="Jobs")(wait_jobs)
     app.command("hold", rich_help_panel="Jobs")(hold)
     app.command("release", rich_help_panel="Jobs")(release)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from rich.console import Console
 from sqlalchemy import select
 
@@ -447,3 +448,56 @@ def test_update_a_pending_job(cli: Cli) -> None:
     assert nothing.exit_code == 2 and "nothing to change" in nothing.stderr
     refused = cli("update", str(job), "--priority", "5000")
     assert refused.exit_code == 1 and "priority" in refused.stderr
+
+
+def _end(cli: Cli, job_id: int, status: JobStatus, exit_code: int | None = None) -> None:
+    """As the agent's report would: the job ran and ended this way."""
+    from app.jobs.lifecycle import transition
+
+    with cli.factory.begin() as session:
+        job = session.get_one(Job, job_id)
+        for step in (JobStatus.SCHEDULED, JobStatus.RUNNING, status):
+            transition(session, job=job, to=step, actor="agent:gpu-a")
+        job.exit_code = exit_code
+
+
+def test_wait_returns_when_the_jobs_end_with_their_exit_status(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import app.cli.jobs as jobs_cli
+
+    ends: list[tuple[int, JobStatus, int | None]] = []
+
+    def meanwhile(seconds: float) -> None:  # instead of sleeping: the jobs end
+        assert seconds == jobs_cli.WAIT_POLLS_S[0]
+        for job_id, status, code in ends:
+            _end(cli, job_id, status, code)
+        ends.clear()
+
+    monkeypatch.setattr(jobs_cli, "_pause", meanwhile)
+    ends.append((1, JobStatus.SUCCEEDED, 0))
+    done = cli("submit", "--wait", "--", "true")
+    assert (done.exit_code, done.stdout.splitlines()[1:]) == (
+        0,
+        ["job 1 (true): SUCCEEDED (exit 0)"],
+    )
+
+    failing, cancelled = (_submit_json(cli, "--", "true")["id"] for _ in range(2))
+    ends.extend([(failing, JobStatus.FAILED, 3), (cancelled, JobStatus.CANCELLED, None)])
+    result = cli("wait", str(failing), str(cancelled))
+    assert result.exit_code == 3  # the first job that did not succeed, as sbatch --wait
+    assert result.stdout.splitlines() == [
+        f"job {failing} (true): FAILED (exit 3)",
+        f"job {cancelled} (true): CANCELLED",
+    ]
+    assert cli("wait", str(cancelled)).exit_code == 1  # ended without an exit code
+
+    def interrupted(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jobs_cli, "_pause", interrupted)
+    pending = _submit_json(cli, "--", "true")["id"]
+    stopped = cli("wait", "--json", str(pending))
+    assert stopped.exit_code == 130 and stopped.stdout == ""
+    assert f"stopped waiting; still running or pending: {pending}" in stopped.stderr
+    assert json.loads(cli("show", "--json", str(pending)).stdout)["status"] == "PENDING"
