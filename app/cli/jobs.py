@@ -535,16 +535,7 @@ def list_jobs(
         params["project"] = project
     if user:
         params["user"] = user
-    items: list[dict[str, Any]] = []
-    next_cursor = cursor
-    while True:
-        if next_cursor:
-            params["cursor"] = next_cursor
-        page = client.get(JOBS, params=params)
-        items.extend(page["items"])
-        next_cursor = page.get("next_cursor")
-        if not all_pages or not next_cursor:
-            break
+    items, next_cursor = _fetch_jobs(client, params, cursor=cursor, all_pages=all_pages)
     if as_json:
         print_json({"items": items, "next_cursor": next_cursor})
         return
@@ -555,6 +546,19 @@ def list_jobs(
         out.print(jobs_table(items, width=out.width))
     if next_cursor:
         out.print(f"more: --cursor {next_cursor} (or --all)", style="dim")
+
+
+def _fetch_jobs(
+    client: ApiClient, params: dict[str, Any], *, cursor: str | None, all_pages: bool
+) -> tuple[list[dict[str, Any]], str | None]:
+    """GET /jobs from `cursor` on: one page, or every page; and the cursor of the next."""
+    items: list[dict[str, Any]] = []
+    while True:
+        page = client.get(JOBS, params={**params, "cursor": cursor} if cursor else params)
+        items.extend(page["items"])
+        cursor = page.get("next_cursor")
+        if not all_pages or not cursor:
+            return items, cursor
 
 
 def _command_text(command: list[str] | str) -> str:
@@ -661,9 +665,11 @@ def _each_job(
     as_json: bool,
     url: str | None,
     token: str | None,
+    selected: bool = False,
 ) -> None:
     """POST /jobs/ID/`action` for every id: one line each, errors per id on stderr, exit 1
-    if any failed. --json prints the job, or a list of jobs for several ids."""
+    if any failed. --json prints the job, or a list of jobs for several ids or for jobs
+    `selected` by filters (however many matched)."""
     client = ApiClient.from_options(url, token)
     ids = list(dict.fromkeys(job_ids))
     done, failed = [], 0
@@ -680,19 +686,75 @@ def _each_job(
         if not as_json:
             typer.echo(line(job))
     if as_json:
-        print_json(done[0] if len(ids) == 1 else done)
+        print_json(done[0] if len(ids) == 1 and not selected else done)
     if failed:
         raise typer.Exit(EXIT_REJECTED)
 
 
-def cancel(
-    job_ids: JobIds, as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None
-) -> None:
-    """Cancel jobs (idempotent), like scancel 12 13. A running job is stopped by its agent.
+# The states a cancel changes anything in: `cancel --user alice` means these.
+CANCELLABLE = ("PENDING", "SCHEDULED", "RUNNING")
 
-    Every id is tried; exit 1 if any could not be cancelled. --json prints the job, or a list
-    of jobs for several ids."""
-    _each_job(job_ids, "cancel", _cancel_line, as_json=as_json, url=url, token=token)
+
+def cancel(
+    job_ids: Annotated[
+        list[int] | None, typer.Argument(help="Job ids (or select them with the options)")
+    ] = None,
+    user: Annotated[str | None, typer.Option(help="Every job of this user")] = None,
+    project: Annotated[str | None, typer.Option(help="Every job in this project")] = None,
+    status: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--status",
+            help="Only in these states (default: pending and running)",
+            show_default=False,
+        ),
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option("--label", help="KEY=VALUE, repeatable (all must match)", show_default=False),
+    ] = None,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Cancel jobs (idempotent), like scancel 12 13, or the jobs the options select, like
+    scancel -u alice -t PENDING. A running job is stopped by its agent.
+
+    Every job is tried; exit 1 if any could not be cancelled. --json prints the job, or a
+    list of jobs for several."""
+    selecting = user or project or status or label
+    if job_ids and selecting:
+        raise CliError("give job ids or --user/--project/--status/--label, not both", EXIT_USAGE)
+    if not job_ids and not selecting:
+        raise CliError(
+            "no jobs: give job ids or select them with --user, --project, ...", EXIT_USAGE
+        )
+    if not job_ids:
+        parse_pairs(label, "--label")  # usage error before any request
+        params: dict[str, Any] = {
+            "status": [s.upper() for s in status or CANCELLABLE],
+            "label": list(label or []),
+            "limit": MAX_PAGE,
+            **({"user": user} if user else {}),
+            **({"project": project} if project else {}),
+        }
+        client = ApiClient.from_options(url, token)
+        found, _ = _fetch_jobs(client, params, cursor=None, all_pages=True)
+        job_ids = [job["id"] for job in found]
+        if not job_ids:
+            typer.echo("no jobs match", err=True)
+            if as_json:
+                print_json([])
+            return
+    _each_job(
+        job_ids,
+        "cancel",
+        _cancel_line,
+        as_json=as_json,
+        url=url,
+        token=token,
+        selected=bool(selecting),
+    )
 
 
 def hold(

@@ -270,6 +270,29 @@ def test_cancel_several_jobs_tries_each_and_fails_if_any_fails(cli: Cli) -> None
     assert [j["id"] for j in json.loads(listed.stdout)] == [first, second]
 
 
+def test_cancel_the_jobs_a_filter_selects(cli: Cli) -> None:
+    sweep = [_submit_json(cli, "--label", "sweep=lr", "--", "true")["id"] for _ in range(2)]
+    other = _submit_json(cli, "--", "true")["id"]
+    bobs = _submit_json(cli, "--label", "sweep=lr", "--", "true", user="bob")["id"]
+    done = _submit_json(cli, "--label", "sweep=lr", "--", "true")["id"]
+    assert cli("cancel", str(done)).exit_code == 0
+
+    result = cli("cancel", "--label", "sweep=lr")
+    assert result.exit_code == 0, result.stderr
+    # Newest first, as listed; the cancelled one is not pending or running, so not selected.
+    assert result.stdout.splitlines() == [f"job {j} (true): CANCELLED" for j in reversed(sweep)]
+    assert _stored(cli, other).status == "PENDING" and _stored(cli, bobs).status == "PENDING"
+
+    # Selected by user and state; --json is a list however many matched.
+    mine = cli("cancel", "--json", "--user", "alice", "--status", "pending")
+    assert [j["id"] for j in json.loads(mine.stdout)] == [other]
+    none = cli("cancel", "--user", "alice")
+    assert (none.exit_code, none.stderr) == (0, "no jobs match\n")
+    both = cli("cancel", str(other), "--user", "alice")
+    assert both.exit_code == 2 and "not both" in both.stderr
+    assert cli("cancel").exit_code == 2
+
+
 def test_show_prints_queue_position_and_allocations(cli: Cli) -> None:
     from app.jobs.models import Allocation
     from tests.cli.test_cli_cluster import _add_node
