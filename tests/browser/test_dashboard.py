@@ -124,7 +124,7 @@ def test_invalid_input_shows_the_servers_message_next_to_the_field(
 
 
 def test_submit_held_and_after_another_job_through_the_form(dash: Dashboard, stack: Stack) -> None:
-    dash.console.allow(422, r"/api/v1/jobs$")
+    dash.console.allow(422, r"/api/v1/jobs(/\d+)?$")
     page = dash.page
     dash.login(stack.admin_token)
 
@@ -155,6 +155,16 @@ def test_submit_held_and_after_another_job_through_the_form(dash: Dashboard, sta
     )
     assert (page.text_content("#job-depends-on") or "") == f"#{train} (must succeed)"
     dash.shot("job-dependency-desktop")
+    # Change it (scontrol update): the server's refusal next to its field, then a change.
+    page.click("#change-job")
+    page.fill("#c-priority", "5000")
+    page.click("#save-change")
+    _expect_text(page, "#cerr-priority:not([hidden])", "less than or equal to 1000")
+    dash.shot("job-change-desktop")
+    page.fill("#c-priority", "7")
+    page.click("#save-change")
+    _expect_text(page, "#job-events li", "updated by admin: priority 0 -> 7")
+    assert page.locator("#job-change").is_hidden()
     # The dependency is cancelled: the next cycle cancels this job, which could never start.
     stack.request("POST", f"/api/v1/jobs/{train}/cancel")
     _expect_text(page, "#job-spec", "CANCELLED", timeout=20_000)

@@ -3,7 +3,7 @@ import { api, ApiError, optional } from "../api.js";
 import { columns, lineChart } from "../chart.js";
 import {
   ACTIVE, allocationText, clear, fmtDate, fmtDateSec, fmtDuration, fmtIn, fmtNum, gpuRequest,
-  h, poll, reasonLabel, statusBadge,
+  h, poll, reasonLabel, statusBadge, toast,
 } from "../util.js";
 import { cancelButton, holdButton } from "./queue.js";
 
@@ -26,6 +26,7 @@ export function jobPage(root, ctx, { match }) {
   const jobId = Number(match[1]);
   const head = h("div", { class: "page-head" });
   const spec = h("section", { class: "card", id: "job-spec" });
+  const editor = h("section", { class: "card", id: "job-change", hidden: true });
   const events = h("section", { class: "card", id: "job-events" });
   const chartBox = h("div", { class: "chart", id: "job-chart" });
   const chartNote = h("div", { class: "chart-legend" });
@@ -40,7 +41,7 @@ export function jobPage(root, ctx, { match }) {
         h("section", { class: "card" },
           h("div", { class: "card-head" }, h("h2", {}, "GPU utilisation and memory")),
           chartBox, chartNote)),
-      h("div", { class: "stack" }, spec, events)));
+      h("div", { class: "stack" }, editor, spec, events)));
 
   let job = null;
   const chart = lineChart(chartBox, {
@@ -77,8 +78,13 @@ export function jobPage(root, ctx, { match }) {
         h("div", { class: "small" }, h("a", { href: "#/queue" }, "← Queue")),
         h("h1", {}, `${job.name} `, h("span", { class: "muted mono", style: { fontSize: ".8em" } }, `#${job.id}`))),
       h("div", { class: "form-actions" }, statusBadge(job.status),
+        job.status === "PENDING" ? h("button", {
+          type: "button", class: "btn btn-ghost btn-sm", id: "change-job", "aria-expanded": String(!editor.hidden),
+          onclick: () => (editor.hidden ? openEditor() : closeEditor()),
+        }, "Change") : null,
         holdButton(job, () => Promise.all([refreshJob(), refreshEvents()])),
         cancelButton(job, refreshJob)));
+    if (job.status !== "PENDING") closeEditor();
     document.title = `#${job.id} ${job.name} · gpusched`;
   };
 
@@ -143,6 +149,62 @@ export function jobPage(root, ctx, { match }) {
     efficiency = await optional(`/api/v1/jobs/${jobId}/efficiency`, {}, null);
     renderHead();
     renderSpec();
+  };
+
+  // Change a pending job (PATCH, as scontrol update): only the fields edited are sent, and
+  // the server's 422 message is shown next to its field.
+  const EDITABLE = [
+    ["priority", "Priority", "-1000 … 1000"],
+    ["gpus", "GPUs per node", ""],
+    ["max_runtime_s", "Max runtime (s)", "empty: no limit"],
+    ["estimated_runtime_s", "Estimated runtime (s)", "empty: unknown"],
+  ];
+  const closeEditor = () => { editor.hidden = true; clear(editor); };
+  const openEditor = () => {
+    const inputs = Object.fromEntries(EDITABLE.map(([name]) => [name,
+      h("input", { type: "number", inputmode: "numeric", id: `c-${name}`, value: job[name] ?? "" })]));
+    const errors = Object.fromEntries(EDITABLE.map(([name]) => [name,
+      h("div", { class: "field-error", id: `cerr-${name}`, role: "alert", hidden: true })]));
+    const general = h("div", { class: "error-box", role: "alert", hidden: true });
+    const save = async (ev) => {
+      ev.preventDefault();
+      Object.values(errors).forEach((e) => { e.hidden = true; });
+      general.hidden = true;
+      const changes = {};
+      for (const [name] of EDITABLE) {
+        const raw = inputs[name].value.trim();
+        const value = raw === "" ? null : Number(raw);
+        if (value !== (job[name] ?? null)) changes[name] = value;
+      }
+      if (!Object.keys(changes).length) { closeEditor(); return; }
+      try {
+        await api(`/api/v1/jobs/${jobId}`, { method: "PATCH", body: changes });
+        toast(`Job ${jobId} changed`);
+        closeEditor();
+        await Promise.all([refreshJob(), refreshEvents()]);
+      } catch (err) {
+        const unplaced = [];
+        for (const item of (err instanceof ApiError && Array.isArray(err.detail)) ? err.detail : [{ msg: err.message }]) {
+          const name = (item.loc || []).filter((p) => p !== "body")[0];
+          const msg = String(item.msg).replace(/^Value error, /, "");
+          if (errors[name]) { errors[name].textContent = msg; errors[name].hidden = false; } else unplaced.push(msg);
+        }
+        general.textContent = unplaced.join("; ");
+        general.hidden = !unplaced.length;
+      }
+    };
+    clear(editor, h("h2", {}, "Change this job"),
+      h("form", { onsubmit: save, novalidate: true },
+        h("div", { class: "form-grid" }, EDITABLE.map(([name, label, help]) => h("div", { class: "field span-2" },
+          h("label", { for: `c-${name}` }, label), inputs[name],
+          help ? h("div", { class: "help" }, help) : null, errors[name]))),
+        general,
+        h("p", { class: "small muted" }, "It keeps its submit time; the next cycle ranks it anew."),
+        h("div", { class: "form-actions" },
+          h("button", { type: "submit", class: "btn btn-primary btn-sm", id: "save-change" }, "Save"),
+          h("button", { type: "button", class: "btn btn-ghost btn-sm", onclick: closeEditor }, "Close"))));
+    editor.hidden = false;
+    inputs.priority.focus();
   };
 
   const refreshEvents = async () => {
