@@ -38,6 +38,13 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+class Unreachable(CliError):
+    """No answer from the server at all (refused, timed out): perhaps it is restarting."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, EXIT_USAGE)
+
+
 class ApiError(CliError):
     """The server answered with an error status."""
 
@@ -192,10 +199,9 @@ class ApiClient:
                 f"invalid URL {self.base_url!r}: expected http:// or https://", EXIT_USAGE
             ) from None
         except httpx.TransportError as exc:
-            raise CliError(
+            raise Unreachable(
                 f"cannot reach gpusched at {self.base_url}: {_describe_transport_error(exc)}"
-                " — is `gpusched server` running?",
-                EXIT_USAGE,
+                " — is `gpusched server` running?"
             ) from None
         if response.status_code >= 400:
             raise ApiError(format_error(response), response.status_code)

@@ -23,6 +23,7 @@ from app.cli.client import (
     CliError,
     JsonOption,
     TokenOption,
+    Unreachable,
     UrlOption,
     add_row,
     age,
@@ -343,6 +344,9 @@ ENDED = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"})
 # a request every 15 s.
 WAIT_POLLS_S = (1.0, 2.0, 5.0, 10.0, 15.0)
 EXIT_INTERRUPTED = 130  # as a shell reports Ctrl-C
+# How long a wait rides out an API that stopped answering (a restart, say) before giving
+# up; the jobs run on regardless. An API that never answered fails at once.
+WAIT_OUTAGE_S = 600.0
 
 
 def _pause(seconds: float) -> None:
@@ -356,19 +360,26 @@ def _wait_for(client: ApiClient, job_ids: list[int], *, as_json: bool) -> int:
     waiting = list(dict.fromkeys(job_ids))
     ended: list[dict[str, Any]] = []
     polls = chain(WAIT_POLLS_S, repeat(WAIT_POLLS_S[-1]))
+    answered, unanswered_s = False, 0.0
     try:
         while True:
-            for job_id in list(waiting):
-                job = client.get(f"{JOBS}/{job_id}")
-                if job["status"] in ENDED:
-                    waiting.remove(job_id)
-                    ended.append(job)
-                    if not as_json:
-                        reason = _reason_cell(job)
-                        typer.echo(
-                            f"job {job_id} ({job['name']}): {job['status']}"
-                            + (f" ({reason})" if reason else "")
-                        )
+            try:
+                for job_id in list(waiting):
+                    job = client.get(f"{JOBS}/{job_id}")
+                    if job["status"] in ENDED:
+                        waiting.remove(job_id)
+                        ended.append(job)
+                        if not as_json:
+                            typer.echo(_ended_line(job))
+                answered, unanswered_s = True, 0.0
+            except Unreachable as exc:
+                if not answered or unanswered_s >= WAIT_OUTAGE_S:
+                    raise
+                if not unanswered_s:
+                    typer.echo(f"{exc.message}; still waiting", err=True)
+                unanswered_s += WAIT_POLLS_S[-1]
+                _pause(WAIT_POLLS_S[-1])
+                continue
             if not waiting:
                 break
             _pause(next(polls))
@@ -825,6 +836,11 @@ def update(
     if job.get("pending_message"):
         line += f" — {job['pending_message']}"
     typer.echo(line)
+
+
+def _ended_line(job: dict[str, Any]) -> str:
+    reason = _reason_cell(job)
+    return f"job {job['id']} ({job['name']}): {job['status']}" + (f" ({reason})" if reason else "")
 
 
 def wait_jobs(

@@ -524,3 +524,33 @@ def test_wait_returns_when_the_jobs_end_with_their_exit_status(
     assert stopped.exit_code == 130 and stopped.stdout == ""
     assert f"stopped waiting; still running or pending: {pending}" in stopped.stderr
     assert json.loads(cli("show", "--json", str(pending)).stdout)["status"] == "PENDING"
+
+
+def test_wait_rides_out_an_api_restart_but_not_an_api_that_never_answered(
+    cli: Cli, refused_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import app.cli.jobs as jobs_cli
+    from app.cli.client import ApiClient, Unreachable
+
+    job_id = _submit_json(cli, "--", "true")["id"]
+    client = ApiClient(base_url=cli.url, token=cli.tokens["alice"])
+    pauses: list[float] = []
+
+    def meanwhile(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 1:  # the API goes away after the first answer...
+            client.base_url = refused_url
+        elif len(pauses) == 3:  # ...and is back two polls later, the job done meanwhile
+            client.base_url = cli.url
+            _end(cli, job_id, JobStatus.SUCCEEDED, 0)
+
+    monkeypatch.setattr(jobs_cli, "_pause", meanwhile)
+    assert jobs_cli._wait_for(client, [job_id], as_json=False) == 0
+    out = capsys.readouterr()
+    assert out.out == f"job {job_id} (true): SUCCEEDED (exit 0)\n"
+    assert out.err.count("still waiting") == 1 and "cannot reach gpusched" in out.err
+    assert pauses[1:] == [jobs_cli.WAIT_POLLS_S[-1]] * 2  # retried at the slowest pace
+
+    never = ApiClient(base_url=refused_url, token=cli.tokens["alice"])
+    with pytest.raises(Unreachable):
+        jobs_cli._wait_for(never, [job_id], as_json=False)
