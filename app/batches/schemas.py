@@ -9,7 +9,7 @@ the same kind of location.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationInfo, field_serializer, field_validator
 
@@ -43,12 +43,27 @@ class JobTemplate(JobCreate):
             )
         return value
 
+    after: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        max_length=MAX_TEMPLATES,
+        description="earlier templates of this batch (0-based) whose jobs, of the same "
+        "firing, must succeed first: a nightly prepare -> train -> eval pipeline",
+    )
+
     @field_validator("depends_on")
     @classmethod
     def _no_dependencies(cls, value: list[int]) -> list[int]:
         if value:
-            raise ValueError("not allowed in a batch template: each firing makes new jobs")
+            raise ValueError(
+                "not allowed in a batch template: each firing makes new jobs; "
+                "use 'after' to wait for an earlier template's job"
+            )
         return value
+
+    @field_validator("after")
+    @classmethod
+    def _unique_templates(cls, value: list[int]) -> list[int]:
+        return list(dict.fromkeys(value))
 
 
 class BatchIn(RequestBody):

@@ -253,6 +253,17 @@ def _check_templates(
             )
             check_can_ever_fit(session=session, spec=template)
             limits.apply(template)
+            later = [i for i in template.after if i >= index]
+            if later:
+                # Only an earlier template: its job exists when this one is made, and no
+                # two templates can wait for each other.
+                if index == 0:
+                    may = "the first template cannot wait for another"
+                elif index == 1:
+                    may = "template 1 may wait for template 0"
+                else:
+                    may = f"template {index} may wait for templates 0 to {index - 1}"
+                raise FieldError("after", f"template {later[0]} is not an earlier one: {may}")
         except FieldError as exc:
             raise TemplateFieldError(index, exc) from None
         data = template.model_dump(mode="json", exclude_unset=True)
@@ -381,12 +392,17 @@ class FireReport:
         return sum(1 for f in self.firings if f.outcome == outcome)
 
 
-def _job_spec(row: BatchSchedule, template: dict[str, Any]) -> JobCreate:
+def _job_spec(row: BatchSchedule, template: dict[str, Any], fired: list[int]) -> JobCreate:
+    """The job `template` makes in a firing whose earlier templates made the jobs `fired`."""
     schedule: dict[str, Any] = {"mode": row.target}
     if row.window is not None:
         schedule["window"] = row.window
     labels = {"batch": row.name, **template.get("labels", {})}
-    return JobCreate.model_validate({**template, "schedule": schedule, "labels": labels})
+    job = {k: v for k, v in template.items() if k != "after"}
+    depends_on = [fired[i] for i in template.get("after", [])]
+    return JobCreate.model_validate(
+        {**job, "schedule": schedule, "labels": labels, "depends_on": depends_on}
+    )
 
 
 def _due(session: Session, row: BatchSchedule, now: datetime) -> datetime | None:
@@ -465,7 +481,7 @@ def fire_schedule(
                 job, _ = create_job(
                     session=session,
                     principal=owner,
-                    spec=_job_spec(row, template),
+                    spec=_job_spec(row, template, job_ids),
                     limits=limits,
                     actor=f"batch:{name}",
                     reason=f"cron batch {name!r} fired for {due.isoformat()}",

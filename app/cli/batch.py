@@ -252,7 +252,10 @@ def _details(batch: dict[str, Any]) -> Table:
     ]
     for i, t in enumerate(batch["templates"]):
         command = t["command"] if isinstance(t["command"], str) else " ".join(t["command"])
-        rows.append((f"job {i}", f"{command} (gpus {t.get('gpus', 1)}, project {t['project']})"))
+        after = f", after job {', '.join(map(str, t['after']))}" if t.get("after") else ""
+        rows.append(
+            (f"job {i}", f"{command} (gpus {t.get('gpus', 1)}, project {t['project']}{after})")
+        )
     for label, value in rows:
         add_row(table, label, value)
     return table

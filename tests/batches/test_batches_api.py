@@ -101,6 +101,26 @@ def test_template_that_no_node_can_fit_is_rejected_in_place(api: Api) -> None:
     assert "largest node" in r.json()["detail"][0]["msg"]
 
 
+def test_a_template_waits_only_for_an_earlier_template(api: Api) -> None:
+    h = api.as_("alice")
+    steps = [{"command": ["prep"]}, {"command": ["train"], "after": [1]}]
+    r = api.client.post(BATCHES, json=body(templates=steps), headers=h)
+    assert locs(r) == [["body", "templates", 1, "after"]]
+    assert r.json()["detail"][0]["msg"] == (
+        "template 1 is not an earlier one: template 1 may wait for template 0"
+    )
+    first = [{"command": ["prep"], "after": [0]}]
+    r = api.client.post(BATCHES, json=body(templates=first), headers=h)
+    assert r.json()["detail"][0]["msg"] == (
+        "template 0 is not an earlier one: the first template cannot wait for another"
+    )
+    # A fixed job id makes no sense in a template that fires every night.
+    fixed = [{"command": ["prep"], "depends_on": [1]}]
+    r = api.client.post(BATCHES, json=body(templates=fixed), headers=h)
+    assert locs(r) == [["body", "templates", 0, "depends_on"]]
+    assert "use 'after'" in r.json()["detail"][0]["msg"]
+
+
 def test_user_in_several_projects_must_name_one(api: Api) -> None:
     api.add_user("dora", ["ml", "cv"])
     r = api.client.post(BATCHES, json=body(), headers=api.as_("dora"))

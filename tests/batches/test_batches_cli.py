@@ -48,7 +48,7 @@ def test_create_single_job_from_command_and_list_show(cli: Cli, tmp_path: Path) 
 def test_create_from_template_file_offpeak(cli: Cli, tmp_path: Path) -> None:
     templates: list[dict[str, Any]] = [
         {"name": "prep", "command": ["python", "prep.py"], "gpus": 0},
-        {"name": "train", "command": "python train.py", "gpus": 2},
+        {"name": "train", "command": "python train.py", "gpus": 2, "after": [0]},
     ]
     path = tmp_path / "jobs.json"
     path.write_text(json.dumps({"templates": templates}))
@@ -70,7 +70,12 @@ def test_create_from_template_file_offpeak(cli: Cli, tmp_path: Path) -> None:
     assert r.exit_code == 0, r.stderr
     body = json.loads(r.stdout)
     assert body["target"] == "offpeak" and body["catch_up"] == "skip"
-    assert [t["name"] for t in body["templates"]] == ["prep", "train"]
+    assert [(t["name"], t.get("after")) for t in body["templates"]] == [
+        ("prep", None),
+        ("train", [0]),
+    ]
+    shown = batch(cli, "show", "weekly").stdout
+    assert "python train.py (gpus 2, project ml, after job 0)" in shown
 
 
 def test_enable_disable_delete(cli: Cli) -> None:

@@ -272,3 +272,28 @@ def test_jobs_get_the_cluster_default_time_limit_when_the_batch_fires(
     world.limits = RuntimeLimits(default_s=7200)
     assert world.fire(utc(2026, 1, 1, 2, 0, 4)).count("submitted") == 1
     assert [job.max_runtime_s for job in world.jobs()] == [7200, 600]
+
+
+def test_each_firing_chains_its_own_jobs_as_the_templates_say(
+    world: World, alice: Principal
+) -> None:
+    """A nightly prepare -> train -> eval pipeline: each night's eval waits for that
+    night's train, not for another night's."""
+    templates = [
+        {"command": ["prep"], "name": "prep"},
+        {"command": ["train"], "name": "train", "after": [0]},
+        {"command": ["eval"], "name": "eval", "after": [1, 0]},
+    ]
+    world.create(alice, utc(2026, 1, 1), templates=templates)
+    world.fire(utc(2026, 1, 1, 2, 0, 4))
+    world.fire(utc(2026, 1, 2, 2, 0, 4))
+    jobs = world.jobs()
+    assert [(j.name, j.depends_on, j.dependencies_met) for j in jobs] == [
+        ("prep", [], True),
+        ("train", [jobs[0].id], False),
+        ("eval", [jobs[1].id, jobs[0].id], False),
+        ("prep", [], True),
+        ("train", [jobs[3].id], False),
+        ("eval", [jobs[4].id, jobs[3].id], False),
+    ]
+    assert jobs[2].pending_message == f"waiting for job {jobs[1].id} (train) and 1 more to succeed"
