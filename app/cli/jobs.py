@@ -234,6 +234,13 @@ WorkdirOption = Annotated[
 ]
 
 
+# Selecting jobs by label (`gpusched jobs`, `cancel`), as the API's ?label=k=v.
+LabelFilterOption = Annotated[
+    list[str] | None,
+    typer.Option("--label", help="KEY=VALUE, repeatable (all must match)", show_default=False),
+]
+
+
 def submit(
     command: Annotated[
         list[str] | None,
@@ -519,10 +526,7 @@ def list_jobs(
     ] = None,
     project: Annotated[str | None, typer.Option(help="Only this project")] = None,
     user: Annotated[str | None, typer.Option(help="Only this user's jobs")] = None,
-    label: Annotated[
-        list[str] | None,
-        typer.Option("--label", help="KEY=VALUE, repeatable (all must match)", show_default=False),
-    ] = None,
+    label: LabelFilterOption = None,
     limit: Annotated[int, typer.Option(help="Jobs per page (newest first)")] = 50,
     cursor: Annotated[
         str | None, typer.Option(help="Start at this next_cursor of an earlier page")
@@ -720,10 +724,7 @@ def cancel(
             show_default=False,
         ),
     ] = None,
-    label: Annotated[
-        list[str] | None,
-        typer.Option("--label", help="KEY=VALUE, repeatable (all must match)", show_default=False),
-    ] = None,
+    label: LabelFilterOption = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
