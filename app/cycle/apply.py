@@ -124,6 +124,8 @@ def apply_plan(
             or job.status is not JobStatus.PENDING
             or job.attempt != expected_attempt
             or job.held_by is not None
+            # Changed (gpusched update): the plan placed the request as it was.
+            or job.updated_at != ctx.pending_updated_at.get(placement.job_id)
         ):
             applied.skipped[placement.job_id] = "job changed since the snapshot"
             continue

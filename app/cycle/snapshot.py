@@ -33,10 +33,12 @@ HISTORY_DAYS = 30
 
 @dataclass(frozen=True, slots=True)
 class SnapshotContext:
-    """What apply needs to re-verify the plan: each pending job's attempt as read."""
+    """What apply needs to re-verify the plan: each pending job's attempt and last change
+    (`gpusched update`) as read."""
 
     snapshot: Snapshot
     pending_attempts: dict[int, int]
+    pending_updated_at: dict[int, datetime]
     pending_reasons: dict[int, tuple[str | None, str | None, int | None, datetime | None]]
     node_ids: dict[str, int]
     gpu_ids: dict[tuple[str, int], int]
@@ -141,6 +143,7 @@ JOB_COLUMNS = (
     Job.queue_position,
     Job.estimated_start_at,
     Job.ineligible_s,
+    Job.updated_at,
 )
 
 
@@ -339,6 +342,7 @@ def read_snapshot(
     return SnapshotContext(
         snapshot=snapshot,
         pending_attempts={j.id: j.attempt for j in pending_jobs},
+        pending_updated_at={j.id: j.updated_at for j in pending_jobs},
         pending_reasons={
             j.id: (j.pending_reason, j.pending_message, j.queue_position, j.estimated_start_at)
             for j in pending_jobs

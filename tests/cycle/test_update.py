@@ -3,6 +3,11 @@ a submission, keeps the job's submit time, and the next cycle ranks it anew."""
 
 from __future__ import annotations
 
+from app.cycle import lease
+from app.cycle.apply import apply_plan
+from app.cycle.snapshot import read_snapshot
+from app.db import utcnow
+from app.scheduling import Placement, Plan
 from tests.cycle.jobs_api import add_node, job_events, run_one_cycle, submit
 
 DAY = 86400
@@ -83,3 +88,22 @@ def test_a_job_waiting_on_a_dependency_keeps_its_reason_when_changed(api):
     r = _patch(api, evaluate["id"], name="eval-v2")
     assert r.status_code == 200, r.text
     assert (r.json()["name"], r.json()["pending_reason"]) == ("eval-v2", "dependency")
+
+
+def test_a_change_between_snapshot_and_apply_is_not_placed_as_it_was(api):
+    """The plan placed the old request (2 GPUs); the job now asks 4: placing it on 2
+    would run it short of GPUs. It waits for the next cycle, which plans the new request."""
+    add_node(api, 4)
+    job = submit(api, gpus=2)
+    now = utcnow()
+    with api.factory() as session:
+        token = lease.acquire(session, holder="t", now=now, ttl_s=30)
+        ctx = read_snapshot(session=session, now=now, half_life_s=3600)
+        session.rollback()
+        assert _patch(api, job["id"], gpus=4).status_code == 200
+        plan = Plan(placements=(Placement(job["id"], (("n1", (0, 1)),)),))
+        applied = apply_plan(session, ctx=ctx, plan=plan, token=token, now=now)
+    assert applied.placed == [] and job["id"] in applied.skipped
+    run_one_cycle(api)
+    placed = api.client.get(f"/api/v1/jobs/{job['id']}", headers=api.as_("alice")).json()
+    assert [a["gpu_index"] for a in placed["allocations"]] == [0, 1, 2, 3]
