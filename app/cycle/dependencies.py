@@ -8,25 +8,15 @@ reason brought up to date ("waiting for job 12 (train) and 1 more to succeed").
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.jobs.dependencies import Dependency, judge
+from app.jobs.dependencies import Dependency, judge, load_dependencies
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job
 from app.jobs.states import DEPENDENCY, NEW_IN_QUEUE, JobStatus
-
-
-def load_dependencies(session: Session, ids: Iterable[int]) -> dict[int, Dependency]:
-    rows = session.execute(
-        select(Job.id, Job.name, Job.status, Job.finished_at).where(Job.id.in_(set(ids)))
-    ).all()
-    return {
-        row.id: Dependency(row.id, row.name, JobStatus(row.status), row.finished_at) for row in rows
-    }
 
 
 def settle_dependencies(session: Session, *, now: datetime) -> None:

@@ -1,16 +1,23 @@
-"""Job dependencies, as sbatch --dependency=afterok (pure; no database).
+"""Job dependencies, as sbatch --dependency=afterok.
 
 A job with `depends_on` starts only once every job it names has succeeded. If one of
 them ends any other way, it never will: the job is cancelled, as Slurm does with
 kill_invalid_depend, rather than left pending for ever.
+
+The rules (`judge`) are pure; `load_dependencies` is the one read that feeds them, shared
+by submission (app/jobs/service.py) and the cycle (app/cycle/dependencies.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.jobs.models import Job
 from app.jobs.states import FINISHED, JobStatus
 
 
@@ -62,3 +69,12 @@ def judge(depends_on: Sequence[int], jobs: Mapping[int, Dependency]) -> Verdict:
 
 def _broken(message: str) -> Verdict:
     return Verdict(met=False, broken=True, met_at=None, message=message)
+
+
+def load_dependencies(session: Session, ids: Iterable[int]) -> dict[int, Dependency]:
+    rows = session.execute(
+        select(Job.id, Job.name, Job.status, Job.finished_at).where(Job.id.in_(set(ids)))
+    ).all()
+    return {
+        row.id: Dependency(row.id, row.name, JobStatus(row.status), row.finished_at) for row in rows
+    }

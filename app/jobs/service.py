@@ -14,11 +14,10 @@ from sqlalchemy.orm import Session
 
 from app.auth.models import User
 from app.auth.service import Principal
-from app.cycle.dependencies import load_dependencies
 from app.db import utcnow
 from app.errors import Conflict, FieldError, Forbidden, NotFound
 from app.estimator.catalog import job_memory_from_model
-from app.jobs.dependencies import judge
+from app.jobs.dependencies import judge, load_dependencies
 from app.jobs.lifecycle import transition
 from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Allocation, Job, JobEvent
@@ -429,10 +428,7 @@ def release(*, session: Session, principal: Principal, job_id: int) -> JobOut:
     if job.held_at is not None:
         job.ineligible_s += max(0, int((utcnow() - job.held_at).total_seconds()))
     job.held_by = job.held_at = None
-    # Back in the queue as a new arrival: the next quick cycle ranks it.
-    job.pending_reason = NEW_IN_QUEUE
-    job.pending_message = "waiting for the next scheduling cycle"
-    job.queue_position = job.estimated_start_at = None
+    _back_in_line(job, why="released")
     _note(session, job=job, actor=principal.name, reason=f"released by {principal.name}")
     session.commit()
     return _outs(session, [job])[0]
@@ -474,14 +470,20 @@ def update(
         for name, value in changed.items():
             setattr(job, name, value)
         job.updated_at = utcnow()
-        if job.dependencies_met:  # else it still waits for them, as its reason says
-            job.pending_reason = NEW_IN_QUEUE
-            job.pending_message = "changed; waiting for the next scheduling cycle"
-        job.queue_position = job.estimated_start_at = None
+        _back_in_line(job, why="changed")
         what = ", ".join(f"{f} {current[f]} -> {v}" for f, v in changed.items())
         _note(session, job=job, actor=principal.name, reason=f"updated by {principal.name}: {what}")
     session.commit()
     return _outs(session, [job])[0]
+
+
+def _back_in_line(job: Job, *, why: str) -> None:
+    """Ranked anew, as a new arrival (the next quick cycle looks for NEW); a job still
+    waiting on its dependencies keeps that reason, which stays true."""
+    if job.dependencies_met:
+        job.pending_reason = NEW_IN_QUEUE
+        job.pending_message = f"{why}; waiting for the next scheduling cycle"
+    job.queue_position = job.estimated_start_at = None
 
 
 def _note(session: Session, *, job: Job, actor: str, reason: str) -> None:

@@ -217,3 +217,20 @@ def test_a_hold_while_waiting_on_dependencies_is_not_counted_twice(api):
     with api.factory() as session:
         # Three hours not eligible, from submission to release: not 1 + 3 + 2.
         assert abs(session.get_one(Job, dependent).ineligible_s - 3 * 3600) <= 5
+
+
+def test_released_or_changed_it_still_says_it_waits_for_its_dependency(api):
+    train = submit(api, name="train")["id"]
+    dependent = submit(api, depends_on=[train], hold=True)["id"]
+    for action in ("release", "change"):
+        if action == "release":
+            r = api.client.post(f"/api/v1/jobs/{dependent}/release", headers=api.as_("alice"))
+        else:
+            r = api.client.patch(
+                f"/api/v1/jobs/{dependent}", json={"priority": 3}, headers=api.as_("alice")
+            )
+        assert r.status_code == 200, r.text
+        assert (r.json()["pending_reason"], r.json()["pending_message"]) == (
+            "dependency",
+            f"waiting for job {train} (train) to succeed",
+        ), action
