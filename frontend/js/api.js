@@ -23,6 +23,17 @@ export class ApiError extends Error {
   }
 }
 
+/** Hands each message of a 422 to `place(path, message)` (path without "body", e.g.
+ * ["schedule", "at"]); returns the messages it did not place (any other error: its own). */
+export function placeFieldErrors(err, place) {
+  if (!(err instanceof ApiError && err.status === 422 && Array.isArray(err.detail))) return [err.message];
+  return err.detail.flatMap((item) => {
+    const path = (item.loc || []).filter((p) => p !== "body");
+    const message = String(item.msg || "invalid").replace(/^Value error, /, "");
+    return place(path, message) ? [] : [message];
+  });
+}
+
 function describe(status, detail) {
   if (typeof detail === "string") return detail;
   if (Array.isArray(detail) && detail.length) return detail.map((d) => d.msg).join("; ");

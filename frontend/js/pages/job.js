@@ -1,5 +1,5 @@
 // Job detail: spec, event timeline, live log tail, GPU telemetry over the run, energy.
-import { api, ApiError, optional } from "../api.js";
+import { api, ApiError, optional, placeFieldErrors } from "../api.js";
 import { columns, lineChart } from "../chart.js";
 import {
   ACTIVE, allocationText, clear, fmtDate, fmtDateSec, fmtDuration, fmtIn, fmtNum, gpuRequest,
@@ -183,12 +183,12 @@ export function jobPage(root, ctx, { match }) {
         closeEditor();
         await Promise.all([refreshJob(), refreshEvents()]);
       } catch (err) {
-        const unplaced = [];
-        for (const item of (err instanceof ApiError && Array.isArray(err.detail)) ? err.detail : [{ msg: err.message }]) {
-          const name = (item.loc || []).filter((p) => p !== "body")[0];
-          const msg = String(item.msg).replace(/^Value error, /, "");
-          if (errors[name]) { errors[name].textContent = msg; errors[name].hidden = false; } else unplaced.push(msg);
-        }
+        const unplaced = placeFieldErrors(err, ([name], msg) => {
+          if (!errors[name]) return false;
+          errors[name].textContent = msg;
+          errors[name].hidden = false;
+          return true;
+        });
         general.textContent = unplaced.join("; ");
         general.hidden = !unplaced.length;
       }

@@ -1,5 +1,5 @@
 // Submit form: POST /api/v1/jobs; the server's 422 messages are shown next to their fields.
-import { api, ApiError } from "../api.js";
+import { api, ApiError, placeFieldErrors } from "../api.js";
 import { clear, h } from "../util.js";
 
 const INT_FIELDS = ["gpus", "gpu_memory_mb", "nodes", "priority", "max_runtime_s", "estimated_runtime_s", "retries"];
@@ -175,14 +175,8 @@ export function submitPage(root, ctx) {
       success.hidden = false;
     } catch (err) {
       if (err instanceof ApiError && err.status === 422 && Array.isArray(err.detail)) {
-        const unplaced = [];
-        for (const item of err.detail) {
-          const loc = (item.loc || []).filter((p) => p !== "body");
-          let name = loc[0];
-          if (name === "schedule" && loc[1] === "at") name = "at";
-          const msg = String(item.msg || "invalid").replace(/^Value error, /, "");
-          if (!(typeof name === "string" && showError(name, msg))) unplaced.push(msg);
-        }
+        const unplaced = placeFieldErrors(err, ([name, sub], msg) =>
+          typeof name === "string" && showError(name === "schedule" && sub === "at" ? "at" : name, msg));
         if (unplaced.length) {
           general.textContent = unplaced.join("; ");
           general.hidden = false;
