@@ -677,15 +677,13 @@ def _each_job(
     action: str,
     line: Callable[[dict[str, Any]], str],
     *,
+    client: ApiClient,
     as_json: bool,
-    url: str | None,
-    token: str | None,
     selected: bool = False,
 ) -> None:
     """POST /jobs/ID/`action` for every id: one line each, errors per id on stderr, exit 1
     if any failed. --json prints the job, or a list of jobs for several ids or for jobs
     `selected` by filters (however many matched)."""
-    client = ApiClient.from_options(url, token)
     ids = list(dict.fromkeys(job_ids))
     done, failed = [], 0
     for job_id in ids:
@@ -734,15 +732,17 @@ def cancel(
 
     Every job is tried; exit 1 if any could not be cancelled. --json prints the job, or a
     list of jobs for several."""
-    selecting = user or project or status or label
+    selecting = bool(user or project or status or label)
     if job_ids and selecting:
         raise CliError("give job ids or --user/--project/--status/--label, not both", EXIT_USAGE)
     if not job_ids and not selecting:
         raise CliError(
             "no jobs: give job ids or select them with --user, --project, ...", EXIT_USAGE
         )
-    if not job_ids:
-        parse_pairs(label, "--label")  # usage error before any request
+    parse_pairs(label, "--label")  # usage error before any request
+    client = ApiClient.from_options(url, token)
+    ids = job_ids or []
+    if selecting:
         params: dict[str, Any] = {
             "status": [s.upper() for s in status or CANCELLABLE],
             "label": list(label or []),
@@ -750,23 +750,14 @@ def cancel(
             **({"user": user} if user else {}),
             **({"project": project} if project else {}),
         }
-        client = ApiClient.from_options(url, token)
         found, _ = _fetch_jobs(client, params, cursor=None, all_pages=True)
-        job_ids = [job["id"] for job in found]
-        if not job_ids:
+        ids = [job["id"] for job in found]
+        if not ids:
             typer.echo("no jobs match", err=True)
             if as_json:
                 print_json([])
             return
-    _each_job(
-        job_ids,
-        "cancel",
-        _cancel_line,
-        as_json=as_json,
-        url=url,
-        token=token,
-        selected=bool(selecting),
-    )
+    _each_job(ids, "cancel", _cancel_line, client=client, as_json=as_json, selected=selecting)
 
 
 def hold(
@@ -775,7 +766,8 @@ def hold(
     """Keep pending jobs from starting until released, like scontrol hold 12 13.
 
     Every id is tried; exit 1 if any could not be held (e.g. it is already running)."""
-    _each_job(job_ids, "hold", _hold_line, as_json=as_json, url=url, token=token)
+    client = ApiClient.from_options(url, token)
+    _each_job(job_ids, "hold", _hold_line, client=client, as_json=as_json)
 
 
 def release(
@@ -783,7 +775,8 @@ def release(
 ) -> None:
     """Let held jobs be scheduled again, like scontrol release 12 13. A hold placed by an
     admin only an admin releases."""
-    _each_job(job_ids, "release", _hold_line, as_json=as_json, url=url, token=token)
+    client = ApiClient.from_options(url, token)
+    _each_job(job_ids, "release", _hold_line, client=client, as_json=as_json)
 
 
 def update(
