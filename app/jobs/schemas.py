@@ -151,7 +151,7 @@ class JobCreate(RequestBody):
 class JobUpdate(RequestBody):
     """Body of PATCH /jobs/{id}: what to change in a pending job, as `scontrol update`.
     Only the fields sent change; null clears gpu_memory_mb or a runtime. The result is
-    checked as a submission would be."""
+    checked as a submission would be. Each field is a Job column of the same name."""
 
     name: Name | None = None
     gpus: int | None = Field(default=None, description="GPUs per node")
