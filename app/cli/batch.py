@@ -253,6 +253,10 @@ def _details(batch: dict[str, Any]) -> Table:
     for i, t in enumerate(batch["templates"]):
         command = t["command"] if isinstance(t["command"], str) else " ".join(t["command"])
         after = f", after job {', '.join(map(str, t['after']))}" if t.get("after") else ""
+        array = t.get("array")
+        if array:
+            limit = f"%{array['max_running']}" if array.get("max_running") else ""
+            after = f", array {array['indices']}{limit}{after}"
         rows.append(
             (f"job {i}", f"{command} (gpus {t.get('gpus', 1)}, project {t['project']}{after})")
         )

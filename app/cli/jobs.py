@@ -33,6 +33,7 @@ from app.cli.client import (
     parse_time,
     print_json,
 )
+from app.jobs.arrays import parse_indices, split_slurm_form
 
 JOBS = "/api/v1/jobs"
 MAX_PAGE = 500
@@ -241,6 +242,13 @@ LabelFilterOption = Annotated[
 ]
 
 
+# The tasks of one job array (`gpusched jobs`, `cancel`), as the API's ?array=ID.
+ArrayFilterOption = Annotated[
+    int | None,
+    typer.Option("--array", help="The tasks of job array ID", show_default=False),
+]
+
+
 def submit(
     command: Annotated[
         list[str] | None,
@@ -282,6 +290,16 @@ def submit(
             show_default=False,
         ),
     ] = None,
+    array: Annotated[
+        str | None,
+        typer.Option(
+            "--array",
+            help="A job array, as sbatch --array: one job per index (0-9, 1,3,5-7, 0-15:4), "
+            "at most N at once with %N (0-49%4); each reads its index from "
+            "GPUSCHED_ARRAY_TASK_ID",
+            show_default=False,
+        ),
+    ] = None,
     idempotency_key: Annotated[
         str | None,
         typer.Option("--idempotency-key", help="Resubmitting with the same key returns the job"),
@@ -289,7 +307,9 @@ def submit(
     wait: Annotated[
         bool,
         typer.Option(
-            "--wait", help="Return when the job ends, with its exit status (sbatch --wait)"
+            "--wait",
+            help="Return when the job (every task of an array) ends, with its exit "
+            "status (sbatch --wait)",
         ),
     ] = False,
     as_json: JsonOption = False,
@@ -324,26 +344,63 @@ def submit(
     )
     if after:
         spec["depends_on"] = after
+    if array is not None:
+        spec["array"] = _array_spec(array)
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
     client = ApiClient.from_options(url, token)
     response = client.request("POST", JOBS, json=spec, headers=headers)
     job = client.body(response)
+    task_ids = [job["id"]]
+    if job.get("array"):
+        tasks, _ = _fetch_jobs(
+            client, {"array": job["id"], "limit": MAX_PAGE}, cursor=None, all_pages=True
+        )
+        task_ids = sorted(task["id"] for task in tasks)
+    line = _submitted_line(job, replay=response.status_code == 200, task_ids=task_ids)
     if wait:
         if not as_json:
-            typer.echo(_submitted_line(job, replay=response.status_code == 200))
-        raise typer.Exit(_wait_for(client, [job["id"]], as_json=as_json))
+            typer.echo(line)
+        raise typer.Exit(_wait_for(client, task_ids, as_json=as_json))
     if as_json:
         print_json(job)
         return
-    typer.echo(_submitted_line(job, replay=response.status_code == 200))
+    typer.echo(line)
 
 
-def _submitted_line(job: dict[str, Any], *, replay: bool) -> str:
+def _array_spec(text: str) -> dict[str, Any]:
+    """--array 0-49%4 as the API's {"indices": "0-49", "max_running": 4}."""
+    try:
+        indices, max_running = split_slurm_form(text)
+        parse_indices(indices)
+    except ValueError as exc:
+        raise CliError(f"--array: {exc}", EXIT_USAGE) from None
+    return {"indices": indices, "max_running": max_running}
+
+
+def _submitted_line(job: dict[str, Any], *, replay: bool, task_ids: list[int]) -> str:
     verb = "already submitted" if replay else "submitted"
+    array = job.get("array")
+    if array:
+        limit = f", at most {array['max_running']} at once" if array["max_running"] else ""
+        return (
+            f"{verb} array {array['id']} ({job['name']}): {array['tasks']} tasks, "
+            f"jobs {_id_ranges(task_ids)}{limit} (gpusched jobs/cancel --array {array['id']})"
+        )
     line = f"{verb} job {job['id']} ({job['name']}): {job['status']}"
     if job.get("pending_message"):
         line += f" — {job['pending_message']}"
     return line
+
+
+def _id_ranges(ids: list[int]) -> str:
+    """[12, 13, 14, 20] -> "12-14,20": an array's job ids are mostly consecutive."""
+    runs: list[list[int]] = []
+    for job_id in ids:
+        if runs and job_id == runs[-1][-1] + 1:
+            runs[-1].append(job_id)
+        else:
+            runs.append([job_id])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 ENDED = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"})
@@ -411,6 +468,12 @@ def _gpus_cell(job: dict[str, Any]) -> str:
     return per_node if job.get("nodes", 1) == 1 else f"{per_node}x{job['nodes']}"
 
 
+def _name_cell(job: dict[str, Any]) -> str:
+    """An array task shows its index, as Slurm's 12_3: the tasks share one name."""
+    array = job.get("array")
+    return f"{job['name']}[{array['index']}]" if array else str(job["name"])
+
+
 def _reason_cell(job: dict[str, Any]) -> str:
     if job["status"] == "PENDING":
         return str(job.get("pending_message") or job.get("pending_reason") or "")
@@ -452,7 +515,7 @@ def jobs_table(items: list[dict[str, Any]], *, width: int) -> Table:
     rows = [
         (
             str(job["id"]),
-            str(job["name"]),
+            _name_cell(job),
             str(job["project"]),
             str(job["user"]),
             str(job["status"]),
@@ -473,7 +536,7 @@ def queue_table(items: list[dict[str, Any]], *, width: int, now: datetime) -> Ta
         (
             str(job.get("queue_position") or ""),
             str(job["id"]),
-            str(job["name"]),
+            _name_cell(job),
             str(job["project"]),
             str(job["user"]),
             _gpus_cell(job),
@@ -527,6 +590,7 @@ def list_jobs(
     project: Annotated[str | None, typer.Option(help="Only this project")] = None,
     user: Annotated[str | None, typer.Option(help="Only this user's jobs")] = None,
     label: LabelFilterOption = None,
+    array: ArrayFilterOption = None,
     limit: Annotated[int, typer.Option(help="Jobs per page (newest first)")] = 50,
     cursor: Annotated[
         str | None, typer.Option(help="Start at this next_cursor of an earlier page")
@@ -550,6 +614,8 @@ def list_jobs(
         params["project"] = project
     if user:
         params["user"] = user
+    if array is not None:
+        params["array"] = array
     items, next_cursor = _fetch_jobs(client, params, cursor=cursor, all_pages=all_pages)
     if as_json:
         print_json({"items": items, "next_cursor": next_cursor})
@@ -604,6 +670,15 @@ def _job_details(job: dict[str, Any]) -> Table:
     elif mode == "at":
         mode += f" {schedule.get('at')}"
     rows.append(("schedule", mode))
+    if job.get("array"):
+        array = job["array"]
+        limit = f", at most {array['max_running']} at once" if array["max_running"] else ""
+        rows.append(
+            (
+                "array",
+                f"task {array['index']} of array {array['id']} ({array['tasks']} tasks{limit})",
+            )
+        )
     if job.get("depends_on"):
         rows.append(("depends on", ", ".join(map(str, job["depends_on"])) + " (must succeed)"))
     if job.get("max_runtime_s"):
@@ -723,18 +798,22 @@ def cancel(
         ),
     ] = None,
     label: LabelFilterOption = None,
+    array: ArrayFilterOption = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
     """Cancel jobs (idempotent), like scancel 12 13, or the jobs the options select, like
-    scancel -u alice -t PENDING. A running job is stopped by its agent.
+    scancel -u alice -t PENDING; --array 12 cancels every task of array 12 that has not
+    ended. A running job is stopped by its agent.
 
     Every job is tried; exit 1 if any could not be cancelled. --json prints the job, or a
     list of jobs for several."""
-    selecting = bool(user or project or status or label)
+    selecting = bool(user or project or status or label or array is not None)
     if job_ids and selecting:
-        raise CliError("give job ids or --user/--project/--status/--label, not both", EXIT_USAGE)
+        raise CliError(
+            "give job ids or --user/--project/--status/--label/--array, not both", EXIT_USAGE
+        )
     if not job_ids and not selecting:
         raise CliError(
             "no jobs: give job ids or select them with --user, --project, ...", EXIT_USAGE
@@ -749,6 +828,7 @@ def cancel(
             "limit": MAX_PAGE,
             **({"user": user} if user else {}),
             **({"project": project} if project else {}),
+            **({"array": array} if array is not None else {}),
         }
         found, _ = _fetch_jobs(client, params, cursor=None, all_pages=True)
         ids = [job["id"] for job in found]
@@ -834,7 +914,9 @@ def update(
 
 def _ended_line(job: dict[str, Any]) -> str:
     reason = _reason_cell(job)
-    return f"job {job['id']} ({job['name']}): {job['status']}" + (f" ({reason})" if reason else "")
+    return f"job {job['id']} ({_name_cell(job)}): {job['status']}" + (
+        f" ({reason})" if reason else ""
+    )
 
 
 def wait_jobs(
@@ -847,15 +929,15 @@ def wait_jobs(
 
 def _hold_line(job: dict[str, Any]) -> str:
     state = f"held by {job['held_by']}" if job.get("held_by") else job["status"]
-    return f"job {job['id']} ({job['name']}): {state}"
+    return f"job {job['id']} ({_name_cell(job)}): {state}"
 
 
 def _cancel_line(job: dict[str, Any]) -> str:
     if job["status"] == "CANCELLED":
-        return f"job {job['id']} ({job['name']}): CANCELLED"
+        return f"job {job['id']} ({_name_cell(job)}): CANCELLED"
     if job.get("cancel_requested"):
-        return f"job {job['id']} ({job['name']}): cancel requested, still {job['status']}"
-    return f"job {job['id']} ({job['name']}): {job['status']}"
+        return f"job {job['id']} ({_name_cell(job)}): cancel requested, still {job['status']}"
+    return f"job {job['id']} ({_name_cell(job)}): {job['status']}"
 
 
 def register(app: typer.Typer) -> None:

@@ -1,6 +1,7 @@
 """One live scheduling cycle, phases numbered as in DESIGN.md:
 
-0. dependencies  jobs whose dependencies have all succeeded join the queue (one write)
+0. dependencies  jobs whose dependencies have all succeeded join the queue, and job
+   arrays let in as many tasks as their limit allows (one write)
 1. snapshot  read queue, nodes, GPUs, telemetry and usage (one read transaction)
 2. plan      the pure core decides (no I/O)
 3. apply     one transaction re-verifies and writes allocations and pending reasons
@@ -21,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.cycle import lease
 from app.cycle.apply import apply_plan
+from app.cycle.arrays import settle_array_limits
 from app.cycle.dependencies import settle_dependencies
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory, read_snapshot
@@ -86,6 +88,7 @@ def run_cycle(
         try:
             # 0. dependencies
             settle_dependencies(session, now=now)
+            settle_array_limits(session)
             session.commit()
             # 1. snapshot
             specs = window_specs(session=session)

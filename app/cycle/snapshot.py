@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from app.auth.models import User
 from app.jobs.models import Allocation, Job
-from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
+from app.jobs.states import ACTIVE, ARRAY_LIMIT, NEW_IN_QUEUE, JobStatus
 from app.nodes.models import Gpu, Node, NodeState
 from app.projects.models import Project
 from app.scheduling import (
@@ -278,14 +278,16 @@ def read_snapshot(
         )
         for j in active_jobs
     )
-    # Held jobs (gpusched hold) and jobs whose dependencies have not all succeeded are
-    # left out: no cycle ranks, places or explains them.
+    # Held jobs (gpusched hold), jobs whose dependencies have not all succeeded and array
+    # tasks over their array's limit (app/cycle/arrays.py) are left out: no cycle ranks,
+    # places or explains them.
     pending_query = (
         select(*JOB_COLUMNS)
         .where(
             Job.status == JobStatus.PENDING,
             Job.held_by.is_(None),
             Job.dependencies_met.is_(True),
+            Job.pending_reason.is_distinct_from(ARRAY_LIMIT),
         )
         .order_by(Job.id)
     )

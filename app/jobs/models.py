@@ -31,6 +31,7 @@ class Job(Base):
         CheckConstraint("nodes >= 1", name="nodes_positive"),
         Index("ix_job_status_id", "status", "id"),
         Index("ix_job_project_id", "project_id", "id"),
+        Index("ix_job_array_id", "array_id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -72,6 +73,13 @@ class Job(Base):
     # whether they all have: no cycle considers the job until then.
     depends_on: Mapped[list[int]] = mapped_column(JSONType, default=list)
     dependencies_met: Mapped[bool] = mapped_column(Boolean, default=True)
+    # A task of a job array (sbatch --array, app/jobs/arrays.py): the array's id (its first
+    # task's job id), this task's index, how many tasks it has, and how many may hold GPUs
+    # at once (null: no limit). The same on every task; null on a job of its own.
+    array_id: Mapped[int | None] = mapped_column(Integer)
+    array_index: Mapped[int | None] = mapped_column(Integer)
+    array_size: Mapped[int | None] = mapped_column(Integer)
+    array_max_running: Mapped[int | None] = mapped_column(Integer)
     # Seconds this pending job could not run (held, or waiting on its dependencies). They
     # do not count as waiting (queue order, aging, starvation), as Slurm accrues a job's
     # age only while it is eligible.

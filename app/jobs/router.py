@@ -84,6 +84,9 @@ def list_jobs(
     project: str | None = None,
     user: str | None = None,
     label: Annotated[list[str], Query(description="key=value, repeatable")] = [],  # noqa: B006
+    array: Annotated[
+        int | None, Query(ge=1, le=2**31 - 1, description="the tasks of this job array")
+    ] = None,
     cursor: Annotated[str | None, Query(max_length=20)] = None,
     limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 50,
 ) -> JobPage:
@@ -94,6 +97,7 @@ def list_jobs(
         project=project,
         user=user,
         labels=_parse_labels(label),
+        array=array,
         cursor=_parse_cursor(cursor),
         limit=limit,
     )

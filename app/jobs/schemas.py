@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from app.estimator.schemas import EstimateRequest
+from app.jobs.arrays import parse_indices
 from app.request_body import RequestBody
 from app.timeutil import checked_utc
 
@@ -48,6 +49,29 @@ class ScheduleSpec(RequestBody):
         return self
 
 
+class ArraySpec(RequestBody):
+    """A job array, as sbatch --array: one task per index, each a job of its own."""
+
+    indices: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="Slurm's index syntax: '0-9', '1,3,5-7' or '0-15:4' (at most 1000 tasks)",
+    )
+    max_running: int | None = Field(
+        default=None, ge=1, le=1000, description="at most this many tasks at once (Slurm's %N)"
+    )
+
+    @field_validator("indices")
+    @classmethod
+    def _valid_indices(cls, value: str) -> str:
+        parse_indices(value)
+        return value
+
+    @property
+    def task_indices(self) -> tuple[int, ...]:
+        return parse_indices(self.indices)
+
+
 class JobCreate(RequestBody):
     name: Name | None = None
     command: (
@@ -77,6 +101,11 @@ class JobCreate(RequestBody):
         max_length=64,
         description="ids of jobs that must succeed first, as sbatch --dependency=afterok; "
         "if one ends otherwise, this job is cancelled",
+    )
+    array: ArraySpec | None = Field(
+        default=None,
+        description="submit a job array: one job per index, told its index in "
+        "GPUSCHED_ARRAY_TASK_ID; the response is the first task, whose id is the array's",
     )
     model: EstimateRequest | None = Field(
         default=None,
@@ -176,6 +205,13 @@ class AllocationOut(BaseModel):
     rank: int
 
 
+class ArrayOut(BaseModel):
+    id: int = Field(description="the array's id: its first task's job id")
+    index: int = Field(description="this task's index (GPUSCHED_ARRAY_TASK_ID)")
+    tasks: int
+    max_running: int | None
+
+
 class JobOut(BaseModel):
     id: int
     name: str
@@ -205,6 +241,7 @@ class JobOut(BaseModel):
     estimated_start_at: datetime | None
     held_by: str | None = Field(description="who held this pending job (release to run it)")
     depends_on: list[int] = Field(description="jobs that must succeed before this one starts")
+    array: ArrayOut | None = Field(description="the job array this job is a task of, if any")
     exit_code: int | None
     cancel_requested: bool
     allocations: list[AllocationOut]

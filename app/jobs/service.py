@@ -17,12 +17,14 @@ from app.auth.service import Principal
 from app.db import utcnow
 from app.errors import Conflict, FieldError, Forbidden, NotFound
 from app.estimator.catalog import job_memory_from_model
+from app.jobs.arrays import ARRAY_JOB_ID_ENV, ARRAY_TASK_COUNT_ENV, ARRAY_TASK_ID_ENV
 from app.jobs.dependencies import judge, load_dependencies
 from app.jobs.lifecycle import transition
 from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Allocation, Job, JobEvent
 from app.jobs.schemas import (
     AllocationOut,
+    ArrayOut,
     JobCreate,
     JobEventOut,
     JobOut,
@@ -139,8 +141,9 @@ def create_job(
     actor: str | None = None,
     reason: str = "submitted",
 ) -> tuple[Job, str]:
-    """Validate and add a PENDING job with its first event; flushes, never commits, so a
-    caller can submit several jobs atomically (cron batches)."""
+    """Validate and add a PENDING job with its first event, or one per task of an array
+    (returning the first task); flushes, never commits, so a caller can submit several
+    jobs atomically (cron batches)."""
     project_id, project_name = _resolve_project(
         session=session, principal=principal, name=spec.project
     )
@@ -158,46 +161,56 @@ def create_job(
     check_can_ever_fit(session=session, spec=spec)
     if spec.schedule.mode == "offpeak":
         require_window(session=session, name=spec.schedule.window, field=("schedule", "window"))
-    waits_for = _dependencies_left(session=session, principal=principal, ids=spec.depends_on)
+    depends_on = _with_array_tasks(session=session, ids=spec.depends_on)
+    waits_for = _dependencies_left(session=session, principal=principal, ids=depends_on)
     now = utcnow()
-    job = Job(
-        name=spec.name or _default_name(spec.command),
-        user_id=principal.user_id,
-        project_id=project_id,
-        command=spec.command,
-        workdir=spec.workdir,
-        env=spec.env,
-        gpus=spec.gpus,
-        gpu_memory_mb=spec.gpu_memory_mb,
-        gpu_share_milli=spec.share_milli,
-        gpu_model=spec.gpu_model,
-        nodes=spec.nodes,
-        priority=spec.priority,
-        max_runtime_s=spec.max_runtime_s,
-        estimated_runtime_s=spec.estimated_runtime_s,
-        retries=spec.retries,
-        failures=0,
-        preemptible=spec.preemptible,
-        schedule_mode=spec.schedule.mode,
-        begin_at=spec.schedule.at,  # already UTC (ScheduleSpec)
-        window=spec.schedule.window,
-        labels=spec.labels,
-        held_by=(actor or principal.name) if spec.hold else None,
-        held_at=now if spec.hold else None,
-        depends_on=spec.depends_on,
-        dependencies_met=waits_for is None,
-        status=JobStatus.PENDING,
-        attempt=0,
-        pending_reason=NEW_IN_QUEUE if waits_for is None else DEPENDENCY,
-        pending_message=waits_for or "waiting for the next scheduling cycle",
-        created_at=now,
-        updated_at=now,
-        idempotency_key=idempotency_key,
-        request_hash=request_hash,
-    )
-    session.add(job)
+    indices: tuple[int | None, ...] = (None,) if spec.array is None else spec.array.task_indices
+    tasks = [
+        Job(
+            name=spec.name or _default_name(spec.command),
+            user_id=principal.user_id,
+            project_id=project_id,
+            command=spec.command,
+            workdir=spec.workdir,
+            env=dict(spec.env),
+            gpus=spec.gpus,
+            gpu_memory_mb=spec.gpu_memory_mb,
+            gpu_share_milli=spec.share_milli,
+            gpu_model=spec.gpu_model,
+            nodes=spec.nodes,
+            priority=spec.priority,
+            max_runtime_s=spec.max_runtime_s,
+            estimated_runtime_s=spec.estimated_runtime_s,
+            retries=spec.retries,
+            failures=0,
+            preemptible=spec.preemptible,
+            schedule_mode=spec.schedule.mode,
+            begin_at=spec.schedule.at,  # already UTC (ScheduleSpec)
+            window=spec.schedule.window,
+            labels=spec.labels,
+            held_by=(actor or principal.name) if spec.hold else None,
+            held_at=now if spec.hold else None,
+            depends_on=depends_on,
+            dependencies_met=waits_for is None,
+            array_index=index,
+            status=JobStatus.PENDING,
+            attempt=0,
+            pending_reason=NEW_IN_QUEUE if waits_for is None else DEPENDENCY,
+            pending_message=waits_for or "waiting for the next scheduling cycle",
+            created_at=now,
+            updated_at=now,
+            # Only the first task carries the key: a replay returns it, as the first
+            # submission did.
+            idempotency_key=idempotency_key if position == 0 else None,
+            request_hash=request_hash if position == 0 else None,
+        )
+        for position, index in enumerate(indices)
+    ]
+    session.add_all(tasks)
     session.flush()
-    session.add(
+    if spec.array is not None:
+        _number_tasks(tasks, max_running=spec.array.max_running)
+    session.add_all(
         JobEvent(
             job_id=job.id,
             at=now,
@@ -207,8 +220,42 @@ def create_job(
             actor=actor or principal.name,
             reason=f"{reason}, held" if spec.hold else reason,
         )
+        for job in tasks
     )
-    return job, project_name
+    return tasks[0], project_name
+
+
+def _number_tasks(tasks: list[Job], *, max_running: int | None) -> None:
+    """Make `tasks` (just flushed, so with ids) one array named by the first one's id."""
+    for job in tasks:
+        job.array_id = tasks[0].id
+        job.array_size = len(tasks)
+        job.array_max_running = max_running
+        job.env = {
+            **job.env,
+            ARRAY_JOB_ID_ENV: str(tasks[0].id),
+            ARRAY_TASK_ID_ENV: str(job.array_index),
+            ARRAY_TASK_COUNT_ENV: str(len(tasks)),
+        }
+
+
+def _with_array_tasks(*, session: Session, ids: list[int]) -> list[int]:
+    """Depending on an array's id (its first task) is depending on every task of it, as
+    `--dependency=afterok:<array job id>` is in Slurm."""
+    if not ids:
+        return ids
+    arrays = set(
+        session.scalars(select(Job.id).where(Job.id.in_(ids), Job.array_id == Job.id)).all()
+    )
+    if not arrays:
+        return ids
+    by_array: dict[int, list[int]] = {}
+    for array_id, task_id in session.execute(
+        select(Job.array_id, Job.id).where(Job.array_id.in_(arrays)).order_by(Job.id)
+    ):
+        by_array.setdefault(array_id or task_id, []).append(task_id)
+    expanded = [task for i in ids for task in by_array.get(i, [i])]
+    return list(dict.fromkeys(expanded))
 
 
 def _dependencies_left(*, session: Session, principal: Principal, ids: list[int]) -> str | None:
@@ -324,6 +371,7 @@ def list_jobs(
     project: str | None = None,
     user: str | None = None,
     labels: Sequence[tuple[str, str]] = (),
+    array: int | None = None,
     cursor: int | None = None,
     limit: int = 50,
 ) -> JobPage:
@@ -340,6 +388,8 @@ def list_jobs(
         query = query.join(User, User.id == Job.user_id).where(User.name == user)
     for key, value in labels:
         query = query.where(Job.labels[key].as_string() == value)
+    if array is not None:
+        query = query.where(Job.array_id == array)
     if cursor is not None:
         query = query.where(Job.id < cursor)
     jobs = list(session.scalars(query))
@@ -586,6 +636,14 @@ def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOu
         estimated_start_at=start,
         held_by=job.held_by if held else None,
         depends_on=job.depends_on,
+        array=None
+        if job.array_id is None
+        else ArrayOut(
+            id=job.array_id,
+            index=job.array_index or 0,
+            tasks=job.array_size or 1,
+            max_running=job.array_max_running,
+        ),
         exit_code=job.exit_code,
         cancel_requested=job.cancel_requested_at is not None,
         allocations=allocations,

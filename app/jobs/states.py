@@ -47,3 +47,6 @@ HELD = "held"
 # The pending reason of a job whose dependencies (depends_on) have not all succeeded yet:
 # no cycle considers it until they have (app/cycle/dependencies.py).
 DEPENDENCY = "dependency"
+# The pending reason of an array task kept out of the queue because its array already has
+# as many tasks running as it allows (max_running, app/cycle/arrays.py).
+ARRAY_LIMIT = "array_limit"

@@ -104,6 +104,11 @@ export function reasonLabel(reason) {
   return reason.toLowerCase().replace(/_/g, " ");
 }
 
+/** A job's name; an array task's with its index (the tasks share one name), as Slurm's 12_3. */
+export function jobName(job) {
+  return job.array ? `${job.name}[${job.array.index}]` : job.name;
+}
+
 export function gpuRequest(job) {
   if (job.gpus === 0) return "CPU only";
   let text = job.gpu_share && job.gpu_share < 1 ? `${job.gpu_share} GPU` : `${job.gpus} GPU`;

@@ -49,7 +49,9 @@ def test_create_from_template_file_offpeak(cli: Cli, tmp_path: Path) -> None:
     templates: list[dict[str, Any]] = [
         {"name": "prep", "command": ["python", "prep.py"], "gpus": 0},
         {"name": "train", "command": "python train.py", "gpus": 2, "after": [0]},
-    ]
+        {"name": "sweep", "command": "python sweep.py", "after": [1],
+         "array": {"indices": "0-3", "max_running": 2}},
+    ]  # fmt: skip
     path = tmp_path / "jobs.json"
     path.write_text(json.dumps({"templates": templates}))
     create = (
@@ -73,9 +75,11 @@ def test_create_from_template_file_offpeak(cli: Cli, tmp_path: Path) -> None:
     assert [(t["name"], t.get("after")) for t in body["templates"]] == [
         ("prep", None),
         ("train", [0]),
+        ("sweep", [1]),
     ]
     shown = batch(cli, "show", "weekly").stdout
     assert "python train.py (gpus 2, project ml, after job 0)" in shown
+    assert "python sweep.py (gpus 1, project ml, array 0-3%2, after job 1)" in shown
 
 
 def test_enable_disable_delete(cli: Cli) -> None:

@@ -297,3 +297,24 @@ def test_each_firing_chains_its_own_jobs_as_the_templates_say(
         ("eval", [jobs[4].id, jobs[3].id], False),
     ]
     assert jobs[2].pending_message == f"waiting for job {jobs[1].id} (train) and 1 more to succeed"
+
+
+def test_a_template_may_be_an_array_and_a_later_one_waits_for_all_its_tasks(
+    world: World, alice: Principal
+) -> None:
+    """A nightly sweep of 3 seeds, then one report once every seed has succeeded."""
+    templates = [
+        {"command": ["train"], "name": "seed", "array": {"indices": "0-2", "max_running": 2}},
+        {"command": ["report"], "name": "report", "after": [0]},
+    ]
+    world.create(alice, utc(2026, 1, 1), templates=templates)
+    world.fire(utc(2026, 1, 1, 2, 0, 4))
+    jobs = world.jobs()
+    seeds = [j.id for j in jobs if j.name == "seed"]
+    assert [(j.name, j.array_index, j.array_max_running) for j in jobs] == [
+        ("seed", 0, 2),
+        ("seed", 1, 2),
+        ("seed", 2, 2),
+        ("report", None, None),
+    ]
+    assert jobs[3].depends_on == seeds

@@ -172,6 +172,39 @@ def test_submit_held_and_after_another_job_through_the_form(dash: Dashboard, sta
     dash.assert_clean()
 
 
+def test_an_array_shows_its_tasks_and_why_the_rest_wait(dash: Dashboard, stack: Stack) -> None:
+    first = stack.request(
+        "POST",
+        "/api/v1/jobs",
+        {
+            "name": "sweep",
+            "command": "sleep 60",
+            "gpus": 1,
+            "project": "default",
+            "array": {"indices": "0-2", "max_running": 1},
+        },
+    )
+    page = dash.page
+    dash.login(stack.admin_token)
+    try:
+        dash.go("#/queue")
+        # Task 0 runs; the others wait outside the queue for its one slot.
+        _expect_text(page, "#pending-table td", r"^sweep\[2\]$")
+        _expect_text(page, "#pending-table .reason", "array limit")
+        dash.shot("queue-array-desktop")
+        dash.go(f"#/jobs/{first['id'] + 1}")
+        _expect_text(page, "h1", r"^sweep\[1\]")
+        _expect_text(
+            page, "#job-array", f"^task 1 of array #{first['id']} [(]3 tasks, at most 1 at once[)]$"
+        )
+        _expect_text(page, "#job-reason", "waiting for one of its tasks to end")
+        dash.shot("job-array-desktop")
+        dash.assert_clean()
+    finally:
+        for offset in range(3):
+            stack.request("POST", f"/api/v1/jobs/{first['id'] + offset}/cancel")
+
+
 def test_bob_sees_only_his_project(dash: Dashboard, stack: Stack) -> None:
     dash.console.allow(403, r"/api/v1/jobs/\d+$")
     admin_job = stack.request(

@@ -458,6 +458,36 @@ def test_submit_after_another_job(cli: Cli) -> None:
     assert refused.exit_code == 1 and "depends_on: no job 999 in your projects" in refused.stderr
 
 
+def test_submit_an_array_list_show_and_cancel_it(cli: Cli) -> None:
+    result = cli("submit", "--array", "0-6:2%2", "--name", "sweep", "--", "true")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == (
+        "submitted array 1 (sweep): 4 tasks, jobs 1-4, at most 2 at once"
+        " (gpusched jobs/cancel --array 1)\n"
+    )
+    listed = cli("jobs", "--array", "1", "--json")
+    tasks = sorted(json.loads(listed.stdout)["items"], key=lambda j: j["id"])
+    assert [t["array"]["index"] for t in tasks] == [0, 2, 4, 6]
+    table = cli("jobs", "--array", "1").stdout
+    assert "sweep[4]" in table and "sweep[6]" in table
+    shown = [line.rstrip() for line in cli("show", "3").stdout.splitlines()]
+    assert "array            task 4 of array 1 (4 tasks, at most 2 at once)" in shown
+
+    other = _submit_json(cli, "--", "true")["id"]
+    cancelled = cli("cancel", "--array", "1")
+    assert cancelled.exit_code == 0, cancelled.stderr
+    assert len(cancelled.stdout.splitlines()) == 4
+    assert [_stored(cli, t["id"]).status for t in tasks] == [JobStatus.CANCELLED] * 4
+    assert _stored(cli, other).status == JobStatus.PENDING  # not of the array
+
+    for bad, message in (
+        ("0-3%x", "--array: '0-3%x': expected indices with an optional %N"),
+        ("3-1", "--array: range '3-1' ends before it starts"),
+    ):
+        refused = cli("submit", "--array", bad, "--", "true")
+        assert refused.exit_code == 2 and message in refused.stderr, refused.stderr
+
+
 def test_update_a_pending_job(cli: Cli) -> None:
     job = _submit_json(cli, "--max-runtime", "2h", "--", "true")["id"]
     result = cli("update", str(job), "--gpus", "2", "--max-runtime", "none", "--priority", "3")
@@ -524,6 +554,23 @@ def test_wait_returns_when_the_jobs_end_with_their_exit_status(
     assert stopped.exit_code == 130 and stopped.stdout == ""
     assert f"stopped waiting; still running or pending: {pending}" in stopped.stderr
     assert json.loads(cli("show", "--json", str(pending)).stdout)["status"] == "PENDING"
+
+
+def test_submit_an_array_and_wait_for_every_task(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.cli.jobs as jobs_cli
+
+    def meanwhile(seconds: float) -> None:  # the tasks end while the CLI waits
+        _end(cli, 1, JobStatus.SUCCEEDED, 0)
+        _end(cli, 2, JobStatus.FAILED, 4)
+
+    monkeypatch.setattr(jobs_cli, "_pause", meanwhile)
+    result = cli("submit", "--array", "0-1", "--wait", "--", "true")
+    assert result.exit_code == 4  # a task failed: its exit code, as sbatch --wait
+    assert result.stdout.splitlines() == [
+        "submitted array 1 (true): 2 tasks, jobs 1-2 (gpusched jobs/cancel --array 1)",
+        "job 1 (true[0]): SUCCEEDED (exit 0)",
+        "job 2 (true[1]): FAILED (exit 4)",
+    ]
 
 
 def test_wait_rides_out_an_api_restart_but_not_an_api_that_never_answered(

@@ -3,7 +3,7 @@ import { api, ApiError, optional, placeFieldErrors } from "../api.js";
 import { columns, lineChart } from "../chart.js";
 import {
   ACTIVE, allocationText, clear, fmtDate, fmtDateSec, fmtDuration, fmtIn, fmtNum, gpuRequest,
-  h, poll, reasonLabel, statusBadge, toast,
+  h, jobName, poll, reasonLabel, statusBadge, toast,
 } from "../util.js";
 import { cancelButton, holdButton } from "./queue.js";
 
@@ -76,7 +76,7 @@ export function jobPage(root, ctx, { match }) {
     clear(head,
       h("div", {},
         h("div", { class: "small" }, h("a", { href: "#/queue" }, "← Queue")),
-        h("h1", {}, `${job.name} `, h("span", { class: "muted mono", style: { fontSize: ".8em" } }, `#${job.id}`))),
+        h("h1", {}, `${jobName(job)} `, h("span", { class: "muted mono", style: { fontSize: ".8em" } }, `#${job.id}`))),
       h("div", { class: "form-actions" }, statusBadge(job.status),
         job.status === "PENDING" ? h("button", {
           type: "button", class: "btn btn-ghost btn-sm", id: "change-job", "aria-expanded": String(!editor.hidden),
@@ -85,7 +85,7 @@ export function jobPage(root, ctx, { match }) {
         holdButton(job, () => Promise.all([refreshJob(), refreshEvents()])),
         cancelButton(job, refreshJob)));
     if (job.status !== "PENDING") closeEditor();
-    document.title = `#${job.id} ${job.name} · gpusched`;
+    document.title = `#${job.id} ${jobName(job)} · gpusched`;
   };
 
   const renderSpec = () => {
@@ -109,6 +109,9 @@ export function jobPage(root, ctx, { match }) {
         ["Placed on", h("span", { class: "mono" }, allocationText(job))],
         ["Priority", String(job.priority)],
         ["Schedule", scheduleText(job.schedule)],
+        job.array ? ["Array", h("span", { id: "job-array" }, `task ${job.array.index} of array `,
+          h("a", { href: `#/jobs/${job.array.id}` }, `#${job.array.id}`),
+          ` (${job.array.tasks} tasks${job.array.max_running ? `, at most ${job.array.max_running} at once` : ""})`)] : null,
         job.depends_on.length ? ["Depends on", h("span", { id: "job-depends-on" },
           ...job.depends_on.flatMap((id, i) => [i ? ", " : "", h("a", { href: `#/jobs/${id}` }, `#${id}`)]),
           " (must succeed)")] : null,

@@ -3,7 +3,7 @@
 import { api } from "../api.js";
 import {
   allocationText, CANCELLABLE, cardify, clear, fmtAgo, fmtDate, fmtDuration, fmtIn, fmtNum, gpuRequest,
-  h, poll, reasonLabel, statusBadge, toast,
+  h, jobName, poll, reasonLabel, statusBadge, toast,
 } from "../util.js";
 
 const PAGE = 50;
@@ -185,7 +185,7 @@ export function queuePage(root, ctx, { params }) {
           h("tbody", {}, page.items.map((job) => h("tr", { dataset: { job: job.id } },
             h("td", { class: "num" }, job.queue_position ?? "—"),
             h("td", {}, jobLink(job)),
-            h("td", {}, job.name),
+            h("td", {}, jobName(job)),
             h("td", { class: "hide-sm" }, job.project),
             h("td", { class: "hide-sm" }, job.user),
             h("td", {}, gpuRequest(job)),
@@ -232,7 +232,7 @@ export function queuePage(root, ctx, { params }) {
             h("th", {}, ""))),
           h("tbody", {}, page.items.map((job) => h("tr", { dataset: { job: job.id } },
             h("td", {}, jobLink(job)),
-            h("td", {}, job.name),
+            h("td", {}, jobName(job)),
             h("td", {}, statusBadge(job.status)),
             h("td", { class: "hide-sm" }, job.project),
             h("td", { class: "hide-sm" }, job.user),

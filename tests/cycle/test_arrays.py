@@ -1,0 +1,201 @@
+"""Job arrays (sbatch --array): one submission makes a job per index; `max_running` (%N)
+keeps all but N of them out of the queue."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.jobs.arrays import MAX_TASKS, admit, parse_indices, split_slurm_form, throttle_message
+from app.jobs.models import Job
+from app.jobs.reports import job_finished
+from tests.cycle.jobs_api import add_node, get_job, run_one_cycle, submit
+
+
+@pytest.mark.parametrize(
+    ("text", "indices"),
+    [
+        ("0-3", (0, 1, 2, 3)),
+        ("5", (5,)),
+        ("1,3,5-7", (1, 3, 5, 6, 7)),
+        ("0-15:4", (0, 4, 8, 12)),
+        # Overlapping parts name each index once, in order.
+        ("3,0-3", (0, 1, 2, 3)),
+        (" 1, 2 ", (1, 2)),
+    ],
+)
+def test_parse_indices(text, indices):
+    assert parse_indices(text) == indices
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "'' is not an index or a range"),
+        ("a-b", "'a-b' is not an index or a range"),
+        ("5-2", "range '5-2' ends before it starts"),
+        ("0-9:0", "range '0-9:0': the step must be at least 1"),
+        ("100000", "index 100000 is above the largest allowed, 99999"),
+        (f"0-{MAX_TASKS}", f"more than {MAX_TASKS} tasks"),
+        ("1,-2", "'-2' is not an index or a range"),
+    ],
+)
+def test_parse_indices_refuses(text, message):
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        parse_indices(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "split"),
+    [("0-9%2", ("0-9", 2)), ("0-9", ("0-9", None)), ("1,3%1", ("1,3", 1))],
+)
+def test_split_slurm_form(text, split):
+    assert split_slurm_form(text) == split
+
+
+@pytest.mark.parametrize(
+    ("max_running", "active", "waiting", "admitted", "throttled"),
+    [
+        (None, 5, [1, 2, 3], (1, 2, 3), ()),  # no limit: all in the queue
+        (2, 0, [1, 2, 3], (1, 2), (3,)),  # lowest indices first
+        (2, 1, [2, 3], (2,), (3,)),  # one slot is taken by a running task
+        (2, 2, [3, 4], (), (3, 4)),  # full
+        (2, 3, [4], (), (4,)),  # over the limit (lowered while running): nothing new
+    ],
+)
+def test_admit(max_running, active, waiting, admitted, throttled):
+    assert admit(max_running=max_running, active=active, waiting=waiting) == (
+        admitted,
+        throttled,
+    )
+
+
+def _finish(api, job_id: int, result: str = "SUCCEEDED") -> None:
+    with api.factory.begin() as session:
+        attempt = session.get_one(Job, job_id).attempt
+        payload = {"job_id": job_id, "attempt": attempt, "node": "n1", "result": result}
+        assert job_finished(session=session, payload=payload).accepted
+
+
+def _tasks(api, array_id: int) -> list[dict]:
+    r = api.client.get(
+        "/api/v1/jobs", params={"array": array_id, "limit": 500}, headers=api.as_("admin")
+    )
+    assert r.status_code == 200, r.text
+    return sorted(r.json()["items"], key=lambda j: j["array"]["index"])
+
+
+def test_an_array_is_one_job_per_index_each_told_its_index(api):
+    first = submit(api, name="sweep", array={"indices": "0-15:5"}, env={"LR": "1e-4"})
+    assert first["array"] == {"id": first["id"], "index": 0, "tasks": 4, "max_running": None}
+    tasks = _tasks(api, first["id"])
+    assert [t["array"]["index"] for t in tasks] == [0, 5, 10, 15]
+    assert {t["name"] for t in tasks} == {"sweep"}
+    assert all(t["array"]["id"] == first["id"] for t in tasks)
+    assert tasks[2]["env"] == {
+        "LR": "1e-4",
+        "GPUSCHED_ARRAY_JOB_ID": str(first["id"]),
+        "GPUSCHED_ARRAY_TASK_ID": "10",
+        "GPUSCHED_ARRAY_TASK_COUNT": "4",
+    }
+    # A job of its own is no array's task.
+    assert submit(api)["array"] is None
+
+
+def test_max_running_keeps_the_rest_of_the_array_out_of_the_queue(api):
+    add_node(api, 8)  # room for every task: only the limit holds them back
+    first = submit(api, name="sweep", array={"indices": "0-4", "max_running": 2})
+    ids = [t["id"] for t in _tasks(api, first["id"])]
+
+    run_one_cycle(api)
+    statuses = [get_job(api, j)["status"] for j in ids]
+    assert statuses == ["SCHEDULED", "SCHEDULED", "PENDING", "PENDING", "PENDING"]
+    waiting = get_job(api, ids[2])
+    assert (waiting["pending_reason"], waiting["pending_message"], waiting["queue_position"]) == (
+        "array_limit",
+        f"array {first['id']} runs at most 2 tasks at once: waiting for one of its tasks to end",
+        None,
+    )
+
+    # One task ends: the next (by index) takes its slot in the same cycle.
+    _finish(api, ids[0])
+    run_one_cycle(api)
+    statuses = [get_job(api, j)["status"] for j in ids]
+    assert statuses == ["SUCCEEDED", "SCHEDULED", "SCHEDULED", "PENDING", "PENDING"]
+
+    # A failed task frees its slot too; the array goes on (each task is a job of its own).
+    _finish(api, ids[1], "FAILED")
+    _finish(api, ids[2])
+    run_one_cycle(api)
+    statuses = [get_job(api, j)["status"] for j in ids]
+    assert statuses == ["SUCCEEDED", "FAILED", "SUCCEEDED", "SCHEDULED", "SCHEDULED"]
+
+
+def test_a_held_task_gives_its_slot_to_the_next(api):
+    add_node(api, 8)
+    first = submit(api, name="sweep", array={"indices": "0-2", "max_running": 1})
+    ids = [t["id"] for t in _tasks(api, first["id"])]
+    assert api.client.post(f"/api/v1/jobs/{ids[0]}/hold", headers=api.as_("alice")).is_success
+    run_one_cycle(api)
+    assert [get_job(api, j)["status"] for j in ids] == ["PENDING", "SCHEDULED", "PENDING"]
+    assert get_job(api, ids[0])["pending_reason"] == "held"
+    assert get_job(api, ids[2])["pending_reason"] == "array_limit"
+
+
+def test_depending_on_an_array_waits_for_every_task(api):
+    add_node(api, 8)
+    first = submit(api, name="sweep", array={"indices": "0-2"})
+    ids = [t["id"] for t in _tasks(api, first["id"])]
+    # The array's id names the whole array, as afterok:<array job id> does in Slurm.
+    report = submit(api, name="report", depends_on=[first["id"]])
+    assert report["depends_on"] == ids
+    run_one_cycle(api)
+    _finish(api, ids[0])
+    _finish(api, ids[1])
+    run_one_cycle(api)
+    assert get_job(api, report["id"])["pending_reason"] == "dependency"
+    _finish(api, ids[2])
+    run_one_cycle(api)
+    assert get_job(api, report["id"])["status"] == "SCHEDULED"
+
+
+def test_an_idempotent_replay_returns_the_array_and_makes_no_second_one(api):
+    body = {"command": ["train"], "array": {"indices": "0-3", "max_running": 2}}
+    headers = {**api.as_("alice"), "Idempotency-Key": "sweep-1"}
+    r1 = api.client.post("/api/v1/jobs", json=body, headers=headers)
+    r2 = api.client.post("/api/v1/jobs", json=body, headers=headers)
+    assert (r1.status_code, r2.status_code) == (201, 200)
+    assert r2.json()["id"] == r1.json()["id"]
+    assert r2.json()["array"] == r1.json()["array"]
+    assert len(_tasks(api, r1.json()["id"])) == 4
+    r3 = api.client.post(
+        "/api/v1/jobs", json={**body, "array": {"indices": "0-4"}}, headers=headers
+    )
+    assert r3.status_code == 409
+
+
+@pytest.mark.parametrize(
+    ("array", "field", "message"),
+    [
+        ({"indices": "9-1"}, ["body", "array", "indices"], "range '9-1' ends before it starts"),
+        ({"indices": "0-2000"}, ["body", "array", "indices"], f"more than {MAX_TASKS} tasks"),
+        ({"indices": "0-3", "max_running": 0}, ["body", "array", "max_running"], "greater than"),
+        ({"indices": ""}, ["body", "array", "indices"], "at least 1 character"),
+    ],
+)
+def test_a_bad_array_is_refused_on_its_field(api, array, field, message):
+    r = api.client.post(
+        "/api/v1/jobs", json={"command": ["train"], "array": array}, headers=api.as_("alice")
+    )
+    assert r.status_code == 422, r.text
+    errors = r.json()["detail"]
+    assert errors[0]["loc"] == field
+    assert message in errors[0]["msg"]
+    with api.factory() as session:
+        assert session.query(Job).count() == 0  # nothing half-made
+
+
+def test_throttle_message():
+    assert throttle_message(array_id=4, max_running=1) == (
+        "array 4 runs at most 1 task at once: waiting for one of its tasks to end"
+    )
+    assert throttle_message(array_id=4, max_running=3).startswith("array 4 runs at most 3 tasks")
