@@ -290,6 +290,15 @@ def submit(
             show_default=False,
         ),
     ] = None,
+    dependency: Annotated[
+        str | None,
+        typer.Option(
+            "--dependency",
+            help="As sbatch: afterok:ID[:ID...] (= --after), afterany:ID (once it ended in "
+            "any way: cleanup) or afternotok:ID (only if it failed: a fallback)",
+            show_default=False,
+        ),
+    ] = None,
     array: Annotated[
         str | None,
         typer.Option(
@@ -342,8 +351,12 @@ def submit(
         label=label,
         workdir=workdir,
     )
+    if after and dependency:
+        raise CliError("give --after or --dependency, not both", EXIT_USAGE)
     if after:
         spec["depends_on"] = after
+    if dependency:
+        spec["dependency"], spec["depends_on"] = _parse_dependency(dependency)
     if array is not None:
         spec["array"] = _array_spec(array)
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
@@ -365,6 +378,24 @@ def submit(
         print_json(job)
         return
     typer.echo(line)
+
+
+DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
+# What `gpusched show` says a job's dependencies must do.
+MUST = {"afterok": "must succeed", "afterany": "must end", "afternotok": "must fail"}
+
+
+def _parse_dependency(text: str) -> tuple[str, list[int]]:
+    """--dependency afterany:12:13 as ("afterany", [12, 13]), as sbatch writes it."""
+    kind, _, ids = text.partition(":")
+    if kind not in DEPENDENCY_KINDS:
+        raise CliError(
+            f"--dependency: {kind!r} is not one of {', '.join(DEPENDENCY_KINDS)}", EXIT_USAGE
+        )
+    parts = ids.split(":")
+    if not all(part.isdigit() for part in parts):
+        raise CliError(f"--dependency: expected {kind}:ID[:ID...], got {text!r}", EXIT_USAGE)
+    return kind, [int(part) for part in parts]
 
 
 def _array_spec(text: str) -> dict[str, Any]:
@@ -680,7 +711,8 @@ def _job_details(job: dict[str, Any]) -> Table:
             )
         )
     if job.get("depends_on"):
-        rows.append(("depends on", ", ".join(map(str, job["depends_on"])) + " (must succeed)"))
+        must = MUST.get(job.get("dependency", "afterok"), "")
+        rows.append(("depends on", ", ".join(map(str, job["depends_on"])) + f" ({must})"))
     if job.get("max_runtime_s"):
         rows.append(("max runtime", human_duration(job["max_runtime_s"])))
     if job.get("estimated_runtime_s"):

@@ -1,8 +1,9 @@
 """Phase 0 of a cycle: settle the jobs waiting on their dependencies (depends_on).
 
-A job whose dependencies have all succeeded becomes eligible: the snapshot takes it from
-now on, and the time it waited for them does not count as waiting. A job one of whose
-dependencies ended otherwise is cancelled (it could never start). The rest get their
+A job whose dependencies have all ended as it asks (succeeded, for afterok) becomes
+eligible: the snapshot takes it from now on, and the time it waited for them does not
+count as waiting. A job one of whose dependencies ended otherwise is cancelled (it could
+never start). The rest get their
 reason brought up to date ("waiting for job 12 (train) and 1 more to succeed").
 """
 
@@ -33,7 +34,7 @@ def settle_dependencies(session: Session, *, now: datetime) -> None:
     # In id order, and a job always has a higher id than the jobs it depends on: a chain
     # whose first link breaks is cancelled to its end in this one pass.
     for job in waiting:
-        verdict = judge(job.depends_on, jobs)
+        verdict = judge(job.depends_on, jobs, job.dependency_kind)
         if verdict.broken:
             transition(
                 session,

@@ -1,8 +1,10 @@
-"""Job dependencies, as sbatch --dependency=afterok.
+"""Job dependencies, as sbatch --dependency=afterok, afterany or afternotok.
 
-A job with `depends_on` starts only once every job it names has succeeded. If one of
-them ends any other way, it never will: the job is cancelled, as Slurm does with
-kill_invalid_depend, rather than left pending for ever.
+A job with `depends_on` starts only once every job it names has ended as its kind asks:
+succeeded (afterok, the default), ended in any way (afterany: a cleanup or notification
+step), or ended without success (afternotok: a fallback). Once one of them has ended
+otherwise, it never will: the job is cancelled, as Slurm does with kill_invalid_depend,
+rather than left pending for ever.
 
 The rules (`judge`) are pure; `load_dependencies` is the one read that feeds them, shared
 by submission (app/jobs/service.py) and the cycle (app/cycle/dependencies.py).
@@ -19,6 +21,9 @@ from sqlalchemy.orm import Session
 
 from app.jobs.models import Job
 from app.jobs.states import FINISHED, JobStatus
+
+# How a job waiting on another says what it waits for.
+_WAITS_FOR: dict[str, str] = {"afterok": "succeed", "afterany": "end", "afternotok": "fail"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +46,12 @@ class Verdict:
     message: str
 
 
-def judge(depends_on: Sequence[int], jobs: Mapping[int, Dependency]) -> Verdict:
-    """Where a job with these dependencies stands, given the jobs they name.
+def judge(
+    depends_on: Sequence[int], jobs: Mapping[int, Dependency], kind: str = "afterok"
+) -> Verdict:
+    """Where a job with these dependencies of this kind stands, given the jobs they name.
 
-    A FAILED dependency is final: a failure with retries left goes back to PENDING in the
+    A FAILED dependency has ended: a failure with retries left goes back to PENDING in the
     same transaction, so a stored FAILED has none left."""
     waiting: list[Dependency] = []
     met_at: datetime | None = None
@@ -52,19 +59,26 @@ def judge(depends_on: Sequence[int], jobs: Mapping[int, Dependency]) -> Verdict:
         job = jobs.get(job_id)
         if job is None:
             return _broken(f"job {job_id} it depends on no longer exists")
-        if job.status is JobStatus.SUCCEEDED:
+        if job.status not in FINISHED:
+            waiting.append(job)
+        elif satisfies(kind, job.status):
             if job.finished_at is not None and (met_at is None or job.finished_at > met_at):
                 met_at = job.finished_at
-        elif job.status in FINISHED:
-            return _broken(f"job {job.id} ({job.name}) it depends on ended {job.status}")
         else:
-            waiting.append(job)
+            return _broken(f"job {job.id} ({job.name}) it depends on ended {job.status}")
     if not waiting:
         return Verdict(met=True, broken=False, met_at=met_at, message="")
     first = waiting[0]
     more = f" and {len(waiting) - 1} more" if len(waiting) > 1 else ""
-    message = f"waiting for job {first.id} ({first.name}){more} to succeed"
+    message = f"waiting for job {first.id} ({first.name}){more} to {_WAITS_FOR[kind]}"
     return Verdict(met=False, broken=False, met_at=None, message=message)
+
+
+def satisfies(kind: str, ended: JobStatus) -> bool:
+    """Whether a dependency that ended this way lets a job of this kind start."""
+    if kind == "afterany":
+        return True
+    return (ended is JobStatus.SUCCEEDED) == (kind == "afterok")
 
 
 def _broken(message: str) -> Verdict:

@@ -69,9 +69,11 @@ class Job(Base):
     # until released.
     held_by: Mapped[str | None] = mapped_column(String(64))
     held_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # Jobs that must succeed before this one may start (sbatch --dependency=afterok), and
-    # whether they all have: no cycle considers the job until then.
+    # Jobs that must end before this one may start, how (dependency_kind: afterok,
+    # afterany, afternotok, as sbatch --dependency), and whether they all have: no cycle
+    # considers the job until then.
     depends_on: Mapped[list[int]] = mapped_column(JSONType, default=list)
+    dependency_kind: Mapped[str] = mapped_column(String(16), default="afterok")
     dependencies_met: Mapped[bool] = mapped_column(Boolean, default=True)
     # A task of a job array (sbatch --array, app/jobs/arrays.py): the array's id (its first
     # task's job id), this task's index, how many tasks it has, and how many may hold GPUs

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from app.estimator.schemas import EstimateRequest
 from app.jobs.arrays import parse_indices
+from app.jobs.states import DependencyKind
 from app.request_body import RequestBody
 from app.timeutil import checked_utc
 
@@ -99,8 +100,14 @@ class JobCreate(RequestBody):
     depends_on: list[Annotated[int, Field(ge=1)]] = Field(
         default_factory=list,
         max_length=64,
-        description="ids of jobs that must succeed first, as sbatch --dependency=afterok; "
-        "if one ends otherwise, this job is cancelled",
+        description="ids of jobs that must end first, as `dependency` says; if one ends "
+        "otherwise, this job is cancelled",
+    )
+    dependency: DependencyKind = Field(
+        default="afterok",
+        description="how the depends_on jobs must end: afterok (succeed), afterany (end in "
+        "any way: cleanup), afternotok (fail, be cancelled or time out: a fallback), as "
+        "sbatch --dependency",
     )
     array: ArraySpec | None = Field(
         default=None,
@@ -240,7 +247,8 @@ class JobOut(BaseModel):
     queue_position: int | None
     estimated_start_at: datetime | None
     held_by: str | None = Field(description="who held this pending job (release to run it)")
-    depends_on: list[int] = Field(description="jobs that must succeed before this one starts")
+    depends_on: list[int] = Field(description="jobs that must end before this one starts")
+    dependency: str = Field(description="how they must end: afterok, afterany, afternotok")
     array: ArrayOut | None = Field(description="the job array this job is a task of, if any")
     exit_code: int | None
     cancel_requested: bool

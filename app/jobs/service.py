@@ -162,7 +162,9 @@ def create_job(
     if spec.schedule.mode == "offpeak":
         require_window(session=session, name=spec.schedule.window, field=("schedule", "window"))
     depends_on = _with_array_tasks(session=session, ids=spec.depends_on)
-    waits_for = _dependencies_left(session=session, principal=principal, ids=depends_on)
+    waits_for = _dependencies_left(
+        session=session, principal=principal, ids=depends_on, kind=spec.dependency
+    )
     now = utcnow()
     indices: tuple[int | None, ...] = (None,) if spec.array is None else spec.array.task_indices
     tasks = [
@@ -191,6 +193,7 @@ def create_job(
             held_by=(actor or principal.name) if spec.hold else None,
             held_at=now if spec.hold else None,
             depends_on=depends_on,
+            dependency_kind=spec.dependency,
             dependencies_met=waits_for is None,
             array_index=index,
             status=JobStatus.PENDING,
@@ -258,7 +261,9 @@ def _with_array_tasks(*, session: Session, ids: list[int]) -> list[int]:
     return list(dict.fromkeys(expanded))
 
 
-def _dependencies_left(*, session: Session, principal: Principal, ids: list[int]) -> str | None:
+def _dependencies_left(
+    *, session: Session, principal: Principal, ids: list[int], kind: str
+) -> str | None:
     """Why a job depending on `ids` must wait, or None when they have all succeeded. A job
     the caller cannot see is treated as missing (its existence is not theirs to learn)."""
     if not ids:
@@ -267,7 +272,7 @@ def _dependencies_left(*, session: Session, principal: Principal, ids: list[int]
     unseen = [i for i in ids if i not in projects or not principal.can_see_project(projects[i])]
     if unseen:
         raise FieldError("depends_on", f"no job {unseen[0]} in your projects")
-    verdict = judge(ids, load_dependencies(session, ids))
+    verdict = judge(ids, load_dependencies(session, ids), kind)
     if verdict.broken:
         raise FieldError("depends_on", f"{verdict.message}, so this job could never start")
     return None if verdict.met else verdict.message
@@ -636,6 +641,7 @@ def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOu
         estimated_start_at=start,
         held_by=job.held_by if held else None,
         depends_on=job.depends_on,
+        dependency=job.dependency_kind,
         array=None
         if job.array_id is None
         else ArrayOut(

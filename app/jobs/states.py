@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 
 class JobStatus(StrEnum):
@@ -50,3 +51,6 @@ DEPENDENCY = "dependency"
 # The pending reason of an array task kept out of the queue because its array already has
 # as many tasks running as it allows (max_running, app/cycle/arrays.py).
 ARRAY_LIMIT = "array_limit"
+# How the jobs a job depends on must end (sbatch --dependency): succeed, end in any way,
+# or end without success (app/jobs/dependencies.py).
+DependencyKind = Literal["afterok", "afterany", "afternotok"]

@@ -318,3 +318,17 @@ def test_a_template_may_be_an_array_and_a_later_one_waits_for_all_its_tasks(
         ("report", None, None),
     ]
     assert jobs[3].depends_on == seeds
+
+
+def test_a_cleanup_template_waits_for_the_firing_to_end_however_it_ends(
+    world: World, alice: Principal
+) -> None:
+    templates = [
+        {"command": ["train"], "name": "train"},
+        {"command": ["cleanup"], "name": "cleanup", "after": [0], "dependency": "afterany"},
+    ]
+    world.create(alice, utc(2026, 1, 1), templates=templates)
+    world.fire(utc(2026, 1, 1, 2, 0, 4))
+    train, cleanup = world.jobs()
+    assert (cleanup.depends_on, cleanup.dependency_kind) == ([train.id], "afterany")
+    assert cleanup.pending_message == f"waiting for job {train.id} (train) to end"

@@ -457,6 +457,19 @@ def test_submit_after_another_job(cli: Cli) -> None:
     refused = cli("submit", "--after", "999", "--", "true")
     assert refused.exit_code == 1 and "depends_on: no job 999 in your projects" in refused.stderr
 
+    # Slurm's other kinds: a cleanup step runs however train ends.
+    cleanup = _submit_json(cli, "--dependency", f"afterany:{train}:{train + 1}", "--", "true")
+    assert (cleanup["dependency"], cleanup["depends_on"]) == ("afterany", [train, train + 1])
+    shown = [line.rstrip() for line in cli("show", str(cleanup["id"])).stdout.splitlines()]
+    assert f"depends on       {train}, {train + 1} (must end)" in shown
+    for args, message in (
+        (("--dependency", "afterwards:1"), "'afterwards' is not one of afterok, afterany"),
+        (("--dependency", "afterany:x"), "expected afterany:ID[:ID...], got 'afterany:x'"),
+        (("--dependency", "afterany:1", "--after", "1"), "give --after or --dependency"),
+    ):
+        bad = cli("submit", *args, "--", "true")
+        assert bad.exit_code == 2 and message in bad.stderr, bad.stderr
+
 
 def test_submit_an_array_list_show_and_cancel_it(cli: Cli) -> None:
     result = cli("submit", "--array", "0-6:2%2", "--name", "sweep", "--", "true")

@@ -57,7 +57,7 @@ def _dep(job_id: int, status: S, finished_min: int | None = None) -> Dependency:
     ],
 )  # fmt: skip
 def test_judge(depends_on, jobs, met, broken, met_at_min, message):
-    verdict = judge(depends_on, {j.id: j for j in jobs})
+    verdict = judge(depends_on, {j.id: j for j in jobs})  # afterok, the default
     met_at = None if met_at_min is None else T0 + timedelta(minutes=met_at_min)
     assert (verdict.met, verdict.broken, verdict.met_at, verdict.message) == (
         met,
@@ -65,6 +65,28 @@ def test_judge(depends_on, jobs, met, broken, met_at_min, message):
         met_at,
         message,
     )
+
+
+@pytest.mark.parametrize(
+    ("kind", "jobs", "met", "broken", "message"),
+    [
+        # afterany (a cleanup step): any end will do, a failure as well as a success.
+        ("afterany", [_dep(1, S.FAILED, 3), _dep(2, S.SUCCEEDED, 5)], True, False, ""),
+        ("afterany", [_dep(1, S.CANCELLED, 3), _dep(2, S.RUNNING)], False, False,
+         "waiting for job 2 (j2) to end"),
+        # afternotok (a fallback): only an end without success; a success means never.
+        ("afternotok", [_dep(1, S.FAILED, 3), _dep(2, S.TIMED_OUT, 5)], True, False, ""),
+        ("afternotok", [_dep(1, S.SUCCEEDED, 3)], False, True,
+         "job 1 (j1) it depends on ended SUCCEEDED"),
+        ("afternotok", [_dep(1, S.PENDING)], False, False, "waiting for job 1 (j1) to fail"),
+        # A job that is gone breaks every kind: there is nothing left to wait for.
+        ("afterany", [], False, True, "job 1 it depends on no longer exists"),
+    ],
+)  # fmt: skip
+def test_judge_other_kinds(kind, jobs, met, broken, message):
+    ids = [j.id for j in jobs] or [1]
+    verdict = judge(ids, {j.id: j for j in jobs}, kind)
+    assert (verdict.met, verdict.broken, verdict.message) == (met, broken, message)
 
 
 def _finish(api, job_id: int, result: str) -> None:
@@ -125,6 +147,50 @@ def test_a_failed_dependency_cancels_the_chain_behind_it(api):
         "scheduler",
         f"dependency never satisfied: job {evaluate} (eval) it depends on ended CANCELLED",
     )
+
+
+def test_a_cleanup_runs_after_a_failure_and_a_fallback_only_after_one(api):
+    add_node(api, 2)
+    train = submit(api, name="train")["id"]
+    cleanup = submit(api, name="cleanup", depends_on=[train], dependency="afterany")
+    fallback = submit(api, name="fallback", depends_on=[train], dependency="afternotok")
+    assert (cleanup["dependency"], cleanup["pending_message"]) == (
+        "afterany",
+        f"waiting for job {train} (train) to end",
+    )
+    run_one_cycle(api)
+    _finish(api, train, "SUCCEEDED")
+    run_one_cycle(api)
+    # A success: cleanup runs; the fallback, for a failure only, never will.
+    assert get_job(api, cleanup["id"])["status"] == "SCHEDULED"
+    assert get_job(api, fallback["id"])["status"] == "CANCELLED"
+    assert job_events(api, fallback["id"])[-1]["reason"] == (
+        f"dependency never satisfied: job {train} (train) it depends on ended SUCCEEDED"
+    )
+
+    failing = submit(api, name="train2")["id"]
+    rescue = submit(api, name="rescue", depends_on=[failing], dependency="afternotok")["id"]
+    run_one_cycle(api)
+    _finish(api, failing, "FAILED")
+    run_one_cycle(api)
+    assert get_job(api, rescue)["status"] == "SCHEDULED"
+
+    # Known at submit: a fallback for a job that already succeeded could never start.
+    r = api.client.post(
+        "/api/v1/jobs",
+        json={"command": ["x"], "depends_on": [train], "dependency": "afternotok"},
+        headers=api.as_("alice"),
+    )
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["msg"] == (
+        f"job {train} (train) it depends on ended SUCCEEDED, so this job could never start"
+    )
+    r = api.client.post(
+        "/api/v1/jobs",
+        json={"command": ["x"], "depends_on": [train], "dependency": "after"},
+        headers=api.as_("alice"),
+    )
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "dependency"]
 
 
 def test_submit_checks_the_dependencies(api):

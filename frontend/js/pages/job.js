@@ -7,6 +7,9 @@ import {
 } from "../util.js";
 import { cancelButton, holdButton } from "./queue.js";
 
+// What the jobs a job depends on must do (its dependency kind, as sbatch --dependency).
+const MUST = { afterok: "must succeed", afterany: "must end", afternotok: "must fail" };
+
 function kvList(pairs) {
   return h("dl", { class: "kv" }, pairs.filter(Boolean).flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
 }
@@ -114,7 +117,7 @@ export function jobPage(root, ctx, { match }) {
           ` (${job.array.tasks} tasks${job.array.max_running ? `, at most ${job.array.max_running} at once` : ""})`)] : null,
         job.depends_on.length ? ["Depends on", h("span", { id: "job-depends-on" },
           ...job.depends_on.flatMap((id, i) => [i ? ", " : "", h("a", { href: `#/jobs/${id}` }, `#${id}`)]),
-          " (must succeed)")] : null,
+          ` (${MUST[job.dependency] || job.dependency})`)] : null,
         ["Preemptible", job.preemptible ? "yes" : "no"],
         ["Retries", job.retries ? `${job.failures} of ${job.retries} used` : "none"],
         ["Attempt", String(job.attempt)],
