@@ -172,6 +172,40 @@ def test_submit_held_and_after_another_job_through_the_form(dash: Dashboard, sta
     dash.assert_clean()
 
 
+def test_submit_an_array_and_a_cleanup_step_through_the_form(dash: Dashboard, stack: Stack) -> None:
+    dash.console.allow(422, r"/api/v1/jobs$")
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go("#/submit")
+    page.fill("#f-command", "true")
+    page.fill("#f-name", "form-sweep")
+    page.check("#f-hold")  # held: nothing runs, the test only looks
+    page.fill("#f-max_running", "2")
+    page.click("#submit-job")  # tasks at once, but no array: caught before sending
+    _expect_text(page, "#err-max_running:not([hidden])", "only for an array")
+    page.fill("#f-array", "5-1")
+    page.click("#submit-job")  # the server's refusal, next to the field
+    _expect_text(page, "#err-array:not([hidden])", "range '5-1' ends before it starts")
+    page.fill("#f-array", "0-2")
+    page.click("#submit-job")
+    _expect_text(page, "#form-success", r"^Array #\d+ submitted: 3 jobs")
+    dash.shot("submit-array-desktop")
+    link = page.get_attribute("#job-link", "href") or ""
+    first = int(re.search(r"/jobs/(\d+)", link).group(1))  # type: ignore[union-attr]
+
+    page.fill("#f-name", "form-cleanup")
+    page.fill("#f-array", "")
+    page.fill("#f-max_running", "")
+    page.fill("#f-depends_on", str(first))
+    page.select_option("#f-dependency", "afterany")
+    page.click("#submit-job")
+    _expect_text(page, "#form-success", r"^Job #\d+ submitted")
+    page.click("#job-link")
+    # Depending on an array's id waits for all of its tasks; however they end.
+    _expect_text(page, "#job-depends-on", rf"^#{first}, #{first + 1}, #{first + 2} [(]must end[)]$")
+    dash.assert_clean()
+
+
 def test_an_array_shows_its_tasks_and_why_the_rest_wait(dash: Dashboard, stack: Stack) -> None:
     first = stack.request(
         "POST",

@@ -14,6 +14,13 @@ function field(name, label, input, { help, span = "" } = {}) {
     h("div", { class: "field-error", id: `err-${name}`, role: "alert", hidden: true }));
 }
 
+/** The form field a 422's location points at: nested ones have fields of their own. */
+const fieldOf = (name, sub) => {
+  if (name === "schedule" && sub === "at") return "at";
+  if (name === "array" && sub === "max_running") return "max_running";
+  return name;
+};
+
 const num = (attrs) => h("input", { type: "number", inputmode: "numeric", ...attrs });
 
 /** "KEY=value" lines -> object; throws {line, message} on the first bad line. */
@@ -54,7 +61,10 @@ export function submitPage(root, ctx) {
         field("project", "Project", projectInput, { help: projects.length ? null : "Leave empty for your default project" }),
         field("priority", "Priority", num({ value: 0, min: -1000, max: 1000 }), { help: "-1000 … 1000, higher runs first" }),
         field("command", "Command", h("textarea", { rows: 3, placeholder: "python train.py --epochs 10", required: true }),
-          { span: "span-4", help: "Run by /bin/sh -c on the node" }))),
+          { span: "span-4", help: "Run by /bin/sh -c on the node" }),
+        field("array", "Array", h("input", { type: "text", placeholder: "e.g. 0-9 or 1,3,5-7" }),
+          { span: "span-2", help: "one job per index, read from $GPUSCHED_ARRAY_TASK_ID (sbatch --array)" }),
+        field("max_running", "Tasks at once", num({ min: 1, placeholder: "no limit" }), { help: "array only (%N)" }))),
     h("fieldset", {}, h("legend", {}, "Resources"),
       h("div", { class: "form-grid" },
         field("gpus", "GPUs per node", num({ value: 1, min: 0 })),
@@ -77,7 +87,12 @@ export function submitPage(root, ctx) {
           h("div", { class: "field-error", id: "err-schedule", hidden: true })),
         field("at", "Start time (your local time)", atInput, { span: "span-2" }),
         field("depends_on", "After jobs", h("input", { type: "text", inputmode: "numeric", placeholder: "e.g. 12, 13" }),
-          { span: "span-2", help: "starts once these jobs have succeeded; cancelled if one fails" }),
+          { help: "it starts once they have…" }),
+        field("dependency", "…ended how", h("select", {},
+          h("option", { value: "afterok" }, "succeeded"),
+          h("option", { value: "afterany" }, "ended in any way"),
+          h("option", { value: "afternotok" }, "failed")),
+          { help: "if they cannot any more, it is cancelled" }),
         h("div", { class: "field span-2", dataset: { field: "hold" } },
           h("label", { class: "check" }, h("input", { type: "checkbox", id: "f-hold", name: "hold" }),
             "Submit held: it starts once released"),
@@ -148,6 +163,13 @@ export function submitPage(root, ctx) {
     const notId = after.find((id) => !/^[1-9]\d*$/.test(id));
     if (notId) errors.push(["depends_on", `"${notId}" is not a job id`]);
     else body.depends_on = after.map(Number);
+    if (after.length) body.dependency = input("dependency").value;
+    if (text("array")) {
+      body.array = { indices: text("array") };
+      if (text("max_running")) body.array.max_running = Number(text("max_running"));
+    } else if (text("max_running")) {
+      errors.push(["max_running", "only for an array: give its indices too"]);
+    }
     body.hold = input("hold").checked;
     for (const name of ["env", "labels"]) {
       try {
@@ -170,13 +192,15 @@ export function submitPage(root, ctx) {
     submit.disabled = true;
     try {
       const job = await api("/api/v1/jobs", { method: "POST", body });
-      clear(success, `Job #${job.id} submitted (${job.status.toLowerCase()}). `,
-        h("a", { href: `#/jobs/${job.id}`, id: "job-link" }, "View the job →"));
+      clear(success, job.array
+        ? `Array #${job.array.id} submitted: ${job.array.tasks} jobs (${job.status.toLowerCase()}). `
+        : `Job #${job.id} submitted (${job.status.toLowerCase()}). `,
+      h("a", { href: `#/jobs/${job.id}`, id: "job-link" }, job.array ? "View its first task →" : "View the job →"));
       success.hidden = false;
     } catch (err) {
       if (err instanceof ApiError && err.status === 422 && Array.isArray(err.detail)) {
         const unplaced = placeFieldErrors(err, ([name, sub], msg) =>
-          typeof name === "string" && showError(name === "schedule" && sub === "at" ? "at" : name, msg));
+          typeof name === "string" && showError(fieldOf(name, sub), msg));
         if (unplaced.length) {
           general.textContent = unplaced.join("; ");
           general.hidden = false;
