@@ -907,13 +907,23 @@ def update(
         str | None,
         typer.Option("--estimated-runtime", help="Expected runtime: 2h, 90m, ... or none"),
     ] = None,
+    array_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--array-limit",
+            help="Tasks of the job's array that may run at once, or none (scontrol update "
+            "ArrayTaskThrottle); any task's id will do, in any state",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
     """Change a pending job, like scontrol update: `gpusched update 12 --gpus 4 --priority 10`.
 
-    It keeps its submit time, so its place by age; cancel and resubmit would lose it."""
+    It keeps its submit time, so its place by age; cancel and resubmit would lose it.
+    --array-limit changes the whole array the job is a task of."""
     changes: dict[str, Any] = {
         k: v
         for k, v in {
@@ -932,16 +942,36 @@ def update(
         if value is not None:  # "none" clears it
             cleared = value.strip().lower() == "none"
             changes[field] = None if cleared else parse_duration(value, option)
-    if not changes:
+    limit = _array_limit(array_limit) if array_limit is not None else None
+    if not changes and array_limit is None:
         raise CliError("nothing to change: give at least one option (see --help)", EXIT_USAGE)
-    job = ApiClient.from_options(url, token).patch(f"{JOBS}/{job_id}", json=changes)
+    client = ApiClient.from_options(url, token)
+    lines = []
+    if changes:
+        job = client.patch(f"{JOBS}/{job_id}", json=changes)
+        line = f"updated job {job['id']} ({_name_cell(job)}): {job['status']}"
+        if job.get("pending_message"):
+            line += f" — {job['pending_message']}"
+        lines.append(line)
+    if array_limit is not None:
+        job = client.patch(f"{JOBS}/{job_id}/array", json={"max_running": limit})
+        array = job["array"]
+        at_once = f"at most {limit} at once" if limit else "no limit"
+        lines.append(f"updated array {array['id']}: {at_once}")
     if as_json:
         print_json(job)
         return
-    line = f"updated job {job['id']} ({job['name']}): {job['status']}"
-    if job.get("pending_message"):
-        line += f" — {job['pending_message']}"
-    typer.echo(line)
+    typer.echo("\n".join(lines))
+
+
+def _array_limit(text: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise CliError(
+            f"--array-limit: expected a number of tasks or none, got {text!r}", EXIT_USAGE
+        )
+    return int(text)
 
 
 def _ended_line(job: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ from app.deps import CurrentUser, MessengerDep, SessionDep, SettingsDep
 from app.errors import FieldError
 from app.jobs import service
 from app.jobs.logs import MAX_TAIL_LINES, attempt_log_path, follow, read_tail, resolve_attempt
-from app.jobs.schemas import JobCreate, JobEventOut, JobOut, JobPage, JobUpdate
+from app.jobs.schemas import ArrayUpdate, JobCreate, JobEventOut, JobOut, JobPage, JobUpdate
 from app.jobs.states import ACTIVE, JobStatus
 from app.messaging import STOP_JOB
 from app.nodes.telemetry import job_series
@@ -162,6 +162,25 @@ def update_job(
         job_id=job_id,
         changes=changes,
         limits=settings.runtime_limits,
+    )
+    if messenger is not None:
+        messenger.request_cycle()
+    return job
+
+
+@router.patch("/{job_id}/array", response_model=JobOut)
+def change_array_limit(
+    job_id: JobId,
+    change: ArrayUpdate,
+    session: SessionDep,
+    principal: CurrentUser,
+    messenger: MessengerDep,
+) -> JobOut:
+    """Change how many tasks of the job array that job `job_id` belongs to may run at once
+    (`max_running`; null: no limit), as `scontrol update ArrayTaskThrottle`. Running
+    tasks are not stopped. A job of its own is a 409."""
+    job = service.change_array_limit(
+        session=session, principal=principal, job_id=job_id, max_running=change.max_running
     )
     if messenger is not None:
         messenger.request_cycle()

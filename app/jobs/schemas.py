@@ -205,6 +205,13 @@ class JobUpdate(RequestBody):
         return value
 
 
+class ArrayUpdate(RequestBody):
+    """Body of PATCH /jobs/{id}/array: change the array's limit, as `scontrol update
+    ArrayTaskThrottle=N`; null lifts it."""
+
+    max_running: int | None = Field(ge=1, le=1000, description="at most this many tasks at once")
+
+
 class AllocationOut(BaseModel):
     node: str
     gpu_index: int | None

@@ -33,7 +33,7 @@ from app.jobs.schemas import (
     PendingPage,
     ScheduleSpec,
 )
-from app.jobs.states import ACTIVE, DEPENDENCY, HELD, NEW_IN_QUEUE, JobStatus
+from app.jobs.states import ACTIVE, ARRAY_LIMIT, DEPENDENCY, HELD, NEW_IN_QUEUE, JobStatus
 from app.nodes.models import Gpu, Node
 from app.projects.models import Project
 from app.windows.service import require_window
@@ -528,6 +528,35 @@ def update(
         _back_in_line(job, why="changed")
         what = ", ".join(f"{f} {current[f]} -> {v}" for f, v in changed.items())
         _note(session, job=job, actor=principal.name, reason=f"updated by {principal.name}: {what}")
+    session.commit()
+    return _outs(session, [job])[0]
+
+
+def change_array_limit(
+    *, session: Session, principal: Principal, job_id: int, max_running: int | None
+) -> JobOut:
+    """Let an array run more (or fewer) tasks at once, whatever state its tasks are in:
+    `job_id` is any of them. Tasks held back by the old limit are let back in line, and
+    the next cycle admits as many as the new one allows; running tasks are not stopped."""
+    job = _visible_job(session=session, principal=principal, job_id=job_id)
+    if job.array_id is None:
+        raise Conflict(f"job {job_id} is not a task of a job array")
+    tasks = session.scalars(
+        select(Job).where(Job.array_id == job.array_id).order_by(Job.id).with_for_update()
+    ).all()
+    old = tasks[0].array_max_running
+    if old != max_running:
+        for task in tasks:
+            task.array_max_running = max_running
+            if task.status is JobStatus.PENDING and task.pending_reason == ARRAY_LIMIT:
+                _back_in_line(task, why="its array's limit changed")
+        limits = " -> ".join("none" if n is None else str(n) for n in (old, max_running))
+        _note(
+            session,
+            job=tasks[0],
+            actor=principal.name,
+            reason=f"array limit changed by {principal.name}: {limits} at once",
+        )
     session.commit()
     return _outs(session, [job])[0]
 

@@ -487,6 +487,15 @@ def test_submit_an_array_list_show_and_cancel_it(cli: Cli) -> None:
     assert "array            task 4 of array 1 (4 tasks, at most 2 at once)" in shown
 
     other = _submit_json(cli, "--", "true")["id"]
+    changed = cli("update", "2", "--array-limit", "3")
+    assert (changed.exit_code, changed.stdout) == (0, "updated array 1: at most 3 at once\n")
+    assert _stored(cli, 4).array_max_running == 3
+    assert cli("update", "2", "--array-limit", "none").stdout == "updated array 1: no limit\n"
+    bad = cli("update", "2", "--array-limit", "0")
+    assert bad.exit_code == 2 and "expected a number of tasks or none" in bad.stderr
+    refused = cli("update", str(other), "--array-limit", "2")
+    assert refused.exit_code == 1 and "not a task of a job array" in refused.stderr
+
     cancelled = cli("cancel", "--array", "1")
     assert cancelled.exit_code == 0, cancelled.stderr
     assert len(cancelled.stdout.splitlines()) == 4

@@ -8,7 +8,7 @@ import pytest
 from app.jobs.arrays import MAX_TASKS, admit, parse_indices, split_slurm_form, throttle_message
 from app.jobs.models import Job
 from app.jobs.reports import job_finished
-from tests.cycle.jobs_api import add_node, get_job, run_one_cycle, submit
+from tests.cycle.jobs_api import add_node, get_job, job_events, run_one_cycle, submit
 
 
 @pytest.mark.parametrize(
@@ -199,3 +199,50 @@ def test_throttle_message():
         "array 4 runs at most 1 task at once: waiting for one of its tasks to end"
     )
     assert throttle_message(array_id=4, max_running=3).startswith("array 4 runs at most 3 tasks")
+
+
+def _change_limit(api, job_id: int, max_running, user: str = "alice"):
+    return api.client.patch(
+        f"/api/v1/jobs/{job_id}/array", json={"max_running": max_running}, headers=api.as_(user)
+    )
+
+
+def test_the_limit_of_a_running_array_can_be_raised_lowered_or_lifted(api):
+    add_node(api, 8)
+    first = submit(api, name="sweep", array={"indices": "0-5", "max_running": 1})
+    ids = [t["id"] for t in _tasks(api, first["id"])]
+    run_one_cycle(api)
+    assert [get_job(api, j)["status"] for j in ids].count("SCHEDULED") == 1
+
+    # The cluster emptied overnight: let the sweep use more. Any task's id will do.
+    r = _change_limit(api, ids[3], 3)
+    assert r.status_code == 200, r.text
+    assert r.json()["array"]["max_running"] == 3
+    run_one_cycle(api)
+    assert [get_job(api, j)["status"] for j in ids] == ["SCHEDULED"] * 3 + ["PENDING"] * 3
+    events = job_events(api, first["id"])
+    assert events[-1]["reason"] == "array limit changed by alice: 1 -> 3 at once"
+
+    # Lowered: running tasks go on, nothing new starts until they are below it.
+    assert _change_limit(api, ids[0], 2).status_code == 200
+    _finish(api, ids[0])
+    run_one_cycle(api)
+    statuses = [get_job(api, j)["status"] for j in ids]
+    assert statuses == ["SUCCEEDED", "SCHEDULED", "SCHEDULED", "PENDING", "PENDING", "PENDING"]
+
+    # Lifted: every task left joins the queue.
+    assert _change_limit(api, ids[0], None).status_code == 200
+    run_one_cycle(api)
+    assert [get_job(api, j)["status"] for j in ids][3:] == ["SCHEDULED"] * 3
+
+
+def test_changing_the_limit_of_a_job_of_its_own_is_refused(api):
+    single = submit(api)["id"]
+    r = _change_limit(api, single, 2)
+    assert r.status_code == 409 and "not a task of a job array" in r.text
+    first = submit(api, array={"indices": "0-1"})["id"]
+    r = _change_limit(api, first, 0)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "max_running"]
+    r = api.client.patch(f"/api/v1/jobs/{first}/array", json={}, headers=api.as_("alice"))
+    assert r.status_code == 422  # say what it should be: a number, or null for no limit
+    assert _change_limit(api, first, 2, user="bob").status_code == 403  # not his project
