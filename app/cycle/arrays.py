@@ -13,21 +13,17 @@ from collections import defaultdict
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.cycle.snapshot import ELIGIBLE
 from app.jobs.arrays import admit, throttle_message
 from app.jobs.models import Job
-from app.jobs.states import ACTIVE, ARRAY_LIMIT, NEW_IN_QUEUE, JobStatus
+from app.jobs.states import ACTIVE, ARRAY_LIMIT, NEW_IN_QUEUE
 
 
 def settle_array_limits(session: Session) -> None:
     """Flushes, does not commit."""
     waiting = session.scalars(
         select(Job)
-        .where(
-            Job.status == JobStatus.PENDING,
-            Job.array_max_running.is_not(None),
-            Job.held_by.is_(None),
-            Job.dependencies_met.is_(True),
-        )
+        .where(*ELIGIBLE, Job.array_max_running.is_not(None))
         .order_by(Job.id)
         .with_for_update()
     ).all()

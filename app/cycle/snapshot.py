@@ -116,6 +116,14 @@ def _gpu_view(gpu: Gpu) -> GpuView:
 
 # What the core needs of a job; selected as plain columns (no ORM objects) because the
 # queue can hold thousands of jobs and every cycle reads all of them.
+# Pending jobs a cycle may consider: held jobs (gpusched hold) and jobs whose dependencies
+# have not all ended as asked are left out, so no cycle ranks, places or explains them.
+ELIGIBLE = (
+    Job.status == JobStatus.PENDING,
+    Job.held_by.is_(None),
+    Job.dependencies_met.is_(True),
+)
+
 JOB_COLUMNS = (
     Job.id,
     Job.name,
@@ -278,17 +286,10 @@ def read_snapshot(
         )
         for j in active_jobs
     )
-    # Held jobs (gpusched hold), jobs whose dependencies have not all succeeded and array
-    # tasks over their array's limit (app/cycle/arrays.py) are left out: no cycle ranks,
-    # places or explains them.
+    # Array tasks over their array's limit (app/cycle/arrays.py) are left out too.
     pending_query = (
         select(*JOB_COLUMNS)
-        .where(
-            Job.status == JobStatus.PENDING,
-            Job.held_by.is_(None),
-            Job.dependencies_met.is_(True),
-            Job.pending_reason.is_distinct_from(ARRAY_LIMIT),
-        )
+        .where(*ELIGIBLE, Job.pending_reason.is_distinct_from(ARRAY_LIMIT))
         .order_by(Job.id)
     )
     asked: tuple[int, ...] = ()
