@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from itertools import chain, repeat
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 from rich.cells import cell_len
@@ -34,6 +34,7 @@ from app.cli.client import (
     print_json,
 )
 from app.jobs.arrays import parse_indices, split_slurm_form
+from app.jobs.states import DependencyKind
 
 JOBS = "/api/v1/jobs"
 MAX_PAGE = 500
@@ -380,7 +381,7 @@ def submit(
     typer.echo(line)
 
 
-DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
+DEPENDENCY_KINDS: tuple[str, ...] = get_args(DependencyKind)
 # What `gpusched show` says a job's dependencies must do.
 MUST = {"afterok": "must succeed", "afterany": "must end", "afternotok": "must fail"}
 
