@@ -873,23 +873,58 @@ def cancel(
     _each_job(ids, "cancel", _cancel_line, client=client, as_json=as_json, selected=selecting)
 
 
+OptionalJobIds = Annotated[
+    list[int] | None, typer.Argument(help="Job ids (or --array ID)", show_default=False)
+]
+
+
 def hold(
-    job_ids: JobIds, as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None
+    job_ids: OptionalJobIds = None,
+    array: ArrayFilterOption = None,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
 ) -> None:
-    """Keep pending jobs from starting until released, like scontrol hold 12 13.
+    """Keep pending jobs from starting until released, like scontrol hold 12 13;
+    --array 12 holds every pending task of array 12.
 
     Every id is tried; exit 1 if any could not be held (e.g. it is already running)."""
     client = ApiClient.from_options(url, token)
-    _each_job(job_ids, "hold", _hold_line, client=client, as_json=as_json)
+    _each_pending(job_ids, array, "hold", client=client, as_json=as_json)
 
 
 def release(
-    job_ids: JobIds, as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None
+    job_ids: OptionalJobIds = None,
+    array: ArrayFilterOption = None,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
 ) -> None:
-    """Let held jobs be scheduled again, like scontrol release 12 13. A hold placed by an
-    admin only an admin releases."""
+    """Let held jobs be scheduled again, like scontrol release 12 13; --array 12 releases
+    every held task of array 12. A hold placed by an admin only an admin releases."""
     client = ApiClient.from_options(url, token)
-    _each_job(job_ids, "release", _hold_line, client=client, as_json=as_json)
+    _each_pending(job_ids, array, "release", client=client, as_json=as_json)
+
+
+def _each_pending(
+    job_ids: list[int] | None, array: int | None, action: str, *, client: ApiClient, as_json: bool
+) -> None:
+    """hold/release the jobs named, or the pending tasks of `array`."""
+    if job_ids and array is not None:
+        raise CliError("give job ids or --array, not both", EXIT_USAGE)
+    if not job_ids and array is None:
+        raise CliError("no jobs: give job ids or --array ID", EXIT_USAGE)
+    ids = job_ids or []
+    if array is not None:
+        params = {"array": array, "status": ["PENDING"], "limit": MAX_PAGE}
+        found, _ = _fetch_jobs(client, params, cursor=None, all_pages=True)
+        ids = sorted(job["id"] for job in found)
+        if not ids:
+            typer.echo(f"no pending task in array {array}", err=True)
+            if as_json:
+                print_json([])
+            return
+    _each_job(ids, action, _hold_line, client=client, as_json=as_json, selected=array is not None)
 
 
 def update(
@@ -897,7 +932,8 @@ def update(
     name: Annotated[str | None, typer.Option(help="New name")] = None,
     gpus: Annotated[int | None, typer.Option(help="GPUs per node")] = None,
     gpu_memory_mb: Annotated[
-        int | None, typer.Option("--gpu-memory-mb", help="Free GPU memory needed per GPU, MiB")
+        str | None,
+        typer.Option("--gpu-memory-mb", help="Free GPU memory needed per GPU, MiB, or none"),
     ] = None,
     nodes: Annotated[int | None, typer.Option(help="Nodes")] = None,
     priority: Annotated[int | None, typer.Option(help="-1000..1000")] = None,
@@ -930,7 +966,6 @@ def update(
         for k, v in {
             "name": name,
             "gpus": gpus,
-            "gpu_memory_mb": gpu_memory_mb,
             "nodes": nodes,
             "priority": priority,
         }.items()
@@ -943,7 +978,9 @@ def update(
         if value is not None:  # "none" clears it
             cleared = value.strip().lower() == "none"
             changes[field] = None if cleared else parse_duration(value, option)
-    limit = _array_limit(array_limit) if array_limit is not None else None
+    if gpu_memory_mb is not None:  # "none": any GPU with room, as when submitted without
+        changes["gpu_memory_mb"] = _number_or_none(gpu_memory_mb, "--gpu-memory-mb")
+    limit = _number_or_none(array_limit, "--array-limit") if array_limit is not None else None
     if not changes and array_limit is None:
         raise CliError("nothing to change: give at least one option (see --help)", EXIT_USAGE)
     client = ApiClient.from_options(url, token)
@@ -965,13 +1002,12 @@ def update(
     typer.echo("\n".join(lines))
 
 
-def _array_limit(text: str) -> int | None:
+def _number_or_none(text: str, option: str) -> int | None:
+    """A positive number, or None for "none" (which clears the setting)."""
     if text.strip().lower() == "none":
         return None
     if not text.strip().isdigit() or int(text) < 1:
-        raise CliError(
-            f"--array-limit: expected a number of tasks or none, got {text!r}", EXIT_USAGE
-        )
+        raise CliError(f"{option}: expected a positive number or none, got {text!r}", EXIT_USAGE)
     return int(text)
 
 

@@ -492,9 +492,20 @@ def test_submit_an_array_list_show_and_cancel_it(cli: Cli) -> None:
     assert _stored(cli, 4).array_max_running == 3
     assert cli("update", "2", "--array-limit", "none").stdout == "updated array 1: no limit\n"
     bad = cli("update", "2", "--array-limit", "0")
-    assert bad.exit_code == 2 and "expected a number of tasks or none" in bad.stderr
+    assert bad.exit_code == 2 and "--array-limit: expected a positive number or none" in bad.stderr
     refused = cli("update", str(other), "--array-limit", "2")
     assert refused.exit_code == 1 and "not a task of a job array" in refused.stderr
+
+    held = cli("hold", "--array", "1")
+    assert held.exit_code == 0, held.stderr
+    assert held.stdout.splitlines()[0] == "job 1 (sweep[0]): held by alice"
+    assert all(_stored(cli, t["id"]).held_by == "alice" for t in tasks)
+    assert _stored(cli, other).held_by is None
+    assert len(cli("release", "--array", "1").stdout.splitlines()) == 4
+    assert _stored(cli, 4).held_by is None
+    both = cli("hold", "1", "--array", "1")
+    assert both.exit_code == 2 and "give job ids or --array, not both" in both.stderr
+    assert cli("release").exit_code == 2
 
     cancelled = cli("cancel", "--array", "1")
     assert cancelled.exit_code == 0, cancelled.stderr
@@ -519,6 +530,10 @@ def test_update_a_pending_job(cli: Cli) -> None:
     )
     shown = json.loads(cli("show", "--json", str(job)).stdout)
     assert (shown["gpus"], shown["priority"], shown["max_runtime_s"]) == (2, 3, None)
+    assert cli("update", str(job), "--gpu-memory-mb", "20000").exit_code == 0
+    assert _stored(cli, job).gpu_memory_mb == 20000
+    assert cli("update", str(job), "--gpu-memory-mb", "none").exit_code == 0
+    assert _stored(cli, job).gpu_memory_mb is None  # any GPU with room, as if never asked
     nothing = cli("update", str(job))
     assert nothing.exit_code == 2 and "nothing to change" in nothing.stderr
     refused = cli("update", str(job), "--priority", "5000")
