@@ -85,10 +85,18 @@ def _broken(message: str) -> Verdict:
     return Verdict(met=False, broken=True, met_at=None, message=message)
 
 
+# Ids per query: jobs waiting on whole arrays can name tens of thousands, more than a
+# statement may bind (SQLite 32,766, PostgreSQL 65,535).
+_LOAD_CHUNK = 5000
+
+
 def load_dependencies(session: Session, ids: Iterable[int]) -> dict[int, Dependency]:
-    rows = session.execute(
-        select(Job.id, Job.name, Job.status, Job.finished_at).where(Job.id.in_(set(ids)))
-    ).all()
-    return {
-        row.id: Dependency(row.id, row.name, JobStatus(row.status), row.finished_at) for row in rows
-    }
+    wanted = sorted(set(ids))
+    loaded: dict[int, Dependency] = {}
+    for start in range(0, len(wanted), _LOAD_CHUNK):
+        chunk = wanted[start : start + _LOAD_CHUNK]
+        for row in session.execute(
+            select(Job.id, Job.name, Job.status, Job.finished_at).where(Job.id.in_(chunk))
+        ):
+            loaded[row.id] = Dependency(row.id, row.name, JobStatus(row.status), row.finished_at)
+    return loaded

@@ -17,7 +17,12 @@ from app.auth.service import Principal
 from app.db import utcnow
 from app.errors import Conflict, FieldError, Forbidden, NotFound
 from app.estimator.catalog import job_memory_from_model
-from app.jobs.arrays import ARRAY_JOB_ID_ENV, ARRAY_TASK_COUNT_ENV, ARRAY_TASK_ID_ENV
+from app.jobs.arrays import (
+    ARRAY_JOB_ID_ENV,
+    ARRAY_TASK_COUNT_ENV,
+    ARRAY_TASK_ID_ENV,
+    MAX_TASKS,
+)
 from app.jobs.dependencies import judge, load_dependencies
 from app.jobs.lifecycle import transition
 from app.jobs.limits import RuntimeLimits
@@ -257,8 +262,13 @@ def _with_array_tasks(*, session: Session, ids: list[int]) -> list[int]:
         select(Job.array_id, Job.id).where(Job.array_id.in_(arrays)).order_by(Job.id)
     ):
         by_array.setdefault(array_id or task_id, []).append(task_id)
-    expanded = [task for i in ids for task in by_array.get(i, [i])]
-    return list(dict.fromkeys(expanded))
+    expanded = list(dict.fromkeys(task for i in ids for task in by_array.get(i, [i])))
+    if len(expanded) > MAX_TASKS:
+        raise FieldError(
+            "depends_on",
+            f"names {len(expanded)} jobs, counting each array's tasks; at most {MAX_TASKS}",
+        )
+    return expanded
 
 
 def _dependencies_left(

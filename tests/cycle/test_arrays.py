@@ -246,3 +246,22 @@ def test_changing_the_limit_of_a_job_of_its_own_is_refused(api):
     r = api.client.patch(f"/api/v1/jobs/{first}/array", json={}, headers=api.as_("alice"))
     assert r.status_code == 422  # say what it should be: a number, or null for no limit
     assert _change_limit(api, first, 2, user="bob").status_code == 403  # not his project
+
+
+def test_depending_on_arrays_counts_their_tasks(api, monkeypatch):
+    big = [submit(api, array={"indices": "0-599"})["id"] for _ in range(2)]
+    r = api.client.post(
+        "/api/v1/jobs", json={"command": ["report"], "depends_on": big}, headers=api.as_("alice")
+    )
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["msg"] == (
+        f"names 1200 jobs, counting each array's tasks; at most {MAX_TASKS}"
+    )
+    # Loaded in chunks, so that no statement binds more ids than the database allows.
+    import app.jobs.dependencies as dependencies
+
+    monkeypatch.setattr(dependencies, "_LOAD_CHUNK", 7)
+    report = submit(api, depends_on=[big[0]])
+    with api.factory() as session:
+        loaded = dependencies.load_dependencies(session, report["depends_on"])
+    assert sorted(loaded) == report["depends_on"] and len(loaded) == 600
