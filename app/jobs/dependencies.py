@@ -96,7 +96,11 @@ def load_dependencies(session: Session, ids: Iterable[int]) -> dict[int, Depende
     for start in range(0, len(wanted), _LOAD_CHUNK):
         chunk = wanted[start : start + _LOAD_CHUNK]
         for row in session.execute(
-            select(Job.id, Job.name, Job.status, Job.finished_at).where(Job.id.in_(chunk))
+            select(Job.id, Job.name, Job.array_index, Job.status, Job.finished_at).where(
+                Job.id.in_(chunk)
+            )
         ):
-            loaded[row.id] = Dependency(row.id, row.name, JobStatus(row.status), row.finished_at)
+            # An array's tasks share a name: "waiting for job 14 (sweep[2])" says which.
+            name = row.name if row.array_index is None else f"{row.name}[{row.array_index}]"
+            loaded[row.id] = Dependency(row.id, name, JobStatus(row.status), row.finished_at)
     return loaded

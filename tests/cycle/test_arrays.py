@@ -148,6 +148,7 @@ def test_depending_on_an_array_waits_for_every_task(api):
     # The array's id names the whole array, as afterok:<array job id> does in Slurm.
     report = submit(api, name="report", depends_on=[first["id"]])
     assert report["depends_on"] == ids
+    assert report["pending_message"] == f"waiting for job {ids[0]} (sweep[0]) and 2 more to succeed"
     run_one_cycle(api)
     _finish(api, ids[0])
     _finish(api, ids[1])
