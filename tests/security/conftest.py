@@ -57,6 +57,7 @@ class Cluster:
     node: str = "n1"
     ml_job: int = 0  # alice's, PENDING
     ml_running_job: int = 0  # alice's, RUNNING, attempt 1 with a log file
+    ml_array: int = 0  # alice's job array (its first task's id), PENDING
     cv_job: int = 0  # bob's
     window: str = WINDOW["name"]
     batch: str = BATCH["name"]
@@ -112,6 +113,10 @@ def cluster(api: Api, settings: Settings) -> Cluster:
     assert r.status_code == 201, r.text
     world.ml_job = r.json()["id"]
     world.ml_running_job = running_job(api, body={**ML_JOB, "name": f"{ML_MARKER}-running"})
+    sweep = {**ML_JOB, "name": f"{ML_MARKER}-sweep", "array": {"indices": "0-1"}}
+    r = api.client.post("/api/v1/jobs", json=sweep, headers=api.as_("alice"))
+    assert r.status_code == 201, r.text
+    world.ml_array = r.json()["id"]
     log = settings.log_dir.resolve() / str(world.ml_running_job) / "attempt-1.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(LOG_TEXT)

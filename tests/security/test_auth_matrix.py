@@ -28,6 +28,7 @@ IDS = [op.id for op in OPERATIONS]
 BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/api/v1/jobs"): {"command": ["true"], "project": "ml"},
     ("PATCH", "/api/v1/jobs/{job_id}"): {"priority": 1},
+    ("PATCH", "/api/v1/jobs/{job_id}/array"): {"max_running": 2},
     ("POST", "/api/v1/estimate"): {"parameters": 1_000_000_000},
     ("POST", "/api/v1/windows"): {**WINDOW, "name": "day"},
     ("PUT", "/api/v1/windows/{name}"): WINDOW,
@@ -50,8 +51,12 @@ PROJECT_SCOPED_PARAMS = {"job_id", "batch"}
 def path_values(cluster: Cluster, op: Operation) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for param in op.params:
-        if param == "job_id":
-            values[param] = cluster.ml_running_job if op.path.endswith("/logs") else cluster.ml_job
+        if param == "job_id" and op.path.endswith("/logs"):
+            values[param] = cluster.ml_running_job
+        elif param == "job_id" and op.path.endswith("/array"):
+            values[param] = cluster.ml_array
+        elif param == "job_id":
+            values[param] = cluster.ml_job
         elif param == "name" and op.path.startswith("/api/v1/nodes/"):
             values[param] = cluster.node
         elif param == "name" and op.path.startswith("/api/v1/windows/"):
