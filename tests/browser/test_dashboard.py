@@ -226,6 +226,12 @@ def test_an_array_shows_its_tasks_and_why_the_rest_wait(dash: Dashboard, stack: 
         _expect_text(page, "#pending-table td", r"^sweep\[2\]$")
         _expect_text(page, "#pending-table .reason", "array limit")
         dash.shot("queue-array-desktop")
+        # Hold and release from the queue, as scontrol hold/release.
+        last = first["id"] + 2
+        page.click(f'#pending-table [data-hold="{last}"]')
+        _expect_text(page, f'#pending-table tr[data-job="{last}"] .reason', "^held")
+        page.click(f'#pending-table [data-release="{last}"]')
+        _expect_text(page, f'#pending-table tr[data-job="{last}"] .reason', "^array limit")
         dash.go(f"#/jobs/{first['id'] + 1}")
         _expect_text(page, "h1", r"^sweep\[1\]")
         _expect_text(

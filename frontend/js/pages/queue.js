@@ -196,7 +196,7 @@ export function queuePage(root, ctx, { params }) {
             h("td", { class: "hide-sm", title: fmtDate(job.estimated_start_at) },
               job.estimated_start_at ? fmtIn(job.estimated_start_at) : "—"),
             h("td", { class: "hide-sm" }, fmtAgo(job.created_at)),
-            h("td", { class: "actions" }, cancelButton(job, refreshAll))))))))
+            h("td", { class: "actions" }, holdButton(job, refreshAll), cancelButton(job, refreshAll))))))))
         : h("div", { class: "empty" }, "No pending jobs."),
       page.total > PAGE ? pager(false) : null);
   };
