@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -207,8 +207,16 @@ class ApiClient:
             raise ApiError(format_error(response), response.status_code)
         return response
 
-    def stream_text(self, path: str, *, params: Any = None) -> Iterator[str]:
-        """Yield a streamed plain-text response as it arrives (log follow mode)."""
+    def stream_bytes(
+        self,
+        path: str,
+        *,
+        params: Any = None,
+        on_start: Callable[[httpx.Headers], None] | None = None,
+    ) -> Iterator[bytes]:
+        """Yield a streamed response's bytes as they arrive (log follow mode), after
+        handing its headers to `on_start`. A connection that fails, before or during the
+        stream, raises Unreachable."""
         headers = {"Authorization": f"Bearer {self.token}"}
         try:
             with (
@@ -220,11 +228,12 @@ class ApiClient:
                 if response.status_code >= 400:
                     response.read()
                     raise ApiError(format_error(response), response.status_code)
-                yield from response.iter_text()
+                if on_start is not None:
+                    on_start(response.headers)
+                yield from response.iter_bytes()
         except httpx.TransportError as exc:
-            raise CliError(
-                f"cannot reach gpusched at {self.base_url}: {_describe_transport_error(exc)}",
-                EXIT_USAGE,
+            raise Unreachable(
+                f"cannot reach gpusched at {self.base_url}: {_describe_transport_error(exc)}"
             ) from None
 
     def body(self, response: httpx.Response) -> Any:

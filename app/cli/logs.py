@@ -6,11 +6,16 @@ import sys
 import time
 from typing import Annotated, Any
 
+import httpx
 import typer
 
-from app.cli.client import ApiClient, TokenOption, UrlOption
+from app.cli.client import ApiClient, TokenOption, Unreachable, UrlOption
 
 START_POLL_S = 2.0  # how often `logs -f` asks whether a pending job has started
+# How long `logs -f` keeps reconnecting to an API that stopped answering mid-stream, and
+# how often it tries: as `gpusched wait` rides out a restart.
+FOLLOW_OUTAGE_S = 600.0
+RECONNECT_S = 2.0
 
 
 def _started(client: ApiClient, job_id: int, *, wait: bool) -> bool:
@@ -65,11 +70,42 @@ def logs(
         params["attempt"] = attempt
     path = f"/api/v1/jobs/{job_id}/logs"
     if follow:
-        for chunk in client.stream_text(path, params=params):
-            sys.stdout.write(chunk)
-            sys.stdout.flush()
+        _follow(client, path, params)
     else:
         sys.stdout.write(client.request("GET", path, params=params).text)
+
+
+def _follow(client: ApiClient, path: str, params: dict[str, object]) -> None:
+    """Print the stream as it comes. If the API stops answering mid-stream (a restart of
+    `gpusched up`), reconnect for up to FOLLOW_OUTAGE_S and go on from the byte reached,
+    so nothing is printed twice or lost; the job runs on regardless."""
+    reached: int | None = None  # byte of the log printed up to; None: never connected
+    down_s = 0.0
+
+    def started(headers: httpx.Headers) -> None:
+        nonlocal reached
+        reached = int(headers.get("X-Log-Offset", "0"))
+
+    while True:
+        try:
+            for chunk in client.stream_bytes(path, params=params, on_start=started):
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+                reached = (reached or 0) + len(chunk)
+                down_s = 0.0
+            return  # the attempt ended: the server closed the stream
+        except Unreachable as exc:
+            if reached is None or down_s >= FOLLOW_OUTAGE_S:
+                raise
+            if not down_s:
+                typer.echo(f"\n{exc.message}; reconnecting", err=True)
+            _pause(RECONNECT_S)
+            down_s += RECONNECT_S
+            params = {k: v for k, v in params.items() if k != "tail"} | {"offset": reached}
+
+
+def _pause(seconds: float) -> None:
+    time.sleep(seconds)
 
 
 def register(app: typer.Typer) -> None:

@@ -41,14 +41,18 @@ def open_log(path: Path, log_dir: Path) -> BinaryIO | None:
     return os.fdopen(fd, "rb")
 
 
-def read_tail(path: Path, log_dir: Path, lines: int | None) -> tuple[str, int]:
-    """The log's text (all, or its last `lines` lines) and the offset it was read up to."""
+def read_tail(
+    path: Path, log_dir: Path, lines: int | None, *, offset: int = 0
+) -> tuple[bytes, int]:
+    """The log's bytes from byte `offset` on (all of them, or their last `lines` lines)
+    and the offset they were read up to, so that the start is that minus their length."""
     handle = open_log(path, log_dir)
     if handle is None:
-        return "", 0
+        return b"", 0
     with handle:
+        handle.seek(offset)
         data = handle.read() if lines is None else b"".join(deque(handle, maxlen=lines))
-        return data.decode(errors="replace"), handle.tell()
+        return data, handle.tell()
 
 
 def resolve_attempt(*, job_id: int, current_attempt: int, attempt: int | None) -> int:

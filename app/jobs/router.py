@@ -201,21 +201,32 @@ def get_job_logs(
     settings: SettingsDep,
     principal: CurrentUser,
     tail: Annotated[int | None, Query(ge=1, le=MAX_TAIL_LINES)] = None,
+    offset: Annotated[
+        int | None, Query(ge=0, le=2**62, description="start at this byte of the log")
+    ] = None,
     attempt: Annotated[int | None, Query(ge=1, le=10_000)] = None,
     follow_: Annotated[bool, Query(alias="follow")] = False,
 ) -> Response:
     """The attempt's stdout and stderr (latest attempt by default). `tail=N` keeps the last
-    N lines; `follow=true` streams new output until the attempt ends."""
+    N lines; `offset=B` starts at byte B (a follower that lost its connection resumes
+    there); `follow=true` streams new output until the attempt ends. `X-Log-Offset` is
+    the byte of the log the body starts at."""
+    if tail is not None and offset is not None:
+        raise FieldError("offset", "give tail or offset, not both", location="query")
     job = service.get(session=session, principal=principal, job_id=job_id)
     if job.attempt == 0:
         return PlainTextResponse("", headers={"X-Job-Status": job.status})
     chosen = resolve_attempt(job_id=job_id, current_attempt=job.attempt, attempt=attempt)
     log_dir = settings.log_dir.resolve()
     path = attempt_log_path(log_dir, job_id, chosen)
-    text, read_up_to = read_tail(path, log_dir, tail)
-    headers = {"X-Job-Status": job.status, "X-Attempt": str(chosen)}
+    data, read_up_to = read_tail(path, log_dir, tail, offset=offset or 0)
+    headers = {
+        "X-Job-Status": job.status,
+        "X-Attempt": str(chosen),
+        "X-Log-Offset": str(read_up_to - len(data)),
+    }
     if not follow_:
-        return PlainTextResponse(text, headers=headers)
+        return PlainTextResponse(data.decode(errors="replace"), headers=headers)
     factory = request.app.state.read_session_factory
     # The stream may last hours: end this request's transaction now (on SQLite it pins a
     # snapshot) and check the job's state with short sessions of its own.
@@ -230,7 +241,8 @@ def get_job_logs(
         return await run_in_threadpool(check)
 
     async def stream() -> AsyncIterator[bytes]:
-        yield text.encode()
+        # Bytes as the log has them, so a follower can count where it got to.
+        yield data
         async for chunk in follow(
             path, log_dir, start_offset=read_up_to, still_running=attempt_running
         ):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from typer.testing import Result
 
 import app.cli.logs as logs_module
+from app.cli.client import ApiClient, Unreachable
 from app.jobs.logs import attempt_log_path
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
@@ -73,3 +75,59 @@ def test_follow_waits_for_a_pending_job_to_start(cli: Cli, monkeypatch: pytest.M
     assert done[0].stdout == "hello\n"
     assert f"job {job_id} has not started yet (PENDING" in done[0].stderr
     assert "waiting for it" in done[0].stderr
+
+
+def test_follow_resumes_where_it_was_after_the_api_restarts(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection drops mid-line (a restart of `gpusched up`): the follower reconnects
+    from the byte it reached, so nothing is printed twice or lost."""
+    job_id = _submit(cli)
+    log = attempt_log_path(cli.settings.log_dir, job_id, 1)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("one\ntwo\n")
+    _set(cli, job_id, attempt=1, status=JobStatus.RUNNING)
+
+    real_stream = ApiClient.stream_bytes
+    calls: list[dict[str, Any]] = []
+
+    def dropping(self: ApiClient, path: str, **kwargs: Any) -> Iterator[bytes]:
+        calls.append(dict(kwargs["params"]))
+        chunks = real_stream(self, path, **kwargs)
+        if len(calls) > 1:
+            yield from chunks
+            return
+        yield next(chunks)[:5]  # "one\nt", then the server is gone
+        raise Unreachable("cannot reach gpusched at http://test: connection refused")
+
+    def meanwhile(seconds: float) -> None:  # while the API restarts, the job prints and ends
+        with log.open("a") as f:
+            f.write("three\n")
+        _set(cli, job_id, status=JobStatus.SUCCEEDED)
+
+    monkeypatch.setattr(ApiClient, "stream_bytes", dropping)
+    monkeypatch.setattr(logs_module, "_pause", meanwhile)
+    result = cli("logs", "-f", "--tail", "5", str(job_id))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "one\ntwo\nthree\n"
+    assert "connection refused; reconnecting" in result.stderr
+    assert calls[1] == {"follow": True, "offset": 5}  # --tail applied once, at the start
+
+
+def test_follow_does_not_retry_an_api_that_never_answered(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = _submit(cli)
+    _set(cli, job_id, attempt=1, status=JobStatus.RUNNING)
+
+    def refused(self: ApiClient, path: str, **kwargs: Any) -> Iterator[bytes]:
+        raise Unreachable("cannot reach gpusched at http://test: connection refused")
+        yield b""  # a generator, as the real one
+
+    def never(seconds: float) -> None:
+        raise AssertionError("retried an API that never answered the stream")
+
+    monkeypatch.setattr(ApiClient, "stream_bytes", refused)
+    monkeypatch.setattr(logs_module, "_pause", never)
+    result = cli("logs", "-f", str(job_id))
+    assert result.exit_code == 2 and "connection refused" in result.stderr

@@ -59,6 +59,22 @@ def test_log_tail_and_attempts(api, settings):
     )
 
 
+def test_log_from_a_byte_offset_says_where_it_starts(api, settings):
+    """What a follower that lost its connection resumes with: no byte twice, none lost."""
+    add_node(api.factory, "n1", gpus=2)
+    job_id = _running_job(api)
+    _write_log(settings, job_id, 1, "one\ntwo\nthree\n")
+    url = f"/api/v1/jobs/{job_id}/logs"
+    r = api.client.get(url, params={"offset": 4}, headers=api.as_("alice"))
+    assert (r.text, r.headers["x-log-offset"]) == ("two\nthree\n", "4")
+    r = api.client.get(url, params={"tail": 1}, headers=api.as_("alice"))
+    assert (r.text, r.headers["x-log-offset"]) == ("three\n", "8")
+    r = api.client.get(url, params={"offset": 99}, headers=api.as_("alice"))
+    assert (r.text, r.headers["x-log-offset"]) == ("", "99")  # nothing new yet
+    r = api.client.get(url, params={"offset": 4, "tail": 1}, headers=api.as_("alice"))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "offset"]
+
+
 def test_log_path_cannot_leave_the_log_dir(api, settings):
     # Only integers reach the path; anything else is rejected before any file is opened.
     for path in ("/api/v1/jobs/..%2F..%2Fetc/logs", "/api/v1/jobs/1/logs?attempt=..%2F1"):
