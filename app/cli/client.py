@@ -38,6 +38,12 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+# How long `gpusched wait` and `logs -f` ride out an API that stopped answering (a
+# restart, say) before giving up; the jobs run on regardless. One that never answered
+# fails at once.
+OUTAGE_RIDE_OUT_S = 600.0
+
+
 class Unreachable(CliError):
     """No answer from the server at all (refused, timed out): perhaps it is restarting."""
 

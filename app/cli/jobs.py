@@ -18,6 +18,7 @@ from rich.table import Table
 from app.cli.client import (
     EXIT_REJECTED,
     EXIT_USAGE,
+    OUTAGE_RIDE_OUT_S,
     ApiClient,
     ApiError,
     CliError,
@@ -440,9 +441,6 @@ ENDED = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"})
 # a request every 15 s.
 WAIT_POLLS_S = (1.0, 2.0, 5.0, 10.0, 15.0)
 EXIT_INTERRUPTED = 130  # as a shell reports Ctrl-C
-# How long a wait rides out an API that stopped answering (a restart, say) before giving
-# up; the jobs run on regardless. An API that never answered fails at once.
-WAIT_OUTAGE_S = 600.0
 
 
 def _pause(seconds: float) -> None:
@@ -469,7 +467,7 @@ def _wait_for(client: ApiClient, job_ids: list[int], *, as_json: bool) -> int:
                             typer.echo(_ended_line(job))
                 answered, unanswered_s = True, 0.0
             except Unreachable as exc:
-                if not answered or unanswered_s >= WAIT_OUTAGE_S:
+                if not answered or unanswered_s >= OUTAGE_RIDE_OUT_S:
                     raise
                 if not unanswered_s:
                     typer.echo(f"{exc.message}; still waiting", err=True)

@@ -9,13 +9,10 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from app.cli.client import ApiClient, TokenOption, Unreachable, UrlOption
+from app.cli.client import OUTAGE_RIDE_OUT_S, ApiClient, TokenOption, Unreachable, UrlOption
 
 START_POLL_S = 2.0  # how often `logs -f` asks whether a pending job has started
-# How long `logs -f` keeps reconnecting to an API that stopped answering mid-stream, and
-# how often it tries: as `gpusched wait` rides out a restart.
-FOLLOW_OUTAGE_S = 600.0
-RECONNECT_S = 2.0
+RECONNECT_S = 2.0  # how often `logs -f` tries an API that stopped answering mid-stream
 
 
 def _started(client: ApiClient, job_id: int, *, wait: bool) -> bool:
@@ -77,7 +74,7 @@ def logs(
 
 def _follow(client: ApiClient, path: str, params: dict[str, object]) -> None:
     """Print the stream as it comes. If the API stops answering mid-stream (a restart of
-    `gpusched up`), reconnect for up to FOLLOW_OUTAGE_S and go on from the byte reached,
+    `gpusched up`), reconnect for up to OUTAGE_RIDE_OUT_S and go on from the byte reached,
     so nothing is printed twice or lost; the job runs on regardless."""
     reached: int | None = None  # byte of the log printed up to; None: never connected
     down_s = 0.0
@@ -95,7 +92,7 @@ def _follow(client: ApiClient, path: str, params: dict[str, object]) -> None:
                 down_s = 0.0
             return  # the attempt ended: the server closed the stream
         except Unreachable as exc:
-            if reached is None or down_s >= FOLLOW_OUTAGE_S:
+            if reached is None or down_s >= OUTAGE_RIDE_OUT_S:
                 raise
             if not down_s:
                 typer.echo(f"\n{exc.message}; reconnecting", err=True)
