@@ -861,14 +861,23 @@ def cancel(
             **({"project": project} if project else {}),
             **({"array": array} if array is not None else {}),
         }
-        found, _ = _fetch_jobs(client, params, cursor=None, all_pages=True)
-        ids = [job["id"] for job in found]
+        ids = _selected_ids(client, params, nothing="no jobs match", as_json=as_json)
         if not ids:
-            typer.echo("no jobs match", err=True)
-            if as_json:
-                print_json([])
             return
     _each_job(ids, "cancel", _cancel_line, client=client, as_json=as_json, selected=selecting)
+
+
+def _selected_ids(
+    client: ApiClient, params: dict[str, Any], *, nothing: str, as_json: bool
+) -> list[int]:
+    """The ids of every job a GET /jobs filter selects, newest first. When none matches,
+    says `nothing` on stderr (and prints [] with --json): the caller has nothing to do."""
+    found, _ = _fetch_jobs(client, params, cursor=None, all_pages=True)
+    if not found:
+        typer.echo(nothing, err=True)
+        if as_json:
+            print_json([])
+    return [job["id"] for job in found]
 
 
 OptionalJobIds = Annotated[
@@ -915,12 +924,9 @@ def _each_pending(
     ids = job_ids or []
     if array is not None:
         params = {"array": array, "status": ["PENDING"], "limit": MAX_PAGE}
-        found, _ = _fetch_jobs(client, params, cursor=None, all_pages=True)
-        ids = sorted(job["id"] for job in found)
+        nothing = f"no pending task in array {array}"
+        ids = sorted(_selected_ids(client, params, nothing=nothing, as_json=as_json))
         if not ids:
-            typer.echo(f"no pending task in array {array}", err=True)
-            if as_json:
-                print_json([])
             return
     _each_job(ids, action, _hold_line, client=client, as_json=as_json, selected=array is not None)
 

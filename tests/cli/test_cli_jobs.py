@@ -506,6 +506,12 @@ def test_submit_an_array_list_show_and_cancel_it(cli: Cli) -> None:
     both = cli("hold", "1", "--array", "1")
     assert both.exit_code == 2 and "give job ids or --array, not both" in both.stderr
     assert cli("release").exit_code == 2
+    nothing = cli("hold", "--json", "--array", "999")
+    assert (nothing.exit_code, nothing.stdout, nothing.stderr) == (
+        0,
+        "[]\n",
+        "no pending task in array 999\n",
+    )
 
     cancelled = cli("cancel", "--array", "1")
     assert cancelled.exit_code == 0, cancelled.stderr
