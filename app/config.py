@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     max_runtime_limit_s: int | None = Field(
         default=None, ge=1, description="longest time limit a job may ask for (Slurm's MaxTime)"
     )
+    max_grace_s: int = Field(
+        default=600,
+        ge=0,
+        le=86400,
+        description="longest SIGTERM-to-SIGKILL grace period a job may ask for (grace_s)",
+    )
     tariff_file: Path | None = Field(
         default=None, description="JSON time-of-use tariff: prices energy in the reports"
     )
@@ -60,7 +66,11 @@ class Settings(BaseSettings):
 
     @property
     def runtime_limits(self) -> RuntimeLimits:
-        return RuntimeLimits(default_s=self.default_max_runtime_s, max_s=self.max_runtime_limit_s)
+        return RuntimeLimits(
+            default_s=self.default_max_runtime_s,
+            max_s=self.max_runtime_limit_s,
+            max_grace_s=self.max_grace_s,
+        )
 
     @field_validator("tariff_file")
     @classmethod

@@ -101,6 +101,7 @@ def build_spec(
     retries: int | None,
     preemptible: bool,
     env: list[str] | None,
+    grace: str | None = None,
     label: list[str] | None,
     workdir: str | None,
     offpeak: bool = False,
@@ -134,6 +135,7 @@ def build_spec(
         "project": project,
         "max_runtime_s": _duration_option(max_runtime, "--max-runtime"),
         "estimated_runtime_s": _duration_option(estimated_runtime, "--estimated-runtime"),
+        "grace_s": _duration_option(grace, "--grace"),
         "retries": retries,
     }
     spec.update({k: v for k, v in optional.items() if v is not None})
@@ -205,6 +207,16 @@ EstimatedRuntimeOption = Annotated[
         rich_help_panel=JOB_PANEL,
     ),
 ]
+GraceOption = Annotated[
+    str | None,
+    typer.Option(
+        "--grace",
+        help="Time from SIGTERM to SIGKILL when the job is stopped (cancel, preemption, time "
+        "limit), to checkpoint: seconds, 90s, 5m (default: the node agent's, 30s); the job "
+        "reads it in GPUSCHED_GRACE_S",
+        rich_help_panel=JOB_PANEL,
+    ),
+]
 RetriesOption = Annotated[
     int | None, typer.Option(help="Retries after a failure (default: 0)", rich_help_panel=JOB_PANEL)
 ]
@@ -269,6 +281,7 @@ def submit(
     project: ProjectOption = None,
     max_runtime: MaxRuntimeOption = None,
     estimated_runtime: EstimatedRuntimeOption = None,
+    grace: GraceOption = None,
     retries: RetriesOption = None,
     preemptible: PreemptibleOption = False,
     offpeak: Annotated[bool, typer.Option("--offpeak", help="Run in an off-peak window")] = False,
@@ -343,6 +356,7 @@ def submit(
         project=project,
         max_runtime=max_runtime,
         estimated_runtime=estimated_runtime,
+        grace=grace,
         retries=retries,
         preemptible=preemptible,
         offpeak=offpeak,
@@ -716,6 +730,10 @@ def _job_details(job: dict[str, Any]) -> Table:
         rows.append(("max runtime", human_duration(job["max_runtime_s"])))
     if job.get("estimated_runtime_s"):
         rows.append(("estimated runtime", human_duration(job["estimated_runtime_s"])))
+    if job.get("grace_s") is not None:
+        grace = job["grace_s"]
+        shown = human_duration(grace) if grace % 60 == 0 else f"{grace}s"  # 90s, not 1m
+        rows.append(("grace", f"{shown} from SIGTERM to SIGKILL"))
     rows.append(("attempt", f"{job['attempt']} (failures {job['failures']}/{job['retries']})"))
     if job["status"] == "PENDING":  # the API gives a reason to pending jobs only
         rows.append(("pending reason", job.get("pending_reason") or ""))
@@ -948,6 +966,10 @@ def update(
         str | None,
         typer.Option("--estimated-runtime", help="Expected runtime: 2h, 90m, ... or none"),
     ] = None,
+    grace: Annotated[
+        str | None,
+        typer.Option("--grace", help="SIGTERM-to-SIGKILL time: 5m, 90s, ... or none"),
+    ] = None,
     array_limit: Annotated[
         str | None,
         typer.Option(
@@ -978,6 +1000,7 @@ def update(
     for field, value, option in (
         ("max_runtime_s", max_runtime, "--max-runtime"),
         ("estimated_runtime_s", estimated_runtime, "--estimated-runtime"),
+        ("grace_s", grace, "--grace"),
     ):
         if value is not None:  # "none" clears it
             cleared = value.strip().lower() == "none"

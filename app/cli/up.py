@@ -110,10 +110,12 @@ def up(
     ]
     children: list[tuple[str, subprocess.Popen[bytes]]] = []
     stopping = False
+    interrupts = 0
 
     def stop(*_: Any) -> None:
-        nonlocal stopping
+        nonlocal stopping, interrupts
         stopping = True
+        interrupts += 1
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
@@ -148,16 +150,24 @@ def up(
                 children[i] = (label, subprocess.Popen(argv, env=env, start_new_session=True))
             time.sleep(0.2)
     finally:
-        # Agents first (their jobs get SIGTERM and a grace period), then scheduler, then API.
+        # Agents first (their jobs get SIGTERM and their grace period), then scheduler, then
+        # API. A job may ask for up to max_grace_s to checkpoint: wait that long, unless
+        # interrupted again (then an agent's watchdog still gives its jobs their grace).
         for _label, child in reversed(children):
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 40
+        if interrupts:
+            typer.echo(
+                "stopping: running jobs get SIGTERM and their grace period (Ctrl-C again: stop now)"
+            )
+        deadline = time.monotonic() + settings.max_grace_s + 10
+        seen = interrupts
         for _label, child in reversed(children):
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            while child.poll() is None and interrupts == seen and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if child.poll() is None:
                 child.kill()
+                child.wait()
         if redis_server is not None:
             redis_server.stop()
         typer.echo("gpusched stopped")

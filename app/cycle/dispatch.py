@@ -65,6 +65,7 @@ def run_messages(session: Session, *, job: Job) -> list[Dispatch]:
                 "share": share_milli / 1000,
                 "gpu_memory_mb": job.gpu_memory_mb,
                 "max_runtime_s": job.max_runtime_s,
+                "grace_s": job.grace_s,
                 "master_addr": nodes[0][1],
                 "master_port": master_port(job.id, job.attempt),
                 "world_size": per_node * len(nodes) if per_node else len(nodes),

@@ -138,6 +138,7 @@ JOB_COLUMNS = (
     Job.created_at,
     Job.estimated_runtime_s,
     Job.max_runtime_s,
+    Job.grace_s,
     Job.preemptible,
     Job.schedule_mode,
     Job.begin_at,
@@ -172,7 +173,11 @@ def _job_view(job: Any, user: str, project: str, attained: float) -> JobView:
         if job.ineligible_s
         else job.created_at,
         estimated_runtime_s=job.estimated_runtime_s,
-        max_runtime_s=job.max_runtime_s,
+        # A job stopped at its limit may hold its GPUs through its grace period: plans
+        # (backfill reservations) count it. The agent's small default is not counted.
+        max_runtime_s=job.max_runtime_s + (job.grace_s or 0)
+        if job.max_runtime_s is not None
+        else None,
         preemptible=job.preemptible,
         schedule_mode=job.schedule_mode,  # validated on submit
         begin_at=job.begin_at,

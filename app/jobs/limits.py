@@ -1,4 +1,5 @@
-"""The cluster's time limits for jobs, as Slurm's DefaultTime and MaxTime on a partition.
+"""The cluster's time limits for jobs, as Slurm's DefaultTime and MaxTime on a partition,
+and the longest stop grace period a job may ask for.
 
 A job that gives no `max_runtime_s` gets the default. With every job's end known, backfill
 can plan around running jobs and waiting jobs get an estimated start; a job with no limit
@@ -17,9 +18,18 @@ from app.jobs.schemas import JobCreate
 class RuntimeLimits:
     default_s: int | None = None  # for jobs that set none; unset: max_s, else no limit
     max_s: int | None = None  # the longest limit a job may ask for
+    # A long grace delays whoever waits for the job's GPUs (a preemptor, the off-peak
+    # closing), so the cluster bounds it, as Slurm bounds KillWait.
+    max_grace_s: int = 600
 
     def apply(self, spec: JobCreate) -> JobCreate:
         """`spec` with its time limit filled in; a 422 on the field that breaks a limit."""
+        if spec.grace_s is not None and spec.grace_s > self.max_grace_s:
+            raise FieldError(
+                "grace_s",
+                f"{_span(spec.grace_s)} is above this cluster's longest grace period, "
+                f"{_span(self.max_grace_s)}",
+            )
         asked = spec.max_runtime_s
         if asked is not None and self.max_s is not None and asked > self.max_s:
             raise FieldError(

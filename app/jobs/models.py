@@ -49,6 +49,9 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)
     max_runtime_s: Mapped[int | None] = mapped_column(Integer)
     estimated_runtime_s: Mapped[int | None] = mapped_column(Integer)
+    # Seconds from SIGTERM to SIGKILL when the job is stopped (cancel, preemption, time
+    # limit, window close), to write a checkpoint; null: the agent's GPUSCHED_AGENT_GRACE_S.
+    grace_s: Mapped[int | None] = mapped_column(Integer)
     retries: Mapped[int] = mapped_column(Integer, default=0)
     failures: Mapped[int] = mapped_column(Integer, default=0)
     preemptible: Mapped[bool] = mapped_column(Boolean, default=False)

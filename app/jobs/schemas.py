@@ -90,6 +90,14 @@ class JobCreate(RequestBody):
     project: str | None = Field(default=None, min_length=1, max_length=64)
     max_runtime_s: int | None = Field(default=None, ge=1, le=365 * 86400)
     estimated_runtime_s: int | None = Field(default=None, ge=1, le=365 * 86400)
+    grace_s: int | None = Field(
+        default=None,
+        ge=0,
+        le=86400,
+        description="seconds from SIGTERM to SIGKILL when the job is stopped (cancel, "
+        "preemption, time limit, window close), to write a checkpoint; the job reads it in "
+        "GPUSCHED_GRACE_S; default: the node agent's",
+    )
     retries: int = Field(default=0, ge=0, le=100)
     preemptible: bool = False
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
@@ -196,6 +204,7 @@ class JobUpdate(RequestBody):
     priority: int | None = None
     max_runtime_s: int | None = None
     estimated_runtime_s: int | None = None
+    grace_s: int | None = None
 
     @field_validator("name")
     @classmethod
@@ -243,6 +252,7 @@ class JobOut(BaseModel):
     priority: int
     max_runtime_s: int | None
     estimated_runtime_s: int | None
+    grace_s: int | None
     retries: int
     failures: int
     preemptible: bool

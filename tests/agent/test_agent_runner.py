@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,13 +14,15 @@ import pytest
 from workers.agent.runner import (
     JobLaunch,
     LaunchError,
+    LeftoverProcess,
     Outcome,
     RunningProcess,
     classify,
     distributed_env,
     find_leftover_processes,
     job_environment,
-    kill_process_group,
+    kill_process_groups,
+    leftover_graces,
     process_group_alive,
     start_job,
 )
@@ -112,6 +115,7 @@ def test_env_is_clean_base_plus_job_env_and_ours_cannot_be_overridden(
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["GPUSCHED_JOB_ID"] == "job-42"
     assert env["GPUSCHED_ATTEMPT"] == "3"
+    assert env["GPUSCHED_GRACE_S"] == "2"  # the time it has to checkpoint after SIGTERM
     assert "MASTER_ADDR" not in env  # single GPU: no gang
 
 
@@ -360,9 +364,10 @@ def test_find_and_kill_leftover_processes(tmp_path: Path, reap: list[RunningProc
     mine = [p for p in find_leftover_processes() if p.pid == running.pid]
     assert len(mine) == 1
     assert (mine[0].job_id, mine[0].attempt, mine[0].pgid) == ("job-777", 2, running.pgid)
+    assert mine[0].grace_s == 2.0  # the launch's, read back from GPUSCHED_GRACE_S
     assert all(p.pid != os.getpid() for p in find_leftover_processes())
 
-    assert kill_process_group(running.pgid, grace_s=2.0)
+    assert kill_process_groups({running.pgid: 2.0})
     outcome = running.wait(WAIT_S)
     assert outcome is not None and outcome.signal == signal.SIGTERM
     assert all(p.pid != running.pid for p in find_leftover_processes())
@@ -370,7 +375,40 @@ def test_find_and_kill_leftover_processes(tmp_path: Path, reap: list[RunningProc
 
 def test_kill_process_group_refuses_our_own_group() -> None:
     with pytest.raises(ValueError, match="refusing"):
-        kill_process_group(os.getpgrp(), grace_s=0.1)
+        kill_process_groups({os.getpgrp(): 0.1})
+
+
+def test_leftover_groups_are_stopped_at_once_each_with_its_own_grace(
+    tmp_path: Path, reap: list[RunningProcess]
+) -> None:
+    # Both jobs checkpoint for 1 s on SIGTERM. The first asked for 3 s of grace and
+    # finishes its checkpoint; the second has none of its own, gets the default 0.3 s and
+    # is killed mid-checkpoint. Stopped one after the other, the second would have
+    # waited for the first's whole checkpoint before its SIGTERM.
+    checkpoint = "trap 'sleep 1; echo saved > ckpt-$GPUSCHED_JOB_ID; exit 0' TERM; sleep 30 & wait"
+    patient, hasty = (
+        start_job(launch(tmp_path, checkpoint, job_id=i, grace_s=g, log_path=tmp_path / i))
+        for i, g in (("71", 3.0), ("72", 0.3))
+    )
+    reap.extend([patient, hasty])
+    assert wait_until(lambda: len(_ours(patient, hasty)) == 2)
+    leftovers = _ours(patient, hasty)
+    leftovers = [replace(p, grace_s=None) if p.job_id == "72" else p for p in leftovers]
+
+    graces = leftover_graces(leftovers, default_s=0.3)
+    assert graces == {patient.pgid: 3.0, hasty.pgid: 0.3}
+    started = time.monotonic()
+    assert kill_process_groups(graces)
+    assert time.monotonic() - started < 3.0  # SIGTERM to both at once: about 1 s
+    assert (tmp_path / "ckpt-71").read_text() == "saved\n"
+    assert not (tmp_path / "ckpt-72").exists()
+    hasty_outcome = hasty.wait(WAIT_S)
+    assert hasty_outcome is not None and hasty_outcome.signal == signal.SIGKILL
+
+
+def _ours(*running: RunningProcess) -> list[LeftoverProcess]:
+    pids = {r.pid for r in running}
+    return [p for p in find_leftover_processes() if p.pid in pids]
 
 
 def test_classify_table() -> None:

@@ -68,6 +68,7 @@ def test_submit_through_the_form_then_follow_the_job(dash: Dashboard, stack: Sta
     page.fill("#f-command", "echo hello-from-job; sleep 4")
     page.fill("#f-env", "GREETING=hi")
     page.fill("#f-labels", "suite=browser")
+    page.fill("#f-grace_s", "120")
     page.click("#submit-job")
     link = page.wait_for_selector("#job-link")
     job_id = int(re.search(r"/jobs/(\d+)", link.get_attribute("href") or "").group(1))  # type: ignore[union-attr]
@@ -93,7 +94,9 @@ def test_submit_through_the_form_then_follow_the_job(dash: Dashboard, stack: Sta
     _expect_text(page, "#job-log", "hello-from-job", timeout=30_000)
     _expect_text(page, "#job-events", "RUNNING")
     _expect_text(page, "#job-spec", "SUCCEEDED", timeout=30_000)
-    assert "GREETING=hi" in (page.text_content("#job-spec") or "")
+    spec = page.text_content("#job-spec") or ""
+    assert "GREETING=hi" in spec
+    assert "2m 00s from SIGTERM to SIGKILL, to checkpoint" in spec
     dash.assert_clean()
 
 
@@ -162,8 +165,9 @@ def test_submit_held_and_after_another_job_through_the_form(dash: Dashboard, sta
     _expect_text(page, "#cerr-priority:not([hidden])", "less than or equal to 1000")
     dash.shot("job-change-desktop")
     page.fill("#c-priority", "7")
+    page.fill("#c-grace_s", "60")
     page.click("#save-change")
-    _expect_text(page, "#job-events li", "updated by admin: priority 0 -> 7")
+    _expect_text(page, "#job-events li", "updated by admin: priority 0 -> 7, grace_s None -> 60")
     assert page.locator("#job-change").is_hidden()
     # The dependency is cancelled: the next cycle cancels this job, which could never start.
     stack.request("POST", f"/api/v1/jobs/{train}/cancel")

@@ -28,6 +28,11 @@ def _stored(cli: Cli, job_id: int) -> Job:
         return job
 
 
+def _squeezed(text: str) -> str:
+    """`show`'s output with the table's column padding folded to single spaces."""
+    return " ".join(text.split())
+
+
 def _submit_json(cli: Cli, *args: str, user: str = "alice") -> dict[str, Any]:
     result = cli("submit", "--json", *args, user=user)
     assert result.exit_code == 0, result.stderr
@@ -48,6 +53,7 @@ def test_submit_argv_after_double_dash_keeps_command_env_and_labels(
         "--label", "exp=42",
         "--estimated-runtime", "1h30m",
         "--max-runtime", "2h",
+        "--grace", "5m",
         "--priority", "5",
         "--retries", "2",
         "--preemptible",
@@ -66,6 +72,8 @@ def test_submit_argv_after_double_dash_keeps_command_env_and_labels(
     assert job.labels == {"team": "nlp", "exp": "42"}
     assert job.name == "train-1" and job.gpus == 2 and job.priority == 5 and job.retries == 2
     assert job.estimated_runtime_s == 5400 and job.max_runtime_s == 7200
+    assert job.grace_s == 300
+    assert "grace 5m from SIGTERM to SIGKILL" in _squeezed(cli("show", str(job_id)).stdout)
     assert job.preemptible is True
     assert job.workdir == str(tmp_path)
 
@@ -73,7 +81,8 @@ def test_submit_argv_after_double_dash_keeps_command_env_and_labels(
     again = cli(
         "submit", "--name", "train-1", "--gpus", "2", "--env", "LR=0.1", "--env", "EXTRA=a=b",
         "--label", "team=nlp", "--label", "exp=42", "--estimated-runtime", "5400",
-        "--max-runtime", "7200s", "--priority", "5", "--retries", "2", "--preemptible",
+        "--max-runtime", "7200s", "--grace", "300", "--priority", "5", "--retries", "2",
+        "--preemptible",
         "--workdir", str(tmp_path), "--idempotency-key", "k-1",
         "--", "python", "train.py", "--lr", "0.1", "--",
     )  # fmt: skip
@@ -112,6 +121,7 @@ def test_submit_usage_errors_exit_2_without_a_request(cli: Cli) -> None:
         (["submit", "--shell", "ls", "--", "ls"], "either --shell or a command"),
         (["submit", "--env", "NOEQUALS", "--", "x"], "--env"),
         (["submit", "--estimated-runtime", "5q", "--", "x"], "--estimated-runtime"),
+        (["submit", "--grace", "soon", "--", "x"], "--grace: 'soon'"),
         (["submit", "--window", "w", "--", "x"], "--window needs --offpeak"),
         (["submit", "--at", "tomorrow", "--", "x"], "--at"),
     ]:
@@ -133,6 +143,10 @@ def test_server_validation_error_names_the_field_and_exits_1(cli: Cli) -> None:
 
     result = cli("submit", "--project", "cv", "--", "x")  # alice is not in cv
     assert result.exit_code == 1 and "project:" in result.stderr
+
+    result = cli("submit", "--grace", "1h", "--", "x")
+    assert result.exit_code == 1
+    assert "grace_s: 3600 s (1h) is above this cluster's longest grace period" in result.stderr
 
 
 def test_connection_refused_exits_2_with_a_hint(cli: Cli, refused_url: str) -> None:
@@ -540,6 +554,11 @@ def test_update_a_pending_job(cli: Cli) -> None:
     assert _stored(cli, job).gpu_memory_mb == 20000
     assert cli("update", str(job), "--gpu-memory-mb", "none").exit_code == 0
     assert _stored(cli, job).gpu_memory_mb is None  # any GPU with room, as if never asked
+    assert cli("update", str(job), "--grace", "90s").exit_code == 0
+    assert _stored(cli, job).grace_s == 90
+    assert "grace 90s from SIGTERM" in _squeezed(cli("show", str(job)).stdout)
+    assert cli("update", str(job), "--grace", "none").exit_code == 0
+    assert _stored(cli, job).grace_s is None  # the agent's own again
     nothing = cli("update", str(job))
     assert nothing.exit_code == 2 and "nothing to change" in nothing.stderr
     refused = cli("update", str(job), "--priority", "5000")

@@ -81,3 +81,16 @@ def test_usage_attained_service_and_placements_come_from_allocations(api):
         (running_job, (("n1", (1,)),))
     ]
     assert ctx.pending_attempts == {waiting_job: 1}
+
+
+def test_a_jobs_grace_period_counts_towards_how_long_it_may_hold_its_gpus(api):
+    """Stopped at its time limit, a job may take its grace period to exit: backfill must
+    not promise its GPUs to another job before then. The agent's default is not counted."""
+    add_node(api.factory, "n1", gpus=1)
+    patient = _submit(api, max_runtime_s=3600, grace_s=300)
+    plain = _submit(api, max_runtime_s=3600)
+    unlimited = _submit(api, grace_s=300)
+    with api.factory() as session:
+        ctx = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S)
+    limits = {j.id: j.max_runtime_s for j in ctx.snapshot.pending}
+    assert limits == {patient: 3900, plain: 3600, unlimited: None}

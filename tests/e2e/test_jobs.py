@@ -96,6 +96,27 @@ def test_max_runtime_kills_with_sigterm_and_times_out(stack: Stack) -> None:
     assert events[-1]["to_status"] == "TIMED_OUT" and "timeout" in events[-1]["reason"]
 
 
+def test_a_job_gets_its_own_grace_period_to_checkpoint_at_its_time_limit(
+    stack: Stack, work: Path
+) -> None:
+    # The checkpoint takes 3 s; the agent's grace is 2 s, the job asks for 5.
+    saved = work / "checkpoint"
+    job = stack.submit(
+        {
+            "command": f"trap 'sleep 3; echo $GPUSCHED_GRACE_S > {saved}; exit 0' TERM; "
+            "sleep 60 & wait",
+            "gpus": 1,
+            "max_runtime_s": 1,
+            "grace_s": 5,
+        }
+    )
+    assert job["grace_s"] == 5
+    done = stack.wait_status(job["id"], "TIMED_OUT", "FAILED", "SUCCEEDED", timeout=30)
+    assert done["status"] == "TIMED_OUT"
+    assert saved.read_text() == "5\n"  # it finished writing, and knew its grace
+    assert "sending SIGTERM to the job (timeout); SIGKILL in 5s" in stack.logs(job["id"])
+
+
 def test_cancel_kills_the_whole_process_group(stack: Stack, work: Path) -> None:
     pids = work / "pids"
     job = stack.submit(

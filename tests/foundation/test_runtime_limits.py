@@ -1,5 +1,6 @@
 """The cluster's time limits (GPUSCHED_DEFAULT_MAX_RUNTIME_S, GPUSCHED_MAX_RUNTIME_LIMIT_S),
-as Slurm's DefaultTime and MaxTime: applied to submissions, batch templates and firings."""
+as Slurm's DefaultTime and MaxTime, and the longest grace period (GPUSCHED_MAX_GRACE_S):
+applied to submissions, batch templates and firings."""
 
 from __future__ import annotations
 
@@ -55,6 +56,12 @@ def test_a_job_gets_its_own_limit_else_the_default_else_the_longest(limits, aske
             "7200 s (2h) is longer than the job's time limit, 5400 s (1h30m) (its"
             " max_runtime_s): it would be stopped first; set max_runtime_s up to 604800 s (7d)",
         ),
+        (
+            RuntimeLimits(),  # 600 s unless the cluster says otherwise
+            {"grace_s": 900},
+            "grace_s",
+            "900 s (15m) is above this cluster's longest grace period, 600 s (10m)",
+        ),
     ],
 )
 def test_a_limit_a_job_cannot_meet_is_refused_on_its_field(limits, body, field, message):
@@ -99,3 +106,33 @@ def test_submissions_get_the_default_and_are_held_to_the_longest_limit(api):
     r = api.client.post("/api/v1/batches", json=batch, headers=alice)
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == ["body", "templates", 1, "max_runtime_s"]
+
+
+def test_a_job_asks_for_its_grace_period_within_the_clusters_bound(api):
+    _limited(api, max_grace_s=120)
+    alice = api.as_("alice")
+    r = api.client.post("/api/v1/jobs", json={"command": ["train"], "grace_s": 120}, headers=alice)
+    assert r.status_code == 201, r.text
+    assert r.json()["grace_s"] == 120
+    with api.factory() as session:
+        assert session.get_one(Job, r.json()["id"]).grace_s == 120
+    plain = api.client.post("/api/v1/jobs", json={"command": ["train"]}, headers=alice)
+    assert plain.json()["grace_s"] is None  # the node agent's own (GPUSCHED_AGENT_GRACE_S)
+
+    for grace, message in (
+        (121, "121 s (2m1s) is above this cluster's longest grace period, 120 s (2m)"),
+        (-1, "Input should be greater than or equal to 0"),
+    ):
+        r = api.client.post(
+            "/api/v1/jobs", json={"command": ["train"], "grace_s": grace}, headers=alice
+        )
+        assert r.status_code == 422, r.text
+        (error,) = r.json()["detail"]
+        assert (error["loc"], error["msg"]) == (["body", "grace_s"], message)
+
+    # A pending job's grace can be changed and cleared, within the same bound.
+    path = f"/api/v1/jobs/{plain.json()['id']}"
+    assert api.client.patch(path, json={"grace_s": 60}, headers=alice).json()["grace_s"] == 60
+    r = api.client.patch(path, json={"grace_s": 600}, headers=alice)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "grace_s"]
+    assert api.client.patch(path, json={"grace_s": None}, headers=alice).json()["grace_s"] is None

@@ -25,7 +25,7 @@ from workers.agent.runner import (
     RunningProcess,
     classify,
     find_leftover_processes,
-    kill_process_group,
+    kill_process_groups,
     start_job,
 )
 
@@ -45,7 +45,7 @@ __all__ = [
     "SimSpec",
     "classify",
     "find_leftover_processes",
-    "kill_process_group",
+    "kill_process_groups",
     "model_memory_mb",
     "open_backend",
     "parse_sim_spec",

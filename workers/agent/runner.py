@@ -42,6 +42,9 @@ TERMINATE_REASONS: tuple[TerminateReason, ...] = ("cancel", "preempt", "timeout"
 
 JOB_ID_ENV = "GPUSCHED_JOB_ID"
 ATTEMPT_ENV = "GPUSCHED_ATTEMPT"
+# The job's grace period: the job reads how long it has to checkpoint after SIGTERM, and
+# a watchdog or restarted agent that finds the process gives it the same time.
+GRACE_ENV = "GPUSCHED_GRACE_S"
 # Several agents may share one machine (simulated nodes): each kills only its own leftovers.
 NODE_ENV = "GPUSCHED_NODE"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -50,6 +53,8 @@ DEFAULT_LOG_CAP_BYTES = 64 * 1024 * 1024
 # process that escaped the group (setsid) may hold the pipe open forever.
 _PUMP_DRAIN_TIMEOUT_S = 5.0
 _SUPERVISOR_POLL_S = 0.05
+# How long a group may take to vanish after SIGKILL before we give up on it.
+_KILL_WAIT_S = 5.0
 _READ_CHUNK = 64 * 1024
 
 
@@ -217,6 +222,7 @@ def job_environment(
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             JOB_ID_ENV: str(spec.job_id),
             ATTEMPT_ENV: str(spec.attempt),
+            GRACE_ENV: f"{spec.grace_s:g}",
             NODE_ENV: spec.node,
         }
     )
@@ -538,6 +544,7 @@ class LeftoverProcess:
     pgid: int
     job_id: str
     attempt: int | None
+    grace_s: float | None = None  # the job's own (GPUSCHED_GRACE_S), if it had one
 
 
 def _read_stat(pid: int, proc_root: Path) -> tuple[str, int] | None:
@@ -588,6 +595,7 @@ def find_leftover_processes(
     root = Path(proc_root)
     marker = marker_env.encode() + b"="
     attempt_marker = attempt_env.encode() + b"="
+    grace_marker = GRACE_ENV.encode() + b"="
     node_entry = f"{NODE_ENV}={node}".encode() if node is not None else None
     own_pid = os.getpid()
     found: list[LeftoverProcess] = []
@@ -600,6 +608,7 @@ def find_leftover_processes(
             continue
         job_id: str | None = None
         attempt: int | None = None
+        grace_s: float | None = None
         entries = environ.split(b"\0")
         if node_entry is not None and node_entry not in entries:
             continue
@@ -609,32 +618,55 @@ def find_leftover_processes(
             elif entry.startswith(attempt_marker):
                 with contextlib.suppress(ValueError):
                     attempt = int(entry[len(attempt_marker) :])
+            elif entry.startswith(grace_marker):
+                with contextlib.suppress(ValueError):
+                    grace_s = max(0.0, float(entry[len(grace_marker) :]))
         if job_id is None:
             continue
         stat = _read_stat(pid, root)
         if stat is None or stat[0] in ("Z", "X"):
             continue
-        found.append(LeftoverProcess(pid=pid, pgid=stat[1], job_id=job_id, attempt=attempt))
+        found.append(
+            LeftoverProcess(pid=pid, pgid=stat[1], job_id=job_id, attempt=attempt, grace_s=grace_s)
+        )
     return found
 
 
-def kill_process_group(pgid: int, grace_s: float, *, poll_s: float = 0.05) -> bool:
-    """SIGTERM group ``pgid``, wait up to ``grace_s``, then SIGKILL it.
-    Returns True when no live process is left in the group."""
-    if pgid <= 1 or pgid == os.getpgrp():
-        # Never signal init's group or our own (that would kill the agent).
-        raise ValueError(f"refusing to kill process group {pgid}")
-    _signal_group(pgid, signal.SIGTERM)
-    if _wait_group_gone(pgid, grace_s, poll_s):
-        return True
-    _signal_group(pgid, signal.SIGKILL)
-    return _wait_group_gone(pgid, 5.0, poll_s)
+def leftover_graces(leftovers: Sequence[LeftoverProcess], default_s: float) -> dict[int, float]:
+    """Each leftover process group with the grace period its job asked for (else
+    ``default_s``), for :func:`kill_process_groups`."""
+    graces: dict[int, float] = {}
+    for leftover in leftovers:
+        grace = default_s if leftover.grace_s is None else leftover.grace_s
+        graces[leftover.pgid] = max(graces.get(leftover.pgid, 0.0), grace)
+    return graces
 
 
-def _wait_group_gone(pgid: int, timeout_s: float, poll_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while process_group_alive(pgid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_s)
+def kill_process_groups(graces: Mapping[int, float], *, poll_s: float = 0.05) -> bool:
+    """SIGTERM every group in ``graces`` (pgid: grace period) at once, SIGKILL each one
+    still alive when its own grace is over. All at once: one after the other, the last
+    job would wait for the sum of the others' graces before it could even checkpoint.
+    Returns True when no live process is left in any of them."""
+    for pgid in graces:
+        if pgid <= 1 or pgid == os.getpgrp():
+            # Never signal init's group or our own (that would kill the agent).
+            raise ValueError(f"refusing to kill process group {pgid}")
+    start = time.monotonic()
+    for pgid in graces:
+        _signal_group(pgid, signal.SIGTERM)
+    alive = set(graces)
+    killed: set[int] = set()
+    while alive:
+        now = time.monotonic()
+        for pgid in sorted(alive):
+            if not process_group_alive(pgid):
+                alive.discard(pgid)
+            elif pgid in killed:
+                if now >= start + graces[pgid] + _KILL_WAIT_S:
+                    return False  # SIGKILL did not take (uninterruptible sleep)
+            elif now >= start + graces[pgid]:
+                _signal_group(pgid, signal.SIGKILL)
+                killed.add(pgid)
+        if alive:
+            time.sleep(poll_s)
     return True

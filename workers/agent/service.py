@@ -30,7 +30,8 @@ from workers.agent.runner import (
     RunningProcess,
     classify,
     find_leftover_processes,
-    kill_process_group,
+    kill_process_groups,
+    leftover_graces,
     start_job,
 )
 
@@ -123,8 +124,12 @@ class Agent:
             attempts = list(self._running.values())
         for attempt in attempts:
             attempt.process.terminate("preempt", wait=False)
+        # Each attempt has its own grace period; they all started it just now.
+        deadline = (
+            time.monotonic() + 5 + max((a.process.spec.grace_s for a in attempts), default=0.0)
+        )
         for attempt in attempts:
-            attempt.process.wait(self.settings.grace_s + 5)
+            attempt.process.wait(max(0.0, deadline - time.monotonic()))
         self._stop.set()
         if self._watchdog is not None and self._watchdog.stdin is not None:
             self._watchdog.stdin.close()  # nothing left to kill: it exits
@@ -150,14 +155,16 @@ class Agent:
     def _kill_leftovers(self) -> None:
         """Processes of ours that outlived a previous agent cannot be supervised (their exit
         code would be lost): kill them and report the attempts lost, so they requeue."""
-        for leftover in find_leftover_processes(node=self.settings.name):
+        leftovers = find_leftover_processes(node=self.settings.name)
+        for leftover in leftovers:
             log.warning(
                 "killing leftover job %s attempt %s (pgid %d)",
                 leftover.job_id,
                 leftover.attempt,
                 leftover.pgid,
             )
-            kill_process_group(leftover.pgid, self.settings.grace_s)
+        kill_process_groups(leftover_graces(leftovers, self.settings.grace_s))
+        for leftover in leftovers:
             if leftover.job_id is not None and leftover.attempt is not None:
                 self.reporter.report(
                     {
@@ -335,7 +342,9 @@ class Agent:
             env=payload.get("env") or {},
             log_cap_bytes=self.log_cap_bytes,
             max_runtime_s=payload.get("max_runtime_s"),
-            grace_s=self.settings.grace_s,
+            grace_s=self.settings.grace_s
+            if payload.get("grace_s") is None
+            else float(payload["grace_s"]),
             run_as_user=self.settings.run_as_user,
             master_addr=payload.get("master_addr"),
             master_port=payload.get("master_port"),

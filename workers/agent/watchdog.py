@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import sys
 
-from workers.agent.runner import find_leftover_processes, kill_process_group
+from workers.agent.runner import find_leftover_processes, kill_process_groups, leftover_graces
 
 
 def main(argv: list[str]) -> int:
     node, grace_s = argv[1], float(argv[2])
     sys.stdin.buffer.read()  # returns only at EOF: the agent is gone
-    groups = {p.pgid for p in find_leftover_processes(node=node)}
-    for pgid in sorted(groups):
-        kill_process_group(pgid, grace_s)
+    kill_process_groups(leftover_graces(find_leftover_processes(node=node), grace_s))
     return 0
 
 

@@ -123,6 +123,7 @@ export function jobPage(root, ctx, { match }) {
         ["Attempt", String(job.attempt)],
         job.max_runtime_s ? ["Max runtime", fmtDuration(job.max_runtime_s)] : null,
         job.estimated_runtime_s ? ["Estimated runtime", fmtDuration(job.estimated_runtime_s)] : null,
+        job.grace_s != null ? ["Grace", `${fmtDuration(job.grace_s)} from SIGTERM to SIGKILL, to checkpoint`] : null,
         ["Elapsed", elapsed === null ? "—" : fmtDuration(elapsed)],
         ["Energy", energyText()],
         efficiency && efficiency.avg_util_pct !== null && efficiency.avg_util_pct !== undefined
@@ -164,6 +165,7 @@ export function jobPage(root, ctx, { match }) {
     ["gpus", "GPUs per node", ""],
     ["max_runtime_s", "Max runtime (s)", "empty: no limit"],
     ["estimated_runtime_s", "Estimated runtime (s)", "empty: unknown"],
+    ["grace_s", "Grace to checkpoint (s)", "empty: the node's default"],
   ];
   const closeEditor = () => { editor.hidden = true; clear(editor); };
   const openEditor = () => {

@@ -2,7 +2,7 @@
 import { api, ApiError, placeFieldErrors } from "../api.js";
 import { clear, h } from "../util.js";
 
-const INT_FIELDS = ["gpus", "gpu_memory_mb", "nodes", "priority", "max_runtime_s", "estimated_runtime_s", "retries"];
+const INT_FIELDS = ["gpus", "gpu_memory_mb", "nodes", "priority", "max_runtime_s", "estimated_runtime_s", "grace_s", "retries"];
 
 function field(name, label, input, { help, span = "" } = {}) {
   input.id = input.id || `f-${name}`;
@@ -76,6 +76,8 @@ export function submitPage(root, ctx) {
         field("max_runtime_s", "Max runtime (s)", num({ min: 1, placeholder: "no limit" })),
         field("estimated_runtime_s", "Estimated runtime (s)", num({ min: 1, placeholder: "unknown" }), { help: "helps backfill" }),
         field("retries", "Retries", num({ value: 0, min: 0, max: 100 })),
+        field("grace_s", "Grace to checkpoint (s)", num({ min: 0, placeholder: "node default" }),
+          { help: "SIGTERM to SIGKILL when stopped; $GPUSCHED_GRACE_S" }),
         h("div", { class: "field span-4", dataset: { field: "preemptible" } },
           h("label", { class: "check" }, h("input", { type: "checkbox", id: "f-preemptible", name: "preemptible" }),
             "Preemptible: may be stopped and requeued for higher-priority work"),
