@@ -255,8 +255,15 @@ class ApiClient:
     def get(self, path: str, *, params: Any = None) -> Any:
         return self.body(self.request("GET", path, params=params))
 
-    def post(self, path: str, *, json: Any = None, headers: dict[str, str] | None = None) -> Any:
-        return self.body(self.request("POST", path, json=json, headers=headers))
+    def post(
+        self,
+        path: str,
+        *,
+        json: Any = None,
+        headers: dict[str, str] | None = None,
+        params: Any = None,
+    ) -> Any:
+        return self.body(self.request("POST", path, json=json, headers=headers, params=params))
 
     def put(self, path: str, *, json: Any) -> Any:
         return self.body(self.request("PUT", path, json=json))

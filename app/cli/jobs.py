@@ -804,15 +804,16 @@ def _each_job(
     client: ApiClient,
     as_json: bool,
     selected: bool = False,
+    params: dict[str, Any] | None = None,
 ) -> None:
-    """POST /jobs/ID/`action` for every id: one line each, errors per id on stderr, exit 1
-    if any failed. --json prints the job, or a list of jobs for several ids or for jobs
-    `selected` by filters (however many matched)."""
+    """POST /jobs/ID/`action` (with `params`) for every id: one line each, errors per id on
+    stderr, exit 1 if any failed. --json prints the job, or a list of jobs for several ids
+    or for jobs `selected` by filters (however many matched)."""
     ids = list(dict.fromkeys(job_ids))
     done, failed = [], 0
     for job_id in ids:
         try:
-            job = client.post(f"{JOBS}/{job_id}/{action}")
+            job = client.post(f"{JOBS}/{job_id}/{action}", params=params)
         except ApiError as exc:
             if len(ids) == 1:
                 raise
@@ -848,13 +849,22 @@ def cancel(
     ] = None,
     label: LabelFilterOption = None,
     array: ArrayFilterOption = None,
+    grace: Annotated[
+        str | None,
+        typer.Option(
+            "--grace",
+            help="Stop running jobs with this grace period if sooner than their own: 0 kills "
+            "at once (SIGKILL). Again on a job already stopping, it cuts its grace short",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
     """Cancel jobs (idempotent), like scancel 12 13, or the jobs the options select, like
     scancel -u alice -t PENDING; --array 12 cancels every task of array 12 that has not
-    ended. A running job is stopped by its agent.
+    ended. A running job is stopped by its agent: SIGTERM, its grace period, SIGKILL.
 
     Every job is tried; exit 1 if any could not be cancelled. --json prints the job, or a
     list of jobs for several."""
@@ -868,6 +878,7 @@ def cancel(
             "no jobs: give job ids or select them with --user, --project, ...", EXIT_USAGE
         )
     parse_pairs(label, "--label")  # usage error before any request
+    grace_s = _duration_option(grace, "--grace")
     client = ApiClient.from_options(url, token)
     ids = job_ids or []
     if selecting:
@@ -882,7 +893,15 @@ def cancel(
         ids = _selected_ids(client, params, nothing="no jobs match", as_json=as_json)
         if not ids:
             return
-    _each_job(ids, "cancel", _cancel_line, client=client, as_json=as_json, selected=selecting)
+    _each_job(
+        ids,
+        "cancel",
+        _cancel_line,
+        client=client,
+        as_json=as_json,
+        selected=selecting,
+        params=None if grace_s is None else {"grace_s": grace_s},
+    )
 
 
 def _selected_ids(

@@ -77,8 +77,11 @@ def run_messages(session: Session, *, job: Job) -> list[Dispatch]:
     ]
 
 
-def stop_messages(session: Session, *, job_id: int, attempt: int, reason: str) -> list[Dispatch]:
-    """stop_job for every node that holds the attempt."""
+def stop_messages(
+    session: Session, *, job_id: int, attempt: int, reason: str, grace_s: int | None = None
+) -> list[Dispatch]:
+    """stop_job for every node that holds the attempt; `grace_s` shortens the job's own
+    grace period (0: SIGKILL now)."""
     nodes = session.scalars(
         select(Node.name)
         .join(Allocation, Allocation.node_id == Node.id)
@@ -89,10 +92,10 @@ def stop_messages(session: Session, *, job_id: int, attempt: int, reason: str) -
         )
         .distinct()
     )
-    return [
-        Dispatch(node=n, payload={"job_id": job_id, "attempt": attempt, "reason": reason})
-        for n in nodes
-    ]
+    payload: dict[str, Any] = {"job_id": job_id, "attempt": attempt, "reason": reason}
+    if grace_s is not None:
+        payload["grace_s"] = grace_s
+    return [Dispatch(node=n, payload=dict(payload)) for n in nodes]
 
 
 def released_gates(session: Session) -> list[Dispatch]:

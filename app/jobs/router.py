@@ -115,13 +115,27 @@ def get_job_events(job_id: JobId, session: SessionDep, principal: CurrentUser) -
 
 @router.post("/{job_id}/cancel", response_model=JobOut)
 def cancel_job(
-    job_id: JobId, session: SessionDep, principal: CurrentUser, messenger: MessengerDep
+    job_id: JobId,
+    session: SessionDep,
+    principal: CurrentUser,
+    messenger: MessengerDep,
+    grace_s: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=86400,
+            description="stop it with this grace period if sooner than its own; 0: SIGKILL "
+            "now (a job stuck in its grace period can be cancelled again with it)",
+        ),
+    ] = None,
 ) -> JobOut:
     """Idempotent: cancelling a cancelled job returns it unchanged. A scheduled or running
-    job is stopped by its agent (SIGTERM, grace period, SIGKILL) and then CANCELLED."""
-    job = service.cancel(session=session, principal=principal, job_id=job_id)
+    job is stopped by its agent (SIGTERM, its grace period, SIGKILL) and then CANCELLED."""
+    job = service.cancel(session=session, principal=principal, job_id=job_id, grace_s=grace_s)
     if job.cancel_requested and messenger is not None:
-        for stop in stop_messages(session, job_id=job.id, attempt=job.attempt, reason="cancel"):
+        for stop in stop_messages(
+            session, job_id=job.id, attempt=job.attempt, reason="cancel", grace_s=grace_s
+        ):
             messenger.send_to_node(stop.node, STOP_JOB, stop.payload)
     return job
 

@@ -435,9 +435,12 @@ def pending_in_order(
     return PendingPage(total=total, items=_outs(session, jobs))
 
 
-def cancel(*, session: Session, principal: Principal, job_id: int) -> JobOut:
+def cancel(
+    *, session: Session, principal: Principal, job_id: int, grace_s: int | None = None
+) -> JobOut:
     """Idempotent. A pending job ends at once; a scheduled or running one is stopped by its
-    agent, which then reports CANCELLED (so its GPUs free up only when the process is gone)."""
+    agent, which then reports CANCELLED (so its GPUs free up only when the process is gone).
+    `grace_s` (the caller sends it on) shortens the stop's grace period: noted on the job."""
     job = _visible_job(session=session, principal=principal, job_id=job_id)
     # Lock the row: a cycle placing this job at the same moment must not be overwritten.
     session.refresh(job, with_for_update=True)
@@ -453,10 +456,13 @@ def cancel(*, session: Session, principal: Principal, job_id: int) -> JobOut:
             reason="cancelled by user",
         )
     elif status in ACTIVE:
+        shorter = {None: "", 0: " (SIGKILL now)"}.get(grace_s, f" (grace at most {grace_s}s)")
         if job.cancel_requested_at is None:
             job.cancel_requested_at = utcnow()
-            reason = "cancel requested; stopping the process"
+            reason = f"cancel requested; stopping the process{shorter}"
             _note(session, job=job, actor=principal.name, reason=reason)
+        elif shorter:
+            _note(session, job=job, actor=principal.name, reason=f"cancel again{shorter}")
     elif status is not JobStatus.CANCELLED:
         raise Conflict(f"job {job_id} already finished ({status}); nothing to cancel")
     session.commit()

@@ -272,6 +272,27 @@ def test_cancel_of_a_job_that_honours_sigterm_does_not_wait_for_the_grace(
     assert classify(outcome) == "CANCELLED"
 
 
+def test_terminating_again_with_a_shorter_grace_kills_sooner_never_later(
+    tmp_path: Path,
+) -> None:
+    spec = launch(tmp_path, 'trap "" TERM; echo ready; sleep 60 & wait', grace_s=60.0)
+    running = start_job(spec)
+    assert wait_until(lambda: "ready" in Path(spec.log_path).read_text())
+    assert running.terminate("cancel", wait=False) is None
+    time.sleep(0.3)
+    assert running.poll() is None  # SIGTERM ignored; 60 s of grace left
+    started = time.monotonic()
+    # A longer grace asked later changes nothing; a shorter one brings SIGKILL forward.
+    assert running.terminate("preempt", grace_s=120.0, wait=False) is None
+    outcome = running.terminate("cancel", grace_s=0.0, timeout_s=WAIT_S)
+    assert outcome is not None and outcome.signal == signal.SIGKILL
+    assert time.monotonic() - started < 5.0
+    assert classify(outcome) == "CANCELLED"  # the first reason still wins
+    log = Path(spec.log_path).read_text()
+    assert "grace period shortened: SIGKILL in 0s" in log
+    assert "SIGKILL in 120s" not in log
+
+
 def test_preempted_job_that_checkpoints_and_exits_zero_is_still_preempted(
     tmp_path: Path,
 ) -> None:

@@ -249,6 +249,40 @@ def test_an_array_shows_its_tasks_and_why_the_rest_wait(dash: Dashboard, stack: 
             stack.request("POST", f"/api/v1/jobs/{first['id'] + offset}/cancel")
 
 
+def test_a_job_stuck_in_its_grace_period_is_killed_from_its_page(
+    dash: Dashboard, stack: Stack
+) -> None:
+    job = stack.request(
+        "POST",
+        "/api/v1/jobs",
+        {
+            "name": "stubborn",
+            "command": "trap '' TERM; echo ignoring-sigterm; sleep 300 & wait",
+            "gpus": 1,
+            "project": "default",
+            "grace_s": 300,
+        },
+    )
+    page = dash.page
+    dash.login(stack.admin_token)
+    try:
+        dash.go(f"#/jobs/{job['id']}")
+        _expect_text(page, "#job-log", "ignoring-sigterm", timeout=30_000)
+        page.click(f'[data-cancel="{job["id"]}"]')
+        page.click(f'[data-cancel="{job["id"]}"]')  # confirm
+        # SIGTERM is ignored and 5 minutes of grace remain: it says so, and offers a kill.
+        page.wait_for_selector(f'[data-kill="{job["id"]}"]', timeout=10_000)
+        _expect_text(page, ".stopping", "stopping…")
+        assert stack.request("GET", f"/api/v1/jobs/{job['id']}")["status"] == "RUNNING"
+        dash.shot("job-stopping-desktop")
+        page.click(f'[data-kill="{job["id"]}"]')
+        _expect_text(page, "#job-spec", "CANCELLED", timeout=20_000)
+        _expect_text(page, "#job-events", "cancel again [(]SIGKILL now[)]")
+        dash.assert_clean()
+    finally:
+        stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel?grace_s=0")
+
+
 def test_bob_sees_only_his_project(dash: Dashboard, stack: Stack) -> None:
     dash.console.allow(403, r"/api/v1/jobs/\d+$")
     admin_job = stack.request(

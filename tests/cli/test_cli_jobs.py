@@ -264,6 +264,27 @@ def test_cancel(cli: Cli) -> None:
     assert other.exit_code == 1 and other.stderr.strip()
 
 
+def test_cancel_with_a_grace_period_shorter_than_the_jobs(cli: Cli) -> None:
+    from app.jobs.lifecycle import transition
+
+    job_id = _submit_json(cli, "--grace", "10m", "--", "sleep", "100")["id"]
+    with cli.factory.begin() as session:  # as the agent's reports would: it runs
+        job = session.get_one(Job, job_id)
+        for step in (JobStatus.SCHEDULED, JobStatus.RUNNING):
+            transition(session, job=job, to=step, actor="agent:gpu-a")
+    stopping = cli("cancel", str(job_id), "--grace", "30s")
+    assert stopping.exit_code == 0, stopping.stderr
+    assert stopping.stdout == f"job {job_id} (sleep): cancel requested, still RUNNING\n"
+    assert cli("cancel", str(job_id), "--grace", "0").exit_code == 0
+    shown = json.loads(cli("show", "--json", str(job_id)).stdout)
+    assert [e["reason"] for e in shown["events"]][-2:] == [
+        "cancel requested; stopping the process (grace at most 30s)",
+        "cancel again (SIGKILL now)",
+    ]
+    bad = cli("cancel", str(job_id), "--grace", "now")
+    assert bad.exit_code == 2 and "--grace: 'now'" in bad.stderr
+
+
 def test_cancel_several_jobs_tries_each_and_fails_if_any_fails(cli: Cli) -> None:
     first, second = (_submit_json(cli, "--", "sleep", "100")["id"] for _ in range(2))
     bobs = _submit_json(cli, "--", "true", user="bob")["id"]

@@ -117,6 +117,26 @@ def test_a_job_gets_its_own_grace_period_to_checkpoint_at_its_time_limit(
     assert "sending SIGTERM to the job (timeout); SIGKILL in 5s" in stack.logs(job["id"])
 
 
+def test_a_job_stuck_in_its_grace_period_is_killed_by_a_cancel_with_grace_0(
+    stack: Stack,
+) -> None:
+    job = stack.submit({"command": "trap '' TERM; sleep 120 & wait", "gpus": 1, "grace_s": 120})
+    stack.wait_status(job["id"], "RUNNING", timeout=20)
+    assert stack.cancel(job["id"])["cancel_requested"]
+    poll("SIGTERM sent", lambda: "SIGTERM" in stack.logs(job["id"]), timeout=10)
+    assert stack.job(job["id"])["status"] == "RUNNING"  # it ignores SIGTERM: 120 s left
+
+    refused = stack.api("POST", f"/api/v1/jobs/{job['id']}/cancel?grace_s=-1", check=False)
+    assert refused.status_code == 422
+    assert refused.json()["detail"][0]["loc"] == ["query", "grace_s"]
+    stack.api("POST", f"/api/v1/jobs/{job['id']}/cancel?grace_s=0")
+    done = stack.wait_status(job["id"], "CANCELLED", "FAILED", "SUCCEEDED", timeout=15)
+    assert done["status"] == "CANCELLED"
+    assert "grace period shortened: SIGKILL in 0s" in stack.logs(job["id"])
+    reasons = [e["reason"] for e in stack.events(job["id"])]
+    assert "cancel again (SIGKILL now)" in reasons
+
+
 def test_cancel_kills_the_whole_process_group(stack: Stack, work: Path) -> None:
     pids = work / "pids"
     job = stack.submit(

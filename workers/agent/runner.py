@@ -377,14 +377,33 @@ class RunningProcess:
         (default: the launch's ``grace_s``) if anything is still alive.
 
         Idempotent: the first reason wins, and terminating a finished attempt
-        does nothing. With ``wait`` it blocks until the attempt is over (or
-        ``timeout_s``) and returns the outcome."""
+        does nothing. Terminating again with a ``grace_s`` that ends sooner
+        moves the SIGKILL earlier (``gpusched cancel --grace 0`` on a job stuck
+        in its grace period); a later one changes nothing. With ``wait`` it
+        blocks until the attempt is over (or ``timeout_s``) and returns the
+        outcome."""
         if reason not in TERMINATE_REASONS:
             raise ValueError(f"reason must be one of {TERMINATE_REASONS}, not {reason!r}")
-        self._begin_termination(reason, self.spec.grace_s if grace_s is None else grace_s)
+        if not self._shorten_grace(grace_s):
+            self._begin_termination(reason, self.spec.grace_s if grace_s is None else grace_s)
         if wait:
             return self.wait(timeout_s)
         return self._outcome
+
+    def _shorten_grace(self, grace_s: float | None) -> bool:
+        """For an attempt already being terminated: bring its SIGKILL forward to ``grace_s``
+        from now if that is sooner. False if its termination has not begun."""
+        with self._lock:
+            if self._reason is None or self._exited:
+                return False
+            if grace_s is None or self._kill_deadline is None:
+                return True
+            deadline = time.monotonic() + max(0.0, grace_s)
+            if deadline >= self._kill_deadline:
+                return True
+            self._kill_deadline = deadline
+        self._pump.note(f"grace period shortened: SIGKILL in {grace_s:g}s")
+        return True
 
     def _begin_termination(self, reason: TerminateReason, grace_s: float) -> None:
         with self._lock:

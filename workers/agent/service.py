@@ -400,7 +400,11 @@ class Agent:
                 return "remembered"
         if attempt is None:
             return "not running"
-        attempt.process.terminate(reason, wait=False)
+        # A stop may carry a shorter grace than the job's (cancel --grace 0: kill now).
+        grace = payload.get("grace_s")
+        attempt.process.terminate(
+            reason, grace_s=None if grace is None else float(grace), wait=False
+        )
         return "terminating"
 
     def _await_exit(self, key: tuple[int, int], process: RunningProcess) -> None:

@@ -86,7 +86,7 @@ export function jobPage(root, ctx, { match }) {
           onclick: () => (editor.hidden ? openEditor() : closeEditor()),
         }, "Change") : null,
         holdButton(job, () => Promise.all([refreshJob(), refreshEvents()])),
-        cancelButton(job, refreshJob)));
+        cancelButton(job, () => Promise.all([refreshJob(), refreshEvents()]))));
     if (job.status !== "PENDING") closeEditor();
     document.title = `#${job.id} ${jobName(job)} · gpusched`;
   };

@@ -11,7 +11,7 @@ const PAGE = 50;
 /** A two-step cancel button (no blocking confirm() dialog). */
 export function cancelButton(job, onDone) {
   if (!CANCELLABLE.has(job.status)) return null;
-  if (job.cancel_requested) return h("span", { class: "badge warn" }, "stopping…");
+  if (job.cancel_requested) return killButton(job, onDone);
   let armed = false;
   let timer = null;
   const btn = h("button", {
@@ -29,8 +29,9 @@ export function cancelButton(job, onDone) {
       btn.classList.remove("armed");
       btn.disabled = true;
       try {
-        await api(`/api/v1/jobs/${job.id}/cancel`, { method: "POST" });
-        toast(`Job ${job.id} cancelled`);
+        const after = await api(`/api/v1/jobs/${job.id}/cancel`, { method: "POST" });
+        // A running job is only asked to stop: it ends once its process has exited.
+        toast(after.status === "CANCELLED" ? `Job ${job.id} cancelled` : `Job ${job.id} is stopping`);
       } catch (err) {
         toast(`Cannot cancel job ${job.id}: ${err.message}`, "error");
       }
@@ -38,6 +39,26 @@ export function cancelButton(job, onDone) {
     },
   }, "Cancel");
   return btn;
+}
+
+// A cancelled job is stopping: SIGTERM sent, its grace period running. One that does not
+// exit (a hung checkpoint) can be killed at once: cancel again with grace 0 (SIGKILL).
+function killButton(job, onDone) {
+  const btn = h("button", {
+    type: "button", class: "btn btn-danger btn-sm", dataset: { kill: job.id },
+    "aria-label": `Kill job ${job.id} now`, title: "SIGKILL now, without waiting for its grace period",
+    onclick: async () => {
+      btn.disabled = true;
+      try {
+        await api(`/api/v1/jobs/${job.id}/cancel?grace_s=0`, { method: "POST" });
+        toast(`Job ${job.id}: SIGKILL sent`);
+      } catch (err) {
+        toast(`Cannot kill job ${job.id}: ${err.message}`, "error");
+      }
+      onDone();
+    },
+  }, "Kill now");
+  return h("span", { class: "stopping" }, h("span", { class: "badge warn" }, "stopping…"), " ", btn);
 }
 
 // Hold (scontrol hold) keeps a pending job from starting; Release lets it run again.
