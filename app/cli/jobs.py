@@ -1072,6 +1072,42 @@ def wait_jobs(
     raise typer.Exit(_wait_for(ApiClient.from_options(url, token), job_ids, as_json=as_json))
 
 
+def requeue(
+    job_ids: JobIds,
+    hold_it: Annotated[
+        bool,
+        typer.Option(
+            "--hold",
+            help="Bring it back held (scontrol requeuehold): change it with update, then "
+            "release it",
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Stop running jobs and put them back in the queue, like scontrol requeue 12: each
+    gets SIGTERM and its grace period to checkpoint, costs no retry and keeps its place
+    by age. To run a job on other GPUs, or with more of them: requeue --hold, update,
+    release.
+
+    Every id is tried; exit 1 if any could not be requeued (e.g. it is not running)."""
+    client = ApiClient.from_options(url, token)
+    _each_job(
+        job_ids,
+        "requeue",
+        _requeue_line,
+        client=client,
+        as_json=as_json,
+        params={"hold": "true"} if hold_it else None,
+    )
+
+
+def _requeue_line(job: dict[str, Any]) -> str:
+    back = f"held by {job['held_by']}" if job.get("held_by") else "in the queue"
+    return f"job {job['id']} ({_name_cell(job)}): stopping, then back {back}"
+
+
 def _hold_line(job: dict[str, Any]) -> str:
     state = f"held by {job['held_by']}" if job.get("held_by") else job["status"]
     return f"job {job['id']} ({_name_cell(job)}): {state}"
@@ -1101,3 +1137,4 @@ def register(app: typer.Typer) -> None:
     app.command("wait", rich_help_panel="Jobs")(wait_jobs)
     app.command("hold", rich_help_panel="Jobs")(hold)
     app.command("release", rich_help_panel="Jobs")(release)
+    app.command("requeue", rich_help_panel="Jobs")(requeue)

@@ -75,12 +75,15 @@ def transition(
 def settle_interrupted(session: Session, *, job: Job, actor: str) -> None:
     """After PREEMPTED or LOST: back to the queue while retries remain, else FAILED.
 
-    A preemption is the scheduler's choice, not the job's fault, so it costs no retry.
+    A preemption is the scheduler's choice (a requeue its owner's), not the job's fault, so
+    it costs no retry.
     """
     status = JobStatus(job.status)
     if status is JobStatus.PREEMPTED:
+        # Why it was stopped (preempted for job N, requeued by its owner) is the event
+        # before; either way it costs no retry.
         transition(
-            session, job=job, to=JobStatus.PENDING, actor=actor, reason="requeued after preemption"
+            session, job=job, to=JobStatus.PENDING, actor=actor, reason="requeued: no retry spent"
         )
     elif status in RETRYABLE:
         if retries_left(job) > 0:

@@ -140,6 +140,26 @@ def cancel_job(
     return job
 
 
+@router.post("/{job_id}/requeue", response_model=JobOut)
+def requeue_job(
+    job_id: JobId,
+    session: SessionDep,
+    principal: CurrentUser,
+    messenger: MessengerDep,
+    hold: Annotated[
+        bool, Query(description="come back held (scontrol requeuehold): change it, release it")
+    ] = False,
+) -> JobOut:
+    """Stop a running job (SIGTERM, its grace period, SIGKILL) and put it back in the
+    queue, as `scontrol requeue`; it costs no retry and keeps its age. A job that is not
+    running, or is being cancelled, is a 409. Idempotent."""
+    job = service.requeue(session=session, principal=principal, job_id=job_id, hold=hold)
+    if messenger is not None:
+        for stop in stop_messages(session, job_id=job.id, attempt=job.attempt, reason="requeue"):
+            messenger.send_to_node(stop.node, STOP_JOB, stop.payload)
+    return job
+
+
 @router.post("/{job_id}/hold", response_model=JobOut)
 def hold_job(job_id: JobId, session: SessionDep, principal: CurrentUser) -> JobOut:
     """Keep a pending job from being scheduled until it is released (as `scontrol hold`).

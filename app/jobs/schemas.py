@@ -263,12 +263,19 @@ class JobOut(BaseModel):
     pending_message: str | None
     queue_position: int | None
     estimated_start_at: datetime | None
-    held_by: str | None = Field(description="who held this pending job (release to run it)")
+    held_by: str | None = Field(
+        description="who held this pending job (release to run it); on a running job "
+        "requeued with hold, who will hold it once it is back"
+    )
     depends_on: list[int] = Field(description="jobs that must end before this one starts")
     dependency: str = Field(description="how they must end: afterok, afterany, afternotok")
     array: ArrayOut | None = Field(description="the job array this job is a task of, if any")
     exit_code: int | None
     cancel_requested: bool
+    requeue_requested: bool = Field(
+        description="asked to stop and go back to the queue (requeued by its owner, or "
+        "preempted); it is stopping, within its grace period"
+    )
     allocations: list[AllocationOut]
     created_at: datetime
     scheduled_at: datetime | None

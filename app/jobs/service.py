@@ -469,6 +469,30 @@ def cancel(
     return _outs(session, [job])[0]
 
 
+def requeue(*, session: Session, principal: Principal, job_id: int, hold: bool) -> JobOut:
+    """Stop a running job and put it back in the queue, as `scontrol requeue`: its agent
+    stops it as a preemption (SIGTERM, its grace period to checkpoint, SIGKILL), which
+    costs no retry, and it waits again with its age kept. With `hold` it comes back held
+    (`scontrol requeuehold`): change it (`gpusched update`), then release it. The caller
+    sends the stop. Idempotent."""
+    job = _visible_job(session=session, principal=principal, job_id=job_id)
+    session.refresh(job, with_for_update=True)  # a finish report now must not race
+    if job.status is not JobStatus.RUNNING:
+        raise Conflict(f"job {job_id} is {job.status}: only a running job can be requeued")
+    if job.cancel_requested_at is not None:
+        raise Conflict(f"job {job_id} is being cancelled: it will not come back")
+    now = utcnow()
+    if hold and job.held_by is None:
+        job.held_by, job.held_at = principal.name, now
+        _note(session, job=job, actor=principal.name, reason=f"held by {principal.name}")
+    if job.preempt_requested_at is None:
+        job.preempt_requested_at = now
+        reason = f"requeue requested by {principal.name}; stopping the process"
+        _note(session, job=job, actor=principal.name, reason=reason)
+    session.commit()
+    return _outs(session, [job])[0]
+
+
 def hold(*, session: Session, principal: Principal, job_id: int) -> JobOut:
     """Keep a pending job out of scheduling until it is released, as `scontrol hold`: it
     stays pending, but no cycle ranks or places it, and the time held does not count as
@@ -686,7 +710,8 @@ def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOu
         pending_message=message,
         queue_position=position,
         estimated_start_at=start,
-        held_by=job.held_by if held else None,
+        # A running job has a holder only when requeued with hold: it comes back held.
+        held_by=job.held_by if held or job.status in ACTIVE else None,
         depends_on=job.depends_on,
         dependency=job.dependency_kind,
         array=None
@@ -699,6 +724,7 @@ def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOu
         ),
         exit_code=job.exit_code,
         cancel_requested=job.cancel_requested_at is not None,
+        requeue_requested=job.preempt_requested_at is not None,
         allocations=allocations,
         created_at=job.created_at,
         scheduled_at=job.scheduled_at,

@@ -452,6 +452,7 @@ def test_classify_table() -> None:
     )
     assert classify(outcome(exit_code=0, terminated_reason="cancel")) == "CANCELLED"
     assert classify(outcome(exit_code=None, signal=15, terminated_reason="preempt")) == "PREEMPTED"
+    assert classify(outcome(exit_code=0, terminated_reason="requeue")) == "PREEMPTED"
 
 
 # -- helpers -----------------------------------------------------------------------------

@@ -283,6 +283,36 @@ def test_a_job_stuck_in_its_grace_period_is_killed_from_its_page(
         stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel?grace_s=0")
 
 
+def test_a_running_job_is_requeued_from_its_page(dash: Dashboard, stack: Stack) -> None:
+    job = stack.request(
+        "POST",
+        "/api/v1/jobs",
+        {
+            "name": "movable",
+            "command": "echo attempt-$GPUSCHED_ATTEMPT; sleep 300",
+            "gpus": 1,
+            "project": "default",
+        },
+    )
+    page = dash.page
+    dash.login(stack.admin_token)
+    try:
+        dash.go(f"#/jobs/{job['id']}")
+        _expect_text(page, "#job-log", "attempt-1", timeout=30_000)
+        page.click(f'[data-requeue="{job["id"]}"]')
+        _expect_text(page, f'[data-requeue="{job["id"]}"]', "^Confirm requeue$")
+        page.click(f'[data-requeue="{job["id"]}"]')
+        _expect_text(page, "#job-events", "requeue requested by admin; stopping the process")
+        # Stopped (it exits on SIGTERM), back in the queue, placed again: attempt 2 runs.
+        _expect_text(page, "#job-events", "killed by SIGTERM after requeue", timeout=20_000)
+        _expect_text(page, "#job-events", "requeued: no retry spent")
+        _expect_text(page, "#job-log", "attempt-2", timeout=30_000)
+        dash.shot("job-requeued-desktop")
+        dash.assert_clean()
+    finally:
+        stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel?grace_s=0")
+
+
 def test_bob_sees_only_his_project(dash: Dashboard, stack: Stack) -> None:
     dash.console.allow(403, r"/api/v1/jobs/\d+$")
     admin_job = stack.request(

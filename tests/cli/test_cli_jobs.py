@@ -684,3 +684,31 @@ def test_wait_rides_out_an_api_restart_but_not_an_api_that_never_answered(
     never = ApiClient(base_url=refused_url, token=cli.tokens["alice"])
     with pytest.raises(Unreachable):
         jobs_cli._wait_for(never, [job_id], as_json=False)
+
+
+def test_requeue_a_running_job_back_held(cli: Cli) -> None:
+    from app.jobs.lifecycle import transition
+
+    job_id = _submit_json(cli, "--name", "train", "--", "sleep", "100")["id"]
+    with cli.factory.begin() as session:  # as the agent's reports would: it runs
+        job = session.get_one(Job, job_id)
+        for step in (JobStatus.SCHEDULED, JobStatus.RUNNING):
+            transition(session, job=job, to=step, actor="agent:gpu-a")
+    result = cli("requeue", str(job_id), "--hold")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"job {job_id} (train): stopping, then back held by alice\n"
+    stored = _stored(cli, job_id)
+    assert stored.preempt_requested_at is not None and stored.held_by == "alice"
+    # Not running: refused, with the server's reason; every id is tried.
+    pending = _submit_json(cli, "--", "true")["id"]
+    refused = cli("requeue", str(pending), str(job_id))
+    assert refused.exit_code == 1
+    assert "only a running job can be requeued" in refused.stderr
+    assert f"job {job_id} (train): stopping, then back held by alice" in refused.stdout
+    other = _submit_json(cli, "--", "sleep", "100")["id"]
+    with cli.factory.begin() as session:
+        job = session.get_one(Job, other)
+        for step in (JobStatus.SCHEDULED, JobStatus.RUNNING):
+            transition(session, job=job, to=step, actor="agent:gpu-a")
+    plain = cli("requeue", str(other))
+    assert plain.stdout == f"job {other} (sleep): stopping, then back in the queue\n"

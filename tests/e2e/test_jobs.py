@@ -137,6 +137,35 @@ def test_a_job_stuck_in_its_grace_period_is_killed_by_a_cancel_with_grace_0(
     assert "cancel again (SIGKILL now)" in reasons
 
 
+def test_a_requeued_job_checkpoints_in_its_grace_and_resumes_on_its_next_attempt(
+    stack: Stack, work: Path
+) -> None:
+    checkpoint = work / "checkpoint"
+    job = stack.submit(
+        {
+            "command": f"if [ -f {checkpoint} ]; then echo resumed from $(cat {checkpoint}); "
+            "exit 0; fi; "
+            f"trap 'sleep 1; echo step-42 > {checkpoint}; exit 0' TERM; "
+            "echo training; sleep 60 & wait",
+            "gpus": 1,
+            "grace_s": 10,
+        }
+    )
+    stack.wait_status(job["id"], "RUNNING", timeout=20)
+    poll("training", lambda: "training" in stack.logs(job["id"]), timeout=10)
+    assert stack.api("POST", f"/api/v1/jobs/{job['id']}/requeue").json()["requeue_requested"]
+    done = stack.wait_job(
+        job["id"],
+        lambda j: j["status"] == "SUCCEEDED" and j["attempt"] == 2,
+        "SUCCEEDED on attempt 2",
+        timeout=30,
+    )
+    assert done["failures"] == 0  # a requeue spends no retry
+    assert "resumed from step-42" in stack.logs(job["id"], attempt=2)
+    transitions = _transitions(stack.events(job["id"]))
+    assert (1, "PREEMPTED") in transitions and (2, "SUCCEEDED") in transitions
+
+
 def test_cancel_kills_the_whole_process_group(stack: Stack, work: Path) -> None:
     pids = work / "pids"
     job = stack.submit(

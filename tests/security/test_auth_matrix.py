@@ -51,7 +51,7 @@ PROJECT_SCOPED_PARAMS = {"job_id", "batch"}
 def path_values(cluster: Cluster, op: Operation) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for param in op.params:
-        if param == "job_id" and op.path.endswith("/logs"):
+        if param == "job_id" and op.path.endswith(("/logs", "/requeue")):
             values[param] = cluster.ml_running_job
         elif param == "job_id" and op.path.endswith("/array"):
             values[param] = cluster.ml_array

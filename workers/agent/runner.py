@@ -36,9 +36,11 @@ from typing import IO, Any, Literal
 
 logger = logging.getLogger(__name__)
 
-TerminateReason = Literal["cancel", "preempt", "timeout"]
+# requeue: stopped by its owner to go back to the queue (scontrol requeue); ends as a
+# preemption does.
+TerminateReason = Literal["cancel", "preempt", "requeue", "timeout"]
 JobResult = Literal["SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "PREEMPTED"]
-TERMINATE_REASONS: tuple[TerminateReason, ...] = ("cancel", "preempt", "timeout")
+TERMINATE_REASONS: tuple[TerminateReason, ...] = ("cancel", "preempt", "requeue", "timeout")
 
 JOB_ID_ENV = "GPUSCHED_JOB_ID"
 ATTEMPT_ENV = "GPUSCHED_ATTEMPT"
@@ -132,7 +134,7 @@ def classify(outcome: Outcome) -> JobResult:
     """
     if outcome.terminated_reason == "cancel":
         return "CANCELLED"
-    if outcome.terminated_reason == "preempt":
+    if outcome.terminated_reason in ("preempt", "requeue"):
         return "PREEMPTED"
     if outcome.timed_out or outcome.terminated_reason == "timeout":
         return "TIMED_OUT"

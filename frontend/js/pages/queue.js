@@ -8,26 +8,35 @@ import {
 
 const PAGE = 50;
 
-/** A two-step cancel button (no blocking confirm() dialog). */
-export function cancelButton(job, onDone) {
-  if (!CANCELLABLE.has(job.status)) return null;
-  if (job.cancel_requested) return killButton(job, onDone);
+/** A two-step button (no blocking confirm() dialog): the first click arms it for 4 s. */
+function confirmButton({ label, dataset, aria, danger, onConfirm }) {
   let armed = false;
   let timer = null;
   const btn = h("button", {
-    type: "button", class: "btn btn-danger btn-sm", dataset: { cancel: job.id },
-    "aria-label": `Cancel job ${job.id}`,
+    type: "button", class: `btn ${danger ? "btn-danger" : "btn-ghost"} btn-sm`, dataset, "aria-label": aria,
     onclick: async () => {
       if (!armed) {
         armed = true;
-        btn.textContent = "Confirm cancel";
+        btn.textContent = `Confirm ${label.toLowerCase()}`;
         btn.classList.add("armed");
-        timer = setTimeout(() => { armed = false; btn.textContent = "Cancel"; btn.classList.remove("armed"); }, 4000);
+        timer = setTimeout(() => { armed = false; btn.textContent = label; btn.classList.remove("armed"); }, 4000);
         return;
       }
       clearTimeout(timer);
       btn.classList.remove("armed");
       btn.disabled = true;
+      await onConfirm();
+    },
+  }, label);
+  return btn;
+}
+
+export function cancelButton(job, onDone) {
+  if (!CANCELLABLE.has(job.status)) return null;
+  if (job.cancel_requested) return killButton(job, onDone);
+  return confirmButton({
+    label: "Cancel", dataset: { cancel: job.id }, aria: `Cancel job ${job.id}`, danger: true,
+    onConfirm: async () => {
       try {
         const after = await api(`/api/v1/jobs/${job.id}/cancel`, { method: "POST" });
         // A running job is only asked to stop: it ends once its process has exited.
@@ -37,8 +46,26 @@ export function cancelButton(job, onDone) {
       }
       onDone();
     },
-  }, "Cancel");
-  return btn;
+  });
+}
+
+// Requeue (scontrol requeue): stop a running job (SIGTERM, its grace period to checkpoint)
+// and put it back in the queue with its age; it costs no retry.
+export function requeueButton(job, onDone) {
+  if (job.status !== "RUNNING" || job.cancel_requested) return null;
+  if (job.requeue_requested) return h("span", { class: "badge warn", id: "requeuing" }, "requeuing…");
+  return confirmButton({
+    label: "Requeue", dataset: { requeue: job.id }, aria: `Requeue job ${job.id}`, danger: false,
+    onConfirm: async () => {
+      try {
+        await api(`/api/v1/jobs/${job.id}/requeue`, { method: "POST" });
+        toast(`Job ${job.id} is stopping; it goes back in the queue`);
+      } catch (err) {
+        toast(`Cannot requeue job ${job.id}: ${err.message}`, "error");
+      }
+      onDone();
+    },
+  });
 }
 
 // A cancelled job is stopping: SIGTERM sent, its grace period running. One that does not

@@ -1,0 +1,109 @@
+"""Requeue (scontrol requeue / requeuehold): a running job is stopped as a preemption and
+comes back to the queue with its age, costing no retry; with hold it comes back held."""
+
+from __future__ import annotations
+
+from app.jobs.models import Job
+from app.jobs.reports import job_finished, job_started
+from tests.cycle.jobs_api import add_node, get_job, job_events, run_one_cycle, submit
+
+
+def _running(api, **body) -> dict:
+    job = submit(api, **body)
+    run_one_cycle(api)
+    with api.factory.begin() as session:
+        attempt = session.get_one(Job, job["id"]).attempt
+        payload = {"job_id": job["id"], "attempt": attempt, "node": "n1", "pid": 7}
+        assert job_started(session=session, payload=payload).accepted
+    running = get_job(api, job["id"])
+    assert running["status"] == "RUNNING"
+    return running
+
+
+def _stopped_by_agent(api, job_id: int) -> None:
+    """As the agent reports a job it stopped for a preemption (it checkpointed, exited 0)."""
+    with api.factory.begin() as session:
+        attempt = session.get_one(Job, job_id).attempt
+        payload = {
+            "job_id": job_id,
+            "attempt": attempt,
+            "node": "n1",
+            "result": "PREEMPTED",
+            "exit_code": 0,
+            "message": "exit code 0 after preempt",
+        }
+        assert job_finished(session=session, payload=payload).accepted
+
+
+def _requeue(api, job_id: int, user: str = "alice", **params):
+    return api.client.post(f"/api/v1/jobs/{job_id}/requeue", params=params, headers=api.as_(user))
+
+
+def test_a_requeued_job_comes_back_first_with_its_age_and_no_retry_spent(api):
+    add_node(api, 1)
+    train = _running(api, name="train")
+    later = submit(api, name="later")
+
+    r = _requeue(api, train["id"])
+    assert r.status_code == 200, r.text
+    assert (r.json()["status"], r.json()["requeue_requested"]) == ("RUNNING", True)
+    assert _requeue(api, train["id"]).status_code == 200  # idempotent: asked once
+    notes = [e["reason"] for e in job_events(api, train["id"])]
+    assert notes.count("requeue requested by alice; stopping the process") == 1
+
+    _stopped_by_agent(api, train["id"])
+    back = get_job(api, train["id"])
+    assert (back["status"], back["failures"], back["requeue_requested"]) == ("PENDING", 0, False)
+    assert back["created_at"] == train["created_at"]
+    run_one_cycle(api)  # its age puts it ahead of the job submitted after it
+    assert get_job(api, train["id"])["status"] == "SCHEDULED"
+    assert get_job(api, train["id"])["attempt"] == 2
+    assert get_job(api, later["id"])["status"] == "PENDING"
+
+
+def test_requeue_with_hold_brings_it_back_held_to_be_changed(api):
+    add_node(api, 1)
+    train = _running(api, name="train")
+    later = submit(api, name="later")
+
+    r = _requeue(api, train["id"], hold="true")
+    assert r.status_code == 200, r.text
+    assert (r.json()["status"], r.json()["held_by"]) == ("RUNNING", "alice")  # once back
+    _stopped_by_agent(api, train["id"])
+    held = get_job(api, train["id"])
+    assert (held["status"], held["pending_reason"], held["held_by"]) == (
+        "PENDING",
+        "held",
+        "alice",
+    )
+    run_one_cycle(api)  # the held job stays out: the next one gets the GPU
+    assert get_job(api, train["id"])["status"] == "PENDING"
+    assert get_job(api, later["id"])["status"] == "SCHEDULED"
+    # Changed while held (scontrol update), then let go.
+    changed = api.client.patch(
+        f"/api/v1/jobs/{train['id']}", json={"priority": 5}, headers=api.as_("alice")
+    )
+    assert changed.status_code == 200, changed.text
+    released = api.client.post(f"/api/v1/jobs/{train['id']}/release", headers=api.as_("alice"))
+    assert released.status_code == 200 and released.json()["held_by"] is None
+
+
+def test_only_a_running_job_not_being_cancelled_is_requeued(api):
+    add_node(api, 1)
+    pending = submit(api, name="later", schedule={"mode": "at", "at": "2099-01-01T00:00:00Z"})
+    r = _requeue(api, pending["id"])
+    assert r.status_code == 409
+    assert (
+        r.json()["detail"] == f"job {pending['id']} is PENDING: only a running job can be requeued"
+    )
+
+    running = _running(api, name="train")
+    assert _requeue(api, running["id"], user="bob").status_code == 403
+    assert _requeue(api, 999_999).status_code == 404
+    assert _requeue(api, running["id"], hold="maybe").status_code == 422
+
+    api.client.post(f"/api/v1/jobs/{running['id']}/cancel", headers=api.as_("alice"))
+    r = _requeue(api, running["id"])
+    assert r.status_code == 409
+    assert r.json()["detail"] == f"job {running['id']} is being cancelled: it will not come back"
+    assert get_job(api, running["id"])["requeue_requested"] is False
