@@ -265,13 +265,8 @@ def test_cancel(cli: Cli) -> None:
 
 
 def test_cancel_with_a_grace_period_shorter_than_the_jobs(cli: Cli) -> None:
-    from app.jobs.lifecycle import transition
-
     job_id = _submit_json(cli, "--grace", "10m", "--", "sleep", "100")["id"]
-    with cli.factory.begin() as session:  # as the agent's reports would: it runs
-        job = session.get_one(Job, job_id)
-        for step in (JobStatus.SCHEDULED, JobStatus.RUNNING):
-            transition(session, job=job, to=step, actor="agent:gpu-a")
+    _start(cli, job_id)
     stopping = cli("cancel", str(job_id), "--grace", "30s")
     assert stopping.exit_code == 0, stopping.stderr
     assert stopping.stdout == f"job {job_id} (sleep): cancel requested, still RUNNING\n"
@@ -586,6 +581,16 @@ def test_update_a_pending_job(cli: Cli) -> None:
     assert refused.exit_code == 1 and "priority" in refused.stderr
 
 
+def _start(cli: Cli, job_id: int) -> None:
+    """As the agent's reports would: the job was placed and runs."""
+    from app.jobs.lifecycle import transition
+
+    with cli.factory.begin() as session:
+        job = session.get_one(Job, job_id)
+        for step in (JobStatus.SCHEDULED, JobStatus.RUNNING):
+            transition(session, job=job, to=step, actor="agent:gpu-a")
+
+
 def _end(cli: Cli, job_id: int, status: JobStatus, exit_code: int | None = None) -> None:
     """As the agent's report would: the job ran and ended this way."""
     from app.jobs.lifecycle import transition
@@ -687,13 +692,8 @@ def test_wait_rides_out_an_api_restart_but_not_an_api_that_never_answered(
 
 
 def test_requeue_a_running_job_back_held(cli: Cli) -> None:
-    from app.jobs.lifecycle import transition
-
     job_id = _submit_json(cli, "--name", "train", "--", "sleep", "100")["id"]
-    with cli.factory.begin() as session:  # as the agent's reports would: it runs
-        job = session.get_one(Job, job_id)
-        for step in (JobStatus.SCHEDULED, JobStatus.RUNNING):
-            transition(session, job=job, to=step, actor="agent:gpu-a")
+    _start(cli, job_id)
     result = cli("requeue", str(job_id), "--hold")
     assert result.exit_code == 0, result.stderr
     assert result.stdout == f"job {job_id} (train): stopping, then back held by alice\n"
@@ -706,9 +706,6 @@ def test_requeue_a_running_job_back_held(cli: Cli) -> None:
     assert "only a running job can be requeued" in refused.stderr
     assert f"job {job_id} (train): stopping, then back held by alice" in refused.stdout
     other = _submit_json(cli, "--", "sleep", "100")["id"]
-    with cli.factory.begin() as session:
-        job = session.get_one(Job, other)
-        for step in (JobStatus.SCHEDULED, JobStatus.RUNNING):
-            transition(session, job=job, to=step, actor="agent:gpu-a")
+    _start(cli, other)
     plain = cli("requeue", str(other))
     assert plain.stdout == f"job {other} (sleep): stopping, then back in the queue\n"
