@@ -178,6 +178,7 @@ def _job_view(job: Any, user: str, project: str, attained: float) -> JobView:
         max_runtime_s=job.max_runtime_s + (job.grace_s or 0)
         if job.max_runtime_s is not None
         else None,
+        grace_s=job.grace_s or 0,
         preemptible=job.preemptible,
         schedule_mode=job.schedule_mode,  # validated on submit
         begin_at=job.begin_at,

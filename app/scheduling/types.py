@@ -68,7 +68,8 @@ class JobView:
     priority: int = 0
     submitted_at: datetime | None = None
     estimated_runtime_s: int | None = None
-    max_runtime_s: int | None = None
+    max_runtime_s: int | None = None  # its time limit plus its grace period
+    grace_s: int = 0  # how long it may take to exit after SIGTERM (0: the agent's default)
     preemptible: bool = False
     schedule_mode: ScheduleMode = "now"
     begin_at: datetime | None = None

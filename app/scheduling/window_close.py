@@ -2,13 +2,15 @@
 
 Pure: running jobs and window intervals in, victims out. A job is stopped only if the
 window it may run in (the one it names, else any) is closed now and that window asks
-for it (`preempt_on_close`); non-preemptible off-peak jobs run on to completion.
+for it (`preempt_on_close`); non-preemptible off-peak jobs run on to completion. A job
+with a grace period of its own is stopped that much before the close, so that it writes
+its checkpoint inside the window and its GPUs are free for peak work at the close.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from app.scheduling.types import Preemption, RunningJobView, WindowInterval
 
@@ -28,15 +30,25 @@ def window_close_preemptions(
         job = run.job
         if job.schedule_mode != "offpeak" or not job.preemptible:
             continue
+        # The job must be gone by the close: it is stopped once its grace would reach it.
+        gone_by = now + timedelta(seconds=job.grace_s)
         allowed = [w for w in intervals if job.window is None or w.name == job.window]
-        if any(w.opens_at <= now < w.closes_at for w in allowed):
+        if any(w.opens_at <= now and gone_by < w.closes_at for w in allowed):
             continue
         # Only windows that were open during this run and want their jobs stopped count.
         closed = [
-            w for w in allowed if w.name in preempt_on_close and run.started_at < w.closes_at <= now
+            w
+            for w in allowed
+            if w.name in preempt_on_close and run.started_at < w.closes_at <= gone_by
         ]
         if closed:
-            victims.append(
-                Preemption(victim_job_id=job.id, for_job_id=0, reason=WINDOW_CLOSED_REASON)
-            )
+            closes_at = min(w.closes_at for w in closed)
+            reason = WINDOW_CLOSED_REASON
+            if closes_at > now:
+                left = int((closes_at - now).total_seconds())
+                reason = (
+                    f"off-peak window closes in {left}s: stopped now so that its "
+                    f"{job.grace_s}s grace period ends by then"
+                )
+            victims.append(Preemption(victim_job_id=job.id, for_job_id=0, reason=reason))
     return tuple(victims)

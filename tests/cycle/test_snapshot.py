@@ -92,5 +92,5 @@ def test_a_jobs_grace_period_counts_towards_how_long_it_may_hold_its_gpus(api):
     unlimited = _submit(api, grace_s=300)
     with api.factory() as session:
         ctx = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S)
-    limits = {j.id: j.max_runtime_s for j in ctx.snapshot.pending}
-    assert limits == {patient: 3900, plain: 3600, unlimited: None}
+    limits = {j.id: (j.max_runtime_s, j.grace_s) for j in ctx.snapshot.pending}
+    assert limits == {patient: (3900, 300), plain: (3600, 0), unlimited: (None, 300)}

@@ -1,6 +1,6 @@
 """A window closing on a running preemptible off-peak job, through the real stack: the job
-sees SIGTERM (and may checkpoint), goes back to pending with the window's reason, and is
-restarted when the window opens again.
+sees SIGTERM its grace period before the close (and checkpoints), goes back to pending
+with the window's reason, and is restarted when the window opens again.
 
 The window opens at every minute for 15 s, so the whole story takes about one minute.
 """
@@ -46,6 +46,8 @@ def test_window_close_requeues_the_job_which_restarts_in_the_next_window(
             "preemptible": True,
             "retries": 0,
             "schedule": {"mode": "offpeak", "window": "minutely"},
+            # Stopped 10 s before the close, so that its checkpoint is done by then.
+            "grace_s": 10,
         }
     )
     waiting = stack.wait_job(job["id"], lambda j: j["pending_reason"] == "window_closed", "reason")
@@ -66,15 +68,18 @@ def test_window_close_requeues_the_job_which_restarts_in_the_next_window(
         job["id"], lambda j: j["attempt"] == 2 and j["status"] == "RUNNING", "restarted", timeout=70
     )
     assert restarted["failures"] == 0  # a preemption spends no retry
-    steps = [(e["attempt"], e["to_status"]) for e in stack.events(job["id"])]
+    events = stack.events(job["id"])
+    steps = [(e["attempt"], e["to_status"]) for e in events]
     assert steps[:7] == [
         (0, "PENDING"),
         (1, "SCHEDULED"),
         (1, "RUNNING"),
-        (1, "RUNNING"),  # "preempting: off-peak window closed" (no state change)
+        (1, "RUNNING"),  # "preempting: off-peak window closes in Ns ..." (no state change)
         (1, "PREEMPTED"),
         (1, "PENDING"),
         (2, "SCHEDULED"),
     ]
+    assert events[3]["reason"].startswith("preempting: off-peak window closes in ")
+    assert events[3]["reason"].endswith("s: stopped now so that its 10s grace period ends by then")
     stack.cancel(job["id"])
     stack.wait_status(job["id"], "CANCELLED", timeout=30)

@@ -93,6 +93,21 @@ def test_offpeak_window(
         assert st.kind is ReasonKind.WINDOW_CLOSED
 
 
+def test_a_preemptible_offpeak_job_starts_only_if_the_window_outlasts_its_grace() -> None:
+    # OPEN closes in 2 h. With 2 h of grace it would be stopped the moment it started
+    # (it is stopped its grace before the close), then placed again, in a loop.
+    ctx = Context(now=T0, settings=PolicySettings(), windows=(OPEN, NIGHT))
+    short = job(1, schedule_mode="offpeak", preemptible=True, grace_s=7199)
+    assert offpeak_window.check(short, ctx).ok
+    long = job(2, schedule_mode="offpeak", preemptible=True, grace_s=7200)
+    st = offpeak_window.check(long, ctx)
+    assert (st.code, st.kind) == (Code.UNSCHEDULABLE, ReasonKind.WINDOW_CLOSED)
+    assert st.message == (
+        "the off-peak window closes at 2026-11-22T14:00:00+00:00, within the job's 7200s "
+        "grace period, next opening 2026-11-22T13:00:00+00:00"
+    )
+
+
 def test_offpeak_window_name_must_match() -> None:
     j = job(1, schedule_mode="offpeak", window="weekend")
     ctx = Context(now=T0, settings=PolicySettings(), windows=(OPEN,))

@@ -11,9 +11,17 @@ NEXT_NIGHT = WindowInterval("night", T0 + timedelta(hours=16), T0 + timedelta(ho
 
 
 def running(
-    job_id, *, mode="offpeak", preemptible=True, window=None, started=T0 - timedelta(hours=2)
+    job_id,
+    *,
+    mode="offpeak",
+    preemptible=True,
+    window=None,
+    started=T0 - timedelta(hours=2),
+    grace_s=0,
 ):
-    job = JobView(id=job_id, schedule_mode=mode, preemptible=preemptible, window=window)
+    job = JobView(
+        id=job_id, schedule_mode=mode, preemptible=preemptible, window=window, grace_s=grace_s
+    )
     return RunningJobView(job=job, placement=(("n1", (0,)),), started_at=started)
 
 
@@ -53,3 +61,22 @@ def test_a_job_naming_another_open_window_keeps_running():
         windows=(NIGHT, day),
         preempt=frozenset({"night", "lunch"}),
     ) == [2]
+
+
+def test_a_job_with_a_grace_period_is_stopped_that_much_before_the_close():
+    # It needs 5 minutes to checkpoint: stopped at 05:55 it is gone by 06:00, when peak
+    # work wants its GPUs. A job with the agent's default grace is stopped at the close.
+    patient, plain = running(1, grace_s=300), running(2)
+    jobs = [patient, plain]
+    assert victims(jobs, now=T0 - timedelta(minutes=5, seconds=1)) == []
+    assert victims(jobs, now=T0 - timedelta(minutes=5)) == [1]
+    assert victims(jobs, now=T0 + timedelta(seconds=1)) == [1, 2]
+    (early,) = window_close_preemptions(
+        [patient], (NIGHT,), now=T0 - timedelta(minutes=4), preempt_on_close=frozenset({"night"})
+    )
+    assert early.reason == (
+        "off-peak window closes in 240s: stopped now so that its 300s grace period ends by then"
+    )
+    # A window that goes on past its grace keeps it running.
+    long_night = WindowInterval("night", T0 - timedelta(hours=8), T0 + timedelta(minutes=6))
+    assert victims([patient], now=T0, windows=(long_night,)) == []

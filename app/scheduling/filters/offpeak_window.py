@@ -1,7 +1,9 @@
 """Job filter: an off-peak job runs only inside an open off-peak window.
 
 It starts only if its runtime (estimate, else limit) ends before the window
-closes, or if it is preemptible (it can be stopped when peak hours return).
+closes, or if it is preemptible (it can be stopped when peak hours return) and the
+window stays open longer than its grace period (it is stopped that long before the
+close: started later, it would be stopped at once, again and again).
 A runtime that is not known at all is given the benefit of the doubt: the
 window's close is enforced by the caller's `max_runtime_s`, if any.
 Costs one pass over the (few) window intervals, no cluster state.
@@ -22,9 +24,19 @@ def check(job: JobView, ctx: Context) -> Status:
     upcoming = sorted(w.opens_at for w in windows if w.opens_at > now)
     for w in windows:
         if w.opens_at <= now < w.closes_at:
-            if job.preemptible or runtime is None or (w.closes_at - now).total_seconds() >= runtime:
-                return OK
+            left = (w.closes_at - now).total_seconds()
             nxt = f", next opening {upcoming[0].isoformat()}" if upcoming else ""
+            if job.preemptible:
+                if left > job.grace_s:
+                    return OK
+                return unschedulable(
+                    ReasonKind.WINDOW_CLOSED,
+                    f"the off-peak window closes at {w.closes_at.isoformat()}, within the "
+                    f"job's {job.grace_s}s grace period{nxt}",
+                    upcoming[0] if upcoming else None,
+                )
+            if runtime is None or left >= runtime:
+                return OK
             return unschedulable(
                 ReasonKind.WINDOW_CLOSED,
                 f"runtime {runtime}s does not fit before the off-peak window closes at "
