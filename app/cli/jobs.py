@@ -525,8 +525,11 @@ def _reason_cell(job: dict[str, Any]) -> str:
         return f"exit {job['exit_code']}"
     if job["status"] == "TIMED_OUT" and job.get("max_runtime_s"):
         return f"max runtime {human_duration(job['max_runtime_s'])}"  # Slurm's TIMEOUT
-    if job.get("cancel_requested") and job["status"] in ("SCHEDULED", "RUNNING"):
-        return "cancel requested"
+    if job["status"] in ("SCHEDULED", "RUNNING"):
+        if job.get("cancel_requested"):
+            return "cancel requested"
+        if job.get("requeue_requested"):  # requeued by its owner, or preempted
+            return "stopping, then back in the queue"
     return ""
 
 

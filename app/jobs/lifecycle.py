@@ -73,12 +73,27 @@ def transition(
 
 
 def settle_interrupted(session: Session, *, job: Job, actor: str) -> None:
-    """After PREEMPTED or LOST: back to the queue while retries remain, else FAILED.
+    """After PREEMPTED or LOST: back to the queue while retries remain, else FAILED; but
+    CANCELLED if a cancel was asked for meanwhile.
 
     A preemption is the scheduler's choice (a requeue its owner's), not the job's fault, so
     it costs no retry.
     """
     status = JobStatus(job.status)
+    if job.cancel_requested_at is not None and (
+        status is JobStatus.PREEMPTED or retries_left(job) > 0
+    ):
+        # Cancelled while it was being stopped for another reason (preempted, requeued,
+        # its node lost): the cancel wins; it must not come back.
+        transition(session, job=job, to=JobStatus.PENDING, actor=actor, reason="")
+        transition(
+            session,
+            job=job,
+            to=JobStatus.CANCELLED,
+            actor=actor,
+            reason="cancelled by user while it was being stopped",
+        )
+        return
     if status is JobStatus.PREEMPTED:
         # Why it was stopped (preempted for job N, requeued by its owner) is the event
         # before; either way it costs no retry.

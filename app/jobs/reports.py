@@ -84,7 +84,7 @@ def job_finished(*, session: Session, payload: dict[str, Any]) -> Applied:
     job.exit_code = payload.get("exit_code")
     release(session, job_id=job.id, attempt=job.attempt)
     transition(session, job=job, to=result, actor=actor, reason=message)
-    if result is JobStatus.FAILED and retries_left(job) > 0:
+    if result is JobStatus.FAILED and retries_left(job) > 0 and job.cancel_requested_at is None:
         transition(
             session,
             job=job,

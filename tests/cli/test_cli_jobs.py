@@ -699,6 +699,8 @@ def test_requeue_a_running_job_back_held(cli: Cli) -> None:
     assert result.stdout == f"job {job_id} (train): stopping, then back held by alice\n"
     stored = _stored(cli, job_id)
     assert stored.preempt_requested_at is not None and stored.held_by == "alice"
+    listed = cli("jobs", "--status", "RUNNING").stdout
+    assert "stopping, then back in the queue" in listed
     # Not running: refused, with the server's reason; every id is tried.
     pending = _submit_json(cli, "--", "true")["id"]
     refused = cli("requeue", str(pending), str(job_id))

@@ -107,3 +107,30 @@ def test_only_a_running_job_not_being_cancelled_is_requeued(api):
     assert r.status_code == 409
     assert r.json()["detail"] == f"job {running['id']} is being cancelled: it will not come back"
     assert get_job(api, running["id"])["requeue_requested"] is False
+
+
+def test_a_job_cancelled_while_it_stops_for_a_requeue_does_not_come_back(api):
+    """The agent stops it for the requeue (the first reason wins there) and reports it
+    PREEMPTED; the cancel asked for meanwhile still wins: it must not run again."""
+    add_node(api, 1)
+    train = _running(api, name="train")
+    assert _requeue(api, train["id"]).status_code == 200
+    api.client.post(f"/api/v1/jobs/{train['id']}/cancel", headers=api.as_("alice"))
+    _stopped_by_agent(api, train["id"])
+    ended = get_job(api, train["id"])
+    assert ended["status"] == "CANCELLED"
+    assert job_events(api, train["id"])[-1]["reason"] == (
+        "cancelled by user while it was being stopped"
+    )
+    run_one_cycle(api)
+    assert get_job(api, train["id"])["status"] == "CANCELLED"
+
+
+def test_a_job_that_fails_while_being_cancelled_is_not_retried(api):
+    add_node(api, 1)
+    train = _running(api, name="train", retries=3)
+    api.client.post(f"/api/v1/jobs/{train['id']}/cancel", headers=api.as_("alice"))
+    with api.factory.begin() as session:
+        payload = {"job_id": train["id"], "attempt": 1, "node": "n1", "result": "FAILED"}
+        assert job_finished(session=session, payload=payload).accepted
+    assert get_job(api, train["id"])["status"] == "FAILED"  # its own end; no retry
