@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from kombu.transport import redis as kombu_redis
 
 from app.metrics import DISPATCH_FAILURES
+
+if TYPE_CHECKING:
+    from app.cycle.dispatch import Dispatch
 
 log = logging.getLogger("gpusched.messaging")
 
@@ -137,6 +141,12 @@ class Messenger:
             DISPATCH_FAILURES.labels(task=task).inc()
             log.warning("could not send %s to node %s: %s", task, node, exc)
             return False
+
+    def send_stops(self, stops: Iterable[Dispatch]) -> None:
+        """stop_job to each node, after the commit that decided the stops (cancel,
+        requeue, preemption); reconciliation re-sends any that is lost."""
+        for stop in stops:
+            self.send_to_node(stop.node, STOP_JOB, stop.payload)
 
     def report(self, payload: dict[str, Any]) -> bool:
         try:

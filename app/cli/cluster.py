@@ -172,19 +172,35 @@ def _note_overcommit(client: ApiClient) -> None:
 def drain(
     node: NodeName,
     reason: Annotated[str, typer.Option(help="Why (shown in `gpusched nodes`)")] = "",
+    requeue: Annotated[
+        bool,
+        typer.Option(
+            "--requeue",
+            help="Also stop its running jobs and put them back in the queue, to run "
+            "elsewhere: each gets its grace period to checkpoint, no retry is spent",
+        ),
+    ] = False,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Stop placing new jobs on a node; running jobs finish normally (admin)."""
-    body = {"reason": reason} if reason else None
-    result = ApiClient.from_options(url, token).post(
-        f"{NODES}/{quote(node, safe='')}/drain", json=body
-    )
+    """Stop placing new jobs on a node; running jobs finish normally, or with --requeue
+    move elsewhere (admin). --json prints the node (and with --requeue, the jobs)."""
+    client = ApiClient.from_options(url, token)
+    path = f"{NODES}/{quote(node, safe='')}"
+    result = client.post(f"{path}/drain", json={"reason": reason} if reason else None)
+    moved = client.post(f"{path}/requeue") if requeue else None
     if as_json:
-        print_json(result)
+        print_json(result if moved is None else {"node": result, "requeued": moved})
         return
     typer.echo(f"node {result['name']} drained: {result['drain_reason']}")
+    if moved is not None:
+        names = ", ".join(f"{job['id']} ({job['name']})" for job in moved)
+        typer.echo(
+            f"requeued jobs {names}: they stop within their grace period and run elsewhere"
+            if moved
+            else "no job was running there"
+        )
 
 
 def undrain(

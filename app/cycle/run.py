@@ -26,7 +26,7 @@ from app.cycle.arrays import settle_array_limits
 from app.cycle.dependencies import settle_dependencies
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory, read_snapshot
-from app.messaging import RUN_JOB, STOP_JOB, Messenger
+from app.messaging import RUN_JOB, Messenger
 from app.metrics import CYCLE_SECONDS, PLACEMENTS, PLAN_SECONDS
 from app.scheduling import plan_cycle
 from app.scheduling.window_close import window_close_preemptions
@@ -136,8 +136,7 @@ def run_cycle(
             messenger.send_to_node(
                 dispatch.node, RUN_JOB, dispatch.payload, expires_s=settings.dispatch_timeout_s
             )
-        for stop in applied.stops:
-            messenger.send_to_node(stop.node, STOP_JOB, stop.payload)
+        messenger.send_stops(applied.stops)
     CYCLE_SECONDS.labels(kind).observe(time.perf_counter() - started)
     PLACEMENTS.inc(len(applied.placed))
     report = CycleReport(

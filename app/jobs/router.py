@@ -15,7 +15,6 @@ from app.jobs import service
 from app.jobs.logs import MAX_TAIL_LINES, attempt_log_path, follow, read_tail, resolve_attempt
 from app.jobs.schemas import ArrayUpdate, JobCreate, JobEventOut, JobOut, JobPage, JobUpdate
 from app.jobs.states import ACTIVE, JobStatus
-from app.messaging import STOP_JOB
 from app.nodes.telemetry import job_series
 
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
@@ -132,26 +131,13 @@ def cancel_job(
     """Idempotent: cancelling a cancelled job returns it unchanged. A scheduled or running
     job is stopped by its agent (SIGTERM, its grace period, SIGKILL) and then CANCELLED."""
     job = service.cancel(session=session, principal=principal, job_id=job_id, grace_s=grace_s)
-    if job.cancel_requested:
-        _stop(session, messenger, job=job, reason="cancel", grace_s=grace_s)
+    if job.cancel_requested and messenger is not None:
+        messenger.send_stops(
+            stop_messages(
+                session, job_id=job.id, attempt=job.attempt, reason="cancel", grace_s=grace_s
+            )
+        )
     return job
-
-
-def _stop(
-    session: SessionDep,
-    messenger: MessengerDep,
-    *,
-    job: JobOut,
-    reason: str,
-    grace_s: int | None = None,
-) -> None:
-    """Send stop_job to every node running the job's attempt (after the commit)."""
-    if messenger is None:
-        return
-    for stop in stop_messages(
-        session, job_id=job.id, attempt=job.attempt, reason=reason, grace_s=grace_s
-    ):
-        messenger.send_to_node(stop.node, STOP_JOB, stop.payload)
 
 
 @router.post("/{job_id}/requeue", response_model=JobOut)
@@ -168,7 +154,10 @@ def requeue_job(
     queue, as `scontrol requeue`; it costs no retry and keeps its age. A job that is not
     running, or is being cancelled, is a 409. Idempotent."""
     job = service.requeue(session=session, principal=principal, job_id=job_id, hold=hold)
-    _stop(session, messenger, job=job, reason="requeue")
+    if messenger is not None:
+        messenger.send_stops(
+            stop_messages(session, job_id=job.id, attempt=job.attempt, reason="requeue")
+        )
     return job
 
 

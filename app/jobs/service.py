@@ -481,16 +481,50 @@ def requeue(*, session: Session, principal: Principal, job_id: int, hold: bool) 
         raise Conflict(f"job {job_id} is {job.status}: only a running job can be requeued")
     if job.cancel_requested_at is not None:
         raise Conflict(f"job {job_id} is being cancelled: it will not come back")
-    now = utcnow()
-    if hold and job.held_by is None:
-        job.held_by, job.held_at = principal.name, now
-        _note(session, job=job, actor=principal.name, reason=f"held by {principal.name}")
-    if job.preempt_requested_at is None:
-        job.preempt_requested_at = now
-        reason = f"requeue requested by {principal.name}; stopping the process"
-        _note(session, job=job, actor=principal.name, reason=reason)
+    _ask_requeue(session, job=job, actor=principal.name, hold=hold)
     session.commit()
     return _outs(session, [job])[0]
+
+
+def requeue_node_jobs(*, session: Session, principal: Principal, node: str) -> list[JobOut]:
+    """Requeue every job running on `node` (an admin, the router checks, moving work off
+    a node to service it, after draining it): each is stopped with its grace period and comes back to the
+    queue. Jobs being cancelled are left to end. The caller sends the stops."""
+    if session.scalar(select(Node.id).where(Node.name == node)) is None:
+        raise NotFound(f"no node {node!r}")
+    jobs = session.scalars(
+        select(Job)
+        .where(
+            Job.status == JobStatus.RUNNING,
+            Job.cancel_requested_at.is_(None),
+            Job.id.in_(
+                select(Allocation.job_id)
+                .join(Node, Node.id == Allocation.node_id)
+                .where(Node.name == node, Allocation.released_at.is_(None))
+            ),
+        )
+        .order_by(Job.id)
+        .with_for_update()
+    ).all()
+    for job in jobs:
+        _ask_requeue(session, job=job, actor=principal.name, hold=False, why=f"node {node}")
+    session.commit()
+    return _outs(session, list(jobs))
+
+
+def _ask_requeue(
+    session: Session, *, job: Job, actor: str, hold: bool, why: str | None = None
+) -> None:
+    """Mark a running job to be stopped and requeued (once), noting who asked and why."""
+    now = utcnow()
+    if hold and job.held_by is None:
+        job.held_by, job.held_at = actor, now
+        _note(session, job=job, actor=actor, reason=f"held by {actor}")
+    if job.preempt_requested_at is None:
+        job.preempt_requested_at = now
+        cause = f" ({why})" if why else ""
+        reason = f"requeue requested by {actor}{cause}; stopping the process"
+        _note(session, job=job, actor=actor, reason=reason)
 
 
 def hold(*, session: Session, principal: Principal, job_id: int) -> JobOut:

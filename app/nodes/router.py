@@ -5,9 +5,12 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
+from app.cycle.dispatch import stop_messages
 from app.db import utcnow
-from app.deps import AdminUser, CurrentUser, SessionDep
+from app.deps import AdminUser, CurrentUser, MessengerDep, SessionDep
 from app.errors import FieldError
+from app.jobs import service as jobs_service
+from app.jobs.schemas import JobOut
 from app.nodes import service, telemetry
 from app.nodes.schemas import DrainRequest, NodeOut
 from app.timeutil import query_time
@@ -34,6 +37,22 @@ def drain_node(
     return service.set_drained(
         session=session, principal=principal, name=name, drained=True, reason=reason
     )
+
+
+@router.post("/{name}/requeue", response_model=list[JobOut])
+def requeue_node_jobs(
+    name: str, session: SessionDep, principal: AdminUser, messenger: MessengerDep
+) -> list[JobOut]:
+    """Requeue every job running on the node (admin), to service it once drained: each
+    gets SIGTERM and its grace period to checkpoint, and goes back to the queue with its
+    age, costing no retry (as `scontrol requeue` of each). Returns the jobs."""
+    jobs = jobs_service.requeue_node_jobs(session=session, principal=principal, node=name)
+    if messenger is not None:
+        for job in jobs:
+            messenger.send_stops(
+                stop_messages(session, job_id=job.id, attempt=job.attempt, reason="requeue")
+            )
+    return jobs
 
 
 @router.post("/{name}/undrain", response_model=NodeOut)

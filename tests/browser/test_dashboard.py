@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import time
 import urllib.error
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -408,18 +409,70 @@ def test_queue_paginates_on_the_server(dash: Dashboard, stack: Stack) -> None:
         stack.request("POST", f"/api/v1/jobs/{job_id}/cancel")  # idempotent
 
 
+def test_the_drain_form_fits_a_phone(phone: Dashboard, stack: Stack) -> None:
+    phone.login(stack.admin_token)
+    phone.go("#/nodes")
+    phone.page.click("[data-drain='sim-2']")
+    form = phone.page.locator("[data-node='sim-2'] .drain-form")
+    assert form.locator("input[name=requeue]").is_visible()
+    box = form.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 390  # nothing off screen
+    phone.shot("nodes-drain-phone")
+    phone.page.click("[data-node='sim-2'] .drain-form button[type=button]")  # Cancel
+    phone.assert_clean()
+
+
 def test_drain_and_undrain_a_node_as_admin(dash: Dashboard, stack: Stack) -> None:
+    # Two whole-node jobs: one runs on each of the two nodes.
+    jobs = [
+        stack.request(
+            "POST",
+            "/api/v1/jobs",
+            {"name": f"whole-{i}", "command": "sleep 300", "gpus": 4, "project": "default"},
+        )
+        for i in range(2)
+    ]
     page = dash.page
     dash.login(stack.admin_token)
-    dash.go("#/nodes")
-    page.click("[data-drain='sim-2']")
-    page.fill("[data-node='sim-2'] .drain-form input", "browser test")
-    page.click("[data-node='sim-2'] .drain-form button[type=submit]")
-    page.wait_for_selector("[data-undrain='sim-2']")
-    _expect_text(page, "[data-node='sim-2']", "drained: browser test")
-    page.click("[data-undrain='sim-2']")
-    page.wait_for_selector("[data-drain='sim-2']")
-    dash.assert_clean()
+    try:
+        running = _wait_running(stack, [j["id"] for j in jobs])
+        on_sim2 = next(j for j in running if j["allocations"][0]["node"] == "sim-2")
+        dash.go("#/nodes")
+        page.click("[data-drain='sim-2']")
+        page.fill("[data-node='sim-2'] .drain-form input[type=text]", "browser test")
+        page.check("[data-node='sim-2'] .drain-form input[name=requeue]")
+        dash.shot("nodes-drain-desktop")
+        page.click("[data-node='sim-2'] .drain-form button[type=submit]")
+        page.wait_for_selector("[data-undrain='sim-2']")
+        _expect_text(page, "[data-node='sim-2']", "drained: browser test")
+        _expect_text(page, "#toast", "sim-2 drained; 1 running job[(]s[)] requeued")
+        # Stopped and back in the queue; nowhere to run until the node is back.
+        _poll(lambda: stack.request("GET", f"/api/v1/jobs/{on_sim2['id']}")["status"] == "PENDING")
+        page.click("[data-undrain='sim-2']")
+        page.wait_for_selector("[data-drain='sim-2']")
+        _poll(lambda: stack.request("GET", f"/api/v1/jobs/{on_sim2['id']}")["attempt"] == 2)
+        dash.assert_clean()
+    finally:
+        for job in jobs:
+            stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel?grace_s=0")
+
+
+def _poll(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def _wait_running(stack: Stack, ids: list[int]) -> list[dict]:
+    jobs: list[dict] = []
+
+    def all_running() -> bool:
+        jobs[:] = [stack.request("GET", f"/api/v1/jobs/{i}") for i in ids]
+        return all(j["status"] == "RUNNING" for j in jobs)
+
+    _poll(all_running)
+    return jobs
 
 
 @pytest.fixture(scope="module")

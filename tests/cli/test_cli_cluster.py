@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from sqlalchemy import select
+
 from app.db import utcnow
 from app.nodes.models import Gpu, Node, NodeState
 from tests.cli.harness import Cli
@@ -73,6 +75,39 @@ def test_drain_and_undrain(cli: Cli) -> None:
 
     missing = cli("drain", "nope", user="admin")
     assert missing.exit_code == 1 and "nope" in missing.stderr
+
+
+def test_drain_with_requeue_moves_the_running_jobs_elsewhere(cli: Cli) -> None:
+    from app.jobs.lifecycle import transition
+    from app.jobs.models import Allocation, Job
+    from app.jobs.states import JobStatus
+
+    _add_node(cli, "gpu-a", 1)
+    empty = cli("drain", "gpu-a", "--requeue", user="admin")
+    assert empty.exit_code == 0, empty.stderr
+    assert empty.stdout.splitlines()[-1] == "no job was running there"
+
+    job_id = json.loads(cli("submit", "--json", "--name", "train", "--", "sleep", "9").stdout)["id"]
+    with cli.factory.begin() as session:  # placed on gpu-a and running, as the agent says
+        job = session.get_one(Job, job_id)
+        job.attempt = 1
+        for step in (JobStatus.SCHEDULED, JobStatus.RUNNING):
+            transition(session, job=job, to=step, actor="agent:gpu-a")
+        gpu = session.scalars(select(Gpu)).one()
+        session.add(
+            Allocation(
+                job_id=job_id, attempt=1, node_id=gpu.node_id, gpu_id=gpu.id, share_milli=1000
+            )
+        )
+    moved = cli("drain", "gpu-a", "--requeue", "--reason", "firmware", user="admin")
+    assert moved.exit_code == 0, moved.stderr
+    assert moved.stdout == (
+        "node gpu-a drained: firmware\n"
+        f"requeued jobs {job_id} (train): they stop within their grace period and run elsewhere\n"
+    )
+    as_json = json.loads(cli("drain", "gpu-a", "--requeue", "--json", user="admin").stdout)
+    assert as_json["node"]["drained"] is True
+    assert [j["id"] for j in as_json["requeued"]] == [job_id]  # still stopping: asked again
 
 
 def test_quota_notes_guarantees_beyond_the_cluster(cli: Cli) -> None:

@@ -3,9 +3,11 @@ comes back to the queue with its age, costing no retry; with hold it comes back 
 
 from __future__ import annotations
 
+from app.db import utcnow
 from app.jobs.models import Job
 from app.jobs.reports import job_finished, job_started
 from tests.cycle.jobs_api import add_node, get_job, job_events, run_one_cycle, submit
+from tests.foundation.builders import ready_node
 
 
 def _running(api, **body) -> dict:
@@ -134,3 +136,31 @@ def test_a_job_that_fails_while_being_cancelled_is_not_retried(api):
         payload = {"job_id": train["id"], "attempt": 1, "node": "n1", "result": "FAILED"}
         assert job_finished(session=session, payload=payload).accepted
     assert get_job(api, train["id"])["status"] == "FAILED"  # its own end; no retry
+
+
+def test_an_admin_requeues_the_jobs_running_on_a_node_to_service_it(api):
+    add_node(api, 2)  # n1
+    with api.factory.begin() as session:
+        session.add(ready_node("n2", gpus=1, now=utcnow()))
+    jobs = [_running(api, name=f"train-{i}") for i in range(3)]
+    where = {j["id"]: get_job(api, j["id"])["allocations"][0]["node"] for j in jobs}
+    on_n1 = sorted(i for i, node in where.items() if node == "n1")
+    assert len(on_n1) == 2
+    cancelled = on_n1[1]  # being cancelled: left to end
+    api.client.post(f"/api/v1/jobs/{cancelled}/cancel", headers=api.as_("alice"))
+
+    drained = api.client.post("/api/v1/nodes/n1/drain", headers=api.as_("admin"))
+    assert drained.status_code == 200, drained.text
+    r = api.client.post("/api/v1/nodes/n1/requeue", headers=api.as_("admin"))
+    assert r.status_code == 200, r.text
+    assert [j["id"] for j in r.json()] == [on_n1[0]]
+    assert r.json()[0]["requeue_requested"] is True
+    assert job_events(api, on_n1[0])[-1]["reason"] == (
+        "requeue requested by admin (node n1); stopping the process"
+    )
+    others = [i for i in where if i not in on_n1]
+    assert [get_job(api, i)["requeue_requested"] for i in others] == [False]
+
+    assert api.client.post("/api/v1/nodes/n1/requeue", headers=api.as_("alice")).status_code == 403
+    missing = api.client.post("/api/v1/nodes/nope/requeue", headers=api.as_("admin"))
+    assert missing.status_code == 404 and missing.json()["detail"] == "no node 'nope'"

@@ -58,10 +58,13 @@ export function nodesPage(root, ctx) {
   const actions = (node) => {
     if (!canAdmin) return null;
     const box = h("div", { class: "node-actions" });
-    const run = async (path, body, what) => {
+    const base = `/api/v1/nodes/${encodeURIComponent(node.name)}`;
+    const run = async (path, body, what, requeue = false) => {
       try {
-        await api(`/api/v1/nodes/${encodeURIComponent(node.name)}/${path}`, { method: "POST", body });
-        toast(`${node.name} ${what}`);
+        await api(`${base}/${path}`, { method: "POST", body });
+        // Requeue: its running jobs stop (with their grace period) and run elsewhere.
+        const moved = requeue ? await api(`${base}/requeue`, { method: "POST" }) : null;
+        toast(moved ? `${node.name} ${what}; ${moved.length} running job(s) requeued` : `${node.name} ${what}`);
       } catch (err) {
         toast(err.status === 403 ? `Only admins can drain nodes (${err.message})` : err.message, "error");
       }
@@ -77,8 +80,10 @@ export function nodesPage(root, ctx) {
         onclick: () => {
           box.classList.add("editing");
           const reason = h("input", { type: "text", placeholder: "Reason (optional)", maxlength: 255, "aria-label": "Drain reason" });
-          clear(box, h("form", { class: "drain-form", onsubmit: (ev) => { ev.preventDefault(); run("drain", { reason: reason.value }, "drained"); } },
+          const requeue = h("input", { type: "checkbox", name: "requeue" });
+          clear(box, h("form", { class: "drain-form", onsubmit: (ev) => { ev.preventDefault(); run("drain", { reason: reason.value }, "drained", requeue.checked); } },
             reason,
+            h("label", { class: "check", title: "They get their grace period to checkpoint, then run elsewhere" }, requeue, "Requeue its running jobs"),
             h("button", { type: "submit", class: "btn btn-sm btn-danger" }, "Drain"),
             h("button", { type: "button", class: "btn btn-sm", onclick: () => { box.classList.remove("editing"); refresh(); } }, "Cancel")));
           reason.focus();
