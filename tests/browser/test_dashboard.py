@@ -290,7 +290,9 @@ def test_a_running_job_is_requeued_from_its_page(dash: Dashboard, stack: Stack) 
         "/api/v1/jobs",
         {
             "name": "movable",
-            "command": "echo attempt-$GPUSCHED_ATTEMPT; sleep 300",
+            # Its checkpoint takes 4 s: long enough to see it stopping.
+            "command": "trap 'sleep 4; exit 0' TERM; echo attempt-$GPUSCHED_ATTEMPT; "
+            "sleep 300 & wait",
             "gpus": 1,
             "project": "default",
         },
@@ -304,8 +306,12 @@ def test_a_running_job_is_requeued_from_its_page(dash: Dashboard, stack: Stack) 
         _expect_text(page, f'[data-requeue="{job["id"]}"]', "^Confirm requeue$")
         page.click(f'[data-requeue="{job["id"]}"]')
         _expect_text(page, "#job-events", "requeue requested by admin; stopping the process")
-        # Stopped (it exits on SIGTERM), back in the queue, placed again: attempt 2 runs.
-        _expect_text(page, "#job-events", "killed by SIGTERM after requeue", timeout=20_000)
+        _expect_text(page, "#requeuing", "requeuing…")
+        dash.go("#/queue")
+        _expect_text(page, f"tr[data-job='{job['id']}']", "requeuing…")
+        dash.go(f"#/jobs/{job['id']}")
+        # Checkpointed and exited, back in the queue, placed again: attempt 2 runs.
+        _expect_text(page, "#job-events", "exit code 0 after requeue", timeout=20_000)
         _expect_text(page, "#job-events", "requeued: no retry spent")
         _expect_text(page, "#job-log", "attempt-2", timeout=30_000)
         dash.shot("job-requeued-desktop")

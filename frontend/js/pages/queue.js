@@ -281,7 +281,9 @@ export function queuePage(root, ctx, { params }) {
           h("tbody", {}, page.items.map((job) => h("tr", { dataset: { job: job.id } },
             h("td", {}, jobLink(job)),
             h("td", {}, jobName(job)),
-            h("td", {}, statusBadge(job.status)),
+            h("td", {}, statusBadge(job.status),
+              // Preempted or requeued: stopping within its grace, then back in the queue.
+              job.requeue_requested && !job.cancel_requested ? h("span", { class: "badge warn", title: "stopping, then back in the queue" }, " requeuing…") : null),
             h("td", { class: "hide-sm" }, job.project),
             h("td", { class: "hide-sm" }, job.user),
             h("td", { class: "mono small" }, allocationText(job)),
