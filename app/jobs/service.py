@@ -487,9 +487,10 @@ def requeue(*, session: Session, principal: Principal, job_id: int, hold: bool) 
 
 
 def requeue_node_jobs(*, session: Session, principal: Principal, node: str) -> list[JobOut]:
-    """Requeue every job running on `node` (an admin, the router checks, moving work off
-    a node to service it, after draining it): each is stopped with its grace period and comes back to the
-    queue. Jobs being cancelled are left to end. The caller sends the stops."""
+    """Requeue every job running on `node`, for an admin (the router checks) moving work
+    off a node to service it, after draining it: each is stopped with its grace period and
+    comes back to the queue. Jobs being cancelled are left to end. The caller sends the
+    stops."""
     if session.scalar(select(Node.id).where(Node.name == node)) is None:
         raise NotFound(f"no node {node!r}")
     jobs = session.scalars(

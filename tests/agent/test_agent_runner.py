@@ -279,7 +279,7 @@ def test_terminating_again_with_a_shorter_grace_kills_sooner_never_later(
     running = start_job(spec)
     assert wait_until(lambda: "ready" in Path(spec.log_path).read_text())
     assert running.terminate("cancel", wait=False) is None
-    time.sleep(0.3)
+    assert wait_until(lambda: "sending SIGTERM" in Path(spec.log_path).read_text())
     assert running.poll() is None  # SIGTERM ignored; 60 s of grace left
     started = time.monotonic()
     # A longer grace asked later changes nothing; a shorter one brings SIGKILL forward.

@@ -5,14 +5,14 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import time
 import urllib.error
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from bench.common import poll
 from tests.browser.conftest import Dashboard, Stack
 
 pytestmark = pytest.mark.browser
@@ -441,7 +441,12 @@ def test_drain_and_undrain_a_node_as_admin(dash: Dashboard, stack: Stack) -> Non
     page = dash.page
     dash.login(stack.admin_token)
     try:
-        running = _wait_running(stack, [j["id"] for j in jobs])
+
+        def both_running() -> list[dict] | None:
+            found = [stack.request("GET", f"/api/v1/jobs/{j['id']}") for j in jobs]
+            return found if all(j["status"] == "RUNNING" for j in found) else None
+
+        running = poll("both jobs running", both_running, timeout=30)
         on_sim2 = next(j for j in running if j["allocations"][0]["node"] == "sim-2")
         dash.go("#/nodes")
         page.click("[data-drain='sim-2']")
@@ -453,32 +458,19 @@ def test_drain_and_undrain_a_node_as_admin(dash: Dashboard, stack: Stack) -> Non
         _expect_text(page, "[data-node='sim-2']", "drained: browser test")
         _expect_text(page, "#toast", "sim-2 drained; 1 running job[(]s[)] requeued")
         # Stopped and back in the queue; nowhere to run until the node is back.
-        _poll(lambda: stack.request("GET", f"/api/v1/jobs/{on_sim2['id']}")["status"] == "PENDING")
+        path = f"/api/v1/jobs/{on_sim2['id']}"
+        poll(
+            "back in the queue",
+            lambda: stack.request("GET", path)["status"] == "PENDING",
+            timeout=30,
+        )
         page.click("[data-undrain='sim-2']")
         page.wait_for_selector("[data-drain='sim-2']")
-        _poll(lambda: stack.request("GET", f"/api/v1/jobs/{on_sim2['id']}")["attempt"] == 2)
+        poll("placed again", lambda: stack.request("GET", path)["attempt"] == 2, timeout=30)
         dash.assert_clean()
     finally:
         for job in jobs:
             stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel?grace_s=0")
-
-
-def _poll(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
-
-
-def _wait_running(stack: Stack, ids: list[int]) -> list[dict]:
-    jobs: list[dict] = []
-
-    def all_running() -> bool:
-        jobs[:] = [stack.request("GET", f"/api/v1/jobs/{i}") for i in ids]
-        return all(j["status"] == "RUNNING" for j in jobs)
-
-    _poll(all_running)
-    return jobs
 
 
 @pytest.fixture(scope="module")
