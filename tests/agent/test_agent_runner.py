@@ -406,12 +406,21 @@ def test_leftover_groups_are_stopped_at_once_each_with_its_own_grace(
     # finishes its checkpoint; the second has none of its own, gets the default 0.3 s and
     # is killed mid-checkpoint. Stopped one after the other, the second would have
     # waited for the first's whole checkpoint before its SIGTERM.
-    checkpoint = "trap 'sleep 1; echo saved > ckpt-$GPUSCHED_JOB_ID; exit 0' TERM; sleep 30 & wait"
+    checkpoint = (
+        "trap 'sleep 1; echo saved > ckpt-$GPUSCHED_JOB_ID; exit 0' TERM; echo ready; "
+        "sleep 30 & wait"
+    )
     patient, hasty = (
         start_job(launch(tmp_path, checkpoint, job_id=i, grace_s=g, log_path=tmp_path / i))
         for i, g in (("71", 3.0), ("72", 0.3))
     )
     reap.extend([patient, hasty])
+
+    # Both have set their trap (a SIGTERM before it would just end the shell).
+    def ready(log: str) -> bool:
+        return (tmp_path / log).exists() and "ready" in (tmp_path / log).read_text()
+
+    assert wait_until(lambda: ready("71") and ready("72"))
     assert wait_until(lambda: len(_ours(patient, hasty)) == 2)
     leftovers = _ours(patient, hasty)
     leftovers = [replace(p, grace_s=None) if p.job_id == "72" else p for p in leftovers]
