@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
@@ -122,6 +123,17 @@ class Messenger:
         except Exception as exc:  # Redis down: beat and reconcile will catch up
             DISPATCH_FAILURES.labels(task=SCHEDULE_CYCLE).inc()
             log.warning("could not request a scheduling cycle: %s", exc)
+            return False
+
+    def request_cycle_at(self, when: datetime) -> bool:
+        """A full cycle at `when` (a begin time, a window opening): not debounced, since
+        a cycle queued now runs before it is due."""
+        try:
+            self.celery.send_task(SCHEDULE_CYCLE, kwargs={"full": True}, eta=when)
+            return True
+        except Exception as exc:  # Redis down: the beat starts the job a little later
+            DISPATCH_FAILURES.labels(task=SCHEDULE_CYCLE).inc()
+            log.warning("could not arm a scheduling cycle for %s: %s", when.isoformat(), exc)
             return False
 
     def send_to_node(

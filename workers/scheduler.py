@@ -27,6 +27,7 @@ from app.cycle.reconcile import (
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory
+from app.cycle.wakeup import WakeUps
 from app.db import utcnow
 from app.jobs import reports
 from app.messaging import (
@@ -90,13 +91,18 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
     # for it and then plans with fresh state, instead of being dropped by the lease.
     cycle_lock = threading.Lock()
     rerun = threading.Event()
+    want_full = threading.Event()
+    wake_ups = WakeUps()
     silence = SilenceJudge(heartbeat_timeout_s=scheduler.heartbeat_timeout_s)
     last_full_positions = [datetime.min.replace(tzinfo=UTC)]
     queue_memory = QueueMemory()
     scheduler_windows = SchedulerWindows()  # window intervals, generated once per window set
 
     @celery.task(name=SCHEDULE_CYCLE)
-    def schedule_cycle() -> dict[str, Any]:
+    def schedule_cycle(full: bool = False) -> dict[str, Any]:
+        # `full`: a timed cycle (a begin time came), which must read the whole queue.
+        if full:
+            want_full.set()
         # Clear the trigger first: a submission arriving during this cycle queues one more.
         try:
             runtime.redis.delete(CYCLE_PENDING_KEY)
@@ -113,7 +119,11 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
             while True:
                 rerun.clear()
                 now = utcnow()
-                full = (now - last_full_positions[0]).total_seconds() >= FULL_POSITIONS_EVERY_S
+                full = want_full.is_set()
+                if full:  # cleared only when seen: one set meanwhile makes the next full
+                    want_full.clear()
+                elif (now - last_full_positions[0]).total_seconds() >= FULL_POSITIONS_EVERY_S:
+                    full = True
                 report = run_cycle(
                     factory=runtime.factory,
                     messenger=runtime.messenger,
@@ -127,6 +137,8 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                 placed += report.placed
                 if full and report.ran:
                     last_full_positions[0] = now
+                if report.wake_at is not None and wake_ups.arm(report.wake_at, now=now):
+                    runtime.messenger.request_cycle_at(report.wake_at)
                 if not rerun.is_set():
                     return {"placed": placed, "ran": report.ran}
         finally:

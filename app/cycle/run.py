@@ -29,6 +29,7 @@ from app.cycle.snapshot import QueueMemory, read_snapshot
 from app.messaging import RUN_JOB, Messenger
 from app.metrics import CYCLE_SECONDS, PLACEMENTS, PLAN_SECONDS
 from app.scheduling import plan_cycle
+from app.scheduling.wakeup import next_wakeup
 from app.scheduling.window_close import window_close_preemptions
 from app.windows.calendar import window_rules
 from app.windows.service import window_specs
@@ -64,6 +65,8 @@ class CycleReport:
     skipped: int = 0
     plan_ms: float = 0.0
     total_ms: float = 0.0
+    # When a waiting job's begin time or off-peak window comes: cycle again then.
+    wake_at: datetime | None = None
 
 
 def run_cycle(
@@ -147,6 +150,7 @@ def run_cycle(
         skipped=len(applied.skipped),
         plan_ms=plan_ms,
         total_ms=(time.perf_counter() - started) * 1000,
+        wake_at=next_wakeup(plan.pending, now=now),
     )
     if report.placed or report.preempted or report.skipped:
         log.info(
