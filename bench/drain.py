@@ -134,6 +134,9 @@ def profile_start(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes
             str(out),
             "--nonblocking",
             "--threads",
+            # Only the thread holding the GIL: where the scheduler's CPU goes, not its
+            # threads waiting on PostgreSQL or Redis.
+            "--gil",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,

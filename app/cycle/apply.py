@@ -15,9 +15,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.cycle import lease
-from app.cycle.dispatch import Dispatch, released_gates, run_messages, stop_messages
+from app.cycle.dispatch import Dispatch, released_gates, run_messages_for, stop_messages
 from app.cycle.snapshot import SnapshotContext
-from app.jobs.allocations import GpuClaim, allocate, release
+from app.jobs.allocations import GpuClaim, allocate_many, release
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job, JobEvent
 from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
@@ -112,35 +112,90 @@ def apply_plan(
         for p in plan.preemptions
         if _preempt(session, preemption=p, now=now, applied=applied)
     }
+    placements = []
     for placement in plan.placements:
-        gate = placement.after_preemption_of
-        if any(v not in preempted for v in gate):
+        if any(v not in preempted for v in placement.after_preemption_of):
             applied.skipped[placement.job_id] = "a preemption it needs did not happen"
-            continue
-        job = session.scalar(select(Job).where(Job.id == placement.job_id).with_for_update())
-        expected_attempt = ctx.pending_attempts.get(placement.job_id)
+        else:
+            placements.append(placement)
+    verified = _verified(session, ctx=ctx, placements=placements, applied=applied)
+    placed = _schedule(session, ctx=ctx, verified=verified, applied=applied)
+    applied.placed.extend(job.id for _, job in placed)
+    applied.dispatches.extend(
+        run_messages_for(session, jobs=[job for p, job in placed if not p.after_preemption_of])
+    )
+    applied.dispatches.extend(released_gates(session))
+    _store_reasons(
+        session, ctx=ctx, plan=plan, placed=set(applied.placed), all_positions=all_positions
+    )
+    session.commit()
+    return applied
+
+
+def _verified(
+    session: Session, *, ctx: SnapshotContext, placements: list[Placement], applied: Applied
+) -> list[tuple[Placement, Job]]:
+    """The placements whose job is still as the snapshot saw it, locked, on nodes still
+    ready; the others are skipped with the reason. One read for all jobs (locked in id
+    order, so racing writers never wait on each other crosswise) and one for the nodes."""
+    if not placements:
+        return []
+    jobs = {
+        job.id: job
+        for job in session.scalars(
+            select(Job)
+            .where(Job.id.in_([p.job_id for p in placements]))
+            .order_by(Job.id)
+            .with_for_update()
+        )
+    }
+    ready = set(
+        session.scalars(
+            select(Node.name).where(
+                Node.name.in_({n for p in placements for n, _ in p.node_gpus}),
+                Node.state == NodeState.READY,
+                Node.drained.is_(False),
+            )
+        )
+    )
+    verified = []
+    for placement in placements:
+        job = jobs.get(placement.job_id)
         if (
             job is None
             or job.status is not JobStatus.PENDING
-            or job.attempt != expected_attempt
+            or job.attempt != ctx.pending_attempts.get(placement.job_id)
             or job.held_by is not None
             # Changed (gpusched update): the plan placed the request as it was.
             or job.updated_at != ctx.pending_updated_at.get(placement.job_id)
         ):
             applied.skipped[placement.job_id] = "job changed since the snapshot"
-            continue
-        nodes_ok = session.scalars(
-            select(Node.name).where(
-                Node.name.in_([n for n, _ in placement.node_gpus]),
-                Node.state == NodeState.READY,
-                Node.drained.is_(False),
-            )
-        ).all()
-        if len(nodes_ok) != len(placement.node_gpus):
+        elif any(n not in ready for n, _ in placement.node_gpus):
             applied.skipped[placement.job_id] = "node no longer ready"
-            continue
-        try:
-            with session.begin_nested():
+        else:
+            verified.append((placement, job))
+    return verified
+
+
+def _schedule(
+    session: Session,
+    *,
+    ctx: SnapshotContext,
+    verified: list[tuple[Placement, Job]],
+    applied: Applied,
+) -> list[tuple[Placement, Job]]:
+    """Write the placements (SCHEDULED, allocations) in one savepoint; returns those made.
+
+    All at once first: a cycle often places many jobs, and one flush batches their rows.
+    If the database refuses (a GPU of one of them was taken by another writer since the
+    snapshot), the savepoint is rolled back and they are tried one by one, so that only
+    the ones whose GPUs are gone are skipped, to be tried again next cycle.
+    """
+    if not verified:
+        return []
+    try:
+        with session.begin_nested():
+            for placement, job in verified:
                 job.attempt += 1
                 where = ", ".join(
                     f"{n}:{','.join(map(str, g)) or '-'}" for n, g in placement.node_gpus
@@ -152,23 +207,19 @@ def apply_plan(
                     actor="scheduler",
                     reason=f"placed on {where}",
                 )
-                allocate(session, job=job, claims=_claims(ctx, placement))
-                job.dispatch_after = list(gate) or None
-        except IntegrityError:
-            # Someone else holds one of these GPUs now: retry next cycle with fresh state.
-            session.expire(job)
-            applied.skipped[placement.job_id] = "GPU taken meanwhile"
-            continue
-        applied.placed.append(job.id)
-        if not gate:
-            applied.dispatches.extend(run_messages(session, job=job))
-
-    applied.dispatches.extend(released_gates(session))
-    _store_reasons(
-        session, ctx=ctx, plan=plan, placed=set(applied.placed), all_positions=all_positions
-    )
-    session.commit()
-    return applied
+                job.dispatch_after = list(placement.after_preemption_of) or None
+            allocate_many(session, [(job, _claims(ctx, p)) for p, job in verified])
+    except IntegrityError:
+        for _, job in verified:
+            session.expire(job)  # back to its row: attempt and status as before the try
+        if len(verified) == 1:
+            applied.skipped[verified[0][1].id] = "GPU taken meanwhile"
+            return []
+        made = []
+        for one in verified:
+            made.extend(_schedule(session, ctx=ctx, verified=[one], applied=applied))
+        return made
+    return verified
 
 
 # Positions of the first jobs in the queue are rewritten every cycle; those further back

@@ -3,6 +3,7 @@ Building is pure reading; sending happens in the caller after commit."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,17 +30,39 @@ def master_port(job_id: int, attempt: int) -> int:
 
 def run_messages(session: Session, *, job: Job) -> list[Dispatch]:
     """run_job for every node of the job's current attempt, from its allocations."""
+    return run_messages_for(session, jobs=[job])
+
+
+def run_messages_for(session: Session, *, jobs: Sequence[Job]) -> list[Dispatch]:
+    """`run_messages` of several jobs, read in one query."""
+    if not jobs:
+        return []
+    attempts = {job.id: job.attempt for job in jobs}
     rows = session.execute(
-        select(Node.name, Node.hostname, Gpu.index, Allocation.share_milli, Allocation.rank)
+        select(
+            Allocation.job_id,
+            Allocation.attempt,
+            Node.name,
+            Node.hostname,
+            Gpu.index,
+            Allocation.share_milli,
+            Allocation.rank,
+        )
         .join(Node, Node.id == Allocation.node_id)
         .outerjoin(Gpu, Gpu.id == Allocation.gpu_id)
-        .where(
-            Allocation.job_id == job.id,
-            Allocation.attempt == job.attempt,
-            Allocation.released_at.is_(None),
-        )
-        .order_by(Allocation.rank, Gpu.index)
+        .where(Allocation.job_id.in_(attempts), Allocation.released_at.is_(None))
+        .order_by(Allocation.job_id, Allocation.rank, Gpu.index)
     ).all()
+    per_job: dict[int, list[tuple[str, str | None, int | None, int, int]]] = {}
+    for job_id, attempt, node, hostname, index, share, rank in rows:
+        if attempt == attempts[job_id]:
+            per_job.setdefault(job_id, []).append((node, hostname, index, share, rank))
+    return [d for job in jobs for d in _run_messages(job, per_job.get(job.id, []))]
+
+
+def _run_messages(
+    job: Job, rows: list[tuple[str, str | None, int | None, int, int]]
+) -> list[Dispatch]:
     if not rows:
         return []
     ranks: dict[int, tuple[str, str, list[int]]] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from app.db import utcnow
@@ -28,48 +28,84 @@ class GpuClaim:
 
 
 def allocate(session: Session, *, job: Job, claims: Sequence[GpuClaim]) -> None:
-    """Record the claims for the job's current attempt and count them on each GPU.
+    """Record the claims for the job's current attempt and count them on each GPU."""
+    allocate_many(session, [(job, claims)])
 
-    The UPDATE of allocated_milli takes the row lock, so concurrent writers serialise on
-    the GPU row and the check constraint sees the true sum.
-    """
-    for claim in claims:
-        session.add(
-            Allocation(
-                job_id=job.id,
-                attempt=job.attempt,
-                node_id=claim.node_id,
-                gpu_id=claim.gpu_id,
-                share_milli=claim.share_milli,
-                rank=claim.rank,
+
+def allocate_many(session: Session, placements: Sequence[tuple[Job, Sequence[GpuClaim]]]) -> None:
+    """`allocate` for several jobs in one flush and one batch of GPU updates (a cycle
+    placing many short jobs at once)."""
+    added: dict[int, int] = {}
+    for job, claims in placements:
+        for claim in claims:
+            session.add(
+                Allocation(
+                    job_id=job.id,
+                    attempt=job.attempt,
+                    node_id=claim.node_id,
+                    gpu_id=claim.gpu_id,
+                    share_milli=claim.share_milli,
+                    rank=claim.rank,
+                )
             )
-        )
-        if claim.gpu_id is not None:
-            session.execute(
-                update(Gpu)
-                .where(Gpu.id == claim.gpu_id)
-                .values(allocated_milli=Gpu.allocated_milli + claim.share_milli)
-            )
+            if claim.gpu_id is not None:
+                added[claim.gpu_id] = added.get(claim.gpu_id, 0) + claim.share_milli
     session.flush()
+    _add_to_gpus(session, added)
 
 
 def release(session: Session, *, job_id: int, attempt: int | None = None) -> int:
     """Release the job's active allocations (of one attempt, or all); returns how many."""
-    query = select(Allocation).where(Allocation.job_id == job_id, Allocation.released_at.is_(None))
+    query = select(Allocation.id, Allocation.gpu_id, Allocation.share_milli).where(
+        Allocation.job_id == job_id, Allocation.released_at.is_(None)
+    )
     if attempt is not None:
         query = query.where(Allocation.attempt == attempt)
-    rows = list(session.scalars(query.with_for_update()))
-    now = utcnow()
+    rows = session.execute(query.with_for_update()).all()
+    if not rows:
+        return 0
+    ids = [row.id for row in rows]
+    session.execute(
+        update(Allocation)
+        .where(Allocation.id.in_(ids))
+        .values(released_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    _expire_loaded(session, Allocation, set(ids), "released_at")
+    taken: dict[int, int] = {}
     for row in rows:
-        row.released_at = now
         if row.gpu_id is not None:
-            session.execute(
-                update(Gpu)
-                .where(Gpu.id == row.gpu_id)
-                .values(allocated_milli=Gpu.allocated_milli - row.share_milli)
-            )
-    session.flush()
+            taken[row.gpu_id] = taken.get(row.gpu_id, 0) - row.share_milli
+    _add_to_gpus(session, taken)
     return len(rows)
+
+
+def _add_to_gpus(session: Session, milli_by_gpu: dict[int, int]) -> None:
+    """Add to (or, negative, take from) each GPU's allocated_milli: one executemany.
+
+    A relative update takes the row lock, so concurrent writers serialise on the GPU row
+    and the check constraint sees the true sum. Rows go in id order, so that two writers
+    never wait for each other's rows crosswise. Core on the session's connection: the
+    ORM's bulk update by primary key cannot express a relative update.
+    """
+    if not milli_by_gpu:
+        return
+    session.connection().execute(
+        update(Gpu)
+        .where(Gpu.id == bindparam("gpu_id"))
+        .values(allocated_milli=Gpu.allocated_milli + bindparam("milli")),
+        [{"gpu_id": gpu_id, "milli": milli} for gpu_id, milli in sorted(milli_by_gpu.items())],
+    )
+    _expire_loaded(session, Gpu, set(milli_by_gpu), "allocated_milli")
+
+
+def _expire_loaded(
+    session: Session, model: type[Allocation | Gpu], ids: set[int], attribute: str
+) -> None:
+    """Loaded copies of rows just updated behind the ORM's back read them again."""
+    for obj in list(session.identity_map.values()):
+        if isinstance(obj, model) and obj.id in ids:
+            session.expire(obj, [attribute])
 
 
 def active_allocations(session: Session, *, job_id: int) -> list[Allocation]:

@@ -68,6 +68,33 @@ def test_a_gpu_taken_meanwhile_is_skipped_not_double_allocated(api):
     assert _allocated(api) == {0: 1000}
 
 
+def test_one_taken_gpu_skips_only_its_job_in_a_batch_of_placements(api):
+    # Written in one savepoint first; the refused batch is retried one by one.
+    add_node(api.factory, "n1", gpus=2)
+    first, clash, third = _submit(api), _submit(api), _submit(api)
+    plan = Plan(
+        placements=(
+            Placement(first, (("n1", (0,)),)),
+            Placement(clash, (("n1", (0,)),)),
+            Placement(third, (("n1", (1,)),)),
+        )
+    )
+    applied = _apply(api, plan)
+    assert applied.placed == [first, third] and applied.skipped == {clash: "GPU taken meanwhile"}
+    assert [(d.payload["job_id"], d.payload["attempt"]) for d in applied.dispatches] == [
+        (first, 1),
+        (third, 1),
+    ]
+    with api.factory() as session:
+        rows = session.execute(select(Job.id, Job.status, Job.attempt).order_by(Job.id)).all()
+    assert rows == [
+        (first, JobStatus.SCHEDULED, 1),
+        (clash, JobStatus.PENDING, 0),
+        (third, JobStatus.SCHEDULED, 1),
+    ]
+    assert _allocated(api) == {0: 1000, 1: 1000}
+
+
 def test_a_stale_lease_token_writes_nothing(api):
     add_node(api.factory, "n1", gpus=1)
     job_id = _submit(api)
