@@ -150,6 +150,7 @@ class Stack:
         agents: dict[str, str] | Iterable[tuple[str, str]] = (("n1", "sim:4:H100-80GB"),),
         env: dict[str, str] | None = None,
         python: str | None = None,
+        reports_worker: bool = False,
     ) -> None:
         if db not in ("sqlite", "postgresql"):
             raise ValueError("db must be sqlite or postgresql")
@@ -161,6 +162,8 @@ class Stack:
         self.node_names = {short: f"{self.prefix}{short}" for short in specs}
         self.agent_specs = {self.node_names[s]: spec for s, spec in specs.items()}
         self.env_overrides = tune_env(env)
+        # As `gpusched up`: agents' reports in a second scheduler process ("reports").
+        self.reports_worker = reports_worker
         self.python = python or sys.executable
         self.data_dir = root / "data"
         self.proc_log_dir = root / "proc-logs"
@@ -215,7 +218,11 @@ class Stack:
         self.url = f"http://127.0.0.1:{self.port}"
         cli = [self.python, "-m", "app.cli"]
         self._spawn("api", [*cli, "server", "--port", str(self.port), "--log-level", "warning"])
-        self._spawn("scheduler", [*cli, "scheduler"])
+        if self.reports_worker:
+            self._spawn("scheduler", [*cli, "scheduler", "--only", "cycle"])
+            self._spawn("reports", [*cli, "scheduler", "--only", "reports"])
+        else:
+            self._spawn("scheduler", [*cli, "scheduler"])
         for name, spec in self.agent_specs.items():
             self.start_agent(name, spec)
         deadline = time.monotonic() + timeout

@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/drain.py [--db postgresql|sqlite] [--jobs 1000] [--clients 4]
 
-Starts a private Redis, the API, the scheduler and two agents with 4 simulated GPUs each
-(bench/common.py, shared with tests/e2e), submits `--jobs` 1-GPU jobs running `true` from
+Starts a private Redis, the API, the scheduler (a cycle and a reports worker, as `gpusched
+up`) and two agents with 4 simulated GPUs each (bench/common.py, shared with tests/e2e), submits `--jobs` 1-GPU jobs running `true` from
 `--clients` concurrent API clients, and waits until every job has finished. Reported:
 
 - drain rate     jobs / (last job's finished_at - start of the first POST)
@@ -102,6 +102,8 @@ def cpu_seconds() -> dict[str, float]:
             usage["postgresql (all backends)"] += used
         elif "app.cli server" in cmd:
             usage["api"] += used
+        elif "app.cli scheduler --only reports" in cmd:
+            usage["reports worker"] += used
         elif "app.cli scheduler" in cmd:
             usage["scheduler"] += used
         elif "app.cli agent" in cmd:
@@ -168,6 +170,7 @@ def main() -> int:
         db=args.db,
         agents={"n1": "sim:4:H100-80GB", "n2": "sim:4:H100-80GB"},
         env=bench_env(),
+        reports_worker=True,
     )
     print(f"starting the stack ({args.db}) in {root} ...", flush=True)
     stack.start(timeout=120)

@@ -44,7 +44,9 @@ def main() -> int:
     from app.jobs.models import Job, JobEvent
 
     root = Path(tempfile.mkdtemp(prefix="gpusched-latency-"))
-    stack = Stack(root, db=args.db, agents={"n1": "sim:4:H100-80GB"}, env=bench_env())
+    stack = Stack(
+        root, db=args.db, agents={"n1": "sim:4:H100-80GB"}, env=bench_env(), reports_worker=True
+    )
     print(f"starting the stack ({args.db}) in {root} ...", flush=True)
     stack.start(timeout=120)
     engine = make_engine(stack.database_url)

@@ -246,7 +246,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="gpusched-load-"))
     agents = {f"n{k + 1}": f"sim:{args.gpus_per_node}:H100-80GB" for k in range(args.nodes)}
     env = {**bench_env(), "GPUSCHED_SCHEDULER_METRICS_PORT": str(metrics_port)}
-    stack = Stack(root, db=args.db, agents=agents, env=env)
+    stack = Stack(root, db=args.db, agents=agents, env=env, reports_worker=True)
     print(f"starting the stack in {root} ({args.db}, {args.nodes} x {args.gpus_per_node} GPUs)")
     stack.start(timeout=120)
     try:

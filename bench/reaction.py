@@ -88,7 +88,9 @@ def measure(stack: Stack, sample: Any, *, warmup: int, jobs: int) -> list[float]
 def main() -> int:
     args = bench_args(__doc__.splitlines()[0], jobs=20, warmup=2)
     root = Path(tempfile.mkdtemp(prefix="gpusched-reaction-"))
-    stack = Stack(root, db=args.db, agents={"n1": "sim:8:H100-80GB"}, env=bench_env())
+    stack = Stack(
+        root, db=args.db, agents={"n1": "sim:8:H100-80GB"}, env=bench_env(), reports_worker=True
+    )
     print(f"starting the stack ({args.db}) in {root} ...", flush=True)
     stack.start(timeout=120)
     results: dict[str, list[float]] = {}

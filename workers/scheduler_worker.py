@@ -10,12 +10,27 @@ from app import compiled_core
 from app.config import Settings
 from app.cycle.settings import SchedulerSettings
 from app.logs import configure_logging
+from app.messaging import REPORTS_QUEUE, SCHEDULER_QUEUE
 from workers.scheduler import build_scheduler_app
 
 log = logging.getLogger("gpusched.scheduler")
 
 
-def run_scheduler_worker(settings: Settings, scheduler: SchedulerSettings, *, beat: bool) -> None:
+# What a scheduler process consumes: everything (one process, the simplest deployment), or
+# one half. Agents' reports (heartbeats, job starts and ends) in a process of their own
+# do not compete with the cycle for one interpreter lock: `gpusched up` runs the two.
+WORK_QUEUES = {
+    "all": (f"{SCHEDULER_QUEUE},{REPORTS_QUEUE}", "scheduler"),
+    "cycle": (SCHEDULER_QUEUE, "scheduler"),
+    "reports": (REPORTS_QUEUE, "reports"),
+}
+
+
+def run_scheduler_worker(
+    settings: Settings, scheduler: SchedulerSettings, *, beat: bool, work: str = "all"
+) -> None:
+    """`work`: "all", "cycle" (cycles, reconciliation, batches; beat) or "reports"."""
+    queues, role = WORK_QUEUES[work]
     configure_logging()
     log.info(
         "scheduling core: %s",
@@ -24,7 +39,7 @@ def run_scheduler_worker(settings: Settings, scheduler: SchedulerSettings, *, be
         else "plain Python (`make native` compiles it)",
     )
     celery = build_scheduler_app(settings, scheduler)
-    if scheduler.metrics_port:
+    if scheduler.metrics_port and work != "reports":
         # Cycle durations and dispatch failures live in this process only.
         try:
             start_http_server(scheduler.metrics_port, addr=settings.host)
@@ -33,7 +48,7 @@ def run_scheduler_worker(settings: Settings, scheduler: SchedulerSettings, *, be
     argv = [
         "worker",
         "--queues",
-        "scheduler,reports",
+        queues,
         # Threads: reports are handled while a cycle runs; cycles themselves serialise on a
         # lock (and across processes on the database lease).
         "--pool",
@@ -41,14 +56,14 @@ def run_scheduler_worker(settings: Settings, scheduler: SchedulerSettings, *, be
         "--concurrency",
         "4",
         "--hostname",
-        "scheduler@%h",
+        f"{role}@%h",
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",
         "--loglevel",
         "INFO",
     ]
-    if beat:
+    if beat and work != "reports":
         schedule_file = settings.data_dir.resolve() / "celerybeat-schedule"
         argv += ["--beat", "--schedule", str(schedule_file)]
     celery.worker_main(argv)

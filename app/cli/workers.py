@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -23,8 +24,22 @@ def _with_redis(settings: Settings) -> Settings:
     return settings
 
 
+class Work(StrEnum):
+    all = "all"
+    cycle = "cycle"
+    reports = "reports"
+
+
 def scheduler(
     beat: Annotated[bool, typer.Option(help="Run Celery beat in this process too")] = True,
+    only: Annotated[
+        Work,
+        typer.Option(
+            help="all: everything in this process; cycle: scheduling cycles, reconciliation "
+            "and batches (with beat); reports: agents' heartbeats and job starts and ends "
+            "(no beat). Run one process of each to use two cores"
+        ),
+    ] = Work.all,
 ) -> None:
     """Run the scheduling cycle, agents' reports and reconciliation (a Celery worker)."""
     from app.cycle.settings import SchedulerSettings
@@ -36,7 +51,7 @@ def scheduler(
         scheduler_settings = SchedulerSettings()
     except ValidationError as exc:
         raise CliError(f"unusable GPUSCHED_SCHEDULER_* setting: {exc}", EXIT_USAGE) from None
-    run_scheduler_worker(settings, scheduler_settings, beat=beat)
+    run_scheduler_worker(settings, scheduler_settings, beat=beat, work=only.value)
 
 
 def agent(

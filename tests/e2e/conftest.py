@@ -5,6 +5,7 @@ A module configures its stack with module-level variables:
 
     STACK_AGENTS = {"n1": "sim:4:H100-80GB"}       # short node name -> --gpus spec
     STACK_ENV = {"GPUSCHED_SCHEDULER_HEARTBEAT_TIMEOUT_S": "3"}
+    STACK_REPORTS_WORKER = True                     # reports in their own process, as `up`
 
 The database is chosen like the rest of the suite (GPUSCHED_TEST_DB=sqlite|postgresql);
 each stack gets a fresh SQLite file or a fresh PostgreSQL database. When a test fails, the
@@ -41,8 +42,9 @@ def _module_stack(
 ) -> Iterator[Stack]:
     agents = getattr(request.module, "STACK_AGENTS", {"n1": "sim:4:H100-80GB"})
     env = getattr(request.module, "STACK_ENV", {})
+    reports_worker = getattr(request.module, "STACK_REPORTS_WORKER", False)
     root: Path = tmp_path_factory.mktemp("e2e")
-    stack = Stack(root, db=BACKEND, agents=agents, env=env)
+    stack = Stack(root, db=BACKEND, agents=agents, env=env, reports_worker=reports_worker)
     stack.start(timeout=90)
     try:
         yield stack
