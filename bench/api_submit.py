@@ -4,7 +4,7 @@ Starts the API (uvicorn, several workers) against a fresh PostgreSQL database, s
 from concurrent clients for a fixed time, and prints a table. No scheduler or agent runs,
 so this measures the API and database path only.
 
-    .venv/bin/python bench/api_submit.py [--clients 32] [--seconds 10] [--workers 2]
+    .venv/bin/python bench/api_submit.py [--clients 32] [--seconds 10] [--workers 2] [--keep-alive]
 """
 
 from __future__ import annotations
@@ -53,30 +53,77 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def hammer(url: str, token: str, *, clients: int, seconds: float, make_request) -> dict:
+class Connection:
+    """An HTTP/1.1 client connection that sends pre-encoded requests and reads each
+    response's status and body: the load generator shares the machine's two cores with
+    the server, and httpx's client spends about one core on 200 requests/s, which would
+    measure the client instead of the API.
+
+    By default it connects anew for every request, as each `gpusched submit` and cron run
+    does; this also spreads requests over uvicorn's workers as real clients do (32
+    keep-alive connections opened at once may all land on one worker). `keep_alive`
+    reuses one connection, as an SDK would."""
+
+    def __init__(self, host: str, port: int, token: str, *, keep_alive: bool) -> None:
+        self.host, self.port, self.keep_alive = host, port, keep_alive
+        self.headers = f"Host: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> int:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        head = f"{method} {path} HTTP/1.1\r\n{self.headers}"
+        if body:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        self.writer.write(head.encode() + b"\r\n" + body)
+        lines = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        length = next(
+            int(line.split(":", 1)[1])
+            for line in lines
+            if line.lower().startswith("content-length:")
+        )
+        await self.reader.readexactly(length)
+        if not self.keep_alive:
+            await self.close()
+        return status
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            await self.writer.wait_closed()
+            self.reader = self.writer = None
+
+
+async def hammer(
+    url: str, token: str, *, clients: int, seconds: float, keep_alive: bool, make_request
+) -> dict:
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + seconds
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(
-        base_url=url, headers={"Authorization": f"Bearer {token}"}, limits=limits, timeout=30
-    ) as http:
+    host, port = url.removeprefix("http://").split(":")
 
-        async def client(i: int) -> None:
-            nonlocal errors
-            n = 0
+    async def client(i: int) -> None:
+        nonlocal errors
+        conn = Connection(host, int(port), token, keep_alive=keep_alive)
+        n = 0
+        try:
             while time.perf_counter() < deadline:
                 started = time.perf_counter()
-                response = await make_request(http, i, n)
-                if response.status_code in (200, 201):
+                status = await make_request(conn, i, n)
+                if status in (200, 201):
                     latencies.append(time.perf_counter() - started)
                 else:
                     errors += 1
                 n += 1
+        finally:
+            await conn.close()
 
-        began = time.perf_counter()
-        await asyncio.gather(*(client(i) for i in range(clients)))
-        elapsed = time.perf_counter() - began
+    began = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    elapsed = time.perf_counter() - began
     return {
         "ok": len(latencies),
         "errors": errors,
@@ -91,6 +138,9 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--keep-alive", action="store_true", help="one connection per client, not per request"
+    )
     args = parser.parse_args()
 
     db_name, db_url = create_database()
@@ -136,18 +186,33 @@ def main() -> int:
                 time.sleep(0.1)
         body = {"command": ["python", "train.py"], "gpus": 1, "labels": {"bench": "1"}}
 
-        async def submit(http, i, n):
-            return await http.post("/api/v1/jobs", json={**body, "name": f"c{i}-{n}"})
+        async def submit(conn, i, n):
+            payload = json.dumps({**body, "name": f"c{i}-{n}"}).encode()
+            return await conn.request("POST", "/api/v1/jobs", payload)
 
-        async def listing(http, i, n):
-            return await http.get("/api/v1/jobs", params={"limit": 50})
+        async def listing(conn, i, n):
+            return await conn.request("GET", "/api/v1/jobs?limit=50")
 
         results = {
             "POST /api/v1/jobs": asyncio.run(
-                hammer(url, token, clients=args.clients, seconds=args.seconds, make_request=submit)
+                hammer(
+                    url,
+                    token,
+                    clients=args.clients,
+                    seconds=args.seconds,
+                    keep_alive=args.keep_alive,
+                    make_request=submit,
+                )
             ),
             "GET /api/v1/jobs": asyncio.run(
-                hammer(url, token, clients=args.clients, seconds=args.seconds, make_request=listing)
+                hammer(
+                    url,
+                    token,
+                    clients=args.clients,
+                    seconds=args.seconds,
+                    keep_alive=args.keep_alive,
+                    make_request=listing,
+                )
             ),
         }
     finally:
@@ -157,7 +222,8 @@ def main() -> int:
 
     print(
         f"\nAPI benchmark: {args.clients} clients, {args.seconds:.0f} s each, "
-        f"{args.workers} uvicorn workers, PostgreSQL, {os.cpu_count()} cores"
+        f"{args.workers} uvicorn workers, PostgreSQL, {os.cpu_count()} cores, "
+        f"{'keep-alive connections' if args.keep_alive else 'a connection per request'}"
     )
     print(f"{'request':<22}{'ok':>8}{'errors':>8}{'per s':>10}{'p50 ms':>9}{'p99 ms':>9}")
     for name, r in results.items():
