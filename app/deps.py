@@ -12,6 +12,7 @@ from app.auth.service import TOKEN_CACHE, FailedAuthLimiter, Principal, load_pri
 from app.config import Settings
 from app.db import utcnow
 from app.messaging import Messenger
+from app.nodes.inventory import InventoryCache
 
 
 def get_settings(request: Request) -> Settings:
@@ -32,7 +33,13 @@ def get_messenger(request: Request) -> Messenger | None:
     return messenger
 
 
+def get_inventory(request: Request) -> InventoryCache:
+    inventory: InventoryCache = request.app.state.inventory
+    return inventory
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
+InventoryDep = Annotated[InventoryCache, Depends(get_inventory)]
 MessengerDep = Annotated["Messenger | None", Depends(get_messenger)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 

@@ -26,6 +26,7 @@ from app.health.router import router as health_router
 from app.jobs.router import router as jobs_router
 from app.messaging import Messenger, create_celery
 from app.metrics import DatabaseCollector
+from app.nodes.inventory import InventoryCache
 from app.nodes.router import router as nodes_router
 from app.nodes.router import utilization_router
 from app.projects.router import router as projects_router
@@ -104,6 +105,7 @@ def create_app(
         messenger = Messenger(create_celery(settings.redis_url), redis_client)
     app.state.settings = settings
     app.state.messenger = messenger
+    app.state.inventory = InventoryCache()
     app.state.tariff = settings.tariff
     app.state.auth_limiter = FailedAuthLimiter(limit=settings.auth_failures_per_minute)
     app.state.metrics_registry = CollectorRegistry()

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.cycle.dispatch import stop_messages
 from app.db import utcnow
-from app.deps import CurrentUser, MessengerDep, SessionDep, SettingsDep
+from app.deps import CurrentUser, InventoryDep, MessengerDep, SessionDep, SettingsDep
 from app.errors import FieldError
 from app.jobs import service
 from app.jobs.logs import MAX_TAIL_LINES, attempt_log_path, follow, read_tail, resolve_attempt
@@ -37,6 +37,7 @@ def submit_job(
     response: Response,
     messenger: MessengerDep,
     settings: SettingsDep,
+    inventory: InventoryDep,
     idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
 ) -> JobOut:
     """Queue a job. Repeating a request with the same Idempotency-Key and body returns the
@@ -48,6 +49,7 @@ def submit_job(
         spec=spec,
         limits=settings.runtime_limits,
         idempotency_key=idempotency_key,
+        inventory=inventory,
     )
     if not submitted.created:
         response.status_code = status.HTTP_200_OK

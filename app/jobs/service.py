@@ -39,6 +39,7 @@ from app.jobs.schemas import (
     ScheduleSpec,
 )
 from app.jobs.states import ACTIVE, ARRAY_LIMIT, DEPENDENCY, HELD, NEW_IN_QUEUE, JobStatus
+from app.nodes.inventory import Inventory, InventoryCache, read_inventory
 from app.nodes.models import Gpu, Node
 from app.projects.models import Project
 from app.windows.service import require_window
@@ -81,21 +82,23 @@ def _resolve_project(
     return project_id, name
 
 
-def check_can_ever_fit(*, session: Session, spec: JobCreate) -> None:
-    """Reject what no registered node could ever run; accept anything while none is registered.
+def check_can_ever_fit(
+    *, session: Session, spec: JobCreate, inventory: InventoryCache | None = None
+) -> None:
+    """Reject what no registered node could ever run; accept anything while none is
+    registered. With `inventory`, a cached copy may say it fits; a refusal is always
+    checked against the database as it is now."""
+    if inventory is not None:
+        try:
+            return _check_fits(inventory.get(session), spec)
+        except FieldError:
+            pass  # the copy may be out of date: the database as it is now decides
+    _check_fits(read_inventory(session) if inventory is None else inventory.refresh(session), spec)
 
-    Counts every GPU a node has (drained or busy ones included): those can come back.
-    """
-    rows = session.execute(
-        select(Node.name, Gpu.model, Gpu.memory_total_mb).outerjoin(Gpu, Gpu.node_id == Node.id)
-    ).all()
-    if not rows:
+
+def _check_fits(per_node: Inventory, spec: JobCreate) -> None:
+    if not per_node:
         return
-    per_node: dict[str, list[tuple[str, int]]] = {}
-    for node_name, model, memory in rows:
-        gpus = per_node.setdefault(node_name, [])
-        if model is not None:
-            gpus.append((model, memory))
     largest_name, largest = max(per_node.items(), key=lambda item: (len(item[1]), item[0]))
     if spec.gpu_model is not None:
         models = sorted({m for gpus in per_node.values() for m, _ in gpus})
@@ -145,6 +148,7 @@ def create_job(
     idempotency_key: str | None = None,
     actor: str | None = None,
     reason: str = "submitted",
+    inventory: InventoryCache | None = None,
 ) -> tuple[Job, str]:
     """Validate and add a PENDING job with its first event, or one per task of an array
     (returning the first task); flushes, never commits, so a caller can submit several
@@ -163,7 +167,7 @@ def create_job(
             gpu_model=spec.gpu_model,
         )
         spec = spec.model_copy(update={"gpu_memory_mb": memory})
-    check_can_ever_fit(session=session, spec=spec)
+    check_can_ever_fit(session=session, spec=spec, inventory=inventory)
     if spec.schedule.mode == "offpeak":
         require_window(session=session, name=spec.schedule.window, field=("schedule", "window"))
     depends_on = _with_array_tasks(session=session, ids=spec.depends_on)
@@ -296,6 +300,7 @@ def submit(
     spec: JobCreate,
     limits: RuntimeLimits,
     idempotency_key: str | None,
+    inventory: InventoryCache | None = None,
 ) -> Submitted:
     request_hash = _request_hash(spec)
     if idempotency_key is not None:
@@ -311,6 +316,7 @@ def submit(
             spec=spec,
             limits=limits,
             idempotency_key=idempotency_key,
+            inventory=inventory,
         )
         session.commit()
     except IntegrityError:

@@ -6,6 +6,7 @@ import threading
 
 import httpx
 import pytest
+from sqlalchemy import event
 
 from app.jobs.states import JobStatus
 from tests.foundation.builders import add_node, move_job
@@ -161,6 +162,31 @@ def test_never_fitting_request_names_the_largest_node(api):
     r = submit(api, gpu_model="A100-40GB")
     assert r.status_code == 422 and "available: H100-80GB" in field_errors(r)[("gpu_model",)]
     assert submit(api, gpus=8, gpu_memory_mb=80_000).status_code == 201
+
+
+def test_inventory_is_read_once_and_a_refusal_always_against_the_database(api):
+    # Every submission checks the cluster's GPUs: a copy serves while it says "fits"; a
+    # refusal is checked against a fresh read, so a node registered since is never missed.
+    engine = api.factory.kw["bind"]
+    reads = []
+
+    def count(_conn, _cursor, statement, *_):
+        if "FROM node LEFT OUTER JOIN gpu" in statement:
+            reads.append(statement)
+
+    add_node(api.factory, "small", gpus=2)
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        assert submit(api, gpus=1).status_code == 201
+        assert submit(api, gpus=2).status_code == 201
+        assert len(reads) == 1  # the second used the copy
+        add_node(api.factory, "big", gpus=8)
+        assert submit(api, gpus=8).status_code == 201  # the copy said no; the database yes
+        assert len(reads) == 2
+        r = submit(api, gpus=9)
+        assert r.status_code == 422 and "the largest node, big, has 8" in field_errors(r)[("gpus",)]
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
 
 
 def test_project_must_be_one_of_the_users(api):
