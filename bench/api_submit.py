@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -193,27 +194,17 @@ def main() -> int:
         async def listing(conn, i, n):
             return await conn.request("GET", "/api/v1/jobs?limit=50")
 
+        run = functools.partial(
+            hammer,
+            url,
+            token,
+            clients=args.clients,
+            seconds=args.seconds,
+            keep_alive=args.keep_alive,
+        )
         results = {
-            "POST /api/v1/jobs": asyncio.run(
-                hammer(
-                    url,
-                    token,
-                    clients=args.clients,
-                    seconds=args.seconds,
-                    keep_alive=args.keep_alive,
-                    make_request=submit,
-                )
-            ),
-            "GET /api/v1/jobs": asyncio.run(
-                hammer(
-                    url,
-                    token,
-                    clients=args.clients,
-                    seconds=args.seconds,
-                    keep_alive=args.keep_alive,
-                    make_request=listing,
-                )
-            ),
+            "POST /api/v1/jobs": asyncio.run(run(make_request=submit)),
+            "GET /api/v1/jobs": asyncio.run(run(make_request=listing)),
         }
     finally:
         os.killpg(server.pid, signal.SIGTERM)

@@ -23,13 +23,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fastapi.testclient import TestClient
-from sqlalchemy import event, text
+from sqlalchemy import event
 
 from app.auth.service import create_user
 from app.config import Settings
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
-from app.db import Base, make_engine, make_session_factory, utcnow
+from app.db import make_engine, make_session_factory, utcnow
 from app.main import create_app
 from app.migrate import upgrade
 from app.nodes.models import Gpu, Node, NodeState
@@ -39,22 +39,13 @@ from bench.common import (
     drop_pg_database,
     machine_info,
     print_table,
+    wipe_tables,
     write_results,
 )
 
 SIZES = (8, 64, 256)
 GPUS_PER_NODE = 8
 SETTINGS = SchedulerSettings(stability_window_s=0, preemption=False)
-
-
-def _wipe(engine: Any) -> None:
-    with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
-            tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
-            conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
-        else:
-            for table in reversed(Base.metadata.sorted_tables):
-                conn.execute(table.delete())
 
 
 def _idle_nodes(factory: Any, count: int) -> None:
@@ -82,7 +73,7 @@ def _idle_nodes(factory: Any, count: int) -> None:
 
 def one_cycle(engine: Any, data_dir: Path, jobs: int) -> tuple[float, int, int]:
     """(seconds, placed, SQL statements) of the cycle that places `jobs` waiting jobs."""
-    _wipe(engine)
+    wipe_tables(engine)
     factory = make_session_factory(engine)
     with factory() as session:
         _, token = create_user(

@@ -72,6 +72,21 @@ def drop_pg_database(name: str) -> None:
     admin.dispose()
 
 
+def wipe_tables(engine: Any) -> None:
+    """Empty every table of a migrated database (tests and benchmarks start clean)."""
+    from sqlalchemy import text
+
+    from app.db import Base
+
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
+            conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+        else:
+            for table in reversed(Base.metadata.sorted_tables):
+                conn.execute(table.delete())
+
+
 def poll(
     what: str,
     probe: Callable[[], T | None],

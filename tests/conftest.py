@@ -20,9 +20,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.auth.service import TOKEN_CACHE
 from app.config import Settings
-from app.db import Base, make_engine, make_session_factory
+from app.db import make_engine, make_session_factory
 from app.main import create_app
 from app.migrate import upgrade
+from bench.common import wipe_tables
 from tests.foundation.builders import add_user
 
 BACKEND = os.environ.get("GPUSCHED_TEST_DB", "sqlite")
@@ -64,20 +65,10 @@ def engine(database_url: str) -> Iterator[Engine]:
     engine.dispose()
 
 
-def _wipe(engine: Engine) -> None:
-    with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
-            tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
-            conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
-        else:
-            for table in reversed(Base.metadata.sorted_tables):
-                conn.execute(table.delete())
-
-
 @pytest.fixture
 def session_factory(engine: Engine) -> Iterator[sessionmaker[Session]]:
     """A clean database (all tables emptied) for tests that commit and use many connections."""
-    _wipe(engine)
+    wipe_tables(engine)
     TOKEN_CACHE.clear()
     yield make_session_factory(engine)
 
