@@ -30,7 +30,7 @@ from app.messaging import RUN_JOB, Messenger
 from app.metrics import CYCLE_SECONDS, PLACEMENTS, PLAN_SECONDS
 from app.scheduling import plan_cycle
 from app.scheduling.wakeup import next_wakeup
-from app.scheduling.window_close import window_close_preemptions
+from app.scheduling.window_close import next_window_stop, window_close_preemptions
 from app.windows.calendar import window_rules
 from app.windows.service import window_specs
 from app.windows.timeline import SchedulerWindows
@@ -65,7 +65,8 @@ class CycleReport:
     skipped: int = 0
     plan_ms: float = 0.0
     total_ms: float = 0.0
-    # When a waiting job's begin time or off-peak window comes: cycle again then.
+    # When a waiting job's begin time or off-peak window comes, or a running off-peak job
+    # must be stopped for its window's close: cycle again then.
     wake_at: datetime | None = None
 
 
@@ -122,6 +123,16 @@ def run_cycle(
             plan_ms = (time.perf_counter() - plan_started) * 1000
             kind = "quick" if ctx.quick else "full"
             PLAN_SECONDS.labels(kind).observe(plan_ms / 1000)
+            wake_times = (
+                next_wakeup(plan.pending, now=now),
+                next_window_stop(
+                    ctx.snapshot.running,
+                    ctx.snapshot.windows,
+                    now=now,
+                    preempt_on_close=rules.preempt_on_close,
+                ),
+            )
+            wake_at = min((at for at in wake_times if at is not None), default=None)
             if memory is not None:
                 memory.remember(ctx, plan.queue_order)
             # 3. apply
@@ -150,7 +161,7 @@ def run_cycle(
         skipped=len(applied.skipped),
         plan_ms=plan_ms,
         total_ms=(time.perf_counter() - started) * 1000,
-        wake_at=next_wakeup(plan.pending, now=now),
+        wake_at=wake_at,
     )
     if report.placed or report.preempted or report.skipped:
         log.info(

@@ -52,3 +52,32 @@ def window_close_preemptions(
                 )
             victims.append(Preemption(victim_job_id=job.id, for_job_id=0, reason=reason))
     return tuple(victims)
+
+
+def next_window_stop(
+    running: Iterable[RunningJobView],
+    windows: Iterable[WindowInterval],
+    *,
+    now: datetime,
+    preempt_on_close: frozenset[str],
+) -> datetime | None:
+    """When `window_close_preemptions` will next stop a job if nothing else changes: the
+    latest close among the windows open now that the job may run in, less its grace. The
+    live scheduler cycles then instead of at its next beat, so the grace ends by the close."""
+    intervals = tuple(windows)
+    soonest: datetime | None = None
+    for run in running:
+        job = run.job
+        if job.schedule_mode != "offpeak" or not job.preemptible:
+            continue
+        open_now = [
+            w
+            for w in intervals
+            if (job.window is None or w.name == job.window) and w.opens_at <= now < w.closes_at
+        ]
+        if not any(w.name in preempt_on_close for w in open_now):
+            continue
+        at = max(w.closes_at for w in open_now) - timedelta(seconds=job.grace_s)
+        if at > now and (soonest is None or at < soonest):
+            soonest = at
+    return soonest

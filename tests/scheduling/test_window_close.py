@@ -3,7 +3,7 @@
 from datetime import UTC, datetime, timedelta
 
 from app.scheduling import JobView, RunningJobView, WindowInterval
-from app.scheduling.window_close import window_close_preemptions
+from app.scheduling.window_close import next_window_stop, window_close_preemptions
 
 T0 = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
 NIGHT = WindowInterval("night", T0 - timedelta(hours=8), T0)
@@ -80,3 +80,27 @@ def test_a_job_with_a_grace_period_is_stopped_that_much_before_the_close():
     # A window that goes on past its grace keeps it running.
     long_night = WindowInterval("night", T0 - timedelta(hours=8), T0 + timedelta(minutes=6))
     assert victims([patient], now=T0, windows=(long_night,)) == []
+
+
+def _next_stop(jobs, *, now, windows=(NIGHT, NEXT_NIGHT), preempt=frozenset({"night"})):
+    return next_window_stop(jobs, windows, now=now, preempt_on_close=preempt)
+
+
+def test_next_window_stop_is_when_the_close_stops_the_job_not_a_second_later():
+    # The live scheduler cycles at that time instead of its next beat.
+    patient, plain = running(1, grace_s=300), running(2)
+    an_hour_before = T0 - timedelta(hours=1)
+    assert _next_stop([patient, plain], now=an_hour_before) == T0 - timedelta(minutes=5)
+    assert _next_stop([plain], now=an_hour_before) == T0
+    at = _next_stop([patient], now=an_hour_before)
+    assert victims([patient], now=at - timedelta(seconds=1)) == []
+    assert victims([patient], now=at) == [1]
+    # Already due: this cycle stops it; nothing to wake for.
+    assert _next_stop([patient], now=at) is None
+
+
+def test_no_window_stop_for_jobs_the_close_leaves_alone():
+    now = T0 - timedelta(hours=1)
+    assert _next_stop([running(3, preemptible=False), running(4, mode="now")], now=now) is None
+    assert _next_stop([running(2)], now=now, preempt=frozenset()) is None  # lets jobs run on
+    assert _next_stop([running(2)], now=T0 + timedelta(hours=2)) is None  # no window open
