@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from app.cycle import lease
 from app.cycle.apply import apply_plan
 from app.cycle.dispatch import released_gates
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
+from app.jobs.allocations import release
 from app.jobs.lifecycle import settle_interrupted, transition
 from app.jobs.models import Allocation, Job
 from app.jobs.reports import job_finished
@@ -93,6 +94,36 @@ def test_one_taken_gpu_skips_only_its_job_in_a_batch_of_placements(api):
         (third, JobStatus.SCHEDULED, 1),
     ]
     assert _allocated(api) == {0: 1000, 1: 1000}
+
+
+def test_placements_are_written_in_statements_that_do_not_grow_with_their_number(api):
+    # One read locks the jobs, one batch writes them (it was 9 statements per placement).
+    # PostgreSQL: 2 or 6 placements, the same count; SQLite's driver inserts the
+    # allocation and event rows of a batch one by one, in process.
+    add_node(api.factory, "n1", gpus=8)
+    engine = api.factory.kw["bind"]
+
+    def statements(placed: int) -> int:
+        jobs = [_submit(api) for _ in range(placed)]
+        plan = Plan(placements=tuple(Placement(j, (("n1", (i,)),)) for i, j in enumerate(jobs)))
+        seen = []
+        listener = event.listens_for(engine, "before_cursor_execute")(lambda *_: seen.append(1))
+        try:
+            applied = _apply(api, plan)
+        finally:
+            event.remove(engine, "before_cursor_execute", listener)
+        assert applied.placed == jobs
+        # Frees the GPUs for the next plan.
+        with api.factory() as session:
+            for j in jobs:
+                release(session, job_id=j)
+            session.commit()
+        return len(seen)
+
+    statements(1)  # the first cycle also creates the lease row
+    two, six = statements(2), statements(6)
+    per_placement = (six - two) / 4
+    assert per_placement == (0 if engine.dialect.name == "postgresql" else 2)
 
 
 def test_a_stale_lease_token_writes_nothing(api):
