@@ -3,7 +3,9 @@
 The API's `/metrics` reads the database at scrape time (jobs by state and project, queue
 wait, latest GPU readings, heartbeat age), so every API replica reports the same truth.
 The scheduler process counts what only it sees (cycle duration, dispatch failures) and
-serves them on its own port (GPUSCHED_SCHEDULER_METRICS_PORT).
+serves them on its own port (GPUSCHED_SCHEDULER_METRICS_PORT); split in two, its reports
+process serves its own (report handling, its dispatch failures) on a second one
+(GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT).
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ CYCLE_SECONDS = Histogram(
 PLAN_SECONDS = Histogram(
     "gpusched_scheduling_plan_seconds",
     "Duration of a cycle's plan phase: the policy core alone, as bench/cycle.py times it",
+    ["kind"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+)
+# kind: the agent's report, "register", "heartbeat", "started" or "finished".
+REPORT_SECONDS = Histogram(
+    "gpusched_agent_report_seconds",
+    "Time the scheduler took to handle one agent report (its transaction and messages)",
     ["kind"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
 )

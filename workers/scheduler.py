@@ -40,11 +40,14 @@ from app.messaging import (
     SCHEDULE_CYCLE,
     STOP_JOB,
 )
+from app.metrics import REPORT_SECONDS
 from app.nodes.telemetry import TelemetryPolicy, compact_telemetry, ingest_heartbeat, register_node
 from app.windows.timeline import SchedulerWindows
 from workers.runtime import Runtime
 
 log = logging.getLogger("gpusched.scheduler")
+# What an agent reports (its "kind"); anything else is counted as "unknown".
+REPORT_KINDS = frozenset({"register", "heartbeat", "started", "finished"})
 # Queue positions behind the head are refreshed this often (see app.cycle.apply).
 FULL_POSITIONS_EVERY_S = 5.0
 
@@ -154,6 +157,11 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
     )
     def agent_report(payload: dict[str, Any]) -> str:
         kind = payload.get("kind")
+        label = kind if kind in REPORT_KINDS else "unknown"
+        with REPORT_SECONDS.labels(label).time():
+            return handle_report(kind, payload)
+
+    def handle_report(kind: Any, payload: dict[str, Any]) -> str:
         with runtime.factory() as session:
             if kind == "register":
                 register_node(session=session, payload=payload)

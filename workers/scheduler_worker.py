@@ -39,12 +39,14 @@ def run_scheduler_worker(
         else "plain Python (`make native` compiles it)",
     )
     celery = build_scheduler_app(settings, scheduler)
-    if scheduler.metrics_port and work != "reports":
-        # Cycle durations and dispatch failures live in this process only.
+    # Cycle durations, report handling and dispatch failures live in the process that
+    # counts them: each serves its own.
+    port = scheduler.reports_metrics_port if work == "reports" else scheduler.metrics_port
+    if port:
         try:
-            start_http_server(scheduler.metrics_port, addr=settings.host)
+            start_http_server(port, addr=settings.host)
         except OSError as exc:  # e.g. a second scheduler on this host: run without metrics
-            log.warning("scheduler metrics not served on port %d: %s", scheduler.metrics_port, exc)
+            log.warning("%s metrics not served on port %d: %s", role, port, exc)
     argv = [
         "worker",
         "--queues",

@@ -36,6 +36,11 @@ class SchedulerSettings(BaseSettings):
     dispatch_timeout_s: float = Field(default=15.0, gt=0)
     reconcile_interval_s: float = Field(default=5.0, gt=0)
     metrics_port: int = Field(default=9101, ge=0, le=65535, description="0 = no metrics server")
+    # The reports process (`gpusched scheduler --only reports`) counts its own: a second
+    # port, so that both processes of `gpusched up` serve theirs on one host.
+    reports_metrics_port: int = Field(
+        default=9102, ge=0, le=65535, description="0 = no metrics server"
+    )
 
     def policy_settings(self) -> PolicySettings:
         return PolicySettings(

@@ -3,14 +3,21 @@ one for agents' reports (`--only reports`), through the real stack."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import Stack
+from bench.common import Stack, free_port
 
 pytestmark = pytest.mark.e2e
 
 STACK_AGENTS = {"n1": "sim:2:H100-80GB"}
 STACK_REPORTS_WORKER = True
+CYCLE_PORT, REPORTS_PORT = free_port(), free_port()
+STACK_ENV = {
+    "GPUSCHED_SCHEDULER_METRICS_PORT": str(CYCLE_PORT),
+    "GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT": str(REPORTS_PORT),
+}
 
 
 def _tasks(stack: Stack, process: str, task: str) -> int:
@@ -27,3 +34,25 @@ def test_cycles_and_reports_run_in_their_own_processes(stack: Stack) -> None:
     assert _tasks(stack, "scheduler", "gpusched.agent_report") == 0
     assert _tasks(stack, "scheduler", "gpusched.schedule_cycle") >= 1
     assert _tasks(stack, "reports", "gpusched.schedule_cycle") == 0
+
+
+def _samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_each_process_serves_the_metrics_it_counts(stack: Stack) -> None:
+    job = stack.submit({"command": "true", "gpus": 1})
+    assert stack.wait_status(job["id"], "SUCCEEDED", "FAILED")["status"] == "SUCCEEDED"
+    reports, cycles = _samples(REPORTS_PORT), _samples(CYCLE_PORT)
+    handled = "gpusched_agent_report_seconds_count"
+    assert reports[(handled, (("kind", "register"),))] >= 1
+    assert reports[(handled, (("kind", "started"),))] >= 1
+    assert reports[(handled, (("kind", "finished"),))] >= 1
+    assert (handled, (("kind", "finished"),)) not in cycles
+    assert cycles[("gpusched_scheduling_cycle_seconds_count", (("kind", "full"),))] >= 1
+    assert not any(name.startswith("gpusched_scheduling_cycle") for name, _ in reports)
