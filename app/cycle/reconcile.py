@@ -120,9 +120,15 @@ def _repair(
             or_(Job.cancel_requested_at < overdue, Job.preempt_requested_at < overdue),
         )
     ):
-        reason = "cancel" if job.cancel_requested_at is not None else "preempt"
+        cancelling = job.cancel_requested_at is not None
         repairs.stop.extend(
-            stop_messages(session, job_id=job.id, attempt=job.attempt, reason=reason)
+            stop_messages(
+                session,
+                job_id=job.id,
+                attempt=job.attempt,
+                reason="cancel" if cancelling else "preempt",
+                grace_s=job.cancel_grace_s if cancelling else None,
+            )
         )
     session.commit()
     if repairs.lost_nodes or repairs.lost_jobs:

@@ -92,6 +92,9 @@ class Job(Base):
     # Set by a cancel of a scheduled/running job; the agent stops the process and then
     # reports CANCELLED, so the GPUs are released only once the process is gone.
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The shortest grace period a cancel asked for (`cancel --grace`; 0: SIGKILL now), so
+    # that reconciliation re-sends a stop lost with Redis as the user asked for it.
+    cancel_grace_s: Mapped[int | None] = mapped_column(Integer)
     # Set when a plan names the job as a preemption victim; cleared when it requeues.
     preempt_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_preempted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -463,6 +463,9 @@ def cancel(
         )
     elif status in ACTIVE:
         shorter = {None: "", 0: " (SIGKILL now)"}.get(grace_s, f" (grace at most {grace_s}s)")
+        if grace_s is not None:
+            earlier = job.cancel_grace_s
+            job.cancel_grace_s = grace_s if earlier is None else min(earlier, grace_s)
         if job.cancel_requested_at is None:
             job.cancel_requested_at = utcnow()
             reason = f"cancel requested; stopping the process{shorter}"
