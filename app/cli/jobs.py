@@ -883,6 +883,9 @@ def cancel(
     parse_pairs(label, "--label")  # usage error before any request
     grace_s = _duration_option(grace, "--grace")
     client = ApiClient.from_options(url, token)
+    if array is not None and not (user or project or status or label):
+        _cancel_array(client, array, grace_s=grace_s, as_json=as_json)
+        return
     ids = job_ids or []
     if selecting:
         params: dict[str, Any] = {
@@ -905,6 +908,18 @@ def cancel(
         selected=selecting,
         params=None if grace_s is None else {"grace_s": grace_s},
     )
+
+
+def _cancel_array(client: ApiClient, array: int, *, grace_s: int | None, as_json: bool) -> None:
+    """Every task of the array that has not ended, in one request (scancel of an array)."""
+    params = None if grace_s is None else {"grace_s": grace_s}
+    tasks = client.post(f"{JOBS}/{array}/array/cancel", params=params)
+    if as_json:
+        print_json(tasks)
+    elif not tasks:
+        typer.echo(f"array {array} has no task left to cancel", err=True)
+    for task in [] if as_json else tasks:
+        typer.echo(_cancel_line(task))
 
 
 def _selected_ids(

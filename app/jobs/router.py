@@ -18,6 +18,15 @@ from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.telemetry import job_series
 
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+GraceQuery = Annotated[
+    int | None,
+    Query(
+        ge=0,
+        le=86400,
+        description="stop it with this grace period if sooner than its own; 0: SIGKILL "
+        "now (a job stuck in its grace period can be cancelled again with it)",
+    ),
+]
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -120,15 +129,7 @@ def cancel_job(
     session: SessionDep,
     principal: CurrentUser,
     messenger: MessengerDep,
-    grace_s: Annotated[
-        int | None,
-        Query(
-            ge=0,
-            le=86400,
-            description="stop it with this grace period if sooner than its own; 0: SIGKILL "
-            "now (a job stuck in its grace period can be cancelled again with it)",
-        ),
-    ] = None,
+    grace_s: GraceQuery = None,
 ) -> JobOut:
     """Idempotent: cancelling a cancelled job returns it unchanged. A scheduled or running
     job is stopped by its agent (SIGTERM, its grace period, SIGKILL) and then CANCELLED."""
@@ -140,6 +141,36 @@ def cancel_job(
             )
         )
     return job
+
+
+@router.post("/{job_id}/array/cancel", response_model=list[JobOut])
+def cancel_array(
+    job_id: JobId,
+    session: SessionDep,
+    principal: CurrentUser,
+    messenger: MessengerDep,
+    grace_s: GraceQuery = None,
+) -> list[JobOut]:
+    """Cancel every task of the job array that job `job_id` belongs to and that has not
+    ended, as Slurm's `scancel` of an array id, in one request: pending tasks end at once,
+    running ones are stopped as by a cancel of each. Returns those tasks. A job of its own
+    is a 409."""
+    tasks = service.cancel_array(
+        session=session, principal=principal, job_id=job_id, grace_s=grace_s
+    )
+    if messenger is not None:
+        for task in tasks:
+            if task.cancel_requested:
+                messenger.send_stops(
+                    stop_messages(
+                        session,
+                        job_id=task.id,
+                        attempt=task.attempt,
+                        reason="cancel",
+                        grace_s=grace_s,
+                    )
+                )
+    return tasks
 
 
 @router.post("/{job_id}/requeue", response_model=JobOut)

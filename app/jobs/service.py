@@ -38,7 +38,15 @@ from app.jobs.schemas import (
     PendingPage,
     ScheduleSpec,
 )
-from app.jobs.states import ACTIVE, ARRAY_LIMIT, DEPENDENCY, HELD, NEW_IN_QUEUE, JobStatus
+from app.jobs.states import (
+    ACTIVE,
+    ARRAY_LIMIT,
+    DEPENDENCY,
+    FINISHED,
+    HELD,
+    NEW_IN_QUEUE,
+    JobStatus,
+)
 from app.nodes.inventory import Inventory, InventoryCache, read_inventory
 from app.nodes.models import Gpu, Node
 from app.projects.models import Project
@@ -450,16 +458,42 @@ def cancel(
     job = _visible_job(session=session, principal=principal, job_id=job_id)
     # Lock the row: a cycle placing this job at the same moment must not be overwritten.
     session.refresh(job, with_for_update=True)
+    if job.status in FINISHED and job.status is not JobStatus.CANCELLED:
+        raise Conflict(f"job {job_id} already finished ({job.status}); nothing to cancel")
+    _cancel_one(session, job=job, actor=principal.name, grace_s=grace_s)
+    session.commit()
+    return _outs(session, [job])[0]
+
+
+def cancel_array(
+    *, session: Session, principal: Principal, job_id: int, grace_s: int | None = None
+) -> list[JobOut]:
+    """Cancel every task of the job array that `job_id` belongs to and that has not ended,
+    as Slurm's `scancel` of an array id, in one transaction: `job_id` is any of its tasks.
+    Returns the tasks acted on (the caller sends the stops). A job of its own is a 409."""
+    job = _visible_job(session=session, principal=principal, job_id=job_id)
+    if job.array_id is None:
+        raise Conflict(f"job {job_id} is not a task of a job array")
+    tasks = session.scalars(
+        select(Job)
+        .where(Job.array_id == job.array_id, Job.status.not_in(FINISHED))
+        .order_by(Job.id)  # rows locked in id order, as a cycle's apply locks them
+        .with_for_update()
+    ).all()
+    for task in tasks:
+        _cancel_one(session, job=task, actor=principal.name, grace_s=grace_s)
+    session.commit()
+    return _outs(session, list(tasks))
+
+
+def _cancel_one(session: Session, *, job: Job, actor: str, grace_s: int | None) -> None:
+    """Cancel a job whose row the caller holds locked; a finished one is left alone."""
     status = JobStatus(job.status)
     if status in (JobStatus.PENDING, JobStatus.PREEMPTED, JobStatus.LOST):
         if status is not JobStatus.PENDING:
-            transition(session, job=job, to=JobStatus.PENDING, actor=principal.name, reason="")
+            transition(session, job=job, to=JobStatus.PENDING, actor=actor, reason="")
         transition(
-            session,
-            job=job,
-            to=JobStatus.CANCELLED,
-            actor=principal.name,
-            reason="cancelled by user",
+            session, job=job, to=JobStatus.CANCELLED, actor=actor, reason="cancelled by user"
         )
     elif status in ACTIVE:
         shorter = {None: "", 0: " (SIGKILL now)"}.get(grace_s, f" (grace at most {grace_s}s)")
@@ -469,13 +503,9 @@ def cancel(
         if job.cancel_requested_at is None:
             job.cancel_requested_at = utcnow()
             reason = f"cancel requested; stopping the process{shorter}"
-            _note(session, job=job, actor=principal.name, reason=reason)
+            _note(session, job=job, actor=actor, reason=reason)
         elif shorter:
-            _note(session, job=job, actor=principal.name, reason=f"cancel again{shorter}")
-    elif status is not JobStatus.CANCELLED:
-        raise Conflict(f"job {job_id} already finished ({status}); nothing to cancel")
-    session.commit()
-    return _outs(session, [job])[0]
+            _note(session, job=job, actor=actor, reason=f"cancel again{shorter}")
 
 
 def requeue(*, session: Session, principal: Principal, job_id: int, hold: bool) -> JobOut:

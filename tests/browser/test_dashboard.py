@@ -244,6 +244,19 @@ def test_an_array_shows_its_tasks_and_why_the_rest_wait(dash: Dashboard, stack: 
         )
         _expect_text(page, "#job-reason", "waiting for one of its tasks to end")
         dash.shot("job-array-desktop")
+        # Cancel the whole array from any task's page, in one request (scancel of an array).
+        page.click(f'[data-cancel-array="{first["id"]}"]')
+        page.click(f'[data-cancel-array="{first["id"]}"]')  # confirm
+        _expect_text(page, "#toast", f"^Array {first['id']}: 2 tasks cancelled, 1 stopping$")
+        for offset in range(3):
+            task = first["id"] + offset
+            poll(
+                f"task {task} cancelled",
+                lambda task=task: (
+                    stack.request("GET", f"/api/v1/jobs/{task}")["status"] == "CANCELLED"
+                ),
+                timeout=30,
+            )
         dash.assert_clean()
     finally:
         for offset in range(3):

@@ -543,11 +543,17 @@ def test_submit_an_array_list_show_and_cancel_it(cli: Cli) -> None:
         "no pending task in array 999\n",
     )
 
-    cancelled = cli("cancel", "--array", "1")
+    cancelled = cli("cancel", "--array", "1")  # one request for the whole array
     assert cancelled.exit_code == 0, cancelled.stderr
+    assert cancelled.stdout.splitlines()[0] == "job 1 (sweep[0]): CANCELLED"
     assert len(cancelled.stdout.splitlines()) == 4
     assert [_stored(cli, t["id"]).status for t in tasks] == [JobStatus.CANCELLED] * 4
     assert _stored(cli, other).status == JobStatus.PENDING  # not of the array
+    again = cli("cancel", "--array", "1", "--json")
+    assert (again.exit_code, again.stdout) == (0, "[]\n")
+    assert cli("cancel", "--array", "1").stderr == "array 1 has no task left to cancel\n"
+    refused = cli("cancel", "--array", str(other))
+    assert refused.exit_code == 1 and "not a task of a job array" in refused.stderr
 
     for bad, message in (
         ("0-3%x", "--array: '0-3%x': expected indices with an optional %N"),

@@ -249,6 +249,54 @@ def test_changing_the_limit_of_a_job_of_its_own_is_refused(api):
     assert _change_limit(api, first, 2, user="bob").status_code == 403  # not his project
 
 
+def _cancel_array(api, job_id: int, user: str = "alice", **params):
+    return api.client.post(
+        f"/api/v1/jobs/{job_id}/array/cancel", params=params, headers=api.as_(user)
+    )
+
+
+def test_an_array_is_cancelled_in_one_request_running_tasks_stopped(api):
+    add_node(api, 2)
+    first = submit(api, name="sweep", array={"indices": "0-4"})
+    ids = [t["id"] for t in _tasks(api, first["id"])]
+    run_one_cycle(api)
+    _finish(api, ids[0])  # task 0 ran and ended: it stays SUCCEEDED
+    run_one_cycle(api)
+    before = [get_job(api, j)["status"] for j in ids]
+    assert before == ["SUCCEEDED", "SCHEDULED", "SCHEDULED", "PENDING", "PENDING"]
+    assert submit(api)["id"]  # a job of alice's own, not of the array: left alone
+
+    r = _cancel_array(api, ids[3], grace_s=0)  # any task's id will do
+    assert r.status_code == 200, r.text
+    acted = {t["id"]: t for t in r.json()}
+    assert sorted(acted) == ids[1:]
+    # Waiting tasks end at once; placed ones are asked to stop (their agents report it).
+    assert [acted[j]["status"] for j in ids[1:]] == ["SCHEDULED"] * 2 + ["CANCELLED"] * 2
+    assert all(acted[j]["cancel_requested"] for j in ids[1:3])
+    assert (
+        job_events(api, ids[1])[-1]["reason"]
+        == "cancel requested; stopping the process (SIGKILL now)"
+    )
+    assert get_job(api, ids[0])["status"] == "SUCCEEDED"
+    pending = api.client.get("/api/v1/jobs", params={"status": "PENDING"}, headers=api.as_("alice"))
+    assert len(pending.json()["items"]) == 1  # alice's own job
+
+    # Idempotent: again, only the tasks still stopping are named.
+    again = _cancel_array(api, first["id"])
+    assert [t["id"] for t in again.json()] == ids[1:3]
+
+
+def test_cancelling_the_array_of_a_job_of_its_own_is_refused(api):
+    single = submit(api)["id"]
+    r = _cancel_array(api, single)
+    assert r.status_code == 409 and "not a task of a job array" in r.text
+    first = submit(api, array={"indices": "0-1"})["id"]
+    assert _cancel_array(api, first, user="bob").status_code == 403  # not his project
+    r = _cancel_array(api, first, grace_s=-1)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "grace_s"]
+    assert [t["status"] for t in _tasks(api, first)] == ["PENDING", "PENDING"]
+
+
 def test_depending_on_arrays_counts_their_tasks(api, monkeypatch):
     big = [submit(api, array={"indices": "0-599"})["id"] for _ in range(2)]
     r = api.client.post(

@@ -53,7 +53,7 @@ def path_values(cluster: Cluster, op: Operation) -> dict[str, Any]:
     for param in op.params:
         if param == "job_id" and op.path.endswith(("/logs", "/requeue")):
             values[param] = cluster.ml_running_job
-        elif param == "job_id" and op.path.endswith("/array"):
+        elif param == "job_id" and op.path.endswith(("/array", "/array/cancel")):
             values[param] = cluster.ml_array
         elif param == "job_id":
             values[param] = cluster.ml_job

@@ -49,6 +49,28 @@ export function cancelButton(job, onDone) {
   });
 }
 
+// Every task of this job's array that has not ended, in one request (scancel of an array
+// id). Shown on any task: the others may still be waiting or running.
+export function cancelArrayButton(job, onDone) {
+  if (!job.array) return null;
+  const id = job.array.id;
+  return confirmButton({
+    label: "Cancel array", dataset: { cancelArray: id }, aria: `Cancel every task of array ${id}`, danger: true,
+    onConfirm: async () => {
+      try {
+        const tasks = await api(`/api/v1/jobs/${id}/array/cancel`, { method: "POST" });
+        const stopping = tasks.filter((t) => t.status !== "CANCELLED").length;
+        toast(tasks.length
+          ? `Array ${id}: ${tasks.length - stopping} tasks cancelled, ${stopping} stopping`
+          : `Array ${id} has no task left to cancel`);
+      } catch (err) {
+        toast(`Cannot cancel array ${id}: ${err.message}`, "error");
+      }
+      onDone();
+    },
+  });
+}
+
 // Requeue (scontrol requeue): stop a running job (SIGTERM, its grace period to checkpoint)
 // and put it back in the queue with its age; it costs no retry.
 export function requeueButton(job, onDone) {
