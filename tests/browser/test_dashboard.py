@@ -297,7 +297,9 @@ def test_a_job_stuck_in_its_grace_period_is_killed_from_its_page(
         stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel?grace_s=0")
 
 
-def test_a_running_job_is_requeued_from_its_page(dash: Dashboard, stack: Stack) -> None:
+def test_a_running_job_is_requeued_from_its_page_and_the_queue(
+    dash: Dashboard, stack: Stack
+) -> None:
     job = stack.request(
         "POST",
         "/api/v1/jobs",
@@ -328,6 +330,17 @@ def test_a_running_job_is_requeued_from_its_page(dash: Dashboard, stack: Stack) 
         _expect_text(page, "#job-events", "requeued: no retry spent")
         _expect_text(page, "#job-log", "attempt-2", timeout=30_000)
         dash.shot("job-requeued-desktop")
+        # Also from the queue's running table.
+        dash.go("#/queue")
+        row = f"#active-table tr[data-job='{job['id']}']"
+        page.click(f'{row} [data-requeue="{job["id"]}"]')
+        page.click(f'{row} [data-requeue="{job["id"]}"]')  # confirm
+        _expect_text(page, row, "requeuing…")
+        poll(
+            "attempt 3 running",
+            lambda: stack.request("GET", f"/api/v1/jobs/{job['id']}")["attempt"] == 3,
+            timeout=40,
+        )
         dash.assert_clean()
     finally:
         stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel?grace_s=0")

@@ -312,7 +312,9 @@ export function queuePage(root, ctx, { params }) {
             h("td", { class: "hide-sm" }, fmtDate(job.started_at || job.scheduled_at)),
             h("td", { class: "num", dataset: { since: job.started_at || "" } },
               job.started_at ? fmtDuration((Date.now() - Date.parse(job.started_at)) / 1000) : "—"),
-            h("td", { class: "actions" }, cancelButton(job, refreshAll))))))))
+            // The status cell already says "requeuing…" for a job being requeued.
+            h("td", { class: "actions" }, job.requeue_requested ? null : requeueButton(job, refreshAll),
+              cancelButton(job, refreshAll))))))))
         : h("div", { class: "empty" }, "No running jobs."),
       pageNo > 1 || page.next_cursor ? h("div", { class: "pager" },
         h("span", { class: "small muted" }, `Page ${pageNo}`),
