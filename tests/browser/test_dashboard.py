@@ -244,10 +244,22 @@ def test_an_array_shows_its_tasks_and_why_the_rest_wait(dash: Dashboard, stack: 
         )
         _expect_text(page, "#job-reason", "waiting for one of its tasks to end")
         dash.shot("job-array-desktop")
+        # A pending task's Change panel also changes its array's limit.
+        dash.console.allow(422, r"/api/v1/jobs/\d+/array$")  # the 0 refused below
+        page.click("#change-job")
+        page.fill("#c-max_running", "0")
+        page.click("#save-change")
+        _expect_text(page, "#cerr-max_running:not([hidden])", "greater than or equal to 1")
+        dash.shot("job-array-change-desktop")
+        page.fill("#c-max_running", "2")
+        page.click("#save-change")
+        _expect_text(page, "#job-array", "[(]3 tasks, at most 2 at once[)]$")
+        assert stack.request("GET", f"/api/v1/jobs/{first['id']}")["array"]["max_running"] == 2
         # Cancel the whole array from any task's page, in one request (scancel of an array).
         page.click(f'[data-cancel-array="{first["id"]}"]')
         page.click(f'[data-cancel-array="{first["id"]}"]')  # confirm
-        _expect_text(page, "#toast", f"^Array {first['id']}: 2 tasks cancelled, 1 stopping$")
+        # The second task may have started under the new limit: cancelled or stopping.
+        _expect_text(page, "#toast", f"^Array {first['id']}: [12] tasks cancelled, [12] stopping$")
         for offset in range(3):
             task = first["id"] + offset
             poll(

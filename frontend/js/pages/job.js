@@ -169,11 +169,16 @@ export function jobPage(root, ctx, { match }) {
     ["estimated_runtime_s", "Estimated runtime (s)", "empty: unknown"],
     ["grace_s", "Grace to checkpoint (s)", "empty: the node's default"],
   ];
+  // A task's page also changes its array's limit (PATCH /jobs/{id}/array), for every task.
+  const current = (name) => (name === "max_running" ? job.array.max_running : job[name]) ?? null;
   const closeEditor = () => { editor.hidden = true; clear(editor); };
   const openEditor = () => {
-    const inputs = Object.fromEntries(EDITABLE.map(([name]) => [name,
-      h("input", { type: "number", inputmode: "numeric", id: `c-${name}`, value: job[name] ?? "" })]));
-    const errors = Object.fromEntries(EDITABLE.map(([name]) => [name,
+    const fields = job.array
+      ? [...EDITABLE, ["max_running", "Tasks of its array at once", `empty: no limit; for all ${job.array.tasks} tasks`]]
+      : EDITABLE;
+    const inputs = Object.fromEntries(fields.map(([name]) => [name,
+      h("input", { type: "number", inputmode: "numeric", id: `c-${name}`, value: current(name) ?? "" })]));
+    const errors = Object.fromEntries(fields.map(([name]) => [name,
       h("div", { class: "field-error", id: `cerr-${name}`, role: "alert", hidden: true })]));
     const general = h("div", { class: "error-box", role: "alert", hidden: true });
     const save = async (ev) => {
@@ -181,14 +186,20 @@ export function jobPage(root, ctx, { match }) {
       Object.values(errors).forEach((e) => { e.hidden = true; });
       general.hidden = true;
       const changes = {};
-      for (const [name] of EDITABLE) {
+      for (const [name] of fields) {
         const raw = inputs[name].value.trim();
         const value = raw === "" ? null : Number(raw);
-        if (value !== (job[name] ?? null)) changes[name] = value;
+        if (value !== current(name)) changes[name] = value;
       }
+      const { max_running: limit, ...jobChanges } = changes;
       if (!Object.keys(changes).length) { closeEditor(); return; }
       try {
-        await api(`/api/v1/jobs/${jobId}`, { method: "PATCH", body: changes });
+        if (Object.keys(jobChanges).length) {
+          await api(`/api/v1/jobs/${jobId}`, { method: "PATCH", body: jobChanges });
+        }
+        if ("max_running" in changes) {
+          await api(`/api/v1/jobs/${jobId}/array`, { method: "PATCH", body: { max_running: limit } });
+        }
         toast(`Job ${jobId} changed`);
         closeEditor();
         await Promise.all([refreshJob(), refreshEvents()]);
@@ -205,7 +216,7 @@ export function jobPage(root, ctx, { match }) {
     };
     clear(editor, h("h2", {}, "Change this job"),
       h("form", { onsubmit: save, novalidate: true },
-        h("div", { class: "form-grid" }, EDITABLE.map(([name, label, help]) => h("div", { class: "field span-2" },
+        h("div", { class: "form-grid" }, fields.map(([name, label, help]) => h("div", { class: "field span-2" },
           h("label", { for: `c-${name}` }, label), inputs[name],
           help ? h("div", { class: "help" }, help) : null, errors[name]))),
         general,
