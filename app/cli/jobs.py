@@ -832,10 +832,6 @@ def _each_job(
         raise typer.Exit(EXIT_REJECTED)
 
 
-# The states a cancel changes anything in: `cancel --user alice` means these.
-CANCELLABLE = ("PENDING", "SCHEDULED", "RUNNING")
-
-
 def cancel(
     job_ids: Annotated[
         list[int] | None, typer.Argument(help="Job ids (or select them with the options)")
@@ -846,7 +842,7 @@ def cancel(
         list[str] | None,
         typer.Option(
             "--status",
-            help="Only in these states (default: pending and running)",
+            help="Only in these states (default: any a job has not ended in)",
             show_default=False,
         ),
     ] = None,
@@ -883,43 +879,26 @@ def cancel(
     parse_pairs(label, "--label")  # usage error before any request
     grace_s = _duration_option(grace, "--grace")
     client = ApiClient.from_options(url, token)
-    if array is not None and not (user or project or status or label):
-        _cancel_array(client, array, grace_s=grace_s, as_json=as_json)
+    shorter = {} if grace_s is None else {"grace_s": grace_s}
+    if job_ids:
+        _each_job(job_ids, "cancel", _cancel_line, client=client, as_json=as_json, params=shorter)
         return
-    ids = job_ids or []
-    if selecting:
-        params: dict[str, Any] = {
-            "status": [s.upper() for s in status or CANCELLABLE],
-            "label": list(label or []),
-            "limit": MAX_PAGE,
-            **({"user": user} if user else {}),
-            **({"project": project} if project else {}),
-            **({"array": array} if array is not None else {}),
-        }
-        ids = _selected_ids(client, params, nothing="no jobs match", as_json=as_json)
-        if not ids:
-            return
-    _each_job(
-        ids,
-        "cancel",
-        _cancel_line,
-        client=client,
-        as_json=as_json,
-        selected=selecting,
-        params=None if grace_s is None else {"grace_s": grace_s},
-    )
-
-
-def _cancel_array(client: ApiClient, array: int, *, grace_s: int | None, as_json: bool) -> None:
-    """Every task of the array that has not ended, in one request (scancel of an array)."""
-    params = None if grace_s is None else {"grace_s": grace_s}
-    tasks = client.post(f"{JOBS}/{array}/array/cancel", params=params)
+    # The selection in one request, cancelled in one transaction (as scancel -u alice).
+    params: dict[str, Any] = {
+        "status": [s.upper() for s in status or ()],
+        "label": list(label or []),
+        **({"user": user} if user else {}),
+        **({"project": project} if project else {}),
+        **({"array": array} if array is not None else {}),
+        **shorter,
+    }
+    jobs = client.post(f"{JOBS}/cancel", params=params)
     if as_json:
-        print_json(tasks)
-    elif not tasks:
-        typer.echo(f"array {array} has no task left to cancel", err=True)
-    for task in [] if as_json else tasks:
-        typer.echo(_cancel_line(task))
+        print_json(jobs)
+    elif not jobs:
+        typer.echo("no jobs match", err=True)
+    for job in [] if as_json else jobs:
+        typer.echo(_cancel_line(job))
 
 
 def _selected_ids(

@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -86,10 +86,7 @@ def _parse_cursor(cursor: str | None) -> int | None:
     return int(cursor)
 
 
-@router.get("", response_model=JobPage)
-def list_jobs(
-    session: SessionDep,
-    principal: CurrentUser,
+def job_selection(
     status_: Annotated[list[JobStatus], Query(alias="status")] = [],  # noqa: B006
     project: str | None = None,
     user: str | None = None,
@@ -97,20 +94,70 @@ def list_jobs(
     array: Annotated[
         int | None, Query(ge=1, le=2**31 - 1, description="the tasks of this job array")
     ] = None,
+) -> service.JobSelection:
+    return service.JobSelection(
+        statuses=tuple(status_),
+        project=project,
+        user=user,
+        labels=tuple(_parse_labels(label)),
+        array=array,
+    )
+
+
+SelectionDep = Annotated[service.JobSelection, Depends(job_selection)]
+
+
+@router.get("", response_model=JobPage)
+def list_jobs(
+    session: SessionDep,
+    principal: CurrentUser,
+    selection: SelectionDep,
     cursor: Annotated[str | None, Query(max_length=20)] = None,
     limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 50,
 ) -> JobPage:
     return service.list_jobs(
         session=session,
         principal=principal,
-        statuses=status_,
-        project=project,
-        user=user,
-        labels=_parse_labels(label),
-        array=array,
+        selection=selection,
         cursor=_parse_cursor(cursor),
         limit=limit,
     )
+
+
+@router.post("/cancel", response_model=list[JobOut])
+def cancel_jobs(
+    session: SessionDep,
+    principal: CurrentUser,
+    messenger: MessengerDep,
+    selection: SelectionDep,
+    grace_s: GraceQuery = None,
+) -> list[JobOut]:
+    """Cancel every job the filters select that has not ended, in one request, as
+    `scancel -u alice -t PENDING` or `scancel` of an array id (`?array=12`): pending jobs
+    end at once, running ones are stopped as by a cancel of each. At least one filter is
+    required. Returns the jobs acted on (none: nothing matched)."""
+    if not selection.narrows():
+        raise FieldError(
+            "status",
+            "select the jobs to cancel with status, project, user, label or array",
+            location="query",
+        )
+    jobs = service.cancel_selected(
+        session=session, principal=principal, selection=selection, grace_s=grace_s
+    )
+    if messenger is not None:
+        for job in jobs:
+            if job.cancel_requested:
+                messenger.send_stops(
+                    stop_messages(
+                        session,
+                        job_id=job.id,
+                        attempt=job.attempt,
+                        reason="cancel",
+                        grace_s=grace_s,
+                    )
+                )
+    return jobs
 
 
 @router.get("/{job_id}", response_model=JobOut)
@@ -141,36 +188,6 @@ def cancel_job(
             )
         )
     return job
-
-
-@router.post("/{job_id}/array/cancel", response_model=list[JobOut])
-def cancel_array(
-    job_id: JobId,
-    session: SessionDep,
-    principal: CurrentUser,
-    messenger: MessengerDep,
-    grace_s: GraceQuery = None,
-) -> list[JobOut]:
-    """Cancel every task of the job array that job `job_id` belongs to and that has not
-    ended, as Slurm's `scancel` of an array id, in one request: pending tasks end at once,
-    running ones are stopped as by a cancel of each. Returns those tasks. A job of its own
-    is a 409."""
-    tasks = service.cancel_array(
-        session=session, principal=principal, job_id=job_id, grace_s=grace_s
-    )
-    if messenger is not None:
-        for task in tasks:
-            if task.cancel_requested:
-                messenger.send_stops(
-                    stop_messages(
-                        session,
-                        job_id=task.id,
-                        attempt=task.attempt,
-                        reason="cancel",
-                        grace_s=grace_s,
-                    )
-                )
-    return tasks
 
 
 @router.post("/{job_id}/requeue", response_model=JobOut)

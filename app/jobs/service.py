@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydantic import ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -393,33 +393,51 @@ def events(*, session: Session, principal: Principal, job_id: int) -> list[JobEv
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class JobSelection:
+    """Which jobs a listing or a bulk cancel means (as squeue's and scancel's filters):
+    every filter given must hold. Only jobs of the caller's projects are ever selected."""
+
+    statuses: tuple[JobStatus, ...] = ()
+    project: str | None = None
+    user: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    array: int | None = None
+
+    def narrows(self) -> bool:
+        return bool(self.statuses or self.project or self.user or self.labels) or (
+            self.array is not None
+        )
+
+    def where(self, query: Select[Job], principal: Principal) -> Select[Job]:
+        if not principal.is_admin:
+            query = query.where(Job.project_id.in_(principal.project_ids or {-1}))
+        if self.statuses:
+            query = query.where(Job.status.in_(self.statuses))
+        if self.project is not None:
+            query = query.where(
+                Job.project_id.in_(select(Project.id).where(Project.name == self.project))
+            )
+        if self.user is not None:
+            query = query.where(Job.user_id.in_(select(User.id).where(User.name == self.user)))
+        for key, value in self.labels:
+            query = query.where(Job.labels[key].as_string() == value)
+        if self.array is not None:
+            query = query.where(Job.array_id == self.array)
+        return query
+
+
 def list_jobs(
     *,
     session: Session,
     principal: Principal,
-    statuses: Sequence[JobStatus] = (),
-    project: str | None = None,
-    user: str | None = None,
-    labels: Sequence[tuple[str, str]] = (),
-    array: int | None = None,
+    selection: JobSelection = JobSelection(),
     cursor: int | None = None,
     limit: int = 50,
 ) -> JobPage:
     """Newest first. The cursor is the last id seen: new jobs get higher ids, so paging
     backwards never skips or repeats a job however many are submitted meanwhile."""
-    query = select(Job).order_by(Job.id.desc()).limit(limit + 1)
-    if not principal.is_admin:
-        query = query.where(Job.project_id.in_(principal.project_ids or {-1}))
-    if statuses:
-        query = query.where(Job.status.in_(statuses))
-    if project is not None:
-        query = query.join(Project, Project.id == Job.project_id).where(Project.name == project)
-    if user is not None:
-        query = query.join(User, User.id == Job.user_id).where(User.name == user)
-    for key, value in labels:
-        query = query.where(Job.labels[key].as_string() == value)
-    if array is not None:
-        query = query.where(Job.array_id == array)
+    query = selection.where(select(Job).order_by(Job.id.desc()).limit(limit + 1), principal)
     if cursor is not None:
         query = query.where(Job.id < cursor)
     jobs = list(session.scalars(query))
@@ -465,25 +483,27 @@ def cancel(
     return _outs(session, [job])[0]
 
 
-def cancel_array(
-    *, session: Session, principal: Principal, job_id: int, grace_s: int | None = None
+def cancel_selected(
+    *,
+    session: Session,
+    principal: Principal,
+    selection: JobSelection,
+    grace_s: int | None = None,
 ) -> list[JobOut]:
-    """Cancel every task of the job array that `job_id` belongs to and that has not ended,
-    as Slurm's `scancel` of an array id, in one transaction: `job_id` is any of its tasks.
-    Returns the tasks acted on (the caller sends the stops). A job of its own is a 409."""
-    job = _visible_job(session=session, principal=principal, job_id=job_id)
-    if job.array_id is None:
-        raise Conflict(f"job {job_id} is not a task of a job array")
-    tasks = session.scalars(
-        select(Job)
-        .where(Job.array_id == job.array_id, Job.status.not_in(FINISHED))
+    """Cancel every job the selection names that has not ended, in one transaction, as
+    `scancel -u alice -t PENDING` or `scancel` of an array id. The caller must narrow the
+    selection (the router refuses "every job"). Returns the jobs acted on; the caller sends
+    the stops."""
+    jobs = session.scalars(
+        selection.where(select(Job), principal)
+        .where(Job.status.not_in(FINISHED))
         .order_by(Job.id)  # rows locked in id order, as a cycle's apply locks them
-        .with_for_update()
+        .with_for_update(of=Job)
     ).all()
-    for task in tasks:
-        _cancel_one(session, job=task, actor=principal.name, grace_s=grace_s)
+    for job in jobs:
+        _cancel_one(session, job=job, actor=principal.name, grace_s=grace_s)
     session.commit()
-    return _outs(session, list(tasks))
+    return _outs(session, list(jobs))
 
 
 def _cancel_one(session: Session, *, job: Job, actor: str, grace_s: int | None) -> None:

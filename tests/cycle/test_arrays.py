@@ -249,10 +249,8 @@ def test_changing_the_limit_of_a_job_of_its_own_is_refused(api):
     assert _change_limit(api, first, 2, user="bob").status_code == 403  # not his project
 
 
-def _cancel_array(api, job_id: int, user: str = "alice", **params):
-    return api.client.post(
-        f"/api/v1/jobs/{job_id}/array/cancel", params=params, headers=api.as_(user)
-    )
+def _cancel(api, as_user: str = "alice", **params):
+    return api.client.post("/api/v1/jobs/cancel", params=params, headers=api.as_(as_user))
 
 
 def test_an_array_is_cancelled_in_one_request_running_tasks_stopped(api):
@@ -266,35 +264,53 @@ def test_an_array_is_cancelled_in_one_request_running_tasks_stopped(api):
     assert before == ["SUCCEEDED", "SCHEDULED", "SCHEDULED", "PENDING", "PENDING"]
     assert submit(api)["id"]  # a job of alice's own, not of the array: left alone
 
-    r = _cancel_array(api, ids[3], grace_s=0)  # any task's id will do
+    r = _cancel(api, array=first["id"], grace_s=0)
     assert r.status_code == 200, r.text
     acted = {t["id"]: t for t in r.json()}
     assert sorted(acted) == ids[1:]
     # Waiting tasks end at once; placed ones are asked to stop (their agents report it).
     assert [acted[j]["status"] for j in ids[1:]] == ["SCHEDULED"] * 2 + ["CANCELLED"] * 2
     assert all(acted[j]["cancel_requested"] for j in ids[1:3])
-    assert (
-        job_events(api, ids[1])[-1]["reason"]
-        == "cancel requested; stopping the process (SIGKILL now)"
-    )
+    stopping = job_events(api, ids[1])[-1]["reason"]
+    assert stopping == "cancel requested; stopping the process (SIGKILL now)"
     assert get_job(api, ids[0])["status"] == "SUCCEEDED"
     pending = api.client.get("/api/v1/jobs", params={"status": "PENDING"}, headers=api.as_("alice"))
     assert len(pending.json()["items"]) == 1  # alice's own job
 
     # Idempotent: again, only the tasks still stopping are named.
-    again = _cancel_array(api, first["id"])
+    again = _cancel(api, array=first["id"])
     assert [t["id"] for t in again.json()] == ids[1:3]
 
 
-def test_cancelling_the_array_of_a_job_of_its_own_is_refused(api):
-    single = submit(api)["id"]
-    r = _cancel_array(api, single)
-    assert r.status_code == 409 and "not a task of a job array" in r.text
-    first = submit(api, array={"indices": "0-1"})["id"]
-    assert _cancel_array(api, first, user="bob").status_code == 403  # not his project
-    r = _cancel_array(api, first, grace_s=-1)
+def test_a_bulk_cancel_takes_only_what_its_filters_and_the_callers_projects_select(api):
+    sweep = submit(api, array={"indices": "0-1"}, labels={"run": "a"})["id"]
+    other = submit(api, labels={"run": "b"})["id"]
+    bobs = submit(api, user="bob")["id"]
+    # Every filter must hold: alice's pending jobs labelled run=b.
+    r = _cancel(api, user="alice", status="PENDING", label="run=b")
+    assert r.status_code == 200, r.text
+    assert [j["id"] for j in r.json()] == [other]
+    # Bob may not touch project ml: his cancel of "user alice" selects nothing of hers.
+    assert _cancel(api, "bob", user="alice").json() == []
+    assert _cancel(api, "bob", project="ml").json() == []
+    assert [j["status"] for j in _tasks(api, sweep)] == ["PENDING", "PENDING"]
+    # An admin's selection spans projects.
+    r = _cancel(api, "admin", status="PENDING")
+    assert sorted(j["id"] for j in r.json()) == sorted([sweep, sweep + 1, bobs])
+
+
+def test_a_bulk_cancel_must_say_which_jobs(api):
+    job = submit(api)["id"]
+    r = _cancel(api)
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["query", "status"]
+    assert "select the jobs to cancel" in r.json()["detail"][0]["msg"]
+    r = _cancel(api, array=job, grace_s=-1)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "grace_s"]
-    assert [t["status"] for t in _tasks(api, first)] == ["PENDING", "PENDING"]
+    r = _cancel(api, label="run")
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "label"]
+    assert _cancel(api, array=job).json() == []  # a job of its own is no array
+    assert get_job(api, job)["status"] == "PENDING"
 
 
 def test_depending_on_arrays_counts_their_tasks(api, monkeypatch):

@@ -41,6 +41,10 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/api/v1/nodes/{name}/drain"): {"reason": "fan"},
     ("PATCH", "/api/v1/projects/{name}"): {"gpu_quota": 2},
 }
+# Query parameters an operation needs to do anything (a bulk cancel must say which jobs).
+QUERIES: dict[tuple[str, str], dict[str, Any]] = {
+    ("POST", "/api/v1/jobs/cancel"): {"project": "ml"},
+}
 # Operations whose body names a project: another project's user is refused, but as a
 # field error (422 "you are not a member of project 'ml'"), which is also accepted.
 PROJECT_IN_BODY = {("POST", "/api/v1/jobs"), ("POST", "/api/v1/batches")}
@@ -53,7 +57,7 @@ def path_values(cluster: Cluster, op: Operation) -> dict[str, Any]:
     for param in op.params:
         if param == "job_id" and op.path.endswith(("/logs", "/requeue")):
             values[param] = cluster.ml_running_job
-        elif param == "job_id" and op.path.endswith(("/array", "/array/cancel")):
+        elif param == "job_id" and op.path.endswith("/array"):
             values[param] = cluster.ml_array
         elif param == "job_id":
             values[param] = cluster.ml_job
@@ -81,6 +85,7 @@ def url(cluster: Cluster, op: Operation) -> str:
 
 def call(api: Api, cluster: Cluster, op: Operation, headers: dict[str, str], **kwargs: Any) -> Any:
     body = BODIES.get((op.method, op.path))
+    kwargs.setdefault("params", QUERIES.get((op.method, op.path)))
     return api.client.request(op.method, url(cluster, op), json=body, headers=headers, **kwargs)
 
 

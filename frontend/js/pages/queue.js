@@ -58,7 +58,7 @@ export function cancelArrayButton(job, onDone) {
     label: "Cancel array", dataset: { cancelArray: id }, aria: `Cancel every task of array ${id}`, danger: true,
     onConfirm: async () => {
       try {
-        const tasks = await api(`/api/v1/jobs/${id}/array/cancel`, { method: "POST" });
+        const tasks = await api("/api/v1/jobs/cancel", { method: "POST", query: { array: id } });
         const stopping = tasks.filter((t) => t.status !== "CANCELLED").length;
         toast(tasks.length
           ? `Array ${id}: ${tasks.length - stopping} tasks cancelled, ${stopping} stopping`
