@@ -5,6 +5,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from app.cycle.dispatch import stop_messages
@@ -15,6 +16,7 @@ from app.jobs import service
 from app.jobs.logs import MAX_TAIL_LINES, attempt_log_path, follow, read_tail, resolve_attempt
 from app.jobs.schemas import ArrayUpdate, JobCreate, JobEventOut, JobOut, JobPage, JobUpdate
 from app.jobs.states import ACTIVE, JobStatus
+from app.messaging import Messenger
 from app.nodes.telemetry import job_series
 
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
@@ -145,19 +147,23 @@ def cancel_jobs(
     jobs = service.cancel_selected(
         session=session, principal=principal, selection=selection, grace_s=grace_s
     )
-    if messenger is not None:
-        for job in jobs:
-            if job.cancel_requested:
-                messenger.send_stops(
-                    stop_messages(
-                        session,
-                        job_id=job.id,
-                        attempt=job.attempt,
-                        reason="cancel",
-                        grace_s=grace_s,
-                    )
-                )
+    _send_cancel_stops(session, messenger, jobs, grace_s=grace_s)
     return jobs
+
+
+def _send_cancel_stops(
+    session: Session, messenger: Messenger | None, jobs: list[JobOut], *, grace_s: int | None
+) -> None:
+    """After the commit: each cancelled job that is still placed is stopped by its agents
+    (again, for one already stopping: a shorter grace cuts its own short)."""
+    if messenger is None:
+        return
+    for job in jobs:
+        if job.cancel_requested:
+            stops = stop_messages(
+                session, job_id=job.id, attempt=job.attempt, reason="cancel", grace_s=grace_s
+            )
+            messenger.send_stops(stops)
 
 
 @router.get("/{job_id}", response_model=JobOut)
@@ -181,12 +187,7 @@ def cancel_job(
     """Idempotent: cancelling a cancelled job returns it unchanged. A scheduled or running
     job is stopped by its agent (SIGTERM, its grace period, SIGKILL) and then CANCELLED."""
     job = service.cancel(session=session, principal=principal, job_id=job_id, grace_s=grace_s)
-    if job.cancel_requested and messenger is not None:
-        messenger.send_stops(
-            stop_messages(
-                session, job_id=job.id, attempt=job.attempt, reason="cancel", grace_s=grace_s
-            )
-        )
+    _send_cancel_stops(session, messenger, [job], grace_s=grace_s)
     return job
 
 

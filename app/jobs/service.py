@@ -405,9 +405,8 @@ class JobSelection:
     array: int | None = None
 
     def narrows(self) -> bool:
-        return bool(self.statuses or self.project or self.user or self.labels) or (
-            self.array is not None
-        )
+        given = (self.project, self.user, self.array)
+        return bool(self.statuses or self.labels) or any(v is not None for v in given)
 
     def where(self, query: Select[Job], principal: Principal) -> Select[Job]:
         if not principal.is_admin:
