@@ -881,7 +881,9 @@ def cancel(
     client = ApiClient.from_options(url, token)
     shorter = {} if grace_s is None else {"grace_s": grace_s}
     if job_ids:
-        _each_job(job_ids, "cancel", _cancel_line, client=client, as_json=as_json, params=shorter)
+        _each_job(
+            job_ids, "cancel", _cancel_id_line, client=client, as_json=as_json, params=shorter
+        )
         return
     # The selection in one request, cancelled in one transaction (as scancel -u alice).
     params: dict[str, Any] = {
@@ -1108,6 +1110,18 @@ def _requeue_line(job: dict[str, Any]) -> str:
 def _hold_line(job: dict[str, Any]) -> str:
     state = f"held by {job['held_by']}" if job.get("held_by") else job["status"]
     return f"job {job['id']} ({_name_cell(job)}): {state}"
+
+
+def _cancel_id_line(job: dict[str, Any]) -> str:
+    """`cancel 12` where 12 is an array's id cancels task 0 alone, unlike Slurm's scancel
+    of an array id: say how to cancel the rest."""
+    array = job.get("array")
+    if array and array["id"] == job["id"] and array["tasks"] > 1:
+        return (
+            f"{_cancel_line(job)}; task 0 only: `gpusched cancel --array {job['id']}` "
+            f"cancels the array's {array['tasks']} tasks"
+        )
+    return _cancel_line(job)
 
 
 def _cancel_line(job: dict[str, Any]) -> str:

@@ -561,6 +561,18 @@ def test_submit_an_array_list_show_and_cancel_it(cli: Cli) -> None:
         assert refused.exit_code == 2 and message in refused.stderr, refused.stderr
 
 
+def test_cancelling_an_arrays_id_says_it_was_task_0_only(cli: Cli) -> None:
+    first = _submit_json(cli, "--array", "0-2", "--name", "sweep", "--", "true")["id"]
+    result = cli("cancel", str(first))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == (
+        f"job {first} (sweep[0]): CANCELLED; task 0 only: "
+        f"`gpusched cancel --array {first}` cancels the array's 3 tasks\n"
+    )
+    assert cli("cancel", str(first + 1)).stdout == f"job {first + 1} (sweep[1]): CANCELLED\n"
+    assert _stored(cli, first + 2).status == JobStatus.PENDING
+
+
 def test_update_a_pending_job(cli: Cli) -> None:
     job = _submit_json(cli, "--max-runtime", "2h", "--", "true")["id"]
     result = cli("update", str(job), "--gpus", "2", "--max-runtime", "none", "--priority", "3")
