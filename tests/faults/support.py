@@ -37,11 +37,12 @@ ATTEMPT_ENDS = frozenset(
 # Settings every fault stack uses on top of the e2e ones (bench.common.tune_env):
 # a short dispatch timeout so reconciliation re-sends lost run_job messages in test
 # time, a short lease so a killed scheduler's lease expires quickly, and no metrics
-# server (two schedulers, and other suites' stacks, would fight over port 9101).
+# servers (two schedulers, and other suites' stacks, would fight over ports 9101/9102).
 FAULT_ENV = {
     "GPUSCHED_SCHEDULER_DISPATCH_TIMEOUT_S": "3",
     "GPUSCHED_SCHEDULER_LEASE_TTL_S": "5",
     "GPUSCHED_SCHEDULER_METRICS_PORT": "0",
+    "GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT": "0",
 }
 
 
