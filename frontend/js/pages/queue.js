@@ -60,8 +60,9 @@ export function cancelArrayButton(job, onDone) {
       try {
         const tasks = await api("/api/v1/jobs/cancel", { method: "POST", query: { array: id } });
         const stopping = tasks.filter((t) => t.status !== "CANCELLED").length;
+        const cancelled = tasks.length - stopping;
         toast(tasks.length
-          ? `Array ${id}: ${tasks.length - stopping} tasks cancelled, ${stopping} stopping`
+          ? `Array ${id}: ${cancelled} task${cancelled === 1 ? "" : "s"} cancelled, ${stopping} stopping`
           : `Array ${id} has no task left to cancel`);
       } catch (err) {
         toast(`Cannot cancel array ${id}: ${err.message}`, "error");
