@@ -138,12 +138,6 @@ def cancel_jobs(
     `scancel -u alice -t PENDING` or `scancel` of an array id (`?array=12`): pending jobs
     end at once, running ones are stopped as by a cancel of each. At least one filter is
     required. Returns the jobs acted on (none: nothing matched)."""
-    if not selection.narrows():
-        raise FieldError(
-            "status",
-            "select the jobs to cancel with status, project, user, label or array",
-            location="query",
-        )
     jobs = service.cancel_selected(
         session=session, principal=principal, selection=selection, grace_s=grace_s
     )

@@ -490,9 +490,15 @@ def cancel_selected(
     grace_s: int | None = None,
 ) -> list[JobOut]:
     """Cancel every job the selection names that has not ended, in one transaction, as
-    `scancel -u alice -t PENDING` or `scancel` of an array id. The caller must narrow the
-    selection (the router refuses "every job"). Returns the jobs acted on; the caller sends
-    the stops."""
+    `scancel -u alice -t PENDING` or `scancel` of an array id. A selection of every job is
+    refused: a forgotten filter must not cancel the whole queue. Returns the jobs acted on;
+    the caller sends the stops."""
+    if not selection.narrows():
+        raise FieldError(
+            "status",
+            "select the jobs to cancel with status, project, user, label or array",
+            location="query",
+        )
     jobs = session.scalars(
         selection.where(select(Job), principal)
         .where(Job.status.not_in(FINISHED))
