@@ -806,12 +806,10 @@ def _each_job(
     *,
     client: ApiClient,
     as_json: bool,
-    selected: bool = False,
     params: dict[str, Any] | None = None,
 ) -> None:
     """POST /jobs/ID/`action` (with `params`) for every id: one line each, errors per id on
-    stderr, exit 1 if any failed. --json prints the job, or a list of jobs for several ids
-    or for jobs `selected` by filters (however many matched)."""
+    stderr, exit 1 if any failed. --json prints the job, or a list of jobs for several."""
     ids = list(dict.fromkeys(job_ids))
     done, failed = [], 0
     for job_id in ids:
@@ -827,17 +825,22 @@ def _each_job(
         if not as_json:
             typer.echo(line(job))
     if as_json:
-        print_json(done[0] if len(ids) == 1 and not selected else done)
+        print_json(done[0] if len(ids) == 1 else done)
     if failed:
         raise typer.Exit(EXIT_REJECTED)
 
 
+OptionalJobIds = Annotated[
+    list[int] | None, typer.Argument(help="Job ids (or select them with the options)")
+]
+UserFilterOption = Annotated[str | None, typer.Option(help="Every job of this user")]
+ProjectFilterOption = Annotated[str | None, typer.Option(help="Every job in this project")]
+
+
 def cancel(
-    job_ids: Annotated[
-        list[int] | None, typer.Argument(help="Job ids (or select them with the options)")
-    ] = None,
-    user: Annotated[str | None, typer.Option(help="Every job of this user")] = None,
-    project: Annotated[str | None, typer.Option(help="Every job in this project")] = None,
+    job_ids: OptionalJobIds = None,
+    user: UserFilterOption = None,
+    project: ProjectFilterOption = None,
     status: Annotated[
         list[str] | None,
         typer.Option(
@@ -867,104 +870,110 @@ def cancel(
 
     Every job is tried; exit 1 if any could not be cancelled. --json prints the job, or a
     list of jobs for several."""
-    selecting = bool(user or project or status or label or array is not None)
-    if job_ids and selecting:
-        raise CliError(
-            "give job ids or --user/--project/--status/--label/--array, not both", EXIT_USAGE
-        )
-    if not job_ids and not selecting:
-        raise CliError(
-            "no jobs: give job ids or select them with --user, --project, ...", EXIT_USAGE
-        )
-    parse_pairs(label, "--label")  # usage error before any request
+    selection = _selection_params(job_ids, user, project, status, label, array)
     grace_s = _duration_option(grace, "--grace")
     client = ApiClient.from_options(url, token)
     shorter = {} if grace_s is None else {"grace_s": grace_s}
-    if job_ids:
+    if selection is None:
         _each_job(
-            job_ids, "cancel", _cancel_id_line, client=client, as_json=as_json, params=shorter
+            job_ids or [], "cancel", _cancel_id_line, client=client, as_json=as_json, params=shorter
         )
         return
     # The selection in one request, cancelled in one transaction (as scancel -u alice).
-    params: dict[str, Any] = {
+    jobs = client.post(f"{JOBS}/cancel", params=selection | shorter)
+    _print_acted(jobs, _cancel_line, nothing="no jobs match", as_json=as_json)
+
+
+def hold(
+    job_ids: OptionalJobIds = None,
+    user: UserFilterOption = None,
+    project: ProjectFilterOption = None,
+    label: LabelFilterOption = None,
+    array: ArrayFilterOption = None,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Keep pending jobs from starting until released, like scontrol hold 12 13, or every
+    pending job the options select; --array 12 holds every pending task of array 12.
+
+    Every id is tried; exit 1 if any could not be held (e.g. it is already running)."""
+    client = ApiClient.from_options(url, token)
+    selection = _selection_params(job_ids, user, project, None, label, array)
+    if selection is None:
+        _each_job(job_ids or [], "hold", _hold_line, client=client, as_json=as_json)
+    else:
+        jobs = client.post(f"{JOBS}/hold", params=selection)
+        _print_acted(jobs, _hold_line, nothing="no pending jobs match", as_json=as_json)
+
+
+def release(
+    job_ids: OptionalJobIds = None,
+    user: UserFilterOption = None,
+    project: ProjectFilterOption = None,
+    label: LabelFilterOption = None,
+    array: ArrayFilterOption = None,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Let held jobs be scheduled again, like scontrol release 12 13, or every held job
+    the options select; --array 12 releases every held task of array 12. A hold placed by
+    an admin only an admin releases."""
+    client = ApiClient.from_options(url, token)
+    selection = _selection_params(job_ids, user, project, None, label, array)
+    if selection is None:
+        _each_job(job_ids or [], "release", _hold_line, client=client, as_json=as_json)
+    else:
+        jobs = client.post(f"{JOBS}/release", params=selection)
+        _print_acted(jobs, _hold_line, nothing="no held jobs match", as_json=as_json)
+
+
+def _selection_params(
+    job_ids: list[int] | None,
+    user: str | None,
+    project: str | None,
+    status: list[str] | None,
+    label: list[str] | None,
+    array: int | None,
+) -> dict[str, Any] | None:
+    """The query of a bulk action (POST /jobs/cancel, /hold, /release: the filters of GET
+    /jobs), or None when jobs are named by id. Ids and filters together, or neither, is a
+    usage error, raised before any request."""
+    selecting = bool(user or project or status or label or array is not None)
+    if job_ids and selecting:
+        raise CliError(
+            "give job ids or filter options (--user, --array, ...), not both", EXIT_USAGE
+        )
+    if not job_ids and not selecting:
+        raise CliError("no jobs: give job ids or select them with --user, --array, ...", EXIT_USAGE)
+    if job_ids:
+        return None
+    parse_pairs(label, "--label")
+    return {
         "status": [s.upper() for s in status or ()],
         "label": list(label or []),
         **({"user": user} if user else {}),
         **({"project": project} if project else {}),
         **({"array": array} if array is not None else {}),
-        **shorter,
     }
-    jobs = client.post(f"{JOBS}/cancel", params=params)
+
+
+def _print_acted(
+    jobs: list[dict[str, Any]],
+    line: Callable[[dict[str, Any]], str],
+    *,
+    nothing: str,
+    as_json: bool,
+) -> None:
+    """A bulk action's answer: one line per job acted on, in id order (or the list with
+    --json); when none matched, `nothing` on stderr, exit 0."""
     if as_json:
         print_json(jobs)
     elif not jobs:
-        typer.echo("no jobs match", err=True)
-    for job in [] if as_json else jobs:
-        typer.echo(_cancel_line(job))
-
-
-def _selected_ids(
-    client: ApiClient, params: dict[str, Any], *, nothing: str, as_json: bool
-) -> list[int]:
-    """The ids of every job a GET /jobs filter selects, newest first. When none matches,
-    says `nothing` on stderr (and prints [] with --json): the caller has nothing to do."""
-    found, _ = _fetch_jobs(client, params, cursor=None, all_pages=True)
-    if not found:
         typer.echo(nothing, err=True)
-        if as_json:
-            print_json([])
-    return [job["id"] for job in found]
-
-
-OptionalJobIds = Annotated[
-    list[int] | None, typer.Argument(help="Job ids (or --array ID)", show_default=False)
-]
-
-
-def hold(
-    job_ids: OptionalJobIds = None,
-    array: ArrayFilterOption = None,
-    as_json: JsonOption = False,
-    url: UrlOption = None,
-    token: TokenOption = None,
-) -> None:
-    """Keep pending jobs from starting until released, like scontrol hold 12 13;
-    --array 12 holds every pending task of array 12.
-
-    Every id is tried; exit 1 if any could not be held (e.g. it is already running)."""
-    client = ApiClient.from_options(url, token)
-    _each_pending(job_ids, array, "hold", client=client, as_json=as_json)
-
-
-def release(
-    job_ids: OptionalJobIds = None,
-    array: ArrayFilterOption = None,
-    as_json: JsonOption = False,
-    url: UrlOption = None,
-    token: TokenOption = None,
-) -> None:
-    """Let held jobs be scheduled again, like scontrol release 12 13; --array 12 releases
-    every held task of array 12. A hold placed by an admin only an admin releases."""
-    client = ApiClient.from_options(url, token)
-    _each_pending(job_ids, array, "release", client=client, as_json=as_json)
-
-
-def _each_pending(
-    job_ids: list[int] | None, array: int | None, action: str, *, client: ApiClient, as_json: bool
-) -> None:
-    """hold/release the jobs named, or the pending tasks of `array`."""
-    if job_ids and array is not None:
-        raise CliError("give job ids or --array, not both", EXIT_USAGE)
-    if not job_ids and array is None:
-        raise CliError("no jobs: give job ids or --array ID", EXIT_USAGE)
-    ids = job_ids or []
-    if array is not None:
-        params = {"array": array, "status": ["PENDING"], "limit": MAX_PAGE}
-        nothing = f"no pending task in array {array}"
-        ids = sorted(_selected_ids(client, params, nothing=nothing, as_json=as_json))
-        if not ids:
-            return
-    _each_job(ids, action, _hold_line, client=client, as_json=as_json, selected=array is not None)
+    for job in [] if as_json else jobs:
+        typer.echo(line(job))
 
 
 def update(

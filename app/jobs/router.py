@@ -145,6 +145,27 @@ def cancel_jobs(
     return jobs
 
 
+@router.post("/hold", response_model=list[JobOut])
+def hold_jobs(session: SessionDep, principal: CurrentUser, selection: SelectionDep) -> list[JobOut]:
+    """Hold every pending job the filters select, in one request, as `scontrol hold` of an
+    array id (`?array=12`). At least one filter is required. Returns them (none: nothing
+    pending matched)."""
+    return service.hold_selected(session=session, principal=principal, selection=selection)
+
+
+@router.post("/release", response_model=list[JobOut])
+def release_jobs(
+    session: SessionDep, principal: CurrentUser, messenger: MessengerDep, selection: SelectionDep
+) -> list[JobOut]:
+    """Release every held job the filters select, in one request. A hold placed by an
+    admin only an admin releases: if the selection holds one, nothing is released (403).
+    Returns the jobs released."""
+    jobs = service.release_selected(session=session, principal=principal, selection=selection)
+    if messenger is not None and jobs:
+        messenger.request_cycle()
+    return jobs
+
+
 def _send_cancel_stops(
     session: Session, messenger: Messenger | None, jobs: list[JobOut], *, grace_s: int | None
 ) -> None:

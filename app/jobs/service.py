@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydantic import ValidationError
-from sqlalchemy import Select, func, select
+from sqlalchemy import ColumnElement, Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -490,25 +490,37 @@ def cancel_selected(
     grace_s: int | None = None,
 ) -> list[JobOut]:
     """Cancel every job the selection names that has not ended, in one transaction, as
-    `scancel -u alice -t PENDING` or `scancel` of an array id. A selection of every job is
-    refused: a forgotten filter must not cancel the whole queue. Returns the jobs acted on;
+    `scancel -u alice -t PENDING` or `scancel` of an array id. Returns the jobs acted on;
     the caller sends the stops."""
-    if not selection.narrows():
-        raise FieldError(
-            "status",
-            "select the jobs to cancel with status, project, user, label or array",
-            location="query",
-        )
-    jobs = session.scalars(
-        selection.where(select(Job), principal)
-        .where(Job.status.not_in(FINISHED))
-        .order_by(Job.id)  # rows locked in id order, as a cycle's apply locks them
-        .with_for_update(of=Job)
-    ).all()
+    where = (Job.status.not_in(FINISHED),)
+    jobs = _lock_selected(
+        session, principal=principal, selection=selection, verb="cancel", where=where
+    )
     for job in jobs:
         _cancel_one(session, job=job, actor=principal.name, grace_s=grace_s)
     session.commit()
-    return _outs(session, list(jobs))
+    return _outs(session, jobs)
+
+
+def _lock_selected(
+    session: Session,
+    *,
+    principal: Principal,
+    selection: JobSelection,
+    verb: str,
+    where: Sequence[ColumnElement[bool]],
+) -> list[Job]:
+    """The rows of a bulk action's jobs, locked in id order (as a cycle's apply locks
+    them). A selection of every job is refused: a forgotten filter must not act on the
+    whole queue."""
+    if not selection.narrows():
+        raise FieldError(
+            "status",
+            f"select the jobs to {verb} with status, project, user, label or array",
+            location="query",
+        )
+    query = selection.where(select(Job), principal).where(*where)
+    return list(session.scalars(query.order_by(Job.id).with_for_update(of=Job)))
 
 
 def _cancel_one(session: Session, *, job: Job, actor: str, grace_s: int | None) -> None:
@@ -600,11 +612,30 @@ def hold(*, session: Session, principal: Principal, job_id: int) -> JobOut:
     session.refresh(job, with_for_update=True)  # a cycle placing it now must not race
     if job.status is not JobStatus.PENDING:
         raise Conflict(f"job {job_id} is {job.status}: only a pending job can be held")
-    if job.held_by is None:
-        job.held_by, job.held_at = principal.name, utcnow()
-        _note(session, job=job, actor=principal.name, reason=f"held by {principal.name}")
+    _hold_one(session, job=job, actor=principal.name)
     session.commit()
     return _outs(session, [job])[0]
+
+
+def hold_selected(
+    *, session: Session, principal: Principal, selection: JobSelection
+) -> list[JobOut]:
+    """Hold every pending job the selection names, in one transaction, as `scontrol hold`
+    of an array id. Jobs not pending are not selected. Returns them all, held."""
+    where = (Job.status == JobStatus.PENDING,)
+    jobs = _lock_selected(
+        session, principal=principal, selection=selection, verb="hold", where=where
+    )
+    for job in jobs:
+        _hold_one(session, job=job, actor=principal.name)
+    session.commit()
+    return _outs(session, jobs)
+
+
+def _hold_one(session: Session, *, job: Job, actor: str) -> None:
+    if job.held_by is None:
+        job.held_by, job.held_at = actor, utcnow()
+        _note(session, job=job, actor=actor, reason=f"held by {actor}")
 
 
 def release(*, session: Session, principal: Principal, job_id: int) -> JobOut:
@@ -612,21 +643,55 @@ def release(*, session: Session, principal: Principal, job_id: int) -> JobOut:
     released only by an admin, as Slurm's admin hold. Idempotent."""
     job = _visible_job(session=session, principal=principal, job_id=job_id)
     session.refresh(job, with_for_update=True)
-    holder = job.held_by
-    if holder is None:
-        session.commit()
-        return _outs(session, [job])[0]
-    if holder != principal.name and not principal.is_admin:
-        held_by_admin = session.scalar(select(User.is_admin).where(User.name == holder))
-        if held_by_admin:
-            raise Forbidden(f"job {job_id} was held by admin {holder!r}; only an admin releases it")
+    if job.held_by is not None:
+        if _held_by_admin(session, principal=principal, jobs=[job]):
+            raise Forbidden(
+                f"job {job_id} was held by admin {job.held_by!r}; only an admin releases it"
+            )
+        _release_one(session, job=job, actor=principal.name)
+    session.commit()
+    return _outs(session, [job])[0]
+
+
+def release_selected(
+    *, session: Session, principal: Principal, selection: JobSelection
+) -> list[JobOut]:
+    """Release every held job the selection names, in one transaction (`scontrol release`
+    of an array id). If an admin held any of them and the caller is not one, none is
+    released: the 403 names them. Returns the jobs released."""
+    where = (Job.status == JobStatus.PENDING, Job.held_by.is_not(None))
+    jobs = _lock_selected(
+        session, principal=principal, selection=selection, verb="release", where=where
+    )
+    if refused := _held_by_admin(session, principal=principal, jobs=jobs):
+        ids = ", ".join(str(job.id) for job in refused)
+        raise Forbidden(
+            f"jobs {ids} were held by an admin; only an admin releases them (nothing was "
+            "released: leave them out of the selection)"
+        )
+    for job in jobs:
+        _release_one(session, job=job, actor=principal.name)
+    session.commit()
+    return _outs(session, jobs)
+
+
+def _held_by_admin(session: Session, *, principal: Principal, jobs: list[Job]) -> list[Job]:
+    """The jobs among `jobs` that an admin other than the caller holds, which only an
+    admin may release (none when the caller is one)."""
+    holders = {job.held_by for job in jobs} - {None, principal.name}
+    if principal.is_admin or not holders:
+        return []
+    admins = set(session.scalars(select(User.name).where(User.name.in_(holders), User.is_admin)))
+    return [job for job in jobs if job.held_by in admins]
+
+
+def _release_one(session: Session, *, job: Job, actor: str) -> None:
+    """Release a held job whose row the caller holds locked."""
     if job.held_at is not None:
         job.ineligible_s += max(0, int((utcnow() - job.held_at).total_seconds()))
     job.held_by = job.held_at = None
     _back_in_line(job, why="released")
-    _note(session, job=job, actor=principal.name, reason=f"released by {principal.name}")
-    session.commit()
-    return _outs(session, [job])[0]
+    _note(session, job=job, actor=actor, reason=f"released by {actor}")
 
 
 def update(

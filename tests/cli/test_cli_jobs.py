@@ -470,6 +470,21 @@ def test_hold_and_release(cli: Cli) -> None:
     assert cli("cancel", str(first)).exit_code == 0
     refused = cli("hold", str(first))
     assert refused.exit_code == 1 and "only a pending job can be held" in refused.stderr
+
+    # Selected by the options: one request; a job an admin held keeps every job held.
+    bobs = _submit_json(cli, "--", "true", user="bob")["id"]
+    assert cli("hold", "--user", "alice").stdout == f"job {second} (sleep): held by alice\n"
+    third = _submit_json(cli, "--", "sleep", "1")["id"]
+    assert cli("hold", str(third), user="admin").exit_code == 0
+    refused = cli("release", "--user", "alice")
+    assert refused.exit_code == 1 and f"jobs {third} were held by an admin" in refused.stderr
+    assert _stored(cli, second).held_by == "alice"
+    released = cli("release", "--json", "--user", "alice", user="admin")
+    assert [j["id"] for j in json.loads(released.stdout)] == [second, third]
+    none = cli("release", "--user", "alice")
+    assert (none.exit_code, none.stderr) == (0, "no held jobs match\n")
+    assert _stored(cli, bobs).held_by is None
+    assert cli("hold", str(second), "--user", "alice").exit_code == 2  # ids or options
     submitted = cli("submit", "--hold", "--", "true")
     assert submitted.exit_code == 0, submitted.stderr
     assert "held by alice: gpusched release" in submitted.stdout
@@ -534,13 +549,13 @@ def test_submit_an_array_list_show_and_cancel_it(cli: Cli) -> None:
     assert len(cli("release", "--array", "1").stdout.splitlines()) == 4
     assert _stored(cli, 4).held_by is None
     both = cli("hold", "1", "--array", "1")
-    assert both.exit_code == 2 and "give job ids or --array, not both" in both.stderr
+    assert both.exit_code == 2 and "give job ids or filter options" in both.stderr
     assert cli("release").exit_code == 2
     nothing = cli("hold", "--json", "--array", "999")
     assert (nothing.exit_code, nothing.stdout, nothing.stderr) == (
         0,
         "[]\n",
-        "no pending task in array 999\n",
+        "",
     )
 
     cancelled = cli("cancel", "--array", "1")  # one request for the whole array

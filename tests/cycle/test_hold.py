@@ -150,3 +150,85 @@ def test_a_job_submitted_held_waits_for_release(api):
     r = api.client.post("/api/v1/batches", json=batch, headers=api.as_("alice"))
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == ["body", "templates", 0, "hold"]
+
+
+def _bulk(api, action: str, as_user="alice", **params):
+    return api.client.post(f"/api/v1/jobs/{action}", params=params, headers=api.as_(as_user))
+
+
+def test_an_array_is_held_and_released_in_one_request(api):
+    add_node(api, 1)
+    first = submit(api, name="sweep", array={"indices": "0-3"})["id"]
+    tasks = [first + i for i in range(4)]
+    own = _submit(api)  # a job of alice's own, not of the array: left alone
+    run_one_cycle(api)  # task 0 takes the only GPU
+    assert get_job(api, first)["status"] == "SCHEDULED"
+
+    r = _bulk(api, "hold", array=first)
+    assert r.status_code == 200, r.text
+    held = r.json()
+    # Only the pending tasks are held (a placed task cannot be), in id order.
+    assert [(j["id"], j["held_by"], j["pending_reason"]) for j in held] == [
+        (t, "alice", "held") for t in tasks[1:]
+    ]
+    assert get_job(api, own)["held_by"] is None
+    assert [j["id"] for j in _bulk(api, "hold", array=first).json()] == tasks[1:]  # idempotent
+    assert [e["reason"] for e in job_events(api, tasks[1])] == ["submitted", "held by alice"]
+
+    r = _bulk(api, "release", array=first)
+    assert r.status_code == 200, r.text
+    assert [(j["id"], j["held_by"], j["pending_reason"]) for j in r.json()] == [
+        (t, None, "NEW") for t in tasks[1:]
+    ]
+    assert _bulk(api, "release", array=first).json() == []  # none is held any more
+    assert [e["reason"] for e in job_events(api, tasks[1])][-1] == "released by alice"
+
+
+def test_a_bulk_hold_takes_only_what_its_filters_and_the_callers_projects_select(api):
+    runs_a = [_submit(api, labels={"run": "a"}) for _ in range(2)]
+    run_b = _submit(api, labels={"run": "b"})
+    bobs = _submit(api, user="bob")
+    r = _bulk(api, "hold", label="run=a")
+    assert [j["id"] for j in r.json()] == runs_a
+    assert get_job(api, run_b)["held_by"] is None
+    # Bob may not touch project ml: his selection of alice's jobs is empty.
+    assert _bulk(api, "hold", "bob", user="alice").json() == []
+    assert _bulk(api, "release", "bob", project="ml").json() == []
+    assert all(get_job(api, j)["held_by"] == "alice" for j in runs_a)
+    # An admin's selection spans projects.
+    r = _bulk(api, "hold", "admin", status="PENDING")
+    assert [(j["id"], j["held_by"]) for j in r.json()] == [
+        (runs_a[0], "alice"),
+        (runs_a[1], "alice"),
+        (run_b, "admin"),
+        (bobs, "admin"),
+    ]
+
+
+def test_a_bulk_release_of_an_admins_hold_releases_nothing(api):
+    mine, admins = _submit(api), _submit(api)
+    assert _post(api, mine, "hold").status_code == 200
+    assert _post(api, admins, "hold", user="admin").status_code == 200
+    r = _bulk(api, "release", user="alice")
+    assert r.status_code == 403
+    assert r.json()["detail"] == (
+        f"jobs {admins} were held by an admin; only an admin releases them (nothing was "
+        "released: leave them out of the selection)"
+    )
+    assert get_job(api, mine)["held_by"] == "alice"  # all or nothing
+    r = _bulk(api, "release", "admin", user="alice")
+    assert [j["id"] for j in r.json()] == [mine, admins]
+
+
+def test_a_bulk_hold_or_release_must_say_which_jobs(api):
+    job = _submit(api)
+    for action in ("hold", "release"):
+        r = _bulk(api, action)
+        assert r.status_code == 422
+        detail = r.json()["detail"][0]
+        assert detail["loc"] == ["query", "status"]
+        assert (
+            detail["msg"]
+            == f"select the jobs to {action} with status, project, user, label or array"
+        )
+    assert get_job(api, job)["held_by"] is None

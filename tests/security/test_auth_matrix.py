@@ -41,9 +41,10 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/api/v1/nodes/{name}/drain"): {"reason": "fan"},
     ("PATCH", "/api/v1/projects/{name}"): {"gpu_quota": 2},
 }
-# Query parameters an operation needs to do anything (a bulk cancel must say which jobs).
+# Query parameters an operation needs to do anything (a bulk action must say which jobs).
 QUERIES: dict[tuple[str, str], dict[str, Any]] = {
-    ("POST", "/api/v1/jobs/cancel"): {"project": "ml"},
+    ("POST", f"/api/v1/jobs/{action}"): {"project": "ml"}
+    for action in ("cancel", "hold", "release")
 }
 # Operations whose body names a project: another project's user is refused, but as a
 # field error (422 "you are not a member of project 'ml'"), which is also accepted.
