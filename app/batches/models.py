@@ -26,6 +26,9 @@ class BatchSchedule(Base):
     target: Mapped[str] = mapped_column(String(16), default="now")
     window: Mapped[str | None] = mapped_column(String(64))
     catch_up: Mapped[str] = mapped_column(String(8), default="once")
+    # A fire time that comes while jobs of an earlier firing have not ended: allow (submit
+    # anyway), forbid (skip it) or replace (cancel them first), as a CronJob's policy.
+    concurrency: Mapped[str] = mapped_column(String(8), default="allow")
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     # Fire times at or before this instant never run: set at creation, on re-enable and
     # when the cron or zone changes, so a schedule never fires for its own past.

@@ -19,6 +19,7 @@ from app.windows.calendar import SLUG_RE, validate_cron, validate_timezone
 
 Target = Literal["now", "offpeak"]
 CatchUp = Literal["once", "skip"]
+Concurrency = Literal["allow", "forbid", "replace"]
 
 MAX_TEMPLATES = 100
 
@@ -85,6 +86,13 @@ class BatchIn(RequestBody):
         description="after downtime: once = run the latest missed fire time once; "
         "skip = record a late fire time as skipped",
     )
+    concurrency: Concurrency = Field(
+        default="allow",
+        description="when a fire time comes while jobs of an earlier firing have not ended "
+        "(as a Kubernetes CronJob's concurrencyPolicy): allow = submit anyway, they overlap; "
+        "forbid = record the fire time as skipped, saying which jobs; replace = cancel them "
+        "(running ones get their grace period), then submit",
+    )
 
     @field_validator("cron")
     @classmethod
@@ -126,6 +134,7 @@ class BatchOut(_Times):
     window: str | None
     enabled: bool
     catch_up: CatchUp
+    concurrency: Concurrency
     created_at: datetime
     updated_at: datetime
     next_fire_at: datetime | None = Field(description="null when disabled")

@@ -38,10 +38,13 @@ from app.auth.models import User
 from app.auth.service import Principal, principal_for
 from app.batches.models import BatchFiring, BatchSchedule
 from app.batches.schemas import BatchIn, BatchOut, FiringOut
+from app.cycle.dispatch import Dispatch, stop_messages
 from app.errors import Conflict, DomainError, FieldError, Forbidden, NotFound
 from app.jobs.limits import RuntimeLimits
+from app.jobs.models import Job
 from app.jobs.schemas import JobCreate
-from app.jobs.service import _resolve_project, check_can_ever_fit, create_job
+from app.jobs.service import _resolve_project, cancel_locked, check_can_ever_fit, create_job
+from app.jobs.states import FINISHED
 from app.messaging import Messenger
 from app.projects.models import Project
 from app.windows.calendar import resolve_local, validate_timezone
@@ -164,6 +167,7 @@ def _out(session: Session, row: BatchSchedule, now: datetime) -> BatchOut:
         window=row.window,
         enabled=row.enabled,
         catch_up=row.catch_up,
+        concurrency=row.concurrency,
         created_at=row.created_at.astimezone(zone),
         updated_at=row.updated_at.astimezone(zone),
         next_fire_at=nxt,
@@ -294,6 +298,7 @@ def create_batch(
         target=body.target,
         window=body.window,
         catch_up=body.catch_up,
+        concurrency=body.concurrency,
         enabled=body.enabled,
         active_from=now,
         created_at=now,
@@ -335,6 +340,7 @@ def replace_batch(
     row.target = body.target
     row.window = body.window
     row.catch_up = body.catch_up
+    row.concurrency = body.concurrency
     row.enabled = body.enabled
     row.updated_at = now
     try:
@@ -378,6 +384,8 @@ class Firing:
     outcome: str  # "submitted" | "skipped" | "failed" | "duplicate"
     job_ids: tuple[int, ...] = ()
     error: str | None = None
+    # stop_job messages for running jobs of an earlier firing it replaced (after commit)
+    stops: tuple[Dispatch, ...] = ()
 
 
 @dataclass
@@ -475,6 +483,17 @@ def fire_schedule(
                 session.commit()
                 log.info("batch %s: fire time %s skipped (late)", name, due.isoformat())
                 return Firing(name, due, "skipped")
+            earlier = _unended_jobs(session, row)
+            if earlier and row.concurrency == "forbid":
+                firing.skipped = True
+                firing.error = (
+                    f"jobs {_ids(earlier)} of an earlier firing have not ended "
+                    "(concurrency: forbid)"
+                )
+                session.commit()
+                log.info("batch %s: fire time %s skipped: %s", name, due.isoformat(), firing.error)
+                return Firing(name, due, "skipped", error=firing.error)
+            stops = _replace(session, earlier, batch=name, due=due) if earlier else []
             owner = owner_principal(session=session, user_id=row.user_id)
             job_ids: list[int] = []
             for template in row.templates:
@@ -485,6 +504,7 @@ def fire_schedule(
                     limits=limits,
                     actor=f"batch:{name}",
                     reason=f"cron batch {name!r} fired for {due.isoformat()}",
+                    batch_id=row.id,
                 )
                 job_ids.append(job.id)
             firing.job_ids = job_ids
@@ -502,7 +522,35 @@ def fire_schedule(
                 return Firing(name, due, "duplicate")
             return Firing(name, due, "failed", error=message)
     log.info("batch %s fired for %s: jobs %s", name, due.isoformat(), job_ids)
-    return Firing(name, due, "submitted", tuple(job_ids))
+    return Firing(name, due, "submitted", tuple(job_ids), stops=tuple(stops))
+
+
+def _unended_jobs(session: Session, row: BatchSchedule) -> list[Job]:
+    """The jobs of the schedule's earlier firings that have not ended (none asked for
+    under `allow`), rows locked in id order: a cycle may be placing them."""
+    if row.concurrency == "allow":
+        return []
+    query = select(Job).where(Job.batch_id == row.id, Job.status.not_in(FINISHED))
+    return list(session.scalars(query.order_by(Job.id).with_for_update()))
+
+
+def _replace(session: Session, jobs: list[Job], *, batch: str, due: datetime) -> list[Dispatch]:
+    """Cancel an earlier firing's jobs for the firing at `due`; the stops for those
+    placed are the caller's to send after its commit."""
+    why = f"replaced by the firing for {due.isoformat()}"
+    for job in jobs:
+        cancel_locked(session, job=job, actor=f"batch:{batch}", why=why)
+    log.info("batch %s: jobs %s %s", batch, _ids(jobs), why)
+    return [
+        stop
+        for job in jobs
+        if job.cancel_requested_at is not None
+        for stop in stop_messages(session, job_id=job.id, attempt=job.attempt, reason="cancel")
+    ]
+
+
+def _ids(jobs: list[Job]) -> str:
+    return ", ".join(str(job.id) for job in jobs)
 
 
 def fire_due(
@@ -515,7 +563,8 @@ def fire_due(
     only: Sequence[int] | None = None,
 ) -> FireReport:
     """Fire every enabled schedule that is due at ``now`` (one transaction each), then,
-    after those commits, request a scheduling cycle if any job was submitted."""
+    after those commits, stop the running jobs a firing replaced and request a scheduling
+    cycle if any job was submitted."""
     with factory() as session:
         query = select(BatchSchedule.id).where(BatchSchedule.enabled.is_(True))
         if only is not None:
@@ -536,6 +585,9 @@ def fire_due(
             continue
         if firing is not None:
             report.firings.append(firing)
+    stops = [stop for firing in report.firings for stop in firing.stops]
+    if stops and messenger is not None:
+        messenger.send_stops(stops)
     if report.submitted_jobs and messenger is not None:
         messenger.request_cycle()
     return report

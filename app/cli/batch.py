@@ -142,6 +142,14 @@ def create(
             "--catch-up", help="After downtime: once (run the latest missed time) or skip"
         ),
     ] = "once",
+    concurrency: Annotated[
+        str,
+        typer.Option(
+            "--concurrency",
+            help="A fire time while jobs of an earlier firing have not ended: allow (submit "
+            "anyway), forbid (skip it) or replace (cancel them, then submit)",
+        ),
+    ] = "allow",
     disabled: Annotated[bool, typer.Option("--disabled", help="Create it disabled")] = False,
     replace: Annotated[
         bool,
@@ -186,6 +194,8 @@ def create(
         raise CliError("--window needs --offpeak", EXIT_USAGE)
     if catch_up not in ("once", "skip"):
         raise CliError("--catch-up must be once or skip", EXIT_USAGE)
+    if concurrency not in ("allow", "forbid", "replace"):
+        raise CliError("--concurrency must be allow, forbid or replace", EXIT_USAGE)
     templates: list[dict[str, Any]] = []
     for path in template_file or []:
         templates.extend(load_templates(path))
@@ -221,6 +231,7 @@ def create(
         "templates": templates,
         "target": "offpeak" if offpeak else "now",
         "catch_up": catch_up,
+        "concurrency": concurrency,
         "enabled": not disabled,
     }
     if window:
@@ -238,6 +249,14 @@ def create(
     )
 
 
+def _overlap(concurrency: str) -> str:
+    return {
+        "allow": "allow (a firing submits even if earlier jobs have not ended)",
+        "forbid": "forbid (a firing is skipped while earlier jobs have not ended)",
+        "replace": "replace (a firing cancels earlier jobs that have not ended)",
+    }[concurrency]
+
+
 def _details(batch: dict[str, Any]) -> Table:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
@@ -248,6 +267,7 @@ def _details(batch: dict[str, Any]) -> Table:
         ("cron", f"{batch['cron']} ({batch['timezone']})"),
         ("target", _target(batch)),
         ("catch up", batch["catch_up"]),
+        ("overlap", _overlap(batch["concurrency"])),
         ("enabled", "yes" if batch["enabled"] else "no"),
         ("next fire", batch.get("next_fire_at") or ""),
         ("last fired", batch.get("last_fired_at") or ""),
@@ -290,7 +310,9 @@ def show(
     if firings:
         table = make_table("FIRE TIME", "JOB IDS", "NOTE", title="Firings")
         for f in firings:
-            note = "skipped (late)" if f["skipped"] else (f.get("error") or "")
+            note = f.get("error") or ""
+            if f["skipped"]:
+                note = f"skipped: {note}" if note else "skipped (late)"
             add_row(table, f["fire_at"], ",".join(str(j) for j in f["job_ids"]), note)
         out.print(table)
     else:

@@ -32,6 +32,7 @@ class Job(Base):
         Index("ix_job_status_id", "status", "id"),
         Index("ix_job_project_id", "project_id", "id"),
         Index("ix_job_array_id", "array_id"),
+        Index("ix_job_batch_id", "batch_id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -85,6 +86,11 @@ class Job(Base):
     array_index: Mapped[int | None] = mapped_column(Integer)
     array_size: Mapped[int | None] = mapped_column(Integer)
     array_max_running: Mapped[int | None] = mapped_column(Integer)
+    # The cron batch whose firing submitted the job (its concurrency policy asks which of
+    # its jobs have not ended); null for a job submitted otherwise.
+    batch_id: Mapped[int | None] = mapped_column(
+        ForeignKey("batch_schedule.id", ondelete="SET NULL")
+    )
     # Seconds this pending job could not run (held, or waiting on its dependencies). They
     # do not count as waiting (queue order, aging, starvation), as Slurm accrues a job's
     # age only while it is eligible.

@@ -157,10 +157,11 @@ def create_job(
     actor: str | None = None,
     reason: str = "submitted",
     inventory: InventoryCache | None = None,
+    batch_id: int | None = None,
 ) -> tuple[Job, str]:
     """Validate and add a PENDING job with its first event, or one per task of an array
     (returning the first task); flushes, never commits, so a caller can submit several
-    jobs atomically (cron batches)."""
+    jobs atomically (cron batches, which pass their `batch_id`)."""
     project_id, project_name = _resolve_project(
         session=session, principal=principal, name=spec.project
     )
@@ -214,6 +215,7 @@ def create_job(
             dependency_kind=spec.dependency,
             dependencies_met=waits_for is None,
             array_index=index,
+            batch_id=batch_id,
             status=JobStatus.PENDING,
             attempt=0,
             pending_reason=NEW_IN_QUEUE if waits_for is None else DEPENDENCY,
@@ -477,7 +479,7 @@ def cancel(
     session.refresh(job, with_for_update=True)
     if job.status in FINISHED and job.status is not JobStatus.CANCELLED:
         raise Conflict(f"job {job_id} already finished ({job.status}); nothing to cancel")
-    _cancel_one(session, job=job, actor=principal.name, grace_s=grace_s)
+    cancel_locked(session, job=job, actor=principal.name, grace_s=grace_s)
     session.commit()
     return _outs(session, [job])[0]
 
@@ -497,7 +499,7 @@ def cancel_selected(
         session, principal=principal, selection=selection, verb="cancel", where=where
     )
     for job in jobs:
-        _cancel_one(session, job=job, actor=principal.name, grace_s=grace_s)
+        cancel_locked(session, job=job, actor=principal.name, grace_s=grace_s)
     session.commit()
     return _outs(session, jobs)
 
@@ -523,15 +525,18 @@ def _lock_selected(
     return list(session.scalars(query.order_by(Job.id).with_for_update(of=Job)))
 
 
-def _cancel_one(session: Session, *, job: Job, actor: str, grace_s: int | None) -> None:
-    """Cancel a job whose row the caller holds locked; a finished one is left alone."""
+def cancel_locked(
+    session: Session, *, job: Job, actor: str, grace_s: int | None = None, why: str | None = None
+) -> None:
+    """Cancel a job whose row the caller holds locked (a cycle may be placing it); a
+    finished one is left alone. A placed one is only asked to stop: the caller sends
+    `stop_messages` after its commit. `why` is noted when it is not the user's cancel."""
     status = JobStatus(job.status)
     if status in (JobStatus.PENDING, JobStatus.PREEMPTED, JobStatus.LOST):
         if status is not JobStatus.PENDING:
             transition(session, job=job, to=JobStatus.PENDING, actor=actor, reason="")
-        transition(
-            session, job=job, to=JobStatus.CANCELLED, actor=actor, reason="cancelled by user"
-        )
+        reason = "cancelled by user" if why is None else f"cancelled: {why}"
+        transition(session, job=job, to=JobStatus.CANCELLED, actor=actor, reason=reason)
     elif status in ACTIVE:
         shorter = {None: "", 0: " (SIGKILL now)"}.get(grace_s, f" (grace at most {grace_s}s)")
         if grace_s is not None:
@@ -539,7 +544,8 @@ def _cancel_one(session: Session, *, job: Job, actor: str, grace_s: int | None) 
             job.cancel_grace_s = grace_s if earlier is None else min(earlier, grace_s)
         if job.cancel_requested_at is None:
             job.cancel_requested_at = utcnow()
-            reason = f"cancel requested; stopping the process{shorter}"
+            cause = "" if why is None else f" ({why})"
+            reason = f"cancel requested{cause}; stopping the process{shorter}"
             _note(session, job=job, actor=actor, reason=reason)
         elif shorter:
             _note(session, job=job, actor=actor, reason=f"cancel again{shorter}")

@@ -42,6 +42,7 @@ def test_create_shows_next_fire_time_in_the_zone_and_stores_the_project(api: Api
     b = create(api)
     assert b["owner"] == "alice" and b["project"] == "ml" and b["enabled"] is True
     assert b["target"] == "now" and b["catch_up"] == "once" and b["last_fired_at"] is None
+    assert b["concurrency"] == "allow"  # as before the policy existed: firings overlap
     nxt = datetime.fromisoformat(b["next_fire_at"])
     assert b["next_fire_at"].endswith(("-05:00", "-04:00"))
     assert (nxt.hour, nxt.minute) == (2, 0) and nxt > utcnow()
@@ -83,6 +84,7 @@ def test_validation_errors_name_the_field(api: Api) -> None:
         (body(target="offpeak", window="night"), ["body", "window"]),  # no such window
         (body(target="later"), ["body", "target"]),
         (body(catch_up="all"), ["body", "catch_up"]),
+        (body(concurrency="queue"), ["body", "concurrency"]),
     ]
     for payload, loc in cases:
         r = api.client.post(BATCHES, json=payload, headers=h)
@@ -184,14 +186,18 @@ def test_replace_changes_cron_and_can_rename(api: Api) -> None:
     h = api.as_("alice")
     r = api.client.put(
         f"{BATCHES}/nightly",
-        json=body(name="hourly", cron="0 * * * *", timezone="UTC", catch_up="skip"),
+        json=body(
+            name="hourly", cron="0 * * * *", timezone="UTC", catch_up="skip", concurrency="forbid"
+        ),
         headers=h,
     )
     assert r.status_code == 200, r.text
-    assert (r.json()["name"], r.json()["cron"], r.json()["catch_up"]) == (
+    changed = r.json()
+    assert (changed["name"], changed["cron"], changed["catch_up"], changed["concurrency"]) == (
         "hourly",
         "0 * * * *",
         "skip",
+        "forbid",
     )
     assert r.json()["next_fire_at"].endswith("+00:00")
     assert api.client.get(f"{BATCHES}/nightly", headers=h).status_code == 404

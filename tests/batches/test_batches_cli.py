@@ -56,7 +56,7 @@ def test_create_from_template_file_offpeak(cli: Cli, tmp_path: Path) -> None:
     path.write_text(json.dumps({"templates": templates}))
     create = (
         "create", "weekly", "--cron", "0 3 * * sun", "--tz", "UTC", "--offpeak",
-        "--catch-up", "skip", "--template-file", str(path), "--json",
+        "--catch-up", "skip", "--concurrency", "replace", "--template-file", str(path), "--json",
     )  # fmt: skip
     # Off-peak work on a cluster without any window would never start.
     r = batch(cli, *create)
@@ -72,6 +72,7 @@ def test_create_from_template_file_offpeak(cli: Cli, tmp_path: Path) -> None:
     assert r.exit_code == 0, r.stderr
     body = json.loads(r.stdout)
     assert body["target"] == "offpeak" and body["catch_up"] == "skip"
+    assert body["concurrency"] == "replace"
     assert [(t["name"], t.get("after")) for t in body["templates"]] == [
         ("prep", None),
         ("train", [0]),
@@ -79,6 +80,7 @@ def test_create_from_template_file_offpeak(cli: Cli, tmp_path: Path) -> None:
     ]
     shown = batch(cli, "show", "weekly").stdout
     assert "python train.py (gpus 2, project ml, after job 0)" in shown
+    assert "replace (a firing cancels earlier jobs that have not ended)" in shown
     assert "python sweep.py (gpus 1, project ml, array 0-3%2, after job 1)" in shown
 
 
@@ -103,6 +105,8 @@ def test_usage_and_server_errors_are_one_line(cli: Cli, tmp_path: Path) -> None:
     assert r.exit_code == 2 and "no jobs" in r.stderr
     r = batch(cli, "create", "x", "--cron", "0 2 * * *", "--window", "w", "--", "true")
     assert r.exit_code == 2 and "--window needs --offpeak" in r.stderr
+    r = batch(cli, "create", "x", "--cron", "0 2 * * *", "--concurrency", "queue", "--", "true")
+    assert r.exit_code == 2 and "--concurrency must be allow, forbid or replace" in r.stderr
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2]")
     r = batch(cli, "create", "x", "--cron", "0 2 * * *", "--template-file", str(bad))
@@ -132,3 +136,19 @@ def test_replace_changes_a_batch_in_place(cli: Cli, tmp_path: Path) -> None:
 
     missing = batch(cli, "create", "weekly", *base, "--replace", "--", "true")
     assert missing.exit_code == 1 and "weekly" in missing.stderr
+
+
+def test_show_says_why_a_firing_was_skipped(cli: Cli) -> None:
+    from datetime import datetime, timedelta
+
+    from app.batches.service import fire_due
+    from app.jobs.limits import RuntimeLimits
+
+    r = batch(cli, "create", "hourly", "--cron", "0 * * * *", "--concurrency", "forbid", "--json",
+              "--", "true")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    first = datetime.fromisoformat(json.loads(r.stdout)["next_fire_at"])
+    for fire_at in (first, first + timedelta(hours=1)):  # the first job has not run
+        fire_due(factory=cli.factory, limits=RuntimeLimits(), now=fire_at + timedelta(seconds=1))
+    shown = batch(cli, "show", "hourly").stdout
+    assert "skipped: jobs 1 of an earlier firing have not ended (concurrency: forbid)" in shown

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import delete, select
@@ -10,11 +12,17 @@ from sqlalchemy import delete, select
 from app.auth.service import Principal
 from app.batches import service
 from app.batches.schemas import BatchIn
+from app.cycle.dispatch import Dispatch
+from app.cycle.run import run_cycle
+from app.db import utcnow
 from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Job, JobEvent
+from app.jobs.states import JobStatus
 from app.projects.models import Project, ProjectMember
 from app.windows.models import Window
 from tests.batches.conftest import World
+from tests.cycle.jobs_api import SETTINGS
+from tests.foundation.builders import ready_node
 
 NY = ZoneInfo("America/New_York")
 
@@ -194,11 +202,15 @@ class FakeMessenger:
     def __init__(self, world: World) -> None:
         self.world = world
         self.calls: list[int] = []
+        self.stops: list[tuple[str, dict[str, Any]]] = []
 
     def request_cycle(self) -> bool:
         # A new connection sees the jobs only if they were committed before this call.
         self.calls.append(len(self.world.jobs()))
         return True
+
+    def send_stops(self, stops: Iterable[Dispatch]) -> None:
+        self.stops.extend((s.node, s.payload) for s in stops)
 
 
 def test_cycle_is_requested_after_commit_and_only_when_jobs_were_submitted(
@@ -332,3 +344,73 @@ def test_a_cleanup_template_waits_for_the_firing_to_end_however_it_ends(
     train, cleanup = world.jobs()
     assert (cleanup.depends_on, cleanup.dependency_kind) == ([train.id], "afterany")
     assert cleanup.pending_message == f"waiting for job {train.id} (train) to end"
+
+
+def _finish(world: World, job_ids: list[int]) -> None:
+    with world.factory.begin() as session:
+        for job_id in job_ids:
+            session.get_one(Job, job_id).status = JobStatus.SUCCEEDED
+
+
+def test_jobs_carry_their_batch_every_task_of_an_array_too(world: World, alice: Principal) -> None:
+    sid = world.create(
+        alice,
+        utc(2026, 1, 1),
+        templates=[{"command": ["sweep"], "array": {"indices": "0-2"}}, {"command": ["report"]}],
+    )
+    world.fire(utc(2026, 1, 1, 2, 0, 1))
+    assert [j.batch_id for j in world.jobs()] == [sid] * 4
+
+
+def test_forbid_skips_a_fire_time_while_an_earlier_firings_job_has_not_ended(
+    world: World, alice: Principal
+) -> None:
+    sid = world.create(alice, utc(2026, 1, 1), cron="0 * * * *", concurrency="forbid")
+    first = world.fire(utc(2026, 1, 1, 1, 0, 1)).submitted_jobs
+    assert len(first) == 1
+
+    report = world.fire(utc(2026, 1, 1, 2, 0, 1))
+    overlap = f"jobs {first[0]} of an earlier firing have not ended (concurrency: forbid)"
+    assert [(f.outcome, f.error) for f in report.firings] == [("skipped", overlap)]
+    firing = world.firings(sid)[-1]
+    assert (firing.skipped, firing.job_ids, firing.error) == (True, [], overlap)
+    assert len(world.jobs()) == 1
+
+    _finish(world, first)
+    assert world.fire(utc(2026, 1, 1, 3, 0, 1)).count("submitted") == 1
+    # An allowing batch beside it overlaps its own jobs, as before.
+    world.create(alice, utc(2026, 1, 1), name="overlapping", cron="30 * * * *")
+    world.fire(utc(2026, 1, 1, 3, 30, 1))
+    assert world.fire(utc(2026, 1, 1, 4, 30, 1)).count("submitted") == 1
+
+
+def test_replace_cancels_an_earlier_firings_jobs_then_submits(
+    world: World, alice: Principal
+) -> None:
+    with world.factory.begin() as session:
+        session.add(ready_node("n1", gpus=1, now=utcnow()))
+    templates = [{"command": ["train"]}, {"command": ["eval"]}]
+    world.create(alice, utc(2026, 1, 1), templates=templates, concurrency="replace")
+    running, waiting = world.fire(utc(2026, 1, 1, 2, 0, 1)).submitted_jobs
+    run_cycle(factory=world.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
+    assert [j.status for j in world.jobs()] == [JobStatus.SCHEDULED, JobStatus.PENDING]
+
+    messenger = FakeMessenger(world)
+    report = world.fire(utc(2026, 1, 2, 2, 0, 1), messenger=messenger)
+    assert len(report.submitted_jobs) == 2
+    jobs = {j.id: j for j in world.jobs()}
+    why = "replaced by the firing for 2026-01-02T02:00:00+00:00"
+    # The placed one is asked to stop (its agent reports it CANCELLED); the waiting one ends.
+    assert jobs[running].cancel_requested_at is not None
+    assert jobs[waiting].status is JobStatus.CANCELLED
+    assert messenger.stops == [
+        ("n1", {"job_id": running, "attempt": 1, "reason": "cancel"}),
+    ]
+    with world.factory() as session:
+        reasons = {
+            e.job_id: (e.actor, e.reason)
+            for e in session.scalars(select(JobEvent).order_by(JobEvent.id))
+        }
+    assert reasons[running] == ("batch:nightly", f"cancel requested ({why}); stopping the process")
+    assert reasons[waiting] == ("batch:nightly", f"cancelled: {why}")
+    assert [jobs[j].status for j in report.submitted_jobs] == [JobStatus.PENDING] * 2
