@@ -244,6 +244,21 @@ def test_an_array_shows_its_tasks_and_why_the_rest_wait(dash: Dashboard, stack: 
         )
         _expect_text(page, "#job-reason", "waiting for one of its tasks to end")
         dash.shot("job-array-desktop")
+        # Hold the array's waiting tasks in one request (task 0, running, cannot be), then
+        # release them: the button follows the task's state.
+        poll(
+            "task 0 running",
+            lambda: stack.request("GET", f"/api/v1/jobs/{first['id']}")["status"] == "RUNNING",
+            timeout=30,
+        )
+        page.click(f'[data-hold-array="{first["id"]}"]')
+        _expect_text(page, "#toast", f"^Array {first['id']}: 2 tasks held$")
+        _expect_text(page, "#job-reason", "held by admin")
+        assert stack.request("GET", f"/api/v1/jobs/{last}")["held_by"] == "admin"
+        page.click(f'[data-release-array="{first["id"]}"]')
+        _expect_text(page, "#toast", f"^Array {first['id']}: 2 tasks released$")
+        _expect_text(page, f'[data-hold-array="{first["id"]}"]', "^Hold array$")
+        assert stack.request("GET", f"/api/v1/jobs/{last}")["held_by"] is None
         # A pending task's Change panel also changes its array's limit.
         dash.console.allow(422, r"/api/v1/jobs/\d+/array$")  # the 0 refused below
         page.click("#change-job")

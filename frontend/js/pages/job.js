@@ -5,7 +5,7 @@ import {
   ACTIVE, allocationText, clear, fmtDate, fmtDateSec, fmtDuration, fmtIn, fmtNum, gpuRequest,
   h, jobName, poll, reasonLabel, statusBadge, toast,
 } from "../util.js";
-import { cancelArrayButton, cancelButton, holdButton, requeueButton } from "./queue.js";
+import { cancelArrayButton, cancelButton, holdArrayButton, holdButton, requeueButton } from "./queue.js";
 
 // What the jobs a job depends on must do (its dependency kind, as sbatch --dependency).
 const MUST = { afterok: "must succeed", afterany: "must end", afternotok: "must fail" };
@@ -88,6 +88,7 @@ export function jobPage(root, ctx, { match }) {
         holdButton(job, () => Promise.all([refreshJob(), refreshEvents()])),
         requeueButton(job, () => Promise.all([refreshJob(), refreshEvents()])),
         cancelButton(job, () => Promise.all([refreshJob(), refreshEvents()])),
+        holdArrayButton(job, () => Promise.all([refreshJob(), refreshEvents()])),
         cancelArrayButton(job, () => Promise.all([refreshJob(), refreshEvents()]))));
     if (job.status !== "PENDING") closeEditor();
     document.title = `#${job.id} ${jobName(job)} · gpusched`;

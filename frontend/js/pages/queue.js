@@ -133,6 +133,33 @@ export function holdButton(job, onDone) {
   return btn;
 }
 
+// Hold every pending task of this job's array, or release every held one, in one request
+// (scontrol hold/release of an array id): release when this task is held, else hold.
+export function holdArrayButton(job, onDone) {
+  if (!job.array) return null;
+  const id = job.array.id;
+  const action = job.held_by ? "release" : "hold";
+  const label = job.held_by ? "Release array" : "Hold array";
+  const btn = h("button", {
+    type: "button", class: "btn btn-ghost btn-sm", dataset: { [`${action}Array`]: id },
+    "aria-label": `${label}: every ${action === "hold" ? "pending" : "held"} task of array ${id}`,
+    onclick: async () => {
+      btn.disabled = true;
+      try {
+        const tasks = await api(`/api/v1/jobs/${action}`, { method: "POST", query: { array: id } });
+        const n = tasks.length;
+        toast(n
+          ? `Array ${id}: ${n} task${n === 1 ? "" : "s"} ${action === "hold" ? "held" : "released"}`
+          : `Array ${id} has no ${action === "hold" ? "pending" : "held"} task`);
+      } catch (err) {
+        toast(`Cannot ${action} array ${id}: ${err.message}`, "error");
+      }
+      onDone();
+    },
+  }, label);
+  return btn;
+}
+
 function jobLink(job) {
   return h("a", { href: `#/jobs/${job.id}`, class: "mono" }, `#${job.id}`);
 }
