@@ -35,7 +35,7 @@ from app.cli.client import (
     print_json,
 )
 from app.jobs.arrays import parse_indices, split_slurm_form
-from app.jobs.states import DependencyKind
+from app.jobs.states import SINGLETON, DependencyKind
 
 JOBS = "/api/v1/jobs"
 MAX_PAGE = 500
@@ -310,7 +310,8 @@ def submit(
         typer.Option(
             "--dependency",
             help="As sbatch: afterok:ID[:ID...] (= --after), afterany:ID (once it ended in "
-            "any way: cleanup) or afternotok:ID (only if it failed: a fallback)",
+            "any way: cleanup), afternotok:ID (only if it failed: a fallback), or singleton "
+            "(one job of yours with this name at a time, in submit order)",
             show_default=False,
         ),
     ] = None,
@@ -402,12 +403,17 @@ MUST = {"afterok": "must succeed", "afterany": "must end", "afternotok": "must f
 
 
 def _parse_dependency(text: str) -> tuple[str, list[int]]:
-    """--dependency afterany:12:13 as ("afterany", [12, 13]), as sbatch writes it."""
+    """--dependency afterany:12:13 as ("afterany", [12, 13]), as sbatch writes it;
+    --dependency singleton as ("singleton", [])."""
     kind, _, ids = text.partition(":")
     if kind not in DEPENDENCY_KINDS:
         raise CliError(
             f"--dependency: {kind!r} is not one of {', '.join(DEPENDENCY_KINDS)}", EXIT_USAGE
         )
+    if kind == SINGLETON:
+        if ids:
+            raise CliError("--dependency: singleton names no jobs", EXIT_USAGE)
+        return kind, []
     parts = ids.split(":")
     if not all(part.isdigit() for part in parts):
         raise CliError(f"--dependency: expected {kind}:ID[:ID...], got {text!r}", EXIT_USAGE)
@@ -729,6 +735,8 @@ def _job_details(job: dict[str, Any]) -> Table:
     if job.get("depends_on"):
         must = MUST.get(job.get("dependency", "afterok"), "")
         rows.append(("depends on", ", ".join(map(str, job["depends_on"])) + f" ({must})"))
+    elif job.get("dependency") == SINGLETON:
+        rows.append(("depends on", f"singleton: one job named {job['name']!r} of yours at a time"))
     if job.get("max_runtime_s"):
         rows.append(("max runtime", human_duration(job["max_runtime_s"])))
     if job.get("estimated_runtime_s"):

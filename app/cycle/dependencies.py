@@ -1,4 +1,5 @@
-"""Phase 0 of a cycle: settle the jobs waiting on their dependencies (depends_on).
+"""Phase 0 of a cycle: settle the jobs waiting on their dependencies (depends_on, or
+singleton: their user's other jobs of the same name).
 
 A job whose dependencies have all ended as it asks (succeeded, for afterok) becomes
 eligible: the snapshot takes it from now on, and the time it waited for them does not
@@ -14,10 +15,17 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.jobs.dependencies import Dependency, judge, load_dependencies
+from app.jobs.dependencies import (
+    Dependency,
+    Verdict,
+    judge,
+    load_dependencies,
+    load_namesakes,
+    singleton_wait,
+)
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job
-from app.jobs.states import DEPENDENCY, NEW_IN_QUEUE, JobStatus
+from app.jobs.states import DEPENDENCY, NEW_IN_QUEUE, SINGLETON, JobStatus
 
 
 def settle_dependencies(session: Session, *, now: datetime) -> None:
@@ -31,10 +39,23 @@ def settle_dependencies(session: Session, *, now: datetime) -> None:
     if not waiting:
         return
     jobs = load_dependencies(session, (d for job in waiting for d in job.depends_on))
+    singletons = [job for job in waiting if job.dependency_kind == SINGLETON]
+    namesakes = (
+        load_namesakes(
+            session, users=(j.user_id for j in singletons), names=(j.name for j in singletons)
+        )
+        if singletons
+        else {}
+    )
     # In id order, and a job always has a higher id than the jobs it depends on: a chain
     # whose first link breaks is cancelled to its end in this one pass.
     for job in waiting:
-        verdict = judge(job.depends_on, jobs, job.dependency_kind)
+        if job.dependency_kind == SINGLETON:
+            same = namesakes.get((job.user_id, job.name), [])
+            wait = singleton_wait(job.id, job.name, same)
+            verdict = Verdict(met=wait is None, broken=False, met_at=None, message=wait or "")
+        else:
+            verdict = judge(job.depends_on, jobs, job.dependency_kind)
         if verdict.broken:
             transition(
                 session,

@@ -1,4 +1,4 @@
-"""Job dependencies, as sbatch --dependency=afterok, afterany or afternotok.
+"""Job dependencies, as sbatch --dependency=afterok, afterany, afternotok or singleton.
 
 A job with `depends_on` starts only once every job it names has ended as its kind asks:
 succeeded (afterok, the default), ended in any way (afterany: a cleanup or notification
@@ -6,8 +6,13 @@ step), or ended without success (afternotok: a fallback). Once one of them has e
 otherwise, it never will: the job is cancelled, as Slurm does with kill_invalid_depend,
 rather than left pending for ever.
 
-The rules (`judge`) are pure; `load_dependencies` is the one read that feeds them, shared
-by submission (app/jobs/service.py) and the cycle (app/cycle/dependencies.py).
+A singleton job names no jobs: it waits while another job of its user with its name is
+placed, or one submitted before it as a singleton has not ended, so that such jobs run one
+at a time in submit order (a cron line that must not overlap its previous run).
+
+The rules (`judge`, `singleton_wait`) are pure; `load_dependencies` and `load_namesakes`
+are the reads that feed them, shared by submission (app/jobs/service.py) and the cycle
+(app/cycle/dependencies.py).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.jobs.models import Job
-from app.jobs.states import FINISHED, JobStatus
+from app.jobs.states import ACTIVE, FINISHED, SINGLETON, JobStatus
 
 # How a job waiting on another says what it waits for.
 _WAITS_FOR: dict[str, str] = {"afterok": "succeed", "afterany": "end", "afternotok": "fail"}
@@ -104,3 +109,46 @@ def load_dependencies(session: Session, ids: Iterable[int]) -> dict[int, Depende
             name = row.name if row.array_index is None else f"{row.name}[{row.array_index}]"
             loaded[row.id] = Dependency(row.id, name, JobStatus(row.status), row.finished_at)
     return loaded
+
+
+@dataclass(frozen=True, slots=True)
+class Namesake:
+    """A job that has not ended, of some user and name a singleton job has."""
+
+    id: int
+    status: JobStatus
+    singleton: bool
+
+
+def singleton_wait(job_id: int | None, name: str, namesakes: Sequence[Namesake]) -> str | None:
+    """Why the singleton job `job_id` (None: not submitted yet, so after all of them) must
+    wait, or None when it may be queued: none of its namesakes is placed, and none
+    submitted before it as a singleton has not ended."""
+    for other in namesakes:
+        if other.id == job_id:
+            continue
+        earlier_singleton = other.singleton and (job_id is None or other.id < job_id)
+        if other.status in ACTIVE or earlier_singleton:
+            return f"waiting for job {other.id} ({name}) to end: one job named {name!r} at a time"
+    return None
+
+
+def load_namesakes(
+    session: Session, *, users: Iterable[int], names: Iterable[str]
+) -> dict[tuple[int, str], list[Namesake]]:
+    """The jobs that have not ended of these users with these names, by (user, name), in
+    id order."""
+    found: dict[tuple[int, str], list[Namesake]] = {}
+    rows = session.execute(
+        select(Job.id, Job.user_id, Job.name, Job.status, Job.dependency_kind)
+        .where(
+            Job.status.in_(set(JobStatus) - FINISHED),
+            Job.user_id.in_(set(users)),
+            Job.name.in_(set(names)),
+        )
+        .order_by(Job.id)
+    )
+    for row in rows:
+        namesake = Namesake(row.id, JobStatus(row.status), row.dependency_kind == SINGLETON)
+        found.setdefault((row.user_id, row.name), []).append(namesake)
+    return found

@@ -115,7 +115,9 @@ class JobCreate(RequestBody):
         default="afterok",
         description="how the depends_on jobs must end: afterok (succeed), afterany (end in "
         "any way: cleanup), afternotok (fail, be cancelled or time out: a fallback), as "
-        "sbatch --dependency",
+        "sbatch --dependency; or singleton, without depends_on: it waits while another job "
+        "of yours with its name is placed or was submitted before it as a singleton, so "
+        "they run one at a time in submit order",
     )
     array: ArraySpec | None = Field(
         default=None,

@@ -23,7 +23,12 @@ from app.jobs.arrays import (
     ARRAY_TASK_ID_ENV,
     MAX_TASKS,
 )
-from app.jobs.dependencies import judge, load_dependencies
+from app.jobs.dependencies import (
+    judge,
+    load_dependencies,
+    load_namesakes,
+    singleton_wait,
+)
 from app.jobs.lifecycle import transition
 from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Allocation, Job, JobEvent
@@ -45,6 +50,7 @@ from app.jobs.states import (
     FINISHED,
     HELD,
     NEW_IN_QUEUE,
+    SINGLETON,
     JobStatus,
 )
 from app.nodes.inventory import Inventory, InventoryCache, read_inventory
@@ -179,15 +185,20 @@ def create_job(
     check_can_ever_fit(session=session, spec=spec, inventory=inventory)
     if spec.schedule.mode == "offpeak":
         require_window(session=session, name=spec.schedule.window, field=("schedule", "window"))
-    depends_on = _with_array_tasks(session=session, ids=spec.depends_on)
-    waits_for = _dependencies_left(
-        session=session, principal=principal, ids=depends_on, kind=spec.dependency
-    )
+    name = spec.name or _default_name(spec.command)
+    if spec.dependency == SINGLETON:
+        depends_on: list[int] = []
+        waits_for = _singleton_wait(session=session, principal=principal, spec=spec, name=name)
+    else:
+        depends_on = _with_array_tasks(session=session, ids=spec.depends_on)
+        waits_for = _dependencies_left(
+            session=session, principal=principal, ids=depends_on, kind=spec.dependency
+        )
     now = utcnow()
     indices: tuple[int | None, ...] = (None,) if spec.array is None else spec.array.task_indices
     tasks = [
         Job(
-            name=spec.name or _default_name(spec.command),
+            name=name,
             user_id=principal.user_id,
             project_id=project_id,
             command=spec.command,
@@ -284,6 +295,25 @@ def _with_array_tasks(*, session: Session, ids: list[int]) -> list[int]:
             f"names {len(expanded)} jobs, counting each array's tasks; at most {MAX_TASKS}",
         )
     return expanded
+
+
+def _singleton_wait(
+    *, session: Session, principal: Principal, spec: JobCreate, name: str
+) -> str | None:
+    """Why a singleton job must wait as it is submitted (see singleton_wait), or None."""
+    if spec.depends_on:
+        raise FieldError(
+            "depends_on",
+            "a singleton job names no jobs: it waits for your other jobs of the same name",
+        )
+    if spec.array is not None:
+        raise FieldError(
+            "dependency",
+            "singleton does not apply to an array: give it max_running 1 to run its tasks "
+            "one at a time",
+        )
+    namesakes = load_namesakes(session, users=[principal.user_id], names=[name])
+    return singleton_wait(None, name, namesakes.get((principal.user_id, name), []))
 
 
 def _dependencies_left(

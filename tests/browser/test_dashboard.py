@@ -174,6 +174,28 @@ def test_submit_held_and_after_another_job_through_the_form(dash: Dashboard, sta
     stack.request("POST", f"/api/v1/jobs/{train}/cancel")
     _expect_text(page, "#job-spec", "CANCELLED", timeout=20_000)
     _expect_text(page, "#job-events li", "dependency never satisfied")
+
+    # One at a time (singleton): the second waits for the first of its name, held here.
+    dash.go("#/submit")
+    page.fill("#f-command", "true")
+    page.check("#f-singleton")
+    page.fill("#f-depends_on", str(train))  # a singleton names no jobs: the server's 422
+    page.click("#submit-job")
+    _expect_text(page, "#err-depends_on:not([hidden])", "a singleton job names no jobs")
+    page.fill("#f-depends_on", "")
+    page.check("#f-hold")
+    first = submit("form-nightly")
+    page.uncheck("#f-hold")
+    second = submit("form-nightly")
+    dash.go(f"#/jobs/{second}")
+    _expect_text(
+        page,
+        "#job-reason",
+        f"waiting for job {first} [(]form-nightly[)] to end: one job named 'form-nightly' at a time$",
+    )
+    assert (page.text_content("#job-depends-on") or "") == (
+        "singleton: one job named form-nightly of admin's at a time"
+    )
     dash.assert_clean()
 
 

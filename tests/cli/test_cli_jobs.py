@@ -507,7 +507,18 @@ def test_submit_after_another_job(cli: Cli) -> None:
     assert (cleanup["dependency"], cleanup["depends_on"]) == ("afterany", [train, train + 1])
     shown = [line.rstrip() for line in cli("show", str(cleanup["id"])).stdout.splitlines()]
     assert f"depends on       {train}, {train + 1} (must end)" in shown
+    # A singleton names no job: one "nightly" of alice's at a time.
+    nightly = [
+        _submit_json(cli, "--name", "nightly", "--dependency", "singleton", "--", "true")
+        for _ in range(2)
+    ]
+    assert nightly[1]["pending_message"] == (
+        f"waiting for job {nightly[0]['id']} (nightly) to end: one job named 'nightly' at a time"
+    )
+    shown = [line.rstrip() for line in cli("show", str(nightly[1]["id"])).stdout.splitlines()]
+    assert "depends on       singleton: one job named 'nightly' of yours at a time" in shown
     for args, message in (
+        (("--dependency", "singleton:1"), "--dependency: singleton names no jobs"),
         (("--dependency", "afterwards:1"), "'afterwards' is not one of afterok, afterany"),
         (("--dependency", "afterany:x"), "expected afterany:ID[:ID...], got 'afterany:x'"),
         (("--dependency", "afterany:1", "--after", "1"), "give --after or --dependency"),

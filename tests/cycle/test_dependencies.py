@@ -11,7 +11,7 @@ from app.cycle.dependencies import settle_dependencies
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
-from app.jobs.dependencies import Dependency, judge
+from app.jobs.dependencies import Dependency, Namesake, judge, singleton_wait
 from app.jobs.models import Job
 from app.jobs.reports import job_finished
 from app.jobs.states import JobStatus as S
@@ -300,3 +300,94 @@ def test_released_or_changed_it_still_says_it_waits_for_its_dependency(api):
             "dependency",
             f"waiting for job {train} (train) to succeed",
         ), action
+
+
+@pytest.mark.parametrize(
+    ("job_id", "namesakes", "waits_for"),
+    [
+        # None left of its name: it may be queued.
+        (5, [], None),
+        # An earlier singleton of its name has not ended (waiting or placed): it waits.
+        (5, [Namesake(3, S.PENDING, True), Namesake(5, S.PENDING, True)], 3),
+        (5, [Namesake(3, S.PREEMPTED, True)], 3),
+        # A later singleton waits for it, not the other way round.
+        (5, [Namesake(5, S.PENDING, True), Namesake(8, S.PENDING, True)], None),
+        # Any job of its name that is placed, singleton or not, earlier or later.
+        (5, [Namesake(8, S.RUNNING, False)], 8),
+        (5, [Namesake(2, S.SCHEDULED, False)], 2),
+        # An earlier job of its name that is not a singleton and not placed does not count.
+        (5, [Namesake(2, S.PENDING, False)], None),
+        # Being submitted (no id yet): every singleton of its name is earlier.
+        (None, [Namesake(9, S.PENDING, True)], 9),
+    ],
+)  # fmt: skip
+def test_singleton_wait(job_id, namesakes, waits_for):
+    message = singleton_wait(job_id, "nightly", namesakes)
+    expected = (
+        None
+        if waits_for is None
+        else f"waiting for job {waits_for} (nightly) to end: one job named 'nightly' at a time"
+    )
+    assert message == expected
+
+
+def test_singleton_jobs_of_a_name_run_one_at_a_time_in_submit_order(api):
+    add_node(api, 4)
+    first = submit(api, name="nightly", dependency="singleton")
+    assert first["pending_reason"] == "NEW"  # none of its name: queued at once
+    second = submit(api, name="nightly", dependency="singleton")
+    third = submit(api, name="nightly", dependency="singleton")
+    one_at_a_time = "(nightly) to end: one job named 'nightly' at a time"
+    assert (second["pending_reason"], second["pending_message"]) == (
+        "dependency",
+        f"waiting for job {first['id']} {one_at_a_time}",
+    )
+    bobs = submit(api, user="bob", name="nightly", dependency="singleton")["id"]  # his own
+    other = submit(api, name="eval")["id"]
+
+    run_one_cycle(api)
+    status = {j: get_job(api, j)["status"] for j in (first["id"], second["id"], bobs, other)}
+    assert list(status.values()) == ["SCHEDULED", "PENDING", "SCHEDULED", "SCHEDULED"]
+    assert get_job(api, third["id"])["pending_message"] == (
+        f"waiting for job {first['id']} {one_at_a_time}"  # the first of those it waits for
+    )
+    # A plain job of the name is not held back, but once placed it holds them back too.
+    plain = submit(api, name="nightly")["id"]
+    run_one_cycle(api)
+    assert get_job(api, plain)["status"] == "SCHEDULED"
+    _finish(api, first["id"], "FAILED")  # however it ended
+    run_one_cycle(api)
+    waiting = get_job(api, second["id"])
+    assert (waiting["status"], waiting["pending_message"]) == (
+        "PENDING",
+        f"waiting for job {plain} {one_at_a_time}",
+    )
+
+    _finish(api, plain, "SUCCEEDED")
+    run_one_cycle(api)
+    assert get_job(api, second["id"])["status"] == "SCHEDULED"
+    assert get_job(api, third["id"])["status"] == "PENDING"
+
+
+def test_a_singleton_names_no_jobs_and_is_no_array(api):
+    job = submit(api)["id"]
+    for body, loc, msg in (
+        (
+            {"depends_on": [job]},
+            ["body", "depends_on"],
+            "a singleton job names no jobs: it waits for your other jobs of the same name",
+        ),
+        (
+            {"array": {"indices": "0-3"}},
+            ["body", "dependency"],
+            "singleton does not apply to an array: give it max_running 1 to run its tasks "
+            "one at a time",
+        ),
+    ):
+        r = api.client.post(
+            "/api/v1/jobs",
+            json={"command": ["x"], "dependency": "singleton", **body},
+            headers=api.as_("alice"),
+        )
+        assert r.status_code == 422, r.text
+        assert (r.json()["detail"][0]["loc"], r.json()["detail"][0]["msg"]) == (loc, msg)

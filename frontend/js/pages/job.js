@@ -120,7 +120,9 @@ export function jobPage(root, ctx, { match }) {
           ` (${job.array.tasks} tasks${job.array.max_running ? `, at most ${job.array.max_running} at once` : ""})`)] : null,
         job.depends_on.length ? ["Depends on", h("span", { id: "job-depends-on" },
           ...job.depends_on.flatMap((id, i) => [i ? ", " : "", h("a", { href: `#/jobs/${id}` }, `#${id}`)]),
-          ` (${MUST[job.dependency] || job.dependency})`)] : null,
+          ` (${MUST[job.dependency] || job.dependency})`)]
+          : job.dependency === "singleton" ? ["Depends on", h("span", { id: "job-depends-on" },
+            `singleton: one job named ${jobName(job)} of ${job.user}'s at a time`)] : null,
         ["Preemptible", job.preemptible ? "yes" : "no"],
         ["Retries", job.retries ? `${job.failures} of ${job.retries} used` : "none"],
         ["Attempt", String(job.attempt)],

@@ -95,6 +95,10 @@ export function submitPage(root, ctx) {
           h("option", { value: "afterany" }, "ended in any way"),
           h("option", { value: "afternotok" }, "failed")),
           { help: "if they cannot any more, it is cancelled" }),
+        h("div", { class: "field span-2", dataset: { field: "singleton" } },
+          h("label", { class: "check" }, h("input", { type: "checkbox", id: "f-singleton", name: "singleton" }),
+            "One at a time: wait while another job of mine with this name runs (singleton)"),
+          h("div", { class: "field-error", id: "err-singleton", hidden: true })),
         h("div", { class: "field span-2", dataset: { field: "hold" } },
           h("label", { class: "check" }, h("input", { type: "checkbox", id: "f-hold", name: "hold" }),
             "Submit held: it starts once released"),
@@ -166,6 +170,7 @@ export function submitPage(root, ctx) {
     if (notId) errors.push(["depends_on", `"${notId}" is not a job id`]);
     else body.depends_on = after.map(Number);
     if (after.length) body.dependency = input("dependency").value;
+    if (input("singleton").checked) body.dependency = "singleton";
     if (text("array")) {
       body.array = { indices: text("array") };
       if (text("max_running")) body.array.max_running = Number(text("max_running"));
