@@ -142,7 +142,7 @@ def load_namesakes(
     rows = session.execute(
         select(Job.id, Job.user_id, Job.name, Job.status, Job.dependency_kind)
         .where(
-            Job.status.in_(set(JobStatus) - FINISHED),
+            Job.status.in_([status for status in JobStatus if status not in FINISHED]),
             Job.user_id.in_(set(users)),
             Job.name.in_(set(names)),
         )

@@ -28,11 +28,11 @@ def window_close_preemptions(
     victims = []
     for run in running:
         job = run.job
-        if job.schedule_mode != "offpeak" or not job.preemptible:
+        allowed = _windows_stopping(run, intervals)
+        if not allowed:
             continue
         # The job must be gone by the close: it is stopped once its grace would reach it.
         gone_by = now + timedelta(seconds=job.grace_s)
-        allowed = [w for w in intervals if job.window is None or w.name == job.window]
         if any(w.opens_at <= now and gone_by < w.closes_at for w in allowed):
             continue
         # Only windows that were open during this run and want their jobs stopped count.
@@ -67,17 +67,21 @@ def next_window_stop(
     intervals = tuple(windows)
     soonest: datetime | None = None
     for run in running:
-        job = run.job
-        if job.schedule_mode != "offpeak" or not job.preemptible:
-            continue
-        open_now = [
-            w
-            for w in intervals
-            if (job.window is None or w.name == job.window) and w.opens_at <= now < w.closes_at
-        ]
+        open_now = [w for w in _windows_stopping(run, intervals) if w.opens_at <= now < w.closes_at]
         if not any(w.name in preempt_on_close for w in open_now):
             continue
-        at = max(w.closes_at for w in open_now) - timedelta(seconds=job.grace_s)
+        at = max(w.closes_at for w in open_now) - timedelta(seconds=run.job.grace_s)
         if at > now and (soonest is None or at < soonest):
             soonest = at
     return soonest
+
+
+def _windows_stopping(
+    run: RunningJobView, intervals: tuple[WindowInterval, ...]
+) -> list[WindowInterval]:
+    """The windows a running job may run in, if their close may stop it: none unless it
+    is a preemptible off-peak job (a job that is not preemptible runs on to completion)."""
+    job = run.job
+    if job.schedule_mode != "offpeak" or not job.preemptible:
+        return []
+    return [w for w in intervals if job.window is None or w.name == job.window]
