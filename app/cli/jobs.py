@@ -882,14 +882,17 @@ def cancel(
     grace_s = _duration_option(grace, "--grace")
     client = ApiClient.from_options(url, token)
     shorter = {} if grace_s is None else {"grace_s": grace_s}
-    if selection is None:
-        _each_job(
-            job_ids or [], "cancel", _cancel_id_line, client=client, as_json=as_json, params=shorter
-        )
-        return
-    # The selection in one request, cancelled in one transaction (as scancel -u alice).
-    jobs = client.post(f"{JOBS}/cancel", params=selection | shorter)
-    _print_acted(jobs, _cancel_line, nothing="no jobs match", as_json=as_json)
+    _by_ids_or_selection(
+        "cancel",
+        job_ids,
+        selection,
+        id_line=_cancel_id_line,
+        line=_cancel_line,
+        nothing="no jobs match",
+        client=client,
+        as_json=as_json,
+        params=shorter,
+    )
 
 
 def hold(
@@ -906,13 +909,17 @@ def hold(
     pending job the options select; --array 12 holds every pending task of array 12.
 
     Every id is tried; exit 1 if any could not be held (e.g. it is already running)."""
-    client = ApiClient.from_options(url, token)
     selection = _selection_params(job_ids, user, project, None, label, array)
-    if selection is None:
-        _each_job(job_ids or [], "hold", _hold_line, client=client, as_json=as_json)
-    else:
-        jobs = client.post(f"{JOBS}/hold", params=selection)
-        _print_acted(jobs, _hold_line, nothing="no pending jobs match", as_json=as_json)
+    _by_ids_or_selection(
+        "hold",
+        job_ids,
+        selection,
+        id_line=_hold_line,
+        line=_hold_line,
+        nothing="no pending jobs match",
+        client=ApiClient.from_options(url, token),
+        as_json=as_json,
+    )
 
 
 def release(
@@ -928,13 +935,17 @@ def release(
     """Let held jobs be scheduled again, like scontrol release 12 13, or every held job
     the options select; --array 12 releases every held task of array 12. A hold placed by
     an admin only an admin releases."""
-    client = ApiClient.from_options(url, token)
     selection = _selection_params(job_ids, user, project, None, label, array)
-    if selection is None:
-        _each_job(job_ids or [], "release", _hold_line, client=client, as_json=as_json)
-    else:
-        jobs = client.post(f"{JOBS}/release", params=selection)
-        _print_acted(jobs, _hold_line, nothing="no held jobs match", as_json=as_json)
+    _by_ids_or_selection(
+        "release",
+        job_ids,
+        selection,
+        id_line=_hold_line,
+        line=_hold_line,
+        nothing="no held jobs match",
+        client=ApiClient.from_options(url, token),
+        as_json=as_json,
+    )
 
 
 def _selection_params(
@@ -967,15 +978,25 @@ def _selection_params(
     }
 
 
-def _print_acted(
-    jobs: list[dict[str, Any]],
-    line: Callable[[dict[str, Any]], str],
+def _by_ids_or_selection(
+    action: str,
+    job_ids: list[int] | None,
+    selection: dict[str, Any] | None,
     *,
+    id_line: Callable[[dict[str, Any]], str],
+    line: Callable[[dict[str, Any]], str],
     nothing: str,
+    client: ApiClient,
     as_json: bool,
+    params: dict[str, Any] | None = None,
 ) -> None:
-    """A bulk action's answer: one line per job acted on, in id order (or the list with
-    --json); when none matched, `nothing` on stderr, exit 0."""
+    """POST /jobs/ID/`action` for each job named, or, for a `selection`, /jobs/`action`
+    once: one transaction for them all (as scancel -u alice). Its answer is one line per
+    job acted on, in id order (the list with --json); none: `nothing` on stderr, exit 0."""
+    if selection is None:
+        _each_job(job_ids or [], action, id_line, client=client, as_json=as_json, params=params)
+        return
+    jobs = client.post(f"{JOBS}/{action}", params=selection | (params or {}))
     if as_json:
         print_json(jobs)
     elif not jobs:
