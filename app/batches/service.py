@@ -43,7 +43,13 @@ from app.errors import Conflict, DomainError, FieldError, Forbidden, NotFound
 from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Job
 from app.jobs.schemas import JobCreate
-from app.jobs.service import _resolve_project, cancel_locked, check_can_ever_fit, create_job
+from app.jobs.service import (
+    _resolve_project,
+    cancel_locked,
+    check_can_ever_fit,
+    check_singleton,
+    create_job,
+)
 from app.jobs.states import FINISHED
 from app.messaging import Messenger
 from app.projects.models import Project
@@ -256,6 +262,7 @@ def _check_templates(
                 session=session, principal=owner, name=template.project
             )
             check_can_ever_fit(session=session, spec=template)
+            check_singleton(template)
             limits.apply(template)
             later = [i for i in template.after if i >= index]
             if later:

@@ -297,10 +297,11 @@ def _with_array_tasks(*, session: Session, ids: list[int]) -> list[int]:
     return expanded
 
 
-def _singleton_wait(
-    *, session: Session, principal: Principal, spec: JobCreate, name: str
-) -> str | None:
-    """Why a singleton job must wait as it is submitted (see singleton_wait), or None."""
+def check_singleton(spec: JobCreate) -> None:
+    """A singleton names no jobs and is no array: a 422 on the field that says otherwise.
+    Also run on a batch's templates when it is created, not only at each firing."""
+    if spec.dependency != SINGLETON:
+        return
     if spec.depends_on:
         raise FieldError(
             "depends_on",
@@ -312,6 +313,13 @@ def _singleton_wait(
             "singleton does not apply to an array: give it max_running 1 to run its tasks "
             "one at a time",
         )
+
+
+def _singleton_wait(
+    *, session: Session, principal: Principal, spec: JobCreate, name: str
+) -> str | None:
+    """Why a singleton job must wait as it is submitted (see singleton_wait), or None."""
+    check_singleton(spec)
     namesakes = load_namesakes(session, users=[principal.user_id], names=[name])
     return singleton_wait(None, name, namesakes.get((principal.user_id, name), []))
 

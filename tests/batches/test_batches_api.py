@@ -85,6 +85,14 @@ def test_validation_errors_name_the_field(api: Api) -> None:
         (body(target="later"), ["body", "target"]),
         (body(catch_up="all"), ["body", "catch_up"]),
         (body(concurrency="queue"), ["body", "concurrency"]),
+        (  # refused when the batch is made, not at each firing
+            body(
+                templates=[
+                    {"command": ["x"], "dependency": "singleton", "array": {"indices": "0-1"}}
+                ]
+            ),
+            ["body", "templates", 0, "dependency"],
+        ),
     ]
     for payload, loc in cases:
         r = api.client.post(BATCHES, json=payload, headers=h)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from app.batches.service import fire_due
+from app.jobs.limits import RuntimeLimits
 from tests.cli.harness import Cli
 
 
@@ -139,11 +142,6 @@ def test_replace_changes_a_batch_in_place(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_show_says_why_a_firing_was_skipped(cli: Cli) -> None:
-    from datetime import datetime, timedelta
-
-    from app.batches.service import fire_due
-    from app.jobs.limits import RuntimeLimits
-
     r = batch(cli, "create", "hourly", "--cron", "0 * * * *", "--concurrency", "forbid", "--json",
               "--", "true")  # fmt: skip
     assert r.exit_code == 0, r.stderr
