@@ -43,13 +43,7 @@ from app.errors import Conflict, DomainError, FieldError, Forbidden, NotFound
 from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Job
 from app.jobs.schemas import JobCreate
-from app.jobs.service import (
-    _resolve_project,
-    cancel_locked,
-    check_can_ever_fit,
-    check_singleton,
-    create_job,
-)
+from app.jobs.service import cancel_locked, check_submission, create_job
 from app.jobs.states import FINISHED
 from app.messaging import Messenger
 from app.projects.models import Project
@@ -258,12 +252,9 @@ def _check_templates(
     first_project: int | None = None
     for index, template in enumerate(body.templates):
         try:
-            project_id, project_name = _resolve_project(
-                session=session, principal=owner, name=template.project
+            checked = check_submission(
+                session=session, principal=owner, spec=template, limits=limits
             )
-            check_can_ever_fit(session=session, spec=template)
-            check_singleton(template)
-            limits.apply(template)
             later = [i for i in template.after if i >= index]
             if later:
                 # Only an earlier template: its job exists when this one is made, and no
@@ -278,10 +269,10 @@ def _check_templates(
         except FieldError as exc:
             raise TemplateFieldError(index, exc) from None
         data = template.model_dump(mode="json", exclude_unset=True)
-        data["project"] = project_name
+        data["project"] = checked.project_name
         stored.append(data)
         if first_project is None:
-            first_project = project_id
+            first_project = checked.project_id
     assert first_project is not None  # BatchIn requires one template at least
     return stored, first_project
 

@@ -17,11 +17,10 @@ from sqlalchemy.orm import Session
 
 from app.jobs.dependencies import (
     Dependency,
-    Verdict,
     judge,
     load_dependencies,
     load_namesakes,
-    singleton_wait,
+    singleton_verdict,
 )
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job
@@ -52,8 +51,7 @@ def settle_dependencies(session: Session, *, now: datetime) -> None:
     for job in waiting:
         if job.dependency_kind == SINGLETON:
             same = namesakes.get((job.user_id, job.name), [])
-            wait = singleton_wait(job.id, job.name, same)
-            verdict = Verdict(met=wait is None, broken=False, met_at=None, message=wait or "")
+            verdict = singleton_verdict(job.id, job.name, same)
         else:
             verdict = judge(job.depends_on, jobs, job.dependency_kind)
         if verdict.broken:

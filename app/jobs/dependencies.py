@@ -133,6 +133,13 @@ def singleton_wait(job_id: int | None, name: str, namesakes: Sequence[Namesake])
     return None
 
 
+def singleton_verdict(job_id: int, name: str, namesakes: Sequence[Namesake]) -> Verdict:
+    """singleton_wait as a cycle's verdict on a waiting singleton: it never breaks, and
+    it is met (from now: the time it waited counts) once nothing holds it back."""
+    wait = singleton_wait(job_id, name, namesakes)
+    return Verdict(met=wait is None, broken=False, met_at=None, message=wait or "")
+
+
 def load_namesakes(
     session: Session, *, users: Iterable[int], names: Iterable[str]
 ) -> dict[tuple[int, str], list[Namesake]]:

@@ -153,6 +153,45 @@ def _check_fits(per_node: Inventory, spec: JobCreate) -> None:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class CheckedSubmission:
+    spec: JobCreate  # with the default time limit applied and the memory a model needs
+    project_id: int
+    project_name: str
+
+
+def check_submission(
+    *,
+    session: Session,
+    principal: Principal,
+    spec: JobCreate,
+    limits: RuntimeLimits,
+    inventory: InventoryCache | None = None,
+) -> CheckedSubmission:
+    """Every check a submission by `principal` must pass before a job is made (a
+    FieldError names the field). A batch runs it on its templates when it is made, so a
+    template that every firing would refuse is refused then, and a new rule added here
+    applies to both."""
+    project_id, project_name = _resolve_project(
+        session=session, principal=principal, name=spec.project
+    )
+    spec = limits.apply(spec)
+    if spec.model is not None and spec.gpu_memory_mb is None:
+        memory = job_memory_from_model(
+            session=session,
+            model=spec.model,
+            gpus=spec.gpus,
+            nodes=spec.nodes,
+            gpu_model=spec.gpu_model,
+        )
+        spec = spec.model_copy(update={"gpu_memory_mb": memory})
+    check_can_ever_fit(session=session, spec=spec, inventory=inventory)
+    if spec.schedule.mode == "offpeak":
+        require_window(session=session, name=spec.schedule.window, field=("schedule", "window"))
+    _check_singleton(spec)
+    return CheckedSubmission(spec=spec, project_id=project_id, project_name=project_name)
+
+
 def create_job(
     *,
     session: Session,
@@ -168,23 +207,11 @@ def create_job(
     """Validate and add a PENDING job with its first event, or one per task of an array
     (returning the first task); flushes, never commits, so a caller can submit several
     jobs atomically (cron batches, which pass their `batch_id`)."""
-    project_id, project_name = _resolve_project(
-        session=session, principal=principal, name=spec.project
-    )
     request_hash = _request_hash(spec)  # of the body as sent: idempotent replays compare it
-    spec = limits.apply(spec)
-    if spec.model is not None and spec.gpu_memory_mb is None:
-        memory = job_memory_from_model(
-            session=session,
-            model=spec.model,
-            gpus=spec.gpus,
-            nodes=spec.nodes,
-            gpu_model=spec.gpu_model,
-        )
-        spec = spec.model_copy(update={"gpu_memory_mb": memory})
-    check_can_ever_fit(session=session, spec=spec, inventory=inventory)
-    if spec.schedule.mode == "offpeak":
-        require_window(session=session, name=spec.schedule.window, field=("schedule", "window"))
+    checked = check_submission(
+        session=session, principal=principal, spec=spec, limits=limits, inventory=inventory
+    )
+    spec, project_id, project_name = checked.spec, checked.project_id, checked.project_name
     name = spec.name or _default_name(spec.command)
     if spec.dependency == SINGLETON:
         depends_on: list[int] = []
@@ -297,9 +324,8 @@ def _with_array_tasks(*, session: Session, ids: list[int]) -> list[int]:
     return expanded
 
 
-def check_singleton(spec: JobCreate) -> None:
-    """A singleton names no jobs and is no array: a 422 on the field that says otherwise.
-    Also run on a batch's templates when it is created, not only at each firing."""
+def _check_singleton(spec: JobCreate) -> None:
+    """A singleton names no jobs and is no array: a 422 on the field that says otherwise."""
     if spec.dependency != SINGLETON:
         return
     if spec.depends_on:
@@ -319,7 +345,6 @@ def _singleton_wait(
     *, session: Session, principal: Principal, spec: JobCreate, name: str
 ) -> str | None:
     """Why a singleton job must wait as it is submitted (see singleton_wait), or None."""
-    check_singleton(spec)
     namesakes = load_namesakes(session, users=[principal.user_id], names=[name])
     return singleton_wait(None, name, namesakes.get((principal.user_id, name), []))
 

@@ -111,6 +111,20 @@ def test_template_that_no_node_can_fit_is_rejected_in_place(api: Api) -> None:
     assert "largest node" in r.json()["detail"][0]["msg"]
 
 
+def test_template_whose_model_fits_no_gpu_is_rejected_when_the_batch_is_made(api: Api) -> None:
+    # A submission derives its memory from `model` before checking it fits; the batch's
+    # templates go through the same check, so no firing would fail on it later.
+    add_node(api.factory, "n1", gpus=4)
+    big = {"parameters": 70_000_000_000, "precision": "fp32"}
+    r = api.client.post(
+        BATCHES,
+        json=body(templates=[{"command": ["x"], "gpus": 1, "model": big}]),
+        headers=api.as_("alice"),
+    )
+    assert locs(r) == [["body", "templates", 0, "model"]]
+    assert "no registered GPU model has that much" in r.json()["detail"][0]["msg"]
+
+
 def test_a_template_waits_only_for_an_earlier_template(api: Api) -> None:
     h = api.as_("alice")
     steps = [{"command": ["prep"]}, {"command": ["train"], "after": [1]}]

@@ -11,7 +11,7 @@ from app.cycle.dependencies import settle_dependencies
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
-from app.jobs.dependencies import Dependency, Namesake, judge, singleton_wait
+from app.jobs.dependencies import Dependency, Namesake, judge, singleton_verdict, singleton_wait
 from app.jobs.models import Job
 from app.jobs.reports import job_finished
 from app.jobs.states import JobStatus as S
@@ -329,6 +329,13 @@ def test_singleton_wait(job_id, namesakes, waits_for):
         else f"waiting for job {waits_for} (nightly) to end: one job named 'nightly' at a time"
     )
     assert message == expected
+    if job_id is not None:  # the cycle's verdict on a queued singleton: never broken
+        verdict = singleton_verdict(job_id, "nightly", namesakes)
+        assert (verdict.met, verdict.broken, verdict.message) == (
+            expected is None,
+            False,
+            expected or "",
+        )
 
 
 def test_singleton_jobs_of_a_name_run_one_at_a_time_in_submit_order(api):
