@@ -147,5 +147,8 @@ class FiringOut(_Times):
     fire_at: datetime
     created_at: datetime
     skipped: bool
-    job_ids: list[int]
+    job_ids: list[int] = Field(
+        description="one per template, in order; an array template's is its array id "
+        "(`GET /jobs?array=ID` lists its tasks)"
+    )
     error: str | None

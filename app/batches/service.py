@@ -34,6 +34,7 @@ from sqlalchemy import delete, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.audit.service import changes, record
 from app.auth.models import User
 from app.auth.service import Principal, principal_for
 from app.batches.models import BatchFiring, BatchSchedule
@@ -277,6 +278,25 @@ def _check_templates(
     return stored, first_project
 
 
+_AUDITED = (
+    "name",
+    "cron",
+    "timezone",
+    "templates",
+    "target",
+    "window",
+    "catch_up",
+    "concurrency",
+    "enabled",
+)
+
+
+def _settings(row: BatchSchedule) -> dict[str, Any]:
+    """What the audit trail keeps of a batch: its fields as stored (the templates with
+    their project resolved)."""
+    return {name: getattr(row, name) for name in _AUDITED}
+
+
 def create_batch(
     *, session: Session, principal: Principal, body: BatchIn, limits: RuntimeLimits, now: datetime
 ) -> BatchOut:
@@ -303,6 +323,13 @@ def create_batch(
         updated_at=now,
     )
     session.add(row)
+    record(
+        session=session,
+        actor=principal.name,
+        action="batch.create",
+        target=body.name,
+        info=_settings(row),
+    )
     try:
         session.commit()
     except IntegrityError:
@@ -330,6 +357,7 @@ def replace_batch(
         require_window(session=session, name=body.window, field="window")
     if body.cron != row.cron or body.timezone != row.timezone or (body.enabled and not row.enabled):
         row.active_from = now
+    before = _settings(row)
     row.name = body.name
     row.cron = body.cron
     row.timezone = body.timezone
@@ -341,6 +369,10 @@ def replace_batch(
     row.concurrency = body.concurrency
     row.enabled = body.enabled
     row.updated_at = now
+    if changed := changes(before, _settings(row)):
+        record(
+            session=session, actor=principal.name, action="batch.replace", target=name, info=changed
+        )
     try:
         session.commit()
     except IntegrityError:
@@ -360,6 +392,8 @@ def set_enabled(
     if enabled != row.enabled:
         row.enabled = enabled
         row.updated_at = now
+        action = "batch.enable" if enabled else "batch.disable"
+        record(session=session, actor=principal.name, action=action, target=name)
         session.commit()
     return _out(session, row, now)
 
@@ -367,6 +401,14 @@ def set_enabled(
 def delete_batch(*, session: Session, principal: Principal, name: str) -> None:
     """Delete the schedule and its firing history; jobs it submitted stay."""
     row = _row(session, principal, name, write=True)
+    # The firing history goes with it; the trail keeps who deleted what.
+    record(
+        session=session,
+        actor=principal.name,
+        action="batch.delete",
+        target=name,
+        info=_settings(row),
+    )
     session.execute(delete(BatchFiring).where(BatchFiring.schedule_id == row.id))
     session.delete(row)
     session.commit()

@@ -91,3 +91,47 @@ def test_refused_changes_leave_no_record_and_only_admins_read_it(api):
     assert r.status_code == 403
     r = api.client.get("/api/v1/audit", params={"limit": 0}, headers=admin)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "limit"]
+
+
+def test_batch_changes_are_recorded_and_outlive_a_deleted_batch(api):
+    # A batch is deleted with its firing history: the trail still says who did what.
+    nightly = {"name": "nightly", "cron": "0 2 * * *", "templates": [{"command": ["train"]}]}
+    alice, admin = api.as_("alice"), api.as_("admin")
+    assert api.client.post("/api/v1/batches", json=nightly, headers=alice).status_code == 201
+    hourly = {**nightly, "cron": "0 * * * *", "concurrency": "forbid"}
+    assert api.client.put("/api/v1/batches/nightly", json=hourly, headers=alice).is_success
+    assert api.client.put("/api/v1/batches/nightly", json=hourly, headers=alice).is_success
+    assert api.client.post("/api/v1/batches/nightly/disable", headers=admin).is_success
+    assert api.client.post("/api/v1/batches/nightly/disable", headers=admin).is_success
+    assert api.client.delete("/api/v1/batches/nightly", headers=admin).status_code == 204
+    stored = {
+        "name": "nightly",
+        "cron": "0 * * * *",
+        "timezone": "UTC",
+        "templates": [{"command": ["train"], "project": "ml"}],
+        "target": "now",
+        "window": None,
+        "catch_up": "once",
+        "concurrency": "forbid",
+        "enabled": False,
+    }
+    assert _summary(api, target="nightly") == [
+        ("admin", "batch.delete", "nightly", stored),
+        ("admin", "batch.disable", "nightly", {}),
+        # The same body again changes nothing, so nothing is recorded.
+        (
+            "alice",
+            "batch.replace",
+            "nightly",
+            {
+                "cron": {"from": "0 2 * * *", "to": "0 * * * *"},
+                "concurrency": {"from": "allow", "to": "forbid"},
+            },
+        ),
+        (
+            "alice",
+            "batch.create",
+            "nightly",
+            {**stored, "cron": "0 2 * * *", "concurrency": "allow", "enabled": True},
+        ),
+    ]
