@@ -239,7 +239,8 @@ def audit(
     token: TokenOption = None,
 ) -> None:
     """Who changed what (admin): quotas and weights, project membership, users and tokens,
-    drains and off-peak windows, newest first (as `sacctmgr list transactions`)."""
+    drains, off-peak windows and cron batches, newest first (as `sacctmgr list
+    transactions`)."""
     wanted = {"limit": limit, "target": target, "action": action, "before": before}
     params = {k: v for k, v in wanted.items() if v is not None}
     page = ApiClient.from_options(url, token).get(AUDIT, params=params)
