@@ -576,6 +576,7 @@ def demo_schedule(stack: Stack) -> Iterator[None]:
                 "cron": "0 2 * * *",
                 "target": "offpeak",
                 "window": "nightly",
+                "concurrency": "forbid",
                 "templates": [{"name": "eval", "command": "python eval.py", "gpus": 1}],
             },
         ),
@@ -636,6 +637,8 @@ def test_every_page_renders_without_console_errors(
         page.wait_for_load_state("networkidle")
         page.wait_for_timeout(300)
         view.shot(f"{name}-{width}")
+        if name == "windows":  # the batch's concurrency, in words
+            _expect_text(page, "#batches-table tbody tr", "^nightly-eval.*skip firing")
         if name == "overview":  # MiB from NVML shown in binary units, as on the chart's axis
             _expect_text(page, "[data-stat=util] .hint", r"^\d[\d,]* / \d[\d,]* GiB memory in use$")
     # The form with the server's errors next to the fields.

@@ -4,6 +4,13 @@ import { clear, fmtDate, fmtDay, fmtDuration, fmtIn, fmtTime, h, poll } from "..
 import { loadWindows } from "./overview.js";
 
 const DAYS = 7;
+// A batch's `concurrency`: what a fire time does while jobs of an earlier firing run.
+const OVERLAP = { allow: "allowed", forbid: "skip firing", replace: "replace earlier" };
+const OVERLAP_HINT = {
+  allow: "a fire time submits even while jobs of an earlier firing have not ended",
+  forbid: "a fire time is skipped while jobs of an earlier firing have not ended",
+  replace: "a fire time cancels the jobs of an earlier firing that have not ended, then submits",
+};
 const weekday = new Intl.DateTimeFormat(undefined, { weekday: "short" });
 
 function timeline(windows) {
@@ -77,13 +84,14 @@ export function windowsPage(root) {
     items.sort((a, b) => Date.parse(a.next_fire_at || 0) - Date.parse(b.next_fire_at || 0));
     clear(batchCard, h("h2", {}, "Batches"),
       h("div", { class: "table-wrap" }, h("table", { id: "batches-table" },
-        h("thead", {}, h("tr", {}, h("th", {}, "Batch"), h("th", { class: "hide-sm" }, "Project"), h("th", { class: "hide-sm" }, "Schedule"), h("th", { class: "hide-sm" }, "Runs"), h("th", {}, "Next firing"))),
+        h("thead", {}, h("tr", {}, h("th", {}, "Batch"), h("th", { class: "hide-sm" }, "Project"), h("th", { class: "hide-sm" }, "Schedule"), h("th", { class: "hide-sm" }, "Runs"), h("th", { class: "hide-sm" }, "Overlap"), h("th", {}, "Next firing"))),
         h("tbody", {}, items.map((b) => h("tr", {},
           h("td", {}, b.name ?? `#${b.id}`),
           h("td", { class: "hide-sm" }, b.project ?? "—"),
           h("td", { class: "hide-sm" }, h("span", { class: "mono" }, b.cron ?? b.schedule ?? "—"), b.timezone ? ` ${b.timezone}` : ""),
           h("td", { class: "hide-sm" }, b.target === "offpeak" ? `off-peak${b.window ? ` (${b.window})` : ""}` : "at once",
             b.enabled === false ? h("span", { class: "badge" }, " disabled") : ""),
+          h("td", { class: "hide-sm", title: OVERLAP_HINT[b.concurrency] || "" }, OVERLAP[b.concurrency] ?? "—"),
           h("td", {}, b.next_fire_at ? `${fmtDate(b.next_fire_at)} (${fmtIn(b.next_fire_at)})` : "—")))))));
   };
 
