@@ -310,7 +310,8 @@ def submit(
         typer.Option(
             "--dependency",
             help="As sbatch: afterok:ID[:ID...] (= --after), afterany:ID (once it ended in "
-            "any way: cleanup), afternotok:ID (only if it failed: a fallback), or singleton "
+            "any way: cleanup), afternotok:ID (only if it failed: a fallback), after:ID (once "
+            "it started: a monitor beside it), or singleton "
             "(one job of yours with this name at a time, in submit order)",
             show_default=False,
         ),
@@ -399,7 +400,12 @@ def submit(
 
 DEPENDENCY_KINDS: tuple[str, ...] = get_args(DependencyKind)
 # What `gpusched show` says a job's dependencies must do.
-MUST = {"afterok": "must succeed", "afterany": "must end", "afternotok": "must fail"}
+MUST = {
+    "afterok": "must succeed",
+    "afterany": "must end",
+    "afternotok": "must fail",
+    "after": "must start",
+}
 
 
 def _parse_dependency(text: str) -> tuple[str, list[int]]:

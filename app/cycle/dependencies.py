@@ -24,11 +24,12 @@ from app.jobs.dependencies import (
 )
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job
-from app.jobs.states import DEPENDENCY, NEW_IN_QUEUE, SINGLETON, JobStatus
+from app.jobs.states import AFTER_START, DEPENDENCY, NEW_IN_QUEUE, SINGLETON, JobStatus
 
 
-def settle_dependencies(session: Session, *, now: datetime) -> None:
-    """Flushes, does not commit."""
+def settle_dependencies(session: Session, *, now: datetime) -> frozenset[int]:
+    """Flushes, does not commit. Returns the jobs that jobs still waiting with `after`
+    wait for: when this cycle places one, the next cycle lets them in."""
     waiting = session.scalars(
         select(Job)
         .where(Job.status == JobStatus.PENDING, Job.dependencies_met.is_(False))
@@ -36,7 +37,7 @@ def settle_dependencies(session: Session, *, now: datetime) -> None:
         .with_for_update()
     ).all()
     if not waiting:
-        return
+        return frozenset()
     jobs = load_dependencies(session, (d for job in waiting for d in job.depends_on))
     singletons = [job for job in waiting if job.dependency_kind == SINGLETON]
     namesakes = (
@@ -46,6 +47,7 @@ def settle_dependencies(session: Session, *, now: datetime) -> None:
         if singletons
         else {}
     )
+    awaited_starts: set[int] = set()
     # In id order, and a job always has a higher id than the jobs it depends on: a chain
     # whose first link breaks is cancelled to its end in this one pass.
     for job in waiting:
@@ -70,9 +72,13 @@ def settle_dependencies(session: Session, *, now: datetime) -> None:
             # A new arrival for the next quick cycle, which ranks it.
             job.pending_reason = NEW_IN_QUEUE
             job.pending_message = "dependencies met; waiting for the next scheduling cycle"
-        elif job.pending_message != verdict.message:
-            job.pending_reason, job.pending_message = DEPENDENCY, verdict.message
+        else:
+            if job.dependency_kind == AFTER_START:
+                awaited_starts.update(job.depends_on)
+            if job.pending_message != verdict.message:
+                job.pending_reason, job.pending_message = DEPENDENCY, verdict.message
     session.flush()
+    return frozenset(awaited_starts)
 
 
 def _ineligible_until(job: Job, eligible_at: datetime) -> None:

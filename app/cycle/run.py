@@ -66,7 +66,8 @@ class CycleReport:
     plan_ms: float = 0.0
     total_ms: float = 0.0
     # When a waiting job's begin time or off-peak window comes, or a running off-peak job
-    # must be stopped for its window's close: cycle again then.
+    # must be stopped for its window's close: cycle again then. Now, when this cycle placed
+    # a job that jobs waiting with `after` wait for.
     wake_at: datetime | None = None
 
 
@@ -91,7 +92,7 @@ def run_cycle(
             return CycleReport(ran=False)
         try:
             # 0. dependencies
-            settle_dependencies(session, now=now)
+            awaited_starts = settle_dependencies(session, now=now)
             settle_array_limits(session)
             session.commit()
             # 1. snapshot
@@ -144,6 +145,8 @@ def run_cycle(
     if applied.lease_lost:
         log.warning("cycle lease lost before apply; plan dropped")
         return CycleReport(ran=False)
+    if awaited_starts.intersection(applied.placed):
+        wake_at = now  # a job waiting `after` one placed now may start: cycle again
     # 4. dispatch (after commit; reconciliation re-sends anything lost on the way)
     if messenger is not None:
         for dispatch in applied.dispatches:

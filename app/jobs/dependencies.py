@@ -1,10 +1,12 @@
-"""Job dependencies, as sbatch --dependency=afterok, afterany, afternotok or singleton.
+"""Job dependencies, as sbatch --dependency=afterok, afterany, afternotok, after or
+singleton.
 
 A job with `depends_on` starts only once every job it names has ended as its kind asks:
 succeeded (afterok, the default), ended in any way (afterany: a cleanup or notification
 step), or ended without success (afternotok: a fallback). Once one of them has ended
 otherwise, it never will: the job is cancelled, as Slurm does with kill_invalid_depend,
-rather than left pending for ever.
+rather than left pending for ever. With `after`, it waits only for them to start (be
+placed on GPUs) or end, as Slurm's `after:ID`: a monitor or an evaluator beside a run.
 
 A singleton job names no jobs: it waits while another job of its user with its name is
 placed, or one submitted before it as a singleton has not ended, so that such jobs run one
@@ -25,10 +27,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.jobs.models import Job
-from app.jobs.states import ACTIVE, FINISHED, SINGLETON, JobStatus
+from app.jobs.states import ACTIVE, AFTER_START, FINISHED, SINGLETON, JobStatus
 
 # How a job waiting on another says what it waits for.
-_WAITS_FOR: dict[str, str] = {"afterok": "succeed", "afterany": "end", "afternotok": "fail"}
+_WAITS_FOR: dict[str, str] = {
+    "afterok": "succeed",
+    "afterany": "end",
+    "afternotok": "fail",
+    AFTER_START: "start",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +46,7 @@ class Dependency:
     name: str
     status: JobStatus
     finished_at: datetime | None
+    placed_at: datetime | None = None  # when its current attempt got its GPUs
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +54,8 @@ class Verdict:
     met: bool
     # Some dependency ended without success (or is gone): the job can never start.
     broken: bool
-    # All met: when the last one succeeded (the job is eligible from then on).
+    # All met: when the last one succeeded, or ended or started as the kind asks (the job
+    # is eligible from then on).
     met_at: datetime | None
     message: str
 
@@ -64,13 +73,18 @@ def judge(
         job = jobs.get(job_id)
         if job is None:
             return _broken(f"job {job_id} it depends on no longer exists")
-        if job.status not in FINISHED:
+        if kind == AFTER_START and job.status in ACTIVE:
+            at = job.placed_at
+        elif job.status not in FINISHED:
             waiting.append(job)
+            continue
         elif satisfies(kind, job.status):
-            if job.finished_at is not None and (met_at is None or job.finished_at > met_at):
-                met_at = job.finished_at
+            # `after` was met when the job started, or, if it never did, when it ended.
+            at = (job.placed_at or job.finished_at) if kind == AFTER_START else job.finished_at
         else:
             return _broken(f"job {job.id} ({job.name}) it depends on ended {job.status}")
+        if at is not None and (met_at is None or at > met_at):
+            met_at = at
     if not waiting:
         return Verdict(met=True, broken=False, met_at=met_at, message="")
     first = waiting[0]
@@ -81,7 +95,7 @@ def judge(
 
 def satisfies(kind: str, ended: JobStatus) -> bool:
     """Whether a dependency that ended this way lets a job of this kind start."""
-    if kind == "afterany":
+    if kind in ("afterany", AFTER_START):
         return True
     return (ended is JobStatus.SUCCEEDED) == (kind == "afterok")
 
@@ -101,13 +115,15 @@ def load_dependencies(session: Session, ids: Iterable[int]) -> dict[int, Depende
     for start in range(0, len(wanted), _LOAD_CHUNK):
         chunk = wanted[start : start + _LOAD_CHUNK]
         for row in session.execute(
-            select(Job.id, Job.name, Job.array_index, Job.status, Job.finished_at).where(
-                Job.id.in_(chunk)
-            )
+            select(
+                Job.id, Job.name, Job.array_index, Job.status, Job.finished_at, Job.scheduled_at
+            ).where(Job.id.in_(chunk))
         ):
             # An array's tasks share a name: "waiting for job 14 (sweep[2])" says which.
             name = row.name if row.array_index is None else f"{row.name}[{row.array_index}]"
-            loaded[row.id] = Dependency(row.id, name, JobStatus(row.status), row.finished_at)
+            loaded[row.id] = Dependency(
+                row.id, name, JobStatus(row.status), row.finished_at, row.scheduled_at
+            )
     return loaded
 
 

@@ -108,14 +108,15 @@ class JobCreate(RequestBody):
     depends_on: list[Annotated[int, Field(ge=1)]] = Field(
         default_factory=list,
         max_length=64,
-        description="ids of jobs that must end first, as `dependency` says; if one ends "
-        "otherwise, this job is cancelled",
+        description="ids of jobs that must end (or, with `after`, start) first, as "
+        "`dependency` says; if one ends otherwise, this job is cancelled",
     )
     dependency: DependencyKind = Field(
         default="afterok",
         description="how the depends_on jobs must end: afterok (succeed), afterany (end in "
-        "any way: cleanup), afternotok (fail, be cancelled or time out: a fallback), as "
-        "sbatch --dependency; or singleton, without depends_on: it waits while another job "
+        "any way: cleanup), afternotok (fail, be cancelled or time out: a fallback), or "
+        "after (only start, i.e. be placed, or end: a monitor beside a run), as sbatch "
+        "--dependency; or singleton, without depends_on: it waits while another job "
         "of yours with its name is placed or was submitted before it as a singleton, so "
         "they run one at a time in submit order",
     )
@@ -269,8 +270,10 @@ class JobOut(BaseModel):
         description="who held this pending job (release to run it); on a running job "
         "requeued with hold, who will hold it once it is back"
     )
-    depends_on: list[int] = Field(description="jobs that must end before this one starts")
-    dependency: str = Field(description="how they must end: afterok, afterany, afternotok")
+    depends_on: list[int] = Field(description="jobs this one waits for")
+    dependency: str = Field(
+        description="what it waits for: afterok, afterany, afternotok, after, singleton"
+    )
     array: ArrayOut | None = Field(description="the job array this job is a task of, if any")
     exit_code: int | None
     cancel_requested: bool

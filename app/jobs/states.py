@@ -52,7 +52,10 @@ DEPENDENCY = "dependency"
 # as many tasks running as it allows (max_running, app/cycle/arrays.py).
 ARRAY_LIMIT = "array_limit"
 # How the jobs a job depends on must end (sbatch --dependency): succeed, end in any way,
-# or end without success; or singleton: one job of a user's of the same name at a time
-# (app/jobs/dependencies.py).
-DependencyKind = Literal["afterok", "afterany", "afternotok", "singleton"]
+# or end without success; or only start (after); or singleton: one job of a user's of the
+# same name at a time (app/jobs/dependencies.py).
+DependencyKind = Literal["afterok", "afterany", "afternotok", "after", "singleton"]
 SINGLETON = "singleton"
+# Waits for its dependencies to start (be placed), not to end: a monitor or an evaluator
+# beside a training run.
+AFTER_START = "after"

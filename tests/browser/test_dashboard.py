@@ -150,7 +150,14 @@ def test_submit_held_and_after_another_job_through_the_form(dash: Dashboard, sta
         _expect_text(page, "#err-depends_on:not([hidden])", message)
     page.fill("#f-depends_on", str(train))
     evaluate = submit("form-eval")
+    page.select_option("#f-dependency", "after")  # a monitor: once train has started
+    monitor = submit("form-monitor")
 
+    dash.go(f"#/jobs/{monitor}")
+    _expect_text(
+        page, "#job-reason", f"^dependency waiting for job {train} [(]form-train[)] to start$"
+    )
+    assert (page.text_content("#job-depends-on") or "") == f"#{train} (must start)"
     dash.go(f"#/jobs/{train}")
     _expect_text(page, "#job-reason", "^held held by admin")
     dash.go(f"#/jobs/{evaluate}")

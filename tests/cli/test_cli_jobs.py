@@ -507,6 +507,11 @@ def test_submit_after_another_job(cli: Cli) -> None:
     assert (cleanup["dependency"], cleanup["depends_on"]) == ("afterany", [train, train + 1])
     shown = [line.rstrip() for line in cli("show", str(cleanup["id"])).stdout.splitlines()]
     assert f"depends on       {train}, {train + 1} (must end)" in shown
+    # A monitor beside a run starts once it has started (sbatch --dependency=after:ID).
+    monitor = _submit_json(cli, "--dependency", f"after:{train}", "--", "true")
+    assert monitor["pending_message"] == f"waiting for job {train} (train) to start"
+    shown = [line.rstrip() for line in cli("show", str(monitor["id"])).stdout.splitlines()]
+    assert f"depends on       {train} (must start)" in shown
     # A singleton names no job: one "nightly" of alice's at a time.
     nightly = [
         _submit_json(cli, "--name", "nightly", "--dependency", "singleton", "--", "true")

@@ -3,11 +3,13 @@ queue, until the jobs it names have succeeded; if one ends otherwise it is cance
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from app.cycle.dependencies import settle_dependencies
+from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
@@ -16,7 +18,14 @@ from app.jobs.models import Job
 from app.jobs.reports import job_finished
 from app.jobs.states import JobStatus as S
 from app.scheduling import plan_cycle
-from tests.cycle.jobs_api import add_node, get_job, job_events, run_one_cycle, submit
+from tests.cycle.jobs_api import (
+    SETTINGS,
+    add_node,
+    get_job,
+    job_events,
+    run_one_cycle,
+    submit,
+)
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 
@@ -87,6 +96,68 @@ def test_judge_other_kinds(kind, jobs, met, broken, message):
     ids = [j.id for j in jobs] or [1]
     verdict = judge(ids, {j.id: j for j in jobs}, kind)
     assert (verdict.met, verdict.broken, verdict.message) == (met, broken, message)
+
+
+def _placed(job_id: int, status: S, placed_min: int | None, finished_min: int | None = None):
+    placed = None if placed_min is None else T0 + timedelta(minutes=placed_min)
+    return replace(_dep(job_id, status, finished_min), placed_at=placed)
+
+
+@pytest.mark.parametrize(
+    ("jobs", "met", "met_at_min", "message"),
+    [
+        # Placed or running: started, so met from when the last one got its GPUs.
+        ([_placed(1, S.SCHEDULED, 4), _placed(2, S.RUNNING, 2)], True, 4, ""),
+        # Ended after running, however: it did start (placed_at stays set once it ends).
+        ([_placed(1, S.FAILED, 3, 8)], True, 3, ""),
+        # Cancelled before it ever started: nothing left to wait for (Slurm's after:ID).
+        ([_placed(1, S.CANCELLED, None, 6)], True, 6, ""),
+        # Waiting, or back in the queue after a preemption: not started (again) yet.
+        ([_placed(1, S.RUNNING, 1), _placed(2, S.PENDING, None)], False, None,
+         "waiting for job 2 (j2) to start"),
+        ([_placed(1, S.PREEMPTED, None)], False, None, "waiting for job 1 (j1) to start"),
+    ],
+)  # fmt: skip
+def test_judge_after_waits_only_for_the_start(jobs, met, met_at_min, message):
+    verdict = judge([j.id for j in jobs], {j.id: j for j in jobs}, "after")
+    met_at = None if met_at_min is None else T0 + timedelta(minutes=met_at_min)
+    assert (verdict.met, verdict.broken, verdict.met_at, verdict.message) == (
+        met,
+        False,  # an `after` job never breaks
+        met_at,
+        message,
+    )
+
+
+def test_a_monitor_starts_in_the_cycle_after_its_run_was_placed(api):
+    add_node(api, 8)
+    train = submit(api, name="train", gpus=2)["id"]
+    monitor = submit(api, name="monitor", depends_on=[train], dependency="after")
+    assert (monitor["pending_reason"], monitor["pending_message"]) == (
+        "dependency",
+        f"waiting for job {train} (train) to start",
+    )
+    now = utcnow()
+    first = run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t", now=now)
+    assert get_job(api, train)["status"] == "SCHEDULED"
+    assert get_job(api, monitor["id"])["status"] == "PENDING"
+    # It placed a job that a job waits `after`: the next cycle is asked for at once.
+    assert first.wake_at == now
+    run_one_cycle(api)
+    assert get_job(api, monitor["id"])["status"] == "SCHEDULED"
+    # Submitted once its run has started, it is queued at once; no cycle to wait for.
+    late = submit(api, name="monitor2", depends_on=[train], dependency="after")
+    assert late["pending_reason"] == "NEW"
+    # Cancelled before it started, the run lets its monitor in all the same.
+    blocked = submit(api, name="big", gpus=8)["id"]  # waits: 4 of the 8 GPUs are in use
+    watcher = submit(api, name="watcher", depends_on=[blocked], dependency="after")["id"]
+    cancelled = api.client.post(f"/api/v1/jobs/{blocked}/cancel", headers=api.as_("alice"))
+    assert cancelled.status_code == 200, cancelled.text
+    run_one_cycle(api)
+    assert get_job(api, watcher)["status"] == "SCHEDULED"
+    # An ordinary cycle that places no awaited job asks for no extra cycle.
+    calm = run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t", now=now)
+    assert calm.wake_at is None
 
 
 def _finish(api, job_id: int, result: str) -> None:
@@ -187,7 +258,7 @@ def test_a_cleanup_runs_after_a_failure_and_a_fallback_only_after_one(api):
     )
     r = api.client.post(
         "/api/v1/jobs",
-        json={"command": ["x"], "depends_on": [train], "dependency": "after"},
+        json={"command": ["x"], "depends_on": [train], "dependency": "before"},
         headers=api.as_("alice"),
     )
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "dependency"]

@@ -8,7 +8,7 @@ import {
 import { cancelArrayButton, cancelButton, holdArrayButton, holdButton, requeueButton } from "./queue.js";
 
 // What the jobs a job depends on must do (its dependency kind, as sbatch --dependency).
-const MUST = { afterok: "must succeed", afterany: "must end", afternotok: "must fail" };
+const MUST = { afterok: "must succeed", afterany: "must end", afternotok: "must fail", after: "must start" };
 
 function kvList(pairs) {
   return h("dl", { class: "kv" }, pairs.filter(Boolean).flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
