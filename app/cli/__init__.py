@@ -58,6 +58,9 @@ app = typer.Typer(
     help="GPU cluster scheduler: run the server, submit and inspect jobs, manage the cluster.",
     no_args_is_help=True,
     add_completion=False,
+    # Joins a docstring's wrapped lines in the command list (the default, "rich", keeps
+    # them, breaking summaries mid-sentence); `code` in help shows as code.
+    rich_markup_mode="markdown",
     # Locals can hold API tokens; never print them in a traceback.
     pretty_exceptions_show_locals=False,
 )
