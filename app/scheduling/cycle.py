@@ -119,6 +119,9 @@ class Cycle:
         ctx = self.ctx
         self.nodes: list[NodeState] = []
         self.slot_at: dict[tuple[str, int], Slot] = {}
+        # Usable nodes whose maintenance is still to come, with its start.
+        self.maintenance: list[tuple[str, datetime]] = []
+        self._barred_by_limit: dict[int | None, frozenset[str]] = {}
         node_filters = F.NODE_FILTERS
         gpu_filters = F.GPU_FILTERS
         peers_cache: dict[tuple[int, ...], frozenset[int]] = {}
@@ -161,6 +164,7 @@ class Cycle:
                 prechecks
                 and nv.ready
                 and not nv.drained
+                and nv.maintenance_at is None
                 and hb is not None
                 and hb_after is not None
                 and hb >= hb_after
@@ -222,6 +226,8 @@ class Cycle:
             ns.gpu_count = len(ns.slots)
             ns.models = frozenset([s.model for s in ns.slots])
             self.nodes.append(ns)
+            if blocker is None and nv.maintenance_at is not None:
+                self.maintenance.append((nv.name, nv.maintenance_at))
         self.node_by_name = {n.name: n for n in self.nodes}
         self.index = NodeIndex(self.nodes)
         self.total_gpus = len(self.slot_at)
@@ -287,11 +293,14 @@ class Cycle:
         checked_at = -1
         deferred: list[tuple[int, JobView, Request]] = []
         # Request per job shape: most of 10k jobs share a few dozen shapes.
-        shapes: dict[tuple[int, int, float | None, int | None, str | None], _Shape] = {}
+        shapes: dict[
+            tuple[int, int, float | None, int | None, str | None, frozenset[str]], _Shape
+        ] = {}
         # May a job of this runtime use the reserved GPUs? (fixed once the reservation is)
         fits_before_res: dict[int | None, bool] = {}
         res_time = self.res_time  # set by _reserve below, once
         pending = self.pending
+        maintenance = bool(self.maintenance)
         for pos, job in enumerate(order, start=1):
             if job.schedule_mode != "now":
                 st = self._job_filters(job)
@@ -304,10 +313,13 @@ class Cycle:
                         st.estimated_start,
                     )
                     continue
-            shape = (job.gpus, job.nodes, job.gpu_share, job.gpu_memory_mb, job.gpu_model)
+            barred = self._barred(job) if maintenance else _NOT_BARRED
+            shape = (job.gpus, job.nodes, job.gpu_share, job.gpu_memory_mb, job.gpu_model, barred)
             known = shapes.get(shape)
             if known is None:
                 r = Request.of(job)
+                if barred:
+                    r = r._replace(barred=barred)
                 known = shapes[shape] = _Shape(
                     r, self._never(r), self._memo_key(r, False), self._memo_key(r, True)
                 )
@@ -460,6 +472,19 @@ class Cycle:
             f"(using {used / 1000:g}, borrowing disabled)"
         )
 
+    def _barred(self, job: JobView) -> frozenset[str]:
+        """The nodes whose maintenance begins before this job's time limit (with its grace
+        period) would end, or all of them if it has none: as Slurm, by the limit, which
+        the agent enforces, not the estimate."""
+        limit = job.max_runtime_s
+        barred = self._barred_by_limit.get(limit)
+        if barred is None:
+            end = None if limit is None else self.now + timedelta(seconds=limit)
+            barred = self._barred_by_limit[limit] = frozenset(
+                [name for name, at in self.maintenance if end is None or end > at]
+            )
+        return barred
+
     def _may_use_reserved(self, job: JobView) -> bool:
         if self.res_job is None or self.res_time is None:
             return False
@@ -524,8 +549,9 @@ class Cycle:
         # Each node sits in one bucket; only the reserved and partly shared nodes
         # looked at first can come round again.
         seen: set[str] | None = set() if allow_reserved or req.milli < 1000 else None
+        barred = req.barred
         for n in self._walk(req, allow_reserved):
-            if n.blocker is not None:
+            if n.blocker is not None or (barred and n.name in barred):
                 continue
             if seen is not None:
                 if n.name in seen:
@@ -574,7 +600,7 @@ class Cycle:
         `key` is `_memo_key(req, allow_reserved)`, worked out once per job shape.
         """
         if req.gpus == 0:
-            ready = [n for n in self.nodes if n.blocker is None]
+            ready = [n for n in self.nodes if n.blocker is None and n.name not in req.barred]
             ready.sort(key=lambda n: (n.gpu_count > 0, n.rank))
             if len(ready) < req.nodes:
                 return None
@@ -808,8 +834,8 @@ class Cycle:
         """Whether a search with the same victims already failed for a request no harder
         than `req`: then this one fails too, and is counted without scanning every node.
 
-        No harder: no more GPUs, nodes, share or memory per GPU, and any model or the
-        same one. Every node test of the search is monotone in these, so a node that
+        No harder: no more GPUs, nodes, share or memory per GPU, any model or the same
+        one, and no node it may not use that `req` may. Every node test of the search is monotone in these, so a node that
         offered the easier request no victim set offers none to this one. Not for the
         reservation's owner: the GPUs reserved for it add to what it may use.
         """
@@ -821,6 +847,7 @@ class Cycle:
             and req.milli >= f.milli
             and req.memory_mb >= f.memory_mb
             and (f.model is None or f.model == req.model)
+            and req.barred >= f.barred
             for f in self.no_victims.get(rules, ())
         )
 
@@ -838,6 +865,8 @@ class Cycle:
             if len(options) >= enough:
                 break  # a few alternatives are plenty; scanning every node is not worth it
             if node.blocker is not None or (req.model is not None and req.model not in node.models):
+                continue
+            if node.name in req.barred:
                 continue
             if not any(v.id in reasons for v in pool):
                 continue
@@ -1010,8 +1039,20 @@ class Cycle:
                 if p.quota_gpus > 0
             }
         reclaim = bool(self._borrowers.get(None))  # else no job has anything to reclaim
+        maintenance: dict[tuple[int, int | None], str | None] = {}
         for pos, job, req in deferred:
             note = self._reclaim_note(job, req) if reclaim else ""
+            if req.barred:
+                mkey = (id(req), job.max_runtime_s)
+                if mkey not in maintenance:
+                    maintenance[mkey] = self._maintenance_reason(job, req)
+                why = maintenance[mkey]
+                if why is not None:
+                    own = job.id == res_job
+                    why += _reservation_note(self.res_time) if own else ""
+                    estimate = self.res_time if own else None
+                    self._pend(job, pos, ReasonKind.MAINTENANCE, why + note, estimate)
+                    continue
             if job.id == res_job:
                 kind, msg = self._diagnose(req, {}, own=job.id)  # its own GPUs count as free
                 msg += _reservation_note(self.res_time) + note
@@ -1021,6 +1062,37 @@ class Cycle:
             if got is None:
                 got = cache[id(req)] = self._diagnose(req, levels)
             pending.append(_reason(job.id, got[0], got[1] + note, pos, None))
+
+    def _maintenance_reason(self, job: JobView, req: Request) -> str | None:
+        """Why a job waits when it would start now but for nodes going into maintenance
+        before its time limit ends; None if they are not what holds it back."""
+        if req.gpus == 0:
+            return None
+        # Room now, or else as the cycle began (a job placed since, a backfill too, on a
+        # node this one may not use does not change why it waits): where the nodes it may
+        # not use make the difference.
+        usable = [n for n in self.nodes if n.blocker is None]
+        for current in (True, False):
+            rooms = {n.name for n in usable if _room_for(n, req, now=current)}
+            if len(rooms) >= req.nodes and len(rooms - req.barred) < req.nodes:
+                break
+        else:
+            return None
+        name, at = min(
+            ((name, at) for name, at in self.maintenance if name in rooms and name in req.barred),
+            key=itemgetter(1),
+        )
+        limit = job.max_runtime_s
+        runs = (
+            "this job has no time limit"
+            if limit is None
+            else "this job's time limit ends at "
+            + (self.now + timedelta(seconds=limit)).isoformat(timespec="seconds")
+        )
+        return (
+            f"node {name} goes into maintenance at {at.isoformat(timespec='seconds')} and "
+            f"takes only jobs whose time limit ends by then; {runs}"
+        )
 
     def _reclaim_note(self, job: JobView, req: Request) -> str:
         """Why a job that fits in its project's quota did not take it back from borrowers
@@ -1251,6 +1323,22 @@ def _holds_model(r: RunningJobView, model: str, nodes: dict[str, NodeState]) -> 
     return False
 
 
+def _room_for(node: NodeState, req: Request, *, now: bool) -> bool:
+    """Whether the node has (`now`) or had as the cycle began `req.gpus` usable GPUs with
+    room for `req`, whoever they may be reserved for."""
+    fitting = 0
+    for s in node.slots:
+        milli, mem = (s.free_milli, s.free_mem) if now else (s.init_free_milli, s.init_free_mem)
+        if (
+            s.blocker is None
+            and milli >= req.milli
+            and mem >= req.memory_mb
+            and (req.model is None or s.model == req.model)
+        ):
+            fitting += 1
+    return fitting >= req.gpus
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds:g} s" if seconds < 60 else f"{round(seconds / 60)} min"
 
@@ -1259,6 +1347,9 @@ def _reservation_note(when: datetime | None) -> str:
     if when is None:
         return "; GPUs reserved, start time unknown (running jobs without runtime estimate)"
     return f"; GPUs reserved, estimated start {when.isoformat()}"
+
+
+_NOT_BARRED: frozenset[str] = frozenset()
 
 
 class _Shape(NamedTuple):
@@ -1403,7 +1494,7 @@ def reservation(
     ok_nodes: dict[str, NodeState] = {}
     model, memory_mb, milli = req.model, req.memory_mb, req.milli
     for n in nodes:
-        if n.blocker is not None:
+        if n.blocker is not None or n.name in req.barred:
             continue
         c = 0
         for s in n.slots:

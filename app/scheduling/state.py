@@ -27,6 +27,8 @@ class Request(NamedTuple):
     milli: int
     memory_mb: int
     model: str | None
+    # Nodes going into maintenance before this job's time limit would end: not for it.
+    barred: frozenset[str] = frozenset()
 
     @staticmethod
     def of(job: JobView) -> Request:

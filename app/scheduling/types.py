@@ -52,6 +52,9 @@ class NodeView:
     labels: tuple[tuple[str, str], ...] = ()
     heartbeat_at: datetime | None = None
     gpus: tuple[GpuView, ...] = ()
+    # Maintenance (Slurm's maint reservation): drained from then on; until then it takes
+    # only jobs whose time limit ends by then.
+    maintenance_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +189,7 @@ class ReasonKind(enum.Enum):
     GPU_MODEL_UNAVAILABLE = "gpu_model_unavailable"
     GPU_MEMORY = "gpu_memory"
     PRIORITY = "priority"
+    MAINTENANCE = "maintenance"
 
 
 class Placement(NamedTuple):

@@ -33,6 +33,7 @@ class NodeBuilder:
         self._heartbeat: datetime | None = T0
         self._gpus: list[dict[str, Any]] = []
         self._labels: tuple[tuple[str, str], ...] = ()
+        self._maintenance_at: datetime | None = None
 
     def gpus(self, n: int, mem_gb: int = 80, model: str = "A100") -> NodeBuilder:
         for _ in range(n):
@@ -104,6 +105,11 @@ class NodeBuilder:
         self._drained = True
         return self
 
+    def maintenance(self, in_s: float) -> NodeBuilder:
+        """Maintenance from `in_s` seconds after T0 (at or before it: begun)."""
+        self._maintenance_at = at(in_s)
+        return self
+
     def nvlink(self, *groups: tuple[int, ...]) -> NodeBuilder:
         """Each group is fully NVLink-connected."""
         for grp in groups:
@@ -120,6 +126,7 @@ class NodeBuilder:
             labels=self._labels,
             heartbeat_at=self._heartbeat,
             gpus=tuple(GpuView(**g) for g in self._gpus),
+            maintenance_at=self._maintenance_at,
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -85,6 +86,7 @@ def worlds(draw: st.DrawFn, preemptible: bool = False, with_runtimes: bool = Tru
                 nodes=draw(st.sampled_from([1, 1, 1, 2])) if pshare is None else 1,
                 gpu_memory_mb=draw(st.sampled_from([None, None, 20_000, 70_000])),
                 estimated_runtime_s=draw(st.one_of(st.none(), st.integers(60, 20_000))),
+                max_runtime_s=draw(st.one_of(st.none(), st.integers(600, 20_000))),
                 project=draw(st.sampled_from(projects)),
                 priority=draw(st.integers(0, 3)),
                 preemptible=draw(st.booleans()),
@@ -98,6 +100,8 @@ def worlds(draw: st.DrawFn, preemptible: bool = False, with_runtimes: bool = Tru
         builders[-1] = builders[-1].unhealthy(0)  # maybe also fully allocated: filters deferred
     if n_nodes > 1 and draw(st.booleans()):
         builders[1] = builders[1].drained()
+    if draw(st.booleans()):  # maintenance to come (or begun): only jobs ending by then
+        builders[-1] = builders[-1].maintenance(draw(st.sampled_from([-60, 0, 3600, 10_000])))
     quotas = [
         project(p, quota=draw(st.integers(0, 8)), weight=draw(st.sampled_from([1.0, 2.0])))
         for p in projects
@@ -133,11 +137,16 @@ def check_allocation(s: Snapshot, p: Plan) -> None:
             for g in gs:
                 users.setdefault((nm, g), []).append(m)
     views = {(n.name, g.index): (n, g) for n in s.nodes for g in n.gpus}
+    j_limits = {j.id: j.max_runtime_s for j in s.pending}
     for pl in p.placements:
         for nm, gs in pl.node_gpus:
             for g in gs:
                 nv, gv = views[(nm, g)]
                 assert nv.ready and not nv.drained and gv.healthy and gv.foreign_util_pct < 10
+                if nv.maintenance_at is not None:
+                    limit = j_limits[pl.job_id]
+                    assert limit is not None, (pl, nv)
+                    assert T0 + timedelta(seconds=limit) <= nv.maintenance_at, (pl, nv)
     for key, ms in users.items():
         assert sum(ms) <= 1000, key
         if 1000 in ms:

@@ -1,7 +1,8 @@
-"""Node filter: the node is ready and not drained.
+"""Node filter: the node is ready, not drained and not in maintenance.
 
-A drained node finishes its jobs but takes no new ones; a node that is not
-ready cannot start anything. Per node, once per cycle: cheapest cluster check.
+A drained node finishes its jobs but takes no new ones; so does a node once its
+maintenance has begun; a node that is not ready cannot start anything. Per node,
+once per cycle: cheapest cluster check.
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ from app.scheduling.types import NodeView, ReasonKind
 def check(node: NodeView, ctx: Context) -> Status:
     if node.drained:
         return unschedulable(ReasonKind.NODE_NOT_READY, f"node {node.name} is drained")
+    if node.maintenance_at is not None and node.maintenance_at <= ctx.now:
+        return unschedulable(
+            ReasonKind.NODE_NOT_READY,
+            f"node {node.name} is in maintenance (since {node.maintenance_at.isoformat()})",
+        )
     if not node.ready:
         return unschedulable(ReasonKind.NODE_NOT_READY, f"node {node.name} is not ready")
     return OK
