@@ -314,6 +314,18 @@ def parse_time(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def parse_at(value: str) -> datetime:
+    """An ISO 8601 time; without a UTC offset it is taken as local time."""
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise CliError(
+            f"--at: {value!r}: expected an ISO 8601 time, e.g. 2026-11-23T02:00:00+01:00",
+            EXIT_USAGE,
+        ) from None
+    return at if at.tzinfo else at.astimezone()
+
+
 def human_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     if seconds < 60:

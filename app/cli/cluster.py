@@ -19,6 +19,7 @@ from app.cli.client import (
     age,
     console,
     make_table,
+    parse_at,
     parse_time,
     print_json,
 )
@@ -34,7 +35,14 @@ NodeName = Annotated[str, typer.Argument(help="Node name", show_default=False)]
 def _node_state(node: dict[str, Any]) -> str:
     if node["drained"]:
         return f"{node['state']},DRAINED"
+    if node.get("maintenance_at"):
+        return f"{node['state']},MAINT"  # as sinfo's MAINT: a maintenance is planned
     return str(node["state"])
+
+
+def _local(value: str) -> str:
+    at = parse_time(value)
+    return at.astimezone().strftime("%Y-%m-%d %H:%M %Z") if at else value
 
 
 def _gpu_models(node: dict[str, Any]) -> str:
@@ -48,6 +56,11 @@ def _node_note(node: dict[str, Any]) -> str:
     notes = []
     if node["drained"] and node.get("drain_reason"):
         notes.append(f"drained: {node['drain_reason']}")
+    elif node.get("maintenance_at"):
+        notes.append(
+            f"maintenance from {_local(node['maintenance_at'])}, until then only jobs whose "
+            f"time limit ends by then: {node.get('drain_reason', '')}"
+        )
     if node.get("health_message"):
         notes.append(node["health_message"])
     unhealthy = [g["index"] for g in node.get("gpus", []) if not g.get("healthy", True)]
@@ -172,6 +185,16 @@ def _note_overcommit(client: ApiClient) -> None:
 def drain(
     node: NodeName,
     reason: Annotated[str, typer.Option(help="Why (shown in `gpusched nodes`)")] = "",
+    at: Annotated[
+        str | None,
+        typer.Option(
+            "--at",
+            help="Drain from this ISO 8601 time on (local if no offset): maintenance, as a "
+            "Slurm maint reservation. Until then only jobs whose time limit ends by then "
+            "start on the node",
+            show_default=False,
+        ),
+    ] = None,
     requeue: Annotated[
         bool,
         typer.Option(
@@ -184,14 +207,31 @@ def drain(
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Stop placing new jobs on a node; running jobs finish normally, or with --requeue
-    move elsewhere (admin). --json prints the node (and with --requeue, the jobs)."""
+    """Stop placing new jobs on a node (admin); running jobs finish normally, or with
+    --requeue move elsewhere. With --at, later: a maintenance. --json prints the node (and
+    with --requeue, the jobs)."""
+    if at is not None and requeue:
+        raise CliError(
+            "--at and --requeue exclude each other: jobs that started before the "
+            "maintenance was planned may still run into it; requeue them when it begins",
+            EXIT_USAGE,
+        )
+    body: dict[str, str] = {"reason": reason} if reason else {}
+    if at is not None:
+        body["at"] = parse_at(at).isoformat()
     client = ApiClient.from_options(url, token)
     path = f"{NODES}/{quote(node, safe='')}"
-    result = client.post(f"{path}/drain", json={"reason": reason} if reason else None)
+    result = client.post(f"{path}/drain", json=body or None)
     moved = client.post(f"{path}/requeue") if requeue else None
     if as_json:
         print_json(result if moved is None else {"node": result, "requeued": moved})
+        return
+    if not result["drained"] and result.get("maintenance_at"):
+        typer.echo(
+            f"node {result['name']}: maintenance from {_local(result['maintenance_at'])}; "
+            f"until then only jobs whose time limit ends by then start there "
+            f"({result['drain_reason']})"
+        )
         return
     typer.echo(f"node {result['name']} drained: {result['drain_reason']}")
     if moved is not None:

@@ -31,6 +31,7 @@ from app.cli.client import (
     console,
     human_duration,
     make_table,
+    parse_at,
     parse_time,
     print_json,
 )
@@ -70,18 +71,6 @@ def parse_pairs(values: list[str] | None, what: str) -> dict[str, str]:
             raise CliError(f"{what}: {item!r}: expected KEY=VALUE", EXIT_USAGE)
         pairs[key] = val
     return pairs
-
-
-def parse_at(value: str) -> datetime:
-    """An ISO 8601 time; without a UTC offset it is taken as local time."""
-    try:
-        at = datetime.fromisoformat(value)
-    except ValueError:
-        raise CliError(
-            f"--at: {value!r}: expected an ISO 8601 time, e.g. 2026-11-23T02:00:00+01:00",
-            EXIT_USAGE,
-        ) from None
-    return at if at.tzinfo else at.astimezone()
 
 
 def build_spec(

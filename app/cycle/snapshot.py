@@ -217,6 +217,7 @@ def read_snapshot(
             labels=tuple(sorted(n.labels.items())),
             heartbeat_at=n.last_heartbeat_at,
             gpus=tuple(_gpu_view(g) for g in n.gpus),
+            maintenance_at=n.maintenance_at,
         )
         for n in nodes
     )

@@ -33,9 +33,16 @@ def get_node(name: str, session: SessionDep, _: CurrentUser) -> NodeOut:
 def drain_node(
     name: str, session: SessionDep, principal: AdminUser, body: DrainRequest | None = None
 ) -> NodeOut:
-    reason = body.reason if body else ""
-    return service.set_drained(
-        session=session, principal=principal, name=name, drained=True, reason=reason
+    """Take no new jobs on the node (admin); running ones finish. With `at`, later:
+    maintenance, before which only jobs whose time limit ends by then start there."""
+    body = body or DrainRequest()
+    return service.drain(
+        session=session,
+        principal=principal,
+        name=name,
+        reason=body.reason,
+        at=body.at,
+        now=utcnow(),
     )
 
 
@@ -57,7 +64,7 @@ def requeue_node_jobs(
 
 @router.post("/{name}/undrain", response_model=NodeOut)
 def undrain_node(name: str, session: SessionDep, principal: AdminUser) -> NodeOut:
-    return service.set_drained(session=session, principal=principal, name=name, drained=False)
+    return service.undrain(session=session, principal=principal, name=name)
 
 
 utilization_router = APIRouter(prefix="/api/v1", tags=["nodes"])

@@ -3,9 +3,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from app.request_body import RequestBody
+from app.timeutil import checked_utc
 
 
 class GpuOut(BaseModel):
@@ -36,8 +37,12 @@ class NodeOut(BaseModel):
     agent_version: str
     gpu_backend: str
     state: str
-    drained: bool
+    drained: bool = Field(description="takes no new jobs: drained, or its maintenance has begun")
     drain_reason: str
+    maintenance_at: datetime | None = Field(
+        description="when its maintenance begins (drain --at); until then it takes only jobs "
+        "whose time limit ends by then"
+    )
     health_message: str
     registered_at: datetime
     last_heartbeat_at: datetime | None
@@ -48,3 +53,13 @@ class NodeOut(BaseModel):
 
 class DrainRequest(RequestBody):
     reason: str = Field(default="", max_length=255)
+    at: datetime | None = Field(
+        default=None,
+        description="drain from this time on (maintenance, as Slurm's maint reservation); "
+        "until then only jobs whose time limit ends by then start on the node. Default: now",
+    )
+
+    @field_validator("at")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        return None if value is None else checked_utc(value)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from app.audit.service import record
 from app.auth.service import Principal
+from app.db import utcnow
 from app.errors import NotFound
 from app.nodes.models import Gpu, Node
 from app.nodes.schemas import GpuOut, NodeOut
@@ -35,7 +38,8 @@ def _gpu_out(gpu: Gpu) -> GpuOut:
     )
 
 
-def _node_out(node: Node) -> NodeOut:
+def _node_out(node: Node, now: datetime | None = None) -> NodeOut:
+    maintenance_begun = node.maintenance_at is not None and node.maintenance_at <= (now or utcnow())
     return NodeOut(
         name=node.name,
         hostname=node.hostname,
@@ -43,8 +47,9 @@ def _node_out(node: Node) -> NodeOut:
         agent_version=node.agent_version,
         gpu_backend=node.gpu_backend,
         state=node.state,
-        drained=node.drained,
+        drained=node.drained or maintenance_begun,
         drain_reason=node.drain_reason,
+        maintenance_at=node.maintenance_at,
         health_message=node.health_message,
         registered_at=node.registered_at,
         last_heartbeat_at=node.last_heartbeat_at,
@@ -56,7 +61,8 @@ def _node_out(node: Node) -> NodeOut:
 
 def list_nodes(*, session: Session) -> list[NodeOut]:
     nodes = session.scalars(select(Node).options(selectinload(Node.gpus)).order_by(Node.name))
-    return [_node_out(n) for n in nodes]
+    now = utcnow()
+    return [_node_out(n, now) for n in nodes]
 
 
 def _node(session: Session, name: str) -> Node:
@@ -70,16 +76,40 @@ def get_node(*, session: Session, name: str) -> NodeOut:
     return _node_out(_node(session, name))
 
 
-def set_drained(
-    *, session: Session, principal: Principal, name: str, drained: bool, reason: str = ""
+def drain(
+    *,
+    session: Session,
+    principal: Principal,
+    name: str,
+    reason: str = "",
+    at: datetime | None = None,
+    now: datetime,
 ) -> NodeOut:
-    """Draining stops new placements; running jobs finish normally (as Slurm's DRAIN)."""
+    """Draining stops new placements; running jobs finish normally (as Slurm's DRAIN).
+    With a later `at`, maintenance: until then the node takes only jobs whose time limit
+    ends by `at` (as a Slurm maint reservation), from then on none. Draining again moves
+    or cancels a planned maintenance."""
     node = _node(session, name)
-    node.drained = drained
-    node.drain_reason = (reason or f"drained by {principal.name}") if drained else ""
-    action, info = (
-        ("node.drain", {"reason": node.drain_reason}) if drained else ("node.undrain", {})
-    )
-    record(session=session, actor=principal.name, action=action, target=name, info=info)
+    later = at is not None and at > now
+    node.drained = not later
+    node.maintenance_at = at if later else None
+    by = f"by {principal.name}"
+    default = f"maintenance from {at.isoformat()} {by}" if later and at else f"drained {by}"
+    node.drain_reason = reason or default
+    info: dict[str, str] = {"reason": node.drain_reason}
+    if later and at is not None:
+        info["at"] = at.isoformat()
+    record(session=session, actor=principal.name, action="node.drain", target=name, info=info)
+    session.commit()
+    return _node_out(node, now)
+
+
+def undrain(*, session: Session, principal: Principal, name: str) -> NodeOut:
+    """Place jobs on the node again; a planned maintenance is called off."""
+    node = _node(session, name)
+    node.drained = False
+    node.maintenance_at = None
+    node.drain_reason = ""
+    record(session=session, actor=principal.name, action="node.undrain", target=name, info={})
     session.commit()
     return _node_out(node)

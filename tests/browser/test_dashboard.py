@@ -557,6 +557,34 @@ def test_drain_and_undrain_a_node_as_admin(dash: Dashboard, stack: Stack) -> Non
             stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel?grace_s=0")
 
 
+def test_plan_and_call_off_a_maintenance_from_the_drain_form(dash: Dashboard, stack: Stack) -> None:
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go("#/nodes")
+    page.click("[data-drain='sim-2']")
+    form = "[data-node='sim-2'] .drain-form"
+    page.fill(f"{form} input[type=text]", "driver upgrade")
+    tomorrow = (datetime.now() + timedelta(days=1)).strftime("%Y-%m-%dT09:00")  # local time
+    page.fill(f"{form} input[name=at]", tomorrow)
+    page.click(f"{form} button[type=submit]")
+    page.wait_for_selector("[data-maintenance='sim-2']")
+    _expect_text(page, "#toast", "^sim-2 maintenance from ")
+    _expect_text(
+        page,
+        "[data-node='sim-2'] .node-meta",
+        "maintenance from .*, until then only jobs whose time limit ends by then: driver upgrade",
+    )
+    node = stack.request("GET", "/api/v1/nodes/sim-2")
+    planned = datetime.fromisoformat(node["maintenance_at"])
+    assert node["drained"] is False
+    assert planned == datetime.fromisoformat(tomorrow).astimezone()  # the browser's zone
+    dash.shot("nodes-maintenance-desktop")
+    page.click("[data-undrain='sim-2']")  # "Call off maintenance"
+    page.wait_for_selector("[data-drain='sim-2']")
+    assert stack.request("GET", "/api/v1/nodes/sim-2")["maintenance_at"] is None
+    dash.assert_clean()
+
+
 @pytest.fixture(scope="module")
 def demo_schedule(stack: Stack) -> Iterator[None]:
     """An off-peak window and a batch, so the timeline and the chart band have content.

@@ -77,6 +77,27 @@ def test_drain_and_undrain(cli: Cli) -> None:
     assert missing.exit_code == 1 and "nope" in missing.stderr
 
 
+def test_drain_at_plans_a_maintenance(cli: Cli) -> None:
+    _add_node(cli, "gpu-a", 1)
+    at = "2099-01-05T08:00:00+00:00"
+    result = cli("drain", "gpu-a", "--at", at, "--reason", "driver upgrade", user="admin")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("node gpu-a: maintenance from 2099-01-05 ")
+    assert result.stdout.rstrip().endswith(
+        "until then only jobs whose time limit ends by then start there (driver upgrade)"
+    )
+    node = json.loads(cli("nodes", "--json", user="admin").stdout)[0]
+    assert (node["drained"], node["maintenance_at"]) == (False, "2099-01-05T08:00:00Z")
+    listing = cli("nodes", user="admin").stdout
+    assert "READY,MAINT" in listing and "maintenance from 2099-01-05" in listing
+    for args, message in (
+        (("--at", "next tuesday"), "--at: 'next tuesday': expected an ISO 8601 time"),
+        (("--at", at, "--requeue"), "--at and --requeue exclude each other"),
+    ):
+        bad = cli("drain", "gpu-a", *args, user="admin")
+        assert bad.exit_code == 2 and message in bad.stderr, bad.stderr
+
+
 def test_drain_with_requeue_moves_the_running_jobs_elsewhere(cli: Cli) -> None:
     from app.jobs.lifecycle import transition
     from app.jobs.models import Allocation, Job

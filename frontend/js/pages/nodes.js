@@ -1,6 +1,6 @@
 // Nodes: one tile per GPU with live telemetry; drain/undrain for admins.
 import { api } from "../api.js";
-import { clear, fmtAgo, fmtMem, fmtNum, fmtTime, h, poll, statusBadge, toast } from "../util.js";
+import { clear, fmtAgo, fmtDate, fmtMem, fmtNum, fmtTime, h, poll, statusBadge, toast } from "../util.js";
 import { gpuState } from "./overview.js";
 
 const STATE_LABEL = { busy: "busy", idle: "idle", foreign: "foreign use", down: "down" };
@@ -71,9 +71,11 @@ export function nodesPage(root, ctx) {
       box.classList.remove("editing");
       refresh();
     };
-    if (node.drained) {
+    if (node.drained || node.maintenance_at) {
+      const planned = !node.drained;  // a maintenance to come: undrain calls it off
       box.append(h("button", { type: "button", class: "btn btn-sm", dataset: { undrain: node.name },
-        onclick: () => run("undrain", undefined, "undrained") }, "Undrain"));
+        onclick: () => run("undrain", undefined, planned ? "maintenance called off" : "undrained") },
+        planned ? "Call off maintenance" : "Undrain"));
     } else {
       box.append(h("button", {
         type: "button", class: "btn btn-sm btn-danger", dataset: { drain: node.name },
@@ -81,8 +83,19 @@ export function nodesPage(root, ctx) {
           box.classList.add("editing");
           const reason = h("input", { type: "text", placeholder: "Reason (optional)", maxlength: 255, "aria-label": "Drain reason" });
           const requeue = h("input", { type: "checkbox", name: "requeue" });
-          clear(box, h("form", { class: "drain-form", onsubmit: (ev) => { ev.preventDefault(); run("drain", { reason: reason.value }, "drained", requeue.checked); } },
+          // Empty: now. A time: maintenance from then (only jobs ending by then start).
+          const from = h("input", { type: "datetime-local", name: "at", "aria-label": "Drain from (empty: now)",
+            title: "Empty: now. A later time plans a maintenance: until then only jobs whose time limit ends by then start here" });
+          const submit = (ev) => {
+            ev.preventDefault();
+            if (!from.value) return run("drain", { reason: reason.value }, "drained", requeue.checked);
+            if (requeue.checked) return toast("Requeue applies to a drain now, not to a maintenance later", "error");
+            const at = new Date(from.value).toISOString();
+            return run("drain", { reason: reason.value, at }, `maintenance from ${fmtDate(at)}`);
+          };
+          clear(box, h("form", { class: "drain-form", onsubmit: submit },
             reason,
+            h("label", { class: "drain-at" }, "From", from, h("span", { class: "muted" }, "(empty: now)")),
             h("label", { class: "check", title: "They get their grace period to checkpoint, then run elsewhere" }, requeue, "Requeue its running jobs"),
             h("button", { type: "submit", class: "btn btn-sm btn-danger" }, "Drain"),
             h("button", { type: "button", class: "btn btn-sm", onclick: () => { box.classList.remove("editing"); refresh(); } }, "Cancel")));
@@ -101,11 +114,15 @@ export function nodesPage(root, ctx) {
       h("div", { class: "node-head" },
         h("h2", {}, node.name),
         statusBadge(node.state),
-        node.drained ? h("span", { class: "badge warn", title: node.drain_reason }, "drained") : null,
+        node.drained ? h("span", { class: "badge warn", title: node.drain_reason }, "drained")
+          : node.maintenance_at ? h("span", { class: "badge warn", title: node.drain_reason, dataset: { maintenance: node.name } },
+            `maintenance ${fmtDate(node.maintenance_at)}`) : null,
         keepActions || actions(node)),
       h("div", { class: "node-meta" },
         `${node.hostname} · ${node.gpu_backend} backend · ${fmtNum(node.gpus_allocated, node.gpus_allocated % 1 ? 1 : 0)} of ${node.gpu_count} GPUs allocated · ${heartbeat}`,
         node.drained && node.drain_reason ? ` · drained: ${node.drain_reason}` : "",
+        !node.drained && node.maintenance_at
+          ? ` · maintenance from ${fmtDate(node.maintenance_at)}, until then only jobs whose time limit ends by then: ${node.drain_reason}` : "",
         node.health_message && node.state !== "READY" ? ` · ${node.health_message}` : ""),
       h("div", { class: "gpu-grid" }, node.gpus.map((gpu) => gpuTile(node, gpu))));
     cards.set(node.name, card);
