@@ -835,9 +835,10 @@ class Cycle:
         than `req`: then this one fails too, and is counted without scanning every node.
 
         No harder: no more GPUs, nodes, share or memory per GPU, any model or the same
-        one, and no node it may not use that `req` may. Every node test of the search is monotone in these, so a node that
-        offered the easier request no victim set offers none to this one. Not for the
-        reservation's owner: the GPUs reserved for it add to what it may use.
+        one, and no node it may not use that `req` may. Every node test of the search is
+        monotone in these, so a node that offered the easier request no victim set offers
+        none to this one. Not for the reservation's owner: the GPUs reserved for it add to
+        what it may use.
         """
         if job.id == self.res_job:
             return False
