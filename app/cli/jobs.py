@@ -1118,12 +1118,12 @@ def requeue(
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Stop running jobs and put them back in the queue, like scontrol requeue 12: each
-    gets SIGTERM and its grace period to checkpoint, costs no retry and keeps its place
-    by age. To run a job on other GPUs, or with more of them: requeue --hold, update,
+    """Stop placed or running jobs and put them back in the queue, like scontrol requeue
+    12: each gets SIGTERM and its grace period to checkpoint, costs no retry and keeps its
+    place by age. To run a job on other GPUs, or with more of them: requeue --hold, update,
     release.
 
-    Every id is tried; exit 1 if any could not be requeued (e.g. it is not running)."""
+    Every id is tried; exit 1 if any could not be requeued (e.g. it is still pending)."""
     client = ApiClient.from_options(url, token)
     _each_job(
         job_ids,

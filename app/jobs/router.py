@@ -216,9 +216,10 @@ def requeue_job(
         bool, Query(description="come back held (scontrol requeuehold): change it, release it")
     ] = False,
 ) -> JobOut:
-    """Stop a running job (SIGTERM, its grace period, SIGKILL) and put it back in the
-    queue, as `scontrol requeue`; it costs no retry and keeps its age. A job that is not
-    running, or is being cancelled, is a 409. Idempotent."""
+    """Stop a placed or running job (SIGTERM, its grace period, SIGKILL; one not started
+    yet never starts) and put it back in the queue, as `scontrol requeue`; it costs no
+    retry and keeps its age. A job that is neither, or is being cancelled, is a 409.
+    Idempotent."""
     job = service.requeue(session=session, principal=principal, job_id=job_id, hold=hold)
     if messenger is not None:
         messenger.send_stops(

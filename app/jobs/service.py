@@ -615,15 +615,17 @@ def cancel_locked(
 
 
 def requeue(*, session: Session, principal: Principal, job_id: int, hold: bool) -> JobOut:
-    """Stop a running job and put it back in the queue, as `scontrol requeue`: its agent
-    stops it as a preemption (SIGTERM, its grace period to checkpoint, SIGKILL), which
-    costs no retry, and it waits again with its age kept. With `hold` it comes back held
-    (`scontrol requeuehold`): change it (`gpusched update`), then release it. The caller
-    sends the stop. Idempotent."""
+    """Stop a placed or running job and put it back in the queue, as `scontrol requeue`:
+    its agent stops it as a preemption (SIGTERM, its grace period to checkpoint, SIGKILL;
+    one not started yet never starts), which costs no retry, and it waits again with its
+    age kept. With `hold` it comes back held (`scontrol requeuehold`): change it
+    (`gpusched update`), then release it. The caller sends the stop. Idempotent."""
     job = _visible_job(session=session, principal=principal, job_id=job_id)
     session.refresh(job, with_for_update=True)  # a finish report now must not race
-    if job.status is not JobStatus.RUNNING:
-        raise Conflict(f"job {job_id} is {job.status}: only a running job can be requeued")
+    if job.status not in ACTIVE:
+        raise Conflict(
+            f"job {job_id} is {job.status}: only a placed or running job can be requeued"
+        )
     if job.cancel_requested_at is not None:
         raise Conflict(f"job {job_id} is being cancelled: it will not come back")
     _ask_requeue(session, job=job, actor=principal.name, hold=hold)
@@ -632,16 +634,16 @@ def requeue(*, session: Session, principal: Principal, job_id: int, hold: bool) 
 
 
 def requeue_node_jobs(*, session: Session, principal: Principal, node: str) -> list[JobOut]:
-    """Requeue every job running on `node`, for an admin (the router checks) moving work
-    off a node to service it, after draining it: each is stopped with its grace period and
-    comes back to the queue. Jobs being cancelled are left to end. The caller sends the
-    stops."""
+    """Requeue every job placed or running on `node`, for an admin (the router checks)
+    moving work off a node to service it, after draining it: each is stopped with its
+    grace period and comes back to the queue. Jobs being cancelled are left to end. The
+    caller sends the stops."""
     if session.scalar(select(Node.id).where(Node.name == node)) is None:
         raise NotFound(f"no node {node!r}")
     jobs = session.scalars(
         select(Job)
         .where(
-            Job.status == JobStatus.RUNNING,
+            Job.status.in_(ACTIVE),
             Job.cancel_requested_at.is_(None),
             Job.id.in_(
                 select(Allocation.job_id)
@@ -661,7 +663,8 @@ def requeue_node_jobs(*, session: Session, principal: Principal, node: str) -> l
 def _ask_requeue(
     session: Session, *, job: Job, actor: str, hold: bool, why: str | None = None
 ) -> None:
-    """Mark a running job to be stopped and requeued (once), noting who asked and why."""
+    """Mark a placed or running job to be stopped and requeued (once), noting who asked
+    and why."""
     now = utcnow()
     if hold and job.held_by is None:
         job.held_by, job.held_at = actor, now

@@ -752,7 +752,7 @@ def test_requeue_a_running_job_back_held(cli: Cli) -> None:
     pending = _submit_json(cli, "--", "true")["id"]
     refused = cli("requeue", str(pending), str(job_id))
     assert refused.exit_code == 1
-    assert "only a running job can be requeued" in refused.stderr
+    assert "only a placed or running job can be requeued" in refused.stderr
     assert f"job {job_id} (train): stopping, then back held by alice" in refused.stdout
     other = _submit_json(cli, "--", "sleep", "100")["id"]
     _start(cli, other)

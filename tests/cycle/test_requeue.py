@@ -90,13 +90,13 @@ def test_requeue_with_hold_brings_it_back_held_to_be_changed(api):
     assert released.status_code == 200 and released.json()["held_by"] is None
 
 
-def test_only_a_running_job_not_being_cancelled_is_requeued(api):
+def test_only_a_placed_or_running_job_not_being_cancelled_is_requeued(api):
     add_node(api, 1)
     pending = submit(api, name="later", schedule={"mode": "at", "at": "2099-01-01T00:00:00Z"})
     r = _requeue(api, pending["id"])
     assert r.status_code == 409
-    assert (
-        r.json()["detail"] == f"job {pending['id']} is PENDING: only a running job can be requeued"
+    assert r.json()["detail"] == (
+        f"job {pending['id']} is PENDING: only a placed or running job can be requeued"
     )
 
     running = _running(api, name="train")
@@ -109,6 +109,20 @@ def test_only_a_running_job_not_being_cancelled_is_requeued(api):
     assert r.status_code == 409
     assert r.json()["detail"] == f"job {running['id']} is being cancelled: it will not come back"
     assert get_job(api, running["id"])["requeue_requested"] is False
+
+
+def test_a_job_placed_but_not_started_yet_is_requeued_too(api):
+    # Its agent never starts it: stopped before it started, it reports PREEMPTED.
+    add_node(api, 1)
+    placed = submit(api, name="train")
+    run_one_cycle(api)
+    assert get_job(api, placed["id"])["status"] == "SCHEDULED"
+    r = _requeue(api, placed["id"], hold="true")
+    assert r.status_code == 200, r.text
+    assert (r.json()["status"], r.json()["requeue_requested"]) == ("SCHEDULED", True)
+    _stopped_by_agent(api, placed["id"])
+    back = get_job(api, placed["id"])
+    assert (back["status"], back["held_by"], back["failures"]) == ("PENDING", "alice", 0)
 
 
 def test_a_job_cancelled_while_it_stops_for_a_requeue_does_not_come_back(api):

@@ -125,6 +125,18 @@ class Outcome:
         return how
 
 
+def stop_result(reason: str | None) -> JobResult | None:
+    """What an attempt stopped for `reason` ended as, however it exited: a cancelled one
+    is CANCELLED, a preempted or requeued one PREEMPTED (to be requeued)."""
+    if reason == "cancel":
+        return "CANCELLED"
+    if reason in ("preempt", "requeue"):
+        return "PREEMPTED"
+    if reason == "timeout":
+        return "TIMED_OUT"
+    return None
+
+
 def classify(outcome: Outcome) -> JobResult:
     """Final state of an attempt.
 
@@ -132,11 +144,10 @@ def classify(outcome: Outcome) -> JobResult:
     checkpoints and exits 0 on SIGTERM is still PREEMPTED (it must be
     requeued), and a cancelled one is CANCELLED however it ended.
     """
-    if outcome.terminated_reason == "cancel":
-        return "CANCELLED"
-    if outcome.terminated_reason in ("preempt", "requeue"):
-        return "PREEMPTED"
-    if outcome.timed_out or outcome.terminated_reason == "timeout":
+    stopped = stop_result(outcome.terminated_reason)
+    if stopped is not None:
+        return stopped
+    if outcome.timed_out:
         return "TIMED_OUT"
     if outcome.exit_code == 0:
         return "SUCCEEDED"

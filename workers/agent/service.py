@@ -28,11 +28,13 @@ from workers.agent.runner import (
     JobLaunch,
     LaunchError,
     RunningProcess,
+    TerminateReason,
     classify,
     find_leftover_processes,
     kill_process_groups,
     leftover_graces,
     start_job,
+    stop_result,
 )
 
 log = logging.getLogger("gpusched.agent")
@@ -97,7 +99,8 @@ class Agent:
         # Attempts this agent has accepted (started or refused); a redelivered run_job for
         # one of them does nothing. Stops that arrive before their run_job land here too.
         self._seen: set[tuple[int, int]] = set()
-        self._stopped_early: set[tuple[int, int]] = set()
+        # Stops (reason, grace) for attempts not running yet: not started, or starting.
+        self._stopped_early: dict[tuple[int, int], tuple[TerminateReason, float | None]] = {}
         # Attempts that ended lately, with how they ended. Every heartbeat repeats them: a
         # "finished" report lost with Redis or while the database was down is then applied
         # from the next heartbeat, and their absence from "running" is never taken for a
@@ -328,9 +331,12 @@ class Agent:
             if key in self._seen:
                 return "duplicate"  # a redelivered message for an attempt we already took
             self._seen.add(key)
-            stopped_early = key in self._stopped_early
-        if stopped_early:
-            self._finished(key, "CANCELLED", None, "stopped before it started")
+            early = self._stopped_early.pop(key, None)
+        if early is not None:
+            # As if it had run and been stopped: a preempted or requeued attempt goes back
+            # to the queue, a cancelled one ends.
+            result = stop_result(early[0]) or "CANCELLED"
+            self._finished(key, result, None, f"stopped before it started ({early[0]})")
             return "stopped"
         launch = JobLaunch(
             command=payload["command"],
@@ -368,6 +374,9 @@ class Agent:
             )
         with self._lock:
             self._running[key] = _Attempt(process=process, gpu_indices=launch.gpu_indices)
+            late = self._stopped_early.pop(key, None)  # a stop that came while it started
+        if late is not None:
+            process.terminate(late[0], grace_s=late[1], wait=False)
         log.info(
             "started job %s attempt %s on GPUs %s as pid %d",
             key[0],
@@ -392,19 +401,18 @@ class Agent:
 
     def stop_job(self, payload: dict[str, Any]) -> str:
         key = (int(payload["job_id"]), int(payload["attempt"]))
-        reason = payload.get("reason", "cancel")
+        reason: TerminateReason = payload.get("reason", "cancel")
+        # A stop may carry a shorter grace than the job's (cancel --grace 0: kill now).
+        grace = None if payload.get("grace_s") is None else float(payload["grace_s"])
         with self._lock:
             attempt = self._running.get(key)
-            if attempt is None and key not in self._seen:
-                self._stopped_early.add(key)
+            if attempt is None:
+                if key in self._recent:
+                    return "not running"  # it has ended already
+                # Not started yet, or starting now: run_job applies the stop.
+                self._stopped_early[key] = (reason, grace)
                 return "remembered"
-        if attempt is None:
-            return "not running"
-        # A stop may carry a shorter grace than the job's (cancel --grace 0: kill now).
-        grace = payload.get("grace_s")
-        attempt.process.terminate(
-            reason, grace_s=None if grace is None else float(grace), wait=False
-        )
+        attempt.process.terminate(reason, grace_s=grace, wait=False)
         return "terminating"
 
     def _await_exit(self, key: tuple[int, int], process: RunningProcess) -> None:

@@ -75,7 +75,7 @@ export function cancelArrayButton(job, onDone) {
 // Requeue (scontrol requeue): stop a running job (SIGTERM, its grace period to checkpoint)
 // and put it back in the queue with its age; it costs no retry.
 export function requeueButton(job, onDone) {
-  if (job.status !== "RUNNING" || job.cancel_requested) return null;
+  if (!["SCHEDULED", "RUNNING"].includes(job.status) || job.cancel_requested) return null;
   if (job.requeue_requested) return h("span", { class: "badge warn", id: "requeuing" }, "requeuing…");
   return confirmButton({
     label: "Requeue", dataset: { requeue: job.id }, aria: `Requeue job ${job.id}`, danger: false,

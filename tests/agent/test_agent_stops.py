@@ -1,0 +1,57 @@
+"""A stop that reaches the agent before (or while) its run_job does: the attempt ends as
+the stop asked. A preempted or requeued one must come back to the queue, not be lost as
+cancelled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.agent.support import RecordingReporter, agent_without_gpus
+from workers.agent import service
+
+RUN = {"job_id": 7, "attempt": 1, "command": ["sleep", "30"], "gpu_indices": []}
+STOP = {"job_id": 7, "attempt": 1}
+
+
+@pytest.mark.parametrize(
+    ("reason", "result"),
+    [("cancel", "CANCELLED"), ("preempt", "PREEMPTED"), ("requeue", "PREEMPTED")],
+)
+def test_a_stop_before_the_run_ends_the_attempt_as_it_asked(
+    tmp_path: Path, reason: str, result: str
+) -> None:
+    reports = RecordingReporter()
+    agent = agent_without_gpus(tmp_path, reports)
+    assert agent.stop_job({**STOP, "reason": reason}) == "remembered"
+    assert agent.run_job(dict(RUN)) == "stopped"
+    [finished] = [r for r in reports.reports if r["kind"] == "finished"]
+    assert (finished["result"], finished["message"]) == (
+        result,
+        f"stopped before it started ({reason})",
+    )
+    assert agent.running_count() == 0
+
+
+def test_a_stop_that_arrives_while_the_job_starts_is_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stop lands after run_job took the attempt and before the process is recorded
+    # as running: it used to be answered "not running" and dropped.
+    reports = RecordingReporter()
+    agent = agent_without_gpus(tmp_path, reports)
+    start = service.start_job
+
+    def start_then_stop(launch):  # type: ignore[no-untyped-def]
+        process = start(launch)
+        assert agent.stop_job({**STOP, "reason": "requeue", "grace_s": 0}) == "remembered"
+        return process
+
+    monkeypatch.setattr(service, "start_job", start_then_stop)
+    assert agent.run_job(dict(RUN)) == "started"
+    assert reports.finished.wait(10), reports.reports
+    finished = next(r for r in reports.reports if r["kind"] == "finished")
+    assert finished["result"] == "PREEMPTED"  # killed at once (grace 0), not after 30 s
+    # A stop for an attempt that has ended is not kept for later.
+    assert agent.stop_job({**STOP, "reason": "cancel"}) == "not running"
