@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, selectinload
 from app.audit.service import record
 from app.auth.service import Principal
 from app.db import utcnow
-from app.errors import NotFound
+from app.errors import Conflict, NotFound
 from app.nodes.models import Gpu, Node
 from app.nodes.schemas import GpuOut, NodeOut
 
@@ -90,15 +90,18 @@ def drain(
     ends by `at` (as a Slurm maint reservation), from then on none. Draining again moves
     or cancels a planned maintenance."""
     node = _node(session, name)
-    later = at is not None and at > now
-    node.drained = not later
-    node.maintenance_at = at if later else None
+    planned = at if at is not None and at > now else None
+    if planned is not None and node.drained:
+        # Planning it would let jobs on again until then: say so rather than do it.
+        raise Conflict(f"node {name} is drained now: undrain it to plan a maintenance later")
+    node.drained = planned is None
+    node.maintenance_at = planned
     by = f"by {principal.name}"
-    default = f"maintenance from {at.isoformat()} {by}" if later and at else f"drained {by}"
+    default = f"maintenance from {planned.isoformat()} {by}" if planned else f"drained {by}"
     node.drain_reason = reason or default
-    info: dict[str, str] = {"reason": node.drain_reason}
-    if later and at is not None:
-        info["at"] = at.isoformat()
+    info = {"reason": node.drain_reason}
+    if planned is not None:
+        info["at"] = planned.isoformat()
     record(session=session, actor=principal.name, action="node.drain", target=name, info=info)
     session.commit()
     return _node_out(node, now)

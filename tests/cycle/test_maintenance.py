@@ -71,6 +71,10 @@ def test_drain_at_is_checked_moved_and_audited(api):
     # A time already past drains at once; so does a drain without one.
     r = _drain(api, at=(utcnow() - timedelta(hours=1)).isoformat())
     assert (r.json()["drained"], r.json()["maintenance_at"]) == (True, None)
+    # Drained now, it is not quietly opened again until a later maintenance.
+    r = _drain(api, at=at.isoformat())
+    assert r.status_code == 409
+    assert r.json()["detail"] == "node n1 is drained now: undrain it to plan a maintenance later"
     events = api.client.get(
         "/api/v1/audit", params={"target": "n1"}, headers=api.as_("admin")
     ).json()["items"]
