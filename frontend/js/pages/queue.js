@@ -72,7 +72,7 @@ export function cancelArrayButton(job, onDone) {
   });
 }
 
-// Requeue (scontrol requeue): stop a running job (SIGTERM, its grace period to checkpoint)
+// Requeue (scontrol requeue): stop a placed or running job (SIGTERM, its grace period to checkpoint)
 // and put it back in the queue with its age; it costs no retry.
 export function requeueButton(job, onDone) {
   if (!["SCHEDULED", "RUNNING"].includes(job.status) || job.cancel_requested) return null;
