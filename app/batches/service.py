@@ -39,7 +39,7 @@ from app.auth.models import User
 from app.auth.service import Principal, principal_for
 from app.batches.models import BatchFiring, BatchSchedule
 from app.batches.schemas import BatchIn, BatchOut, FiringOut
-from app.cycle.dispatch import Dispatch, stop_messages
+from app.cycle.dispatch import Dispatch, stop_messages_many
 from app.errors import Conflict, DomainError, FieldError, Forbidden, NotFound
 from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Job
@@ -581,12 +581,8 @@ def _replace(session: Session, jobs: list[Job], *, batch: str, due: datetime) ->
     for job in jobs:
         cancel_locked(session, job=job, actor=f"batch:{batch}", why=why)
     log.info("batch %s: jobs %s %s", batch, _ids(jobs), why)
-    return [
-        stop
-        for job in jobs
-        if job.cancel_requested_at is not None
-        for stop in stop_messages(session, job_id=job.id, attempt=job.attempt, reason="cancel")
-    ]
+    placed = {job.id: job.attempt for job in jobs if job.cancel_requested_at is not None}
+    return stop_messages_many(session, placed, reason="cancel")
 
 
 def _ids(jobs: list[Job]) -> str:

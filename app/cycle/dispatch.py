@@ -3,7 +3,7 @@ Building is pure reading; sending happens in the caller after commit."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,20 +105,39 @@ def stop_messages(
 ) -> list[Dispatch]:
     """stop_job for every node that holds the attempt; `grace_s` shortens the job's own
     grace period (0: SIGKILL now)."""
-    nodes = session.scalars(
-        select(Node.name)
-        .join(Allocation, Allocation.node_id == Node.id)
-        .where(
-            Allocation.job_id == job_id,
-            Allocation.attempt == attempt,
-            Allocation.released_at.is_(None),
+    return stop_messages_many(session, {job_id: attempt}, reason=reason, grace_s=grace_s)
+
+
+# Jobs per query: a bulk cancel of an array may name tens of thousands.
+_STOP_CHUNK = 5000
+
+
+def stop_messages_many(
+    session: Session, attempts: Mapping[int, int], *, reason: str, grace_s: int | None = None
+) -> list[Dispatch]:
+    """stop_messages for many jobs (job id -> attempt), one query per few thousand:
+    a bulk cancel of a running array reads each job's nodes in one go, not one by one."""
+    ids = sorted(attempts)
+    out: list[Dispatch] = []
+    for start in range(0, len(ids), _STOP_CHUNK):
+        rows = session.execute(
+            select(Allocation.job_id, Allocation.attempt, Node.name)
+            .join(Node, Allocation.node_id == Node.id)
+            .where(
+                Allocation.job_id.in_(ids[start : start + _STOP_CHUNK]),
+                Allocation.released_at.is_(None),
+            )
+            .distinct()
+            .order_by(Allocation.job_id, Node.name)
         )
-        .distinct()
-    )
-    payload: dict[str, Any] = {"job_id": job_id, "attempt": attempt, "reason": reason}
-    if grace_s is not None:
-        payload["grace_s"] = grace_s
-    return [Dispatch(node=n, payload=dict(payload)) for n in nodes]
+        for job_id, attempt, node in rows:
+            if attempts[job_id] != attempt:
+                continue  # an older attempt's rows (released ones are left out already)
+            payload: dict[str, Any] = {"job_id": job_id, "attempt": attempt, "reason": reason}
+            if grace_s is not None:
+                payload["grace_s"] = grace_s
+            out.append(Dispatch(node=node, payload=payload))
+    return out
 
 
 def released_gates(session: Session) -> list[Dispatch]:

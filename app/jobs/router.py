@@ -8,7 +8,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from app.cycle.dispatch import stop_messages
+from app.cycle.dispatch import stop_messages, stop_messages_many
 from app.db import utcnow
 from app.deps import CurrentUser, InventoryDep, MessengerDep, SessionDep, SettingsDep
 from app.errors import FieldError
@@ -173,12 +173,8 @@ def _send_cancel_stops(
     (again, for one already stopping: a shorter grace cuts its own short)."""
     if messenger is None:
         return
-    for job in jobs:
-        if job.cancel_requested:
-            stops = stop_messages(
-                session, job_id=job.id, attempt=job.attempt, reason="cancel", grace_s=grace_s
-            )
-            messenger.send_stops(stops)
+    placed = {job.id: job.attempt for job in jobs if job.cancel_requested}
+    messenger.send_stops(stop_messages_many(session, placed, reason="cancel", grace_s=grace_s))
 
 
 @router.get("/{job_id}", response_model=JobOut)

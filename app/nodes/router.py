@@ -5,7 +5,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
-from app.cycle.dispatch import stop_messages
+from app.cycle.dispatch import stop_messages_many
 from app.db import utcnow
 from app.deps import AdminUser, CurrentUser, MessengerDep, SessionDep
 from app.errors import FieldError
@@ -55,10 +55,8 @@ def requeue_node_jobs(
     age, costing no retry (as `scontrol requeue` of each). Returns the jobs."""
     jobs = jobs_service.requeue_node_jobs(session=session, principal=principal, node=name)
     if messenger is not None:
-        for job in jobs:
-            messenger.send_stops(
-                stop_messages(session, job_id=job.id, attempt=job.attempt, reason="requeue")
-            )
+        attempts = {job.id: job.attempt for job in jobs}
+        messenger.send_stops(stop_messages_many(session, attempts, reason="requeue"))
     return jobs
 
 
