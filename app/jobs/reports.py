@@ -77,10 +77,11 @@ def job_finished(*, session: Session, payload: dict[str, Any]) -> Applied:
     result = RESULTS[payload["result"]]
     message = payload.get("message", "")
     if job.status is JobStatus.SCHEDULED and result is not JobStatus.LOST:
-        # Fast jobs: the finish report can overtake the start report; keep the history whole.
-        transition(
-            session, job=job, to=JobStatus.RUNNING, actor=actor, reason="start not yet reported"
-        )
+        # Keep the history whole: an agent reports a job that ends at once by its end
+        # alone (with the pid), and a finish report can overtake a start report.
+        pid = payload.get("pid")
+        started = f"started as pid {pid}" if pid is not None else "start not yet reported"
+        transition(session, job=job, to=JobStatus.RUNNING, actor=actor, reason=started)
     job.exit_code = payload.get("exit_code")
     release(session, job_id=job.id, attempt=job.attempt)
     transition(session, job=job, to=result, actor=actor, reason=message)

@@ -157,3 +157,28 @@ def test_a_report_applied_from_a_stale_copy_of_the_job_changes_nothing(
             )
         ).all()
     assert running == ["started as pid 7"]
+
+
+def test_a_finish_report_alone_records_the_start_with_its_pid(
+    factory: sessionmaker[Session],
+) -> None:
+    """An agent reports a job that ended at once by its end alone, with the pid."""
+    job_id, attempt = _scheduled_job(factory)
+    payload = {"node": "n1", "job_id": job_id, "attempt": attempt, "pid": 42}
+    with factory.begin() as session:
+        applied = reports.job_finished(
+            session=session,
+            payload={**payload, "result": "SUCCEEDED", "exit_code": 0, "message": "exit code 0"},
+        )
+        assert applied.accepted
+    with factory() as session:
+        steps = [
+            (e.from_status, e.to_status, e.reason)
+            for e in session.scalars(
+                select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            )
+        ][1:]
+    assert steps == [
+        ("SCHEDULED", "RUNNING", "started as pid 42"),
+        ("RUNNING", "SUCCEEDED", "exit code 0"),
+    ]

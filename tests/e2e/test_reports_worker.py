@@ -26,7 +26,8 @@ def _tasks(stack: Stack, process: str, task: str) -> int:
 
 
 def test_cycles_and_reports_run_in_their_own_processes(stack: Stack) -> None:
-    jobs = [stack.submit({"command": "true", "gpus": 1}) for _ in range(3)]
+    # Jobs that outlast the agent's fold, so each one's start is reported on its own.
+    jobs = [stack.submit({"command": "sleep 0.3", "gpus": 1}) for _ in range(3)]
     for job in jobs:
         assert stack.wait_status(job["id"], "SUCCEEDED", "FAILED")["status"] == "SUCCEEDED"
     # The node registered and its jobs' starts and ends were reported, all to `reports`.
@@ -46,7 +47,7 @@ def _samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_each_process_serves_the_metrics_it_counts(stack: Stack) -> None:
-    job = stack.submit({"command": "true", "gpus": 1})
+    job = stack.submit({"command": "sleep 0.3", "gpus": 1})  # its start reported on its own
     assert stack.wait_status(job["id"], "SUCCEEDED", "FAILED")["status"] == "SUCCEEDED"
     reports, cycles = _samples(REPORTS_PORT), _samples(CYCLE_PORT)
     handled = "gpusched_agent_report_seconds_count"

@@ -2,7 +2,8 @@
 
 It talks to the rest of the system only through Celery messages: it consumes
 `node.<name>` (run_job, stop_job) and sends reports (register, heartbeat, started,
-finished). Every report names (job_id, attempt) so the scheduler can ignore stale ones.
+finished; a job that ends within _FOLD_START_S is reported by "finished" alone). Every
+report names (job_id, attempt) so the scheduler can ignore stale ones.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ from workers.agent.runner import (
 log = logging.getLogger("gpusched.agent")
 AGENT_VERSION = "0.1.0"
 RECENT_S = 120.0
+# How long a job's start report waits for its end: one that has ended by then is reported
+# once (its end implies its start). Short against the submit -> RUNNING goal (0.15 s).
+_FOLD_START_S = 0.01
 
 
 class AgentSettings(BaseSettings):
@@ -385,15 +389,6 @@ class Agent:
             process.pid,
             extra={"job_id": key[0], "attempt": key[1], "node": self.settings.name},
         )
-        self.reporter.report(
-            {
-                "kind": "started",
-                "node": self.settings.name,
-                "job_id": key[0],
-                "attempt": key[1],
-                "pid": process.pid,
-            }
-        )
         threading.Thread(
             target=self._await_exit, args=(key, process), name=f"job-{key[0]}", daemon=True
         ).start()
@@ -416,15 +411,36 @@ class Agent:
         return "terminating"
 
     def _await_exit(self, key: tuple[int, int], process: RunningProcess) -> None:
-        outcome = process.wait()
+        # A job that ends at once is reported once, by its end (which implies its start):
+        # a queue of short jobs costs the scheduler one report per job, not two.
+        outcome = process.wait(_FOLD_START_S)
+        if outcome is None:
+            self.reporter.report(
+                {
+                    "kind": "started",
+                    "node": self.settings.name,
+                    "job_id": key[0],
+                    "attempt": key[1],
+                    "pid": process.pid,
+                }
+            )
+            outcome = process.wait()
         assert outcome is not None
         detach = getattr(self.backend, "detach_job", None)
         if detach is not None:
             detach(process.pid)
-        self._finished(key, classify(outcome), outcome.exit_code, outcome.describe())
+        self._finished(
+            key, classify(outcome), outcome.exit_code, outcome.describe(), pid=process.pid
+        )
 
     def _finished(
-        self, key: tuple[int, int], result: str, exit_code: int | None, message: str
+        self,
+        key: tuple[int, int],
+        result: str,
+        exit_code: int | None,
+        message: str,
+        *,
+        pid: int | None = None,
     ) -> None:
         log.info(
             "job %s attempt %s %s: %s",
@@ -442,6 +458,7 @@ class Agent:
             "result": result,
             "exit_code": exit_code,
             "message": message,
+            "pid": pid,
         }
         self._record_finished(key, report)
         with self._lock:
