@@ -1030,6 +1030,15 @@ def update(
             show_default=False,
         ),
     ] = None,
+    dependency: Annotated[
+        str | None,
+        typer.Option(
+            "--dependency",
+            help="Wait for other jobs instead, as submit's --dependency (afterok:ID[:ID...], "
+            "afterany:ID, afternotok:ID, after:ID, singleton), or none to wait for none",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
@@ -1058,6 +1067,13 @@ def update(
             changes[field] = None if cleared else parse_duration(value, option)
     if gpu_memory_mb is not None:  # "none": any GPU with room, as when submitted without
         changes["gpu_memory_mb"] = _number_or_none(gpu_memory_mb, "--gpu-memory-mb")
+    if dependency is not None:
+        kind, ids = (
+            ("afterok", [])
+            if dependency.strip().lower() == "none"
+            else _parse_dependency(dependency)
+        )
+        changes |= {"dependency": kind, "depends_on": ids}
     limit = _number_or_none(array_limit, "--array-limit") if array_limit is not None else None
     if not changes and array_limit is None:
         raise CliError("nothing to change: give at least one option (see --help)", EXIT_USAGE)

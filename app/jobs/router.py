@@ -252,8 +252,9 @@ def update_job(
     messenger: MessengerDep,
     settings: SettingsDep,
 ) -> JobOut:
-    """Change a pending job's name, GPUs, GPU memory, nodes, priority or time limits, as
-    `scontrol update`; it keeps its submit time. A job that is not pending is a 409."""
+    """Change a pending job's name, GPUs, GPU memory, nodes, priority, time limits or
+    dependencies, as `scontrol update`; it keeps its submit time. A job that is not pending
+    is a 409; a dependency loop is a 422 on depends_on."""
     job = service.update(
         session=session,
         principal=principal,

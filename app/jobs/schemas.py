@@ -198,7 +198,8 @@ class JobCreate(RequestBody):
 class JobUpdate(RequestBody):
     """Body of PATCH /jobs/{id}: what to change in a pending job, as `scontrol update`.
     Only the fields sent change; null clears gpu_memory_mb or a runtime. The result is
-    checked as a submission would be. Each field is a Job column of the same name."""
+    checked as a submission would be. Each field is a Job column of the same name, but
+    `dependency` (the column `dependency_kind`)."""
 
     name: Name | None = None
     gpus: int | None = Field(default=None, description="GPUs per node")
@@ -208,6 +209,14 @@ class JobUpdate(RequestBody):
     max_runtime_s: int | None = None
     estimated_runtime_s: int | None = None
     grace_s: int | None = None
+    depends_on: list[Annotated[int, Field(ge=1)]] | None = Field(
+        default=None,
+        description="the jobs it waits for instead ([]: none), as `scontrol update "
+        "Dependency=`; checked as at submission, and never a loop",
+    )
+    dependency: DependencyKind | None = Field(
+        default=None, description="how they must end (see JobCreate.dependency)"
+    )
 
     @field_validator("name")
     @classmethod

@@ -782,11 +782,12 @@ def update(
     if job.status is not JobStatus.PENDING:
         raise Conflict(f"job {job_id} is {job.status}: only a pending job can be changed")
     sent = changes.model_dump(exclude_unset=True)
-    current = {name: getattr(job, name) for name in JobUpdate.model_fields}
+    current = {name: getattr(job, name) for name in _REQUEST_FIELDS}
     share = None if job.gpu_share_milli == 1000 else job.gpu_share_milli / 1000
     try:
         spec = JobCreate.model_validate(
             {"command": job.command, "gpu_share": share, "gpu_model": job.gpu_model}
+            | {"depends_on": job.depends_on, "dependency": job.dependency_kind}
             | current
             | sent
         )
@@ -798,15 +799,93 @@ def update(
     spec = limits.apply(spec)
     check_can_ever_fit(session=session, spec=spec)
     changed = {f: getattr(spec, f) for f in current if getattr(spec, f) != current[f]}
-    if changed:
-        for name, value in changed.items():
-            setattr(job, name, value)
+    for name, value in changed.items():
+        setattr(job, name, value)
+    what = [f"{f} {current[f]} -> {v}" for f, v in changed.items()]
+    if "depends_on" in sent or "dependency" in sent:
+        rewired = _rewire_dependencies(session=session, principal=principal, job=job, spec=spec)
+        what += [rewired] if rewired else []
+    if what:
         job.updated_at = utcnow()
         _back_in_line(job, why="changed")
-        what = ", ".join(f"{f} {current[f]} -> {v}" for f, v in changed.items())
-        _note(session, job=job, actor=principal.name, reason=f"updated by {principal.name}: {what}")
+        reason = f"updated by {principal.name}: {', '.join(what)}"
+        _note(session, job=job, actor=principal.name, reason=reason)
     session.commit()
     return _outs(session, [job])[0]
+
+
+# What PATCH changes by copying a field onto the column of its name; the dependency
+# fields are checked and set by _rewire_dependencies.
+_REQUEST_FIELDS = tuple(f for f in JobUpdate.model_fields if f not in ("depends_on", "dependency"))
+
+
+def _rewire_dependencies(
+    *, session: Session, principal: Principal, job: Job, spec: JobCreate
+) -> str | None:
+    """Make a pending job wait for other jobs, or none, as `scontrol update Dependency=`:
+    checked as at submission, and refused where it would close a loop (two jobs waiting
+    for each other forever). Sets its wait and returns what changed, or None."""
+    if spec.dependency == SINGLETON and job.array_id is not None:
+        raise FieldError("dependency", "singleton does not apply to a task of an array")
+    _check_singleton(spec)
+    ids = _with_array_tasks(session=session, ids=spec.depends_on)
+    before = _dependency_text(job.depends_on, job.dependency_kind)
+    after = _dependency_text(ids, spec.dependency)
+    if after == before:
+        return None
+    if job.id in ids:
+        raise FieldError("depends_on", f"job {job.id} cannot wait for itself")
+    waiting = _waiting_for(session=session, ids=ids, job_id=job.id)
+    if waiting is not None:
+        raise FieldError(
+            "depends_on",
+            f"job {waiting} waits for job {job.id}: they would wait for each other forever",
+        )
+    if spec.dependency == SINGLETON:
+        name = spec.name or job.name
+        namesakes = load_namesakes(session, users=[job.user_id], names=[name])
+        waits_for = singleton_wait(job.id, name, namesakes.get((job.user_id, name), []))
+    else:
+        waits_for = _dependencies_left(
+            session=session, principal=principal, ids=ids, kind=spec.dependency
+        )
+    job.depends_on, job.dependency_kind = ids, spec.dependency
+    job.dependencies_met = waits_for is None
+    if waits_for is not None:
+        job.pending_reason, job.pending_message = DEPENDENCY, waits_for
+    return f"dependency {before} -> {after}"
+
+
+def _dependency_text(ids: Sequence[int], kind: str) -> str:
+    """As sbatch writes it: afterok:12:13, singleton, or none."""
+    if kind == SINGLETON:
+        return SINGLETON
+    return ":".join([kind, *map(str, ids)]) if ids else "none"
+
+
+def _waiting_for(*, session: Session, ids: list[int], job_id: int) -> int | None:
+    """The first of `ids` that waits for job `job_id`, directly or through other waiting
+    jobs; None if none does. Only pending jobs whose dependencies are not met wait."""
+    root = {i: i for i in ids}  # a job reached -> which of `ids` it was reached from
+    frontier, seen = list(ids), set(ids)
+    while frontier:
+        rows = session.execute(
+            select(Job.id, Job.depends_on).where(
+                Job.id.in_(frontier),
+                Job.status == JobStatus.PENDING,
+                Job.dependencies_met.is_(False),
+            )
+        ).all()
+        frontier = []
+        for waiting, depends_on in rows:
+            for other in depends_on:
+                if other == job_id:
+                    return root[waiting]
+                if other not in seen:
+                    seen.add(other)
+                    root[other] = root[waiting]
+                    frontier.append(other)
+    return None
 
 
 def change_array_limit(

@@ -628,6 +628,34 @@ def test_update_a_pending_job(cli: Cli) -> None:
     assert refused.exit_code == 1 and "priority" in refused.stderr
 
 
+def test_update_a_pending_jobs_dependency(cli: Cli) -> None:
+    train, other = (_submit_json(cli, "--", "true")["id"] for _ in range(2))
+    job = _submit_json(cli, "--after", str(train), "--", "true")["id"]
+    result = cli("update", str(job), "--dependency", f"afterany:{train}:{other}")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == (
+        f"updated job {job} (true): PENDING — waiting for job {train} (true) and 1 more to end\n"
+    )
+    stored = _stored(cli, job)
+    assert (stored.dependency_kind, stored.depends_on) == ("afterany", [train, other])
+    assert cli("update", str(job), "--dependency", "none").exit_code == 0
+    stored = _stored(cli, job)
+    assert (stored.dependency_kind, stored.depends_on, stored.dependencies_met) == (
+        "afterok",
+        [],
+        True,
+    )
+    assert cli("update", str(job), "--dependency", "singleton").exit_code == 0
+    assert _stored(cli, job).dependency_kind == "singleton"
+    for bad, code, message in [
+        ("afterok:x", 2, "expected afterok:ID"),
+        ("before:1", 2, "is not one of"),
+        (f"afterok:{job}", 1, "cannot wait for itself"),
+    ]:
+        refused = cli("update", str(job), "--dependency", bad)
+        assert refused.exit_code == code and message in refused.stderr, refused.stderr
+
+
 def _start(cli: Cli, job_id: int) -> None:
     """As the agent's reports would: the job was placed and runs."""
     from app.jobs.lifecycle import transition
