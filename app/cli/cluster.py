@@ -98,7 +98,10 @@ def nodes(as_json: JsonOption = False, url: UrlOption = None, token: TokenOption
 
 
 def queues(as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None) -> None:
-    """Per-project queues: pending and running jobs, GPUs requested and in use, quota."""
+    """Per-project queues: pending and running jobs, GPUs requested and in use, quota, and
+    fair-share standing (as sshare): each project's part of the weights (SHARE) against
+    its part of the recent, decayed GPU use (USED). A project above its share has its
+    jobs ranked later."""
     items = ApiClient.from_options(url, token).get(QUEUES)
     if as_json:
         print_json(items)
@@ -107,9 +110,18 @@ def queues(as_json: JsonOption = False, url: UrlOption = None, token: TokenOptio
         console().print("no queues")
         return
     table = make_table(
-        "PROJECT", "PENDING", "RUNNING", "GPUS REQUESTED", "GPUS IN USE", "QUOTA", "WEIGHT"
+        "PROJECT",
+        "PENDING",
+        "RUNNING",
+        "GPUS REQUESTED",
+        "GPUS IN USE",
+        "QUOTA",
+        "WEIGHT",
+        "SHARE",
+        "USED",
     )
     for q in items:
+        used = q["usage_share"]
         add_row(
             table,
             q["project"],
@@ -119,6 +131,8 @@ def queues(as_json: JsonOption = False, url: UrlOption = None, token: TokenOptio
             f"{q['gpus_in_use']:g}",
             q["gpu_quota"] or "-",
             f"{q['weight']:g}",
+            f"{q['fair_share']:.0%}",
+            "-" if used is None else f"{used:.0%} ({q['usage_gpu_hours']:.1f} GPU-h)",
         )
     console().print(table)
 

@@ -22,6 +22,7 @@ from app.jobs.lifecycle import transition
 from app.jobs.models import Job, JobEvent
 from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
 from app.nodes.models import Node, NodeState
+from app.projects.models import Project
 from app.scheduling import Placement, Plan, Preemption
 
 log = logging.getLogger("gpusched.cycle")
@@ -128,8 +129,20 @@ def apply_plan(
     _store_reasons(
         session, ctx=ctx, plan=plan, placed=set(applied.placed), all_positions=all_positions
     )
+    if not ctx.quick:  # a quick read reuses the usage of the last full one
+        _store_usage(session, usage=ctx.usage, now=now)
     session.commit()
     return applied
+
+
+def _store_usage(session: Session, *, usage: dict[int, float], now: datetime) -> None:
+    """Each project's fair-share usage this cycle ranked by, for `gpusched queues` (as
+    Slurm's sshare): users see why another project's jobs go first."""
+    if usage:
+        session.execute(
+            update(Project),
+            [{"id": pid, "usage_gpu_s": gpu_s, "usage_at": now} for pid, gpu_s in usage.items()],
+        )
 
 
 def _verified(

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import BaseModel, Field, model_validator
 
 from app.request_body import RequestBody
@@ -13,6 +15,16 @@ class QueueOut(BaseModel):
     gpus_in_use: float
     gpu_quota: int
     weight: float
+    fair_share: float = Field(description="its weight over all projects' weights (0..1)")
+    usage_gpu_hours: float = Field(
+        description="GPU-hours used, each decayed by how long ago (the scheduler's half-life), "
+        "as the scheduler last ranked by them"
+    )
+    usage_share: float | None = Field(
+        description="its part of all projects' decayed usage (0..1); null: none has any. "
+        "Above fair_share, it has used more than its part, and fair share ranks its jobs later"
+    )
+    usage_at: datetime | None = Field(description="when the scheduler computed the usage")
 
 
 class ProjectUpdate(RequestBody):

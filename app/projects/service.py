@@ -67,6 +67,10 @@ def _queue_rows(session: Session, rows: list[Project]) -> list[QueueOut]:
             .group_by(Job.project_id)
         ).all()
     )
+    # Shares are of every project, also those the caller cannot see (as sshare's).
+    weights, used = session.execute(
+        select(func.sum(Project.weight), func.sum(Project.usage_gpu_s))
+    ).one()
     return [
         QueueOut(
             project=p.name,
@@ -76,6 +80,10 @@ def _queue_rows(session: Session, rows: list[Project]) -> list[QueueOut]:
             gpus_in_use=(in_use.get(p.id) or 0) / 1000,
             gpu_quota=p.gpu_quota,
             weight=p.weight,
+            fair_share=p.weight / weights,
+            usage_gpu_hours=p.usage_gpu_s / 3600,
+            usage_share=p.usage_gpu_s / used if used else None,
+            usage_at=p.usage_at,
         )
         for p in rows
     ]

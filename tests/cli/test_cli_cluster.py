@@ -48,9 +48,23 @@ def test_queues_table_and_json(cli: Cli) -> None:
         assert cli("submit", "--gpus", "2", "--", "true").exit_code == 0
     assert cli("submit", "--", "true", user="bob").exit_code == 0
 
+    from sqlalchemy import update
+
+    from app.projects.models import Project
+
+    with cli.factory.begin() as session:  # as a full cycle writes it: ml used 3 GPU-hours
+        session.execute(update(Project).where(Project.name == "ml").values(usage_gpu_s=10800))
     result = cli("queues", user="admin")
     assert result.exit_code == 0, result.stderr
-    assert "PROJECT" in result.stdout and "ml" in result.stdout and "cv" in result.stdout
+    rows = {
+        cells[0]: cells[-3:]
+        for line in result.stdout.splitlines()
+        if line.startswith(("┃", "│"))
+        for cells in [[c.strip() for c in line.strip("┃│").replace("┃", "│").split("│")]]
+    }
+    assert rows["PROJECT"] == ["WEIGHT", "SHARE", "USED"]
+    assert rows["ml"] == ["1", "33%", "100% (3.0 GPU-h)"]
+    assert rows["cv"] == ["1", "33%", "0% (0.0 GPU-h)"]
 
     queues = {q["project"]: q for q in json.loads(cli("queues", "--json", user="admin").stdout)}
     assert queues["ml"]["pending"] == 2 and queues["ml"]["gpus_requested"] == 4

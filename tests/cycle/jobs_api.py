@@ -41,3 +41,14 @@ def run_one_cycle(api: Any) -> None:
 def add_node(api: Any, gpus: int) -> None:
     with api.factory.begin() as session:
         session.add(ready_node("n1", gpus=gpus, now=utcnow()))
+
+
+def finish(api: Any, job_id: int, result: str = "SUCCEEDED") -> None:
+    """As the agent's report would: the job's current attempt ended this way on n1."""
+    from app.jobs.models import Job
+    from app.jobs.reports import job_finished
+
+    with api.factory.begin() as session:
+        attempt = session.get_one(Job, job_id).attempt
+        payload = {"job_id": job_id, "attempt": attempt, "node": "n1", "result": result}
+        assert job_finished(session=session, payload=payload).accepted

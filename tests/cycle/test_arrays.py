@@ -7,8 +7,7 @@ import pytest
 
 from app.jobs.arrays import MAX_TASKS, admit, parse_indices, split_slurm_form, throttle_message
 from app.jobs.models import Job
-from app.jobs.reports import job_finished
-from tests.cycle.jobs_api import add_node, get_job, job_events, run_one_cycle, submit
+from tests.cycle.jobs_api import add_node, finish, get_job, job_events, run_one_cycle, submit
 
 
 @pytest.mark.parametrize(
@@ -69,13 +68,6 @@ def test_admit(max_running, active, waiting, admitted, throttled):
     )
 
 
-def _finish(api, job_id: int, result: str = "SUCCEEDED") -> None:
-    with api.factory.begin() as session:
-        attempt = session.get_one(Job, job_id).attempt
-        payload = {"job_id": job_id, "attempt": attempt, "node": "n1", "result": result}
-        assert job_finished(session=session, payload=payload).accepted
-
-
 def _tasks(api, array_id: int) -> list[dict]:
     r = api.client.get(
         "/api/v1/jobs", params={"array": array_id, "limit": 500}, headers=api.as_("admin")
@@ -117,14 +109,14 @@ def test_max_running_keeps_the_rest_of_the_array_out_of_the_queue(api):
     )
 
     # One task ends: the next (by index) takes its slot in the same cycle.
-    _finish(api, ids[0])
+    finish(api, ids[0])
     run_one_cycle(api)
     statuses = [get_job(api, j)["status"] for j in ids]
     assert statuses == ["SUCCEEDED", "SCHEDULED", "SCHEDULED", "PENDING", "PENDING"]
 
     # A failed task frees its slot too; the array goes on (each task is a job of its own).
-    _finish(api, ids[1], "FAILED")
-    _finish(api, ids[2])
+    finish(api, ids[1], "FAILED")
+    finish(api, ids[2])
     run_one_cycle(api)
     statuses = [get_job(api, j)["status"] for j in ids]
     assert statuses == ["SUCCEEDED", "FAILED", "SUCCEEDED", "SCHEDULED", "SCHEDULED"]
@@ -150,11 +142,11 @@ def test_depending_on_an_array_waits_for_every_task(api):
     assert report["depends_on"] == ids
     assert report["pending_message"] == f"waiting for job {ids[0]} (sweep[0]) and 2 more to succeed"
     run_one_cycle(api)
-    _finish(api, ids[0])
-    _finish(api, ids[1])
+    finish(api, ids[0])
+    finish(api, ids[1])
     run_one_cycle(api)
     assert get_job(api, report["id"])["pending_reason"] == "dependency"
-    _finish(api, ids[2])
+    finish(api, ids[2])
     run_one_cycle(api)
     assert get_job(api, report["id"])["status"] == "SCHEDULED"
 
@@ -226,7 +218,7 @@ def test_the_limit_of_a_running_array_can_be_raised_lowered_or_lifted(api):
 
     # Lowered: running tasks go on, nothing new starts until they are below it.
     assert _change_limit(api, ids[0], 2).status_code == 200
-    _finish(api, ids[0])
+    finish(api, ids[0])
     run_one_cycle(api)
     statuses = [get_job(api, j)["status"] for j in ids]
     assert statuses == ["SUCCEEDED", "SCHEDULED", "SCHEDULED", "PENDING", "PENDING", "PENDING"]
@@ -258,7 +250,7 @@ def test_an_array_is_cancelled_in_one_request_running_tasks_stopped(api):
     first = submit(api, name="sweep", array={"indices": "0-4"})
     ids = [t["id"] for t in _tasks(api, first["id"])]
     run_one_cycle(api)
-    _finish(api, ids[0])  # task 0 ran and ended: it stays SUCCEEDED
+    finish(api, ids[0])  # task 0 ran and ended: it stays SUCCEEDED
     run_one_cycle(api)
     before = [get_job(api, j)["status"] for j in ids]
     assert before == ["SUCCEEDED", "SCHEDULED", "SCHEDULED", "PENDING", "PENDING"]

@@ -15,12 +15,12 @@ from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
 from app.jobs.dependencies import Dependency, Namesake, judge, singleton_verdict, singleton_wait
 from app.jobs.models import Job
-from app.jobs.reports import job_finished
 from app.jobs.states import JobStatus as S
 from app.scheduling import plan_cycle
 from tests.cycle.jobs_api import (
     SETTINGS,
     add_node,
+    finish,
     get_job,
     job_events,
     run_one_cycle,
@@ -160,13 +160,6 @@ def test_a_monitor_starts_in_the_cycle_after_its_run_was_placed(api):
     assert calm.wake_at is None
 
 
-def _finish(api, job_id: int, result: str) -> None:
-    with api.factory.begin() as session:
-        attempt = session.get_one(Job, job_id).attempt
-        payload = {"job_id": job_id, "attempt": attempt, "node": "n1", "result": result}
-        assert job_finished(session=session, payload=payload).accepted
-
-
 def test_a_job_starts_only_once_its_dependency_has_succeeded(api):
     add_node(api, 2)
     train = submit(api, name="train")["id"]
@@ -187,7 +180,7 @@ def test_a_job_starts_only_once_its_dependency_has_succeeded(api):
         None,
     )
 
-    _finish(api, train, "SUCCEEDED")
+    finish(api, train, "SUCCEEDED")
     run_one_cycle(api)  # one cycle: it joins the queue and is placed
     assert get_job(api, evaluate["id"])["status"] == "SCHEDULED"
 
@@ -198,7 +191,7 @@ def test_a_failed_dependency_cancels_the_chain_behind_it(api):
     evaluate = submit(api, name="eval", depends_on=[train])["id"]
     report = submit(api, name="report", depends_on=[evaluate])["id"]
     run_one_cycle(api)
-    _finish(api, train, "FAILED")  # a retry is left: back in the queue
+    finish(api, train, "FAILED")  # a retry is left: back in the queue
     run_one_cycle(api)
     assert [get_job(api, j)["status"] for j in (train, evaluate, report)] == [
         "SCHEDULED",
@@ -206,7 +199,7 @@ def test_a_failed_dependency_cancels_the_chain_behind_it(api):
         "PENDING",
     ]
 
-    _finish(api, train, "FAILED")  # no retry left: eval can never start, nor report
+    finish(api, train, "FAILED")  # no retry left: eval can never start, nor report
     run_one_cycle(api)
     assert [get_job(api, j)["status"] for j in (train, evaluate, report)] == [
         "FAILED",
@@ -230,7 +223,7 @@ def test_a_cleanup_runs_after_a_failure_and_a_fallback_only_after_one(api):
         f"waiting for job {train} (train) to end",
     )
     run_one_cycle(api)
-    _finish(api, train, "SUCCEEDED")
+    finish(api, train, "SUCCEEDED")
     run_one_cycle(api)
     # A success: cleanup runs; the fallback, for a failure only, never will.
     assert get_job(api, cleanup["id"])["status"] == "SCHEDULED"
@@ -242,7 +235,7 @@ def test_a_cleanup_runs_after_a_failure_and_a_fallback_only_after_one(api):
     failing = submit(api, name="train2")["id"]
     rescue = submit(api, name="rescue", depends_on=[failing], dependency="afternotok")["id"]
     run_one_cycle(api)
-    _finish(api, failing, "FAILED")
+    finish(api, failing, "FAILED")
     run_one_cycle(api)
     assert get_job(api, rescue)["status"] == "SCHEDULED"
 
@@ -318,7 +311,7 @@ def test_time_waiting_on_dependencies_does_not_count_as_waiting(api):
     run_one_cycle(api)
     dependent = submit(api, name="dependent", depends_on=[train])["id"]
     later = submit(api, name="later")["id"]
-    _finish(api, train, "SUCCEEDED")
+    finish(api, train, "SUCCEEDED")
     now = utcnow()
     with api.factory.begin() as session:
         session.get_one(Job, dependent).created_at = now - timedelta(days=2)
@@ -433,7 +426,7 @@ def test_singleton_jobs_of_a_name_run_one_at_a_time_in_submit_order(api):
     plain = submit(api, name="nightly")["id"]
     run_one_cycle(api)
     assert get_job(api, plain)["status"] == "SCHEDULED"
-    _finish(api, first["id"], "FAILED")  # however it ended
+    finish(api, first["id"], "FAILED")  # however it ended
     run_one_cycle(api)
     waiting = get_job(api, second["id"])
     assert (waiting["status"], waiting["pending_message"]) == (
@@ -441,7 +434,7 @@ def test_singleton_jobs_of_a_name_run_one_at_a_time_in_submit_order(api):
         f"waiting for job {plain} {one_at_a_time}",
     )
 
-    _finish(api, plain, "SUCCEEDED")
+    finish(api, plain, "SUCCEEDED")
     run_one_cycle(api)
     assert get_job(api, second["id"])["status"] == "SCHEDULED"
     assert get_job(api, third["id"])["status"] == "PENDING"

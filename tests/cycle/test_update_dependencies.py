@@ -7,19 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from app.jobs.models import Job
-from app.jobs.reports import job_finished
-from tests.cycle.jobs_api import add_node, get_job, job_events, run_one_cycle, submit
+from tests.cycle.jobs_api import add_node, finish, get_job, job_events, run_one_cycle, submit
 
 
 def _patch(api: Any, job_id: int, user: str = "alice", **body: Any) -> Any:
     return api.client.patch(f"/api/v1/jobs/{job_id}", json=body, headers=api.as_(user))
-
-
-def _finish(api: Any, job_id: int, result: str) -> None:
-    with api.factory.begin() as session:
-        attempt = session.get_one(Job, job_id).attempt
-        payload = {"job_id": job_id, "attempt": attempt, "node": "n1", "result": result}
-        assert job_finished(session=session, payload=payload).accepted
 
 
 def test_a_waiting_job_is_pointed_at_another_job(api):
@@ -42,10 +34,10 @@ def test_a_waiting_job_is_pointed_at_another_job(api):
         f"updated by alice: dependency afterok:{first} -> afterok:{second}"
     )
 
-    _finish(api, first, "SUCCEEDED")
+    finish(api, first, "SUCCEEDED")
     run_one_cycle(api)
     assert get_job(api, evaluate)["status"] == "PENDING"  # not first's: second's success
-    _finish(api, second, "SUCCEEDED")
+    finish(api, second, "SUCCEEDED")
     run_one_cycle(api)
     assert get_job(api, evaluate)["status"] == "SCHEDULED"
 
