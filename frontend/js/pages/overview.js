@@ -7,8 +7,8 @@ const DAY = 86400;
 // As Slurm's sshare: a project's part of the weights against its part of the recent
 // (decayed) GPU use; above its share, fair share ranks its jobs later.
 const FAIR_SHARE_HINT =
-  "Share: the project's part of all fair-share weights. Recent use: its part of all GPU " +
-  "time used lately, older use counting less. A project above its share has its jobs ranked later.";
+  "The project's part of all fair-share weights / its part of all GPU time used lately " +
+  "(older use counting less). A project above its share has its jobs ranked later.";
 const BAND = "rgba(16, 185, 129, 0.13)";
 
 /** One of busy / foreign / idle / down for a GPU (exclusive, in that precedence after down). */
@@ -112,20 +112,19 @@ export function overviewPage(root) {
     clear(projects, h("div", { class: "table-wrap" }, h("table", { id: "projects-table" },
       h("thead", {}, h("tr", {},
         h("th", {}, "Project"), h("th", { class: "num" }, "Running"), h("th", { class: "num" }, "Pending"),
-        h("th", { class: "num" }, "GPUs in use"), h("th", { class: "num hide-sm" }, "Quota"),
-        h("th", { class: "num hide-sm", title: FAIR_SHARE_HINT }, "Share"),
-        h("th", { class: "num hide-sm", title: FAIR_SHARE_HINT }, "Recent use"))),
+        h("th", { class: "num", title: "GPUs its jobs hold now" }, "GPUs"), h("th", { class: "num hide-sm" }, "Quota"),
+        h("th", { class: "num hide-sm", title: FAIR_SHARE_HINT }, "Share / use"))),
       h("tbody", {}, queues.map((q) => h("tr", {},
         h("td", {}, h("a", { href: `#/queue?project=${encodeURIComponent(q.project)}` }, q.project)),
         h("td", { class: "num" }, fmtNum(q.running)),
         h("td", { class: "num" }, fmtNum(q.pending)),
         h("td", { class: "num" }, fmtNum(q.gpus_in_use, q.gpus_in_use % 1 ? 1 : 0)),
         h("td", { class: "num hide-sm" }, q.gpu_quota ? fmtNum(q.gpu_quota) : "none"),
-        h("td", { class: "num hide-sm" }, pct(q.fair_share)),
         h("td", {
           class: `num hide-sm${q.usage_share > q.fair_share ? " over-share" : ""}`,
-          title: q.usage_share === null ? "" : `${fmtNum(q.usage_gpu_hours, 1)} GPU-hours, decayed`,
-        }, q.usage_share === null ? "–" : pct(q.usage_share))))))));
+          title: q.usage_share === null ? "no recent use" :
+            `${fmtNum(q.usage_gpu_hours, 1)} GPU-hours used lately (decayed)`,
+        }, `${pct(q.fair_share)} / ${q.usage_share === null ? "–" : pct(q.usage_share)}`)))))));
   };
 
   const refreshChart = async () => {
