@@ -206,6 +206,43 @@ def test_submit_held_and_after_another_job_through_the_form(dash: Dashboard, sta
     dash.assert_clean()
 
 
+def test_change_what_a_pending_job_waits_for(dash: Dashboard, stack: Stack) -> None:
+    """scontrol update Dependency= from the job's page: the server's refusal by its field,
+    another kind, then none."""
+    dash.console.allow(422, r"/api/v1/jobs/\d+$")
+    held = {"command": "true", "gpus": 0, "hold": True}
+    train = stack.request("POST", "/api/v1/jobs", {**held, "name": "dep-train"})["id"]
+    evaluate = stack.request(
+        "POST", "/api/v1/jobs", {**held, "name": "dep-eval", "depends_on": [train]}
+    )["id"]
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go(f"#/jobs/{evaluate}")
+    _expect_text(page, "#job-depends-on", f"#{train} [(]must succeed[)]")
+    page.click("#change-job")
+    assert page.input_value("#c-depends_on") == str(train)
+    page.fill("#c-depends_on", f"{train}, {evaluate}")
+    page.click("#save-change")
+    _expect_text(page, "#cerr-depends_on:not([hidden])", f"job {evaluate} cannot wait for itself")
+    dash.shot("job-change-dependency-desktop")
+    page.fill("#c-depends_on", str(train))
+    page.select_option("#c-dependency", "afterany")
+    page.click("#save-change")
+    _expect_text(
+        page,
+        "#job-events li",
+        f"updated by admin: dependency afterok:{train} -> afterany:{train}",
+    )
+    _expect_text(page, "#job-depends-on", f"#{train} [(]must end[)]")
+    page.click("#change-job")
+    page.fill("#c-depends_on", "")
+    page.click("#save-change")
+    _expect_text(page, "#job-events li", f"dependency afterany:{train} -> none")
+    dash.assert_clean()
+    for job in (train, evaluate):
+        stack.request("POST", f"/api/v1/jobs/{job}/cancel")
+
+
 def test_submit_an_array_and_a_cleanup_step_through_the_form(dash: Dashboard, stack: Stack) -> None:
     dash.console.allow(422, r"/api/v1/jobs$")
     page = dash.page

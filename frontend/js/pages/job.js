@@ -6,6 +6,7 @@ import {
   h, jobName, poll, reasonLabel, statusBadge, toast,
 } from "../util.js";
 import { cancelArrayButton, cancelButton, holdArrayButton, holdButton, requeueButton } from "./queue.js";
+import { DEPENDENCY_KINDS } from "./submit.js";
 
 // What the jobs a job depends on must do (its dependency kind, as sbatch --dependency).
 const MUST = { afterok: "must succeed", afterany: "must end", afternotok: "must fail", after: "must start" };
@@ -181,7 +182,14 @@ export function jobPage(root, ctx, { match }) {
       : EDITABLE;
     const inputs = Object.fromEntries(fields.map(([name]) => [name,
       h("input", { type: "number", inputmode: "numeric", id: `c-${name}`, value: current(name) ?? "" })]));
-    const errors = Object.fromEntries(fields.map(([name]) => [name,
+    // Its dependencies (scontrol update Dependency=): other jobs, how they must end, or none.
+    const waitsFor = h("input", {
+      type: "text", inputmode: "numeric", id: "c-depends_on", placeholder: "none", value: job.depends_on.join(", "),
+    });
+    const how = h("select", { id: "c-dependency" },
+      [...DEPENDENCY_KINDS, ["singleton", "one job of its name at a time (no jobs named)"]].map(([value, label]) =>
+        h("option", { value, selected: value === job.dependency }, label)));
+    const errors = Object.fromEntries([...fields, ["depends_on"], ["dependency"]].map(([name]) => [name,
       h("div", { class: "field-error", id: `cerr-${name}`, role: "alert", hidden: true })]));
     const general = h("div", { class: "error-box", role: "alert", hidden: true });
     const save = async (ev) => {
@@ -193,6 +201,17 @@ export function jobPage(root, ctx, { match }) {
         const raw = inputs[name].value.trim();
         const value = raw === "" ? null : Number(raw);
         if (value !== current(name)) changes[name] = value;
+      }
+      const ids = waitsFor.value.split(/[\s,]+/).filter(Boolean);
+      const notId = ids.find((id) => !/^[1-9]\d*$/.test(id));
+      if (notId) {
+        errors.depends_on.textContent = `"${notId}" is not a job id`;
+        errors.depends_on.hidden = false;
+        return;
+      }
+      if (how.value !== job.dependency || ids.join() !== job.depends_on.join()) {
+        changes.depends_on = ids.map(Number);
+        changes.dependency = how.value;
       }
       const { max_running: limit, ...jobChanges } = changes;
       if (!Object.keys(changes).length) { closeEditor(); return; }
@@ -221,7 +240,11 @@ export function jobPage(root, ctx, { match }) {
       h("form", { onsubmit: save, novalidate: true },
         h("div", { class: "form-grid" }, fields.map(([name, label, help]) => h("div", { class: "field span-2" },
           h("label", { for: `c-${name}` }, label), inputs[name],
-          help ? h("div", { class: "help" }, help) : null, errors[name]))),
+          help ? h("div", { class: "help" }, help) : null, errors[name])),
+          h("div", { class: "field span-2" }, h("label", { for: "c-depends_on" }, "Waits for jobs"), waitsFor,
+            h("div", { class: "help" }, "ids, e.g. 12, 13; empty: none"), errors.depends_on),
+          h("div", { class: "field span-2" }, h("label", { for: "c-dependency" }, "…ended how"), how,
+            errors.dependency)),
         general,
         h("p", { class: "small muted" }, "It keeps its submit time; the next cycle ranks it anew."),
         h("div", { class: "form-actions" },

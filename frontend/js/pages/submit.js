@@ -2,6 +2,11 @@
 import { api, ApiError, placeFieldErrors } from "../api.js";
 import { clear, h } from "../util.js";
 
+// How the jobs named in depends_on must have ended (sbatch --dependency kinds).
+export const DEPENDENCY_KINDS = [
+  ["afterok", "succeeded"], ["afterany", "ended in any way"], ["afternotok", "failed"], ["after", "started"],
+];
+
 const INT_FIELDS = ["gpus", "gpu_memory_mb", "nodes", "priority", "max_runtime_s", "estimated_runtime_s", "grace_s", "retries"];
 
 function field(name, label, input, { help, span = "" } = {}) {
@@ -91,10 +96,7 @@ export function submitPage(root, ctx) {
         field("depends_on", "After jobs", h("input", { type: "text", inputmode: "numeric", placeholder: "e.g. 12, 13" }),
           { help: "it starts once they have…" }),
         field("dependency", "…ended how", h("select", {},
-          h("option", { value: "afterok" }, "succeeded"),
-          h("option", { value: "afterany" }, "ended in any way"),
-          h("option", { value: "afternotok" }, "failed"),
-          h("option", { value: "after" }, "started")),
+          DEPENDENCY_KINDS.map(([value, label]) => h("option", { value }, label))),
           { help: "if they cannot any more, it is cancelled" }),
         h("div", { class: "field span-2", dataset: { field: "singleton" } },
           h("label", { class: "check" }, h("input", { type: "checkbox", id: "f-singleton", name: "singleton" }),
