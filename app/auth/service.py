@@ -33,6 +33,8 @@ class Principal:
     project_ids: frozenset[int]
     # name -> id of the user's projects: submissions resolve their project without a query.
     project_id_by_name: Mapping[str, int] = field(default_factory=dict)
+    # id -> the longest time limit of each of them that has one (Project.max_runtime_s).
+    project_max_runtime_s: Mapping[int, int] = field(default_factory=dict)
 
     def can_see_project(self, project_id: int) -> bool:
         return self.is_admin or project_id in self.project_ids
@@ -204,7 +206,7 @@ def load_principal(*, session: Session, token: str, now: datetime) -> Principal 
 def principal_for(*, session: Session, user: User) -> Principal:
     """The user with their project memberships as they are now."""
     memberships = session.execute(
-        select(Project.id, Project.name)
+        select(Project.id, Project.name, Project.max_runtime_s)
         .join(ProjectMember, ProjectMember.project_id == Project.id)
         .where(ProjectMember.user_id == user.id)
     ).all()
@@ -212,9 +214,12 @@ def principal_for(*, session: Session, user: User) -> Principal:
         user_id=user.id,
         name=user.name,
         is_admin=user.is_admin,
-        projects=frozenset(name for _, name in memberships),
-        project_ids=frozenset(pid for pid, _ in memberships),
-        project_id_by_name=MappingProxyType({name: pid for pid, name in memberships}),
+        projects=frozenset(name for _, name, _ in memberships),
+        project_ids=frozenset(pid for pid, _, _ in memberships),
+        project_id_by_name=MappingProxyType({name: pid for pid, name, _ in memberships}),
+        project_max_runtime_s=MappingProxyType(
+            {pid: limit for pid, _, limit in memberships if limit is not None}
+        ),
     )
 
 

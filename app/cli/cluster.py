@@ -18,11 +18,13 @@ from app.cli.client import (
     add_row,
     age,
     console,
+    human_duration,
     make_table,
     parse_at,
     parse_time,
     print_json,
 )
+from app.cli.jobs import parse_duration
 
 NODES = "/api/v1/nodes"
 QUEUES = "/api/v1/queues"
@@ -155,21 +157,38 @@ def quota(
             show_default=False,
         ),
     ] = None,
+    max_runtime: Annotated[
+        str | None,
+        typer.Option(
+            "--max-runtime",
+            help="Longest time limit of its jobs (as a QOS's MaxWall): 4h, 2d, ... or none "
+            "(the cluster's). A job that sets none gets the cluster's default, cut to this",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Set a project's guaranteed GPUs and fair-share weight (admin).
+    """Set a project's guaranteed GPUs, fair-share weight and longest job time limit (admin).
 
     Others may borrow its idle guaranteed GPUs; preemptible borrowers are requeued for it.
 
     Applies from the next cycle; after a cut, its jobs above the quota count as borrowed.
+    A time limit applies to jobs submitted or changed from then on.
     """
-    if gpus is None and weight is None:
+    if gpus is None and weight is None and max_runtime is None:
         raise CliError(
-            "give --gpus, --weight or both (`gpusched queues` shows the current values)", EXIT_USAGE
+            "give --gpus, --weight or --max-runtime (`gpusched queues --json` shows the "
+            "current values)",
+            EXIT_USAGE,
         )
-    body = {k: v for k, v in (("gpu_quota", gpus), ("weight", weight)) if v is not None}
+    body: dict[str, Any] = {
+        k: v for k, v in (("gpu_quota", gpus), ("weight", weight)) if v is not None
+    }
+    if max_runtime is not None:
+        cleared = max_runtime.strip().lower() == "none"
+        body["max_runtime_s"] = None if cleared else parse_duration(max_runtime, "--max-runtime")
     client = ApiClient.from_options(url, token)
     result = client.patch(f"{PROJECTS}/{quote(project, safe='')}", json=body)
     if gpus:
@@ -178,9 +197,11 @@ def quota(
         print_json(result)
         return
     guarantee = f"{result['gpu_quota']} GPUs guaranteed" if result["gpu_quota"] else "no guarantee"
+    longest = result["max_runtime_s"]
+    limit = f", jobs at most {human_duration(longest)}" if longest else ""
     typer.echo(
         f"project {result['project']}: {guarantee}, fair-share weight {result['weight']:g}"
-        f" ({result['gpus_in_use']:g} GPUs in use, {result['pending']} jobs pending)"
+        f"{limit} ({result['gpus_in_use']:g} GPUs in use, {result['pending']} jobs pending)"
     )
 
 

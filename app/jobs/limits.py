@@ -1,5 +1,6 @@
 """The cluster's time limits for jobs, as Slurm's DefaultTime and MaxTime on a partition,
-and the longest stop grace period a job may ask for.
+a project's own longest limit (as a QOS's MaxWall), and the longest stop grace period a
+job may ask for.
 
 A job that gives no `max_runtime_s` gets the default. With every job's end known, backfill
 can plan around running jobs and waiting jobs get an estimated start; a job with no limit
@@ -22,8 +23,9 @@ class RuntimeLimits:
     # closing), so the cluster bounds it, as Slurm bounds KillWait.
     max_grace_s: int = 600
 
-    def apply(self, spec: JobCreate) -> JobCreate:
-        """`spec` with its time limit filled in; a 422 on the field that breaks a limit."""
+    def apply(self, spec: JobCreate, *, project: ProjectTimeLimit | None = None) -> JobCreate:
+        """`spec` with its time limit filled in; a 422 on the field that breaks a limit.
+        A job that gives none gets the default, cut to its project's longest limit."""
         if spec.grace_s is not None and spec.grace_s > self.max_grace_s:
             raise FieldError(
                 "grace_s",
@@ -36,11 +38,23 @@ class RuntimeLimits:
                 "max_runtime_s",
                 f"{_span(asked)} is above this cluster's longest time limit, {_span(self.max_s)}",
             )
+        if asked is not None and project is not None and asked > project.max_s:
+            raise FieldError(
+                "max_runtime_s",
+                f"{_span(asked)} is above the longest time limit of project {project.name}, "
+                f"{_span(project.max_s)}",
+            )
         limit = asked if asked is not None else self.default_s or self.max_s
+        given = "its max_runtime_s" if asked is not None else "the cluster's default"
+        if project is not None and (limit is None or limit > project.max_s):
+            limit, given = project.max_s, f"the longest of project {project.name}"
         estimate = spec.estimated_runtime_s
         if estimate is not None and limit is not None and estimate > limit:
-            given = "its max_runtime_s" if asked is not None else "the cluster's default"
-            room = f" up to {_span(self.max_s)}" if self.max_s is not None else ""
+            longest = min(
+                (m for m in (self.max_s, project.max_s if project else None) if m is not None),
+                default=None,
+            )
+            room = f" up to {_span(longest)}" if longest is not None and longest > limit else ""
             raise FieldError(
                 "estimated_runtime_s",
                 f"{_span(estimate)} is longer than the job's time limit, {_span(limit)}"
@@ -49,6 +63,14 @@ class RuntimeLimits:
         if limit == asked:
             return spec
         return spec.model_copy(update={"max_runtime_s": limit})
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectTimeLimit:
+    """A project's longest time limit (Project.max_runtime_s), as a Slurm QOS's MaxWall."""
+
+    name: str
+    max_s: int
 
 
 def _span(seconds: int) -> str:

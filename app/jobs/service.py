@@ -30,7 +30,7 @@ from app.jobs.dependencies import (
     singleton_wait,
 )
 from app.jobs.lifecycle import transition
-from app.jobs.limits import RuntimeLimits
+from app.jobs.limits import ProjectTimeLimit, RuntimeLimits
 from app.jobs.models import Allocation, Job, JobEvent
 from app.jobs.schemas import (
     AllocationOut,
@@ -74,9 +74,9 @@ def _request_hash(spec: JobCreate) -> str:
 
 def _resolve_project(
     *, session: Session, principal: Principal, name: str | None
-) -> tuple[int, str]:
-    """(id, name) of the project a submission goes to; the user's own projects come from
-    the principal, so the common case costs no query."""
+) -> tuple[int, str, ProjectTimeLimit | None]:
+    """(id, name, longest time limit) of the project a submission goes to; the user's own
+    projects come from the principal, so the common case costs no query."""
     if name is None:
         if len(principal.projects) == 1:
             name = next(iter(principal.projects))
@@ -87,13 +87,18 @@ def _resolve_project(
                 + (", ".join(sorted(principal.projects)) or "no project"),
             )
     if name in principal.project_id_by_name:
-        return principal.project_id_by_name[name], name
-    project_id = session.scalar(select(Project.id).where(Project.name == name))
-    if project_id is None:
-        raise FieldError("project", f"no project named {name!r}")
-    if not principal.can_see_project(project_id):
-        raise FieldError("project", f"you are not a member of project {name!r}")
-    return project_id, name
+        project_id = principal.project_id_by_name[name]
+        max_s = principal.project_max_runtime_s.get(project_id)
+    else:
+        row = session.execute(
+            select(Project.id, Project.max_runtime_s).where(Project.name == name)
+        ).one_or_none()
+        if row is None:
+            raise FieldError("project", f"no project named {name!r}")
+        project_id, max_s = row
+        if not principal.can_see_project(project_id):
+            raise FieldError("project", f"you are not a member of project {name!r}")
+    return project_id, name, None if max_s is None else ProjectTimeLimit(name, max_s)
 
 
 def check_can_ever_fit(
@@ -172,10 +177,10 @@ def check_submission(
     FieldError names the field). A batch runs it on its templates when it is made, so a
     template that every firing would refuse is refused then, and a new rule added here
     applies to both."""
-    project_id, project_name = _resolve_project(
+    project_id, project_name, project_limit = _resolve_project(
         session=session, principal=principal, name=spec.project
     )
-    spec = limits.apply(spec)
+    spec = limits.apply(spec, project=project_limit)
     if spec.model is not None and spec.gpu_memory_mb is None:
         memory = job_memory_from_model(
             session=session,
@@ -796,7 +801,11 @@ def update(
         error = exc.errors()[0]
         where = tuple(str(part) for part in error["loc"]) or (next(iter(sent)),)
         raise FieldError(where, error["msg"].removeprefix("Value error, ")) from None
-    spec = limits.apply(spec)
+    project_name, max_s = session.execute(
+        select(Project.name, Project.max_runtime_s).where(Project.id == job.project_id)
+    ).one()
+    project_limit = None if max_s is None else ProjectTimeLimit(project_name, max_s)
+    spec = limits.apply(spec, project=project_limit)
     check_can_ever_fit(session=session, spec=spec)
     changed = {f: getattr(spec, f) for f in current if getattr(spec, f) != current[f]}
     for name, value in changed.items():

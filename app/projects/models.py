@@ -21,6 +21,8 @@ class Project(Base):
     name: Mapped[str] = mapped_column(String(64), unique=True)
     gpu_quota: Mapped[int] = mapped_column(Integer, default=0)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
+    # The longest time limit its jobs may have (a Slurm QOS's MaxWall); None: the cluster's.
+    max_runtime_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # Fair-share usage as the scheduler's last full cycle ranked by it: GPU-seconds, each
     # decayed by how long ago it was used (GPUSCHED_SCHEDULER_FAIR_SHARE_HALF_LIFE_S).
     usage_gpu_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")

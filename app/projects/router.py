@@ -22,7 +22,9 @@ def list_queues(session: SessionDep, principal: CurrentUser) -> list[QueueOut]:
 def update_project(
     name: str, body: ProjectUpdate, session: SessionDep, admin: AdminUser
 ) -> QueueOut:
-    """Set a project's guaranteed GPUs (quota) and fair-share weight; returns its queue row."""
+    """Set a project's guaranteed GPUs (quota), fair-share weight and longest job time limit
+    (`max_runtime_s`, null: the cluster's); only the fields sent change. Returns its queue
+    row."""
     return service.update_project(session=session, actor=admin.name, name=name, change=body)
 
 

@@ -25,11 +25,15 @@ class QueueOut(BaseModel):
         "Above fair_share, it has used more than its part, and fair share ranks its jobs later"
     )
     usage_at: datetime | None = Field(description="when the scheduler computed the usage")
+    max_runtime_s: int | None = Field(
+        description="the longest time limit its jobs may have; null: the cluster's"
+    )
 
 
 class ProjectUpdate(RequestBody):
-    """An admin's change to a project's guarantee and fair-share weight (Kueue's nominal
-    quota and fair-sharing weight, Slurm's GrpTRES=gres/gpu and Fairshare)."""
+    """An admin's change to a project's guarantee, fair-share weight and longest time
+    limit (Kueue's nominal quota and fair-sharing weight, Slurm's GrpTRES=gres/gpu,
+    Fairshare and a QOS's MaxWall). Only the fields sent change."""
 
     gpu_quota: int | None = Field(
         default=None,
@@ -45,8 +49,23 @@ class ProjectUpdate(RequestBody):
         description="fair-share weight: the project's share of the cluster relative to others",
     )
 
+    max_runtime_s: int | None = Field(
+        default=None,
+        ge=1,
+        le=366 * 86400,
+        description="the longest time limit its jobs may have, in seconds (a job that sets "
+        "none gets the cluster's default, cut to this); null: the cluster's. Jobs already "
+        "submitted keep theirs",
+    )
+
     @model_validator(mode="after")
     def _changes_something(self) -> ProjectUpdate:
-        if self.gpu_quota is None and self.weight is None:
-            raise ValueError("give gpu_quota, weight or both")
+        sets_time_limit = "max_runtime_s" in self.model_fields_set  # null clears it
+        if self.gpu_quota is None and self.weight is None and not sets_time_limit:
+            raise ValueError("give gpu_quota, weight, max_runtime_s or several")
         return self
+
+    def changes(self) -> dict[str, int | float | None]:
+        """What to set: the fields sent with a value, and max_runtime_s also as null."""
+        sent = self.model_dump(exclude_unset=True)
+        return {k: v for k, v in sent.items() if v is not None or k == "max_runtime_s"}

@@ -21,18 +21,17 @@ def queues(*, session: Session, principal: Principal) -> list[QueueOut]:
 
 
 def update_project(*, session: Session, actor: str, name: str, change: ProjectUpdate) -> QueueOut:
-    """Set a project's guaranteed GPUs and fair-share weight. The next cycle plans with them:
-    jobs beyond a lowered quota count as borrowed, so preemptible ones may be reclaimed."""
+    """Set a project's guaranteed GPUs, fair-share weight and longest time limit. The next
+    cycle plans with them: jobs beyond a lowered quota count as borrowed, so preemptible
+    ones may be reclaimed. A time limit applies to jobs submitted or changed from now on."""
     project = session.scalar(select(Project).where(Project.name == name))
     if project is None:
         known = ", ".join(session.scalars(select(Project.name).order_by(Project.name))) or "none"
         raise NotFound(f"no project named {name!r}; projects: {known}")
-    before = {"gpu_quota": project.gpu_quota, "weight": project.weight}
-    after = change.model_dump(exclude_none=True)
-    if change.gpu_quota is not None:
-        project.gpu_quota = change.gpu_quota
-    if change.weight is not None:
-        project.weight = change.weight
+    after = change.changes()
+    before = {field: getattr(project, field) for field in after}
+    for field, value in after.items():
+        setattr(project, field, value)
     if changed := changes(before, after):
         record(session=session, actor=actor, action="project.update", target=name, info=changed)
     session.commit()
@@ -84,6 +83,7 @@ def _queue_rows(session: Session, rows: list[Project]) -> list[QueueOut]:
             usage_gpu_hours=p.usage_gpu_s / 3600,
             usage_share=p.usage_gpu_s / used if used else None,
             usage_at=p.usage_at,
+            max_runtime_s=p.max_runtime_s,
         )
         for p in rows
     ]

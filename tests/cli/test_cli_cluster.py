@@ -176,7 +176,7 @@ def test_quota_sets_guarantee_and_weight(cli: Cli) -> None:
     )
 
     nothing = cli("quota", "ml", user="admin")
-    assert nothing.exit_code == 2 and "give --gpus, --weight or both" in nothing.stderr
+    assert nothing.exit_code == 2 and "give --gpus, --weight or --max-runtime" in nothing.stderr
     negative = cli("quota", "ml", "--gpus", "-1", user="admin")
     assert negative.exit_code == 2 and "--gpus" in negative.stderr
     zero = cli("quota", "ml", "--weight", "0", user="admin")
@@ -188,3 +188,22 @@ def test_quota_sets_guarantee_and_weight(cli: Cli) -> None:
         missing.exit_code == 1
         and "no project named 'nlp'; projects: cv, default, ml" in missing.stderr
     )
+
+
+def test_quota_sets_a_projects_longest_time_limit(cli: Cli) -> None:
+    result = cli("quota", "ml", "--max-runtime", "4h", user="admin")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == (
+        "project ml: no guarantee, fair-share weight 1, jobs at most 4h"
+        " (0 GPUs in use, 0 jobs pending)"
+    )
+    too_long = cli("submit", "--max-runtime", "5h", "--", "true")
+    assert too_long.exit_code == 1
+    assert "above the longest time limit of project ml, 14400 s (4h)" in too_long.stderr
+    job = json.loads(cli("submit", "--json", "--", "true").stdout)
+    assert job["max_runtime_s"] == 4 * 3600  # none asked: the project's longest
+    cleared = cli("quota", "ml", "--max-runtime", "none", "--json", user="admin")
+    assert json.loads(cleared.stdout)["max_runtime_s"] is None
+    assert cli("submit", "--max-runtime", "5h", "--", "true").exit_code == 0
+    bad = cli("quota", "ml", "--max-runtime", "soon", user="admin")
+    assert bad.exit_code == 2 and "--max-runtime" in bad.stderr

@@ -8,7 +8,7 @@ import pytest
 
 from app.config import SettingsError, load_settings
 from app.errors import FieldError
-from app.jobs.limits import RuntimeLimits
+from app.jobs.limits import ProjectTimeLimit, RuntimeLimits
 from app.jobs.models import Job
 from app.jobs.schemas import JobCreate
 
@@ -31,6 +31,53 @@ HOUR, DAY = 3600, 86400
 def test_a_job_gets_its_own_limit_else_the_default_else_the_longest(limits, asked, expected):
     spec = JobCreate(command=["train"], max_runtime_s=asked)
     assert limits.apply(spec).max_runtime_s == expected
+
+
+INTERNS = ProjectTimeLimit(name="interns", max_s=4 * HOUR)
+
+
+@pytest.mark.parametrize(
+    ("limits", "asked", "expected"),
+    [
+        (RuntimeLimits(), None, 4 * HOUR),  # no cluster limits: the project's
+        (RuntimeLimits(), 2 * HOUR, 2 * HOUR),
+        (RuntimeLimits(), 4 * HOUR, 4 * HOUR),
+        (RuntimeLimits(default_s=DAY), None, 4 * HOUR),  # the default, cut to the project's
+        (RuntimeLimits(default_s=HOUR), None, HOUR),  # a shorter default stays
+        (RuntimeLimits(max_s=7 * DAY), None, 4 * HOUR),
+    ],
+)
+def test_a_projects_longest_limit_cuts_the_default(limits, asked, expected):
+    spec = JobCreate(command=["train"], max_runtime_s=asked)
+    assert limits.apply(spec, project=INTERNS).max_runtime_s == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        (
+            {"max_runtime_s": 5 * HOUR},
+            "max_runtime_s",
+            "18000 s (5h) is above the longest time limit of project interns, 14400 s (4h)",
+        ),
+        (
+            {"estimated_runtime_s": 5 * HOUR},
+            "estimated_runtime_s",
+            "18000 s (5h) is longer than the job's time limit, 14400 s (4h) (the longest of"
+            " project interns): it would be stopped first; set max_runtime_s",
+        ),
+        (
+            {"max_runtime_s": HOUR, "estimated_runtime_s": 2 * HOUR},
+            "estimated_runtime_s",
+            "7200 s (2h) is longer than the job's time limit, 3600 s (1h) (its max_runtime_s):"
+            " it would be stopped first; set max_runtime_s up to 14400 s (4h)",
+        ),
+    ],
+)
+def test_a_limit_above_the_projects_is_refused_on_its_field(body, field, message):
+    with pytest.raises(FieldError) as refused:
+        RuntimeLimits(max_s=7 * DAY).apply(JobCreate(command=["train"], **body), project=INTERNS)
+    assert refused.value.field == field and str(refused.value) == message
 
 
 @pytest.mark.parametrize(
