@@ -807,13 +807,13 @@ def update(
     project_limit = None if max_s is None else ProjectTimeLimit(project_name, max_s)
     spec = limits.apply(spec, project=project_limit)
     check_can_ever_fit(session=session, spec=spec)
+    rewired = None
+    if "depends_on" in sent or "dependency" in sent:  # checked (and may refuse) first
+        rewired = _rewire_dependencies(session=session, principal=principal, job=job, spec=spec)
     changed = {f: getattr(spec, f) for f in current if getattr(spec, f) != current[f]}
     for name, value in changed.items():
         setattr(job, name, value)
-    what = [f"{f} {current[f]} -> {v}" for f, v in changed.items()]
-    if "depends_on" in sent or "dependency" in sent:
-        rewired = _rewire_dependencies(session=session, principal=principal, job=job, spec=spec)
-        what += [rewired] if rewired else []
+    what = [f"{f} {current[f]} -> {v}" for f, v in changed.items()] + ([rewired] if rewired else [])
     if what:
         job.updated_at = utcnow()
         _back_in_line(job, why="changed")

@@ -44,7 +44,8 @@ def test_admin_sets_quota_and_weight_and_queues_show_them(api):
 
 def test_bad_changes_are_refused_with_the_field_and_nothing_changes(api):
     for body, field, words in (
-        ({}, "body", "give gpu_quota, weight or both"),
+        ({}, "body", "give gpu_quota, weight, max_runtime_s or several"),
+        ({"gpu_quota": None}, "body", "give gpu_quota, weight, max_runtime_s or several"),
         ({"gpu_quota": -1}, "gpu_quota", "greater than or equal to 0"),
         ({"gpu_quota": 2.5}, "gpu_quota", "integer"),
         ({"gpu_quota": True}, "gpu_quota", "not true or false"),
@@ -61,7 +62,7 @@ def test_bad_changes_are_refused_with_the_field_and_nothing_changes(api):
     assert r.json()["detail"] == "no project named 'nlp'; projects: cv, default, ml"
     assert _patch(api, "ml", {"gpu_quota": 8}, user="alice").status_code == 403
     queues = api.client.get("/api/v1/queues", headers=api.as_("admin")).json()
-    assert {(q["gpu_quota"], q["weight"]) for q in queues} == {(0, 1.0)}
+    assert {(q["gpu_quota"], q["weight"], q["max_runtime_s"]) for q in queues} == {(0, 1.0, None)}
 
 
 def test_a_quota_given_over_the_api_reclaims_borrowed_gpus(api):
