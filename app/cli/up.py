@@ -154,27 +154,39 @@ def up(
                 children[i] = (label, subprocess.Popen(argv, env=env, start_new_session=True))
             time.sleep(0.2)
     finally:
-        # Agents first (their jobs get SIGTERM and their grace period), then scheduler, then
-        # API. A job may ask for up to max_grace_s to checkpoint: wait that long, unless
-        # interrupted again (then an agent's watchdog still gives its jobs their grace).
-        for _label, child in reversed(children):
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
         if interrupts:
             typer.echo(
                 "stopping: running jobs get SIGTERM and their grace period (Ctrl-C again: stop now)"
             )
+        # In stages, so that nothing is placed while the agents stop (a job started then
+        # would outlive them): the cycle first; then the agents, whose jobs get SIGTERM and
+        # their grace period and are requeued by the reports worker; then it and the API.
+        # A job may ask for up to max_grace_s to checkpoint: wait that long, unless
+        # interrupted again (then an agent's watchdog still gives its jobs their grace).
         deadline = time.monotonic() + settings.max_grace_s + 10
         seen = interrupts
-        for _label, child in reversed(children):
-            while child.poll() is None and interrupts == seen and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+        for stage in _stop_stages(children):
+            for _label, child in stage:
+                if child.poll() is None:
+                    child.send_signal(signal.SIGTERM)
+            for _label, child in stage:
+                while child.poll() is None and interrupts == seen and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
         if redis_server is not None:
             redis_server.stop()
         typer.echo("gpusched stopped")
+
+
+def _stop_stages(
+    children: list[tuple[str, subprocess.Popen[bytes]]],
+) -> list[list[tuple[str, subprocess.Popen[bytes]]]]:
+    """The order `up` stops its children in: the cycle, the agents, then the rest."""
+    cycle = [c for c in children if c[0] == "scheduler"]
+    agents = [c for c in children if c[0].startswith("agent ")]
+    return [cycle, agents, [c for c in children if c not in cycle and c not in agents]]
 
 
 def register(app: typer.Typer) -> None:

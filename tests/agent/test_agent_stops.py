@@ -55,3 +55,45 @@ def test_a_stop_that_arrives_while_the_job_starts_is_applied(
     assert finished["result"] == "PREEMPTED"  # killed at once (grace 0), not after 30 s
     # A stop for an attempt that has ended is not kept for later.
     assert agent.stop_job({**STOP, "reason": "cancel"}) == "not running"
+
+
+class _NoGpus:
+    def close(self) -> None:
+        pass
+
+
+def test_a_run_job_delivered_while_the_agent_stops_starts_nothing(tmp_path: Path) -> None:
+    # Celery finishes the messages it has fetched while it shuts down: a job started then
+    # would outlive the agent. It goes back to the queue instead.
+    reports = RecordingReporter()
+    agent = agent_without_gpus(tmp_path, reports)
+    agent.backend = _NoGpus()  # type: ignore[assignment]
+    agent.stop()
+    assert agent.run_job(dict(RUN)) == "stopping"
+    [finished] = reports.reports
+    assert (finished["kind"], finished["result"], finished["message"]) == (
+        "finished",
+        "PREEMPTED",
+        "not started: the node's agent is stopping",
+    )
+    assert agent.running_count() == 0
+
+
+def test_a_job_starting_as_the_agent_stops_is_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reports = RecordingReporter()
+    agent = agent_without_gpus(tmp_path, reports)
+    agent.backend = _NoGpus()  # type: ignore[assignment]
+    start = service.start_job
+
+    def start_then_stop(launch):  # type: ignore[no-untyped-def]
+        process = start(launch)
+        agent.stop()  # nothing was running yet: it returns at once
+        return process
+
+    monkeypatch.setattr(service, "start_job", start_then_stop)
+    assert agent.run_job(dict(RUN)) == "started"
+    assert reports.finished.wait(10), reports.reports
+    finished = next(r for r in reports.reports if r["kind"] == "finished")
+    assert finished["result"] == "PREEMPTED"  # SIGTERM at once, not after `sleep 30`

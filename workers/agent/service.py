@@ -111,6 +111,9 @@ class Agent:
         # lost process.
         self._recent: dict[tuple[int, int], tuple[float, dict[str, Any]]] = {}
         self._stop = threading.Event()
+        # Set by stop(): a run_job still delivered while the worker shuts down (Celery
+        # finishes what it has fetched) starts nothing, or its job would outlive us.
+        self._stopping = False
         self._thread: threading.Thread | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
 
@@ -128,6 +131,7 @@ class Agent:
         """Shut down: running attempts get SIGTERM and the grace period, and are reported
         PREEMPTED so they requeue without spending a retry."""
         with self._lock:
+            self._stopping = True
             attempts = list(self._running.values())
         for attempt in attempts:
             attempt.process.terminate("preempt", wait=False)
@@ -336,6 +340,10 @@ class Agent:
                 return "duplicate"  # a redelivered message for an attempt we already took
             self._seen.add(key)
             early = self._stopped_early.pop(key, None)
+            stopping = self._stopping
+        if early is None and stopping:  # back to the queue, for another node or our restart
+            self._finished(key, "PREEMPTED", None, "not started: the node's agent is stopping")
+            return "stopping"
         if early is not None:
             # As if it had run and been stopped: a preempted or requeued attempt goes back
             # to the queue, a cancelled one ends.
@@ -379,6 +387,8 @@ class Agent:
         with self._lock:
             self._running[key] = _Attempt(process=process, gpu_indices=launch.gpu_indices)
             late = self._stopped_early.pop(key, None)  # a stop that came while it started
+            if late is None and self._stopping:
+                late = ("preempt", None)  # the agent began stopping while it started
         if late is not None:
             process.terminate(late[0], grace_s=late[1], wait=False)
         log.info(

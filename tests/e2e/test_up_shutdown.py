@@ -1,0 +1,103 @@
+"""Ctrl-C on `gpusched up` (the README's first command): running jobs get SIGTERM and
+go back to the queue, and nothing is left running. The stack stops the cycle before the
+agents, so a job the stop requeues is not placed again on another node meanwhile (it was,
+and that agent, already stopped, started it: an orphan process and a job lost to it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, select
+
+from app.jobs.models import Job, JobEvent
+from bench.common import free_port
+from workers.agent.runner import find_leftover_processes
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _until(what: str, check: Callable[[], Any], proc: subprocess.Popen[bytes], log: Path) -> Any:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"gpusched up exited:\n{log.read_text()[-4000:]}"
+        try:
+            result = check()
+        except httpx.HTTPError:
+            result = None
+        if result:
+            return result
+        time.sleep(0.25)
+    raise TimeoutError(f"{what}:\n{log.read_text()[-4000:]}")
+
+
+def test_ctrl_c_requeues_running_jobs_and_leaves_nothing_running(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSCHED_")}
+    env.update(GPUSCHED_DATA_DIR=str(tmp_path), GPUSCHED_PORT=str(port), PYTHONUNBUFFERED="1")
+    log = tmp_path / "up.log"
+    with log.open("wb") as out:
+        # Two nodes of one GPU: the job runs on one, the other is free to take it again.
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "up", "--gpus", "sim:2x1:H100-80GB"],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _until("ready", lambda: httpx.get(f"{url}/readyz").status_code == 200, proc, log)
+        token_file = tmp_path / "admin.token"
+        _until("the admin token", token_file.exists, proc, log)
+        headers = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        job = httpx.post(
+            f"{url}/api/v1/jobs", json={"command": "sleep 300", "gpus": 1}, headers=headers
+        ).json()
+
+        def running() -> bool:
+            r = httpx.get(f"{url}/api/v1/jobs/{job['id']}", headers=headers)
+            return r.json()["status"] == "RUNNING"
+
+        _until("the job running", running, proc, log)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    assert "gpusched stopped" in log.read_text()
+    assert find_leftover_processes(node="sim-1") + find_leftover_processes(node="sim-2") == []
+    engine = create_engine(f"sqlite:///{tmp_path / 'gpusched.db'}")
+    with engine.connect() as db:
+        status, attempt = db.execute(
+            select(Job.status, Job.attempt).where(Job.id == job["id"])
+        ).one()
+        steps = db.execute(
+            select(JobEvent.attempt, JobEvent.to_status)
+            .where(JobEvent.job_id == job["id"])
+            .order_by(JobEvent.id)
+        ).all()
+    engine.dispose()
+    # Placed and started once, stopped by the shutdown and back in the queue; not placed
+    # again while the stack stopped.
+    assert (status, attempt) == ("PENDING", 1), steps
+    assert [tuple(s) for s in steps] == [
+        (0, "PENDING"),
+        (1, "SCHEDULED"),
+        (1, "RUNNING"),
+        (1, "PREEMPTED"),
+        (1, "PENDING"),
+    ]
