@@ -20,11 +20,24 @@ from sqlalchemy import create_engine, select
 
 from app.jobs.models import Job, JobEvent
 from bench.common import free_port
-from workers.agent.runner import find_leftover_processes
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
+# The job's command, told apart from any other stack's jobs (the browser suite's `up`
+# names its nodes sim-1 and sim-2 too).
+COMMAND = "sleep 3171"
+
+
+def _processes_running(command: str) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes().replace(b"\0", b" ").strip() == command.encode():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue  # it ended meanwhile
+    return found
 
 
 def _until(what: str, check: Callable[[], Any], proc: subprocess.Popen[bytes], log: Path) -> Any:
@@ -63,7 +76,7 @@ def test_ctrl_c_requeues_running_jobs_and_leaves_nothing_running(tmp_path: Path)
         _until("the admin token", token_file.exists, proc, log)
         headers = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
         job = httpx.post(
-            f"{url}/api/v1/jobs", json={"command": "sleep 300", "gpus": 1}, headers=headers
+            f"{url}/api/v1/jobs", json={"command": COMMAND, "gpus": 1}, headers=headers
         ).json()
 
         def running() -> bool:
@@ -79,7 +92,7 @@ def test_ctrl_c_requeues_running_jobs_and_leaves_nothing_running(tmp_path: Path)
             proc.wait()
 
     assert "gpusched stopped" in log.read_text()
-    assert find_leftover_processes(node="sim-1") + find_leftover_processes(node="sim-2") == []
+    assert _processes_running(COMMAND) == []
     engine = create_engine(f"sqlite:///{tmp_path / 'gpusched.db'}")
     with engine.connect() as db:
         status, attempt = db.execute(
