@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from tests.up_process import start_up
+
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("GPUSCHED_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
@@ -139,25 +141,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         pytest.skip(_skip_reason() or "")
     data_dir = tmp_path_factory.mktemp("gpusched-browser")
     port = _free_port()
-    # Only our own settings: a developer's GPUSCHED_* (database, Redis) must not leak in.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSCHED_")}
-    env.update(
-        GPUSCHED_DATA_DIR=str(data_dir),
-        GPUSCHED_PORT=str(port),
+    proc, env, log = start_up(
+        data_dir,
+        port=port,
+        gpus="sim:2x4:H100-80GB",
         # Agents re-read this file each sample: tests write foreign processes / failures into it.
-        GPUSCHED_AGENT_SIM_STATE_FILE=str(data_dir / "sim-state.json"),
-        PYTHONUNBUFFERED="1",
+        env={"GPUSCHED_AGENT_SIM_STATE_FILE": str(data_dir / "sim-state.json")},
     )
-    log = data_dir / "up.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "up", "--gpus", "sim:2x4:H100-80GB"],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait("/readyz", lambda: _get(url + "/readyz")[0] == 200, proc, log, 60)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,10 +19,10 @@ from sqlalchemy import create_engine, select
 
 from app.jobs.models import Job, JobEvent
 from bench.common import free_port
+from tests.up_process import start_up
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
 # The job's command, told apart from any other stack's jobs (the browser suite's `up`
 # names its nodes sim-1 and sim-2 too).
 COMMAND = "sleep 3171"
@@ -56,19 +55,8 @@ def _until(what: str, check: Callable[[], Any], proc: subprocess.Popen[bytes], l
 
 def test_ctrl_c_requeues_running_jobs_and_leaves_nothing_running(tmp_path: Path) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSCHED_")}
-    env.update(GPUSCHED_DATA_DIR=str(tmp_path), GPUSCHED_PORT=str(port), PYTHONUNBUFFERED="1")
-    log = tmp_path / "up.log"
-    with log.open("wb") as out:
-        # Two nodes of one GPU: the job runs on one, the other is free to take it again.
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "up", "--gpus", "sim:2x1:H100-80GB"],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    # Two nodes of one GPU: the job runs on one, the other is free to take it again.
+    proc, _, log = start_up(tmp_path, port=port, gpus="sim:2x1:H100-80GB")
     url = f"http://127.0.0.1:{port}"
     try:
         _until("ready", lambda: httpx.get(f"{url}/readyz").status_code == 200, proc, log)

@@ -1,0 +1,36 @@
+"""`gpusched up` (the README's first command) as the tests that drive the whole stack
+start it: on a private data dir and port, with only their own settings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def start_up(
+    data_dir: Path, *, port: int, gpus: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], dict[str, str], Path]:
+    """The process (its own session: SIGINT it as Ctrl-C), its environment and its log."""
+    # A developer's GPUSCHED_* (database, Redis) must not leak in.
+    own = {k: v for k, v in os.environ.items() if not k.startswith("GPUSCHED_")}
+    own.update(
+        GPUSCHED_DATA_DIR=str(data_dir),
+        GPUSCHED_PORT=str(port),
+        PYTHONUNBUFFERED="1",
+        **(env or {}),
+    )
+    log = data_dir / "up.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "up", "--gpus", gpus],
+            cwd=REPO,
+            env=own,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return proc, own, log
