@@ -48,8 +48,9 @@ def settle_dependencies(session: Session, *, now: datetime) -> frozenset[int]:
         else {}
     )
     awaited_starts: set[int] = set()
-    # In id order, and a job always has a higher id than the jobs it depends on: a chain
-    # whose first link breaks is cancelled to its end in this one pass.
+    # In id order, and a job submitted with dependencies has a higher id than they do: a
+    # chain whose first link breaks is cancelled to its end in this one pass. A job made
+    # to wait for a later one (PATCH depends_on) is reached in the next cycle's pass.
     for job in waiting:
         if job.dependency_kind == SINGLETON:
             same = namesakes.get((job.user_id, job.name), [])
