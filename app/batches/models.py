@@ -55,3 +55,6 @@ class BatchFiring(Base):
     job_ids: Mapped[list[int]] = mapped_column(JSONType, default=list)
     # Why a firing submitted nothing although it was due (e.g. owner left the project).
     error: Mapped[str | None] = mapped_column(String(512))
+    # Who ran the batch by hand (`batch run`); null: its schedule fired it. A run by hand
+    # is not a fire time: the schedule's own times ignore it.
+    run_by: Mapped[str | None] = mapped_column(String(64))

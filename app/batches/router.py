@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 from app.batches import service
 from app.batches.schemas import BatchIn, BatchOut, FiringOut
 from app.db import utcnow
-from app.deps import CurrentUser, SessionDep, SettingsDep
+from app.deps import CurrentUser, MessengerDep, SessionDep, SettingsDep
 
 router = APIRouter(prefix="/api/v1/batches", tags=["batches"])
 
@@ -85,6 +85,32 @@ def disable_batch(name: str, session: SessionDep, principal: CurrentUser) -> Bat
     return service.set_enabled(
         session=session, principal=principal, name=name, enabled=False, now=utcnow()
     )
+
+
+@router.post("/{name}/run", response_model=FiringOut, status_code=status.HTTP_201_CREATED)
+def run_batch(
+    name: str,
+    session: SessionDep,
+    principal: CurrentUser,
+    settings: SettingsDep,
+    messenger: MessengerDep,
+) -> FiringOut:
+    """Submit the batch's jobs now, by hand, as `kubectl create job --from=cronjob/NAME`
+    (also while it is disabled); its schedule's fire times stay as they were. Its
+    `concurrency` applies as at a fire time: `forbid` is a 409 while jobs of an earlier
+    firing have not ended, `replace` cancels them. Owner or admin only."""
+    firing, stops = service.run_batch(
+        session=session,
+        principal=principal,
+        name=name,
+        limits=settings.runtime_limits,
+        now=utcnow(),
+    )
+    if messenger is not None:  # after the commit
+        if stops:
+            messenger.send_stops(stops)
+        messenger.request_cycle()
+    return firing
 
 
 @router.get("/{name}/firings", response_model=list[FiringOut])

@@ -138,7 +138,10 @@ class BatchOut(_Times):
     created_at: datetime
     updated_at: datetime
     next_fire_at: datetime | None = Field(description="null when disabled")
-    last_fired_at: datetime | None = Field(description="latest fire time that submitted jobs")
+    last_fired_at: datetime | None = Field(
+        description="latest fire time of its schedule that submitted jobs (runs by hand are "
+        "in the firing history)"
+    )
 
 
 class FiringOut(_Times):
@@ -152,3 +155,7 @@ class FiringOut(_Times):
         "(`GET /jobs?array=ID` lists its tasks)"
     )
     error: str | None
+    run_by: str | None = Field(
+        default=None,
+        description="who ran the batch by hand (`batch run`); null: its schedule fired it",
+    )

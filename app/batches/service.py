@@ -149,7 +149,7 @@ def _out(session: Session, row: BatchSchedule, now: datetime) -> BatchOut:
     last = session.scalar(
         select(BatchFiring.fire_at)
         .where(BatchFiring.schedule_id == row.id, BatchFiring.skipped.is_(False))
-        .where(BatchFiring.error.is_(None))
+        .where(BatchFiring.error.is_(None), BatchFiring.run_by.is_(None))
         .order_by(BatchFiring.fire_at.desc())
         .limit(1)
     )
@@ -219,16 +219,18 @@ def list_firings(
         .order_by(BatchFiring.fire_at.desc())
         .limit(limit)
     )
-    return [
-        FiringOut(
-            fire_at=f.fire_at.astimezone(zone),
-            created_at=f.created_at.astimezone(zone),
-            skipped=f.skipped,
-            job_ids=list(f.job_ids or []),
-            error=f.error,
-        )
-        for f in firings
-    ]
+    return [_firing_out(f, zone) for f in firings]
+
+
+def _firing_out(firing: BatchFiring, zone: ZoneInfo) -> FiringOut:
+    return FiringOut(
+        fire_at=firing.fire_at.astimezone(zone),
+        created_at=firing.created_at.astimezone(zone),
+        skipped=firing.skipped,
+        job_ids=list(firing.job_ids or []),
+        error=firing.error,
+        run_by=firing.run_by,
+    )
 
 
 # --------------------------------------------------------------------------- writing
@@ -457,7 +459,7 @@ def _due(session: Session, row: BatchSchedule, now: datetime) -> datetime | None
     """The fire time to handle at ``now``, if any (UTC)."""
     latest = session.scalar(
         select(BatchFiring.fire_at)
-        .where(BatchFiring.schedule_id == row.id)
+        .where(BatchFiring.schedule_id == row.id, BatchFiring.run_by.is_(None))
         .order_by(BatchFiring.fire_at.desc())
         .limit(1)
     )
@@ -526,27 +528,19 @@ def fire_schedule(
             earlier = _unended_jobs(session, row)
             if earlier and row.concurrency == "forbid":
                 firing.skipped = True
-                firing.error = (
-                    f"jobs {_ids(earlier)} of an earlier firing have not ended "
-                    "(concurrency: forbid)"
-                )
+                firing.error = _overlap(earlier)
                 session.commit()
                 log.info("batch %s: fire time %s skipped: %s", name, due.isoformat(), firing.error)
                 return Firing(name, due, "skipped", error=firing.error)
-            stops = _replace(session, earlier, batch=name, due=due) if earlier else []
-            owner = owner_principal(session=session, user_id=row.user_id)
-            job_ids: list[int] = []
-            for template in row.templates:
-                job, _ = create_job(
-                    session=session,
-                    principal=owner,
-                    spec=_job_spec(row, template, job_ids),
-                    limits=limits,
-                    actor=f"batch:{name}",
-                    reason=f"cron batch {name!r} fired for {due.isoformat()}",
-                    batch_id=row.id,
-                )
-                job_ids.append(job.id)
+            why = f"replaced by the firing for {due.isoformat()}"
+            stops = _replace(session, earlier, batch=name, why=why) if earlier else []
+            job_ids = _submit_templates(
+                session,
+                row,
+                limits=limits,
+                actor=f"batch:{name}",
+                reason=f"cron batch {name!r} fired for {due.isoformat()}",
+            )
             firing.job_ids = job_ids
             session.commit()
         except IntegrityError:
@@ -554,15 +548,20 @@ def fire_schedule(
             return Firing(name, due, "duplicate")
         except (DomainError, ValidationError) as exc:
             session.rollback()
-            message = exc.message if isinstance(exc, DomainError) else str(exc)
-            if isinstance(exc, FieldError):
-                message = f"{'.'.join(exc.path)}: {message}"
+            message = _failure(exc)
             log.warning("batch %s: firing %s failed: %s", name, due.isoformat(), message)
             if not _record_failure(factory, schedule_id, due, now, message):
                 return Firing(name, due, "duplicate")
             return Firing(name, due, "failed", error=message)
     log.info("batch %s fired for %s: jobs %s", name, due.isoformat(), job_ids)
     return Firing(name, due, "submitted", tuple(job_ids), stops=tuple(stops))
+
+
+def _failure(exc: DomainError | ValidationError) -> str:
+    """Why a firing could not submit, located in its job when the check names a field."""
+    if isinstance(exc, FieldError):
+        return f"{'.'.join(exc.path)}: {exc.message}"
+    return exc.message if isinstance(exc, DomainError) else str(exc)
 
 
 def _unended_jobs(session: Session, row: BatchSchedule) -> list[Job]:
@@ -574,10 +573,33 @@ def _unended_jobs(session: Session, row: BatchSchedule) -> list[Job]:
     return list(session.scalars(query.order_by(Job.id).with_for_update()))
 
 
-def _replace(session: Session, jobs: list[Job], *, batch: str, due: datetime) -> list[Dispatch]:
-    """Cancel an earlier firing's jobs for the firing at `due`; the stops for those
+def _submit_templates(
+    session: Session, row: BatchSchedule, *, limits: RuntimeLimits, actor: str, reason: str
+) -> list[int]:
+    """Submit one job per template, as the schedule's owner; returns their ids in order."""
+    owner = owner_principal(session=session, user_id=row.user_id)
+    job_ids: list[int] = []
+    for template in row.templates:
+        job, _ = create_job(
+            session=session,
+            principal=owner,
+            spec=_job_spec(row, template, job_ids),
+            limits=limits,
+            actor=actor,
+            reason=reason,
+            batch_id=row.id,
+        )
+        job_ids.append(job.id)
+    return job_ids
+
+
+def _overlap(earlier: list[Job]) -> str:
+    return f"jobs {_ids(earlier)} of an earlier firing have not ended (concurrency: forbid)"
+
+
+def _replace(session: Session, jobs: list[Job], *, batch: str, why: str) -> list[Dispatch]:
+    """Cancel an earlier firing's jobs (`why`: for which firing); the stops for those
     placed are the caller's to send after its commit."""
-    why = f"replaced by the firing for {due.isoformat()}"
     for job in jobs:
         cancel_locked(session, job=job, actor=f"batch:{batch}", why=why)
     log.info("batch %s: jobs %s %s", batch, _ids(jobs), why)
@@ -587,6 +609,58 @@ def _replace(session: Session, jobs: list[Job], *, batch: str, due: datetime) ->
 
 def _ids(jobs: list[Job]) -> str:
     return ", ".join(str(job.id) for job in jobs)
+
+
+def run_batch(
+    *, session: Session, principal: Principal, name: str, limits: RuntimeLimits, now: datetime
+) -> tuple[FiringOut, list[Dispatch]]:
+    """Submit the batch's jobs now, by hand (`kubectl create job --from=cronjob/NAME`),
+    also while it is disabled. Its concurrency policy applies as at a fire time: `forbid`
+    refuses (409) while jobs of an earlier firing have not ended, `replace` cancels them.
+    The firing is recorded with `run_by`; the schedule's own fire times ignore it.
+    Commits; the stops for replaced running jobs are the caller's to send after."""
+    now = _utc(now)
+    row = _row(session, principal, name, write=True)
+    earlier = _unended_jobs(session, row)
+    if earlier and row.concurrency == "forbid":
+        raise Conflict(f"{_overlap(earlier)}: cancel them or wait until they end")
+    firing = BatchFiring(
+        schedule_id=row.id,
+        fire_at=now,
+        created_at=now,
+        skipped=False,
+        job_ids=[],
+        run_by=principal.name,
+    )
+    session.add(firing)
+    why = f"replaced by a run of batch {name!r} by {principal.name}"
+    stops = _replace(session, earlier, batch=name, why=why) if earlier else []
+    try:
+        firing.job_ids = _submit_templates(
+            session,
+            row,
+            limits=limits,
+            actor=principal.name,
+            reason=f"batch {name!r} run by {principal.name}",
+        )
+    except (DomainError, ValidationError) as exc:
+        # The templates were valid when stored; what changed since (the owner left the
+        # project, a window was deleted) is the batch's state, not this request's body.
+        raise Conflict(f"batch {name!r} cannot submit its jobs now: {_failure(exc)}") from None
+    record(
+        session=session,
+        actor=principal.name,
+        action="batch.run",
+        target=name,
+        info={"job_ids": firing.job_ids},
+    )
+    try:
+        session.commit()
+    except IntegrityError:  # a fire time of the same microsecond
+        session.rollback()
+        raise Conflict(f"batch {name!r} fired at this instant; run it again") from None
+    log.info("batch %s run by %s: jobs %s", name, principal.name, firing.job_ids)
+    return _firing_out(firing, _zone(row)), stops
 
 
 def fire_due(

@@ -1,4 +1,4 @@
-"""Cron batch commands: `gpusched batch list|create|show|delete|enable|disable`."""
+"""Cron batch commands: `gpusched batch list|create|show|run|delete|enable|disable`."""
 
 from __future__ import annotations
 
@@ -313,10 +313,27 @@ def show(
             note = f.get("error") or ""
             if f["skipped"]:
                 note = f"skipped: {note}" if note else "skipped (late)"
+            elif f.get("run_by"):
+                note = f"run by {f['run_by']}"
             add_row(table, f["fire_at"], ",".join(str(j) for j in f["job_ids"]), note)
         out.print(table)
     else:
         out.print("no firings yet")
+
+
+@batch_app.command("run")
+def run(
+    name: BatchName, as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None
+) -> None:
+    """Submit a batch's jobs now, by hand (kubectl create job --from=cronjob/NAME), also
+    while it is disabled; its own fire times stay as they were. Its overlap policy applies:
+    forbid refuses while jobs of an earlier firing have not ended, replace cancels them."""
+    firing = ApiClient.from_options(url, token).post(_path(name, "run"))
+    if as_json:
+        print_json(firing)
+        return
+    ids = firing["job_ids"]
+    typer.echo(f"batch {name} ran: job{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}")
 
 
 @batch_app.command("delete")

@@ -251,3 +251,36 @@ def test_firings_history_and_delete(api: Api) -> None:
     assert api.client.delete(f"{BATCHES}/nightly", headers=h).status_code == 204
     assert api.client.get(f"{BATCHES}/nightly", headers=h).status_code == 404
     assert api.client.get(f"/api/v1/jobs/{job_id}", headers=h).status_code == 200
+
+
+def test_run_by_hand_over_rest_and_who_may(api: Api) -> None:
+    create(api, concurrency="forbid")
+    api.add_user("carol", ["ml"])
+    assert api.client.post(f"{BATCHES}/nightly/run").status_code == 401
+    assert api.client.post(f"{BATCHES}/nightly/run", headers=api.as_("bob")).status_code == 404
+    assert api.client.post(f"{BATCHES}/nightly/run", headers=api.as_("carol")).status_code == 403
+    assert api.client.post(f"{BATCHES}/nope/run", headers=api.as_("alice")).status_code == 404
+
+    r = api.client.post(f"{BATCHES}/nightly/run", headers=api.as_("alice"))
+    assert r.status_code == 201, r.text
+    firing = r.json()
+    assert firing["run_by"] == "alice" and firing["skipped"] is False
+    (job_id,) = firing["job_ids"]
+    h = api.as_("alice")
+    assert api.client.get(f"{BATCHES}/nightly/firings", headers=h).json() == [firing]
+    assert api.client.get(f"{BATCHES}/nightly", headers=h).json()["last_fired_at"] is None
+    job = api.client.get(f"/api/v1/jobs/{job_id}", headers=h).json()
+    assert (job["status"], job["labels"]) == ("PENDING", {"batch": "nightly"})
+    # forbid: the first run's job has not ended.
+    r = api.client.post(f"{BATCHES}/nightly/run", headers=api.as_("admin"))
+    assert r.status_code == 409
+    assert r.json()["detail"] == (
+        f"jobs {job_id} of an earlier firing have not ended (concurrency: forbid): "
+        "cancel them or wait until they end"
+    )
+    trail = api.client.get(
+        "/api/v1/audit", params={"action": "batch.run"}, headers=api.as_("admin")
+    )
+    assert [(e["actor"], e["target"], e["info"]) for e in trail.json()["items"]] == [
+        ("alice", "nightly", {"job_ids": [job_id]})
+    ]

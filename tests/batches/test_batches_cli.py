@@ -150,3 +150,18 @@ def test_show_says_why_a_firing_was_skipped(cli: Cli) -> None:
         fire_due(factory=cli.factory, limits=RuntimeLimits(), now=fire_at + timedelta(seconds=1))
     shown = batch(cli, "show", "hourly").stdout
     assert "skipped: jobs 1 of an earlier firing have not ended (concurrency: forbid)" in shown
+
+
+def test_run_a_batch_by_hand(cli: Cli) -> None:
+    r = batch(cli, "create", "eval", "--cron", "0 2 * * *", "--concurrency", "forbid", "--disabled",
+              "--", "python", "eval.py")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    r = batch(cli, "run", "eval")
+    assert (r.exit_code, r.stdout) == (0, "batch eval ran: job 1\n"), r.stderr
+    shown = batch(cli, "show", "eval").stdout
+    assert "run by alice" in shown
+    r = batch(cli, "run", "eval")  # job 1 has not ended
+    assert r.exit_code == 1
+    assert "jobs 1 of an earlier firing have not ended (concurrency: forbid)" in r.stderr
+    r = batch(cli, "run", "eval", "--json", user="bob")
+    assert r.exit_code == 1 and "no batch named 'eval'" in r.stderr

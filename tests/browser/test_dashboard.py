@@ -677,6 +677,37 @@ def demo_schedule(stack: Stack) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("demo_schedule")
+def test_run_a_batch_now_and_read_its_firing_history(dash: Dashboard, stack: Stack) -> None:
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go("#/windows")
+    page.click("[data-history='nightly-eval']")
+    _expect_text(page, "[data-firings='nightly-eval']", "^No firings yet[.]$")
+    page.click("[data-run='nightly-eval']")
+    _expect_text(page, "#toast", r"^nightly-eval: job \d+ submitted$")
+    _expect_text(page, "table[data-firings='nightly-eval'] tbody tr", r"#\d+run by admin$")
+    job_id = int(page.inner_text("table[data-firings='nightly-eval'] a").lstrip("#"))
+    try:
+        job = stack.request("GET", f"/api/v1/jobs/{job_id}")
+        assert (job["name"], job["labels"]) == ("eval", {"batch": "nightly-eval"})
+        dash.shot("windows-batch-run-desktop")
+        # Its overlap policy is forbid: a second run waits for the first job to end.
+        dash.console.allow(409, r"/api/v1/batches/nightly-eval/run$")
+        page.click("[data-run='nightly-eval']")
+        _expect_text(page, "#toast", f"^jobs {job_id} of an earlier firing have not ended")
+        page.click("[data-disable='nightly-eval']")
+        _expect_text(page, "#batches-table tbody tr", "^▾ nightly-eval.*disabled")
+        assert stack.request("GET", "/api/v1/batches/nightly-eval")["enabled"] is False
+        page.click("[data-enable='nightly-eval']")
+        page.wait_for_selector("[data-disable='nightly-eval']")
+        page.click(f"table[data-firings='nightly-eval'] a[href='#/jobs/{job_id}']")
+        page.wait_for_selector("#job-command")
+        dash.assert_clean()
+    finally:
+        stack.request("POST", f"/api/v1/jobs/{job_id}/cancel")
+
+
+@pytest.mark.usefixtures("demo_schedule")
 @pytest.mark.parametrize("width", ["desktop", "phone"])
 def test_every_page_renders_without_console_errors(
     width: str, dash: Dashboard, phone: Dashboard, stack: Stack
@@ -714,7 +745,7 @@ def test_every_page_renders_without_console_errors(
         page.wait_for_timeout(300)
         view.shot(f"{name}-{width}")
         if name == "windows":  # the batch's concurrency, in words
-            _expect_text(page, "#batches-table tbody tr", "^nightly-eval.*skip firing")
+            _expect_text(page, "#batches-table tbody tr", "^[▸▾] nightly-eval.*skip firing")
         if name == "overview":  # MiB from NVML shown in binary units, as on the chart's axis
             _expect_text(page, "[data-stat=util] .hint", r"^\d[\d,]* / \d[\d,]* GiB memory in use$")
     # The form with the server's errors next to the fields.

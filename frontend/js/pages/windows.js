@@ -1,6 +1,7 @@
-// Windows and batches: off-peak windows of the next 7 days on a timeline; batch firings.
-import { optional } from "../api.js";
-import { clear, fmtDate, fmtDay, fmtDuration, fmtIn, fmtTime, h, poll } from "../util.js";
+// Windows and batches: off-peak windows of the next 7 days on a timeline; batches with
+// their firing history, run now, enable and disable.
+import { api, optional } from "../api.js";
+import { clear, fmtDate, fmtDay, fmtDuration, fmtIn, fmtTime, h, poll, toast } from "../util.js";
 import { loadWindows } from "./overview.js";
 
 const DAYS = 7;
@@ -43,7 +44,7 @@ function timeline(windows) {
       h("div", { class: "wt-now", style: { left: pos(now) }, title: "now" }))));
 }
 
-export function windowsPage(root) {
+export function windowsPage(root, ctx) {
   const winCard = h("section", { class: "card", id: "windows" });
   const batchCard = h("section", { class: "card", id: "batches" });
   root.append(h("div", { class: "page-head" }, h("h1", {}, "Off-peak windows and batches")), winCard, batchCard);
@@ -72,6 +73,32 @@ export function windowsPage(root) {
             : h("span", { class: "small muted" }, fmtIn(w.opens_at)))))))));
   };
 
+  // Batches whose firing history is shown; it stays open across refreshes.
+  const opened = new Set();
+  // is_admin null = unknown (no /me): show the buttons and let a 403 explain.
+  const manages = (b) => ctx.me?.is_admin !== false || b.owner === ctx.me?.name;
+  const act = async (b, path, done) => {
+    try {
+      const out = await api(`/api/v1/batches/${encodeURIComponent(b.name)}/${path}`, { method: "POST" });
+      toast(done(out));
+      if (path === "run") opened.add(b.name);
+    } catch (err) {
+      toast(err.message, "error");
+    }
+    refreshBatches();
+  };
+  const actions = (b) => manages(b) ? h("td", { class: "actions" },
+    h("button", {
+      type: "button", class: "btn btn-sm", dataset: { run: b.name },
+      title: "Submit its jobs now; its schedule stays as it is (kubectl create job --from=cronjob)",
+      onclick: () => act(b, "run", (f) => `${b.name}: job${f.job_ids.length > 1 ? "s" : ""} ${f.job_ids.join(", ")} submitted`),
+    }, "Run now"),
+    " ",
+    h("button", {
+      type: "button", class: "btn btn-sm btn-ghost", dataset: { [b.enabled ? "disable" : "enable"]: b.name },
+      onclick: () => act(b, b.enabled ? "disable" : "enable", (out) => `${b.name} ${out.enabled ? "enabled" : "disabled"}`),
+    }, b.enabled ? "Disable" : "Enable")) : h("td", {});
+
   const refreshBatches = async () => {
     const data = await optional("/api/v1/batches", {}, null);
     const items = data === null ? null : Array.isArray(data) ? data : data.items || [];
@@ -82,19 +109,42 @@ export function windowsPage(root) {
       return;
     }
     items.sort((a, b) => Date.parse(a.next_fire_at || 0) - Date.parse(b.next_fire_at || 0));
+    const histories = new Map(await Promise.all(items.filter((b) => opened.has(b.name)).map(async (b) =>
+      [b.name, await api(`/api/v1/batches/${encodeURIComponent(b.name)}/firings`, { query: { limit: 10 } })])));
+    const toggle = (b) => {
+      if (!opened.delete(b.name)) opened.add(b.name);
+      refreshBatches();
+    };
     clear(batchCard, h("h2", {}, "Batches"),
       h("div", { class: "table-wrap" }, h("table", { id: "batches-table" },
-        h("thead", {}, h("tr", {}, h("th", {}, "Batch"), h("th", { class: "hide-sm" }, "Project"), h("th", { class: "hide-sm" }, "Schedule"), h("th", { class: "hide-sm" }, "Runs"), h("th", { class: "hide-sm" }, "Overlap"), h("th", {}, "Next firing"))),
-        h("tbody", {}, items.map((b) => h("tr", {},
-          h("td", {}, b.name ?? `#${b.id}`),
+        h("thead", {}, h("tr", {}, h("th", {}, "Batch"), h("th", { class: "hide-sm" }, "Project"), h("th", { class: "hide-sm" }, "Schedule"), h("th", { class: "hide-sm" }, "Runs"), h("th", { class: "hide-sm" }, "Overlap"), h("th", {}, "Next firing"), h("th", {}, ""))),
+        h("tbody", {}, items.flatMap((b) => [h("tr", {},
+          h("td", {}, h("button", {
+            type: "button", class: "link-btn", dataset: { history: b.name }, "aria-expanded": String(opened.has(b.name)),
+            title: "Show or hide its recent firings", onclick: () => toggle(b),
+          }, `${opened.has(b.name) ? "▾" : "▸"} ${b.name}`)),
           h("td", { class: "hide-sm" }, b.project ?? "—"),
           h("td", { class: "hide-sm" }, h("span", { class: "mono" }, b.cron ?? b.schedule ?? "—"), b.timezone ? ` ${b.timezone}` : ""),
           h("td", { class: "hide-sm" }, b.target === "offpeak" ? `off-peak${b.window ? ` (${b.window})` : ""}` : "at once",
             b.enabled === false ? h("span", { class: "badge" }, " disabled") : ""),
           h("td", { class: "hide-sm", title: OVERLAP_HINT[b.concurrency] || "" }, OVERLAP[b.concurrency] ?? "—"),
-          h("td", {}, b.next_fire_at ? `${fmtDate(b.next_fire_at)} (${fmtIn(b.next_fire_at)})` : "—")))))));
+          h("td", {}, b.next_fire_at ? `${fmtDate(b.next_fire_at)} (${fmtIn(b.next_fire_at)})` : b.enabled === false ? "disabled" : "—"),
+          actions(b)),
+        histories.has(b.name) ? h("tr", { class: "firings-row" }, h("td", { colspan: 7 }, firingList(b, histories.get(b.name)))) : null])))));
   };
-
   const stops = [poll(refreshWindows, 60000), poll(refreshBatches, 30000)];
   return () => stops.forEach((s) => s());
+}
+
+// A batch's latest firings: when, and what each did (its jobs, or why it submitted none).
+function firingList(batch, firings) {
+  if (!firings.length) return h("div", { class: "small muted", dataset: { firings: batch.name } }, "No firings yet.");
+  const outcome = (f) => f.skipped ? `skipped: ${f.error || "late (catch-up: skip)"}`
+    : f.error ? `failed: ${f.error}` : f.run_by ? `run by ${f.run_by}` : "fired";
+  return h("table", { class: "firings", dataset: { firings: batch.name } },
+    h("thead", {}, h("tr", {}, h("th", {}, "Fired"), h("th", {}, "Jobs"), h("th", {}, "Note"))),
+    h("tbody", {}, firings.map((f) => h("tr", {},
+      h("td", {}, fmtDate(f.fire_at)),
+      h("td", {}, f.job_ids.length ? f.job_ids.flatMap((id, i) => [i ? ", " : "", h("a", { href: `#/jobs/${id}` }, `#${id}`)]) : "—"),
+      h("td", { class: f.skipped || f.error ? "warn-text" : "" }, outcome(f))))));
 }
