@@ -483,6 +483,7 @@ def test_bob_sees_only_his_project(dash: Dashboard, stack: Stack) -> None:
     assert "Share / use" in projects
     share = page.locator("#projects-table tbody tr td").nth(5).text_content() or ""
     assert re.fullmatch(r"\d+% / (\d+%|\u2013)", share), share  # en dash: no use yet
+    assert page.locator("[data-edit-project]").count() == 0  # project settings: admins'
     # The admin's job page is "not found" for bob; no drain buttons for a non-admin.
     dash.go(f"#/jobs/{admin_job['id']}")
     _expect_text(page, "#job-missing h1", "not visible to you")
@@ -498,6 +499,46 @@ def test_bob_sees_only_his_project(dash: Dashboard, stack: Stack) -> None:
     for job in (admin_job, bob_job):
         with contextlib.suppress(urllib.error.HTTPError):
             stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel")
+
+
+def test_an_admin_changes_a_projects_quota_and_time_limit(dash: Dashboard, stack: Stack) -> None:
+    (before,) = [q for q in stack.request("GET", "/api/v1/queues") if q["project"] == "cv"]
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go("#/")
+    try:
+        page.click("[data-edit-project='cv']")
+        page.fill("#p-gpu_quota", "-1")
+        dash.console.allow(422, r"/api/v1/projects/cv$")
+        page.click("#save-project")
+        _expect_text(page, "#perr-gpu_quota", "greater than or equal to 0")
+        page.fill("#p-gpu_quota", "2")
+        page.fill("#p-max_runtime_s", "3600")
+        dash.shot("overview-project-editor-desktop")
+        page.click("#save-project")
+        _expect_text(page, "#toast", "^Project cv changed$")
+        page.wait_for_selector("#project-editor", state="hidden")
+        (cv,) = [q for q in stack.request("GET", "/api/v1/queues") if q["project"] == "cv"]
+        assert (cv["gpu_quota"], cv["weight"], cv["max_runtime_s"]) == (2, before["weight"], 3600)
+        _expect_text(page, "#projects-table tbody tr", "^cv.*2")
+        # Cleared: the cluster's limit again.
+        page.click("[data-edit-project='cv']")
+        assert page.input_value("#p-max_runtime_s") == "3600"
+        page.fill("#p-max_runtime_s", "")
+        page.click("#save-project")
+        _expect_text(page, "#toast", "^Project cv changed$")
+        assert [
+            q["max_runtime_s"]
+            for q in stack.request("GET", "/api/v1/queues")
+            if q["project"] == "cv"
+        ] == [None]
+        dash.assert_clean()
+    finally:
+        stack.request(
+            "PATCH",
+            "/api/v1/projects/cv",
+            {"gpu_quota": before["gpu_quota"], "max_runtime_s": before["max_runtime_s"]},
+        )
 
 
 def test_queue_paginates_on_the_server(dash: Dashboard, stack: Stack) -> None:

@@ -1,7 +1,7 @@
 // Overview: GPUs now, 24 h utilisation with off-peak bands, jobs per project, windows.
-import { api, optional } from "../api.js";
+import { api, optional, placeFieldErrors } from "../api.js";
 import { columns, lineChart } from "../chart.js";
-import { clear, fmtDate, fmtIn, fmtNum, fmtTime, h, poll } from "../util.js";
+import { clear, fmtDate, fmtDuration, fmtIn, fmtNum, fmtTime, h, poll, toast } from "../util.js";
 
 const DAY = 86400;
 // As Slurm's sshare: a project's part of the weights against its part of the recent
@@ -28,11 +28,12 @@ export async function loadWindows(days = 7) {
     .sort((a, b) => a.from - b.from);
 }
 
-export function overviewPage(root) {
+export function overviewPage(root, ctx) {
   const stats = h("div", { class: "stats", id: "gpu-stats" });
   const chartBox = h("div", { class: "chart", id: "util-chart" });
   const windowsLine = h("div", { class: "chart-legend", id: "window-note" });
   const projects = h("div", { id: "projects" });
+  const editor = h("div", { id: "project-editor", hidden: true });
   const updated = h("span", { class: "sub" });
   root.append(
     h("div", { class: "page-head" }, h("h1", {}, "Cluster overview"), updated),
@@ -45,7 +46,7 @@ export function overviewPage(root) {
       h("section", { class: "card" },
         h("div", { class: "card-head" }, h("h2", {}, "Jobs by project"),
           h("a", { href: "#/queue", class: "small" }, "Open queue →")),
-        projects)),
+        projects, editor)),
   );
 
   let windows = [];
@@ -103,6 +104,61 @@ export function overviewPage(root) {
   };
 
   const pct = (fraction) => `${Math.round(fraction * 100)}%`;
+  // Admins change a project's guarantee, weight and longest time limit (PATCH, as
+  // sacctmgr modify account); is_admin null = unknown (no /me): a 403 explains itself.
+  const canAdmin = ctx.me?.is_admin !== false;
+  const openEditor = (q) => {
+    const fields = [
+      ["gpu_quota", "Guaranteed GPUs", "0: none (it only borrows idle GPUs)"],
+      ["weight", "Fair-share weight", "its share relative to the other projects' weights"],
+      ["max_runtime_s", "Longest time limit (s)", "empty: the cluster's"],
+    ];
+    const inputs = Object.fromEntries(fields.map(([name]) => [name, h("input", {
+      type: "number", inputmode: "decimal", id: `p-${name}`, value: q[name] ?? "", step: name === "weight" ? "any" : "1",
+    })]));
+    const errors = Object.fromEntries(fields.map(([name]) => [name,
+      h("div", { class: "field-error", id: `perr-${name}`, role: "alert", hidden: true })]));
+    const general = h("div", { class: "error-box", role: "alert", hidden: true });
+    const close = () => { editor.hidden = true; clear(editor); };
+    const save = async (ev) => {
+      ev.preventDefault();
+      Object.values(errors).forEach((e) => { e.hidden = true; });
+      general.hidden = true;
+      const changes = {};
+      for (const [name] of fields) {
+        const raw = inputs[name].value.trim();
+        const value = raw === "" ? null : Number(raw);
+        if (value !== (q[name] ?? null)) changes[name] = value;
+      }
+      if (!Object.keys(changes).length) { close(); return; }
+      try {
+        await api(`/api/v1/projects/${encodeURIComponent(q.project)}`, { method: "PATCH", body: changes });
+        toast(`Project ${q.project} changed`);
+        close();
+        refreshQueues();
+      } catch (err) {
+        const unplaced = placeFieldErrors(err, ([name], msg) => {
+          if (!errors[name]) return false;
+          errors[name].textContent = msg;
+          errors[name].hidden = false;
+          return true;
+        });
+        general.textContent = unplaced.join("; ");
+        general.hidden = !unplaced.length;
+      }
+    };
+    clear(editor, h("h3", {}, `Change project ${q.project}`),
+      h("form", { onsubmit: save, novalidate: true },
+        h("div", { class: "form-grid" }, fields.map(([name, label, help]) => h("div", { class: "field span-2" },
+          h("label", { for: `p-${name}` }, label), inputs[name], h("div", { class: "help" }, help), errors[name]))),
+        general,
+        h("p", { class: "small muted" }, "Jobs already submitted keep their time limit."),
+        h("div", { class: "form-actions" },
+          h("button", { type: "submit", class: "btn btn-primary btn-sm", id: "save-project" }, "Save"),
+          h("button", { type: "button", class: "btn btn-ghost btn-sm", onclick: close }, "Close"))));
+    editor.hidden = false;
+    inputs.gpu_quota.focus();
+  };
   const refreshQueues = async () => {
     const queues = await api("/api/v1/queues");
     if (!queues.length) {
@@ -115,7 +171,12 @@ export function overviewPage(root) {
         h("th", { class: "num", title: "GPUs its jobs hold now" }, "GPUs"), h("th", { class: "num hide-sm" }, "Quota"),
         h("th", { class: "num hide-sm", title: FAIR_SHARE_HINT }, "Share / use"))),
       h("tbody", {}, queues.map((q) => h("tr", {},
-        h("td", {}, h("a", { href: `#/queue?project=${encodeURIComponent(q.project)}` }, q.project)),
+        h("td", { class: "project-cell" }, h("a", { href: `#/queue?project=${encodeURIComponent(q.project)}` }, q.project),
+          canAdmin ? h("button", {
+            type: "button", class: "icon-btn", dataset: { editProject: q.project }, "aria-label": `Change project ${q.project}`,
+            title: `Change its quota, weight or time limit (longest now: ${q.max_runtime_s ? fmtDuration(q.max_runtime_s) : "the cluster's"})`,
+            onclick: () => openEditor(q),
+          }, "✎") : null),
         h("td", { class: "num" }, fmtNum(q.running)),
         h("td", { class: "num" }, fmtNum(q.pending)),
         h("td", { class: "num" }, fmtNum(q.gpus_in_use, q.gpus_in_use % 1 ? 1 : 0)),
