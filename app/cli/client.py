@@ -268,8 +268,8 @@ class ApiClient:
     def put(self, path: str, *, json: Any) -> Any:
         return self.body(self.request("PUT", path, json=json))
 
-    def patch(self, path: str, *, json: Any) -> Any:
-        return self.body(self.request("PATCH", path, json=json))
+    def patch(self, path: str, *, json: Any, params: Any = None) -> Any:
+        return self.body(self.request("PATCH", path, json=json, params=params))
 
 
 # --- output helpers shared by the command modules -------------------------------------------

@@ -1001,7 +1001,9 @@ def _by_ids_or_selection(
 
 
 def update(
-    job_id: Annotated[int, typer.Argument(help="Job id", show_default=False)],
+    job_id: Annotated[
+        int | None, typer.Argument(help="Job id (or select jobs with --array, --user, ...)")
+    ] = None,
     name: Annotated[str | None, typer.Option(help="New name")] = None,
     gpus: Annotated[int | None, typer.Option(help="GPUs per node")] = None,
     gpu_memory_mb: Annotated[
@@ -1039,14 +1041,25 @@ def update(
             show_default=False,
         ),
     ] = None,
+    user: UserFilterOption = None,
+    project: ProjectFilterOption = None,
+    label: LabelFilterOption = None,
+    array: ArrayFilterOption = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Change a pending job, like scontrol update: `gpusched update 12 --gpus 4 --priority 10`.
+    """Change a pending job, like scontrol update: `gpusched update 12 --gpus 4 --priority 10`,
+    or every pending job the options select: --array 12 changes all its pending tasks, in
+    one transaction (a change refused for one changes none).
 
     It keeps its submit time, so its place by age; cancel and resubmit would lose it.
     --array-limit changes the whole array the job is a task of."""
+    ids = None if job_id is None else [job_id]
+    selection = _selection_params(ids, user, project, None, label, array)
+    limit_of = job_id if job_id is not None else array
+    if array_limit is not None and limit_of is None:
+        raise CliError("--array-limit needs a job id or --array", EXIT_USAGE)
     changes: dict[str, Any] = {
         k: v
         for k, v in {
@@ -1079,21 +1092,33 @@ def update(
         raise CliError("nothing to change: give at least one option (see --help)", EXIT_USAGE)
     client = ApiClient.from_options(url, token)
     lines = []
-    if changes:
-        job = client.patch(f"{JOBS}/{job_id}", json=changes)
-        line = f"updated job {job['id']} ({_name_cell(job)}): {job['status']}"
-        if job.get("pending_message"):
-            line += f" — {job['pending_message']}"
-        lines.append(line)
+    answer: Any = None
+    if changes and selection is not None:
+        answer = client.patch(JOBS, params=selection, json=changes)
+        lines += [_updated_line(job) for job in answer]
+        if not answer:
+            typer.echo("no pending jobs match", err=True)
+    elif changes:
+        answer = client.patch(f"{JOBS}/{job_id}", json=changes)
+        lines.append(_updated_line(answer))
     if array_limit is not None:
-        job = client.patch(f"{JOBS}/{job_id}/array", json={"max_running": limit})
-        array = job["array"]
+        job = client.patch(f"{JOBS}/{limit_of}/array", json={"max_running": limit})
+        if not isinstance(answer, list):  # --json: a selection's jobs, or the job as it is now
+            answer = job
         at_once = f"at most {limit} at once" if limit else "no limit"
-        lines.append(f"updated array {array['id']}: {at_once}")
+        lines.append(f"updated array {job['array']['id']}: {at_once}")
     if as_json:
-        print_json(job)
+        print_json(answer)
         return
-    typer.echo("\n".join(lines))
+    if lines:
+        typer.echo("\n".join(lines))
+
+
+def _updated_line(job: dict[str, Any]) -> str:
+    line = f"updated job {job['id']} ({_name_cell(job)}): {job['status']}"
+    if job.get("pending_message"):
+        line += f" — {job['pending_message']}"
+    return line
 
 
 def _number_or_none(text: str, option: str) -> int | None:

@@ -243,6 +243,31 @@ def release_job(
     return job
 
 
+@router.patch("", response_model=list[JobOut])
+def update_jobs(
+    changes: JobUpdate,
+    session: SessionDep,
+    principal: CurrentUser,
+    messenger: MessengerDep,
+    settings: SettingsDep,
+    selection: SelectionDep,
+) -> list[JobOut]:
+    """Change every pending job the filters select, in one request, as `scontrol update` of
+    an array id (`?array=12`) changes all its pending tasks. All or nothing: a change
+    refused for one job is a 422 naming it, and changes none. At least one filter is
+    required. Returns the jobs changed (none: nothing pending matched)."""
+    jobs = service.update_selected(
+        session=session,
+        principal=principal,
+        selection=selection,
+        changes=changes,
+        limits=settings.runtime_limits,
+    )
+    if jobs and messenger is not None:
+        messenger.request_cycle()
+    return jobs
+
+
 @router.patch("/{job_id}", response_model=JobOut)
 def update_job(
     job_id: JobId,

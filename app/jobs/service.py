@@ -786,6 +786,42 @@ def update(
     session.refresh(job, with_for_update=True)  # a cycle placing it now must not race
     if job.status is not JobStatus.PENDING:
         raise Conflict(f"job {job_id} is {job.status}: only a pending job can be changed")
+    _update_locked(session, principal=principal, job=job, changes=changes, limits=limits)
+    session.commit()
+    return _outs(session, [job])[0]
+
+
+def update_selected(
+    *,
+    session: Session,
+    principal: Principal,
+    selection: JobSelection,
+    changes: JobUpdate,
+    limits: RuntimeLimits,
+) -> list[JobOut]:
+    """Change every pending job the selection names, in one transaction, as `scontrol
+    update` of an array id changes all its pending tasks. All or nothing: a change refused
+    for one job changes none, and the error names that job. Returns them all."""
+    where = (Job.status == JobStatus.PENDING,)
+    jobs = _lock_selected(
+        session, principal=principal, selection=selection, verb="change", where=where
+    )
+    for job in jobs:
+        try:
+            _update_locked(session, principal=principal, job=job, changes=changes, limits=limits)
+        except FieldError as exc:
+            raise FieldError(
+                exc.field, f"job {job.id}: {exc.message}", location=exc.location
+            ) from None
+    session.commit()
+    return _outs(session, jobs)
+
+
+def _update_locked(
+    session: Session, *, principal: Principal, job: Job, changes: JobUpdate, limits: RuntimeLimits
+) -> None:
+    """Apply `changes` to a pending job whose row the caller holds locked, checked as a
+    submission is; notes what changed in its history. Does not commit."""
     sent = changes.model_dump(exclude_unset=True)
     current = {name: getattr(job, name) for name in _REQUEST_FIELDS}
     share = None if job.gpu_share_milli == 1000 else job.gpu_share_milli / 1000
@@ -819,8 +855,6 @@ def update(
         _back_in_line(job, why="changed")
         reason = f"updated by {principal.name}: {', '.join(what)}"
         _note(session, job=job, actor=principal.name, reason=reason)
-    session.commit()
-    return _outs(session, [job])[0]
 
 
 # What PATCH changes by copying a field onto the column of its name; the dependency

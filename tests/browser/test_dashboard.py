@@ -325,6 +325,16 @@ def test_an_array_shows_its_tasks_and_why_the_rest_wait(dash: Dashboard, stack: 
         _expect_text(page, "#toast", f"^Array {first['id']}: 2 tasks released$")
         _expect_text(page, f'[data-hold-array="{first["id"]}"]', "^Hold array$")
         assert stack.request("GET", f"/api/v1/jobs/{last}")["held_by"] is None
+        # One change for every pending task of the array, as scontrol update of its id.
+        page.click("#change-job")
+        page.fill("#c-priority", "5")
+        page.check("#c-all-tasks")
+        page.click("#save-change")
+        _expect_text(page, "#toast", f"^2 pending tasks of array {first['id']} changed$")
+        priorities = [
+            stack.request("GET", f"/api/v1/jobs/{first['id'] + i}")["priority"] for i in range(3)
+        ]
+        assert priorities == [0, 5, 5]  # task 0 runs
         # A pending task's Change panel also changes its array's limit.
         dash.console.allow(422, r"/api/v1/jobs/\d+/array$")  # the 0 refused below
         page.click("#change-job")

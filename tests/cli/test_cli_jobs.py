@@ -656,6 +656,28 @@ def test_update_a_pending_jobs_dependency(cli: Cli) -> None:
         assert refused.exit_code == code and message in refused.stderr, refused.stderr
 
 
+def test_update_every_pending_task_of_an_array(cli: Cli) -> None:
+    array = _submit_json(cli, "--array", "0-2", "--", "true")["id"]
+    result = cli("update", "--array", str(array), "--priority", "7", "--array-limit", "1")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split(" (")[0] for line in lines] == [
+        f"updated job {array + i}" for i in range(3)
+    ] + [f"updated array {array}: at most 1 at once"]
+    assert [_stored(cli, array + i).priority for i in range(3)] == [7, 7, 7]
+    as_json = cli("update", "--array", str(array), "--priority", "8", "--json")
+    assert [job["priority"] for job in json.loads(as_json.stdout)] == [8, 8, 8]
+    for args, message in [
+        (["--priority", "1"], "no jobs: give job ids or select them"),
+        ([str(array), "--array", str(array), "--priority", "1"], "not both"),
+        (["--user", "alice", "--array-limit", "2"], "--array-limit needs a job id or --array"),
+    ]:
+        refused = cli("update", *args)
+        assert refused.exit_code == 2 and message in refused.stderr, refused.stderr
+    nothing = cli("update", "--user", "nobody", "--priority", "1")
+    assert (nothing.exit_code, nothing.stdout, nothing.stderr) == (0, "", "no pending jobs match\n")
+
+
 def _start(cli: Cli, job_id: int) -> None:
     """As the agent's reports would: the job was placed and runs."""
     from app.jobs.lifecycle import transition

@@ -192,6 +192,8 @@ export function jobPage(root, ctx, { match }) {
     const errors = Object.fromEntries([...fields, ["depends_on"], ["dependency"]].map(([name]) => [name,
       h("div", { class: "field-error", id: `cerr-${name}`, role: "alert", hidden: true })]));
     const general = h("div", { class: "error-box", role: "alert", hidden: true });
+    // scontrol update of an array id: the same change for every pending task, or none.
+    const allTasks = job.array ? h("input", { type: "checkbox", id: "c-all-tasks" }) : null;
     const save = async (ev) => {
       ev.preventDefault();
       Object.values(errors).forEach((e) => { e.hidden = true; });
@@ -216,13 +218,17 @@ export function jobPage(root, ctx, { match }) {
       const { max_running: limit, ...jobChanges } = changes;
       if (!Object.keys(changes).length) { closeEditor(); return; }
       try {
-        if (Object.keys(jobChanges).length) {
+        let changed = `Job ${jobId} changed`;
+        if (Object.keys(jobChanges).length && allTasks?.checked) {
+          const tasks = await api("/api/v1/jobs", { method: "PATCH", body: jobChanges, query: { array: job.array.id } });
+          changed = `${tasks.length} pending task${tasks.length === 1 ? "" : "s"} of array ${job.array.id} changed`;
+        } else if (Object.keys(jobChanges).length) {
           await api(`/api/v1/jobs/${jobId}`, { method: "PATCH", body: jobChanges });
         }
         if ("max_running" in changes) {
           await api(`/api/v1/jobs/${jobId}/array`, { method: "PATCH", body: { max_running: limit } });
         }
-        toast(`Job ${jobId} changed`);
+        toast(changed);
         closeEditor();
         await Promise.all([refreshJob(), refreshEvents()]);
       } catch (err) {
@@ -245,6 +251,8 @@ export function jobPage(root, ctx, { match }) {
             h("div", { class: "help" }, "ids, e.g. 12, 13; empty: none"), errors.depends_on),
           h("div", { class: "field span-2" }, h("label", { for: "c-dependency" }, "…ended how"), how,
             errors.dependency)),
+        allTasks ? h("label", { class: "check", style: { marginTop: ".9rem" }, title: "As scontrol update of the array's id" }, allTasks,
+          `Change every pending task of array ${job.array.id} (all or none)`) : null,
         general,
         h("p", { class: "small muted" }, "It keeps its submit time; the next cycle ranks it anew."),
         h("div", { class: "form-actions" },
