@@ -1087,7 +1087,7 @@ class Cycle:
         runs = (
             "this job has no time limit"
             if limit is None
-            else "this job's time limit ends at "
+            else "this job's time limit (with its grace period) ends at "
             + (self.now + timedelta(seconds=limit)).isoformat(timespec="seconds")
         )
         return (

@@ -18,7 +18,7 @@ def _drain(api, **body):  # type: ignore[no-untyped-def]
 
 
 def test_before_maintenance_only_jobs_that_end_by_then_start_and_after_it_none(api):
-    add_node(api, 4)
+    add_node(api, 5)
     at = (utcnow() + timedelta(hours=2)).replace(microsecond=0)
     r = _drain(api, at=at.isoformat())
     assert r.status_code == 200, r.text
@@ -30,9 +30,11 @@ def test_before_maintenance_only_jobs_that_end_by_then_start_and_after_it_none(a
     short = submit(api, name="short", max_runtime_s=HOUR)["id"]
     long = submit(api, name="long", max_runtime_s=3 * HOUR)["id"]
     unlimited = submit(api, name="open-ended")["id"]  # this cluster sets no default limit
+    # Its limit ends 5 minutes before, but its grace period (SIGTERM to SIGKILL) would not.
+    graceful = submit(api, name="graceful", max_runtime_s=2 * HOUR - 300, grace_s=600)["id"]
     run_one_cycle(api)
     assert get_job(api, short)["status"] == "SCHEDULED"
-    for job_id in (long, unlimited):
+    for job_id in (long, unlimited, graceful):
         job = get_job(api, job_id)
         assert (job["status"], job["pending_reason"]) == ("PENDING", "maintenance")
         assert job["pending_message"].startswith(
@@ -40,6 +42,10 @@ def test_before_maintenance_only_jobs_that_end_by_then_start_and_after_it_none(a
             "time limit ends by then; "
         )
     assert get_job(api, unlimited)["pending_message"].endswith("this job has no time limit")
+    assert (
+        "; this job's time limit (with its grace period) ends at "
+        in (get_job(api, graceful)["pending_message"])
+    )
 
     # The maintenance begins: the node is drained, whatever a job's limit.
     with api.factory.begin() as session:
@@ -57,7 +63,7 @@ def test_before_maintenance_only_jobs_that_end_by_then_start_and_after_it_none(a
     r = api.client.post("/api/v1/nodes/n1/undrain", headers=api.as_("admin"))
     assert r.json()["maintenance_at"] is None and r.json()["drained"] is False
     run_one_cycle(api)
-    assert {get_job(api, j)["status"] for j in (long, unlimited, tiny)} == {"SCHEDULED"}
+    assert {get_job(api, j)["status"] for j in (long, unlimited, graceful, tiny)} == {"SCHEDULED"}
 
 
 def test_drain_at_is_checked_moved_and_audited(api):

@@ -23,7 +23,7 @@ def _placed_on(plan, job_id):  # type: ignore[no-untyped-def]
     [
         (HOUR, True, None),  # ends an hour before the maintenance
         (2 * HOUR, True, None),  # ends as it begins: still fine
-        (2 * HOUR + 1, False, f"this job's time limit ends at {at(2 * HOUR + 1).isoformat()}"),
+        (2 * HOUR + 1, False, f"this job's time limit (with its grace period) ends at {at(2 * HOUR + 1).isoformat()}"),
         (None, False, "this job has no time limit"),  # could run into it: never there
     ],
 )  # fmt: skip
