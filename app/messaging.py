@@ -32,6 +32,7 @@ FIRE_BATCHES = "gpusched.fire_batches"
 AGENT_REPORT = "gpusched.agent_report"
 RUN_JOB = "gpusched.run_job"
 STOP_JOB = "gpusched.stop_job"
+SET_TIME_LIMIT = "gpusched.set_time_limit"
 
 # Set while a cycle request is queued; the cycle clears it when it starts, so a request
 # that arrives during a cycle queues exactly one more (debounce without losing a trigger).
@@ -159,6 +160,11 @@ class Messenger:
         requeue, preemption); reconciliation re-sends any that is lost."""
         for stop in stops:
             self.send_to_node(stop.node, STOP_JOB, stop.payload)
+
+    def send_time_limits(self, changes: Iterable[Dispatch]) -> bool:
+        """set_time_limit to each node of a running job whose limit changed, after the
+        commit; False if one could not be sent (the caller says so: a retry re-sends)."""
+        return all([self.send_to_node(c.node, SET_TIME_LIMIT, c.payload) for c in changes])
 
     def report(self, payload: dict[str, Any]) -> bool:
         try:

@@ -1054,7 +1054,8 @@ def update(
     one transaction (a change refused for one changes none).
 
     It keeps its submit time, so its place by age; cancel and resubmit would lose it.
-    --array-limit changes the whole array the job is a task of."""
+    --array-limit changes the whole array the job is a task of. A running job takes only
+    --max-runtime (scontrol update TimeLimit=): you may shorten it, only an admin extend it."""
     ids = None if job_id is None else [job_id]
     selection = _selection_params(ids, user, project, None, label, array)
     limit_of = job_id if job_id is not None else array

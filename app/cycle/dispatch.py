@@ -3,7 +3,7 @@ Building is pure reading; sending happens in the caller after commit."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,8 +117,27 @@ def stop_messages_many(
 ) -> list[Dispatch]:
     """stop_messages for many jobs (job id -> attempt), one query per few thousand:
     a bulk cancel of a running array reads each job's nodes in one go, not one by one."""
-    ids = sorted(attempts)
     out: list[Dispatch] = []
+    for job_id, attempt, node in _placed_nodes(session, attempts):
+        payload: dict[str, Any] = {"job_id": job_id, "attempt": attempt, "reason": reason}
+        if grace_s is not None:
+            payload["grace_s"] = grace_s
+        out.append(Dispatch(node=node, payload=payload))
+    return out
+
+
+def time_limit_messages(session: Session, *, job: Job) -> list[Dispatch]:
+    """set_time_limit for every node of a placed job's current attempt: its new limit."""
+    payload = {"job_id": job.id, "attempt": job.attempt, "max_runtime_s": job.max_runtime_s}
+    return [
+        Dispatch(node=node, payload=payload)
+        for _, _, node in _placed_nodes(session, {job.id: job.attempt})
+    ]
+
+
+def _placed_nodes(session: Session, attempts: Mapping[int, int]) -> Iterator[tuple[int, int, str]]:
+    """(job id, attempt, node) for each node holding an allocation of the attempts given."""
+    ids = sorted(attempts)
     for start in range(0, len(ids), _STOP_CHUNK):
         rows = session.execute(
             select(Allocation.job_id, Allocation.attempt, Node.name)
@@ -131,13 +150,8 @@ def stop_messages_many(
             .order_by(Allocation.job_id, Node.name)
         )
         for job_id, attempt, node in rows:
-            if attempts[job_id] != attempt:
-                continue  # an older attempt's rows (released ones are left out already)
-            payload: dict[str, Any] = {"job_id": job_id, "attempt": attempt, "reason": reason}
-            if grace_s is not None:
-                payload["grace_s"] = grace_s
-            out.append(Dispatch(node=node, payload=payload))
-    return out
+            if attempts[job_id] == attempt:  # not an older attempt's rows
+                yield job_id, attempt, node
 
 
 def released_gates(session: Session) -> list[Dispatch]:

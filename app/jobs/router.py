@@ -3,17 +3,28 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
+from fastapi import (
+    APIRouter,
+    Depends,
+    Header,
+    HTTPException,
+    Path,
+    Query,
+    Request,
+    Response,
+    status,
+)
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from app.cycle.dispatch import stop_messages, stop_messages_many
+from app.cycle.dispatch import stop_messages, stop_messages_many, time_limit_messages
 from app.db import utcnow
 from app.deps import CurrentUser, InventoryDep, MessengerDep, SessionDep, SettingsDep
 from app.errors import FieldError
 from app.jobs import service
 from app.jobs.logs import MAX_TAIL_LINES, attempt_log_path, follow, read_tail, resolve_attempt
+from app.jobs.models import Job
 from app.jobs.schemas import ArrayUpdate, JobCreate, JobEventOut, JobOut, JobPage, JobUpdate
 from app.jobs.states import ACTIVE, JobStatus
 from app.messaging import Messenger
@@ -278,8 +289,10 @@ def update_job(
     settings: SettingsDep,
 ) -> JobOut:
     """Change a pending job's name, GPUs, GPU memory, nodes, priority, time limits or
-    dependencies, as `scontrol update`; it keeps its submit time. A job that is not pending
-    is a 409; a dependency loop is a 422 on depends_on."""
+    dependencies, as `scontrol update`; it keeps its submit time. A dependency loop is a
+    422 on depends_on. A placed (scheduled or running) job takes only `max_runtime_s`, as
+    `scontrol update TimeLimit=`: its owner may shorten it, only an admin extend it, and
+    its agents are told at once. A job that has ended is a 409."""
     job = service.update(
         session=session,
         principal=principal,
@@ -287,7 +300,19 @@ def update_job(
         changes=changes,
         limits=settings.runtime_limits,
     )
-    if messenger is not None:
+    if messenger is None:
+        return job
+    if job.status in ACTIVE:  # placed: only its time limit changed
+        told = messenger.send_time_limits(
+            time_limit_messages(session, job=session.get_one(Job, job_id))
+        )
+        if not told:  # stored, but the agent would still end it at the old limit
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE,
+                f"job {job_id}'s new time limit is stored, but its node could not be told "
+                "(message broker unreachable): send the same change again",
+            )
+    else:
         messenger.request_cycle()
     return job
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import ColumnElement, Select, func, select
@@ -784,9 +785,12 @@ def update(
     age; the next cycle ranks it anew. Cancel and resubmit would lose both."""
     job = _visible_job(session=session, principal=principal, job_id=job_id)
     session.refresh(job, with_for_update=True)  # a cycle placing it now must not race
-    if job.status is not JobStatus.PENDING:
-        raise Conflict(f"job {job_id} is {job.status}: only a pending job can be changed")
-    _update_locked(session, principal=principal, job=job, changes=changes, limits=limits)
+    if job.status in ACTIVE:
+        _change_placed_limit(session, principal=principal, job=job, changes=changes, limits=limits)
+    elif job.status is JobStatus.PENDING:
+        _update_locked(session, principal=principal, job=job, changes=changes, limits=limits)
+    else:
+        raise Conflict(f"job {job_id} is {job.status}: it can no longer be changed")
     session.commit()
     return _outs(session, [job])[0]
 
@@ -824,6 +828,32 @@ def _update_locked(
     submission is; notes what changed in its history. Does not commit."""
     sent = changes.model_dump(exclude_unset=True)
     current = {name: getattr(job, name) for name in _REQUEST_FIELDS}
+    spec = _changed_spec(session, job=job, current=current, sent=sent, limits=limits)
+    check_can_ever_fit(session=session, spec=spec)
+    rewired = None
+    if "depends_on" in sent or "dependency" in sent:  # checked (and may refuse) first
+        rewired = _rewire_dependencies(session=session, principal=principal, job=job, spec=spec)
+    changed = {f: getattr(spec, f) for f in current if getattr(spec, f) != current[f]}
+    for name, value in changed.items():
+        setattr(job, name, value)
+    what = [f"{f} {current[f]} -> {v}" for f, v in changed.items()] + ([rewired] if rewired else [])
+    if what:
+        job.updated_at = utcnow()
+        _back_in_line(job, why="changed")
+        reason = f"updated by {principal.name}: {', '.join(what)}"
+        _note(session, job=job, actor=principal.name, reason=reason)
+
+
+def _changed_spec(
+    session: Session,
+    *,
+    job: Job,
+    current: dict[str, Any],
+    sent: dict[str, Any],
+    limits: RuntimeLimits,
+) -> JobCreate:
+    """The job's request with `sent` merged in, checked as a submission is: ranges, then
+    the cluster's and its project's time limits (a limit left out gets the default)."""
     share = None if job.gpu_share_milli == 1000 else job.gpu_share_milli / 1000
     try:
         spec = JobCreate.model_validate(
@@ -841,19 +871,41 @@ def _update_locked(
         select(Project.name, Project.max_runtime_s).where(Project.id == job.project_id)
     ).one()
     project_limit = None if max_s is None else ProjectTimeLimit(project_name, max_s)
-    spec = limits.apply(spec, project=project_limit)
-    check_can_ever_fit(session=session, spec=spec)
-    rewired = None
-    if "depends_on" in sent or "dependency" in sent:  # checked (and may refuse) first
-        rewired = _rewire_dependencies(session=session, principal=principal, job=job, spec=spec)
-    changed = {f: getattr(spec, f) for f in current if getattr(spec, f) != current[f]}
-    for name, value in changed.items():
-        setattr(job, name, value)
-    what = [f"{f} {current[f]} -> {v}" for f, v in changed.items()] + ([rewired] if rewired else [])
-    if what:
+    return limits.apply(spec, project=project_limit)
+
+
+def _change_placed_limit(
+    session: Session, *, principal: Principal, job: Job, changes: JobUpdate, limits: RuntimeLimits
+) -> None:
+    """`scontrol update TimeLimit=` on a placed job: its owner may shorten the limit, only
+    an admin extend it (as Slurm). Checked as a submission is, and never below the time
+    it has run. The caller tells its agents after the commit (time_limit_messages)."""
+    sent = changes.model_dump(exclude_unset=True)
+    if set(sent) != {"max_runtime_s"}:
+        raise Conflict(
+            f"job {job.id} is {job.status}: only its time limit (max_runtime_s) can be "
+            "changed once it is placed"
+        )
+    current = {name: getattr(job, name) for name in _REQUEST_FIELDS}
+    old = job.max_runtime_s
+    new = _changed_spec(session, job=job, current=current, sent=sent, limits=limits).max_runtime_s
+    extends = old is not None and (new is None or new > old)
+    if extends and not principal.is_admin:
+        raise Forbidden(
+            f"job {job.id} is {job.status}: only an admin extends its time limit "
+            "(you may shorten it)"
+        )
+    ran_s = 0 if job.started_at is None else (utcnow() - job.started_at).total_seconds()
+    if new is not None and new <= ran_s:
+        raise FieldError(
+            "max_runtime_s",
+            f"job {job.id} has run for {int(ran_s)}s: a time limit of {new}s would end it "
+            "at once (cancel it instead)",
+        )
+    if new != old:
+        job.max_runtime_s = new
         job.updated_at = utcnow()
-        _back_in_line(job, why="changed")
-        reason = f"updated by {principal.name}: {', '.join(what)}"
+        reason = f"updated by {principal.name}: max_runtime_s {old} -> {new}"
         _note(session, job=job, actor=principal.name, reason=reason)
 
 

@@ -495,3 +495,23 @@ def test_unwritable_log_path_is_a_launch_error(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(LaunchError, match="cannot create log file"):
         start_job(launch(tmp_path, "true", log_path=blocker / "attempt-1.log"))
+
+
+def test_a_time_limit_moved_while_running_is_the_one_enforced(
+    tmp_path: Path, reap: list[RunningProcess]
+) -> None:
+    # scontrol update TimeLimit= on a running job: extended, it outlives its first limit;
+    # shortened to a time already past, it ends at once, as a timeout.
+    running = start_job(launch(tmp_path, ["sleep", "30"], max_runtime_s=0.5, grace_s=0.2))
+    reap.append(running)
+    running.set_time_limit(60)
+    assert running.wait(1.5) is None
+    running.set_time_limit(None)  # no limit
+    assert running.wait(0.3) is None
+    running.set_time_limit(1.0)
+    outcome = running.wait(WAIT_S)
+    assert outcome is not None and outcome.terminated_reason == "timeout"
+    assert classify(outcome) == "TIMED_OUT"
+    log = Path(running.log_path).read_text()
+    assert "time limit changed: 60s from the start" in log
+    assert "time limit changed: none" in log

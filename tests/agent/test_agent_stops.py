@@ -97,3 +97,36 @@ def test_a_job_starting_as_the_agent_stops_is_stopped(
     assert reports.finished.wait(10), reports.reports
     finished = next(r for r in reports.reports if r["kind"] == "finished")
     assert finished["result"] == "PREEMPTED"  # SIGTERM at once, not after `sleep 30`
+
+
+def test_a_time_limit_change_reaches_a_job_before_while_and_after_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reports = RecordingReporter()
+    agent = agent_without_gpus(tmp_path, reports)
+    short = {**RUN, "max_runtime_s": 0.3}
+    # Before its run_job (the change overtook it): it starts with the new limit.
+    assert agent.set_time_limit({**STOP, "max_runtime_s": 60}) == "remembered"
+    assert agent.run_job(dict(short)) == "started"
+    assert not reports.finished.wait(1.0), reports.reports  # 0.3 s would have ended it
+    # Running: moved at once.
+    assert agent.set_time_limit({**STOP, "max_runtime_s": 0.5}) == "changed"
+    assert reports.finished.wait(10), reports.reports
+    finished = next(r for r in reports.reports if r["kind"] == "finished")
+    assert finished["result"] == "TIMED_OUT"
+    assert agent.set_time_limit({**STOP, "max_runtime_s": 60}) == "not running"
+
+    # While it starts (after run_job took it, before it is recorded as running).
+    start = service.start_job
+
+    def start_then_change(launch):  # type: ignore[no-untyped-def]
+        process = start(launch)
+        assert agent.set_time_limit({**STOP, "attempt": 2, "max_runtime_s": 60}) == "remembered"
+        return process
+
+    monkeypatch.setattr(service, "start_job", start_then_change)
+    reports.finished.clear()
+    assert agent.run_job({**short, "attempt": 2}) == "started"
+    assert not reports.finished.wait(1.0), reports.reports
+    agent.stop_job({**STOP, "attempt": 2, "reason": "cancel", "grace_s": 0})
+    assert reports.finished.wait(10)

@@ -39,10 +39,10 @@ def test_a_job_asking_too_many_gpus_fits_once_changed(api):
         "updated by alice: gpus 4 -> 2, priority 0 -> 5, max_runtime_s 86400 -> None,"
         " estimated_runtime_s None -> 600"
     )
-    # Only a pending job can be changed.
+    # A placed job takes only a new time limit.
     conflict = _patch(api, running["id"], priority=1)
     assert conflict.status_code == 409
-    assert "only a pending job can be changed" in conflict.json()["detail"]
+    assert "only its time limit (max_runtime_s) can be changed" in conflict.json()["detail"]
 
 
 def test_a_change_is_checked_as_a_submission(api):

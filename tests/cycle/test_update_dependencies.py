@@ -131,12 +131,12 @@ def test_changes_that_could_never_be_met_are_refused(api):
     # Nothing was changed by the refusals.
     assert get_job(api, train)["depends_on"] == []
     assert get_job(api, report)["depends_on"] == [evaluate]
-    # A job no longer pending is a 409, as for any change.
+    # A placed job takes only a new time limit: a 409.
     add_node(api, 1)
     run_one_cycle(api)
     [placed] = [j for j in (train, array, bob_job) if get_job(api, j)["status"] == "SCHEDULED"]
     r = _patch(api, placed, user="admin", depends_on=[])
-    assert r.status_code == 409 and "only a pending job can be changed" in r.text
+    assert r.status_code == 409 and "only its time limit (max_runtime_s) can be changed" in r.text
 
 
 def _finish_unplaced(api: Any, job_id: int) -> None:

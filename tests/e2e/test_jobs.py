@@ -96,6 +96,24 @@ def test_max_runtime_kills_with_sigterm_and_times_out(stack: Stack) -> None:
     assert events[-1]["to_status"] == "TIMED_OUT" and "timeout" in events[-1]["reason"]
 
 
+def test_an_admin_extends_a_running_jobs_time_limit_then_shortens_it(stack: Stack) -> None:
+    # scontrol update TimeLimit= on a running job: the agent enforces the new limit.
+    job = stack.submit({"command": "sleep 60", "gpus": 1, "max_runtime_s": 3})
+    stack.wait_status(job["id"], "RUNNING", timeout=20)
+    stack.api("PATCH", f"/api/v1/jobs/{job['id']}", json={"max_runtime_s": 40})
+    poll(
+        "the agent took the new limit",
+        lambda: "time limit changed: 40s from the start" in stack.logs(job["id"]),
+        timeout=10,
+    )
+    time.sleep(4)  # past the first limit
+    assert stack.job(job["id"])["status"] == "RUNNING"
+    stack.api("PATCH", f"/api/v1/jobs/{job['id']}", json={"max_runtime_s": 12})
+    done = stack.wait_status(job["id"], "TIMED_OUT", "FAILED", "SUCCEEDED", timeout=30)
+    assert done["status"] == "TIMED_OUT" and done["max_runtime_s"] == 12
+    assert "sending SIGTERM to the job (timeout)" in stack.logs(job["id"])
+
+
 def test_a_job_gets_its_own_grace_period_to_checkpoint_at_its_time_limit(
     stack: Stack, work: Path
 ) -> None:

@@ -28,6 +28,7 @@ IDS = [op.id for op in OPERATIONS]
 BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/api/v1/jobs"): {"command": ["true"], "project": "ml"},
     ("PATCH", "/api/v1/jobs/{job_id}"): {"priority": 1},
+    ("PATCH", "/api/v1/jobs"): {"priority": 1},
     ("PATCH", "/api/v1/jobs/{job_id}/array"): {"max_running": 2},
     ("POST", "/api/v1/estimate"): {"parameters": 1_000_000_000},
     ("POST", "/api/v1/windows"): {**WINDOW, "name": "day"},
@@ -45,7 +46,7 @@ BODIES: dict[tuple[str, str], Any] = {
 QUERIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", f"/api/v1/jobs/{action}"): {"project": "ml"}
     for action in ("cancel", "hold", "release")
-}
+} | {("PATCH", "/api/v1/jobs"): {"project": "ml"}}
 # Operations whose body names a project: another project's user is refused, but as a
 # field error (422 "you are not a member of project 'ml'"), which is also accepted.
 PROJECT_IN_BODY = {("POST", "/api/v1/jobs"), ("POST", "/api/v1/batches")}

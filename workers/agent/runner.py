@@ -355,6 +355,10 @@ class RunningProcess:
         self._lock = threading.Lock()
         self._reason: TerminateReason | None = None
         self._kill_deadline: float | None = None
+        # When the time limit ends (monotonic); moved by set_time_limit.
+        self._runtime_deadline: float | None = (
+            None if spec.max_runtime_s is None else self._started_monotonic + spec.max_runtime_s
+        )
         self._killed = False
         self._exited = False
         self._outcome: Outcome | None = None
@@ -403,6 +407,17 @@ class RunningProcess:
             return self.wait(timeout_s)
         return self._outcome
 
+    def set_time_limit(self, max_runtime_s: float | None) -> None:
+        """Move the time limit (from the start; None: none), as `scontrol update
+        TimeLimit=` on a running job. One already past ends the attempt at the next poll;
+        an attempt being terminated keeps its course."""
+        with self._lock:
+            self._runtime_deadline = (
+                None if max_runtime_s is None else self._started_monotonic + max_runtime_s
+            )
+        limit = "none" if max_runtime_s is None else f"{max_runtime_s:g}s from the start"
+        self._pump.note(f"time limit changed: {limit}")
+
     def _shorten_grace(self, grace_s: float | None) -> bool:
         """For an attempt already being terminated: bring its SIGKILL forward to ``grace_s``
         from now if that is sooner. False if its termination has not begun."""
@@ -449,11 +464,6 @@ class RunningProcess:
         return True
 
     def _supervise(self) -> None:
-        runtime_deadline = (
-            self._started_monotonic + self.spec.max_runtime_s
-            if self.spec.max_runtime_s is not None
-            else None
-        )
         returncode: int | None = None
         while returncode is None:
             try:
@@ -463,9 +473,9 @@ class RunningProcess:
             else:
                 break
             now = time.monotonic()
-            if runtime_deadline is not None and now >= runtime_deadline:
-                self._begin_termination("timeout", self.spec.grace_s)
-                runtime_deadline = None
+            deadline = self._runtime_deadline
+            if deadline is not None and now >= deadline:
+                self._begin_termination("timeout", self.spec.grace_s)  # once: reason is set
             self._kill_if_grace_over(now)
         with self._lock:
             self._exited = True

@@ -105,6 +105,9 @@ class Agent:
         self._seen: set[tuple[int, int]] = set()
         # Stops (reason, grace) for attempts not running yet: not started, or starting.
         self._stopped_early: dict[tuple[int, int], tuple[TerminateReason, float | None]] = {}
+        # Time limits changed for attempts not running yet (a set_time_limit that overtook
+        # its run_job): run_job starts them with it.
+        self._limit_early: dict[tuple[int, int], float | None] = {}
         # Attempts that ended lately, with how they ended. Every heartbeat repeats them: a
         # "finished" report lost with Redis or while the database was down is then applied
         # from the next heartbeat, and their absence from "running" is never taken for a
@@ -341,6 +344,7 @@ class Agent:
             self._seen.add(key)
             early = self._stopped_early.pop(key, None)
             stopping = self._stopping
+            limit = self._limit_early.pop(key, payload.get("max_runtime_s"))
         if early is None and stopping:  # back to the queue, for another node or our restart
             self._finished(key, "PREEMPTED", None, "not started: the node's agent is stopping")
             return "stopping"
@@ -359,7 +363,7 @@ class Agent:
             gpu_indices=tuple(payload["gpu_indices"]),
             env=payload.get("env") or {},
             log_cap_bytes=self.log_cap_bytes,
-            max_runtime_s=payload.get("max_runtime_s"),
+            max_runtime_s=limit,
             grace_s=self.settings.grace_s
             if payload.get("grace_s") is None
             else float(payload["grace_s"]),
@@ -387,8 +391,12 @@ class Agent:
         with self._lock:
             self._running[key] = _Attempt(process=process, gpu_indices=launch.gpu_indices)
             late = self._stopped_early.pop(key, None)  # a stop that came while it started
+            limit_changed = key in self._limit_early  # a new limit that came meanwhile
+            new_limit = self._limit_early.pop(key, None)
             if late is None and self._stopping:
                 late = ("preempt", None)  # the agent began stopping while it started
+        if limit_changed:
+            process.set_time_limit(new_limit)
         if late is not None:
             process.terminate(late[0], grace_s=late[1], wait=False)
         log.info(
@@ -419,6 +427,23 @@ class Agent:
                 return "remembered"
         attempt.process.terminate(reason, grace_s=grace, wait=False)
         return "terminating"
+
+    def set_time_limit(self, payload: dict[str, Any]) -> str:
+        """Move a running attempt's time limit (`max_runtime_s` from its start, null: none),
+        as `scontrol update TimeLimit=`; one not started yet gets it when it starts."""
+        key = (int(payload["job_id"]), int(payload["attempt"]))
+        limit = payload.get("max_runtime_s")
+        limit = None if limit is None else float(limit)
+        with self._lock:
+            attempt = self._running.get(key)
+            if attempt is None:
+                if key in self._recent:
+                    return "not running"  # it has ended (or was refused)
+                # Not started yet, or starting now: run_job applies it.
+                self._limit_early[key] = limit
+                return "remembered"
+        attempt.process.set_time_limit(limit)
+        return "changed"
 
     def _await_exit(self, key: tuple[int, int], process: RunningProcess) -> None:
         # A job that ends at once is reported once, by its end (which implies its start):

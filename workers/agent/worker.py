@@ -9,7 +9,14 @@ from celery import Celery, signals
 
 from app.config import Settings
 from app.logs import configure_logging
-from app.messaging import RUN_JOB, STOP_JOB, Messenger, create_celery, node_queue
+from app.messaging import (
+    RUN_JOB,
+    SET_TIME_LIMIT,
+    STOP_JOB,
+    Messenger,
+    create_celery,
+    node_queue,
+)
 from workers.agent.gpu_backend import open_backend
 from workers.agent.service import Agent, AgentSettings
 
@@ -43,6 +50,10 @@ def build_agent(settings: Settings, agent_settings: AgentSettings) -> tuple[Cele
     @celery.task(name=STOP_JOB)
     def stop_job(payload: dict[str, Any]) -> str:
         return agent.stop_job(payload)
+
+    @celery.task(name=SET_TIME_LIMIT)
+    def set_time_limit(payload: dict[str, Any]) -> str:
+        return agent.set_time_limit(payload)
 
     return celery, agent
 

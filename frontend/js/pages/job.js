@@ -75,6 +75,7 @@ export function jobPage(root, ctx, { match }) {
     return text;
   };
 
+  const placed = (j) => j.status === "SCHEDULED" || j.status === "RUNNING";
   const renderHead = () => {
     if (head.querySelector(".armed")) return; // keep a half-confirmed cancel
     clear(head,
@@ -82,7 +83,7 @@ export function jobPage(root, ctx, { match }) {
         h("div", { class: "small" }, h("a", { href: "#/queue" }, "← Queue")),
         h("h1", {}, `${jobName(job)} `, h("span", { class: "muted mono", style: { fontSize: ".8em" } }, `#${job.id}`))),
       h("div", { class: "form-actions" }, statusBadge(job.status),
-        job.status === "PENDING" ? h("button", {
+        job.status === "PENDING" || placed(job) ? h("button", {
           type: "button", class: "btn btn-ghost btn-sm", id: "change-job", "aria-expanded": String(!editor.hidden),
           onclick: () => (editor.hidden ? openEditor() : closeEditor()),
         }, "Change") : null,
@@ -91,7 +92,8 @@ export function jobPage(root, ctx, { match }) {
         cancelButton(job, () => Promise.all([refreshJob(), refreshEvents()])),
         holdArrayButton(job, () => Promise.all([refreshJob(), refreshEvents()])),
         cancelArrayButton(job, () => Promise.all([refreshJob(), refreshEvents()]))));
-    if (job.status !== "PENDING") closeEditor();
+    // The form was made for a pending job or for a placed one; another state closes it.
+    if (editorMode !== (job.status === "PENDING" ? "pending" : placed(job) ? "placed" : null)) closeEditor();
     document.title = `#${job.id} ${jobName(job)} · gpusched`;
   };
 
@@ -175,9 +177,14 @@ export function jobPage(root, ctx, { match }) {
   ];
   // A task's page also changes its array's limit (PATCH /jobs/{id}/array), for every task.
   const current = (name) => (name === "max_running" ? job.array.max_running : job[name]) ?? null;
-  const closeEditor = () => { editor.hidden = true; clear(editor); };
+  // A placed job takes only a new time limit (scontrol update TimeLimit=), counted from its
+  // start: its owner may shorten it, only an admin extend it.
+  const PLACED_EDITABLE = [["max_runtime_s", "Max runtime (s)", "from its start; only an admin extends it"]];
+  let editorMode = null;
+  const closeEditor = () => { editor.hidden = true; editorMode = null; clear(editor); };
   const openEditor = () => {
-    const fields = job.array
+    editorMode = placed(job) ? "placed" : "pending";
+    const fields = editorMode === "placed" ? PLACED_EDITABLE : job.array
       ? [...EDITABLE, ["max_running", "Tasks of its array at once", `empty: no limit; for all ${job.array.tasks} tasks`]]
       : EDITABLE;
     const inputs = Object.fromEntries(fields.map(([name]) => [name,
@@ -193,7 +200,7 @@ export function jobPage(root, ctx, { match }) {
       h("div", { class: "field-error", id: `cerr-${name}`, role: "alert", hidden: true })]));
     const general = h("div", { class: "error-box", role: "alert", hidden: true });
     // scontrol update of an array id: the same change for every pending task, or none.
-    const allTasks = job.array ? h("input", { type: "checkbox", id: "c-all-tasks" }) : null;
+    const allTasks = job.array && editorMode === "pending" ? h("input", { type: "checkbox", id: "c-all-tasks" }) : null;
     const save = async (ev) => {
       ev.preventDefault();
       Object.values(errors).forEach((e) => { e.hidden = true; });
@@ -204,14 +211,14 @@ export function jobPage(root, ctx, { match }) {
         const value = raw === "" ? null : Number(raw);
         if (value !== current(name)) changes[name] = value;
       }
-      const ids = waitsFor.value.split(/[\s,]+/).filter(Boolean);
+      const ids = editorMode === "pending" ? waitsFor.value.split(/[\s,]+/).filter(Boolean) : job.depends_on.map(String);
       const notId = ids.find((id) => !/^[1-9]\d*$/.test(id));
       if (notId) {
         errors.depends_on.textContent = `"${notId}" is not a job id`;
         errors.depends_on.hidden = false;
         return;
       }
-      if (how.value !== job.dependency || ids.join() !== job.depends_on.join()) {
+      if (editorMode === "pending" && (how.value !== job.dependency || ids.join() !== job.depends_on.join())) {
         changes.depends_on = ids.map(Number);
         changes.dependency = how.value;
       }
@@ -247,19 +254,22 @@ export function jobPage(root, ctx, { match }) {
         h("div", { class: "form-grid" }, fields.map(([name, label, help]) => h("div", { class: "field span-2" },
           h("label", { for: `c-${name}` }, label), inputs[name],
           help ? h("div", { class: "help" }, help) : null, errors[name])),
-          h("div", { class: "field span-2" }, h("label", { for: "c-depends_on" }, "Waits for jobs"), waitsFor,
-            h("div", { class: "help" }, "ids, e.g. 12, 13; empty: none"), errors.depends_on),
-          h("div", { class: "field span-2" }, h("label", { for: "c-dependency" }, "…ended how"), how,
-            errors.dependency)),
+          editorMode === "pending" ? [
+            h("div", { class: "field span-2" }, h("label", { for: "c-depends_on" }, "Waits for jobs"), waitsFor,
+              h("div", { class: "help" }, "ids, e.g. 12, 13; empty: none"), errors.depends_on),
+            h("div", { class: "field span-2" }, h("label", { for: "c-dependency" }, "…ended how"), how,
+              errors.dependency)] : null),
         allTasks ? h("label", { class: "check", style: { marginTop: ".9rem" }, title: "As scontrol update of the array's id" }, allTasks,
           `Change every pending task of array ${job.array.id} (all or none)`) : null,
         general,
-        h("p", { class: "small muted" }, "It keeps its submit time; the next cycle ranks it anew."),
+        h("p", { class: "small muted" }, editorMode === "pending"
+          ? "It keeps its submit time; the next cycle ranks it anew."
+          : "Counted from its start; its node is told at once."),
         h("div", { class: "form-actions" },
           h("button", { type: "submit", class: "btn btn-primary btn-sm", id: "save-change" }, "Save"),
           h("button", { type: "button", class: "btn btn-ghost btn-sm", onclick: closeEditor }, "Close"))));
     editor.hidden = false;
-    inputs.priority.focus();
+    inputs[fields[0][0]].focus();
   };
 
   const refreshEvents = async () => {
