@@ -73,6 +73,21 @@ def parse_pairs(values: list[str] | None, what: str) -> dict[str, str]:
     return pairs
 
 
+def node_names(text: str, option: str) -> list[str]:
+    """Node names from "n1,n2" (spaces allowed)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise CliError(f"{option}: expected node names, e.g. node-1,node-2", EXIT_USAGE)
+    return names
+
+
+ONLY_NODES_HELP = (
+    "Run only on these nodes, any of them: node-1,node-2 (not all of them, as sbatch "
+    "--nodelist would)"
+)
+EXCLUDE_HELP = "Never run on these nodes, as sbatch --exclude: node-3,node-4"
+
+
 def build_spec(
     *,
     command: list[str] | None,
@@ -97,6 +112,8 @@ def build_spec(
     window: str | None = None,
     at: str | None = None,
     hold: bool = False,
+    only_nodes: str | None = None,
+    exclude_nodes: str | None = None,
 ) -> dict[str, Any]:
     """The JobCreate body. Only what the user set is sent: the server owns the defaults and
     the range checks (so its 422 names the field exactly as the API does)."""
@@ -128,6 +145,10 @@ def build_spec(
         "retries": retries,
     }
     spec.update({k: v for k, v in optional.items() if v is not None})
+    if only_nodes is not None:
+        spec["only_nodes"] = node_names(only_nodes, "--only-nodes")
+    if exclude_nodes is not None:
+        spec["exclude_nodes"] = node_names(exclude_nodes, "--exclude")
     if preemptible:
         spec["preemptible"] = True
     if hold:
@@ -285,6 +306,14 @@ def submit(
     hold: Annotated[
         bool, typer.Option("--hold", help="Submit it held: it starts once released (release ID)")
     ] = False,
+    only_nodes: Annotated[
+        str | None,
+        typer.Option("--only-nodes", help=ONLY_NODES_HELP, rich_help_panel=JOB_PANEL),
+    ] = None,
+    exclude_nodes: Annotated[
+        str | None,
+        typer.Option("--exclude", "-x", help=EXCLUDE_HELP, rich_help_panel=JOB_PANEL),
+    ] = None,
     after: Annotated[
         list[int] | None,
         typer.Option(
@@ -357,6 +386,8 @@ def submit(
         env=env,
         label=label,
         workdir=workdir,
+        only_nodes=only_nodes,
+        exclude_nodes=exclude_nodes,
     )
     if after and dependency:
         raise CliError("give --after or --dependency, not both", EXIT_USAGE)
@@ -709,6 +740,10 @@ def _job_details(job: dict[str, Any]) -> Table:
     ]
     if job.get("gpu_memory_mb"):
         rows.append(("gpu memory", f"{job['gpu_memory_mb']} MiB"))
+    if job.get("only_nodes"):
+        rows.append(("only on", ", ".join(job["only_nodes"])))
+    if job.get("exclude_nodes"):
+        rows.append(("excludes", ", ".join(job["exclude_nodes"])))
     rows.append(("priority", job["priority"]))
     rows.append(("preemptible", "yes" if job["preemptible"] else "no"))
     schedule = job.get("schedule") or {}
@@ -1032,6 +1067,13 @@ def update(
             show_default=False,
         ),
     ] = None,
+    only_nodes: Annotated[
+        str | None,
+        typer.Option("--only-nodes", help=f"{ONLY_NODES_HELP}; none: any node"),
+    ] = None,
+    exclude_nodes: Annotated[
+        str | None, typer.Option("--exclude", "-x", help=f"{EXCLUDE_HELP}; none: no node")
+    ] = None,
     dependency: Annotated[
         str | None,
         typer.Option(
@@ -1081,6 +1123,13 @@ def update(
             changes[field] = None if cleared else parse_duration(value, option)
     if gpu_memory_mb is not None:  # "none": any GPU with room, as when submitted without
         changes["gpu_memory_mb"] = _number_or_none(gpu_memory_mb, "--gpu-memory-mb")
+    for field, names, option in (
+        ("only_nodes", only_nodes, "--only-nodes"),
+        ("exclude_nodes", exclude_nodes, "--exclude"),
+    ):
+        if names is not None:  # "none" clears the choice
+            cleared = names.strip().lower() == "none"
+            changes[field] = None if cleared else node_names(names, option)
     if dependency is not None:
         kind, ids = (
             ("afterok", [])

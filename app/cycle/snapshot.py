@@ -153,6 +153,8 @@ JOB_COLUMNS = (
     Job.estimated_start_at,
     Job.ineligible_s,
     Job.updated_at,
+    Job.only_nodes,
+    Job.exclude_nodes,
 )
 
 
@@ -186,6 +188,8 @@ def _job_view(job: Any, user: str, project: str, attained: float) -> JobView:
         attempt=job.attempt,
         last_preempted_at=job.last_preempted_at,
         attained_gpu_s=attained,
+        only_nodes=None if job.only_nodes is None else frozenset(job.only_nodes),
+        exclude_nodes=frozenset(job.exclude_nodes) if job.exclude_nodes else frozenset(),
     )
 
 

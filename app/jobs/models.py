@@ -60,6 +60,10 @@ class Job(Base):
     begin_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     window: Mapped[str | None] = mapped_column(String(64))
     labels: Mapped[dict[str, str]] = mapped_column(JSONType, default=dict)
+    # The user's choice of nodes (node names): only these, any of them (null: any node),
+    # and never those, as sbatch --exclude.
+    only_nodes: Mapped[list[str] | None] = mapped_column(NullableJSON)
+    exclude_nodes: Mapped[list[str]] = mapped_column(JSONType, default=list)
 
     status: Mapped[JobStatus] = mapped_column(STATUS_TYPE, default=JobStatus.PENDING)
     # Incremented each time the job is placed; agents' reports carry it (fencing).

@@ -27,6 +27,8 @@ RESERVED_ENV = (
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
 
 Name = Annotated[str, Field(min_length=1, max_length=200)]
+# A node's name, as an agent registers it (gpusched agent --name).
+NodeName = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 class ScheduleSpec(RequestBody):
@@ -120,6 +122,18 @@ class JobCreate(RequestBody):
         "of yours with its name is placed or was submitted before it as a singleton, so "
         "they run one at a time in submit order",
     )
+    only_nodes: list[NodeName] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="run only on these nodes, any of them (a Kubernetes node affinity; not "
+        "all of them, as sbatch --nodelist); null: any node. Each must exist",
+    )
+    exclude_nodes: list[NodeName] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="never run on these nodes, as sbatch --exclude. Each must exist",
+    )
     array: ArraySpec | None = Field(
         default=None,
         description="submit a job array: one job per index, told its index in "
@@ -149,6 +163,11 @@ class JobCreate(RequestBody):
     @classmethod
     def _unique_ids(cls, value: list[int]) -> list[int]:
         return list(dict.fromkeys(value))  # a repeated id is the same dependency
+
+    @field_validator("only_nodes", "exclude_nodes")
+    @classmethod
+    def _sorted_names(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else sorted(set(value))
 
     @field_validator("workdir")
     @classmethod
@@ -217,6 +236,17 @@ class JobUpdate(RequestBody):
     dependency: DependencyKind | None = Field(
         default=None, description="how they must end (see JobCreate.dependency)"
     )
+    only_nodes: list[NodeName] | None = Field(
+        default=None, description="the nodes it may run on instead (null: any node)"
+    )
+    exclude_nodes: list[NodeName] | None = Field(
+        default=None, description="the nodes it must not run on instead ([]: none)"
+    )
+
+    @field_validator("exclude_nodes")
+    @classmethod
+    def _null_excludes_none(cls, value: list[str] | None) -> list[str]:
+        return [] if value is None else value
 
     @field_validator("name")
     @classmethod
@@ -279,6 +309,8 @@ class JobOut(BaseModel):
         description="who held this pending job (release to run it); on a running job "
         "requeued with hold, who will hold it once it is back"
     )
+    only_nodes: list[str] | None = Field(description="the nodes it may run on (null: any)")
+    exclude_nodes: list[str] = Field(description="the nodes it never runs on")
     depends_on: list[int] = Field(description="jobs this one waits for")
     dependency: str = Field(
         description="what it waits for: afterok, afterany, afternotok, after, singleton"

@@ -157,6 +157,31 @@ def _check_fits(per_node: Inventory, spec: JobCreate) -> None:
             f"only {len(fitting_nodes)} node(s) could ever fit (largest node: {largest_name}, "
             f"{len(largest)} GPUs)",
         )
+    if spec.only_nodes is not None or spec.exclude_nodes:
+        _check_node_choice(spec, sorted(per_node), fitting_nodes)
+
+
+def _check_node_choice(spec: JobCreate, names: list[str], fitting_nodes: list[str]) -> None:
+    """The nodes a job names exist, and enough of those it may use could ever fit it."""
+    for field in ("only_nodes", "exclude_nodes"):
+        unknown = sorted(set(getattr(spec, field) or ()) - set(names))
+        if unknown:
+            raise FieldError(
+                field, f"no node named {', '.join(unknown)}; nodes: {', '.join(names)}"
+            )
+    may_use = [
+        n
+        for n in fitting_nodes
+        if n not in spec.exclude_nodes and (spec.only_nodes is None or n in spec.only_nodes)
+    ]
+    if len(may_use) < spec.nodes:
+        field = "only_nodes" if spec.only_nodes is not None else "exclude_nodes"
+        fits = f"only {', '.join(sorted(may_use))}" if may_use else "none"
+        raise FieldError(
+            field,
+            f"{spec.nodes} node(s) with {spec.gpus} matching GPUs each requested; of the "
+            f"nodes it may use, {fits} could ever fit",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +278,8 @@ def create_job(
             begin_at=spec.schedule.at,  # already UTC (ScheduleSpec)
             window=spec.schedule.window,
             labels=spec.labels,
+            only_nodes=spec.only_nodes,
+            exclude_nodes=spec.exclude_nodes,
             held_by=(actor or principal.name) if spec.hold else None,
             held_at=now if spec.hold else None,
             depends_on=depends_on,
@@ -1122,6 +1149,8 @@ def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOu
         estimated_start_at=start,
         # A running job has a holder only when requeued with hold: it comes back held.
         held_by=job.held_by if held or job.status in ACTIVE else None,
+        only_nodes=job.only_nodes,
+        exclude_nodes=job.exclude_nodes or [],
         depends_on=job.depends_on,
         dependency=job.dependency_kind,
         array=None

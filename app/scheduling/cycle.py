@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from app.scheduling import filters as F
 from app.scheduling import scorers
+from app.scheduling.filters import node_choice
 from app.scheduling.queue import attained, las_level, order_jobs
 from app.scheduling.state import (
     Choice,
@@ -122,6 +123,9 @@ class Cycle:
         # Usable nodes whose maintenance is still to come, with its start.
         self.maintenance: list[tuple[str, datetime]] = []
         self._barred_by_limit: dict[int | None, frozenset[str]] = {}
+        self._barred_by_choice: dict[
+            tuple[frozenset[str] | None, frozenset[str]], frozenset[str]
+        ] = {}
         node_filters = F.NODE_FILTERS
         gpu_filters = F.GPU_FILTERS
         peers_cache: dict[tuple[int, ...], frozenset[int]] = {}
@@ -314,6 +318,8 @@ class Cycle:
                     )
                     continue
             barred = self._barred(job) if maintenance else _NOT_BARRED
+            if job.only_nodes is not None or job.exclude_nodes:
+                barred = barred | self._chosen_barred(job)
             shape = (job.gpus, job.nodes, job.gpu_share, job.gpu_memory_mb, job.gpu_model, barred)
             known = shapes.get(shape)
             if known is None:
@@ -483,6 +489,15 @@ class Cycle:
             barred = self._barred_by_limit[limit] = frozenset(
                 [name for name, at in self.maintenance if end is None or end > at]
             )
+        return barred
+
+    def _chosen_barred(self, job: JobView) -> frozenset[str]:
+        """The nodes the job's own choice leaves out (only_nodes, exclude_nodes)."""
+        key = (job.only_nodes, job.exclude_nodes)
+        barred = self._barred_by_choice.get(key)
+        if barred is None:
+            names = [n.name for n in self.nodes]
+            barred = self._barred_by_choice[key] = node_choice.barred(job, names)
         return barred
 
     def _may_use_reserved(self, job: JobView) -> bool:
@@ -1043,6 +1058,8 @@ class Cycle:
         maintenance: dict[tuple[int, int | None], str | None] = {}
         for pos, job, req in deferred:
             note = self._reclaim_note(job, req) if reclaim else ""
+            if job.only_nodes is not None or job.exclude_nodes:
+                note += node_choice.note(job)
             if req.barred:
                 mkey = (id(req), job.max_runtime_s)
                 if mkey not in maintenance:
@@ -1079,10 +1096,16 @@ class Cycle:
                 break
         else:
             return None
+        # Of the nodes with room it may not use, those it may not use for their maintenance
+        # (the rest its own choice of nodes leaves out).
+        closing = self._barred(job)
         name, at = min(
-            ((name, at) for name, at in self.maintenance if name in rooms and name in req.barred),
+            ((name, at) for name, at in self.maintenance if name in rooms and name in closing),
             key=itemgetter(1),
+            default=(None, None),
         )
+        if name is None or at is None:
+            return None
         limit = job.max_runtime_s
         runs = (
             "this job has no time limit"

@@ -80,6 +80,9 @@ class JobView:
     attempt: int = 0
     last_preempted_at: datetime | None = None
     attained_gpu_s: float = 0.0
+    # The user's choice of nodes: only these (any of them; None: any node), never those.
+    only_nodes: frozenset[str] | None = None
+    exclude_nodes: frozenset[str] = frozenset()
 
     @property
     def share_milli(self) -> int:

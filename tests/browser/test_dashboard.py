@@ -70,6 +70,7 @@ def test_submit_through_the_form_then_follow_the_job(dash: Dashboard, stack: Sta
     page.fill("#f-env", "GREETING=hi")
     page.fill("#f-labels", "suite=browser")
     page.fill("#f-grace_s", "120")
+    page.fill("#f-exclude_nodes", "sim-1")  # as sbatch --exclude
     page.click("#submit-job")
     link = page.wait_for_selector("#job-link")
     job_id = int(re.search(r"/jobs/(\d+)", link.get_attribute("href") or "").group(1))  # type: ignore[union-attr]
@@ -98,6 +99,8 @@ def test_submit_through_the_form_then_follow_the_job(dash: Dashboard, stack: Sta
     spec = page.text_content("#job-spec") or ""
     assert "GREETING=hi" in spec
     assert "2m 00s from SIGTERM to SIGKILL, to checkpoint" in spec
+    _expect_text(page, "#job-node-choice", "^excludes sim-1$")
+    _expect_text(page, "#job-events", "placed on sim-2")
     dash.assert_clean()
 
 
@@ -124,6 +127,13 @@ def test_invalid_input_shows_the_servers_message_next_to_the_field(
     page.click("#submit-job")
     page.wait_for_selector("#err-env:not([hidden])")
     assert page.locator("#err-gpus").is_hidden()
+
+    # A node name that does not exist, with the ones that do.
+    page.fill("#f-env", "")
+    page.fill("#f-only_nodes", "sim-9")
+    page.click("#submit-job")
+    _expect_text(page, "#err-only_nodes", "^no node named sim-9; nodes: sim-1, sim-2$")
+    _expect_text(page, "#help-only_nodes", "nodes: sim-1, sim-2$")
     dash.assert_clean()
 
 

@@ -808,3 +808,17 @@ def test_requeue_a_running_job_back_held(cli: Cli) -> None:
     _start(cli, other)
     plain = cli("requeue", str(other))
     assert plain.stdout == f"job {other} (sleep): stopping, then back in the queue\n"
+
+
+def test_submit_and_update_a_jobs_choice_of_nodes(cli: Cli) -> None:
+    # No node has registered with this server, so any names are taken as given.
+    job = _submit_json(cli, "--only-nodes", "gpu-2, gpu-1", "-x", "gpu-3", "--", "true")["id"]
+    stored = _stored(cli, job)
+    assert (stored.only_nodes, stored.exclude_nodes) == (["gpu-1", "gpu-2"], ["gpu-3"])
+    shown = _squeezed(cli("show", str(job)).stdout)
+    assert "only on gpu-1, gpu-2" in shown and "excludes gpu-3" in shown
+    assert cli("update", str(job), "--only-nodes", "none", "--exclude", "gpu-1").exit_code == 0
+    stored = _stored(cli, job)
+    assert (stored.only_nodes, stored.exclude_nodes) == (None, ["gpu-1"])
+    refused = cli("submit", "--exclude", " , ", "--", "true")
+    assert refused.exit_code == 2 and "--exclude: expected node names" in refused.stderr

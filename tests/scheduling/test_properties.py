@@ -75,6 +75,7 @@ def worlds(draw: st.DrawFn, preemptible: bool = False, with_runtimes: bool = Tru
         )
         next_id += 1
     pend: list[JobView] = []
+    choice = st.frozensets(st.sampled_from(names), min_size=1, max_size=2)
     for i in range(draw(st.integers(1, 12))):
         pshare: float | None = draw(st.sampled_from([None, None, 0.5, 0.3, 0.7]))
         n_gpus = 1 if pshare is not None else draw(st.integers(0, 9))
@@ -90,6 +91,9 @@ def worlds(draw: st.DrawFn, preemptible: bool = False, with_runtimes: bool = Tru
                 project=draw(st.sampled_from(projects)),
                 priority=draw(st.integers(0, 3)),
                 preemptible=draw(st.booleans()),
+                # Now and then the job's own choice of nodes (only these / never those).
+                only_nodes=draw(st.none() | st.none() | st.none() | choice),
+                exclude_nodes=draw(st.just(frozenset()) | st.just(frozenset()) | choice),
             )
         )
     builders = [node(nm).gpus(sz) for nm, sz in zip(names, sizes, strict=True)]
@@ -139,7 +143,9 @@ def check_allocation(s: Snapshot, p: Plan) -> None:
     views = {(n.name, g.index): (n, g) for n in s.nodes for g in n.gpus}
     j_limits = {j.id: j.max_runtime_s for j in s.pending}
     for pl in p.placements:
+        j = jobs[pl.job_id]
         for nm, gs in pl.node_gpus:
+            assert nm not in j.exclude_nodes and (j.only_nodes is None or nm in j.only_nodes)
             for g in gs:
                 nv, gv = views[(nm, g)]
                 assert nv.ready and not nv.drained and gv.healthy and gv.foreign_util_pct < 10

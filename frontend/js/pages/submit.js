@@ -78,6 +78,10 @@ export function submitPage(root, ctx) {
         field("gpu_share", "GPU share", h("input", { type: "number", step: "0.05", min: 0.05, max: 1, placeholder: "1 (whole GPU)" }),
           { help: "below 1 shares one GPU" }),
         field("gpu_model", "GPU model", h("input", { type: "text", placeholder: "any", list: "model-list" })),
+        field("only_nodes", "Only on nodes", h("input", { type: "text", placeholder: "any node" }),
+          { span: "span-2", help: "any of these, comma-separated" }),
+        field("exclude_nodes", "Exclude nodes", h("input", { type: "text", placeholder: "none" }),
+          { span: "span-2", help: "never on these (sbatch --exclude)" }),
         field("max_runtime_s", "Max runtime (s)", num({ min: 1, placeholder: "no limit" })),
         field("estimated_runtime_s", "Estimated runtime (s)", num({ min: 1, placeholder: "unknown" }), { help: "helps backfill" }),
         field("retries", "Retries", num({ value: 0, min: 0, max: 100 })),
@@ -125,7 +129,11 @@ export function submitPage(root, ctx) {
     for (const v of values) if (!have.has(v)) { have.add(v); list.append(h("option", { value: v })); }
   };
   api("/api/v1/queues").then((qs) => fill("project-list", qs.map((q) => q.project))).catch(() => {});
-  api("/api/v1/nodes").then((nodes) => fill("model-list", nodes.flatMap((n) => n.gpus.map((g) => g.model)))).catch(() => {});
+  api("/api/v1/nodes").then((nodes) => {
+    fill("model-list", nodes.flatMap((n) => n.gpus.map((g) => g.model)));
+    const names = nodes.map((n) => n.name).join(", ");
+    if (names) form.querySelector("#help-only_nodes").textContent = `any of these, comma-separated; nodes: ${names}`;
+  }).catch(() => {});
 
   const input = (name) => form.querySelector(`#f-${name}`);
   const showError = (name, message) => {
@@ -152,6 +160,9 @@ export function submitPage(root, ctx) {
     body.command = input("command").value;
     if (text("project")) body.project = text("project");
     if (text("gpu_model")) body.gpu_model = text("gpu_model");
+    const names = (name) => text(name).split(",").map((n) => n.trim()).filter(Boolean);
+    if (names("only_nodes").length) body.only_nodes = names("only_nodes");
+    if (names("exclude_nodes").length) body.exclude_nodes = names("exclude_nodes");
     for (const name of INT_FIELDS) {
       const raw = text(name);
       if (raw === "") {

@@ -1,0 +1,37 @@
+"""Job x node filter: the job's own choice of nodes, as `sbatch --exclude` and a
+Kubernetes node affinity (`only_nodes`: any of them, not all of them as `--nodelist`).
+
+`barred` answers once per job which nodes it may not use; the cycle folds that set into
+the request's, so placement, the victim search and the backfill reservation all pass
+over those nodes as they do over nodes going into maintenance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from app.scheduling.types import JobView
+
+
+def chosen(job: JobView) -> bool:
+    return job.only_nodes is not None or bool(job.exclude_nodes)
+
+
+def barred(job: JobView, node_names: Iterable[str]) -> frozenset[str]:
+    """The nodes the job may not use by its own choice."""
+    only = job.only_nodes
+    return frozenset(
+        name
+        for name in node_names
+        if name in job.exclude_nodes or (only is not None and name not in only)
+    )
+
+
+def note(job: JobView) -> str:
+    """What the pending reason adds, so a wait its choice causes is not a mystery."""
+    parts = []
+    if job.only_nodes is not None:
+        parts.append(f"it runs only on {', '.join(sorted(job.only_nodes))}")
+    if job.exclude_nodes:
+        parts.append(f"it excludes {', '.join(sorted(job.exclude_nodes))}")
+    return f" ({'; '.join(parts)})"
