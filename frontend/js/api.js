@@ -34,6 +34,19 @@ export function placeFieldErrors(err, place) {
   });
 }
 
+/** A form's answer to a failed request: each 422 message under its field's error box in
+ * `boxes` (by the field's name), the rest (or any other error) in the `general` box. */
+export function showFieldErrors(err, boxes, general) {
+  const unplaced = placeFieldErrors(err, ([name], msg) => {
+    if (!boxes[name]) return false;
+    boxes[name].textContent = msg;
+    boxes[name].hidden = false;
+    return true;
+  });
+  general.textContent = unplaced.join("; ");
+  general.hidden = !unplaced.length;
+}
+
 function describe(status, detail) {
   if (typeof detail === "string") return detail;
   if (Array.isArray(detail) && detail.length) return detail.map((d) => d.msg).join("; ");

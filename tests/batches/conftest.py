@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -16,10 +16,13 @@ from app.auth.service import Principal
 from app.batches import service
 from app.batches.models import BatchFiring
 from app.batches.schemas import BatchIn
+from app.cycle.run import run_cycle
+from app.db import utcnow
 from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Job
 from tests.cli.conftest import cli  # noqa: F401  (the live-server CLI fixture)
-from tests.foundation.builders import add_user
+from tests.cycle.jobs_api import SETTINGS
+from tests.foundation.builders import add_user, ready_node
 
 
 @dataclass
@@ -64,6 +67,19 @@ class World:
             if schedule_id is not None:
                 query = query.where(BatchFiring.schedule_id == schedule_id)
             return list(session.scalars(query))
+
+    def replacing_batch_with_a_placed_job(self, owner: Principal) -> tuple[int, int]:
+        """A `replace` batch fired once on a 1-GPU node: its first job placed, its second
+        waiting. Returns their ids."""
+        with self.factory.begin() as session:
+            session.add(ready_node("n1", gpus=1, now=utcnow()))
+        templates = [{"command": ["train"]}, {"command": ["eval"]}]
+        self.create(
+            owner, datetime(2026, 1, 1, tzinfo=UTC), templates=templates, concurrency="replace"
+        )
+        placed, waiting = self.fire(datetime(2026, 1, 1, 2, 0, 1, tzinfo=UTC)).submitted_jobs
+        run_cycle(factory=self.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
+        return placed, waiting
 
     def jobs(self) -> list[Job]:
         with self.factory() as session:

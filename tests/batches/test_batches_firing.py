@@ -13,16 +13,12 @@ from app.auth.service import Principal
 from app.batches import service
 from app.batches.schemas import BatchIn
 from app.cycle.dispatch import Dispatch
-from app.cycle.run import run_cycle
-from app.db import utcnow
 from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Job, JobEvent
 from app.jobs.states import JobStatus
 from app.projects.models import Project, ProjectMember
 from app.windows.models import Window
 from tests.batches.conftest import World
-from tests.cycle.jobs_api import SETTINGS
-from tests.foundation.builders import ready_node
 
 NY = ZoneInfo("America/New_York")
 
@@ -387,12 +383,7 @@ def test_forbid_skips_a_fire_time_while_an_earlier_firings_job_has_not_ended(
 def test_replace_cancels_an_earlier_firings_jobs_then_submits(
     world: World, alice: Principal
 ) -> None:
-    with world.factory.begin() as session:
-        session.add(ready_node("n1", gpus=1, now=utcnow()))
-    templates = [{"command": ["train"]}, {"command": ["eval"]}]
-    world.create(alice, utc(2026, 1, 1), templates=templates, concurrency="replace")
-    running, waiting = world.fire(utc(2026, 1, 1, 2, 0, 1)).submitted_jobs
-    run_cycle(factory=world.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
+    running, waiting = world.replacing_batch_with_a_placed_job(alice)
     assert [j.status for j in world.jobs()] == [JobStatus.SCHEDULED, JobStatus.PENDING]
 
     messenger = FakeMessenger(world)

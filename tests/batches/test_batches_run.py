@@ -12,15 +12,12 @@ from app.auth.service import Principal
 from app.batches import service
 from app.batches.schemas import FiringOut
 from app.cycle.dispatch import Dispatch
-from app.cycle.run import run_cycle
 from app.db import utcnow
 from app.errors import Conflict
 from app.jobs.models import Job, JobEvent
 from app.jobs.states import JobStatus
 from app.projects.models import ProjectMember
 from tests.batches.conftest import World
-from tests.cycle.jobs_api import SETTINGS
-from tests.foundation.builders import ready_node
 
 
 def utc(*args: int) -> datetime:
@@ -98,12 +95,7 @@ def test_forbid_refuses_a_run_while_an_earlier_firings_job_has_not_ended(
 def test_replace_cancels_the_earlier_firings_jobs_and_returns_their_stops(
     world: World, alice: Principal
 ) -> None:
-    with world.factory.begin() as session:
-        session.add(ready_node("n1", gpus=1, now=utcnow()))
-    templates = [{"command": ["train"]}, {"command": ["eval"]}]
-    world.create(alice, utc(2026, 1, 1), templates=templates, concurrency="replace")
-    running, waiting = world.fire(utc(2026, 1, 1, 2, 0, 1)).submitted_jobs
-    run_cycle(factory=world.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
+    running, waiting = world.replacing_batch_with_a_placed_job(alice)
 
     firing, stops = run(world, alice, utc(2026, 1, 1, 9))
     assert [(s.node, s.payload) for s in stops] == [

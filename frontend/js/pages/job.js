@@ -1,5 +1,5 @@
 // Job detail: spec, event timeline, live log tail, GPU telemetry over the run, energy.
-import { api, ApiError, optional, placeFieldErrors } from "../api.js";
+import { api, ApiError, optional, showFieldErrors } from "../api.js";
 import { columns, lineChart } from "../chart.js";
 import {
   ACTIVE, allocationText, clear, fmtDate, fmtDateSec, fmtDuration, fmtIn, fmtNum, gpuRequest,
@@ -242,14 +242,7 @@ export function jobPage(root, ctx, { match }) {
         closeEditor();
         await Promise.all([refreshJob(), refreshEvents()]);
       } catch (err) {
-        const unplaced = placeFieldErrors(err, ([name], msg) => {
-          if (!errors[name]) return false;
-          errors[name].textContent = msg;
-          errors[name].hidden = false;
-          return true;
-        });
-        general.textContent = unplaced.join("; ");
-        general.hidden = !unplaced.length;
+        showFieldErrors(err, errors, general);
       }
     };
     clear(editor, h("h2", {}, "Change this job"),

@@ -1,5 +1,5 @@
 // Overview: GPUs now, 24 h utilisation with off-peak bands, jobs per project, windows.
-import { api, optional, placeFieldErrors } from "../api.js";
+import { api, optional, showFieldErrors } from "../api.js";
 import { columns, lineChart } from "../chart.js";
 import { clear, fmtDate, fmtDuration, fmtIn, fmtNum, fmtTime, h, poll, toast } from "../util.js";
 
@@ -137,14 +137,7 @@ export function overviewPage(root, ctx) {
         close();
         refreshQueues();
       } catch (err) {
-        const unplaced = placeFieldErrors(err, ([name], msg) => {
-          if (!errors[name]) return false;
-          errors[name].textContent = msg;
-          errors[name].hidden = false;
-          return true;
-        });
-        general.textContent = unplaced.join("; ");
-        general.hidden = !unplaced.length;
+        showFieldErrors(err, errors, general);
       }
     };
     clear(editor, h("h3", {}, `Change project ${q.project}`),
