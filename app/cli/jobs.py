@@ -668,6 +668,9 @@ def list_jobs(
     ] = None,
     project: Annotated[str | None, typer.Option(help="Only this project")] = None,
     user: Annotated[str | None, typer.Option(help="Only this user's jobs")] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", "-n", help="Only jobs of this name (squeue --name)")
+    ] = None,
     label: LabelFilterOption = None,
     array: ArrayFilterOption = None,
     limit: Annotated[int, typer.Option(help="Jobs per page (newest first)")] = 50,
@@ -695,6 +698,8 @@ def list_jobs(
         params["user"] = user
     if array is not None:
         params["array"] = array
+    if name:
+        params["name"] = name
     items, next_cursor = _fetch_jobs(client, params, cursor=cursor, all_pages=all_pages)
     if as_json:
         print_json({"items": items, "next_cursor": next_cursor})
@@ -872,12 +877,16 @@ OptionalJobIds = Annotated[
     list[int] | None, typer.Argument(help="Job ids (or select them with the options)")
 ]
 UserFilterOption = Annotated[str | None, typer.Option(help="Every job of this user")]
+NameFilterOption = Annotated[
+    str | None, typer.Option("--name", "-n", help="Every job of this name (squeue --name)")
+]
 ProjectFilterOption = Annotated[str | None, typer.Option(help="Every job in this project")]
 
 
 def cancel(
     job_ids: OptionalJobIds = None,
     user: UserFilterOption = None,
+    name: NameFilterOption = None,
     project: ProjectFilterOption = None,
     status: Annotated[
         list[str] | None,
@@ -908,7 +917,7 @@ def cancel(
 
     Every job is tried; exit 1 if any could not be cancelled. --json prints the job, or a
     list of jobs for several."""
-    selection = _selection_params(job_ids, user, project, status, label, array)
+    selection = _selection_params(job_ids, user, project, status, label, array, name=name)
     grace_s = _duration_option(grace, "--grace")
     client = ApiClient.from_options(url, token)
     shorter = {} if grace_s is None else {"grace_s": grace_s}
@@ -928,6 +937,7 @@ def cancel(
 def hold(
     job_ids: OptionalJobIds = None,
     user: UserFilterOption = None,
+    name: NameFilterOption = None,
     project: ProjectFilterOption = None,
     label: LabelFilterOption = None,
     array: ArrayFilterOption = None,
@@ -939,7 +949,7 @@ def hold(
     pending job the options select; --array 12 holds every pending task of array 12.
 
     Every id is tried; exit 1 if any could not be held (e.g. it is already running)."""
-    selection = _selection_params(job_ids, user, project, None, label, array)
+    selection = _selection_params(job_ids, user, project, None, label, array, name=name)
     _by_ids_or_selection(
         "hold",
         job_ids,
@@ -955,6 +965,7 @@ def hold(
 def release(
     job_ids: OptionalJobIds = None,
     user: UserFilterOption = None,
+    name: NameFilterOption = None,
     project: ProjectFilterOption = None,
     label: LabelFilterOption = None,
     array: ArrayFilterOption = None,
@@ -965,7 +976,7 @@ def release(
     """Let held jobs be scheduled again, like scontrol release 12 13, or every held job
     the options select; --array 12 releases every held task of array 12. A hold placed by
     an admin only an admin releases."""
-    selection = _selection_params(job_ids, user, project, None, label, array)
+    selection = _selection_params(job_ids, user, project, None, label, array, name=name)
     _by_ids_or_selection(
         "release",
         job_ids,
@@ -985,11 +996,12 @@ def _selection_params(
     status: list[str] | None,
     label: list[str] | None,
     array: int | None,
+    name: str | None = None,
 ) -> dict[str, Any] | None:
     """The query of a bulk action (POST /jobs/cancel, /hold, /release: the filters of GET
     /jobs), or None when jobs are named by id. Ids and filters together, or neither, is a
     usage error, raised before any request."""
-    selecting = bool(user or project or status or label or array is not None)
+    selecting = bool(user or project or status or label or name or array is not None)
     if job_ids and selecting:
         raise CliError(
             "give job ids or filter options (--user, --array, ...), not both", EXIT_USAGE
@@ -1005,6 +1017,7 @@ def _selection_params(
         **({"user": user} if user else {}),
         **({"project": project} if project else {}),
         **({"array": array} if array is not None else {}),
+        **({"name": name} if name else {}),
     }
 
 

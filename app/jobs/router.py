@@ -107,6 +107,9 @@ def job_selection(
     array: Annotated[
         int | None, Query(ge=1, le=2**31 - 1, description="the tasks of this job array")
     ] = None,
+    name: Annotated[
+        str | None, Query(min_length=1, max_length=200, description="jobs of this name")
+    ] = None,
 ) -> service.JobSelection:
     return service.JobSelection(
         statuses=tuple(status_),
@@ -114,6 +117,7 @@ def job_selection(
         user=user,
         labels=tuple(_parse_labels(label)),
         array=array,
+        name=name,
     )
 
 

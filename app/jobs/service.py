@@ -501,9 +501,10 @@ class JobSelection:
     user: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
     array: int | None = None
+    name: str | None = None
 
     def narrows(self) -> bool:
-        given = (self.project, self.user, self.array)
+        given = (self.project, self.user, self.array, self.name)
         return bool(self.statuses or self.labels) or any(v is not None for v in given)
 
     def where(self, query: Select[Job], principal: Principal) -> Select[Job]:
@@ -521,6 +522,8 @@ class JobSelection:
             query = query.where(Job.labels[key].as_string() == value)
         if self.array is not None:
             query = query.where(Job.array_id == self.array)
+        if self.name is not None:
+            query = query.where(Job.name == self.name)
         return query
 
 
@@ -614,7 +617,7 @@ def _lock_selected(
     if not selection.narrows():
         raise FieldError(
             "status",
-            f"select the jobs to {verb} with status, project, user, label or array",
+            f"select the jobs to {verb} with status, project, user, label, array or name",
             location="query",
         )
     query = selection.where(select(Job), principal).where(*where)

@@ -822,3 +822,14 @@ def test_submit_and_update_a_jobs_choice_of_nodes(cli: Cli) -> None:
     assert (stored.only_nodes, stored.exclude_nodes) == (None, ["gpu-1"])
     refused = cli("submit", "--exclude", " , ", "--", "true")
     assert refused.exit_code == 2 and "--exclude: expected node names" in refused.stderr
+
+
+def test_list_and_cancel_jobs_by_name(cli: Cli) -> None:
+    ids = [_submit_json(cli, "--name", "sweep", "--hold", "--", "true")["id"] for _ in range(2)]
+    keep = _submit_json(cli, "--name", "train", "--hold", "--", "true")["id"]
+    listed = json.loads(cli("jobs", "--name", "sweep", "--json").stdout)
+    assert sorted(job["id"] for job in listed["items"]) == ids
+    result = cli("cancel", "-n", "sweep")
+    assert result.exit_code == 0, result.stderr
+    assert [_stored(cli, i).status for i in ids] == ["CANCELLED", "CANCELLED"]
+    assert _stored(cli, keep).status == "PENDING"

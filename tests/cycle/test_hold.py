@@ -229,6 +229,6 @@ def test_a_bulk_hold_or_release_must_say_which_jobs(api):
         assert detail["loc"] == ["query", "status"]
         assert (
             detail["msg"]
-            == f"select the jobs to {action} with status, project, user, label or array"
+            == f"select the jobs to {action} with status, project, user, label, array or name"
         )
     assert get_job(api, job)["held_by"] is None
