@@ -52,6 +52,13 @@ class Settings(BaseSettings):
         le=86400,
         description="longest SIGTERM-to-SIGKILL grace period a job may ask for (grace_s)",
     )
+    retention_days: int | None = Field(
+        default=None,
+        ge=30,
+        le=36500,
+        description="delete jobs that ended, audit events and batch firings older than "
+        "this many days (slurmdbd's PurgeJobAfter); unset: keep everything",
+    )
     tariff_file: Path | None = Field(
         default=None, description="JSON time-of-use tariff: prices energy in the reports"
     )

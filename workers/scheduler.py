@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from datetime import UTC, datetime
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import Celery
@@ -35,6 +36,7 @@ from app.messaging import (
     COMPACT_TELEMETRY,
     CYCLE_PENDING_KEY,
     FIRE_BATCHES,
+    PURGE_HISTORY,
     RECONCILE,
     RUN_JOB,
     SCHEDULE_CYCLE,
@@ -42,6 +44,7 @@ from app.messaging import (
 )
 from app.metrics import REPORT_SECONDS
 from app.nodes.telemetry import TelemetryPolicy, compact_telemetry, ingest_heartbeat, register_node
+from app.retention import purge_history
 from app.windows.timeline import SchedulerWindows
 from workers.runtime import Runtime
 
@@ -238,6 +241,16 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
             session.commit()
         return folded
 
+    @celery.task(name=PURGE_HISTORY)
+    def purge_task() -> dict[str, int]:
+        if settings.retention_days is None:
+            return {}
+        before = utcnow() - timedelta(days=settings.retention_days)
+        purged = purge_history(factory=runtime.factory, before=before, log_dir=settings.log_dir)
+        if purged.jobs or purged.audit_events or purged.firings:
+            log.info("purged history before %s: %s", before.isoformat(), purged)
+        return asdict(purged)
+
     @celery.task(name=FIRE_BATCHES)
     def fire_batches() -> dict[str, int]:
         # Reads every enabled schedule from the database each time: API changes apply at
@@ -256,4 +269,6 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
         "compact-telemetry": {"task": COMPACT_TELEMETRY, "schedule": 60.0},
         "fire-batches": {"task": FIRE_BATCHES, "schedule": BATCH_CHECK_INTERVAL_S},
     }
+    if settings.retention_days is not None:
+        celery.conf.beat_schedule["purge-history"] = {"task": PURGE_HISTORY, "schedule": 3600.0}
     return celery
