@@ -52,6 +52,11 @@ class Settings(BaseSettings):
         le=86400,
         description="longest SIGTERM-to-SIGKILL grace period a job may ask for (grace_s)",
     )
+    notify_hosts: str = Field(
+        default="",
+        description="hosts a job's notify_url may name, comma-separated (* for any); "
+        "empty: notifications are off",
+    )
     retention_days: int | None = Field(
         default=None,
         ge=30,
@@ -77,7 +82,12 @@ class Settings(BaseSettings):
             default_s=self.default_max_runtime_s,
             max_s=self.max_runtime_limit_s,
             max_grace_s=self.max_grace_s,
+            notify_hosts=self.notify_host_set,
         )
+
+    @property
+    def notify_host_set(self) -> frozenset[str]:
+        return frozenset(h.strip().lower() for h in self.notify_hosts.split(",") if h.strip())
 
     @field_validator("tariff_file")
     @classmethod

@@ -29,6 +29,7 @@ SCHEDULE_CYCLE = "gpusched.schedule_cycle"
 RECONCILE = "gpusched.reconcile"
 COMPACT_TELEMETRY = "gpusched.compact_telemetry"
 PURGE_HISTORY = "gpusched.purge_history"
+SEND_NOTIFICATIONS = "gpusched.send_notifications"
 FIRE_BATCHES = "gpusched.fire_batches"
 AGENT_REPORT = "gpusched.agent_report"
 RUN_JOB = "gpusched.run_job"
@@ -91,6 +92,7 @@ def create_celery(redis_url: str, *, name: str = "gpusched") -> Celery:
             RECONCILE: {"queue": SCHEDULER_QUEUE},
             COMPACT_TELEMETRY: {"queue": SCHEDULER_QUEUE},
             PURGE_HISTORY: {"queue": SCHEDULER_QUEUE},
+            SEND_NOTIFICATIONS: {"queue": SCHEDULER_QUEUE},
             FIRE_BATCHES: {"queue": SCHEDULER_QUEUE},
             AGENT_REPORT: {"queue": REPORTS_QUEUE},
         },

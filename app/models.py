@@ -7,6 +7,7 @@ from app.cycle.models import SchedulerLease
 from app.db import Base
 from app.jobs.models import Allocation, Job, JobEvent
 from app.nodes.models import Gpu, GpuSample, Node
+from app.notifications.models import Notification
 from app.projects.models import Project, ProjectMember
 from app.windows.models import Window
 
@@ -22,6 +23,7 @@ __all__ = [
     "Job",
     "JobEvent",
     "Node",
+    "Notification",
     "Project",
     "ProjectMember",
     "SchedulerLease",

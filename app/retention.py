@@ -1,6 +1,7 @@
 """History past its retention (`GPUSCHED_RETENTION_DAYS`), as slurmdbd's PurgeJobAfter,
 PurgeEventAfter and PurgeTXNAfter: jobs that ended before the cutoff (with their events,
-allocations and logs), the audit trail and batch firings recorded before it.
+allocations, notifications and logs), the audit trail, batch firings and notifications
+recorded before it.
 
 Off unless set. Deleting is a side effect of its own, run hourly by the scheduler worker
 in small transactions, so a cycle never waits long behind it.
@@ -22,6 +23,7 @@ from app.batches.models import BatchFiring
 from app.jobs.logs import attempt_log_path
 from app.jobs.models import Allocation, Job, JobEvent
 from app.jobs.states import FINISHED
+from app.notifications.models import Notification
 
 _CHUNK = 500  # jobs per transaction
 
@@ -56,6 +58,7 @@ def purge_history(*, factory: sessionmaker[Session], before: datetime, log_dir: 
                 break
             session.execute(delete(JobEvent).where(JobEvent.job_id.in_(ids)))
             session.execute(delete(Allocation).where(Allocation.job_id.in_(ids)))
+            session.execute(delete(Notification).where(Notification.job_id.in_(ids)))
             session.execute(delete(Job).where(Job.id.in_(ids)))
         for job_id in ids:  # after the commit: a log without its job is only disk
             shutil.rmtree(attempt_log_path(log_dir, job_id, 0).parent, ignore_errors=True)
@@ -65,6 +68,8 @@ def purge_history(*, factory: sessionmaker[Session], before: datetime, log_dir: 
         firings = _deleted(
             session.execute(delete(BatchFiring).where(BatchFiring.created_at < before))
         )
+        # Delivered (or given up) messages of jobs that are kept.
+        session.execute(delete(Notification).where(Notification.created_at < before))
     return Purged(jobs=jobs, audit_events=audit, firings=firings)
 
 

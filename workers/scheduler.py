@@ -40,10 +40,12 @@ from app.messaging import (
     RECONCILE,
     RUN_JOB,
     SCHEDULE_CYCLE,
+    SEND_NOTIFICATIONS,
     STOP_JOB,
 )
 from app.metrics import REPORT_SECONDS
 from app.nodes.telemetry import TelemetryPolicy, compact_telemetry, ingest_heartbeat, register_node
+from app.notifications.service import NOTIFY_INTERVAL_S, send_due
 from app.retention import purge_history
 from app.windows.timeline import SchedulerWindows
 from workers.runtime import Runtime
@@ -251,6 +253,13 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
             log.info("purged history before %s: %s", before.isoformat(), purged)
         return asdict(purged)
 
+    @celery.task(name=SEND_NOTIFICATIONS)
+    def send_notifications() -> dict[str, int]:
+        report = send_due(
+            factory=runtime.factory, now=utcnow(), allowed_hosts=settings.notify_host_set
+        )
+        return asdict(report)
+
     @celery.task(name=FIRE_BATCHES)
     def fire_batches() -> dict[str, int]:
         # Reads every enabled schedule from the database each time: API changes apply at
@@ -268,6 +277,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
         "reconcile": {"task": RECONCILE, "schedule": scheduler.reconcile_interval_s},
         "compact-telemetry": {"task": COMPACT_TELEMETRY, "schedule": 60.0},
         "fire-batches": {"task": FIRE_BATCHES, "schedule": BATCH_CHECK_INTERVAL_S},
+        "send-notifications": {"task": SEND_NOTIFICATIONS, "schedule": NOTIFY_INTERVAL_S},
     }
     if settings.retention_days is not None:
         celery.conf.beat_schedule["purge-history"] = {"task": PURGE_HISTORY, "schedule": 3600.0}

@@ -114,6 +114,8 @@ def build_spec(
     hold: bool = False,
     only_nodes: str | None = None,
     exclude_nodes: str | None = None,
+    notify: str | None = None,
+    notify_on: str | None = None,
 ) -> dict[str, Any]:
     """The JobCreate body. Only what the user set is sent: the server owns the defaults and
     the range checks (so its 422 names the field exactly as the API does)."""
@@ -149,6 +151,12 @@ def build_spec(
         spec["only_nodes"] = node_names(only_nodes, "--only-nodes")
     if exclude_nodes is not None:
         spec["exclude_nodes"] = node_names(exclude_nodes, "--exclude")
+    if notify_on is not None and notify is None:
+        raise CliError("--notify-on needs --notify URL", EXIT_USAGE)
+    if notify is not None:
+        spec["notify_url"] = notify
+    if notify_on is not None:
+        spec["notify_on"] = [event.strip() for event in notify_on.split(",") if event.strip()]
     if preemptible:
         spec["preemptible"] = True
     if hold:
@@ -314,6 +322,18 @@ def submit(
         str | None,
         typer.Option("--exclude", "-x", help=EXCLUDE_HELP, rich_help_panel=JOB_PANEL),
     ] = None,
+    notify: Annotated[
+        str | None,
+        typer.Option(
+            "--notify",
+            help="POST a JSON message (its text suits chat webhooks) to this URL when the "
+            "job ends, as sbatch --mail-type; the server must allow the host",
+        ),
+    ] = None,
+    notify_on: Annotated[
+        str | None,
+        typer.Option("--notify-on", help="start, end (the default), fail; comma-separated"),
+    ] = None,
     after: Annotated[
         list[int] | None,
         typer.Option(
@@ -388,6 +408,8 @@ def submit(
         workdir=workdir,
         only_nodes=only_nodes,
         exclude_nodes=exclude_nodes,
+        notify=notify,
+        notify_on=notify_on,
     )
     if after and dependency:
         raise CliError("give --after or --dependency, not both", EXIT_USAGE)
@@ -749,6 +771,8 @@ def _job_details(job: dict[str, Any]) -> Table:
         rows.append(("only on", ", ".join(job["only_nodes"])))
     if job.get("exclude_nodes"):
         rows.append(("excludes", ", ".join(job["exclude_nodes"])))
+    if job.get("notify_url"):
+        rows.append(("notifies", f"{job['notify_url']} on {', '.join(job['notify_on'])}"))
     rows.append(("priority", job["priority"]))
     rows.append(("preemptible", "yes" if job["preemptible"] else "no"))
     schedule = job.get("schedule") or {}

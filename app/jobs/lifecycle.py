@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from app.db import utcnow
 from app.jobs.models import Job, JobEvent
 from app.jobs.states import ALLOWED, FINISHED, NEW_IN_QUEUE, RETRYABLE, JobStatus
+from app.notifications.service import queue_for
 
 
 class IllegalTransition(ValueError):
@@ -69,6 +70,7 @@ def transition(
         reason=reason,
     )
     session.add(event)
+    queue_for(session, job=job, to=to, now=now)  # in this transaction: never lost
     return event
 
 

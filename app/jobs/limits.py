@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from app.errors import FieldError
 from app.jobs.schemas import JobCreate
+from app.notifications.hosts import check_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,10 +23,16 @@ class RuntimeLimits:
     # A long grace delays whoever waits for the job's GPUs (a preemptor, the off-peak
     # closing), so the cluster bounds it, as Slurm bounds KillWait.
     max_grace_s: int = 600
+    # Hosts a job's notify_url may name (GPUSCHED_NOTIFY_HOSTS; "*": any; none: off).
+    notify_hosts: frozenset[str] = frozenset()
 
     def apply(self, spec: JobCreate, *, project: ProjectTimeLimit | None = None) -> JobCreate:
         """`spec` with its time limit filled in; a 422 on the field that breaks a limit.
         A job that gives none gets the default, cut to its project's longest limit."""
+        if spec.notify_url is not None:
+            refused = check_url(spec.notify_url, self.notify_hosts)
+            if refused is not None:
+                raise FieldError("notify_url", refused)
         if spec.grace_s is not None and spec.grace_s > self.max_grace_s:
             raise FieldError(
                 "grace_s",

@@ -64,6 +64,10 @@ class Job(Base):
     # and never those, as sbatch --exclude.
     only_nodes: Mapped[list[str] | None] = mapped_column(NullableJSON)
     exclude_nodes: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    # Where to POST a message when the job starts, ends or fails (notify_on), as sbatch
+    # --mail-type; app/notifications queues it with the state change.
+    notify_url: Mapped[str | None] = mapped_column(String(2048))
+    notify_on: Mapped[list[str]] = mapped_column(JSONType, default=list)
 
     status: Mapped[JobStatus] = mapped_column(STATUS_TYPE, default=JobStatus.PENDING)
     # Incremented each time the job is placed; agents' reports carry it (fencing).

@@ -27,6 +27,7 @@ RESERVED_ENV = (
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
 
 Name = Annotated[str, Field(min_length=1, max_length=200)]
+NotifyEvent = Literal["start", "end", "fail"]
 # A node's name, as an agent registers it (gpusched agent --name).
 NodeName = Annotated[str, Field(min_length=1, max_length=64)]
 
@@ -134,6 +135,20 @@ class JobCreate(RequestBody):
         max_length=1024,
         description="never run on these nodes, as sbatch --exclude. Each must exist",
     )
+    notify_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="POST a JSON message here when the job starts, ends or fails "
+        "(notify_on), as sbatch --mail-type; its `text` suits chat webhooks. The host must "
+        "be one the server allows (GPUSCHED_NOTIFY_HOSTS)",
+    )
+    notify_on: list[NotifyEvent] = Field(
+        default=["end"],
+        min_length=1,
+        max_length=3,
+        description="start (it started running), end (it ended, however; not a failure "
+        "it is retried after), fail (it ended without success)",
+    )
     array: ArraySpec | None = Field(
         default=None,
         description="submit a job array: one job per index, told its index in "
@@ -163,6 +178,11 @@ class JobCreate(RequestBody):
     @classmethod
     def _unique_ids(cls, value: list[int]) -> list[int]:
         return list(dict.fromkeys(value))  # a repeated id is the same dependency
+
+    @field_validator("notify_on")
+    @classmethod
+    def _unique_events(cls, value: list[str]) -> list[str]:
+        return sorted(set(value))
 
     @field_validator("only_nodes", "exclude_nodes")
     @classmethod
@@ -242,6 +262,8 @@ class JobUpdate(RequestBody):
     exclude_nodes: list[NodeName] | None = Field(
         default=None, description="the nodes it must not run on instead ([]: none)"
     )
+    notify_url: str | None = Field(default=None, description="null: no notifications")
+    notify_on: list[NotifyEvent] | None = None
 
     @field_validator("exclude_nodes")
     @classmethod
@@ -309,6 +331,8 @@ class JobOut(BaseModel):
         description="who held this pending job (release to run it); on a running job "
         "requeued with hold, who will hold it once it is back"
     )
+    notify_url: str | None
+    notify_on: list[str]
     only_nodes: list[str] | None = Field(description="the nodes it may run on (null: any)")
     exclude_nodes: list[str] = Field(description="the nodes it never runs on")
     depends_on: list[int] = Field(description="jobs this one waits for")

@@ -280,6 +280,8 @@ def create_job(
             labels=spec.labels,
             only_nodes=spec.only_nodes,
             exclude_nodes=spec.exclude_nodes,
+            notify_url=spec.notify_url,
+            notify_on=spec.notify_on,
             held_by=(actor or principal.name) if spec.hold else None,
             held_at=now if spec.hold else None,
             depends_on=depends_on,
@@ -1154,6 +1156,8 @@ def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOu
         held_by=job.held_by if held or job.status in ACTIVE else None,
         only_nodes=job.only_nodes,
         exclude_nodes=job.exclude_nodes or [],
+        notify_url=job.notify_url,
+        notify_on=job.notify_on or [],
         depends_on=job.depends_on,
         dependency=job.dependency_kind,
         array=None

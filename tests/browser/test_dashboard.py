@@ -134,6 +134,12 @@ def test_invalid_input_shows_the_servers_message_next_to_the_field(
     page.click("#submit-job")
     _expect_text(page, "#err-only_nodes", "^no node named sim-9; nodes: sim-1, sim-2$")
     _expect_text(page, "#help-only_nodes", "nodes: sim-1, sim-2$")
+    # This stack allows no notification hosts: the URL is refused, saying why.
+    page.fill("#f-only_nodes", "")
+    page.fill("#f-notify_url", "http://127.0.0.1:1/hook")
+    page.select_option("#f-notify_on", "fail")
+    page.click("#submit-job")
+    _expect_text(page, "#err-notify_url", "^notifications are off on this server")
     dash.assert_clean()
 
 

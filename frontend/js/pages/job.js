@@ -119,6 +119,8 @@ export function jobPage(root, ctx, { match }) {
           [job.only_nodes ? `only on ${job.only_nodes.join(", ")}` : "",
             job.exclude_nodes?.length ? `excludes ${job.exclude_nodes.join(", ")}` : ""].filter(Boolean).join("; "))] : null,
         ["Placed on", h("span", { class: "mono" }, allocationText(job))],
+        job.notify_url ? ["Notifies", h("span", { id: "job-notify" }, h("span", { class: "mono" }, job.notify_url),
+          ` when it ${job.notify_on.map((e) => ({ start: "starts", end: "ends", fail: "fails" })[e] || e).join(" or ")}`)] : null,
         ["Priority", String(job.priority)],
         ["Schedule", scheduleText(job.schedule)],
         job.array ? ["Array", h("span", { id: "job-array" }, `task ${job.array.index} of array `,

@@ -7,6 +7,9 @@ export const DEPENDENCY_KINDS = [
   ["afterok", "succeeded"], ["afterany", "ended in any way"], ["afternotok", "failed"], ["after", "started"],
 ];
 
+// When a job with a notify URL is announced (sbatch --mail-type).
+const NOTIFY_ON = [["end", "ends, however"], ["fail", "fails"], ["start,end", "starts and ends"]];
+
 const INT_FIELDS = ["gpus", "gpu_memory_mb", "nodes", "priority", "max_runtime_s", "estimated_runtime_s", "grace_s", "retries"];
 
 function field(name, label, input, { help, span = "" } = {}) {
@@ -113,7 +116,11 @@ export function submitPage(root, ctx) {
     h("fieldset", {}, h("legend", {}, "Environment and labels"),
       h("div", { class: "form-grid" },
         field("env", "Environment", h("textarea", { rows: 3, placeholder: "KEY=value, one per line" }), { span: "span-2" }),
-        field("labels", "Labels", h("textarea", { rows: 3, placeholder: "team=vision, one per line" }), { span: "span-2" }))),
+        field("labels", "Labels", h("textarea", { rows: 3, placeholder: "team=vision, one per line" }), { span: "span-2" }),
+        field("notify_url", "Notify URL", h("input", { type: "url", placeholder: "https://chat.example.com/hooks/…" }),
+          { span: "span-2", help: "a JSON message is POSTed here (its text suits chat webhooks)" }),
+        field("notify_on", "…when it", h("select", {}, NOTIFY_ON.map(([value, label]) => h("option", { value }, label))),
+          { span: "span-2" }))),
     general,
     success,
     h("div", { class: "form-actions" }, submit, h("a", { class: "btn btn-ghost", href: "#/queue" }, "Back to queue")),
@@ -163,6 +170,10 @@ export function submitPage(root, ctx) {
     const names = (name) => text(name).split(",").map((n) => n.trim()).filter(Boolean);
     if (names("only_nodes").length) body.only_nodes = names("only_nodes");
     if (names("exclude_nodes").length) body.exclude_nodes = names("exclude_nodes");
+    if (text("notify_url")) {
+      body.notify_url = text("notify_url");
+      body.notify_on = input("notify_on").value.split(",");
+    }
     for (const name of INT_FIELDS) {
       const raw = text(name);
       if (raw === "") {

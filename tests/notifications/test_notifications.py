@@ -1,0 +1,170 @@
+"""Job notifications by webhook (sbatch --mail-type): what a state change queues, in its
+own transaction, and how the sender delivers it to a real HTTP server, retries with
+backoff and gives up saying so."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from app.config import Settings
+from app.cycle.settings import SchedulerSettings
+from app.db import utcnow
+from app.jobs.models import Job
+from app.jobs.reports import job_started
+from app.jobs.states import JobStatus
+from app.messaging import SEND_NOTIFICATIONS
+from app.notifications.models import Notification
+from app.notifications.service import MAX_ATTEMPTS, event_for, send_due
+from tests.cli.conftest import Cli
+from tests.cycle.jobs_api import add_node, finish, job_events, run_one_cycle, submit
+from tests.notifications.receiver import Receiver
+from workers.scheduler import build_scheduler_app
+
+HOSTS = frozenset({"127.0.0.1"})
+
+
+@pytest.mark.parametrize(
+    ("notify_on", "to", "retries", "event"),
+    [
+        (["end"], JobStatus.SUCCEEDED, 0, "end"),
+        (["end"], JobStatus.CANCELLED, 0, "end"),
+        (["end"], JobStatus.RUNNING, 0, None),
+        (["start"], JobStatus.RUNNING, 0, "start"),
+        (["fail"], JobStatus.SUCCEEDED, 0, None),
+        (["fail"], JobStatus.TIMED_OUT, 0, "fail"),
+        (["end", "fail"], JobStatus.FAILED, 0, "end"),  # one message, not two
+        (["end"], JobStatus.FAILED, 2, None),  # it is retried: not its end
+        (["end"], JobStatus.PREEMPTED, 0, None),  # back to the queue
+    ],
+)  # fmt: skip
+def test_which_changes_call_for_a_message(
+    notify_on: list[str], to: JobStatus, retries: int, event: str | None
+) -> None:
+    job = Job(notify_on=notify_on, retries=retries, failures=0, cancel_requested_at=None)
+    assert event_for(job, to) == event
+
+
+def test_a_url_the_server_would_not_notify_is_refused_naming_the_field(api) -> None:
+    for url, message in [
+        ("ftp://127.0.0.1/x", "expected an http:// or https:// URL"),
+        (
+            "https://hooks.example.com/x",
+            "host hooks.example.com is not allowed here (allowed: 127.0.0.1)",
+        ),
+    ]:
+        body = {"command": ["t"], "notify_url": url}
+        r = api.client.post("/api/v1/jobs", json=body, headers=api.as_("alice"))
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", "notify_url"]
+        assert r.json()["detail"][0]["msg"] == message
+    r = api.client.post(
+        "/api/v1/jobs", json={"command": ["t"], "notify_on": ["never"]}, headers=api.as_("alice")
+    )
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][:2] == ["body", "notify_on"]
+
+
+def test_notifications_are_off_unless_an_admin_allows_hosts(tmp_path: Path) -> None:
+    off = Settings(data_dir=tmp_path).runtime_limits
+    from app.errors import FieldError
+    from app.jobs.schemas import JobCreate
+
+    with pytest.raises(FieldError, match="notifications are off on this server"):
+        off.apply(JobCreate(command=["t"], notify_url="http://127.0.0.1/x"))
+    kept = build_scheduler_app(Settings(data_dir=tmp_path), SchedulerSettings())
+    assert kept.conf.beat_schedule["send-notifications"]["task"] == SEND_NOTIFICATIONS
+
+
+def test_a_job_is_announced_when_it_starts_and_ends(api, receiver: Receiver) -> None:
+    add_node(api, 1)
+    job = submit(api, name="train", notify_url=receiver.url, notify_on=["start", "end"])
+    assert (job["notify_url"], job["notify_on"]) == (receiver.url, ["end", "start"])
+    run_one_cycle(api)
+    with api.factory.begin() as session:
+        job_started(session=session, payload={"job_id": job["id"], "attempt": 1, "node": "n1"})
+    finish(api, job["id"], "SUCCEEDED")
+
+    report = send_due(factory=api.factory, now=utcnow(), allowed_hosts=HOSTS)
+    assert (report.sent, report.failed) == (2, 0)
+    assert [b["text"] for b in receiver.bodies] == [
+        f"job {job['id']} (train) of alice started",
+        f"job {job['id']} (train) of alice ended: SUCCEEDED",
+    ]
+    ended = receiver.bodies[1]
+    assert ended["event"] == "end"
+    assert {k: ended["job"][k] for k in ("id", "user", "project", "status", "attempt")} == {
+        "id": job["id"], "user": "alice", "project": "ml", "status": "SUCCEEDED", "attempt": 1,
+    }  # fmt: skip
+    assert ended["job"]["finished_at"] is not None
+    # Delivered once: nothing is due any more.
+    assert (
+        send_due(factory=api.factory, now=utcnow() + timedelta(hours=1), allowed_hosts=HOSTS).sent
+        == 0
+    )
+
+
+def test_a_failing_hook_is_retried_with_backoff_then_given_up_in_the_jobs_history(
+    api, receiver: Receiver
+) -> None:
+    add_node(api, 1)
+    job = submit(api, notify_url=receiver.url, notify_on=["fail"])["id"]
+    run_one_cycle(api)
+    finish(api, job, "FAILED")
+    receiver.status = 500
+    now = utcnow()
+    tried_at = []
+    for minute in range(12):  # backoff: 30 s, 1, 2, 4 minutes
+        at = now + timedelta(minutes=minute)
+        report = send_due(factory=api.factory, now=at, allowed_hosts=HOSTS)
+        if report.failed or report.given_up:
+            tried_at.append(minute)
+    assert tried_at == [0, 1, 2, 4, 8]
+    assert len(receiver.bodies) == MAX_ATTEMPTS
+    with api.factory() as session:
+        (message,) = session.scalars(select(Notification))
+        assert (message.sent_at, message.attempts, message.error) == (
+            None,
+            MAX_ATTEMPTS,
+            "HTTP 500",
+        )
+    assert job_events(api, job)[-1]["reason"] == (
+        "fail notification to 127.0.0.1 not delivered after 5 tries: HTTP 500"
+    )
+
+
+def test_a_host_no_longer_allowed_is_given_up_at_once(api, receiver: Receiver) -> None:
+    job = submit(api, notify_url=receiver.url, hold=True)["id"]
+    api.client.post(f"/api/v1/jobs/{job}/cancel", headers=api.as_("alice"))
+    report = send_due(factory=api.factory, now=utcnow(), allowed_hosts=frozenset())
+    assert (report.given_up, receiver.bodies) == (1, [])
+    assert job_events(api, job)[-1]["reason"] == (
+        "end notification to 127.0.0.1 not delivered: host 127.0.0.1 is no longer allowed "
+        "(GPUSCHED_NOTIFY_HOSTS)"
+    )
+
+
+def test_a_hook_that_does_not_answer_is_retried(api) -> None:
+    job = submit(api, notify_url="http://127.0.0.1:9/hook", hold=True)["id"]  # discard port
+    api.client.post(f"/api/v1/jobs/{job}/cancel", headers=api.as_("alice"))
+    report = send_due(factory=api.factory, now=utcnow(), allowed_hosts=HOSTS)
+    assert (report.sent, report.failed) == (0, 1)
+    with api.factory() as session:
+        (message,) = session.scalars(select(Notification))
+        assert message.attempts == 1 and (message.error or "").startswith("no answer: ")
+
+
+def test_submit_with_a_notification_from_the_cli(cli: Cli) -> None:
+    url = "http://127.0.0.1:8/hook"
+    result = cli("submit", "--json", "--notify", url, "--notify-on", "start, fail", "--", "true")
+    assert result.exit_code == 0, result.stderr
+    job = json.loads(result.stdout)
+    assert (job["notify_url"], job["notify_on"]) == (url, ["fail", "start"])
+    assert f"notifies {url} on fail, start" in " ".join(cli("show", str(job["id"])).stdout.split())
+    refused = cli("submit", "--notify", "https://example.com/x", "--", "true")
+    assert refused.exit_code == 1 and "host example.com is not allowed here" in refused.stderr
+    usage = cli("submit", "--notify-on", "end", "--", "true")
+    assert usage.exit_code == 2 and "--notify-on needs --notify URL" in usage.stderr
