@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,36 +31,53 @@ _BATCH = 50
 TIMEOUT_S = 5.0
 
 
-def event_for(job: Job, to: JobStatus) -> str | None:
+def event_for(job: Job, to: JobStatus, others: Sequence[JobStatus] | None = None) -> str | None:
     """Which of the job's `notify_on` events a change to `to` is, if any. A failure the
-    job is retried after is not its end (as Slurm's requeue is not END)."""
+    job is retried after is not its end (as Slurm's requeue is not END).
+
+    `others`: the statuses of the other tasks of its array (None: not a task). An array
+    is announced as a whole, as Slurm does without ARRAY_TASKS: when its first task
+    starts, and when its last task ends (`fail`: if any task did not succeed)."""
     wanted = job.notify_on or ()
     if to is JobStatus.RUNNING:
-        return "start" if "start" in wanted else None
+        first = others is None or not any(s is JobStatus.RUNNING or s in FINISHED for s in others)
+        return "start" if "start" in wanted and first else None
     if to not in FINISHED:
         return None
     if to is JobStatus.FAILED and job.failures < job.retries and job.cancel_requested_at is None:
         return None  # a retry follows (lifecycle.retries_left)
+    if others is not None and any(s not in FINISHED for s in others):
+        return None  # not the array's last task to end
     if "end" in wanted:
         return "end"
-    return "fail" if "fail" in wanted and to is not JobStatus.SUCCEEDED else None
+    ended = [to, *(others or ())]
+    failed = any(s is not JobStatus.SUCCEEDED for s in ended)
+    return "fail" if "fail" in wanted and failed else None
 
 
 def queue_for(session: Session, *, job: Job, to: JobStatus, now: datetime) -> None:
     """Queue the message a change of `job` to `to` calls for, in the caller's transaction."""
     if job.notify_url is None:
         return
-    event = event_for(job, to)
+    others = None
+    if job.array_id is not None:
+        others = list(
+            session.scalars(
+                select(Job.status).where(Job.array_id == job.array_id, Job.id != job.id)
+            )
+        )
+    event = event_for(job, to, others)
     if event is None:
         return
     user = session.scalar(select(User.name).where(User.id == job.user_id))
     project = session.scalar(select(Project.name).where(Project.id == job.project_id))
+    tasks = None if others is None else Counter(str(s) for s in [to, *others])
     session.add(
         Notification(
             job_id=job.id,
             event=event,
             url=job.notify_url,
-            body=_body(job, to, event, user=user or "?", project=project or "?"),
+            body=_body(job, to, event, user=user or "?", project=project or "?", tasks=tasks),
             created_at=now,
             next_at=now,
             attempts=0,
@@ -67,18 +85,24 @@ def queue_for(session: Session, *, job: Job, to: JobStatus, now: datetime) -> No
     )
 
 
-def _body(job: Job, to: JobStatus, event: str, *, user: str, project: str) -> dict[str, Any]:
+def _body(
+    job: Job, to: JobStatus, event: str, *, user: str, project: str, tasks: Counter[str] | None
+) -> dict[str, Any]:
     # "text" is what chat webhooks (Slack, Mattermost, Rocket.Chat) show; "job" is for code.
+    what = f"job {job.id}" if tasks is None else f"array {job.array_id}"
     if event == "start":
-        text = f"job {job.id} ({job.name}) of {user} started"
+        text = f"{what} ({job.name}) of {user} started"
+    elif tasks is not None:
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(tasks.items()))
+        text = f"{what} ({job.name}) of {user} ended: {counts}"
     else:
         code = f", exit code {job.exit_code}" if job.exit_code is not None else ""
-        text = f"job {job.id} ({job.name}) of {user} ended: {to}{code}"
+        text = f"{what} ({job.name}) of {user} ended: {to}{code}"
     times = {
         "started_at": job.started_at,
         "finished_at": job.finished_at if event != "start" else None,
     }
-    return {
+    body: dict[str, Any] = {
         "text": text,
         "event": event,
         "job": {
@@ -92,6 +116,9 @@ def _body(job: Job, to: JobStatus, event: str, *, user: str, project: str) -> di
             **{k: v.isoformat() if v is not None else None for k, v in times.items()},
         },
     }
+    if tasks is not None:  # the task that started or ended last, and its array
+        body["array"] = {"id": job.array_id, "tasks": dict(sorted(tasks.items()))}
+    return body
 
 
 # --------------------------------------------------------------------------- sending

@@ -34,6 +34,12 @@ export function placeFieldErrors(err, place) {
   });
 }
 
+/** Hides a form's error boxes before it is sent again. */
+export function hideFieldErrors(boxes, general) {
+  Object.values(boxes).forEach((box) => { box.hidden = true; });
+  general.hidden = true;
+}
+
 /** A form's answer to a failed request: each 422 message under its field's error box in
  * `boxes` (by the field's name), the rest (or any other error) in the `general` box. */
 export function showFieldErrors(err, boxes, general) {

@@ -138,6 +138,18 @@ export function toast(message, kind = "info") {
  * Polls `fn` every `ms` while the page is mounted; waits for each run to finish before
  * scheduling the next, and pauses while the tab is hidden. Returns a stop function.
  */
+/** The number fields whose input differs from `current(name)`: name -> number, or null
+ * for an emptied field (a PATCH body sends only what was changed). */
+export function changedNumbers(fields, inputs, current) {
+  const changes = {};
+  for (const [name] of fields) {
+    const raw = inputs[name].value.trim();
+    const value = raw === "" ? null : Number(raw);
+    if (value !== current(name)) changes[name] = value;
+  }
+  return changes;
+}
+
 export function poll(fn, ms) {
   let stopped = false;
   let timer = null;

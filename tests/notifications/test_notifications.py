@@ -49,6 +49,42 @@ def test_which_changes_call_for_a_message(
     assert event_for(job, to) == event
 
 
+S = JobStatus
+
+
+@pytest.mark.parametrize(
+    ("notify_on", "to", "others", "event"),
+    [
+        (["start"], S.RUNNING, [S.PENDING, S.PENDING], "start"),  # the first task
+        (["start"], S.RUNNING, [S.RUNNING, S.PENDING], None),
+        (["end"], S.SUCCEEDED, [S.SUCCEEDED, S.RUNNING], None),  # not the last
+        (["end"], S.SUCCEEDED, [S.SUCCEEDED, S.FAILED], "end"),
+        (["fail"], S.SUCCEEDED, [S.SUCCEEDED, S.FAILED], "fail"),  # a task failed
+        (["fail"], S.SUCCEEDED, [S.SUCCEEDED, S.SUCCEEDED], None),
+    ],
+)  # fmt: skip
+def test_an_array_is_announced_as_a_whole(
+    notify_on: list[str], to: JobStatus, others: list[JobStatus], event: str | None
+) -> None:
+    job = Job(notify_on=notify_on, retries=0, failures=0, cancel_requested_at=None)
+    assert event_for(job, to, others) == event
+
+
+def test_an_array_ends_in_one_message(api, receiver: Receiver) -> None:
+    add_node(api, 2)
+    first = submit(api, name="sweep", array={"indices": "0-2"}, notify_url=receiver.url)["id"]
+    run_one_cycle(api)
+    finish(api, first, "SUCCEEDED")
+    finish(api, first + 1, "FAILED")
+    run_one_cycle(api)
+    assert send_due(factory=api.factory, now=utcnow(), allowed_hosts=HOSTS).sent == 0
+    finish(api, first + 2, "SUCCEEDED")
+    assert send_due(factory=api.factory, now=utcnow(), allowed_hosts=HOSTS).sent == 1
+    (body,) = receiver.bodies
+    assert body["text"] == f"array {first} (sweep) of alice ended: 1 FAILED, 2 SUCCEEDED"
+    assert body["array"] == {"id": first, "tasks": {"FAILED": 1, "SUCCEEDED": 2}}
+
+
 def test_a_url_the_server_would_not_notify_is_refused_naming_the_field(api) -> None:
     for url, message in [
         ("ftp://127.0.0.1/x", "expected an http:// or https:// URL"),

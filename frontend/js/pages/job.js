@@ -1,8 +1,8 @@
 // Job detail: spec, event timeline, live log tail, GPU telemetry over the run, energy.
-import { api, ApiError, optional, showFieldErrors } from "../api.js";
+import { api, ApiError, hideFieldErrors, optional, showFieldErrors } from "../api.js";
 import { columns, lineChart } from "../chart.js";
 import {
-  ACTIVE, allocationText, clear, fmtDate, fmtDateSec, fmtDuration, fmtIn, fmtNum, gpuRequest,
+  ACTIVE, allocationText, changedNumbers, clear, fmtDate, fmtDateSec, fmtDuration, fmtIn, fmtNum, gpuRequest,
   h, jobName, poll, reasonLabel, statusBadge, toast,
 } from "../util.js";
 import { cancelArrayButton, cancelButton, holdArrayButton, holdButton, requeueButton } from "./queue.js";
@@ -208,14 +208,8 @@ export function jobPage(root, ctx, { match }) {
     const allTasks = job.array && editorMode === "pending" ? h("input", { type: "checkbox", id: "c-all-tasks" }) : null;
     const save = async (ev) => {
       ev.preventDefault();
-      Object.values(errors).forEach((e) => { e.hidden = true; });
-      general.hidden = true;
-      const changes = {};
-      for (const [name] of fields) {
-        const raw = inputs[name].value.trim();
-        const value = raw === "" ? null : Number(raw);
-        if (value !== current(name)) changes[name] = value;
-      }
+      hideFieldErrors(errors, general);
+      const changes = changedNumbers(fields, inputs, current);
       const ids = editorMode === "pending" ? waitsFor.value.split(/[\s,]+/).filter(Boolean) : job.depends_on.map(String);
       const notId = ids.find((id) => !/^[1-9]\d*$/.test(id));
       if (notId) {

@@ -1,7 +1,7 @@
 // Overview: GPUs now, 24 h utilisation with off-peak bands, jobs per project, windows.
-import { api, optional, showFieldErrors } from "../api.js";
+import { api, hideFieldErrors, optional, showFieldErrors } from "../api.js";
 import { columns, lineChart } from "../chart.js";
-import { clear, fmtDate, fmtDuration, fmtIn, fmtNum, fmtTime, h, poll, toast } from "../util.js";
+import { changedNumbers, clear, fmtDate, fmtDuration, fmtIn, fmtNum, fmtTime, h, poll, toast } from "../util.js";
 
 const DAY = 86400;
 // As Slurm's sshare: a project's part of the weights against its part of the recent
@@ -122,14 +122,8 @@ export function overviewPage(root, ctx) {
     const close = () => { editor.hidden = true; clear(editor); };
     const save = async (ev) => {
       ev.preventDefault();
-      Object.values(errors).forEach((e) => { e.hidden = true; });
-      general.hidden = true;
-      const changes = {};
-      for (const [name] of fields) {
-        const raw = inputs[name].value.trim();
-        const value = raw === "" ? null : Number(raw);
-        if (value !== (q[name] ?? null)) changes[name] = value;
-      }
+      hideFieldErrors(errors, general);
+      const changes = changedNumbers(fields, inputs, (name) => q[name] ?? null);
       if (!Object.keys(changes).length) { close(); return; }
       try {
         await api(`/api/v1/projects/${encodeURIComponent(q.project)}`, { method: "PATCH", body: changes });
