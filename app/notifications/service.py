@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -131,20 +131,11 @@ class SendReport:
     given_up: int = 0
 
 
-Post = Callable[[str, dict[str, Any]], int]  # url, JSON body -> HTTP status (raises on no answer)
-
-
-def http_post(url: str, body: dict[str, Any]) -> int:
-    response = httpx.post(url, json=body, timeout=TIMEOUT_S, follow_redirects=False)
-    return response.status_code
-
-
 def send_due(
     *,
     factory: sessionmaker[Session],
     now: datetime,
     allowed_hosts: frozenset[str],
-    post: Post = http_post,
 ) -> SendReport:
     """Deliver the messages that are due: take them (a short transaction), POST each
     outside any transaction, then record how each went. A 2xx answer delivers it; any
@@ -161,26 +152,28 @@ def send_due(
                 .with_for_update(skip_locked=True)
             )
         )
-        for message in due:
-            message.next_at = now + timedelta(seconds=_CLAIM_S)
+        for claimed in due:
+            claimed.next_at = now + timedelta(seconds=_CLAIM_S)
         taken = [(m.id, m.url, m.body) for m in due]
     report = SendReport()
     for message_id, url, body in taken:
-        error = _deliver(url, body, allowed_hosts, post)
+        error = _deliver(url, body, allowed_hosts)
         with factory.begin() as session:
-            message = session.get_one(Notification, message_id)
-            _record(session, message, error, now=now, report=report)
+            message = session.get(Notification, message_id)
+            if message is not None:  # else its job was deleted meanwhile (retention)
+                _record(session, message, error, now=now, report=report)
     return report
 
 
-def _deliver(url: str, body: dict[str, Any], allowed: frozenset[str], post: Post) -> str | None:
+def _deliver(url: str, body: dict[str, Any], allowed: frozenset[str]) -> str | None:
     """None when delivered, else why not."""
     if not host_allowed(url, allowed):
         return f"host {urlsplit(url).hostname} is no longer allowed (GPUSCHED_NOTIFY_HOSTS)"
     try:
-        status = post(url, body)
+        response = httpx.post(url, json=body, timeout=TIMEOUT_S, follow_redirects=False)
     except httpx.HTTPError as exc:
         return f"no answer: {exc}"
+    status = response.status_code
     return None if 200 <= status < 300 else f"HTTP {status}"
 
 
