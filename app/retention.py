@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from app.audit.models import AuditEvent
 from app.batches.models import BatchFiring
-from app.jobs.logs import attempt_log_path
+from app.jobs.logs import job_log_dir
 from app.jobs.models import Allocation, Job, JobEvent
 from app.jobs.states import FINISHED
 from app.notifications.models import Notification
@@ -61,7 +61,7 @@ def purge_history(*, factory: sessionmaker[Session], before: datetime, log_dir: 
             session.execute(delete(Notification).where(Notification.job_id.in_(ids)))
             session.execute(delete(Job).where(Job.id.in_(ids)))
         for job_id in ids:  # after the commit: a log without its job is only disk
-            shutil.rmtree(attempt_log_path(log_dir, job_id, 0).parent, ignore_errors=True)
+            shutil.rmtree(job_log_dir(log_dir, job_id), ignore_errors=True)
         jobs += len(ids)
     with factory.begin() as session:
         audit = _deleted(session.execute(delete(AuditEvent).where(AuditEvent.at < before)))

@@ -45,7 +45,7 @@ from app.messaging import (
 )
 from app.metrics import REPORT_SECONDS
 from app.nodes.telemetry import TelemetryPolicy, compact_telemetry, ingest_heartbeat, register_node
-from app.notifications.service import NOTIFY_INTERVAL_S, send_due
+from app.notifications.sender import NOTIFY_INTERVAL_S, send_due
 from app.retention import purge_history
 from app.windows.timeline import SchedulerWindows
 from workers.runtime import Runtime

@@ -646,6 +646,7 @@ def run_batch(
     except (DomainError, ValidationError) as exc:
         # The templates were valid when stored; what changed since (the owner left the
         # project, a window was deleted) is the batch's state, not this request's body.
+        session.rollback()  # nothing of the run stays: the replaced jobs are not cancelled
         raise Conflict(f"batch {name!r} cannot submit its jobs now: {_failure(exc)}") from None
     record(
         session=session,

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from app.db import utcnow
 from app.jobs.models import Job, JobEvent
 from app.jobs.states import ALLOWED, FINISHED, NEW_IN_QUEUE, RETRYABLE, JobStatus
-from app.notifications.service import queue_for
+from app.notifications.outbox import queue_for
 
 
 class IllegalTransition(ValueError):
@@ -24,6 +24,12 @@ class IllegalTransition(ValueError):
 
 def retries_left(job: Job) -> int:
     return max(0, job.retries - job.failures)
+
+
+def will_retry(job: Job) -> bool:
+    """Whether a failed attempt puts the job back in the queue (not an end): retries
+    left, and no cancel asked for."""
+    return retries_left(job) > 0 and job.cancel_requested_at is None
 
 
 def transition(
@@ -70,8 +76,25 @@ def transition(
         reason=reason,
     )
     session.add(event)
-    queue_for(session, job=job, to=to, now=now)  # in this transaction: never lost
+    ends = to in FINISHED and not (to is JobStatus.FAILED and will_retry(job))
+    queue_for(session, job=job, to=to, ends=ends, now=now)  # in this transaction: never lost
     return event
+
+
+def note(session: Session, *, job: Job, actor: str, reason: str) -> None:
+    """An event that changes no state (hold, release, a cancel still under way, a
+    notification given up on), so `gpusched show` tells who did it."""
+    status = JobStatus(job.status)
+    session.add(
+        JobEvent(
+            job_id=job.id,
+            from_status=status,
+            to_status=status,
+            attempt=job.attempt,
+            actor=actor,
+            reason=reason,
+        )
+    )
 
 
 def settle_interrupted(session: Session, *, job: Job, actor: str) -> None:

@@ -21,9 +21,14 @@ from app.errors import NotFound
 MAX_TAIL_LINES = 10_000
 
 
+def job_log_dir(log_dir: Path, job_id: int) -> Path:
+    """Where every attempt of a job logs."""
+    return log_dir / str(job_id)
+
+
 def attempt_log_path(log_dir: Path, job_id: int, attempt: int) -> Path:
     # Must match workers.agent.service.log_path (the agent writes, the API reads).
-    return log_dir / str(job_id) / f"attempt-{attempt}.log"
+    return job_log_dir(log_dir, job_id) / f"attempt-{attempt}.log"
 
 
 def open_log(path: Path, log_dir: Path) -> BinaryIO | None:

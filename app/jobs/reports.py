@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.jobs.allocations import release
-from app.jobs.lifecycle import retries_left, settle_interrupted, transition
+from app.jobs.lifecycle import settle_interrupted, transition, will_retry
 from app.jobs.models import Job
 from app.jobs.states import ACTIVE, JobStatus
 
@@ -85,7 +85,7 @@ def job_finished(*, session: Session, payload: dict[str, Any]) -> Applied:
     job.exit_code = payload.get("exit_code")
     release(session, job_id=job.id, attempt=job.attempt)
     transition(session, job=job, to=result, actor=actor, reason=message)
-    if result is JobStatus.FAILED and retries_left(job) > 0 and job.cancel_requested_at is None:
+    if result is JobStatus.FAILED and will_retry(job):
         transition(
             session,
             job=job,

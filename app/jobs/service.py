@@ -30,7 +30,7 @@ from app.jobs.dependencies import (
     load_namesakes,
     singleton_wait,
 )
-from app.jobs.lifecycle import transition
+from app.jobs.lifecycle import note, transition
 from app.jobs.limits import ProjectTimeLimit, RuntimeLimits
 from app.jobs.models import Allocation, Job, JobEvent
 from app.jobs.schemas import (
@@ -647,9 +647,9 @@ def cancel_locked(
             job.cancel_requested_at = utcnow()
             cause = "" if why is None else f" ({why})"
             reason = f"cancel requested{cause}; stopping the process{shorter}"
-            _note(session, job=job, actor=actor, reason=reason)
+            note(session, job=job, actor=actor, reason=reason)
         elif shorter:
-            _note(session, job=job, actor=actor, reason=f"cancel again{shorter}")
+            note(session, job=job, actor=actor, reason=f"cancel again{shorter}")
 
 
 def requeue(*, session: Session, principal: Principal, job_id: int, hold: bool) -> JobOut:
@@ -706,12 +706,12 @@ def _ask_requeue(
     now = utcnow()
     if hold and job.held_by is None:
         job.held_by, job.held_at = actor, now
-        _note(session, job=job, actor=actor, reason=f"held by {actor}")
+        note(session, job=job, actor=actor, reason=f"held by {actor}")
     if job.preempt_requested_at is None:
         job.preempt_requested_at = now
         cause = f" ({why})" if why else ""
         reason = f"requeue requested by {actor}{cause}; stopping the process"
-        _note(session, job=job, actor=actor, reason=reason)
+        note(session, job=job, actor=actor, reason=reason)
 
 
 def hold(*, session: Session, principal: Principal, job_id: int) -> JobOut:
@@ -745,7 +745,7 @@ def hold_selected(
 def _hold_one(session: Session, *, job: Job, actor: str) -> None:
     if job.held_by is None:
         job.held_by, job.held_at = actor, utcnow()
-        _note(session, job=job, actor=actor, reason=f"held by {actor}")
+        note(session, job=job, actor=actor, reason=f"held by {actor}")
 
 
 def release(*, session: Session, principal: Principal, job_id: int) -> JobOut:
@@ -801,7 +801,7 @@ def _release_one(session: Session, *, job: Job, actor: str) -> None:
         job.ineligible_s += max(0, int((utcnow() - job.held_at).total_seconds()))
     job.held_by = job.held_at = None
     _back_in_line(job, why="released")
-    _note(session, job=job, actor=actor, reason=f"released by {actor}")
+    note(session, job=job, actor=actor, reason=f"released by {actor}")
 
 
 def update(
@@ -873,7 +873,7 @@ def _update_locked(
         job.updated_at = utcnow()
         _back_in_line(job, why="changed")
         reason = f"updated by {principal.name}: {', '.join(what)}"
-        _note(session, job=job, actor=principal.name, reason=reason)
+        note(session, job=job, actor=principal.name, reason=reason)
 
 
 def _changed_spec(
@@ -938,7 +938,7 @@ def _change_placed_limit(
         job.max_runtime_s = new
         job.updated_at = utcnow()
         reason = f"updated by {principal.name}: max_runtime_s {old} -> {new}"
-        _note(session, job=job, actor=principal.name, reason=reason)
+        note(session, job=job, actor=principal.name, reason=reason)
 
 
 # What PATCH changes by copying a field onto the column of its name; the dependency
@@ -1034,7 +1034,7 @@ def change_array_limit(
             if task.status is JobStatus.PENDING and task.pending_reason == ARRAY_LIMIT:
                 _back_in_line(task, why="its array's limit changed")
         limits = " -> ".join("none" if n is None else str(n) for n in (old, max_running))
-        _note(
+        note(
             session,
             job=tasks[0],
             actor=principal.name,
@@ -1051,22 +1051,6 @@ def _back_in_line(job: Job, *, why: str) -> None:
         job.pending_reason = NEW_IN_QUEUE
         job.pending_message = f"{why}; waiting for the next scheduling cycle"
     job.queue_position = job.estimated_start_at = None
-
-
-def _note(session: Session, *, job: Job, actor: str, reason: str) -> None:
-    """An event that changes no state (hold, release, a cancel still under way), so
-    `gpusched show` tells who did it."""
-    status = JobStatus(job.status)
-    session.add(
-        JobEvent(
-            job_id=job.id,
-            from_status=status,
-            to_status=status,
-            attempt=job.attempt,
-            actor=actor,
-            reason=reason,
-        )
-    )
 
 
 def _outs(session: Session, jobs: Sequence[Job]) -> list[JobOut]:

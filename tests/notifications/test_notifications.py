@@ -19,7 +19,8 @@ from app.jobs.reports import job_started
 from app.jobs.states import JobStatus
 from app.messaging import SEND_NOTIFICATIONS
 from app.notifications.models import Notification
-from app.notifications.service import MAX_ATTEMPTS, event_for, send_due
+from app.notifications.outbox import event_for
+from app.notifications.sender import MAX_ATTEMPTS, send_due
 from tests.cli.conftest import Cli
 from tests.cycle.jobs_api import add_node, finish, job_events, run_one_cycle, submit
 from tests.notifications.receiver import Receiver
@@ -29,24 +30,34 @@ HOSTS = frozenset({"127.0.0.1"})
 
 
 @pytest.mark.parametrize(
-    ("notify_on", "to", "retries", "event"),
+    ("notify_on", "to", "ends", "event"),
     [
-        (["end"], JobStatus.SUCCEEDED, 0, "end"),
-        (["end"], JobStatus.CANCELLED, 0, "end"),
-        (["end"], JobStatus.RUNNING, 0, None),
-        (["start"], JobStatus.RUNNING, 0, "start"),
-        (["fail"], JobStatus.SUCCEEDED, 0, None),
-        (["fail"], JobStatus.TIMED_OUT, 0, "fail"),
-        (["end", "fail"], JobStatus.FAILED, 0, "end"),  # one message, not two
-        (["end"], JobStatus.FAILED, 2, None),  # it is retried: not its end
-        (["end"], JobStatus.PREEMPTED, 0, None),  # back to the queue
+        (["end"], JobStatus.SUCCEEDED, True, "end"),
+        (["end"], JobStatus.CANCELLED, True, "end"),
+        (["end"], JobStatus.RUNNING, False, None),
+        (["start"], JobStatus.RUNNING, False, "start"),
+        (["fail"], JobStatus.SUCCEEDED, True, None),
+        (["fail"], JobStatus.TIMED_OUT, True, "fail"),
+        (["end", "fail"], JobStatus.FAILED, True, "end"),  # one message, not two
+        (["end"], JobStatus.FAILED, False, None),  # a retry follows: not its end
+        (["end"], JobStatus.PREEMPTED, False, None),  # back to the queue
     ],
 )  # fmt: skip
 def test_which_changes_call_for_a_message(
-    notify_on: list[str], to: JobStatus, retries: int, event: str | None
+    notify_on: list[str], to: JobStatus, ends: bool, event: str | None
 ) -> None:
-    job = Job(notify_on=notify_on, retries=retries, failures=0, cancel_requested_at=None)
-    assert event_for(job, to) == event
+    assert event_for(Job(notify_on=notify_on), to, ends=ends) == event
+
+
+def test_a_failure_that_is_retried_is_not_an_end(api, receiver: Receiver) -> None:
+    add_node(api, 1)
+    job = submit(api, retries=1, notify_url=receiver.url)["id"]
+    for attempt_ends in ("FAILED", "FAILED"):  # retried once, then failed for good
+        run_one_cycle(api)
+        finish(api, job, attempt_ends)
+    assert send_due(factory=api.factory, now=utcnow(), allowed_hosts=HOSTS).sent == 1
+    (body,) = receiver.bodies
+    assert (body["job"]["status"], body["job"]["attempt"]) == ("FAILED", 2)
 
 
 S = JobStatus
@@ -66,8 +77,8 @@ S = JobStatus
 def test_an_array_is_announced_as_a_whole(
     notify_on: list[str], to: JobStatus, others: list[JobStatus], event: str | None
 ) -> None:
-    job = Job(notify_on=notify_on, retries=0, failures=0, cancel_requested_at=None)
-    assert event_for(job, to, others) == event
+    ends = to is not S.RUNNING
+    assert event_for(Job(notify_on=notify_on), to, ends=ends, others=others) == event
 
 
 def test_an_array_ends_in_one_message(api, receiver: Receiver) -> None:
