@@ -9,6 +9,7 @@ counts as never ending, so GPUs are held idle for the head of the queue instead.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from app.errors import FieldError
@@ -26,20 +27,55 @@ class RuntimeLimits:
     # Hosts a job's notify_url may name (GPUSCHED_NOTIFY_HOSTS; "*": any; none: off).
     notify_hosts: frozenset[str] = frozenset()
 
-    def apply(self, spec: JobCreate, *, project: ProjectTimeLimit | None = None) -> JobCreate:
+    def apply(
+        self,
+        spec: JobCreate,
+        *,
+        project: ProjectTimeLimit | None = None,
+        kept: Collection[str] = (),
+    ) -> JobCreate:
         """`spec` with its time limit filled in; a 422 on the field that breaks a limit.
-        A job that gives none gets the default, cut to its project's longest limit."""
-        if spec.notify_url is not None:
+        A job that gives none gets the default, cut to its project's longest limit.
+
+        `kept`: fields a change of a job leaves as they were when it was admitted. They are
+        not judged again by limits an admin may have lowered since (a host removed from
+        the notification hosts, a shorter project limit): as in Slurm, a job keeps what it
+        was admitted with, and changing its priority must not fail on its time limit."""
+        if spec.notify_url is not None and "notify_url" not in kept:
             refused = check_url(spec.notify_url, self.notify_hosts)
             if refused is not None:
                 raise FieldError("notify_url", refused)
-        if spec.grace_s is not None and spec.grace_s > self.max_grace_s:
+        if spec.grace_s is not None and spec.grace_s > self.max_grace_s and "grace_s" not in kept:
             raise FieldError(
                 "grace_s",
                 f"{_span(spec.grace_s)} is above this cluster's longest grace period, "
                 f"{_span(self.max_grace_s)}",
             )
-        asked = spec.max_runtime_s
+        if "max_runtime_s" in kept:
+            limit, given = spec.max_runtime_s, "its max_runtime_s"
+        else:
+            limit, given = self._time_limit(spec.max_runtime_s, project)
+        estimate = spec.estimated_runtime_s
+        if estimate is not None and limit is not None and estimate > limit:
+            longest = min(
+                (m for m in (self.max_s, project.max_s if project else None) if m is not None),
+                default=None,
+            )
+            room = f" up to {_span(longest)}" if longest is not None and longest > limit else ""
+            raise FieldError(
+                "estimated_runtime_s",
+                f"{_span(estimate)} is longer than the job's time limit, {_span(limit)}"
+                f" ({given}): it would be stopped first; set max_runtime_s{room}",
+            )
+        if limit == spec.max_runtime_s:
+            return spec
+        return spec.model_copy(update={"max_runtime_s": limit})
+
+    def _time_limit(
+        self, asked: int | None, project: ProjectTimeLimit | None
+    ) -> tuple[int | None, str]:
+        """The limit a job asking for `asked` gets, and where it comes from; a 422 when it
+        asks for more than the cluster's or its project's longest."""
         if asked is not None and self.max_s is not None and asked > self.max_s:
             raise FieldError(
                 "max_runtime_s",
@@ -55,21 +91,7 @@ class RuntimeLimits:
         given = "its max_runtime_s" if asked is not None else "the cluster's default"
         if project is not None and (limit is None or limit > project.max_s):
             limit, given = project.max_s, f"the longest of project {project.name}"
-        estimate = spec.estimated_runtime_s
-        if estimate is not None and limit is not None and estimate > limit:
-            longest = min(
-                (m for m in (self.max_s, project.max_s if project else None) if m is not None),
-                default=None,
-            )
-            room = f" up to {_span(longest)}" if longest is not None and longest > limit else ""
-            raise FieldError(
-                "estimated_runtime_s",
-                f"{_span(estimate)} is longer than the job's time limit, {_span(limit)}"
-                f" ({given}): it would be stopped first; set max_runtime_s{room}",
-            )
-        if limit == asked:
-            return spec
-        return spec.model_copy(update={"max_runtime_s": limit})
+        return limit, given
 
 
 @dataclass(frozen=True, slots=True)

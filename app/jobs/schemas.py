@@ -237,7 +237,8 @@ class JobCreate(RequestBody):
 class JobUpdate(RequestBody):
     """Body of PATCH /jobs/{id}: what to change in a pending job, as `scontrol update`.
     Only the fields sent change; null clears gpu_memory_mb or a runtime. The result is
-    checked as a submission would be. Each field is a Job column of the same name, but
+    checked as a submission would be, except that the values it keeps are not judged
+    again by limits an admin lowered since the job was admitted. Each field is a Job column of the same name, but
     `dependency` (the column `dependency_kind`)."""
 
     name: Name | None = None

@@ -885,7 +885,8 @@ def _changed_spec(
     limits: RuntimeLimits,
 ) -> JobCreate:
     """The job's request with `sent` merged in, checked as a submission is: ranges, then
-    the cluster's and its project's time limits (a limit left out gets the default)."""
+    the cluster's and its project's limits (a time limit left out gets the default). What
+    the change leaves as it was is not judged again by limits lowered since."""
     share = None if job.gpu_share_milli == 1000 else job.gpu_share_milli / 1000
     try:
         spec = JobCreate.model_validate(
@@ -903,7 +904,8 @@ def _changed_spec(
         select(Project.name, Project.max_runtime_s).where(Project.id == job.project_id)
     ).one()
     project_limit = None if max_s is None else ProjectTimeLimit(project_name, max_s)
-    return limits.apply(spec, project=project_limit)
+    kept = [name for name, value in current.items() if getattr(spec, name) == value]
+    return limits.apply(spec, project=project_limit, kept=kept)
 
 
 def _change_placed_limit(

@@ -183,3 +183,60 @@ def test_a_job_asks_for_its_grace_period_within_the_clusters_bound(api):
     r = api.client.patch(path, json={"grace_s": 600}, headers=alice)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "grace_s"]
     assert api.client.patch(path, json={"grace_s": None}, headers=alice).json()["grace_s"] is None
+
+
+@pytest.mark.parametrize(
+    ("limits", "body", "kept", "expected"),
+    [
+        # Kept as admitted: not judged again by the limit lowered since.
+        (RuntimeLimits(max_s=DAY), {"max_runtime_s": 2 * DAY}, {"max_runtime_s"}, 2 * DAY),
+        (RuntimeLimits(), {"max_runtime_s": 5 * HOUR}, {"max_runtime_s"}, 5 * HOUR),  # interns
+        (RuntimeLimits(max_grace_s=60), {"grace_s": 300, "max_runtime_s": HOUR}, {"grace_s"}, HOUR),
+        # A job admitted with no limit keeps none (no default filled in by a change).
+        (RuntimeLimits(default_s=DAY), {}, {"max_runtime_s"}, None),
+    ],
+)
+def test_what_a_change_keeps_is_not_judged_again(limits, body, kept, expected):
+    spec = limits.apply(JobCreate(command=["train"], **body), project=INTERNS, kept=kept)
+    assert spec.max_runtime_s == expected
+
+
+def test_a_kept_limit_still_bounds_a_new_estimate():
+    with pytest.raises(FieldError) as refused:
+        RuntimeLimits().apply(
+            JobCreate(command=["train"], max_runtime_s=HOUR, estimated_runtime_s=2 * HOUR),
+            kept={"max_runtime_s"},
+        )
+    assert refused.value.field == "estimated_runtime_s"
+
+
+def test_a_job_admitted_before_a_limit_was_lowered_can_still_be_changed(api):
+    """As in Slurm, a job keeps what it was admitted with: lowering the cluster's longest
+    time limit or grace period, or a project's, refuses new values, not other changes."""
+    alice = api.as_("alice")
+    r = api.client.post(
+        "/api/v1/jobs",
+        json={"command": ["train"], "max_runtime_s": 3 * DAY, "grace_s": 300, "hold": True},
+        headers=alice,
+    )
+    path = f"/api/v1/jobs/{r.json()['id']}"
+    _limited(api, max_runtime_limit_s=DAY, max_grace_s=60)
+    api.client.patch(
+        "/api/v1/projects/ml", json={"max_runtime_s": 2 * DAY}, headers=api.as_("admin")
+    )
+
+    r = api.client.patch(path, json={"priority": 5, "max_runtime_s": 3 * DAY}, headers=alice)
+    assert r.status_code == 200, r.text
+    assert (r.json()["priority"], r.json()["max_runtime_s"], r.json()["grace_s"]) == (
+        5,
+        3 * DAY,
+        300,
+    )
+    # A new value is judged by the limits as they are now.
+    for body, field in (
+        ({"max_runtime_s": 2 * DAY}, "max_runtime_s"),
+        ({"grace_s": 120}, "grace_s"),
+    ):
+        r = api.client.patch(path, json=body, headers=alice)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field], r.text
+    assert api.client.patch(path, json={"max_runtime_s": HOUR}, headers=alice).status_code == 200

@@ -215,3 +215,20 @@ def test_submit_with_a_notification_from_the_cli(cli: Cli) -> None:
     assert refused.exit_code == 1 and "host example.com is not allowed here" in refused.stderr
     usage = cli("submit", "--notify-on", "end", "--", "true")
     assert usage.exit_code == 2 and "--notify-on needs --notify URL" in usage.stderr
+
+
+def test_a_job_whose_host_was_removed_since_can_still_be_changed(api) -> None:
+    """The URL was admitted; removing its host stops its messages (above), not every
+    other change of the job. A new URL is judged by the hosts allowed now."""
+    job = submit(api, notify_url="http://127.0.0.1:9/hook", hold=True)["id"]
+    state = api.client.app.state
+    state.settings = state.settings.model_copy(update={"notify_hosts": "hooks.example.org"})
+    path, alice = f"/api/v1/jobs/{job}", api.as_("alice")
+
+    r = api.client.patch(path, json={"priority": 3}, headers=alice)
+    assert r.status_code == 200, r.text
+    assert r.json()["notify_url"] == "http://127.0.0.1:9/hook"
+    r = api.client.patch(path, json={"notify_url": "http://127.0.0.1:8/hook"}, headers=alice)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "notify_url"]
+    r = api.client.patch(path, json={"notify_url": None}, headers=alice)
+    assert r.status_code == 200 and r.json()["notify_url"] is None
