@@ -832,14 +832,17 @@ def show(
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Show one job: spec, pending reason, queue position, allocations and events.
+    """Show one job: spec, pending reason, queue position, allocations, events and how
+    its notifications were delivered.
 
-    --json prints the job object with its events added under "events"."""
+    --json prints the job object with its events added under "events" and its
+    notifications under "notifications"."""
     client = ApiClient.from_options(url, token)
     job = client.get(f"{JOBS}/{job_id}")
     events = client.get(f"{JOBS}/{job_id}/events")
+    notifications = client.get(f"{JOBS}/{job_id}/notifications")
     if as_json:
-        print_json({**job, "events": events})
+        print_json({**job, "events": events, "notifications": notifications})
         return
     out = console()
     out.print(_job_details(job))
@@ -861,6 +864,15 @@ def show(
                 e["reason"],
             )
         out.print(table)
+    if notifications:
+        sent = make_table(
+            "EVENT", "URL", "STATE", "TRIES", "WHEN", "LAST ERROR", title="Notifications"
+        )
+        for n in notifications:
+            when = n["sent_at"] or n["next_at"] or ""
+            state = n["state"].replace("_", " ")
+            add_row(sent, n["event"], n["url"], state, n["attempts"], when, n["error"] or "")
+        out.print(sent)
 
 
 JobIds = Annotated[list[int], typer.Argument(help="Job ids", show_default=False)]

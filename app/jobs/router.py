@@ -29,6 +29,7 @@ from app.jobs.schemas import ArrayUpdate, JobCreate, JobEventOut, JobOut, JobPag
 from app.jobs.states import ACTIVE, JobStatus
 from app.messaging import Messenger
 from app.nodes.telemetry import job_series
+from app.notifications.deliveries import NotificationOut
 
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 GraceQuery = Annotated[
@@ -200,6 +201,15 @@ def get_job(job_id: JobId, session: SessionDep, principal: CurrentUser) -> JobOu
 @router.get("/{job_id}/events", response_model=list[JobEventOut])
 def get_job_events(job_id: JobId, session: SessionDep, principal: CurrentUser) -> list[JobEventOut]:
     return service.events(session=session, principal=principal, job_id=job_id)
+
+
+@router.get("/{job_id}/notifications", response_model=list[NotificationOut])
+def get_job_notifications(
+    job_id: JobId, session: SessionDep, principal: CurrentUser
+) -> list[NotificationOut]:
+    """The job's webhook messages and how each delivery went (queued, retrying with the
+    last error and when it is tried again, delivered, or given up)."""
+    return service.notifications(session=session, principal=principal, job_id=job_id)
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut)

@@ -56,6 +56,7 @@ from app.jobs.states import (
 )
 from app.nodes.inventory import Inventory, InventoryCache, read_inventory
 from app.nodes.models import Gpu, Node
+from app.notifications.deliveries import NotificationOut, deliveries
 from app.projects.models import Project
 from app.windows.service import require_window
 
@@ -491,6 +492,11 @@ def events(*, session: Session, principal: Principal, job_id: int) -> list[JobEv
         )
         for e in rows
     ]
+
+
+def notifications(*, session: Session, principal: Principal, job_id: int) -> list[NotificationOut]:
+    job = _visible_job(session=session, principal=principal, job_id=job_id)
+    return deliveries(session=session, job_id=job.id)
 
 
 @dataclass(frozen=True, slots=True)

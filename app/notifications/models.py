@@ -8,6 +8,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, JSONType, UTCDateTime, utcnow
 
+MAX_ATTEMPTS = 5  # tries of one message before it is given up
+
 
 class Notification(Base):
     """One webhook message about a job, until it is delivered or given up on."""

@@ -15,12 +15,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.jobs.lifecycle import note
 from app.jobs.models import Job
 from app.notifications.hosts import host_allowed
-from app.notifications.models import Notification
+from app.notifications.models import MAX_ATTEMPTS, Notification
 
 log = logging.getLogger("gpusched.notifications")
 
 NOTIFY_INTERVAL_S = 5.0  # how often the scheduler's beat sends what is due
-MAX_ATTEMPTS = 5
 _FIRST_RETRY_S = 30.0  # then doubled: 30 s, 1, 2 and 4 minutes
 _CLAIM_S = 60.0  # how long a taken message is left alone by other senders
 _BATCH = 50

@@ -146,7 +146,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         port=port,
         gpus="sim:2x4:H100-80GB",
         # Agents re-read this file each sample: tests write foreign processes / failures into it.
-        env={"GPUSCHED_AGENT_SIM_STATE_FILE": str(data_dir / "sim-state.json")},
+        env={
+            "GPUSCHED_AGENT_SIM_STATE_FILE": str(data_dir / "sim-state.json"),
+            # Webhooks to this machine only (a test's receiver).
+            "GPUSCHED_NOTIFY_HOSTS": "127.0.0.1",
+        },
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -14,6 +14,7 @@ import pytest
 
 from bench.common import poll
 from tests.browser.conftest import Dashboard, Stack
+from tests.notifications.receiver import Receiver
 
 pytestmark = pytest.mark.browser
 
@@ -134,13 +135,40 @@ def test_invalid_input_shows_the_servers_message_next_to_the_field(
     page.click("#submit-job")
     _expect_text(page, "#err-only_nodes", "^no node named sim-9; nodes: sim-1, sim-2$")
     _expect_text(page, "#help-only_nodes", "nodes: sim-1, sim-2$")
-    # This stack allows no notification hosts: the URL is refused, saying why.
+    # This stack allows notifications to 127.0.0.1 only: another host is refused, saying why.
     page.fill("#f-only_nodes", "")
-    page.fill("#f-notify_url", "http://127.0.0.1:1/hook")
+    page.fill("#f-notify_url", "http://hooks.example.org/hook")
     page.select_option("#f-notify_on", "fail")
     page.click("#submit-job")
-    _expect_text(page, "#err-notify_url", "^notifications are off on this server")
+    _expect_text(
+        page,
+        "#err-notify_url",
+        r"^host hooks.example.org is not allowed here \(allowed: 127.0.0.1\)$",
+    )
     dash.assert_clean()
+
+
+def test_a_jobs_page_tells_how_its_notifications_went(dash: Dashboard, stack: Stack) -> None:
+    receiver = Receiver()
+    try:
+        page = dash.page
+        dash.login(stack.admin_token)
+        dash.go("#/submit")
+        page.fill("#f-name", "browser-notified")
+        page.fill("#f-command", "true")
+        page.fill("#f-notify_url", receiver.url)
+        page.select_option("#f-notify_on", "end")
+        page.click("#submit-job")
+        link = page.wait_for_selector("#job-link")
+        link.click()
+        _expect_text(page, "#job-notify", "when it ends")
+        # Sent by the scheduler's beat within seconds of the end; the page keeps polling.
+        _expect_text(page, "#job-notifications", r"^end · delivered ", timeout=30_000)
+        assert [b["event"] for b in receiver.bodies] == ["end"]
+        dash.shot("job-notifications")
+        dash.assert_clean()
+    finally:
+        receiver.server.shutdown()
 
 
 def test_submit_held_and_after_another_job_through_the_form(dash: Dashboard, stack: Stack) -> None:

@@ -232,3 +232,64 @@ def test_a_job_whose_host_was_removed_since_can_still_be_changed(api) -> None:
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "notify_url"]
     r = api.client.patch(path, json={"notify_url": None}, headers=alice)
     assert r.status_code == 200 and r.json()["notify_url"] is None
+
+
+def _deliveries(api, job: int, user: str = "alice") -> list[dict]:
+    r = api.client.get(f"/api/v1/jobs/{job}/notifications", headers=api.as_(user))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_jobs_deliveries_are_readable_queued_retrying_delivered(api, receiver: Receiver) -> None:
+    """GET /jobs/{id}/notifications: each message and how its delivery went, so a hook
+    that never fired is told apart from one that failed."""
+    job = submit(api, notify_url=receiver.url, hold=True)["id"]
+    assert _deliveries(api, job) == []
+    api.client.post(f"/api/v1/jobs/{job}/cancel", headers=api.as_("alice"))
+    (queued,) = _deliveries(api, job)
+    assert {k: queued[k] for k in ("event", "url", "state", "attempts", "sent_at", "error")} == {
+        "event": "end", "url": receiver.url, "state": "queued", "attempts": 0, "sent_at": None,
+        "error": None,
+    }  # fmt: skip
+
+    receiver.status = 503
+    now = utcnow()
+    send_due(factory=api.factory, now=now, allowed_hosts=HOSTS)
+    (retrying,) = _deliveries(api, job)
+    assert (retrying["state"], retrying["attempts"], retrying["error"]) == (
+        "retrying",
+        1,
+        "HTTP 503",
+    )
+    assert retrying["next_at"] == (now + timedelta(seconds=30)).isoformat().replace("+00:00", "Z")
+
+    receiver.status = 200
+    send_due(factory=api.factory, now=now + timedelta(minutes=1), allowed_hosts=HOSTS)
+    (delivered,) = _deliveries(api, job)
+    assert (delivered["state"], delivered["attempts"], delivered["error"]) == ("delivered", 2, None)
+    assert delivered["sent_at"] is not None and delivered["next_at"] is None
+    # Who may see the job may see its messages; another project's member may not.
+    r = api.client.get(f"/api/v1/jobs/{job}/notifications", headers=api.as_("bob"))
+    assert r.status_code == 403
+
+
+def test_a_given_up_message_says_so(api) -> None:
+    job = submit(api, notify_url="http://127.0.0.1:9/hook", hold=True)["id"]
+    api.client.post(f"/api/v1/jobs/{job}/cancel", headers=api.as_("alice"))
+    send_due(factory=api.factory, now=utcnow(), allowed_hosts=frozenset())
+    (given_up,) = _deliveries(api, job)
+    assert (given_up["state"], given_up["next_at"]) == ("given_up", None)
+    assert "no longer allowed" in given_up["error"]
+
+
+def test_show_prints_how_notifications_were_delivered(cli: Cli) -> None:
+    submitted = cli(
+        "submit", "--json", "--hold", "--notify", "http://127.0.0.1:9/hook", "--", "true"
+    )
+    job = json.loads(submitted.stdout)["id"]
+    assert cli("cancel", str(job)).exit_code == 0
+    shown = cli("show", str(job))
+    assert shown.exit_code == 0, shown.stderr
+    assert "Notifications" in shown.stdout and "queued" in shown.stdout
+    as_json = json.loads(cli("show", "--json", str(job)).stdout)
+    assert [(n["event"], n["state"]) for n in as_json["notifications"]] == [("end", "queued")]

@@ -20,6 +20,15 @@ function mapText(obj) {
   return entries.length ? h("span", { class: "mono" }, entries.map(([k, v]) => `${k}=${v}`).join(", ")) : "—";
 }
 
+// How one webhook message's delivery went (GET /jobs/{id}/notifications).
+function deliveryText(n) {
+  const tries = `${n.attempts} ${n.attempts === 1 ? "try" : "tries"}`;
+  if (n.state === "delivered") return `delivered ${fmtDateSec(n.sent_at)}`;
+  if (n.state === "given_up") return `given up after ${tries}: ${n.error}`;
+  if (n.state === "retrying") return `failed (${n.error}), ${tries}; tried again ${fmtIn(n.next_at)}`;
+  return "queued: sent within seconds";
+}
+
 function scheduleText(s) {
   if (!s || s.mode === "now") return "as soon as possible";
   if (s.mode === "offpeak") return `off-peak${s.window ? ` (${s.window})` : ""}`;
@@ -48,6 +57,7 @@ export function jobPage(root, ctx, { match }) {
       h("div", { class: "stack" }, editor, spec, events)));
 
   let job = null;
+  let notifications = [];
   const chart = lineChart(chartBox, {
     height: 220,
     // The job's run, at least 2 minutes wide so a fresh job does not show millisecond ticks.
@@ -121,6 +131,8 @@ export function jobPage(root, ctx, { match }) {
         ["Placed on", h("span", { class: "mono" }, allocationText(job))],
         job.notify_url ? ["Notifies", h("span", { id: "job-notify" }, h("span", { class: "mono" }, job.notify_url),
           ` when it ${job.notify_on.map((e) => ({ start: "starts", end: "ends", fail: "fails" })[e] || e).join(" or ")}`)] : null,
+        notifications.length ? ["Messages", h("ul", { class: "plain", id: "job-notifications" },
+          notifications.map((n) => h("li", {}, h("b", {}, n.event), " · ", deliveryText(n))))] : null,
         ["Priority", String(job.priority)],
         ["Schedule", scheduleText(job.schedule)],
         job.array ? ["Array", h("span", { id: "job-array" }, `task ${job.array.index} of array `,
@@ -167,6 +179,8 @@ export function jobPage(root, ctx, { match }) {
       throw err;
     }
     efficiency = await optional(`/api/v1/jobs/${jobId}/efficiency`, {}, null);
+    // Kept fresh after the job ends: its end message is sent, or retried, after that.
+    if (job.notify_url || notifications.length) notifications = await api(`/api/v1/jobs/${jobId}/notifications`);
     renderHead();
     renderSpec();
   };
