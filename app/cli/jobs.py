@@ -332,7 +332,9 @@ def submit(
     ] = None,
     notify_on: Annotated[
         str | None,
-        typer.Option("--notify-on", help="start, end (the default), fail; comma-separated"),
+        typer.Option(
+            "--notify-on", help="start, end (the default), fail, requeue; comma-separated"
+        ),
     ] = None,
     after: Annotated[
         list[int] | None,

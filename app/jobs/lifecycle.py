@@ -77,7 +77,8 @@ def transition(
     )
     session.add(event)
     ends = to in FINISHED and not (to is JobStatus.FAILED and will_retry(job))
-    queue_for(session, job=job, to=to, ends=ends, now=now)  # in this transaction: never lost
+    # In this transaction: never lost.
+    queue_for(session, job=job, came_from=current, to=to, ends=ends, now=now)
     return event
 
 

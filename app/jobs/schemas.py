@@ -27,7 +27,7 @@ RESERVED_ENV = (
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
 
 Name = Annotated[str, Field(min_length=1, max_length=200)]
-NotifyEvent = Literal["start", "end", "fail"]
+NotifyEvent = Literal["start", "end", "fail", "requeue"]
 # A node's name, as an agent registers it (gpusched agent --name).
 NodeName = Annotated[str, Field(min_length=1, max_length=64)]
 
@@ -138,16 +138,17 @@ class JobCreate(RequestBody):
     notify_url: str | None = Field(
         default=None,
         max_length=2048,
-        description="POST a JSON message here when the job starts, ends or fails "
-        "(notify_on), as sbatch --mail-type; its `text` suits chat webhooks. The host must "
+        description="POST a JSON message here when the job starts, ends, fails or is "
+        "requeued (notify_on), as sbatch --mail-type; its `text` suits chat webhooks. The host must "
         "be one the server allows (GPUSCHED_NOTIFY_HOSTS)",
     )
     notify_on: list[NotifyEvent] = Field(
         default=["end"],
         min_length=1,
-        max_length=3,
+        max_length=4,
         description="start (it started running), end (it ended, however; not a failure "
-        "it is retried after), fail (it ended without success)",
+        "it is retried after), fail (it ended without success), requeue (it is back in "
+        "the queue: preempted, requeued, its node lost, or retried after a failure)",
     )
     array: ArraySpec | None = Field(
         default=None,

@@ -49,6 +49,46 @@ def test_which_changes_call_for_a_message(
     assert event_for(Job(notify_on=notify_on), to, ends=ends) == event
 
 
+@pytest.mark.parametrize(
+    ("notify_on", "came_from", "cancel_asked", "event"),
+    [
+        (["requeue"], JobStatus.PREEMPTED, False, "requeue"),  # preempted or requeued
+        (["requeue"], JobStatus.LOST, False, "requeue"),  # its node was lost
+        (["requeue"], JobStatus.FAILED, False, "requeue"),  # a retry
+        (["end"], JobStatus.PREEMPTED, False, None),  # not asked for
+        (["requeue"], JobStatus.PREEMPTED, True, None),  # on its way to CANCELLED
+    ],
+)  # fmt: skip
+def test_a_job_back_in_the_queue_is_a_requeue(
+    notify_on: list[str], came_from: JobStatus, cancel_asked: bool, event: str | None
+) -> None:
+    job = Job(notify_on=notify_on, cancel_requested_at=utcnow() if cancel_asked else None)
+    assert event_for(job, JobStatus.PENDING, ends=False, came_from=came_from) == event
+
+
+def test_a_requeued_job_is_announced_then_its_end(api, receiver: Receiver) -> None:
+    add_node(api, 1)
+    job = submit(api, name="train", notify_url=receiver.url, notify_on=["requeue", "end"])["id"]
+    run_one_cycle(api)
+    r = api.client.post(f"/api/v1/jobs/{job}/requeue", headers=api.as_("alice"))
+    assert r.status_code == 200, r.text
+    finish(api, job, "PREEMPTED")  # the agent stopped it
+    run_one_cycle(api)
+    finish(api, job, "SUCCEEDED")
+    assert send_due(factory=api.factory, now=utcnow(), allowed_hosts=HOSTS).sent == 2
+    requeued, ended = receiver.bodies
+    assert requeued["event"] == "requeue"
+    assert (
+        requeued["text"]
+        == f"job {job} (train) of alice is back in the queue (attempt 1: PREEMPTED)"
+    )
+    assert (requeued["job"]["status"], ended["event"], ended["job"]["attempt"]) == (
+        "PENDING",
+        "end",
+        2,
+    )
+
+
 def test_a_failure_that_is_retried_is_not_an_end(api, receiver: Receiver) -> None:
     add_node(api, 1)
     job = submit(api, retries=1, notify_url=receiver.url)["id"]

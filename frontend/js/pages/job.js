@@ -130,7 +130,7 @@ export function jobPage(root, ctx, { match }) {
             job.exclude_nodes?.length ? `excludes ${job.exclude_nodes.join(", ")}` : ""].filter(Boolean).join("; "))] : null,
         ["Placed on", h("span", { class: "mono" }, allocationText(job))],
         job.notify_url ? ["Notifies", h("span", { id: "job-notify" }, h("span", { class: "mono" }, job.notify_url),
-          ` when it ${job.notify_on.map((e) => ({ start: "starts", end: "ends", fail: "fails" })[e] || e).join(" or ")}`)] : null,
+          ` when it ${job.notify_on.map((e) => ({ start: "starts", end: "ends", fail: "fails", requeue: "is requeued" })[e] || e).join(" or ")}`)] : null,
         notifications.length ? ["Messages", h("ul", { class: "plain", id: "job-notifications" },
           notifications.map((n) => h("li", {}, h("b", {}, n.event), " · ", deliveryText(n))))] : null,
         ["Priority", String(job.priority)],

@@ -8,7 +8,8 @@ export const DEPENDENCY_KINDS = [
 ];
 
 // When a job with a notify URL is announced (sbatch --mail-type).
-const NOTIFY_ON = [["end", "ends, however"], ["fail", "fails"], ["start,end", "starts and ends"]];
+const NOTIFY_ON = [["end", "ends, however"], ["fail", "fails"], ["start,end", "starts and ends"],
+  ["end,requeue", "ends or is requeued (preempted, …)"]];
 
 const INT_FIELDS = ["gpus", "gpu_memory_mb", "nodes", "priority", "max_runtime_s", "estimated_runtime_s", "grace_s", "retries"];
 
