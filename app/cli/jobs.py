@@ -266,6 +266,30 @@ WorkdirOption = Annotated[
     ),
 ]
 
+OnlyNodesOption = Annotated[
+    str | None, typer.Option("--only-nodes", help=ONLY_NODES_HELP, rich_help_panel=JOB_PANEL)
+]
+ExcludeNodesOption = Annotated[
+    str | None, typer.Option("--exclude", "-x", help=EXCLUDE_HELP, rich_help_panel=JOB_PANEL)
+]
+NotifyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--notify",
+        help="POST a JSON message (its text suits chat webhooks) to this URL when the job "
+        "ends, as sbatch --mail-type; the server must allow the host",
+        rich_help_panel=JOB_PANEL,
+    ),
+]
+NotifyOnOption = Annotated[
+    str | None,
+    typer.Option(
+        "--notify-on",
+        help="start, end (the default), fail, requeue; comma-separated",
+        rich_help_panel=JOB_PANEL,
+    ),
+]
+
 
 # Selecting jobs by label (`gpusched jobs`, `cancel`), as the API's ?label=k=v.
 LabelFilterOption = Annotated[
@@ -314,28 +338,10 @@ def submit(
     hold: Annotated[
         bool, typer.Option("--hold", help="Submit it held: it starts once released (release ID)")
     ] = False,
-    only_nodes: Annotated[
-        str | None,
-        typer.Option("--only-nodes", help=ONLY_NODES_HELP, rich_help_panel=JOB_PANEL),
-    ] = None,
-    exclude_nodes: Annotated[
-        str | None,
-        typer.Option("--exclude", "-x", help=EXCLUDE_HELP, rich_help_panel=JOB_PANEL),
-    ] = None,
-    notify: Annotated[
-        str | None,
-        typer.Option(
-            "--notify",
-            help="POST a JSON message (its text suits chat webhooks) to this URL when the "
-            "job ends, as sbatch --mail-type; the server must allow the host",
-        ),
-    ] = None,
-    notify_on: Annotated[
-        str | None,
-        typer.Option(
-            "--notify-on", help="start, end (the default), fail, requeue; comma-separated"
-        ),
-    ] = None,
+    only_nodes: OnlyNodesOption = None,
+    exclude_nodes: ExcludeNodesOption = None,
+    notify: NotifyOption = None,
+    notify_on: NotifyOnOption = None,
     after: Annotated[
         list[int] | None,
         typer.Option(

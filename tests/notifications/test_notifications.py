@@ -21,6 +21,7 @@ from app.messaging import SEND_NOTIFICATIONS
 from app.notifications.models import Notification
 from app.notifications.outbox import event_for
 from app.notifications.sender import MAX_ATTEMPTS, send_due
+from tests.batches.test_batches_cli import batch
 from tests.cli.conftest import Cli
 from tests.cycle.jobs_api import add_node, finish, job_events, run_one_cycle, submit
 from tests.notifications.receiver import Receiver
@@ -333,3 +334,20 @@ def test_show_prints_how_notifications_were_delivered(cli: Cli) -> None:
     assert "Notifications" in shown.stdout and "queued" in shown.stdout
     as_json = json.loads(cli("show", "--json", str(job)).stdout)
     assert [(n["event"], n["state"]) for n in as_json["notifications"]] == [("end", "queued")]
+
+
+def test_a_batch_job_from_the_command_line_takes_notification_and_node_options(
+    cli: Cli,
+) -> None:
+    """`batch create` takes the job options of `submit`, these four included."""
+    url = "http://127.0.0.1:8/hook"
+    created = batch(
+        cli, "create", "nightly", "--cron", "0 2 * * *", "--json",
+        "--notify", url, "--notify-on", "fail,requeue", "-x", "node-3", "--", "true",
+    )  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+    (template,) = json.loads(created.stdout)["templates"]
+    assert (template["notify_url"], template["notify_on"]) == (url, ["fail", "requeue"])
+    assert template["exclude_nodes"] == ["node-3"]
+    usage = batch(cli, "create", "b2", "--cron", "0 2 * * *", "--notify-on", "end", "--", "true")
+    assert usage.exit_code == 2 and "--notify-on needs --notify URL" in usage.stderr
