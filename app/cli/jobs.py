@@ -667,6 +667,12 @@ def _start_cell(value: str | None, *, now: datetime) -> str:
 
 def pending_queue(
     project: Annotated[str | None, typer.Option(help="Only this project")] = None,
+    user: Annotated[
+        str | None, typer.Option("--user", "-u", help="Only this user's jobs (squeue -u)")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", "-n", help="Only jobs of this name (squeue --name)")
+    ] = None,
     limit: Annotated[int, typer.Option(help="Jobs to show, from the head of the queue")] = 50,
     as_json: JsonOption = False,
     url: UrlOption = None,
@@ -675,8 +681,7 @@ def pending_queue(
     """Pending jobs in the order the scheduler considers them, with the estimated start
     and why each waits (as squeue --start). --json prints {"total": N, "items": [...]}."""
     params: dict[str, Any] = {"limit": limit}
-    if project:
-        params["project"] = project
+    params.update({k: v for k, v in (("project", project), ("user", user), ("name", name)) if v})
     page = ApiClient.from_options(url, token).get("/api/v1/queue", params=params)
     if as_json:
         print_json(page)

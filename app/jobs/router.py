@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Annotated
 
 from fastapi import (
@@ -100,8 +101,7 @@ def _parse_cursor(cursor: str | None) -> int | None:
     return int(cursor)
 
 
-def job_selection(
-    status_: Annotated[list[JobStatus], Query(alias="status")] = [],  # noqa: B006
+def job_filters(
     project: str | None = None,
     user: str | None = None,
     label: Annotated[list[str], Query(description="key=value, repeatable")] = [],  # noqa: B006
@@ -112,14 +112,20 @@ def job_selection(
         str | None, Query(min_length=1, max_length=200, description="jobs of this name")
     ] = None,
 ) -> service.JobSelection:
+    """The filters of every job listing but status (the queue holds pending jobs only)."""
     return service.JobSelection(
-        statuses=tuple(status_),
-        project=project,
-        user=user,
-        labels=tuple(_parse_labels(label)),
-        array=array,
-        name=name,
+        project=project, user=user, labels=tuple(_parse_labels(label)), array=array, name=name
     )
+
+
+FiltersDep = Annotated[service.JobSelection, Depends(job_filters)]
+
+
+def job_selection(
+    filters: FiltersDep,
+    status_: Annotated[list[JobStatus], Query(alias="status")] = [],  # noqa: B006
+) -> service.JobSelection:
+    return replace(filters, statuses=tuple(status_))
 
 
 SelectionDep = Annotated[service.JobSelection, Depends(job_selection)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -555,15 +555,16 @@ def list_jobs(
 
 
 def pending_in_order(
-    *, session: Session, principal: Principal, project: str | None, offset: int, limit: int
+    *,
+    session: Session,
+    principal: Principal,
+    filters: JobSelection = JobSelection(),
+    offset: int = 0,
+    limit: int = 50,
 ) -> PendingPage:
     """Waiting jobs in the order the last cycle would serve them (queue position), held
-    jobs last."""
-    query = select(Job).where(Job.status == JobStatus.PENDING)
-    if not principal.is_admin:
-        query = query.where(Job.project_id.in_(principal.project_ids or {-1}))
-    if project is not None:
-        query = query.join(Project, Project.id == Job.project_id).where(Project.name == project)
+    jobs last. `filters`' statuses are not used: these are the pending jobs."""
+    query = replace(filters, statuses=(JobStatus.PENDING,)).where(select(Job), principal)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     jobs = session.scalars(
         query.order_by(

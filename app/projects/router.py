@@ -6,6 +6,7 @@ from fastapi import APIRouter, Query
 
 from app.deps import AdminUser, CurrentUser, SessionDep
 from app.jobs import service as jobs_service
+from app.jobs.router import FiltersDep
 from app.jobs.schemas import PendingPage
 from app.projects import service
 from app.projects.schemas import ProjectUpdate, QueueOut
@@ -32,11 +33,12 @@ def update_project(
 def pending_queue(
     session: SessionDep,
     principal: CurrentUser,
-    project: str | None = None,
+    filters: FiltersDep,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> PendingPage:
-    """Pending jobs in scheduling order, with position, reason and estimated start."""
+    """Pending jobs in scheduling order, with position, reason and estimated start; the
+    filters (`project`, `user`, `name`, `label`, `array`) as in GET /jobs, as squeue's."""
     return jobs_service.pending_in_order(
-        session=session, principal=principal, project=project, offset=offset, limit=limit
+        session=session, principal=principal, filters=filters, offset=offset, limit=limit
     )

@@ -666,6 +666,16 @@ def test_queue_paginates_on_the_server(dash: Dashboard, stack: Stack) -> None:
     page.click(f"tr[data-job='{victim}'] [data-cancel]")
     page.wait_for_selector(f"tr[data-job='{victim}']", state="detached")
     assert stack.request("GET", f"/api/v1/jobs/{victim}")["status"] == "CANCELLED"
+    # Filter by name, as squeue --name: one job of the 60, and the filter is in the URL.
+    page.fill("#filter-name", "later-7")
+    page.press("#filter-name", "Enter")
+    _expect_text(page, "#pending-total", r"^\(1\)$")
+    assert page.locator("#pending-table tbody tr").count() == 1
+    assert page.locator(f"#pending-table tr[data-job='{ids[7]}']").count() == 1
+    assert "name=later-7" in page.evaluate("window.location.hash")
+    dash.shot("queue-filtered-by-name")
+    page.fill("#filter-name", "")
+    page.press("#filter-name", "Enter")
     # Filter by status: only the active list remains.
     page.select_option("#filter-status", "RUNNING")
     page.wait_for_selector("#pending", state="hidden")

@@ -453,6 +453,9 @@ def test_queue_lists_pending_jobs_in_scheduling_order_with_estimated_start(cli: 
     limited = cli("queue", "--limit", "1")
     assert "1 more pending" in limited.stdout and "big" not in limited.stdout
     assert "no pending jobs" in cli("queue", user="bob").stdout  # bob sees only his projects
+    # As squeue --name / -u: the cluster's positions, filtered.
+    named = json.loads(cli("queue", "--json", "-n", "big", "-u", "alice").stdout)
+    assert [(j["name"], j["queue_position"]) for j in named["items"]] == [("big", 2)]
 
 
 def test_hold_and_release(cli: Cli) -> None:

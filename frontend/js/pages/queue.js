@@ -168,6 +168,8 @@ export function queuePage(root, ctx, { params }) {
   const state = {
     project: params.get("project") || "",
     status: params.get("status") || "",
+    user: params.get("user") || "",
+    name: params.get("name") || "",
     offset: Math.max(0, Number(params.get("offset")) || 0),
     cursors: [null], // cursor stack for the active list; last = current page
   };
@@ -176,6 +178,9 @@ export function queuePage(root, ctx, { params }) {
     [["", "Pending and active"], ["PENDING", "Pending"], ["RUNNING", "Running"], ["SCHEDULED", "Scheduled"]]
       .map(([v, t]) => h("option", { value: v }, t)));
   statusSelect.value = state.status;
+  // As squeue -u / --name: exact names, applied on Enter or leaving the field.
+  const userInput = h("input", { id: "filter-user", type: "search", placeholder: "any", value: state.user, autocomplete: "off" });
+  const nameInput = h("input", { id: "filter-name", type: "search", placeholder: "any", value: state.name, autocomplete: "off" });
   const pendingCard = h("section", { class: "card", id: "pending" });
   const activeCard = h("section", { class: "card", id: "active" });
   root.append(
@@ -183,7 +188,9 @@ export function queuePage(root, ctx, { params }) {
       h("a", { class: "btn btn-primary", href: "#/submit" }, "Submit a job")),
     h("div", { class: "card" }, h("div", { class: "filters" },
       h("div", { class: "field" }, h("label", { for: "filter-project" }, "Project"), projectSelect),
-      h("div", { class: "field" }, h("label", { for: "filter-status" }, "Status"), statusSelect))),
+      h("div", { class: "field" }, h("label", { for: "filter-status" }, "Status"), statusSelect),
+      h("div", { class: "field" }, h("label", { for: "filter-user" }, "User"), userInput),
+      h("div", { class: "field" }, h("label", { for: "filter-name" }, "Job name"), nameInput))),
     pendingCard,
     activeCard,
   );
@@ -204,24 +211,24 @@ export function queuePage(root, ctx, { params }) {
     const q = new URLSearchParams();
     if (state.project) q.set("project", state.project);
     if (state.status) q.set("status", state.status);
+    if (state.user) q.set("user", state.user);
+    if (state.name) q.set("name", state.name);
     if (state.offset) q.set("offset", state.offset);
     const next = `#/queue${q.toString() ? `?${q}` : ""}`;
     if (window.location.hash !== next) history.replaceState(null, "", next);
   };
-  projectSelect.addEventListener("change", () => {
-    state.project = projectSelect.value;
+  const onFilter = (control, key) => control.addEventListener("change", () => {
+    state[key] = control.value.trim();
     state.offset = 0;
     state.cursors = [null];
     syncHash();
     refreshAll();
   });
-  statusSelect.addEventListener("change", () => {
-    state.status = statusSelect.value;
-    state.offset = 0;
-    state.cursors = [null];
-    syncHash();
-    refreshAll();
-  });
+  onFilter(projectSelect, "project");
+  onFilter(statusSelect, "status");
+  onFilter(userInput, "user");
+  onFilter(nameInput, "name");
+  const filters = () => ({ project: state.project, user: state.user, name: state.name });
 
   let pendingSeq = 0;
   const refreshPending = async () => {
@@ -232,7 +239,7 @@ export function queuePage(root, ctx, { params }) {
     pendingCard.hidden = false;
     const seq = ++pendingSeq;
     const page = await api("/api/v1/queue", {
-      query: { offset: state.offset, limit: PAGE, project: state.project },
+      query: { offset: state.offset, limit: PAGE, ...filters() },
     });
     if (seq !== pendingSeq) return; // a newer request (filter change) won
     if (state.offset && state.offset >= page.total && page.total > 0) {
@@ -295,7 +302,7 @@ export function queuePage(root, ctx, { params }) {
               job.estimated_start_at ? fmtIn(job.estimated_start_at) : "—"),
             h("td", { class: "hide-sm" }, fmtAgo(job.created_at)),
             h("td", { class: "actions" }, holdButton(job, refreshAll), cancelButton(job, refreshAll))))))))
-        : h("div", { class: "empty" }, "No pending jobs."),
+        : h("div", { class: "empty" }, state.user || state.name ? "No pending jobs match the filters." : "No pending jobs."),
       page.total > PAGE ? pager(false) : null);
   };
 
@@ -310,7 +317,7 @@ export function queuePage(root, ctx, { params }) {
     const statuses = state.status ? [state.status] : ["RUNNING", "SCHEDULED"];
     const cursor = state.cursors[state.cursors.length - 1];
     const page = await api("/api/v1/jobs", {
-      query: { status: statuses, project: state.project, limit: PAGE, cursor },
+      query: { status: statuses, ...filters(), limit: PAGE, cursor },
     });
     if (seq !== activeSeq) return;
     renderActive(page);
