@@ -765,7 +765,7 @@ def _command_text(command: list[str] | str) -> str:
     return shlex.join(command) if isinstance(command, list) else f"sh -c {shlex.quote(command)}"
 
 
-def _job_details(job: dict[str, Any]) -> Table:
+def _job_details(job: dict[str, Any], rank: dict[str, Any] | None = None) -> Table:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
@@ -823,6 +823,8 @@ def _job_details(job: dict[str, Any]) -> Table:
         rows.append(("pending message", job.get("pending_message") or ""))
     if job.get("queue_position") is not None:
         rows.append(("queue position", job["queue_position"]))
+    if rank is not None:  # as sprio: why the jobs ahead go first
+        rows.append(("ranked now", f"{rank['message']} (policy {rank['policy']})"))
     if job.get("estimated_start_at"):
         rows.append(("estimated start", job["estimated_start_at"]))
     if job.get("exit_code") is not None:
@@ -845,20 +847,21 @@ def show(
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Show one job: spec, pending reason, queue position, allocations, events and how
-    its notifications were delivered.
+    """Show one job: spec, pending reason, queue position and why the jobs ahead go first
+    (as sprio), allocations, events and how its notifications were delivered.
 
-    --json prints the job object with its events added under "events" and its
-    notifications under "notifications"."""
+    --json prints the job object with "events", "notifications" and "rank" (null unless
+    it waits in the queue) added."""
     client = ApiClient.from_options(url, token)
     job = client.get(f"{JOBS}/{job_id}")
     events = client.get(f"{JOBS}/{job_id}/events")
     notifications = client.get(f"{JOBS}/{job_id}/notifications")
+    rank = _rank(client, job)
     if as_json:
-        print_json({**job, "events": events, "notifications": notifications})
+        print_json({**job, "events": events, "notifications": notifications, "rank": rank})
         return
     out = console()
-    out.print(_job_details(job))
+    out.print(_job_details(job, rank))
     if job.get("allocations"):
         alloc = make_table("NODE", "GPU", "SHARE", "RANK", title="Allocations")
         for a in job["allocations"]:
@@ -886,6 +889,20 @@ def show(
             state = n["state"].replace("_", " ")
             add_row(sent, n["event"], n["url"], state, n["attempts"], when, n["error"] or "")
         out.print(sent)
+
+
+def _rank(client: ApiClient, job: dict[str, Any]) -> dict[str, Any] | None:
+    """A waiting job's place in the queue and why (GET /jobs/{id}/rank); None when it is
+    not ranked (held, waiting for its dependencies, or placed meanwhile)."""
+    if job["status"] != "PENDING" or job.get("held_by"):
+        return None
+    try:
+        rank: dict[str, Any] = client.get(f"{JOBS}/{job['id']}/rank")
+    except ApiError as exc:
+        if exc.status_code != 409:
+            raise
+        return None
+    return rank
 
 
 JobIds = Annotated[list[int], typer.Argument(help="Job ids", show_default=False)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
@@ -13,8 +14,16 @@ from app.cycle.models import SchedulerLease
 LEASE = "cycle"
 
 
-def acquire(session: Session, *, holder: str, now: datetime, ttl_s: float) -> int | None:
-    """Take the lease if free, expired or already ours; returns the fencing token."""
+def acquire(
+    session: Session,
+    *,
+    holder: str,
+    now: datetime,
+    ttl_s: float,
+    ranking: dict[str, Any] | None = None,
+) -> int | None:
+    """Take the lease if free, expired or already ours; returns the fencing token.
+    `ranking`: the queue policy the holder ranks with, stored with it (same statement)."""
     expires = now + timedelta(seconds=ttl_s)
     result = session.execute(
         update(SchedulerLease)
@@ -22,7 +31,7 @@ def acquire(session: Session, *, holder: str, now: datetime, ttl_s: float) -> in
             SchedulerLease.name == LEASE,
             or_(SchedulerLease.expires_at <= now, SchedulerLease.holder == holder),
         )
-        .values(holder=holder, token=SchedulerLease.token + 1, expires_at=expires)
+        .values(holder=holder, token=SchedulerLease.token + 1, expires_at=expires, ranking=ranking)
     )
     if result.rowcount == 0:  # type: ignore[attr-defined]
         if session.get(SchedulerLease, LEASE) is not None:
@@ -30,7 +39,11 @@ def acquire(session: Session, *, holder: str, now: datetime, ttl_s: float) -> in
             return None
         try:
             with session.begin_nested():
-                session.add(SchedulerLease(name=LEASE, holder=holder, token=1, expires_at=expires))
+                session.add(
+                    SchedulerLease(
+                        name=LEASE, holder=holder, token=1, expires_at=expires, ranking=ranking
+                    )
+                )
         except IntegrityError:
             session.rollback()
             return None
@@ -56,3 +69,8 @@ def release(session: Session, *, holder: str, token: int, now: datetime) -> None
         .values(expires_at=now)
     )
     session.commit()
+
+
+def ranking(session: Session) -> dict[str, Any] | None:
+    """The queue policy the cycle last ranked with; None before any cycle ran."""
+    return session.scalar(select(SchedulerLease.ranking).where(SchedulerLease.name == LEASE))

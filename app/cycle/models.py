@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base, UTCDateTime
+from app.db import Base, JSONType, UTCDateTime
 
 
 class SchedulerLease(Base):
@@ -19,3 +20,6 @@ class SchedulerLease(Base):
     holder: Mapped[str] = mapped_column(String(128))
     token: Mapped[int] = mapped_column(Integer)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # The queue policy its holder ranks with (SchedulerSettings.ranking()): the API
+    # explains a job's place in the queue by the same rules (GET /jobs/{id}/rank).
+    ranking: Mapped[dict[str, Any] | None] = mapped_column(JSONType)

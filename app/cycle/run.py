@@ -87,7 +87,13 @@ def run_cycle(
     `memory` that a full cycle filled makes this a quick cycle (see QueueMemory)."""
     started = time.perf_counter()
     with factory() as session:
-        token = lease.acquire(session, holder=holder, now=now, ttl_s=settings.lease_ttl_s)
+        token = lease.acquire(
+            session,
+            holder=holder,
+            now=now,
+            ttl_s=settings.lease_ttl_s,
+            ranking=settings.ranking(),
+        )
         if token is None:
             return CycleReport(ran=False)
         try:

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -42,6 +45,14 @@ class SchedulerSettings(BaseSettings):
         default=9102, ge=0, le=65535, description="0 = no metrics server"
     )
 
+    def ranking(self) -> dict[str, Any]:
+        """What orders the queue, stored on the cycle's lease (see `ranked_by`)."""
+        return {
+            "policy": self.policy,
+            "starvation_after_s": self.starvation_after_s,
+            "fair_share_half_life_s": self.fair_share_half_life_s,
+        }
+
     def policy_settings(self) -> PolicySettings:
         return PolicySettings(
             queue_policy=self.policy,
@@ -54,3 +65,11 @@ class SchedulerSettings(BaseSettings):
             min_run_before_preempt_s=self.min_run_before_preempt_s,
             starvation_after_s=self.starvation_after_s,
         )
+
+
+def ranked_by(ranking: Mapping[str, Any]) -> tuple[PolicySettings, float]:
+    """The queue order's settings and fair-share half-life from a stored `ranking()`."""
+    policy = PolicySettings(
+        queue_policy=ranking["policy"], starvation_after_s=ranking["starvation_after_s"]
+    )
+    return policy, float(ranking["fair_share_half_life_s"])

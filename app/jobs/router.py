@@ -26,7 +26,16 @@ from app.errors import FieldError
 from app.jobs import service
 from app.jobs.logs import MAX_TAIL_LINES, attempt_log_path, follow, read_tail, resolve_attempt
 from app.jobs.models import Job
-from app.jobs.schemas import ArrayUpdate, JobCreate, JobEventOut, JobOut, JobPage, JobUpdate
+from app.jobs.ranking import rank
+from app.jobs.schemas import (
+    ArrayUpdate,
+    JobCreate,
+    JobEventOut,
+    JobOut,
+    JobPage,
+    JobUpdate,
+    RankOut,
+)
 from app.jobs.states import ACTIVE, JobStatus
 from app.messaging import Messenger
 from app.nodes.telemetry import job_series
@@ -207,6 +216,15 @@ def get_job(job_id: JobId, session: SessionDep, principal: CurrentUser) -> JobOu
 @router.get("/{job_id}/events", response_model=list[JobEventOut])
 def get_job_events(job_id: JobId, session: SessionDep, principal: CurrentUser) -> list[JobEventOut]:
     return service.events(session=session, principal=principal, job_id=job_id)
+
+
+@router.get("/{job_id}/rank", response_model=RankOut)
+def get_job_rank(job_id: JobId, session: SessionDep, principal: CurrentUser) -> RankOut:
+    """Where a waiting job is in the queue and why, as Slurm's sprio: the jobs ahead of it
+    counted by the rule of the queue policy that puts each first (a higher priority,
+    another project's fair-share turn, a smaller expected GPU-time, ...). A 409 for a job
+    that is not ranked (placed, ended, held, or waiting for its dependencies)."""
+    return rank(session=session, principal=principal, job_id=job_id, now=utcnow())
 
 
 @router.get("/{job_id}/notifications", response_model=list[NotificationOut])

@@ -373,3 +373,26 @@ class JobEventOut(BaseModel):
 class PendingPage(BaseModel):
     total: int
     items: list[JobOut]
+
+
+class RankAhead(BaseModel):
+    rule: str = Field(description="priority, starving, fair_share, shorter, less_service, earlier")
+    jobs: int = Field(description="how many of the jobs ahead go first by this rule")
+    text: str
+
+
+class RankOut(BaseModel):
+    """Where a waiting job is in the queue and why (GET /jobs/{id}/rank), as sprio."""
+
+    job_id: int
+    policy: str = Field(description="the queue policy the scheduler ranks with")
+    position: int = Field(description="1: the next job the scheduler considers")
+    waiting: int = Field(description="jobs in the queue, this one included")
+    ahead: list[RankAhead] = Field(
+        description="the jobs ahead, counted by the rule that puts each first"
+    )
+    expected_gpu_s: float = Field(description="its size for short-first order: runtime x GPUs")
+    expected_from: str = Field(description="where that runtime comes from")
+    waited_s: float
+    starving: bool = Field(description="waited past the starvation guard: served first in its tier")
+    message: str

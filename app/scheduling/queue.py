@@ -16,7 +16,7 @@ from app.scheduling.usage import predict_runtime
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _submitted(job: JobView) -> datetime:
+def submitted(job: JobView) -> datetime:
     return job.submitted_at or _EPOCH
 
 
@@ -152,11 +152,11 @@ def default(
     for prio in sorted(tiers, reverse=True):
         tier = tiers[prio]
         if guard:
-            starving = [j for j in tier if _submitted(j) <= starved_since]
+            starving = [j for j in tier if submitted(j) <= starved_since]
             if starving:
                 _charge(starving, charge, horizon)
                 order.extend(fifo(starving))
-                tier = [j for j in tier if _submitted(j) > starved_since]
+                tier = [j for j in tier if submitted(j) > starved_since]
         by_size = sjf(tier, history, settings, now=now, age_over_s=limit)
         order.extend(_interleave(by_size, projects, settings, charge))
     return order
@@ -254,7 +254,7 @@ def attained(job: JobView, now: datetime, started_at: datetime | None, share: fl
 
 def las(jobs: Iterable[JobView], settings: PolicySettings) -> list[JobView]:
     """Least attained service (Tiresias 2D-LAS): lower queue first, FIFO inside."""
-    return sorted(jobs, key=lambda j: (las_level(j.attained_gpu_s, settings), _submitted(j), j.id))
+    return sorted(jobs, key=lambda j: (las_level(j.attained_gpu_s, settings), submitted(j), j.id))
 
 
 def order_jobs(

@@ -684,6 +684,25 @@ def test_queue_paginates_on_the_server(dash: Dashboard, stack: Stack) -> None:
         stack.request("POST", f"/api/v1/jobs/{job_id}/cancel")  # idempotent
 
 
+def test_a_waiting_jobs_page_says_why_the_jobs_ahead_go_first(
+    dash: Dashboard, stack: Stack
+) -> None:
+    later = {"command": "true", "schedule": {"mode": "at", "at": "2099-01-01T00:00:00Z"}}
+    first = stack.request("POST", "/api/v1/jobs", {**later, "name": "rank-first", "priority": 5})
+    asked = stack.request("POST", "/api/v1/jobs", {**later, "name": "rank-asked", "priority": -5})
+    try:
+        page = dash.page
+        dash.login(stack.admin_token)
+        dash.go(f"#/jobs/{asked['id']}")
+        # Ranked once the scheduler has run a cycle with it (every 2 s at most).
+        _expect_text(page, "#job-rank", r"\d+ by a higher priority.*policy default", timeout=30_000)
+        dash.shot("job-rank")
+        dash.assert_clean()
+    finally:
+        for job in (first, asked):
+            stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel")
+
+
 def test_the_drain_form_fits_a_phone(phone: Dashboard, stack: Stack) -> None:
     phone.login(stack.admin_token)
     phone.go("#/nodes")

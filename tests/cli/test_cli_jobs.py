@@ -836,3 +836,18 @@ def test_list_and_cancel_jobs_by_name(cli: Cli) -> None:
     assert result.exit_code == 0, result.stderr
     assert [_stored(cli, i).status for i in ids] == ["CANCELLED", "CANCELLED"]
     assert _stored(cli, keep).status == "PENDING"
+
+
+def test_show_prints_a_waiting_jobs_rank(cli: Cli) -> None:
+    from app.cycle.run import run_cycle
+    from app.db import utcnow
+    from tests.cycle.jobs_api import SETTINGS
+
+    ids = [json.loads(cli("submit", "--json", "--", "true").stdout)["id"] for _ in range(2)]
+    run_cycle(factory=cli.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
+    shown = cli("show", str(ids[1]))
+    assert shown.exit_code == 0, shown.stderr
+    shown_text = " ".join(shown.stdout.split())
+    assert "ranked now 2 of 2 waiting; ahead of it: 1 by submitted earlier" in shown_text
+    as_json = json.loads(cli("show", "--json", str(ids[1])).stdout)
+    assert as_json["rank"]["position"] == 2

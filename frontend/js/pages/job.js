@@ -20,6 +20,9 @@ function mapText(obj) {
   return entries.length ? h("span", { class: "mono" }, entries.map(([k, v]) => `${k}=${v}`).join(", ")) : "—";
 }
 
+// Waiting jobs the scheduler does not rank yet: their dependencies, their array's limit.
+const NOT_RANKED = new Set(["dependency", "array_limit"]);
+
 // How one webhook message's delivery went (GET /jobs/{id}/notifications).
 function deliveryText(n) {
   const tries = `${n.attempts} ${n.attempts === 1 ? "try" : "tries"}`;
@@ -58,6 +61,9 @@ export function jobPage(root, ctx, { match }) {
 
   let job = null;
   let notifications = [];
+  let rank = null;
+  let rankAt = 0;
+  let rankFor = null; // the stored queue position it was asked for
   const chart = lineChart(chartBox, {
     height: 220,
     // The job's run, at least 2 minutes wide so a fresh job does not show millisecond ticks.
@@ -120,6 +126,9 @@ export function jobPage(root, ctx, { match }) {
         job.status === "PENDING" && job.pending_reason ? ["Waiting", h("span", { id: "job-reason" },
           h("span", { class: "badge warn" }, reasonLabel(job.pending_reason)), " ", job.pending_message || "")] : null,
         job.queue_position ? ["Queue position", String(job.queue_position)] : null,
+        rank ? ["Ahead of it", h("span", { id: "job-rank" }, rank.ahead.length
+          ? rank.ahead.map((a) => `${a.jobs} by ${a.text}`).join("; ")
+          : "nobody: first in line", h("span", { class: "muted" }, ` (${rank.position} of ${rank.waiting} now, policy ${rank.policy})`))] : null,
         job.estimated_start_at ? ["Estimated start", `${fmtDate(job.estimated_start_at)} (${fmtIn(job.estimated_start_at)})`] : null,
         ["Project", job.project],
         ["User", job.user],
@@ -179,6 +188,15 @@ export function jobPage(root, ctx, { match }) {
       throw err;
     }
     efficiency = await optional(`/api/v1/jobs/${jobId}/efficiency`, {}, null);
+    // Why the jobs ahead go first (as sprio): computed by the server on demand, so asked
+    // again only when the position moved or every 10 s. Not for jobs outside the ranking.
+    const ranked = job.status === "PENDING" && !job.held_by && !NOT_RANKED.has(job.pending_reason);
+    if (!ranked) rank = null;
+    else if (!rank || rankFor !== job.queue_position || Date.now() - rankAt > 10_000) {
+      rankAt = Date.now();
+      rankFor = job.queue_position;
+      rank = await api(`/api/v1/jobs/${jobId}/rank`).catch(() => null);
+    }
     // Kept fresh after the job ends: its end message is sent, or retried, after that.
     if (job.notify_url || notifications.length) notifications = await api(`/api/v1/jobs/${jobId}/notifications`);
     renderHead();

@@ -1,0 +1,57 @@
+"""GET /api/v1/jobs/{id}/rank (as sprio): a waiting job's place and why, by the queue
+policy the cycle stored on its lease."""
+
+from __future__ import annotations
+
+from app.cycle import lease
+from tests.cycle.jobs_api import add_node, run_one_cycle, submit
+
+
+def _rank(api, job: int, user: str = "alice"):
+    return api.client.get(f"/api/v1/jobs/{job}/rank", headers=api.as_(user))
+
+
+def test_a_waiting_jobs_rank_counts_the_jobs_ahead_by_rule(api):
+    add_node(api, 1)
+    submit(api, name="running", estimated_runtime_s=3600)
+    asked = submit(api, name="asked", estimated_runtime_s=7200)["id"]
+    r = _rank(api, asked)
+    assert r.status_code == 409 and "has not ranked the queue yet" in r.json()["detail"]
+    run_one_cycle(api)  # the first job takes the only GPU
+    submit(api, name="urgent", priority=5)
+    submit(api, name="short", estimated_runtime_s=60)
+    submit(api, name="long", estimated_runtime_s=36000)
+    submit(api, user="bob", name="other-project")
+    with api.factory() as session:
+        assert lease.ranking(session) == {
+            "policy": "default", "starvation_after_s": 86400.0, "fair_share_half_life_s": 604800.0,
+        }  # fmt: skip
+    r = _rank(api, asked)
+    assert r.status_code == 200, r.text
+    rank = r.json()
+    assert (rank["policy"], rank["position"], rank["waiting"]) == ("default", 4, 5)
+    assert [(a["rule"], a["jobs"]) for a in rank["ahead"]] == [
+        ("priority", 1),
+        ("fair_share", 1),  # bob's project cv has used nothing: its turn first
+        ("shorter", 1),
+    ]
+    assert rank["expected_gpu_s"] == 7200 and rank["expected_from"] == "its estimated runtime"
+    assert rank["message"].startswith("4 of 5 waiting; ahead of it: 1 by a higher priority")
+    # Only the job's project's members (and admins) see it.
+    assert _rank(api, asked, "bob").status_code == 403
+
+
+def test_a_job_that_is_not_ranked_says_why(api):
+    add_node(api, 1)
+    running = submit(api, name="running")["id"]
+    held = submit(api, name="held", hold=True)["id"]
+    after = submit(api, name="after", depends_on=[running])["id"]
+    run_one_cycle(api)
+    for job, why in (
+        (running, f"job {running} is SCHEDULED: only a waiting job has a place in the queue"),
+        (held, f"job {held} is held by alice: it is ranked once released"),
+        (after, f"job {after} is not in the queue yet: "),
+    ):
+        r = _rank(api, job)
+        assert r.status_code == 409 and r.json()["detail"].startswith(why), r.text
+    assert _rank(api, 999).status_code == 404

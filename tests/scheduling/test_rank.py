@@ -1,0 +1,102 @@
+"""Why a waiting job is where it is (as sprio): each job ahead counted by the first rule of
+the policy that puts it first. The order is the core's own (`order_jobs`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from app.scheduling.queue import order_jobs
+from app.scheduling.rank import rank_of
+from tests.scheduling.builders import T0, job, project, settings
+
+HOUR = 3600.0
+PROJECTS = {p.name: p for p in (project("ml"), project("cv", usage=1e9))}
+
+
+def _rank(policy: str, jobs, asked: int, **kw):
+    policy_settings = settings(queue_policy=policy, **kw)
+    order = order_jobs(
+        jobs, settings=policy_settings, projects=PROJECTS, running=(), history={}, now=T0
+    )
+    return rank_of(order, asked, settings=policy_settings, history={}, now=T0)
+
+
+# Job 9 (ml, priority 0, 1 GPU, 2 h estimate, waited ~1 h) against one other job each.
+ASKED = job(9, project="ml", estimated_runtime_s=7200)
+OLD = T0 - timedelta(days=2)
+
+
+@pytest.mark.parametrize(
+    ("policy", "other", "because"),
+    [
+        ("default", job(1, priority=5), "priority"),
+        ("default", job(1, project="ml", submitted_at=OLD, estimated_runtime_s=99 * 3600), "starving"),
+        # Another project's turn comes first here (ml and the other start even: cv's usage
+        # only matters against ml's own charge).
+        ("default", job(1, project="ab", estimated_runtime_s=99 * 3600), "fair_share"),
+        ("default", job(1, project="ml", estimated_runtime_s=3600), "shorter"),  # 1 < 2 GPU-h
+        # Ahead by its waiting alone (the default's key shrinks as a job waits): earlier.
+        ("default", job(1, project="ml", estimated_runtime_s=7200), "earlier"),
+        ("default", job(1, project="ml", estimated_runtime_s=9000, submitted_at=T0 - timedelta(hours=20)), "earlier"),
+        ("fifo", job(1, priority=-5), "earlier"),
+        ("priority", job(1, priority=1), "priority"),
+        ("priority", job(1), "earlier"),
+        ("sjf", job(1, estimated_runtime_s=60), "shorter"),
+        ("las", job(1, attained_gpu_s=0.0), "earlier"),
+        ("fair-share", job(1, project="ab"), "fair_share"),
+        ("fair-share", job(1, project="ml", priority=3), "priority"),
+    ],
+)  # fmt: skip
+def test_each_job_ahead_is_counted_by_the_rule_that_puts_it_first(policy, other, because):
+    ranked = _rank(policy, [ASKED, other], ASKED.id)
+    assert ranked is not None
+    assert (ranked.position, ranked.waiting, ranked.ahead) == (2, 2, ((because, 1),))
+
+
+def test_las_counts_less_service_and_the_job_behind_is_not_counted():
+    served = job(9, attained_gpu_s=5 * HOUR)  # past the first threshold (1 GPU-h)
+    ranked = _rank("las", [served, job(1), job(2, attained_gpu_s=20 * HOUR)], 9)
+    assert ranked is not None
+    assert (ranked.position, ranked.ahead) == (2, (("less_service", 1),))
+
+
+def test_a_mixed_queue_is_summed_per_rule_in_one_message():
+    jobs = [
+        ASKED,
+        job(1, priority=1),
+        job(2, priority=2),
+        job(3, project="ml", estimated_runtime_s=60),
+        job(4, project="ml", estimated_runtime_s=10 * 3600),  # behind: larger
+    ]
+    ranked = _rank("default", jobs, 9)
+    assert ranked is not None
+    assert ranked.ahead == (("priority", 2), ("shorter", 1))
+    assert ranked.message == (
+        "4 of 5 waiting; ahead of it: 2 by a higher priority; 1 by a smaller expected GPU-time"
+    )
+    assert (ranked.expected_gpu_s, ranked.expected_from) == (7200.0, "its estimated runtime")
+    assert ranked.waited_s == pytest.approx(HOUR - 9) and not ranked.starving
+
+
+@pytest.mark.parametrize(
+    ("kw", "history", "expected", "source"),
+    [
+        ({"max_runtime_s": 600, "gpus": 4}, {}, 2400.0, "its time limit"),
+        ({}, {("user", "job9"): (100.0, 300.0, 200.0)}, 200.0,
+         "the median runtime of user's earlier jobs named job9"),
+        ({}, {}, 86400.0, "the cluster's default runtime"),
+    ],
+)  # fmt: skip
+def test_where_the_expected_size_comes_from(kw, history, expected, source):
+    asked = job(9, **kw)
+    policy = settings(queue_policy="sjf")
+    ranked = rank_of([asked], 9, settings=policy, history=history, now=T0)
+    assert ranked is not None
+    assert (ranked.expected_gpu_s, ranked.expected_from) == (expected, source)
+    assert ranked.message == "1 of 1 waiting: first in line"
+
+
+def test_a_job_not_in_the_order_has_no_rank():
+    assert _rank("fifo", [job(1)], 9) is None
