@@ -1,11 +1,21 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
-from pydantic import BaseModel
+from typing import Annotated
 
-from app.deps import CurrentUser
+from fastapi import APIRouter, Path
+from pydantic import BaseModel, Field, StringConstraints
+
+from app.auth import service
+from app.db import utcnow
+from app.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
+from app.errors import Conflict, NotFound
 
 router = APIRouter(prefix="/api/v1", tags=["auth"])
+
+# As `gpusched admin` takes them: 1 to 64 characters, surrounding blanks dropped.
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64)]
+UserPath = Annotated[str, Path(min_length=1, max_length=64, description="user name")]
+ProjectPath = Annotated[str, Path(min_length=1, max_length=64, description="project name")]
 
 
 class MeOut(BaseModel):
@@ -14,9 +24,155 @@ class MeOut(BaseModel):
     projects: list[str]
 
 
+class UserOut(BaseModel):
+    name: str
+    is_admin: bool
+    projects: list[str]
+    active_tokens: int = Field(description="tokens neither revoked nor expired")
+
+
+class UserCreate(BaseModel):
+    name: Name
+    projects: list[Name] = Field(min_length=1, description="created when missing")
+    admin: bool = False
+
+
+class TokenCreate(BaseModel):
+    label: Annotated[str, StringConstraints(max_length=64)] = "api"
+
+
+class TokenOut(BaseModel):
+    user: UserOut
+    token: str = Field(description="the API token, shown only this once")
+
+
+class RevokedOut(BaseModel):
+    user: UserOut
+    revoked: int
+
+
 @router.get("/me", response_model=MeOut)
 def me(principal: CurrentUser) -> MeOut:
     """Who the token belongs to (the dashboard shows admin actions only to admins)."""
     return MeOut(
         name=principal.name, is_admin=principal.is_admin, projects=sorted(principal.projects)
     )
+
+
+# Users, their projects and tokens, as `gpusched admin` (which needs the database) and
+# Slurm's sacctmgr (which talks to slurmdbd): admins manage them over the API too.
+
+
+def _out(summary: service.UserSummary) -> UserOut:
+    return UserOut(
+        name=summary.name,
+        is_admin=summary.is_admin,
+        projects=summary.projects,
+        active_tokens=summary.active_tokens,
+    )
+
+
+def _user(session: SessionDep, name: str) -> UserOut:
+    try:
+        return _out(service.user_summary(session=session, name=name, now=utcnow()))
+    except LookupError as exc:
+        raise NotFound(str(exc.args[0])) from None
+
+
+@router.get("/users", response_model=list[UserOut])
+def list_users(session: SessionDep, admin: AdminUser) -> list[UserOut]:
+    """Every user with role, projects and how many tokens still work (admin)."""
+    return [_out(u) for u in service.list_users(session=session, now=utcnow())]
+
+
+@router.post("/users", response_model=TokenOut, status_code=201)
+def create_user(
+    body: UserCreate, session: SessionDep, settings: SettingsDep, admin: AdminUser
+) -> TokenOut:
+    """Create a user in its projects (created when missing) and return its first token,
+    shown only this once (admin)."""
+    try:
+        _, token = service.create_user(
+            session=session,
+            name=body.name,
+            projects=list(dict.fromkeys(body.projects)),
+            is_admin=body.admin,
+            ttl_days=settings.token_ttl_days,
+            actor=admin.name,
+        )
+    except service.UserExists as exc:
+        raise Conflict(str(exc)) from None
+    session.commit()
+    return TokenOut(user=_user(session, body.name), token=token)
+
+
+@router.post("/users/{name}/tokens", response_model=TokenOut, status_code=201)
+def create_token(
+    name: UserPath,
+    session: SessionDep,
+    settings: SettingsDep,
+    admin: AdminUser,
+    body: TokenCreate | None = None,
+) -> TokenOut:
+    """Issue another token for a user, shown only this once (admin)."""
+    try:
+        user = service.find_user(session=session, name=name)
+    except LookupError as exc:
+        raise NotFound(str(exc.args[0])) from None
+    token = service.issue_token(
+        session=session,
+        user=user,
+        ttl_days=settings.token_ttl_days,
+        label=(body or TokenCreate()).label,
+        actor=admin.name,
+    )
+    session.commit()
+    return TokenOut(user=_user(session, name), token=token)
+
+
+@router.delete("/users/{name}/tokens", response_model=RevokedOut)
+def revoke_tokens(name: UserPath, session: SessionDep, admin: AdminUser) -> RevokedOut:
+    """Revoke every token of a user; other API processes notice within the token cache
+    time (admin). Not your own: that would lock you out (`gpusched admin revoke` can)."""
+    if name == admin.name:
+        raise Conflict("you would lock yourself out: another admin may revoke your tokens")
+    try:
+        count = service.revoke_tokens(session=session, user_name=name, actor=admin.name)
+    except LookupError as exc:
+        raise NotFound(str(exc.args[0])) from None
+    session.commit()
+    return RevokedOut(user=_user(session, name), revoked=count)
+
+
+@router.put("/users/{name}/projects/{project}", response_model=UserOut)
+def add_to_project(
+    name: UserPath, project: ProjectPath, session: SessionDep, admin: AdminUser
+) -> UserOut:
+    """Add a user to a project (created when missing), as `sacctmgr add user ...
+    account=`; idempotent (admin)."""
+    _change_membership(session, name=name, project=project, member=True, actor=admin.name)
+    return _user(session, name)
+
+
+@router.delete("/users/{name}/projects/{project}", response_model=UserOut)
+def remove_from_project(
+    name: UserPath, project: ProjectPath, session: SessionDep, admin: AdminUser
+) -> UserOut:
+    """Remove a user from a project; its jobs there stay. A user keeps at least one
+    project (admin)."""
+    _change_membership(session, name=name, project=project, member=False, actor=admin.name)
+    return _user(session, name)
+
+
+def _change_membership(
+    session: SessionDep, *, name: str, project: str, member: bool, actor: str
+) -> None:
+    try:
+        service.change_membership(
+            session=session, user_name=name, projects=[project], member=member, actor=actor
+        )
+    except LookupError as exc:
+        raise NotFound(str(exc.args[0])) from None
+    except ValueError as exc:
+        raise Conflict(str(exc.args[0])) from None
+    session.commit()

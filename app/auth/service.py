@@ -132,9 +132,7 @@ def change_membership(
     `sacctmgr add/remove user ... account=`; returns the user's projects after the change.
 
     A user keeps at least one project: without one it could not submit anything."""
-    user = session.scalar(select(User).where(User.name == user_name))
-    if user is None:
-        raise LookupError(f"no user named {user_name!r}")
+    user = find_user(session=session, name=user_name)
     before = user_projects(session=session, user_id=user.id)
     current = set(before)
     if member:
@@ -166,10 +164,47 @@ def change_membership(
     return after
 
 
-def revoke_tokens(*, session: Session, user_name: str, actor: str) -> int:
-    user = session.scalar(select(User).where(User.name == user_name))
+@dataclass(frozen=True, slots=True)
+class UserSummary:
+    name: str
+    is_admin: bool
+    projects: list[str]
+    active_tokens: int  # neither revoked nor expired
+
+
+def list_users(*, session: Session, now: datetime) -> list[UserSummary]:
+    """Every user with its role, projects and how many of its tokens still work."""
+    return [
+        _summary(session, user, now=now)
+        for user in session.scalars(select(User).order_by(User.name))
+    ]
+
+
+def find_user(*, session: Session, name: str) -> User:
+    user = session.scalar(select(User).where(User.name == name))
     if user is None:
-        raise LookupError(f"no user named {user_name!r}")
+        raise LookupError(f"no user named {name!r}")
+    return user
+
+
+def user_summary(*, session: Session, name: str, now: datetime) -> UserSummary:
+    return _summary(session, find_user(session=session, name=name), now=now)
+
+
+def _summary(session: Session, user: User, *, now: datetime) -> UserSummary:
+    active = sum(
+        1
+        for t in user.tokens
+        if t.revoked_at is None and (t.expires_at is None or t.expires_at > now)
+    )
+    projects = user_projects(session=session, user_id=user.id)
+    return UserSummary(
+        name=user.name, is_admin=user.is_admin, projects=projects, active_tokens=active
+    )
+
+
+def revoke_tokens(*, session: Session, user_name: str, actor: str) -> int:
+    user = find_user(session=session, name=user_name)
     now = utcnow()
     count = 0
     for token in user.tokens:

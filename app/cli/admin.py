@@ -9,16 +9,15 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from sqlalchemy import select
 
 from app.audit.service import local_actor
-from app.auth.models import User
 from app.auth.service import (
     UserExists,
     change_membership,
+    find_user,
     issue_token,
+    list_users,
     revoke_tokens,
-    user_projects,
 )
 from app.auth.service import create_user as create
 from app.cli.client import EXIT_REJECTED, EXIT_USAGE, CliError, add_row, console, make_table
@@ -90,9 +89,10 @@ def create_token(
     """Issue another token for an existing user and print it."""
     settings = load_settings_or_exit()
     with session_scope(settings) as session:
-        user = session.scalar(select(User).where(User.name == name))
-        if user is None:
-            raise CliError(f"no user named {name!r}", EXIT_REJECTED)
+        try:
+            user = find_user(session=session, name=name)
+        except LookupError as exc:
+            raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
         token = issue_token(
             session=session,
             user=user,
@@ -139,19 +139,11 @@ def remove_from_project(name: UserName, project: ProjectOption) -> None:
 def users() -> None:
     """List users: role, projects and how many tokens still work."""
     settings = load_settings_or_exit()
-    now = utcnow()
     table = make_table("USER", "ROLE", "PROJECTS", "ACTIVE TOKENS")
     with session_scope(settings) as session:
-        for user in session.scalars(select(User).order_by(User.name)):
-            active = sum(
-                1
-                for t in user.tokens
-                if t.revoked_at is None and (t.expires_at is None or t.expires_at > now)
-            )
-            projects = user_projects(session=session, user_id=user.id)
-            add_row(
-                table, user.name, "admin" if user.is_admin else "user", ", ".join(projects), active
-            )
+        for user in list_users(session=session, now=utcnow()):
+            role = "admin" if user.is_admin else "user"
+            add_row(table, user.name, role, ", ".join(user.projects), user.active_tokens)
     console().print(table)
 
 

@@ -9,6 +9,7 @@ import { jobPage } from "./pages/job.js";
 import { windowsPage } from "./pages/windows.js";
 import { submitPage } from "./pages/submit.js";
 import { auditPage } from "./pages/audit.js";
+import { usersPage } from "./pages/users.js";
 
 const root = document.getElementById("app");
 const topbar = document.getElementById("topbar");
@@ -25,6 +26,7 @@ const routes = [
   [/^\/windows$/, "windows", windowsPage],
   [/^\/submit$/, "submit", submitPage],
   [/^\/audit$/, "audit", auditPage],
+  [/^\/users$/, "users", usersPage],
   [/^\/jobs\/(\d+)$/, "queue", jobPage],
 ];
 
@@ -66,8 +68,10 @@ async function render() {
   document.getElementById("who-name").textContent = ctx.me.name
     ? `${ctx.me.name}${ctx.me.is_admin ? " · admin" : ""}`
     : "";
-  // The audit trail is for admins (unknown role: shown, and a 403 explains itself).
-  document.querySelector("[data-nav=audit]").hidden = ctx.me.is_admin === false;
+  // The audit trail and users are for admins (unknown role: shown, and a 403 explains itself).
+  for (const nav of ["audit", "users"]) {
+    document.querySelector(`[data-nav=${nav}]`).hidden = ctx.me.is_admin === false;
+  }
   for (const [re, nav, page] of routes) {
     const match = path.match(re);
     if (!match) continue;

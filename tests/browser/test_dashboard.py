@@ -25,6 +25,7 @@ PAGES = [
     ("windows", "#/windows", "#windows h2"),
     ("submit", "#/submit", "#submit-form"),
     ("audit", "#/audit", "#audit-table"),
+    ("users", "#/users", "#users-table"),
 ]
 
 
@@ -584,6 +585,7 @@ def test_bob_sees_only_his_project(dash: Dashboard, stack: Stack) -> None:
     assert page.locator("[data-drain], [data-undrain]").count() == 0
     # The audit trail is the admins': no link, and the page says so if typed in.
     assert page.locator("[data-nav=audit]").is_hidden()
+    assert page.locator("[data-nav=users]").is_hidden()
     dash.console.allow(403, r"/api/v1/audit")
     dash.go("#/audit")
     _expect_text(page, "#audit-denied", "Only admins see the audit trail")
@@ -701,6 +703,44 @@ def test_a_waiting_jobs_page_says_why_the_jobs_ahead_go_first(
     finally:
         for job in (first, asked):
             stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel")
+
+
+def test_an_admin_adds_a_user_changes_its_projects_and_tokens(
+    dash: Dashboard, stack: Stack
+) -> None:
+    dash.console.allow(422, r"/api/v1/users$")
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go("#/users")
+    page.wait_for_selector("#users-table")
+    # The server's 422 under its field.
+    page.fill("#u-name", "erin")
+    page.click("#create-user")
+    _expect_text(page, "#err-u-projects", "at least 1 item")
+    page.fill("#u-projects", "ml, vision")
+    page.click("#create-user")
+    token = page.wait_for_selector("#token-value").input_value()
+    assert token.startswith("gps_")
+    me = stack.request("GET", "/api/v1/me", token=token)
+    assert (me["name"], me["projects"]) == ("erin", ["ml", "vision"])
+    row = "tr[data-user='erin']"
+    _expect_text(page, f"{row} td", "^1$")  # one active token
+    dash.shot("users")
+
+    page.fill(f"{row} [data-join]", "nlp")
+    page.press(f"{row} [data-join]", "Enter")
+    page.wait_for_selector(f"{row} [data-project='nlp']")
+    page.click(f"{row} [aria-label='Remove erin from vision']")
+    page.wait_for_selector(f"{row} [data-project='vision']", state="detached")
+    page.click(f"{row} [data-new-token]")
+    _expect_text(page, f"{row} td", "^2$")
+    page.click(f"{row} [data-revoke]")
+    _expect_text(page, f"{row} [data-revoke]", "Confirm")
+    page.click(f"{row} [data-revoke]")
+    _expect_text(page, f"{row} td", "^0$")
+    users = {u["name"]: u for u in stack.request("GET", "/api/v1/users")}
+    assert (users["erin"]["projects"], users["erin"]["active_tokens"]) == (["ml", "nlp"], 0)
+    dash.assert_clean()
 
 
 def test_the_drain_form_fits_a_phone(phone: Dashboard, stack: Stack) -> None:

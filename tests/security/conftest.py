@@ -17,6 +17,8 @@ from sqlalchemy import select
 from app.auth.models import ApiToken, User
 from app.auth.service import issue_token, revoke_tokens
 from app.config import Settings
+from app.cycle import lease
+from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
 from app.jobs.allocations import GpuClaim, allocate
 from app.jobs.lifecycle import transition
@@ -48,6 +50,7 @@ ML_JOB = {
 }
 LOG_TEXT = f"step 1 loss 2.0 {ML_MARKER}\nstep 2 loss 1.5\n"
 CANARY_TEXT = "CANARY-SECRET-must-never-be-served"
+RANKING = SchedulerSettings().ranking()
 
 
 @dataclass
@@ -61,6 +64,7 @@ class Cluster:
     cv_job: int = 0  # bob's
     window: str = WINDOW["name"]
     batch: str = BATCH["name"]
+    member: str = "dana"  # in projects ml and cv: the user routes' seeded user
     canaries: list[Path] = field(default_factory=list)
 
     def headers(self, user: str) -> dict[str, str]:
@@ -127,6 +131,9 @@ def cluster(api: Api, settings: Settings) -> Cluster:
     assert r.status_code == 201, r.text
     r = api.client.post("/api/v1/batches", json=BATCH, headers=api.as_("alice"))
     assert r.status_code == 201, r.text
+    api.add_user(world.member, ["ml", "cv"])
+    with api.factory() as session:  # as a cycle leaves it: the queue can be ranked
+        lease.acquire(session, holder="test", now=utcnow(), ttl_s=0, ranking=RANKING)
     world.canaries = plant_canaries(settings)
     return world
 

@@ -33,6 +33,12 @@ EXPECTED_ADMIN_ONLY = frozenset(
         ("DELETE", "/api/v1/windows/{name}"),
         ("PATCH", "/api/v1/projects/{name}"),
         ("GET", "/api/v1/audit"),
+        ("GET", "/api/v1/users"),
+        ("POST", "/api/v1/users"),
+        ("POST", "/api/v1/users/{name}/tokens"),
+        ("DELETE", "/api/v1/users/{name}/tokens"),
+        ("PUT", "/api/v1/users/{name}/projects/{project}"),
+        ("DELETE", "/api/v1/users/{name}/projects/{project}"),
     }
 )
 

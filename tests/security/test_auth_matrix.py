@@ -41,6 +41,8 @@ BODIES: dict[tuple[str, str], Any] = {
     ("PUT", "/api/v1/batches/{name}"): BATCH,
     ("POST", "/api/v1/nodes/{name}/drain"): {"reason": "fan"},
     ("PATCH", "/api/v1/projects/{name}"): {"gpu_quota": 2},
+    ("POST", "/api/v1/users"): {"name": "erin", "projects": ["ml"]},
+    ("POST", "/api/v1/users/{name}/tokens"): {"label": "laptop"},
 }
 # Query parameters an operation needs to do anything (a bulk action must say which jobs).
 QUERIES: dict[tuple[str, str], dict[str, Any]] = {
@@ -71,6 +73,10 @@ def path_values(cluster: Cluster, op: Operation) -> dict[str, Any]:
             values[param] = cluster.batch
         elif param == "name" and op.path.startswith("/api/v1/projects/"):
             values[param] = "ml"
+        elif param == "name" and op.path.startswith("/api/v1/users/"):
+            values[param] = cluster.member
+        elif param == "project" and op.path.startswith("/api/v1/users/"):
+            values[param] = "cv"
         else:
             raise LookupError(f"{op.id}: no seeded value for path parameter {param!r}")
     return values

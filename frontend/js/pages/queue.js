@@ -9,7 +9,7 @@ import {
 const PAGE = 50;
 
 /** A two-step button (no blocking confirm() dialog): the first click arms it for 4 s. */
-function confirmButton({ label, dataset, aria, danger, onConfirm }) {
+export function confirmButton({ label, dataset, aria, danger, onConfirm }) {
   let armed = false;
   let timer = null;
   const btn = h("button", {

@@ -1,0 +1,80 @@
+"""Users, their projects and tokens over the API (admin), as `gpusched admin` does with
+the database and sacctmgr with slurmdbd: every change audited under the admin's name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _me(api: Any, token: str) -> Any:
+    return api.client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"})
+
+
+def test_an_admin_creates_a_user_whose_token_works_at_once(api):
+    admin = api.as_("admin")
+    r = api.client.post(
+        "/api/v1/users", json={"name": " erin ", "projects": ["ml", "vision"]}, headers=admin
+    )
+    assert r.status_code == 201, r.text
+    created = r.json()
+    assert created["user"] == {
+        "name": "erin", "is_admin": False, "projects": ["ml", "vision"], "active_tokens": 1,
+    }  # fmt: skip
+    me = _me(api, created["token"])
+    assert me.status_code == 200 and me.json()["projects"] == ["ml", "vision"]
+
+    again = api.client.post(
+        "/api/v1/users", json={"name": "erin", "projects": ["ml"]}, headers=admin
+    )
+    assert again.status_code == 409 and again.json()["detail"] == "user 'erin' already exists"
+    for body, field in (
+        ({"name": "", "projects": ["ml"]}, "name"),
+        ({"name": "x" * 65, "projects": ["ml"]}, "name"),
+        ({"name": "frank", "projects": []}, "projects"),
+    ):
+        r = api.client.post("/api/v1/users", json=body, headers=admin)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"][:2] == ["body", field], r.text
+
+    users = api.client.get("/api/v1/users", headers=admin).json()
+    assert [u["name"] for u in users] == ["admin", "alice", "bob", "erin"]
+
+
+def test_projects_tokens_and_revocation(api):
+    admin = api.as_("admin")
+    r = api.client.put("/api/v1/users/alice/projects/nlp", headers=admin)
+    assert r.status_code == 200 and r.json()["projects"] == ["ml", "nlp"]
+    assert api.client.put("/api/v1/users/alice/projects/nlp", headers=admin).status_code == 200
+    r = api.client.delete("/api/v1/users/alice/projects/ml", headers=admin)
+    assert r.status_code == 200 and r.json()["projects"] == ["nlp"]
+    last = api.client.delete("/api/v1/users/alice/projects/nlp", headers=admin)
+    assert last.status_code == 409 and "without a project" in last.json()["detail"]
+    absent = api.client.delete("/api/v1/users/alice/projects/cv", headers=admin)
+    assert absent.status_code == 404 and "not in project(s) cv" in absent.json()["detail"]
+
+    r = api.client.post("/api/v1/users/alice/tokens", json={"label": "laptop"}, headers=admin)
+    assert r.status_code == 201 and r.json()["user"]["active_tokens"] == 2
+    laptop = r.json()["token"]
+    assert _me(api, laptop).json()["name"] == "alice"
+    r = api.client.delete("/api/v1/users/alice/tokens", headers=admin)
+    assert r.status_code == 200 and r.json()["revoked"] == 2
+    assert r.json()["user"]["active_tokens"] == 0
+    assert _me(api, laptop).status_code == 401
+
+    own = api.client.delete("/api/v1/users/admin/tokens", headers=admin)
+    assert own.status_code == 409 and "lock yourself out" in own.json()["detail"]
+    for method, path in (
+        ("POST", "/api/v1/users/nobody/tokens"),
+        ("DELETE", "/api/v1/users/nobody/tokens"),
+        ("PUT", "/api/v1/users/nobody/projects/ml"),
+    ):
+        r = api.client.request(method, path, headers=admin)
+        assert r.status_code == 404 and r.json()["detail"] == "no user named 'nobody'"
+
+    audit = api.client.get("/api/v1/audit?target=alice", headers=admin).json()["items"]
+    assert [(e["actor"], e["action"]) for e in audit] == [
+        ("admin", "token.revoke"),
+        ("admin", "token.create"),
+        ("admin", "user.remove_from_project"),
+        ("admin", "user.add_to_project"),
+        ("test", "user.create"),  # the suite's own setup
+    ]
