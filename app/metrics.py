@@ -23,6 +23,8 @@ from app.db import utcnow
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.nodes.models import Gpu, Node
+from app.notifications.deliveries import delivery_state
+from app.notifications.models import Notification
 from app.projects.models import Project
 
 WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400)
@@ -124,6 +126,23 @@ class DatabaseCollector(Collector):
                 allocated.add_metric(labels, gpu.allocated_milli / 1000)
                 healthy.add_metric(labels, 1.0 if gpu.healthy else 0.0)
             yield from (util, memory, power, allocated, healthy)
+
+            # Alert on given_up growing, or retrying staying up: a webhook that is down.
+            undelivered = GaugeMetricFamily(
+                "gpusched_notifications_undelivered",
+                "Job webhook messages not delivered, by state: queued, retrying, given_up",
+                labels=["state"],
+            )
+            states = dict.fromkeys(("queued", "retrying", "given_up"), 0)
+            for attempts, count in session.execute(
+                select(Notification.attempts, func.count())
+                .where(Notification.sent_at.is_(None))
+                .group_by(Notification.attempts)
+            ):
+                states[delivery_state(sent=False, attempts=attempts)] += count
+            for delivery, count in states.items():
+                undelivered.add_metric([delivery], count)
+            yield undelivered
 
             age = GaugeMetricFamily(
                 "gpusched_node_heartbeat_age_seconds",

@@ -30,12 +30,12 @@ class NotificationOut(BaseModel):
     error: str | None = Field(description="why the last try failed")
 
 
-def delivery_state(message: Notification) -> DeliveryState:
-    if message.sent_at is not None:
+def delivery_state(*, sent: bool, attempts: int) -> DeliveryState:
+    if sent:
         return "delivered"
-    if message.attempts >= MAX_ATTEMPTS:
+    if attempts >= MAX_ATTEMPTS:
         return "given_up"
-    return "retrying" if message.attempts else "queued"
+    return "retrying" if attempts else "queued"
 
 
 def deliveries(*, session: Session, job_id: int) -> list[NotificationOut]:
@@ -45,7 +45,7 @@ def deliveries(*, session: Session, job_id: int) -> list[NotificationOut]:
     )
     out = []
     for m in messages:
-        state = delivery_state(m)
+        state = delivery_state(sent=m.sent_at is not None, attempts=m.attempts)
         out.append(
             NotificationOut(
                 id=m.id,

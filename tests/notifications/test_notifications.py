@@ -321,6 +321,10 @@ def test_a_given_up_message_says_so(api) -> None:
     (given_up,) = _deliveries(api, job)
     assert (given_up["state"], given_up["next_at"]) == ("given_up", None)
     assert "no longer allowed" in given_up["error"]
+    # For an alert on a webhook that is down.
+    metrics = api.client.get("/metrics").text
+    assert 'gpusched_notifications_undelivered{state="given_up"} 1.0' in metrics
+    assert 'gpusched_notifications_undelivered{state="queued"} 0.0' in metrics
 
 
 def test_show_prints_how_notifications_were_delivered(cli: Cli) -> None:
