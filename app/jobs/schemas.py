@@ -139,8 +139,8 @@ class JobCreate(RequestBody):
         default=None,
         max_length=2048,
         description="POST a JSON message here when the job starts, ends, fails or is "
-        "requeued (notify_on), as sbatch --mail-type; its `text` suits chat webhooks. The host must "
-        "be one the server allows (GPUSCHED_NOTIFY_HOSTS)",
+        "requeued (notify_on), as sbatch --mail-type; its `text` suits chat webhooks. The "
+        "host must be one the server allows (GPUSCHED_NOTIFY_HOSTS)",
     )
     notify_on: list[NotifyEvent] = Field(
         default=["end"],
@@ -239,8 +239,8 @@ class JobUpdate(RequestBody):
     """Body of PATCH /jobs/{id}: what to change in a pending job, as `scontrol update`.
     Only the fields sent change; null clears gpu_memory_mb or a runtime. The result is
     checked as a submission would be, except that the values it keeps are not judged
-    again by limits an admin lowered since the job was admitted. Each field is a Job column of the same name, but
-    `dependency` (the column `dependency_kind`)."""
+    again by limits an admin lowered since the job was admitted. Each field is a Job
+    column of the same name, but `dependency` (the column `dependency_kind`)."""
 
     name: Name | None = None
     gpus: int | None = Field(default=None, description="GPUs per node")

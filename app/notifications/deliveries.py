@@ -18,7 +18,7 @@ DeliveryState = Literal["queued", "retrying", "delivered", "given_up"]
 
 class NotificationOut(BaseModel):
     id: int
-    event: str = Field(description="start | end | fail")
+    event: str = Field(description="start | end | fail | requeue")
     url: str
     state: DeliveryState
     attempts: int
