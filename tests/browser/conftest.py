@@ -209,6 +209,8 @@ def browser() -> Iterator[Any]:
 # (404) and the ones a test provokes on purpose (422 from the form, 401 for a bad token).
 EXPECTED_HTTP = [
     (404, re.compile(r"/api/v1/(windows/upcoming|batches|me)\b|/api/v1/jobs/\d+/telemetry")),
+    # A job page asks for a waiting job's rank; the job may be placed a moment before.
+    (409, re.compile(r"/api/v1/jobs/\d+/rank$")),
 ]
 
 

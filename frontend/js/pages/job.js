@@ -20,8 +20,9 @@ function mapText(obj) {
   return entries.length ? h("span", { class: "mono" }, entries.map(([k, v]) => `${k}=${v}`).join(", ")) : "—";
 }
 
-// Waiting jobs the scheduler does not rank yet: their dependencies, their array's limit.
-const NOT_RANKED = new Set(["dependency", "array_limit"]);
+// Waiting jobs the scheduler does not rank (yet): their dependencies, their array's
+// limit, or no cycle has seen them.
+const NOT_RANKED = new Set(["dependency", "array_limit", "NEW"]);
 
 // How one webhook message's delivery went (GET /jobs/{id}/notifications).
 function deliveryText(n) {
