@@ -15,6 +15,9 @@ class User(Base):
     name: Mapped[str] = mapped_column(String(64), unique=True)
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Where a job of theirs that asks for notifications (notify_on) without a URL of its
+    # own sends them, as Slurm mails the submitting user by default.
+    notify_url: Mapped[str | None] = mapped_column(String(2048))
 
     tokens: Mapped[list[ApiToken]] = relationship(back_populates="user")
 

@@ -8,7 +8,9 @@ from pydantic import BaseModel, Field, StringConstraints
 from app.auth import service
 from app.db import utcnow
 from app.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
-from app.errors import Conflict, NotFound
+from app.errors import Conflict, FieldError, NotFound
+from app.notifications.hosts import check_url
+from app.request_body import RequestBody
 
 router = APIRouter(prefix="/api/v1", tags=["auth"])
 
@@ -22,6 +24,17 @@ class MeOut(BaseModel):
     name: str
     is_admin: bool
     projects: list[str]
+    notify_url: str | None = Field(
+        default=None,
+        description="where a job of yours that asks for notifications (notify_on) without "
+        "a notify_url sends them",
+    )
+
+
+class MeUpdate(RequestBody):
+    notify_url: str | None = Field(
+        max_length=2048, description="your default notification URL; null: none"
+    )
 
 
 class UserOut(BaseModel):
@@ -55,7 +68,31 @@ class RevokedOut(BaseModel):
 def me(principal: CurrentUser) -> MeOut:
     """Who the token belongs to (the dashboard shows admin actions only to admins)."""
     return MeOut(
-        name=principal.name, is_admin=principal.is_admin, projects=sorted(principal.projects)
+        name=principal.name,
+        is_admin=principal.is_admin,
+        projects=sorted(principal.projects),
+        notify_url=principal.notify_url,
+    )
+
+
+@router.patch("/me", response_model=MeOut)
+def update_me(
+    body: MeUpdate, session: SessionDep, settings: SettingsDep, principal: CurrentUser
+) -> MeOut:
+    """Set your default notification URL, as Slurm mails the submitting user: a job that
+    asks for notifications (`notify_on`) without a `notify_url` of its own uses it. Its
+    host must be one the server allows (GPUSCHED_NOTIFY_HOSTS)."""
+    if body.notify_url is not None:
+        refused = check_url(body.notify_url, settings.notify_host_set)
+        if refused is not None:
+            raise FieldError("notify_url", refused)
+    service.set_notify_url(session=session, user_id=principal.user_id, url=body.notify_url)
+    session.commit()
+    return MeOut(
+        name=principal.name,
+        is_admin=principal.is_admin,
+        projects=sorted(principal.projects),
+        notify_url=body.notify_url,
     )
 
 

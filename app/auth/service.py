@@ -35,6 +35,7 @@ class Principal:
     project_id_by_name: Mapping[str, int] = field(default_factory=dict)
     # id -> the longest time limit of each of them that has one (Project.max_runtime_s).
     project_max_runtime_s: Mapping[int, int] = field(default_factory=dict)
+    notify_url: str | None = None  # their default for jobs' notifications (User.notify_url)
 
     def can_see_project(self, project_id: int) -> bool:
         return self.is_admin or project_id in self.project_ids
@@ -203,6 +204,14 @@ def _summary(session: Session, user: User, *, now: datetime) -> UserSummary:
     )
 
 
+def set_notify_url(*, session: Session, user_id: int, url: str | None) -> None:
+    """A user's default notification URL (checked by the caller); this process sees it at
+    once, other API processes within the token cache time."""
+    user = session.get_one(User, user_id)
+    user.notify_url = url
+    TOKEN_CACHE.clear()
+
+
 def revoke_tokens(*, session: Session, user_name: str, actor: str) -> int:
     user = find_user(session=session, name=user_name)
     now = utcnow()
@@ -255,6 +264,7 @@ def principal_for(*, session: Session, user: User) -> Principal:
         project_max_runtime_s=MappingProxyType(
             {pid: limit for pid, _, limit in memberships if limit is not None}
         ),
+        notify_url=user.notify_url,
     )
 
 

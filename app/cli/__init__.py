@@ -20,6 +20,7 @@ from app.cli import (
     cluster,
     jobs,
     logs,
+    me,
     reports,
     server,
     simulate,
@@ -68,6 +69,7 @@ app = typer.Typer(
 server.register(app)
 jobs.register(app)
 logs.register(app)
+me.register(app)
 cluster.register(app)
 windows.register(app)
 admin.register(app)

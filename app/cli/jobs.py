@@ -151,8 +151,6 @@ def build_spec(
         spec["only_nodes"] = node_names(only_nodes, "--only-nodes")
     if exclude_nodes is not None:
         spec["exclude_nodes"] = node_names(exclude_nodes, "--exclude")
-    if notify_on is not None and notify is None:
-        raise CliError("--notify-on needs --notify URL", EXIT_USAGE)
     if notify is not None:
         spec["notify_url"] = notify
     if notify_on is not None:
@@ -285,7 +283,8 @@ NotifyOnOption = Annotated[
     str | None,
     typer.Option(
         "--notify-on",
-        help="start, end (the default), fail, requeue; comma-separated",
+        help="start, end (the default), fail, requeue; comma-separated. Without --notify, "
+        "to your default URL (gpusched me --notify URL)",
         rich_help_panel=JOB_PANEL,
     ),
 ]

@@ -185,6 +185,20 @@ def _check_node_choice(spec: JobCreate, names: list[str], fitting_nodes: list[st
         )
 
 
+def _with_default_notify_url(spec: JobCreate, principal: Principal) -> JobCreate:
+    """A job that asks for notifications (`notify_on`) without a URL of its own sends them
+    to its user's default, as Slurm mails the submitting user."""
+    if spec.notify_url is not None or "notify_on" not in spec.model_fields_set:
+        return spec
+    if principal.notify_url is None:
+        raise FieldError(
+            "notify_url",
+            "notify_on needs a notify_url: give one, or set your default (gpusched me "
+            "--notify URL, PATCH /api/v1/me)",
+        )
+    return spec.model_copy(update={"notify_url": principal.notify_url})
+
+
 @dataclass(frozen=True, slots=True)
 class CheckedSubmission:
     spec: JobCreate  # with the default time limit applied and the memory a model needs
@@ -207,7 +221,7 @@ def check_submission(
     project_id, project_name, project_limit = _resolve_project(
         session=session, principal=principal, name=spec.project
     )
-    spec = limits.apply(spec, project=project_limit)
+    spec = limits.apply(_with_default_notify_url(spec, principal), project=project_limit)
     if spec.model is not None and spec.gpu_memory_mb is None:
         memory = job_memory_from_model(
             session=session,

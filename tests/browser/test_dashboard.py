@@ -172,6 +172,28 @@ def test_a_jobs_page_tells_how_its_notifications_went(dash: Dashboard, stack: St
         receiver.server.shutdown()
 
 
+def test_notify_me_without_a_url_uses_the_users_default(dash: Dashboard, stack: Stack) -> None:
+    default = "http://127.0.0.1:9/default-hook"
+    stack.request("PATCH", "/api/v1/me", {"notify_url": default})
+    try:
+        page = dash.page
+        dash.login(stack.admin_token)
+        dash.go("#/submit")
+        assert default in (page.get_attribute("#f-notify_url", "placeholder") or "")
+        page.fill("#f-name", "browser-default-hook")
+        page.fill("#f-command", "true")
+        page.check("#f-notify")
+        page.select_option("#f-notify_on", "fail")
+        page.click("#submit-job")
+        link = page.wait_for_selector("#job-link")
+        job_id = int(re.search(r"/jobs/(\d+)", link.get_attribute("href") or "").group(1))  # type: ignore[union-attr]
+        job = stack.request("GET", f"/api/v1/jobs/{job_id}")
+        assert (job["notify_url"], job["notify_on"]) == (default, ["fail"])
+        dash.assert_clean()
+    finally:
+        stack.request("PATCH", "/api/v1/me", {"notify_url": None})
+
+
 def test_submit_held_and_after_another_job_through_the_form(dash: Dashboard, stack: Stack) -> None:
     dash.console.allow(422, r"/api/v1/jobs(/\d+)?$")
     page = dash.page

@@ -254,8 +254,11 @@ def test_submit_with_a_notification_from_the_cli(cli: Cli) -> None:
     assert f"notifies {url} on fail, start" in " ".join(cli("show", str(job["id"])).stdout.split())
     refused = cli("submit", "--notify", "https://example.com/x", "--", "true")
     assert refused.exit_code == 1 and "host example.com is not allowed here" in refused.stderr
-    usage = cli("submit", "--notify-on", "end", "--", "true")
-    assert usage.exit_code == 2 and "--notify-on needs --notify URL" in usage.stderr
+    no_url = cli("submit", "--notify-on", "end", "--", "true")
+    assert no_url.exit_code == 1
+    assert "notify_url: notify_on needs a notify_url: give one, or set your default" in (
+        " ".join(no_url.stderr.split())
+    )
 
 
 def test_a_job_whose_host_was_removed_since_can_still_be_changed(api) -> None:
@@ -353,5 +356,50 @@ def test_a_batch_job_from_the_command_line_takes_notification_and_node_options(
     (template,) = json.loads(created.stdout)["templates"]
     assert (template["notify_url"], template["notify_on"]) == (url, ["fail", "requeue"])
     assert template["exclude_nodes"] == ["node-3"]
-    usage = batch(cli, "create", "b2", "--cron", "0 2 * * *", "--notify-on", "end", "--", "true")
-    assert usage.exit_code == 2 and "--notify-on needs --notify URL" in usage.stderr
+    no_url = batch(cli, "create", "b2", "--cron", "0 2 * * *", "--notify-on", "end", "--", "true")
+    assert no_url.exit_code == 1 and "notify_on needs a notify_url" in no_url.stderr
+
+
+def test_a_users_default_url_receives_the_notifications_of_jobs_without_one(
+    api, receiver: Receiver
+) -> None:
+    """As Slurm mails the submitting user: `notify_on` alone posts to the user's default
+    (PATCH /api/v1/me), checked against the allowed hosts like a job's own URL."""
+    alice = api.as_("alice")
+    r = api.client.patch(
+        "/api/v1/me", json={"notify_url": "https://hooks.example.org/x"}, headers=alice
+    )
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "notify_url"]
+    r = api.client.patch("/api/v1/me", json={"notify_url": receiver.url}, headers=alice)
+    assert r.status_code == 200 and r.json()["notify_url"] == receiver.url
+    assert api.client.get("/api/v1/me", headers=alice).json()["notify_url"] == receiver.url
+
+    # Stored on the job (a later change of the default leaves it); no notify_on: none.
+    asked = submit(api, notify_on=["end"], hold=True)
+    assert asked["notify_url"] == receiver.url
+    assert submit(api, hold=True)["notify_url"] is None
+    own = submit(api, notify_on=["end"], notify_url="http://127.0.0.1:9/own", hold=True)
+    assert own["notify_url"] == "http://127.0.0.1:9/own"
+    api.client.post(f"/api/v1/jobs/{asked['id']}/cancel", headers=alice)
+    assert send_due(factory=api.factory, now=utcnow(), allowed_hosts=HOSTS).sent == 1
+    assert [b["job"]["id"] for b in receiver.bodies] == [asked["id"]]
+
+    r = api.client.patch("/api/v1/me", json={"notify_url": None}, headers=alice)
+    assert r.status_code == 200 and r.json()["notify_url"] is None
+    r = api.client.post(
+        "/api/v1/jobs", json={"command": ["true"], "notify_on": ["fail"]}, headers=alice
+    )
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "notify_url"]
+
+
+def test_me_sets_and_shows_the_default_url(cli: Cli) -> None:
+    url = "http://127.0.0.1:8/hook"
+    assert cli("me", "--notify", url).stdout.splitlines() == [
+        "alice (user) in project(s) ml",
+        f"notifications: {url}",
+    ]
+    job = json.loads(cli("submit", "--json", "--notify-on", "fail", "--", "true").stdout)
+    assert (job["notify_url"], job["notify_on"]) == (url, ["fail"])
+    assert "no default URL" in cli("me", "--no-notify").stdout
+    both = cli("me", "--notify", url, "--no-notify")
+    assert both.exit_code == 2 and "not both" in both.stderr

@@ -41,6 +41,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("PUT", "/api/v1/batches/{name}"): BATCH,
     ("POST", "/api/v1/nodes/{name}/drain"): {"reason": "fan"},
     ("PATCH", "/api/v1/projects/{name}"): {"gpu_quota": 2},
+    ("PATCH", "/api/v1/me"): {"notify_url": None},
     ("POST", "/api/v1/users"): {"name": "erin", "projects": ["ml"]},
     ("POST", "/api/v1/users/{name}/tokens"): {"label": "laptop"},
 }

@@ -46,6 +46,8 @@ export function parsePairs(text) {
 }
 
 export function submitPage(root, ctx) {
+  const defaultUrl = ctx.me?.notify_url || "";
+  const notifyBox = h("input", { type: "checkbox", id: "f-notify", name: "notify" });
   const projects = ctx.me?.projects || [];
   const projectInput = projects.length > 1 || ctx.me?.is_admin === false
     ? h("select", {}, projects.map((p) => h("option", { value: p }, p)))
@@ -118,8 +120,18 @@ export function submitPage(root, ctx) {
       h("div", { class: "form-grid" },
         field("env", "Environment", h("textarea", { rows: 3, placeholder: "KEY=value, one per line" }), { span: "span-2" }),
         field("labels", "Labels", h("textarea", { rows: 3, placeholder: "team=vision, one per line" }), { span: "span-2" }),
-        field("notify_url", "Notify URL", h("input", { type: "url", placeholder: "https://chat.example.com/hooks/…" }),
-          { span: "span-2", help: "a JSON message is POSTed here (its text suits chat webhooks)" }),
+        h("div", { class: "field span-2", dataset: { field: "notify" } },
+          h("label", { class: "check" }, notifyBox, "Notify me by webhook (as sbatch --mail-type)")),
+        field("notify_url", "Notify URL", h("input", {
+          type: "url",
+          placeholder: defaultUrl ? `empty: your default, ${defaultUrl}` : "https://chat.example.com/hooks/…",
+          // Typing a URL asks for messages.
+          oninput: (e) => { if (e.target.value.trim()) notifyBox.checked = true; },
+        }), {
+          span: "span-2",
+          help: defaultUrl ? "a JSON message is POSTed here, or to your default (gpusched me --notify)"
+            : "a JSON message is POSTed here (its text suits chat webhooks); gpusched me --notify sets a default",
+        }),
         field("notify_on", "…when it", h("select", {}, NOTIFY_ON.map(([value, label]) => h("option", { value }, label))),
           { span: "span-2" }))),
     general,
@@ -171,8 +183,8 @@ export function submitPage(root, ctx) {
     const names = (name) => text(name).split(",").map((n) => n.trim()).filter(Boolean);
     if (names("only_nodes").length) body.only_nodes = names("only_nodes");
     if (names("exclude_nodes").length) body.exclude_nodes = names("exclude_nodes");
-    if (text("notify_url")) {
-      body.notify_url = text("notify_url");
+    if (notifyBox.checked || text("notify_url")) {
+      if (text("notify_url")) body.notify_url = text("notify_url");  // else the user's default
       body.notify_on = input("notify_on").value.split(",");
     }
     for (const name of INT_FIELDS) {
