@@ -37,6 +37,12 @@ def _expect_text(page: Any, selector: str, pattern: str, timeout: float = 20_000
     )
 
 
+def _submitted_job(page: Any) -> int:
+    """The id of the job the submit form just made, from its link."""
+    link = page.wait_for_selector("#job-link")
+    return int(re.search(r"/jobs/(\d+)", link.get_attribute("href") or "").group(1))  # type: ignore[union-attr]
+
+
 def test_login_rejects_a_bad_token_then_accepts_the_admin(dash: Dashboard, stack: Stack) -> None:
     dash.console.allow(401, r"/api/v1/me")
     page = dash.page
@@ -74,8 +80,7 @@ def test_submit_through_the_form_then_follow_the_job(dash: Dashboard, stack: Sta
     page.fill("#f-grace_s", "120")
     page.fill("#f-exclude_nodes", "sim-1")  # as sbatch --exclude
     page.click("#submit-job")
-    link = page.wait_for_selector("#job-link")
-    job_id = int(re.search(r"/jobs/(\d+)", link.get_attribute("href") or "").group(1))  # type: ignore[union-attr]
+    job_id = _submitted_job(page)
 
     # The job shows up in the queue: pending with its reason, or already in the active list.
     dash.go("#/queue")
@@ -185,8 +190,7 @@ def test_notify_me_without_a_url_uses_the_users_default(dash: Dashboard, stack: 
         page.check("#f-notify")
         page.select_option("#f-notify_on", "fail")
         page.click("#submit-job")
-        link = page.wait_for_selector("#job-link")
-        job_id = int(re.search(r"/jobs/(\d+)", link.get_attribute("href") or "").group(1))  # type: ignore[union-attr]
+        job_id = _submitted_job(page)
         job = stack.request("GET", f"/api/v1/jobs/{job_id}")
         assert (job["notify_url"], job["notify_on"]) == (default, ["fail"])
         dash.assert_clean()
@@ -202,8 +206,7 @@ def test_submit_held_and_after_another_job_through_the_form(dash: Dashboard, sta
     def submit(name: str) -> int:
         page.fill("#f-name", name)
         page.click("#submit-job")
-        link = page.wait_for_selector("#job-link")
-        return int(re.search(r"/jobs/(\d+)", link.get_attribute("href") or "").group(1))  # type: ignore[union-attr]
+        return _submitted_job(page)
 
     dash.go("#/submit")
     page.fill("#f-command", "true")
