@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Path
@@ -8,8 +11,7 @@ from pydantic import BaseModel, Field, StringConstraints
 from app.auth import service
 from app.db import utcnow
 from app.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
-from app.errors import Conflict, FieldError, NotFound
-from app.notifications.hosts import check_url
+from app.errors import Conflict, NotFound
 from app.request_body import RequestBody
 
 router = APIRouter(prefix="/api/v1", tags=["auth"])
@@ -82,11 +84,12 @@ def update_me(
     """Set your default notification URL, as Slurm mails the submitting user: a job that
     asks for notifications (`notify_on`) without a `notify_url` of its own uses it. Its
     host must be one the server allows (GPUSCHED_NOTIFY_HOSTS)."""
-    if body.notify_url is not None:
-        refused = check_url(body.notify_url, settings.notify_host_set)
-        if refused is not None:
-            raise FieldError("notify_url", refused)
-    service.set_notify_url(session=session, user_id=principal.user_id, url=body.notify_url)
+    service.set_notify_url(
+        session=session,
+        user_id=principal.user_id,
+        url=body.notify_url,
+        allowed_hosts=settings.notify_host_set,
+    )
     session.commit()
     return MeOut(
         name=principal.name,
@@ -100,26 +103,29 @@ def update_me(
 # Slurm's sacctmgr (which talks to slurmdbd): admins manage them over the API too.
 
 
-def _out(summary: service.UserSummary) -> UserOut:
-    return UserOut(
-        name=summary.name,
-        is_admin=summary.is_admin,
-        projects=summary.projects,
-        active_tokens=summary.active_tokens,
-    )
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """The user service's refusals as HTTP answers: no such user or membership (a
+    LookupError, which `gpusched admin` prints as is) is a 404, a conflict with what
+    exists (a ValueError: the user exists, or would be left without a project) a 409."""
+    try:
+        yield
+    except LookupError as exc:
+        raise NotFound(str(exc.args[0])) from None
+    except ValueError as exc:
+        raise Conflict(str(exc.args[0])) from None
 
 
 def _user(session: SessionDep, name: str) -> UserOut:
-    try:
-        return _out(service.user_summary(session=session, name=name, now=utcnow()))
-    except LookupError as exc:
-        raise NotFound(str(exc.args[0])) from None
+    with _refusals():
+        summary = service.user_summary(session=session, name=name, now=utcnow())
+    return UserOut(**asdict(summary))
 
 
 @router.get("/users", response_model=list[UserOut])
 def list_users(session: SessionDep, admin: AdminUser) -> list[UserOut]:
     """Every user with role, projects and how many tokens still work (admin)."""
-    return [_out(u) for u in service.list_users(session=session, now=utcnow())]
+    return [UserOut(**asdict(u)) for u in service.list_users(session=session, now=utcnow())]
 
 
 @router.post("/users", response_model=TokenOut, status_code=201)
@@ -128,7 +134,7 @@ def create_user(
 ) -> TokenOut:
     """Create a user in its projects (created when missing) and return its first token,
     shown only this once (admin)."""
-    try:
+    with _refusals():
         _, token = service.create_user(
             session=session,
             name=body.name,
@@ -137,8 +143,6 @@ def create_user(
             ttl_days=settings.token_ttl_days,
             actor=admin.name,
         )
-    except service.UserExists as exc:
-        raise Conflict(str(exc)) from None
     session.commit()
     return TokenOut(user=_user(session, body.name), token=token)
 
@@ -152,10 +156,8 @@ def create_token(
     body: TokenCreate | None = None,
 ) -> TokenOut:
     """Issue another token for a user, shown only this once (admin)."""
-    try:
+    with _refusals():
         user = service.find_user(session=session, name=name)
-    except LookupError as exc:
-        raise NotFound(str(exc.args[0])) from None
     token = service.issue_token(
         session=session,
         user=user,
@@ -173,10 +175,8 @@ def revoke_tokens(name: UserPath, session: SessionDep, admin: AdminUser) -> Revo
     time (admin). Not your own: that would lock you out (`gpusched admin revoke` can)."""
     if name == admin.name:
         raise Conflict("you would lock yourself out: another admin may revoke your tokens")
-    try:
+    with _refusals():
         count = service.revoke_tokens(session=session, user_name=name, actor=admin.name)
-    except LookupError as exc:
-        raise NotFound(str(exc.args[0])) from None
     session.commit()
     return RevokedOut(user=_user(session, name), revoked=count)
 
@@ -187,7 +187,11 @@ def add_to_project(
 ) -> UserOut:
     """Add a user to a project (created when missing), as `sacctmgr add user ...
     account=`; idempotent (admin)."""
-    _change_membership(session, name=name, project=project, member=True, actor=admin.name)
+    with _refusals():
+        service.change_membership(
+            session=session, user_name=name, projects=[project], member=True, actor=admin.name
+        )
+    session.commit()
     return _user(session, name)
 
 
@@ -197,19 +201,9 @@ def remove_from_project(
 ) -> UserOut:
     """Remove a user from a project; its jobs there stay. A user keeps at least one
     project (admin)."""
-    _change_membership(session, name=name, project=project, member=False, actor=admin.name)
-    return _user(session, name)
-
-
-def _change_membership(
-    session: SessionDep, *, name: str, project: str, member: bool, actor: str
-) -> None:
-    try:
+    with _refusals():
         service.change_membership(
-            session=session, user_name=name, projects=[project], member=member, actor=actor
+            session=session, user_name=name, projects=[project], member=False, actor=admin.name
         )
-    except LookupError as exc:
-        raise NotFound(str(exc.args[0])) from None
-    except ValueError as exc:
-        raise Conflict(str(exc.args[0])) from None
     session.commit()
+    return _user(session, name)

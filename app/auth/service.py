@@ -17,6 +17,8 @@ from sqlalchemy.orm import Session
 from app.audit.service import changes, record
 from app.auth.models import ApiToken, User
 from app.db import utcnow
+from app.errors import FieldError
+from app.notifications.hosts import check_url
 from app.projects.models import Project, ProjectMember
 
 TOKEN_PREFIX = "gps_"
@@ -204,9 +206,14 @@ def _summary(session: Session, user: User, *, now: datetime) -> UserSummary:
     )
 
 
-def set_notify_url(*, session: Session, user_id: int, url: str | None) -> None:
-    """A user's default notification URL (checked by the caller); this process sees it at
-    once, other API processes within the token cache time."""
+def set_notify_url(
+    *, session: Session, user_id: int, url: str | None, allowed_hosts: frozenset[str]
+) -> None:
+    """A user's default notification URL, held to the hosts a job's own URL may name (a
+    422 on the field); this process sees it at once, other API processes within the
+    token cache time."""
+    if url is not None and (refused := check_url(url, allowed_hosts)) is not None:
+        raise FieldError("notify_url", refused)
     user = session.get_one(User, user_id)
     user.notify_url = url
     TOKEN_CACHE.clear()

@@ -17,7 +17,7 @@ from app.jobs.schemas import RankAhead, RankOut
 from app.jobs.service import get
 from app.jobs.states import JobStatus
 from app.scheduling.queue import order_jobs
-from app.scheduling.rank import AHEAD_RULES, rank_of
+from app.scheduling.rank import AHEAD_TEXT, rank_of
 
 
 def rank(*, session: Session, principal: Principal, job_id: int, now: datetime) -> RankOut:
@@ -43,13 +43,12 @@ def rank(*, session: Session, principal: Principal, job_id: int, now: datetime) 
     found = rank_of(order, job_id, settings=policy, history=snapshot.runtime_history, now=now)
     if found is None:  # waits for its dependencies, or for its array's limit
         raise Conflict(f"job {job_id} is not in the queue yet: {job.pending_message}")
-    readable = dict(AHEAD_RULES)
     return RankOut(
         job_id=job_id,
         policy=policy.queue_policy,
         position=found.position,
         waiting=found.waiting,
-        ahead=[RankAhead(rule=r, jobs=n, text=readable[r]) for r, n in found.ahead],
+        ahead=[RankAhead(rule=r, jobs=n, text=AHEAD_TEXT[r]) for r, n in found.ahead],
         expected_gpu_s=found.expected_gpu_s,
         expected_from=found.expected_from,
         waited_s=found.waited_s,

@@ -174,6 +174,11 @@ def expected_runtime(job: JobView, predicted: float | None, settings: PolicySett
     return settings.default_runtime_s
 
 
+def expected_gpu_s(job: JobView, predicted: float | None, settings: PolicySettings) -> float:
+    """A job's size for short-first order: expected runtime x GPUs."""
+    return expected_runtime(job, predicted, settings) * max(1, job.total_gpus)
+
+
 def sjf(
     jobs: Iterable[JobView],
     history: Mapping[tuple[str, str], tuple[float, ...]],
@@ -198,7 +203,7 @@ def sjf(
         key = (j.user, j.name)
         if j.estimated_runtime_s is None and key not in predicted:
             predicted[key] = predict_runtime(history, j)
-        size = expected_runtime(j, predicted.get(key), settings) * max(1, j.total_gpus)
+        size = expected_gpu_s(j, predicted.get(key), settings)
         if aged_at is not None:
             waited = _seconds(aged_at - (j.submitted_at or _EPOCH))
             size *= max(0.0, 1.0 - waited / age_over_s)

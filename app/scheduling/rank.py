@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from app.scheduling.queue import expected_runtime, las_level, submitted
+from app.scheduling.queue import expected_gpu_s, las_level, submitted
 from app.scheduling.types import JobView, PolicySettings
 from app.scheduling.usage import predict_runtime
 
@@ -25,6 +25,7 @@ AHEAD_RULES: tuple[tuple[str, str], ...] = (
     ("less_service", "less GPU-time received so far (las)"),
     ("earlier", "submitted earlier (waited longer)"),
 )
+AHEAD_TEXT = dict(AHEAD_RULES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +43,7 @@ class Rank:
         place = f"{self.position} of {self.waiting} waiting"
         if not self.ahead:
             return f"{place}: first in line"
-        readable = dict(AHEAD_RULES)
-        parts = [f"{n} by {readable[rule]}" for rule, n in self.ahead]
+        parts = [f"{n} by {AHEAD_TEXT[rule]}" for rule, n in self.ahead]
         return f"{place}; ahead of it: " + "; ".join(parts)
 
 
@@ -60,16 +60,18 @@ def rank_of(
     if index is None:
         return None
     job = order[index]
-    size = _Size(settings, history)
     counts = Counter(
-        [_why_ahead(other, job, settings=settings, size=size, now=now) for other in order[:index]]
+        [
+            _why_ahead(other, job, settings=settings, history=history, now=now)
+            for other in order[:index]
+        ]
     )
     waited = max(0.0, (now - submitted(job)).total_seconds())
     return Rank(
         position=index + 1,
         waiting=len(order),
         ahead=tuple((rule, counts[rule]) for rule, _ in AHEAD_RULES if counts[rule]),
-        expected_gpu_s=size(job),
+        expected_gpu_s=_size(job, settings, history),
         expected_from=_expected_from(job, predict_runtime(history, job)),
         waited_s=waited,
         starving=_starving(job, settings, now),
@@ -91,33 +93,33 @@ def _starving(job: JobView, settings: PolicySettings, now: datetime) -> bool:
     return limit > 0 and (now - submitted(job)).total_seconds() >= limit
 
 
-class _Size:
-    """Each job's expected GPU-time (runtime x GPUs), as short-first order sizes it. The
-    default policy also shrinks it as a job waits: a job ahead by that alone is counted
-    as submitted earlier, which is what the aging stands for."""
-
-    def __init__(
-        self, settings: PolicySettings, history: Mapping[tuple[str, str], tuple[float, ...]]
-    ) -> None:
-        self.settings, self.history = settings, history
-
-    def __call__(self, job: JobView) -> float:
-        predicted = predict_runtime(self.history, job)
-        return expected_runtime(job, predicted, self.settings) * max(1, job.total_gpus)
+def _size(
+    job: JobView, settings: PolicySettings, history: Mapping[tuple[str, str], tuple[float, ...]]
+) -> float:
+    """Its expected GPU-time, as short-first order sizes it. The default policy also
+    shrinks it as a job waits: a job ahead by that alone counts as submitted earlier,
+    which is what the aging stands for."""
+    return expected_gpu_s(job, predict_runtime(history, job), settings)
 
 
 def _why_ahead(
-    other: JobView, job: JobView, *, settings: PolicySettings, size: _Size, now: datetime
+    other: JobView,
+    job: JobView,
+    *,
+    settings: PolicySettings,
+    history: Mapping[tuple[str, str], tuple[float, ...]],
+    now: datetime,
 ) -> str:
     """The first rule of the policy by which `other` goes before `job` (it does)."""
     policy = settings.queue_policy
+
     if policy == "fifo":
         return "earlier"
     if policy == "las":
         level = las_level(other.attained_gpu_s, settings) < las_level(job.attained_gpu_s, settings)
         return "less_service" if level else "earlier"
     if policy == "sjf":
-        return "shorter" if size(other) < size(job) else "earlier"
+        return _by_size(other, job, settings, history)
     if policy == "priority" or (policy == "fair-share" and other.project == job.project):
         return "priority" if other.priority > job.priority else "earlier"
     if policy == "fair-share":
@@ -130,4 +132,14 @@ def _why_ahead(
         return "starving" if not _starving(job, settings, now) else "earlier"
     if other.project != job.project:
         return "fair_share"
-    return "shorter" if size(other) < size(job) else "earlier"
+    return _by_size(other, job, settings, history)
+
+
+def _by_size(
+    other: JobView,
+    job: JobView,
+    settings: PolicySettings,
+    history: Mapping[tuple[str, str], tuple[float, ...]],
+) -> str:
+    smaller = _size(other, settings, history) < _size(job, settings, history)
+    return "shorter" if smaller else "earlier"
