@@ -46,8 +46,10 @@ class SnapshotContext:
     usage: dict[int, float]
     attained: dict[int, float]
     quick: bool = False
-    # A quick read: the remembered head it asked for (some may have left the queue).
+    # A quick read: the remembered head it asked for (some may have left the queue), and
+    # the jobs new to the queue it read besides.
     asked: tuple[int, ...] = ()
+    arrived: tuple[int, ...] = ()
 
 
 def head_depth(nodes: tuple[NodeView, ...]) -> int:
@@ -57,6 +59,11 @@ def head_depth(nodes: tuple[NodeView, ...]) -> int:
     return min(2000, 64 + 4 * gpus)
 
 
+# Bounds the list a quick read leaves out (one bind parameter each); past it, arrivals are
+# read again until the next full cycle, as before they were remembered.
+MAX_ARRIVALS_READ = 2000
+
+
 @dataclass
 class QueueMemory:
     """What the last full cycle learned, for the quick cycles until the next full one.
@@ -64,7 +71,7 @@ class QueueMemory:
     Like Slurm's main scheduling loop (default_queue_depth) next to its periodic full
     pass: a cycle triggered by an event (a job finished, one was submitted) reads only
     the head of the queue in the remembered order, plus jobs new to the queue (submitted
-    or requeued since, still marked NEW), and reuses fair-share usage and runtime
+    or requeued since, still marked NEW, read once), and reuses fair-share usage and runtime
     history. Its cost then depends on the cluster's size, not the queue's depth; the full
     cycle every few seconds re-ranks everything.
     """
@@ -78,6 +85,10 @@ class QueueMemory:
         default_factory=lambda: MappingProxyType({})
     )
     ready: bool = False
+    # New jobs a quick read took in since the last full one. They keep their NEW reason
+    # until a full cycle ranks them, but are in `order` now: later quick reads find them
+    # there when they reach the head, instead of reading every one of them each time.
+    arrivals_read: set[int] = field(default_factory=set)
 
     def head(self, depth: int) -> list[int]:
         return self.order[:depth]
@@ -87,11 +98,17 @@ class QueueMemory:
             self.order = list(queue_order)
             self.usage, self.attained = ctx.usage, ctx.attained
             self.history = ctx.snapshot.runtime_history
+            self.arrivals_read = set()
             self.ready = True
             return
-        # Asked-for ids missing from the plan's order are no longer pending: forget them.
-        seen = set(ctx.asked) | set(queue_order)
+        # Asked-for ids missing from the plan's order are no longer pending: forget them
+        # (one that comes back, requeued, is new again).
+        in_order = set(queue_order)
+        seen = set(ctx.asked) | in_order
         self.order = [*queue_order, *(i for i in self.order if i not in seen)]
+        self.arrivals_read.difference_update(i for i in ctx.asked if i not in in_order)
+        if len(self.arrivals_read) < MAX_ARRIVALS_READ:
+            self.arrivals_read.update(ctx.arrived)
 
 
 def _gpu_view(gpu: Gpu) -> GpuView:
@@ -204,7 +221,8 @@ def read_snapshot(
     quick_new_limit: int = 500,
 ) -> SnapshotContext:
     """The whole queue, or with `quick_from` a quick read: the remembered head of the
-    queue plus up to `quick_new_limit` jobs new to it (see QueueMemory)."""
+    queue plus up to `quick_new_limit` jobs new to it that no quick read took in yet (see
+    QueueMemory)."""
     # Nothing remembered yet (the first cycle of this process): read everything.
     memory = quick_from if quick_from is not None and quick_from.ready else None
     quick = memory is not None
@@ -304,15 +322,20 @@ def read_snapshot(
         .order_by(Job.id)
     )
     asked: tuple[int, ...] = ()
+    arrived: tuple[int, ...] = ()
     if memory is not None:
         asked = tuple(memory.head(head_depth(node_views)))
-        head = session.execute(pending_query.where(Job.id.in_(asked))).all()
-        arrived = session.execute(
-            pending_query.where(Job.pending_reason == NEW_IN_QUEUE, Job.id.not_in(asked)).limit(
-                quick_new_limit
-            )
-        ).all()
-        pending_jobs = sorted([*head, *arrived], key=lambda j: j.id)
+        # New jobs' ids first (one narrow read), then whole rows of the head and of the
+        # new jobs not read before: arrivals do not pile up in every quick read.
+        known = memory.arrivals_read.union(asked)
+        new_ids = session.scalars(
+            select(Job.id)
+            .where(*ELIGIBLE, Job.pending_reason == NEW_IN_QUEUE)
+            .order_by(Job.id)
+            .limit(len(known) + quick_new_limit)
+        )
+        arrived = tuple(i for i in new_ids if i not in known)[:quick_new_limit]
+        pending_jobs = list(session.execute(pending_query.where(Job.id.in_(asked + arrived))))
     else:
         pending_jobs = list(session.execute(pending_query.limit(max_pending)).all())
     pending = tuple(
@@ -367,4 +390,5 @@ def read_snapshot(
         attained=dict(attained),
         quick=quick,
         asked=asked,
+        arrived=arrived,
     )

@@ -56,22 +56,18 @@ def allocate_many(session: Session, placements: Sequence[tuple[Job, Sequence[Gpu
 
 def release(session: Session, *, job_id: int, attempt: int | None = None) -> int:
     """Release the job's active allocations (of one attempt, or all); returns how many."""
-    query = select(Allocation.id, Allocation.gpu_id, Allocation.share_milli).where(
-        Allocation.job_id == job_id, Allocation.released_at.is_(None)
-    )
+    query = update(Allocation).where(Allocation.job_id == job_id, Allocation.released_at.is_(None))
     if attempt is not None:
         query = query.where(Allocation.attempt == attempt)
-    rows = session.execute(query.with_for_update()).all()
+    # One statement: the update locks the rows it releases and says which they were.
+    rows = session.execute(
+        query.values(released_at=utcnow())
+        .returning(Allocation.id, Allocation.gpu_id, Allocation.share_milli)
+        .execution_options(synchronize_session=False)
+    ).all()
     if not rows:
         return 0
-    ids = [row.id for row in rows]
-    session.execute(
-        update(Allocation)
-        .where(Allocation.id.in_(ids))
-        .values(released_at=utcnow())
-        .execution_options(synchronize_session=False)
-    )
-    _expire_loaded(session, Allocation, set(ids), "released_at")
+    _expire_loaded(session, Allocation, {row.id for row in rows}, "released_at")
     taken: dict[int, int] = {}
     for row in rows:
         if row.gpu_id is not None:

@@ -105,3 +105,56 @@ def test_the_head_a_quick_cycle_reads_slides_forward_as_jobs_start(api):
     again = _cycle(api, memory, full=False)
     assert again.pending == 20  # the next ones in the remembered order
     assert memory.order == queued[80:]
+
+
+def test_a_quick_cycle_reads_an_arrival_once_then_finds_it_in_the_remembered_order(api):
+    """New jobs ranked behind the head keep their NEW reason until a full cycle ranks
+    them; the quick cycles after the one that read them do not read them all again."""
+    _node(api.factory, gpus=16)
+    memory = QueueMemory()
+    for _ in range(200):
+        _submit(api)
+    assert _cycle(api, memory, full=True).placed == 16
+    depth = 64 + 4 * 16
+    arrivals = [_submit(api) for _ in range(30)]
+
+    first = _cycle(api, memory, full=False)
+    # The head (the 16 placed ones are gone) and every arrival.
+    assert first.pending == depth - 16 + 30
+    # Ranked 113th to 142nd, past the 100 positions a quick cycle rewrites: still NEW.
+    assert {_reason(api, a) for a in arrivals} == {NEW_IN_QUEUE}
+
+    second = _cycle(api, memory, full=False)
+    # Only the head: the arrivals that fell behind it wait there, as older jobs do.
+    assert second.pending == depth
+    assert set(arrivals) <= set(memory.order)
+    assert {a for a in arrivals if a not in memory.head(depth)} <= memory.arrivals_read
+
+    _cycle(api, memory, full=True)  # ranks them all: nothing left to leave out
+    assert memory.arrivals_read == set()
+
+
+def test_an_arrival_that_started_and_came_back_is_read_again(api):
+    from app.jobs import reports
+
+    _node(api.factory, gpus=1)
+    memory = QueueMemory()
+    blocker = _submit(api)
+    assert _cycle(api, memory, full=True).placed == 1
+    arrival = _submit(api)
+    assert _cycle(api, memory, full=False).pending == 1  # read: GPU busy
+    assert arrival in memory.arrivals_read
+
+    def _report_end(job_id: int, result: str) -> None:
+        with api.factory() as session:
+            attempt = session.scalar(select(Job.attempt).where(Job.id == job_id))
+            payload = {"job_id": job_id, "attempt": attempt, "node": "n1", "result": result}
+            assert reports.job_finished(session=session, payload=payload).accepted
+            session.commit()
+
+    _report_end(blocker, "SUCCEEDED")
+    assert _cycle(api, memory, full=False).placed == 1  # the arrival starts
+    _cycle(api, memory, full=False)  # asks for it, finds it gone: forgotten
+    _report_end(arrival, "PREEMPTED")  # back in the queue, NEW again
+    assert _reason(api, arrival) == NEW_IN_QUEUE
+    assert _cycle(api, memory, full=False).placed == 1
