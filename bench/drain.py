@@ -12,7 +12,8 @@ up`) and two agents with 4 simulated GPUs each (bench/common.py, shared with tes
 
 Reference: Slurm, tuned, on this machine: 54 jobs/s. Prints a table; writes
 bench/results/drain-<db>.json. `--profile` records the scheduler with py-spy (if
-installed) into bench/results/drain-scheduler-<db>.svg and prints its top functions.
+installed) into bench/results/drain-scheduler-<db>.txt and prints its top functions
+(`PROFILE_PROC=reports` records the reports worker instead).
 """
 
 from __future__ import annotations
