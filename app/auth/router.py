@@ -6,7 +6,7 @@ from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Path
-from pydantic import BaseModel, Field, StringConstraints
+from pydantic import BaseModel, Field, StrictBool, StringConstraints
 
 from app.auth import service
 from app.db import utcnow
@@ -50,6 +50,10 @@ class UserCreate(BaseModel):
     name: Name
     projects: list[Name] = Field(min_length=1, description="created when missing")
     admin: bool = False
+
+
+class UserUpdate(RequestBody):
+    admin: StrictBool = Field(description="true: an admin; false: a plain user")
 
 
 class TokenCreate(BaseModel):
@@ -145,6 +149,17 @@ def create_user(
         )
     session.commit()
     return TokenOut(user=_user(session, body.name), token=token)
+
+
+@router.patch("/users/{name}", response_model=UserOut)
+def update_user(name: UserPath, body: UserUpdate, session: SessionDep, admin: AdminUser) -> UserOut:
+    """Make a user an admin or a plain user, as `sacctmgr modify user ... set adminlevel=`;
+    idempotent. The last admin stays one (409). Other API processes see the change within
+    the token cache time (admin)."""
+    with _refusals():
+        service.set_admin(session=session, user_name=name, is_admin=body.admin, actor=admin.name)
+    session.commit()
+    return _user(session, name)
 
 
 @router.post("/users/{name}/tokens", response_model=TokenOut, status_code=201)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.audit.service import changes, record
@@ -217,6 +217,31 @@ def set_notify_url(
     user = session.get_one(User, user_id)
     user.notify_url = url
     TOKEN_CACHE.clear()
+
+
+def set_admin(*, session: Session, user_name: str, is_admin: bool, actor: str) -> bool:
+    """Make a user an admin or a plain user, as `sacctmgr modify user ... set
+    adminlevel=`; returns whether that changed anything. The last admin stays one: without
+    an admin, nobody could change quotas, drain nodes or manage users over the API."""
+    user = find_user(session=session, name=user_name)
+    if user.is_admin == is_admin:
+        return False
+    if not is_admin:
+        others = session.scalar(
+            select(func.count()).select_from(User).where(User.is_admin, User.id != user.id)
+        )
+        if not others:
+            raise ValueError(f"{user_name!r} is the last admin; make another user an admin first")
+    user.is_admin = is_admin
+    TOKEN_CACHE.clear()  # this process at once; other API processes within the cache time
+    record(
+        session=session,
+        actor=actor,
+        action="user.role",
+        target=user_name,
+        info=changes({"admin": not is_admin}, {"admin": is_admin}),
+    )
+    return True
 
 
 def revoke_tokens(*, session: Session, user_name: str, actor: str) -> int:

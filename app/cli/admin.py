@@ -6,6 +6,7 @@ REST API, so they work before any admin token exists.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -18,6 +19,7 @@ from app.auth.service import (
     issue_token,
     list_users,
     revoke_tokens,
+    set_admin,
 )
 from app.auth.service import create_user as create
 from app.cli.client import EXIT_REJECTED, EXIT_USAGE, CliError, add_row, console, make_table
@@ -145,6 +147,31 @@ def users() -> None:
             role = "admin" if user.is_admin else "user"
             add_row(table, user.name, role, ", ".join(user.projects), user.active_tokens)
     console().print(table)
+
+
+class Role(StrEnum):
+    admin = "admin"
+    user = "user"
+
+
+@admin_app.command("set-role")
+def set_role(
+    name: UserName,
+    role: Annotated[Role, typer.Argument(help="admin or user", show_default=False)],
+) -> None:
+    """Make a user an admin or a plain user (as sacctmgr modify user ... set adminlevel=);
+    the last admin stays one."""
+    settings = load_settings_or_exit()
+    try:
+        with session_scope(settings) as session:
+            changed = set_admin(
+                session=session, user_name=name, is_admin=role is Role.admin, actor=_actor()
+            )
+    except (LookupError, ValueError) as exc:
+        raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
+    typer.echo(
+        f"{name!r} {'is now' if changed else 'was already'} {'an' if role is Role.admin else 'a'} {role}"
+    )
 
 
 @admin_app.command("revoke")

@@ -764,8 +764,18 @@ def test_an_admin_adds_a_user_changes_its_projects_and_tokens(
     _expect_text(page, f"{row} [data-revoke]", "Confirm")
     page.click(f"{row} [data-revoke]")
     _expect_text(page, f"{row} td", "^0$")
+
+    # Roles: the only admin has no button (it stays one); erin becomes a second admin.
+    assert page.locator("[data-role='admin']").count() == 0
+    page.click(f"{row} [data-role]")
+    _expect_text(page, f"{row} [data-role]", "Confirm make admin")
+    page.click(f"{row} [data-role]")
+    _expect_text(page, f"{row} [data-role]", "^Make user$")
+    page.wait_for_selector("[data-role='admin']")  # either admin may step down now
     users = {u["name"]: u for u in stack.request("GET", "/api/v1/users")}
     assert (users["erin"]["projects"], users["erin"]["active_tokens"]) == (["ml", "nlp"], 0)
+    assert users["erin"]["is_admin"] is True
+    dash.shot("users-roles")
     dash.assert_clean()
 
 

@@ -141,3 +141,21 @@ def test_admin_changes_are_in_the_audit_trail(cli: Cli) -> None:
     assert "gpu_quota 0 -> 4" in cli("audit", "--action", "project.update", user="admin").stdout
     denied = cli("audit", user="alice")
     assert denied.exit_code == 1 and "admin role required" in denied.stderr
+
+
+def test_set_role_makes_an_admin_and_keeps_the_last_one(cli: Cli) -> None:
+    def drain_as_alice() -> str:
+        return cli.raw(["drain", "n1", "--url", cli.url, "--token", cli.tokens["alice"]]).stderr
+
+    assert "admin role required" in drain_as_alice()
+    made = cli.raw(["admin", "set-role", "alice", "admin"])
+    assert made.exit_code == 0 and made.stdout.strip() == "'alice' is now an admin"
+    assert "no node named 'n1'" in drain_as_alice()  # past the role check
+    again = cli.raw(["admin", "set-role", "alice", "admin"])
+    assert again.stdout.strip() == "'alice' was already an admin"
+
+    assert cli.raw(["admin", "set-role", "admin", "user"]).exit_code == 0
+    last = cli.raw(["admin", "set-role", "alice", "user"])
+    assert last.exit_code == 1 and "last admin" in last.stderr
+    assert cli.raw(["admin", "set-role", "nobody", "user"]).exit_code == 1
+    assert cli.raw(["admin", "set-role", "alice", "root"]).exit_code == 2  # not a role

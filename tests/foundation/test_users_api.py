@@ -78,3 +78,35 @@ def test_projects_tokens_and_revocation(api):
         ("admin", "user.add_to_project"),
         ("test", "user.create"),  # the suite's own setup
     ]
+
+
+def test_an_admin_changes_a_users_role_and_the_last_admin_stays(api):
+    admin = api.as_("admin")
+    alice = api.as_("alice")
+    assert api.client.get("/api/v1/users", headers=alice).status_code == 403
+
+    r = api.client.patch("/api/v1/users/alice", json={"admin": True}, headers=admin)
+    assert r.status_code == 200 and r.json()["is_admin"] is True
+    assert api.client.get("/api/v1/users", headers=alice).status_code == 200  # at once
+    again = api.client.patch("/api/v1/users/alice", json={"admin": True}, headers=admin)
+    assert again.status_code == 200  # idempotent, and not audited twice
+
+    # Stepping down is allowed while another admin remains; the last one is kept.
+    r = api.client.patch("/api/v1/users/admin", json={"admin": False}, headers=admin)
+    assert r.status_code == 200 and r.json()["is_admin"] is False
+    assert api.client.get("/api/v1/users", headers=admin).status_code == 403
+    last = api.client.patch("/api/v1/users/alice", json={"admin": False}, headers=alice)
+    assert last.status_code == 409
+    assert last.json()["detail"] == "'alice' is the last admin; make another user an admin first"
+
+    for body, field in (({"admin": "yes"}, "admin"), ({"admin": 1}, "admin"), ({}, "admin")):
+        r = api.client.patch("/api/v1/users/bob", json=body, headers=alice)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"][:2] == ["body", field], r.text
+    missing = api.client.patch("/api/v1/users/nobody", json={"admin": True}, headers=alice)
+    assert missing.status_code == 404
+
+    audit = api.client.get("/api/v1/audit?action=user.role", headers=alice).json()["items"]
+    assert [(e["actor"], e["target"], e["info"]) for e in audit] == [
+        ("admin", "admin", {"admin": {"from": True, "to": False}}),
+        ("admin", "alice", {"admin": {"from": False, "to": True}}),
+    ]

@@ -37,6 +37,7 @@ EXPECTED_ADMIN_ONLY = frozenset(
         ("POST", "/api/v1/users"),
         ("POST", "/api/v1/users/{name}/tokens"),
         ("DELETE", "/api/v1/users/{name}/tokens"),
+        ("PATCH", "/api/v1/users/{name}"),
         ("PUT", "/api/v1/users/{name}/projects/{project}"),
         ("DELETE", "/api/v1/users/{name}/projects/{project}"),
     }

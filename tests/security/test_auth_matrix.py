@@ -44,6 +44,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("PATCH", "/api/v1/me"): {"notify_url": None},
     ("POST", "/api/v1/users"): {"name": "erin", "projects": ["ml"]},
     ("POST", "/api/v1/users/{name}/tokens"): {"label": "laptop"},
+    ("PATCH", "/api/v1/users/{name}"): {"admin": True},
 }
 # Query parameters an operation needs to do anything (a bulk action must say which jobs).
 QUERIES: dict[tuple[str, str], dict[str, Any]] = {

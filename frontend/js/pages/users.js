@@ -58,9 +58,9 @@ export function usersPage(root, ctx) {
 
   root.append(h("div", { class: "page-head" }, h("h1", {}, "Users")), tokenCard, form, listCard);
 
-  const act = async (what, path, method, done) => {
+  const act = async (what, path, request, done) => {
     try {
-      const answer = await api(path, { method });
+      const answer = await api(path, request);
       await refresh(true);
       if (done) done(answer);
     } catch (err) {
@@ -68,7 +68,18 @@ export function usersPage(root, ctx) {
     }
   };
 
-  const row = (u) => {
+  // The last admin stays one (the server refuses): no button to demote it.
+  const roleButton = (u, admins) => {
+    if (u.is_admin && admins === 1) return null;
+    const role = u.is_admin ? "a plain user" : "an admin";
+    return confirmButton({
+      label: u.is_admin ? "Make user" : "Make admin", dataset: { role: u.name }, aria: `Make ${u.name} ${role}`,
+      onConfirm: () => act(`make ${u.name} ${role}`, `/api/v1/users/${encodeURIComponent(u.name)}`,
+        { method: "PATCH", body: { admin: !u.is_admin } }),
+    });
+  };
+
+  const row = (u, admins) => {
     const enc = encodeURIComponent(u.name);
     const joinInput = h("input", { class: "inline-input", placeholder: "project", "aria-label": `Add ${u.name} to a project`, dataset: { join: u.name } });
     const join = h("form", {
@@ -76,27 +87,27 @@ export function usersPage(root, ctx) {
       onsubmit: (ev) => {
         ev.preventDefault();
         const project = joinInput.value.trim();
-        if (project) act(`add ${u.name} to ${project}`, `/api/v1/users/${enc}/projects/${encodeURIComponent(project)}`, "PUT");
+        if (project) act(`add ${u.name} to ${project}`, `/api/v1/users/${enc}/projects/${encodeURIComponent(project)}`, { method: "PUT" });
       },
     }, joinInput, h("button", { type: "submit", class: "btn btn-ghost btn-sm" }, "Add"));
     return h("tr", { dataset: { user: u.name } },
       h("td", {}, h("b", {}, u.name)),
-      h("td", {}, u.is_admin ? h("span", { class: "badge ok" }, "admin") : "user"),
+      h("td", { class: "role" }, u.is_admin ? h("span", { class: "badge ok" }, "admin") : "user", " ", roleButton(u, admins)),
       h("td", { class: "wide" }, u.projects.map((p) => h("span", { class: "chip", dataset: { project: p } }, p,
         // A user keeps at least one project: the last one has no remove button.
         u.projects.length > 1 ? h("button", {
           type: "button", class: "chip-x", "aria-label": `Remove ${u.name} from ${p}`,
-          onclick: () => act(`remove ${u.name} from ${p}`, `/api/v1/users/${enc}/projects/${encodeURIComponent(p)}`, "DELETE"),
+          onclick: () => act(`remove ${u.name} from ${p}`, `/api/v1/users/${enc}/projects/${encodeURIComponent(p)}`, { method: "DELETE" }),
         }, "×") : null)), join),
       h("td", { class: "num" }, String(u.active_tokens)),
       h("td", { class: "actions" },
         h("button", {
           type: "button", class: "btn btn-ghost btn-sm", dataset: { newToken: u.name },
-          onclick: () => act(`issue a token for ${u.name}`, `/api/v1/users/${enc}/tokens`, "POST", (a) => showToken(u.name, a.token)),
+          onclick: () => act(`issue a token for ${u.name}`, `/api/v1/users/${enc}/tokens`, { method: "POST" }, (a) => showToken(u.name, a.token)),
         }, "New token"),
         u.name === ctx.me?.name || !u.active_tokens ? null : confirmButton({
           label: "Revoke", dataset: { revoke: u.name }, aria: `Revoke every token of ${u.name}`, danger: true,
-          onConfirm: () => act(`revoke the tokens of ${u.name}`, `/api/v1/users/${enc}/tokens`, "DELETE",
+          onConfirm: () => act(`revoke the tokens of ${u.name}`, `/api/v1/users/${enc}/tokens`, { method: "DELETE" },
             (a) => toast(`Revoked ${a.revoked} token(s) of ${u.name}`)),
         })));
   };
@@ -117,7 +128,7 @@ export function usersPage(root, ctx) {
       h("div", { class: "table-wrap" }, cardify(h("table", { id: "users-table" },
         h("thead", {}, h("tr", {}, h("th", {}, "User"), h("th", {}, "Role"), h("th", {}, "Projects"),
           h("th", { class: "num" }, "Active tokens"), h("th", {}, ""))),
-        h("tbody", {}, users.map(row))))));
+        h("tbody", {}, users.map((u) => row(u, users.filter((x) => x.is_admin).length)))))));
   };
 
   return poll(() => refresh(), 30000);
