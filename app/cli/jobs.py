@@ -698,10 +698,17 @@ def pending_queue(
 def list_jobs(
     status: Annotated[
         list[str] | None,
-        typer.Option("--status", help="PENDING, RUNNING, ... (repeatable)", show_default=False),
+        typer.Option(
+            "--status",
+            "-t",
+            help="PENDING, RUNNING, ... (repeatable; squeue -t)",
+            show_default=False,
+        ),
     ] = None,
     project: Annotated[str | None, typer.Option(help="Only this project")] = None,
-    user: Annotated[str | None, typer.Option(help="Only this user's jobs")] = None,
+    user: Annotated[
+        str | None, typer.Option("--user", "-u", help="Only this user's jobs (squeue -u)")
+    ] = None,
     name: Annotated[
         str | None, typer.Option("--name", "-n", help="Only jobs of this name (squeue --name)")
     ] = None,
@@ -941,7 +948,9 @@ def _each_job(
 OptionalJobIds = Annotated[
     list[int] | None, typer.Argument(help="Job ids (or select them with the options)")
 ]
-UserFilterOption = Annotated[str | None, typer.Option(help="Every job of this user")]
+UserFilterOption = Annotated[
+    str | None, typer.Option("--user", "-u", help="Every job of this user (scancel -u)")
+]
 NameFilterOption = Annotated[
     str | None, typer.Option("--name", "-n", help="Every job of this name (squeue --name)")
 ]
@@ -957,7 +966,8 @@ def cancel(
         list[str] | None,
         typer.Option(
             "--status",
-            help="Only in these states (default: any a job has not ended in)",
+            "-t",
+            help="Only in these states (default: any a job has not ended in; scancel -t)",
             show_default=False,
         ),
     ] = None,

@@ -205,6 +205,11 @@ def test_jobs_json_and_all_follows_pagination(cli: Cli) -> None:
     # The admin sees both users' jobs; filters go to the server.
     result = cli("jobs", "--json", "--all", "--user", "bob", user="admin")
     assert [j["name"] for j in json.loads(result.stdout)["items"]] == ["other"]
+    # As squeue -u bob -t PENDING.
+    result = cli("jobs", "--json", "-u", "bob", "-t", "PENDING", user="admin")
+    assert [j["name"] for j in json.loads(result.stdout)["items"]] == ["other"]
+    result = cli("jobs", "--json", "-u", "bob", "-t", "RUNNING", user="admin")
+    assert json.loads(result.stdout)["items"] == []
 
 
 def test_jobs_table_and_filters(cli: Cli) -> None:
@@ -313,8 +318,9 @@ def test_cancel_the_jobs_a_filter_selects(cli: Cli) -> None:
     assert result.stdout.splitlines() == [f"job {j} (true): CANCELLED" for j in sweep]
     assert _stored(cli, other).status == "PENDING" and _stored(cli, bobs).status == "PENDING"
 
-    # Selected by user and state; --json is a list however many matched.
-    mine = cli("cancel", "--json", "--user", "alice", "--status", "pending")
+    # Selected by user and state, spelled as scancel -u alice -t PENDING; --json is a list
+    # however many matched.
+    mine = cli("cancel", "--json", "-u", "alice", "-t", "pending")
     assert [j["id"] for j in json.loads(mine.stdout)] == [other]
     none = cli("cancel", "--user", "alice")
     assert (none.exit_code, none.stderr) == (0, "no jobs match\n")
