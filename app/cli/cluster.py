@@ -127,7 +127,7 @@ def queues(as_json: JsonOption = False, url: UrlOption = None, token: TokenOptio
         add_row(
             table,
             q["project"],
-            q["pending"],
+            f"{q['pending']} ({q['held']} held)" if q["held"] else q["pending"],
             q["running"],
             q["gpus_requested"],
             f"{q['gpus_in_use']:g}",

@@ -10,6 +10,10 @@ from app.request_body import RequestBody
 class QueueOut(BaseModel):
     project: str
     pending: int
+    held: int = Field(
+        description="of the pending jobs, those held (gpusched hold): none starts until "
+        "released, as squeue's JobHeldUser"
+    )
     running: int
     gpus_requested: int
     gpus_in_use: float

@@ -13,7 +13,8 @@ from app.projects.schemas import ProjectUpdate, QueueOut
 
 
 def queues(*, session: Session, principal: Principal) -> list[QueueOut]:
-    """Per project: what waits, what runs, GPUs asked for by the waiting jobs, GPUs held."""
+    """Per project: what waits (and how much of it is held), what runs, GPUs asked for by
+    the waiting jobs, GPUs in use."""
     projects = select(Project).order_by(Project.name)
     if not principal.is_admin:
         projects = projects.where(Project.id.in_(principal.project_ids or {-1}))
@@ -42,13 +43,14 @@ def _queue_rows(session: Session, rows: list[Project]) -> list[QueueOut]:
     ids = [p.id for p in rows]
     pending = JobStatus.PENDING
     counts = {
-        pid: (pend or 0, run or 0, req or 0)
-        for pid, pend, run, req in session.execute(
+        pid: (pend or 0, run or 0, req or 0, held or 0)
+        for pid, pend, run, req, held in session.execute(
             select(
                 Job.project_id,
                 func.sum(case((Job.status == pending, 1), else_=0)),
                 func.sum(case((Job.status.in_(ACTIVE), 1), else_=0)),
                 func.sum(case((Job.status == pending, Job.gpus * Job.nodes), else_=0)),
+                func.sum(case(((Job.status == pending) & Job.held_by.is_not(None), 1), else_=0)),
             )
             .where(Job.project_id.in_(ids), Job.status.in_([pending, *ACTIVE]))
             .group_by(Job.project_id)
@@ -70,12 +72,14 @@ def _queue_rows(session: Session, rows: list[Project]) -> list[QueueOut]:
     weights, used = session.execute(
         select(func.sum(Project.weight), func.sum(Project.usage_gpu_s))
     ).one()
+    none = (0, 0, 0, 0)
     return [
         QueueOut(
             project=p.name,
-            pending=counts.get(p.id, (0, 0, 0))[0],
-            running=counts.get(p.id, (0, 0, 0))[1],
-            gpus_requested=counts.get(p.id, (0, 0, 0))[2],
+            pending=counts.get(p.id, none)[0],
+            held=counts.get(p.id, none)[3],
+            running=counts.get(p.id, none)[1],
+            gpus_requested=counts.get(p.id, none)[2],
             gpus_in_use=(in_use.get(p.id) or 0) / 1000,
             gpu_quota=p.gpu_quota,
             weight=p.weight,

@@ -592,11 +592,16 @@ def test_bob_sees_only_his_project(dash: Dashboard, stack: Stack) -> None:
     assert "bob-visible" in body
     assert "admin-secret" not in body
     assert page.locator(f"tr[data-job='{admin_job['id']}']").count() == 0
-    # Overview: only project cv in the per-project table.
+    # Overview: only project cv in the per-project table, with its held job counted apart.
+    held = {"name": "bob-held", "command": "true", "gpus": 0, "hold": True}
+    held_job = stack.request("POST", "/api/v1/jobs", held, token=stack.bob_token)
     dash.go("#/")
     page.wait_for_selector("#projects-table")
     projects = page.text_content("#projects-table") or ""
     assert "cv" in projects and "default" not in projects
+    assert "(1 held)" in projects
+    dash.shot("overview-held")
+    stack.request("POST", f"/api/v1/jobs/{held_job['id']}/cancel", token=stack.bob_token)
     # Its fair-share standing (as sshare): its part of the weights, and of recent use.
     assert "Share / use" in projects
     share = page.locator("#projects-table tbody tr td").nth(5).text_content() or ""

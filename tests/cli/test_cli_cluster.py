@@ -47,6 +47,7 @@ def test_queues_table_and_json(cli: Cli) -> None:
     for _ in range(2):
         assert cli("submit", "--gpus", "2", "--", "true").exit_code == 0
     assert cli("submit", "--", "true", user="bob").exit_code == 0
+    assert cli("submit", "--hold", "--", "true", user="bob").exit_code == 0
 
     from sqlalchemy import update
 
@@ -63,12 +64,20 @@ def test_queues_table_and_json(cli: Cli) -> None:
         for cells in [[c.strip() for c in line.strip("┃│").replace("┃", "│").split("│")]]
     }
     assert rows["PROJECT"] == ["WEIGHT", "SHARE", "USED"]
+    pending = {
+        cells[0]: cells[1]
+        for line in result.stdout.splitlines()
+        if line.startswith("│")
+        for cells in [[c.strip() for c in line.strip("│").split("│")]]
+    }
+    assert (pending["ml"], pending["cv"]) == ("2", "2 (1 held)")
     assert rows["ml"] == ["1", "33%", "100% (3.0 GPU-h)"]
     assert rows["cv"] == ["1", "33%", "0% (0.0 GPU-h)"]
 
     queues = {q["project"]: q for q in json.loads(cli("queues", "--json", user="admin").stdout)}
     assert queues["ml"]["pending"] == 2 and queues["ml"]["gpus_requested"] == 4
-    assert queues["cv"]["pending"] == 1
+    assert (queues["cv"]["pending"], queues["cv"]["held"]) == (2, 1)
+    assert queues["ml"]["held"] == 0
 
 
 def test_drain_and_undrain(cli: Cli) -> None:

@@ -165,7 +165,8 @@ export function overviewPage(root, ctx) {
             onclick: () => openEditor(q),
           }, "✎") : null),
         h("td", { class: "num" }, fmtNum(q.running)),
-        h("td", { class: "num" }, fmtNum(q.pending)),
+        h("td", { class: "num", title: q.held ? `${fmtNum(q.held)} of them held: none starts until released` : null },
+          fmtNum(q.pending), q.held ? h("span", { class: "muted small" }, ` (${fmtNum(q.held)} held)`) : null),
         h("td", { class: "num" }, fmtNum(q.gpus_in_use, q.gpus_in_use % 1 ? 1 : 0)),
         h("td", { class: "num hide-sm" }, q.gpu_quota ? fmtNum(q.gpu_quota) : "none"),
         h("td", {
