@@ -190,13 +190,18 @@ def _with_default_notify_url(spec: JobCreate, principal: Principal) -> JobCreate
     to its user's default, as Slurm mails the submitting user."""
     if spec.notify_url is not None or "notify_on" not in spec.model_fields_set:
         return spec
-    if principal.notify_url is None:
+    url = _default_notify_url(principal.notify_url, whose="your")
+    return spec.model_copy(update={"notify_url": url})
+
+
+def _default_notify_url(default: str | None, *, whose: str) -> str:
+    if default is None:
         raise FieldError(
             "notify_url",
-            "notify_on needs a notify_url: give one, or set your default (gpusched me "
+            f"notify_on needs a notify_url: give one, or set {whose} default (gpusched me "
             "--notify URL, PATCH /api/v1/me)",
         )
-    return spec.model_copy(update={"notify_url": principal.notify_url})
+    return default
 
 
 @dataclass(frozen=True, slots=True)
@@ -880,6 +885,10 @@ def _update_locked(
     """Apply `changes` to a pending job whose row the caller holds locked, checked as a
     submission is; notes what changed in its history. Does not commit."""
     sent = changes.model_dump(exclude_unset=True)
+    if "notify_on" in sent and "notify_url" not in sent and job.notify_url is None:
+        # As at submission: notifications asked for without a URL go to its owner's default.
+        owner_default = session.scalar(select(User.notify_url).where(User.id == job.user_id))
+        sent["notify_url"] = _default_notify_url(owner_default, whose="its owner's")
     current = {name: getattr(job, name) for name in _REQUEST_FIELDS}
     spec = _changed_spec(session, job=job, current=current, sent=sent, limits=limits)
     check_can_ever_fit(session=session, spec=spec)

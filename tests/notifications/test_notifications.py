@@ -365,7 +365,7 @@ def test_a_users_default_url_receives_the_notifications_of_jobs_without_one(
 ) -> None:
     """As Slurm mails the submitting user: `notify_on` alone posts to the user's default
     (PATCH /api/v1/me), checked against the allowed hosts like a job's own URL."""
-    alice = api.as_("alice")
+    alice, admin = api.as_("alice"), api.as_("admin")
     r = api.client.patch(
         "/api/v1/me", json={"notify_url": "https://hooks.example.org/x"}, headers=alice
     )
@@ -384,11 +384,25 @@ def test_a_users_default_url_receives_the_notifications_of_jobs_without_one(
     assert send_due(factory=api.factory, now=utcnow(), allowed_hosts=HOSTS).sent == 1
     assert [b["job"]["id"] for b in receiver.bodies] == [asked["id"]]
 
+    # A change that asks for notifications of a job without a URL takes the default too
+    # (by an admin as well: the owner's), unless it says null.
+    silent = submit(api, hold=True)["id"]
+    for body, headers in (({"notify_on": ["fail"]}, alice), ({"notify_on": ["end"]}, admin)):
+        r = api.client.patch(f"/api/v1/jobs/{silent}", json=body, headers=headers)
+        assert r.status_code == 200 and r.json()["notify_url"] == receiver.url, r.text
+    quiet = submit(api, hold=True)["id"]
+    r = api.client.patch(
+        f"/api/v1/jobs/{quiet}", json={"notify_on": ["fail"], "notify_url": None}, headers=alice
+    )
+    assert r.status_code == 200 and r.json()["notify_url"] is None
+
     r = api.client.patch("/api/v1/me", json={"notify_url": None}, headers=alice)
     assert r.status_code == 200 and r.json()["notify_url"] is None
     r = api.client.post(
         "/api/v1/jobs", json={"command": ["true"], "notify_on": ["fail"]}, headers=alice
     )
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "notify_url"]
+    r = api.client.patch(f"/api/v1/jobs/{quiet}", json={"notify_on": ["end"]}, headers=alice)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "notify_url"]
 
 
