@@ -154,7 +154,7 @@ def build_spec(
     if notify is not None:
         spec["notify_url"] = notify
     if notify_on is not None:
-        spec["notify_on"] = [event.strip() for event in notify_on.split(",") if event.strip()]
+        spec["notify_on"] = notify_events(notify_on)
     if preemptible:
         spec["preemptible"] = True
     if hold:
@@ -288,6 +288,11 @@ NotifyOnOption = Annotated[
         rich_help_panel=JOB_PANEL,
     ),
 ]
+
+
+def notify_events(text: str) -> list[str]:
+    """`--notify-on start,fail` as the API's list (the server names a wrong one)."""
+    return [event.strip() for event in text.split(",") if event.strip()]
 
 
 # Selecting jobs by label (`gpusched jobs`, `cancel`), as the API's ?label=k=v.
@@ -1171,6 +1176,20 @@ def update(
             show_default=False,
         ),
     ] = None,
+    notify: Annotated[
+        str | None,
+        typer.Option(
+            "--notify", help="POST its notifications to this URL instead, or none for no more"
+        ),
+    ] = None,
+    notify_on: Annotated[
+        str | None,
+        typer.Option(
+            "--notify-on",
+            help="start, end, fail, requeue; comma-separated (scontrol update MailType=). A "
+            "job without a URL then posts to its owner's default",
+        ),
+    ] = None,
     user: UserFilterOption = None,
     project: ProjectFilterOption = None,
     label: LabelFilterOption = None,
@@ -1218,6 +1237,10 @@ def update(
         if names is not None:  # "none" clears the choice
             cleared = names.strip().lower() == "none"
             changes[field] = None if cleared else node_names(names, option)
+    if notify is not None:
+        changes["notify_url"] = None if notify.strip().lower() == "none" else notify
+    if notify_on is not None:
+        changes["notify_on"] = notify_events(notify_on)
     if dependency is not None:
         kind, ids = (
             ("afterok", [])

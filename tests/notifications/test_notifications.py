@@ -261,6 +261,26 @@ def test_submit_with_a_notification_from_the_cli(cli: Cli) -> None:
     )
 
 
+def test_update_changes_a_jobs_notifications_from_the_cli(cli: Cli) -> None:
+    """As scontrol update MailType= / MailUser=; a job without a URL takes its owner's."""
+    url = "http://127.0.0.1:8/hook"
+    job = json.loads(cli("submit", "--json", "--hold", "--", "true").stdout)["id"]
+    refused = cli("update", str(job), "--notify-on", "fail")
+    assert refused.exit_code == 1 and "set its owner's default" in " ".join(refused.stderr.split())
+    assert cli("me", "--notify", url).exit_code == 0
+    changed = cli("update", str(job), "--json", "--notify-on", "fail,requeue")
+    assert changed.exit_code == 0, changed.stderr
+    assert json.loads(changed.stdout)["notify_url"] == url
+    assert json.loads(changed.stdout)["notify_on"] == ["fail", "requeue"]
+    other = "http://127.0.0.1:9/other"
+    assert (
+        json.loads(cli("update", str(job), "--json", "--notify", other).stdout)["notify_url"]
+        == other
+    )
+    cleared = json.loads(cli("update", str(job), "--json", "--notify", "none").stdout)
+    assert cleared["notify_url"] is None
+
+
 def test_a_job_whose_host_was_removed_since_can_still_be_changed(api) -> None:
     """The URL was admitted; removing its host stops its messages (above), not every
     other change of the job. A new URL is judged by the hosts allowed now."""
