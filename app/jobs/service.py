@@ -141,7 +141,7 @@ def _check_fits(per_node: Inventory, spec: JobCreate) -> None:
         raise FieldError(
             "gpus",
             f"no node could ever fit {spec.gpus} GPUs: the largest node, {largest_name}, "
-            f"has {len(largest)}",
+            f"has {len(largest)}{_spread_hint(per_node, spec)}",
         )
     if spec.gpu_memory_mb is not None:
         biggest = max((mem for gpus in per_node.values() for _, mem in gpus), default=0)
@@ -160,6 +160,20 @@ def _check_fits(per_node: Inventory, spec: JobCreate) -> None:
         )
     if spec.only_nodes is not None or spec.exclude_nodes:
         _check_node_choice(spec, sorted(per_node), fitting_nodes)
+
+
+def _spread_hint(per_node: Inventory, spec: JobCreate) -> str:
+    """`gpus` counts per node (Slurm's --gpus counts in all): for a one-node job too big
+    for any node, the fewest nodes that hold as many GPUs between them, if the cluster has
+    them."""
+    if spec.nodes != 1:
+        return ""
+    sizes = sorted((len(gpus) for gpus in per_node.values()), reverse=True)
+    for nodes in range(2, len(sizes) + 1):
+        per = spec.gpus // nodes
+        if per * nodes == spec.gpus and sizes[nodes - 1] >= per:
+            return f"; gpus counts per node: {nodes} nodes with {per} GPUs each would (nodes={nodes}, gpus={per})"
+    return ""
 
 
 def _check_node_choice(spec: JobCreate, names: list[str], fitting_nodes: list[str]) -> None:

@@ -155,10 +155,17 @@ def test_never_fitting_request_names_the_largest_node(api):
     assert (
         field_errors(r)[("gpus",)] == "no node could ever fit 9 GPUs: the largest node, big, has 8"
     )
+    # gpus counts per node (Slurm's --gpus counts in all): the message says how to spread it.
+    add_node(api.factory, "big2", gpus=8)
+    assert field_errors(submit(api, gpus=16))[("gpus",)] == (
+        "no node could ever fit 16 GPUs: the largest node, big2, has 8; gpus counts per "
+        "node: 2 nodes with 8 GPUs each would (nodes=2, gpus=8)"
+    )
+    assert "gpus counts per node" not in field_errors(submit(api, gpus=17))[("gpus",)]
     r = submit(api, gpus=1, gpu_memory_mb=100_000)
     assert r.status_code == 422 and "largest has 81559 MiB" in field_errors(r)[("gpu_memory_mb",)]
-    r = submit(api, gpus=4, nodes=2)
-    assert r.status_code == 422 and "only 1 node(s)" in field_errors(r)[("nodes",)]
+    r = submit(api, gpus=4, nodes=4)
+    assert r.status_code == 422 and "only 2 node(s)" in field_errors(r)[("nodes",)]
     r = submit(api, gpu_model="A100-40GB")
     assert r.status_code == 422 and "available: H100-80GB" in field_errors(r)[("gpu_model",)]
     assert submit(api, gpus=8, gpu_memory_mb=80_000).status_code == 201
