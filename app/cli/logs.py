@@ -53,10 +53,15 @@ def logs(
     ] = False,
     tail: Annotated[int | None, typer.Option(help="Only the last N lines", min=1)] = None,
     attempt: Annotated[int | None, typer.Option(help="Attempt (default: latest)", min=1)] = None,
+    node_rank: Annotated[
+        int,
+        typer.Option("--node-rank", help="Which node of a multi-node job (0: the first)", min=0),
+    ] = 0,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Print a job's output (stdout and stderr of its latest attempt)."""
+    """Print a job's output (stdout and stderr of its latest attempt; of a multi-node job,
+    each node's apart: --node-rank)."""
     client = ApiClient.from_options(url, token)
     if not _started(client, job_id, wait=follow):
         return
@@ -65,11 +70,17 @@ def logs(
         params["tail"] = tail
     if attempt is not None:
         params["attempt"] = attempt
+    if node_rank:
+        params["node_rank"] = node_rank
     path = f"/api/v1/jobs/{job_id}/logs"
     if follow:
         _follow(client, path, params)
     else:
-        sys.stdout.write(client.request("GET", path, params=params).text)
+        answer = client.request("GET", path, params=params)
+        sys.stdout.write(answer.text)
+        nodes = int(answer.headers.get("X-Nodes", "1"))
+        if nodes > 1:  # on stderr: the output stays the job's own
+            typer.echo(f"(node {node_rank} of {nodes}; --node-rank N for another)", err=True)
 
 
 def _follow(client: ApiClient, path: str, params: dict[str, object]) -> None:

@@ -8,13 +8,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
 
 from app.jobs.allocations import release
-from app.jobs.lifecycle import settle_interrupted, transition, will_retry
-from app.jobs.models import Job
+from app.jobs.lifecycle import note, settle_interrupted, transition, will_retry
+from app.jobs.models import Allocation, Job
 from app.jobs.states import ACTIVE, JobStatus
+from app.nodes.models import Node
 
 log = logging.getLogger("gpusched.reports")
 
@@ -82,6 +83,17 @@ def job_finished(*, session: Session, payload: dict[str, Any]) -> Applied:
         pid = payload.get("pid")
         started = f"started as pid {pid}" if pid is not None else "start not yet reported"
         transition(session, job=job, to=JobStatus.RUNNING, actor=actor, reason=started)
+    if result is JobStatus.SUCCEEDED and job.nodes > 1:
+        # A gang succeeds when its last node does, as a Slurm step ends with its last task:
+        # the first rank may still be saving a checkpoint. A failure ends it at once.
+        node = payload["node"]
+        released, left = _release_node(session, job=job, node=node)
+        if left:
+            if not released:
+                return Applied(False, f"job {job.id} attempt {job.attempt}: {node} already ended")
+            reason = f"its part on {node} ended ({message or 'exit 0'}); {left} node(s) to go"
+            note(session, job=job, actor=actor, reason=reason)
+            return Applied(True, "", job_finished=True)  # its GPUs there are free
     job.exit_code = payload.get("exit_code")
     release(session, job_id=job.id, attempt=job.attempt)
     transition(session, job=job, to=result, actor=actor, reason=message)
@@ -96,6 +108,21 @@ def job_finished(*, session: Session, payload: dict[str, Any]) -> Applied:
     elif result in (JobStatus.PREEMPTED, JobStatus.LOST):
         settle_interrupted(session, job=job, actor="scheduler")
     return Applied(True, "", job_finished=True)
+
+
+def _release_node(session: Session, *, job: Job, node: str) -> tuple[int, int]:
+    """Release a gang's GPUs on one node; returns how many were released and on how many
+    other nodes it still holds some."""
+    node_id = session.scalar(select(Node.id).where(Node.name == node))
+    released = release(session, job_id=job.id, attempt=job.attempt, node_id=node_id or -1)
+    left = session.scalar(
+        select(func.count(distinct(Allocation.node_id))).where(
+            Allocation.job_id == job.id,
+            Allocation.attempt == job.attempt,
+            Allocation.released_at.is_(None),
+        )
+    )
+    return released, left or 0
 
 
 def mark_lost(*, session: Session, job: Job, reason: str) -> None:

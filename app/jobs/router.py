@@ -392,25 +392,37 @@ def get_job_logs(
         int | None, Query(ge=0, le=2**62, description="start at this byte of the log")
     ] = None,
     attempt: Annotated[int | None, Query(ge=1, le=10_000)] = None,
+    node_rank: Annotated[
+        int,
+        Query(ge=0, le=10_000, description="which node of a multi-node job (0: the first)"),
+    ] = 0,
     follow_: Annotated[bool, Query(alias="follow")] = False,
 ) -> Response:
-    """The attempt's stdout and stderr (latest attempt by default). `tail=N` keeps the last
-    N lines; `offset=B` starts at byte B (a follower that lost its connection resumes
-    there); `follow=true` streams new output until the attempt ends. `X-Log-Offset` is
-    the byte of the log the body starts at."""
+    """The attempt's stdout and stderr (latest attempt by default; of a multi-node job, the
+    first node's unless `node_rank` names another). `tail=N` keeps the last N lines;
+    `offset=B` starts at byte B (a follower that lost its connection resumes there);
+    `follow=true` streams new output until the attempt ends. `X-Log-Offset` is the byte
+    of the log the body starts at; `X-Nodes` how many nodes have a log."""
     if tail is not None and offset is not None:
         raise FieldError("offset", "give tail or offset, not both", location="query")
     job = service.get(session=session, principal=principal, job_id=job_id)
+    if node_rank >= job.nodes:
+        raise FieldError(
+            "node_rank",
+            f"job {job_id} runs on {job.nodes} node(s): node_rank 0 to {job.nodes - 1}",
+            location="query",
+        )
     if job.attempt == 0:
         return PlainTextResponse("", headers={"X-Job-Status": job.status})
     chosen = resolve_attempt(job_id=job_id, current_attempt=job.attempt, attempt=attempt)
     log_dir = settings.log_dir.resolve()
-    path = attempt_log_path(log_dir, job_id, chosen)
+    path = attempt_log_path(log_dir, job_id, chosen, node_rank)
     data, read_up_to = read_tail(path, log_dir, tail, offset=offset or 0)
     headers = {
         "X-Job-Status": job.status,
         "X-Attempt": str(chosen),
         "X-Log-Offset": str(read_up_to - len(data)),
+        "X-Nodes": str(job.nodes),
     }
     if not follow_:
         return PlainTextResponse(data.decode(errors="replace"), headers=headers)

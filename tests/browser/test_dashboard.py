@@ -69,6 +69,19 @@ def test_a_revoked_session_returns_to_login_with_a_message(dash: Dashboard, stac
     dash.assert_clean()
 
 
+def test_a_multi_node_jobs_page_shows_each_nodes_log(dash: Dashboard, stack: Stack) -> None:
+    body = {"name": "two-nodes", "command": "echo from node $NODE_RANK", "gpus": 1, "nodes": 2}
+    job = stack.request("POST", "/api/v1/jobs", body)
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go(f"#/jobs/{job['id']}")
+    _expect_text(page, "#job-log", "from node 0", timeout=30_000)
+    page.select_option("#log-node", "1")
+    _expect_text(page, "#job-log", "from node 1")
+    dash.shot("job-two-nodes")
+    dash.assert_clean()
+
+
 def test_submit_through_the_form_then_follow_the_job(dash: Dashboard, stack: Stack) -> None:
     page = dash.page
     dash.login(stack.admin_token)

@@ -131,3 +131,22 @@ def test_follow_does_not_retry_an_api_that_never_answered(
     monkeypatch.setattr(logs_module, "_pause", never)
     result = cli("logs", "-f", str(job_id))
     assert result.exit_code == 2 and "connection refused" in result.stderr
+
+
+def test_each_node_of_a_multi_node_job_has_its_own_log(cli: Cli) -> None:
+    job_id = _submit(cli)
+    for rank in (0, 1):
+        log = attempt_log_path(cli.settings.log_dir, job_id, 1, rank)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"node {rank}\n")
+    _set(cli, job_id, attempt=1, nodes=2, status=JobStatus.SUCCEEDED)
+
+    first = cli("logs", str(job_id))
+    assert (first.stdout, first.stderr) == (
+        "node 0\n",
+        "(node 0 of 2; --node-rank N for another)\n",
+    )
+    assert cli("logs", str(job_id), "--node-rank", "1").stdout == "node 1\n"
+    beyond = cli("logs", str(job_id), "--node-rank", "2")
+    assert beyond.exit_code == 1
+    assert f"job {job_id} runs on 2 node(s): node_rank 0 to 1" in beyond.stderr

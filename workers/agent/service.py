@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.jobs.logs import attempt_log_path
 from workers.agent.gpu_backend import GpuBackend, NodeSample
 from workers.agent.runner import (
     JobLaunch,
@@ -63,11 +64,6 @@ class AgentSettings(BaseSettings):
 
 class Reporter(Protocol):
     def report(self, payload: dict[str, Any]) -> bool: ...
-
-
-def log_path(log_dir: Path, job_id: int, attempt: int) -> Path:
-    """Where an attempt's output goes; the API reads the same path (shared data dir)."""
-    return log_dir / str(job_id) / f"attempt-{attempt}.log"
 
 
 @dataclass
@@ -359,7 +355,7 @@ class Agent:
             workdir=payload.get("workdir") or tempfile.gettempdir(),
             job_id=key[0],
             attempt=key[1],
-            log_path=log_path(self.log_dir, *key),
+            log_path=attempt_log_path(self.log_dir, *key, payload.get("node_rank", 0)),
             gpu_indices=tuple(payload["gpu_indices"]),
             env=payload.get("env") or {},
             log_cap_bytes=self.log_cap_bytes,

@@ -49,11 +49,14 @@ export function jobPage(root, ctx, { match }) {
   const chartNote = h("div", { class: "chart-legend" });
   const logPre = h("pre", { class: "log", id: "job-log", tabindex: "0", "aria-label": "Job log" });
   const logNote = h("span", { class: "small muted" });
+  // Each node of a multi-node job writes its own log.
+  const logNode = h("select", { id: "log-node", class: "inline-input", "aria-label": "Which node's log", hidden: true,
+    onchange: () => refreshLog() });
   root.append(head,
     h("div", { class: "grid grid-2" },
       h("div", { class: "stack" },
         h("section", { class: "card" },
-          h("div", { class: "card-head" }, h("h2", {}, "Log"), logNote),
+          h("div", { class: "card-head" }, h("h2", {}, "Log"), h("span", {}, logNode, " ", logNote)),
           logPre),
         h("section", { class: "card" },
           h("div", { class: "card-head" }, h("h2", {}, "GPU utilisation and memory")),
@@ -307,7 +310,12 @@ export function jobPage(root, ctx, { match }) {
   };
 
   const refreshLog = async () => {
-    const text = await api(`/api/v1/jobs/${jobId}/logs`, { query: { tail: 200 }, text: true });
+    if (job && job.nodes > 1 && logNode.options.length !== job.nodes) {
+      clear(logNode, ...Array.from({ length: job.nodes }, (_, rank) => h("option", { value: String(rank) }, `node ${rank}`)));
+      logNode.hidden = false;
+    }
+    const query = { tail: 200, ...(Number(logNode.value) > 0 ? { node_rank: logNode.value } : {}) };
+    const text = await api(`/api/v1/jobs/${jobId}/logs`, { query, text: true });
     const atBottom = logPre.scrollHeight - logPre.scrollTop - logPre.clientHeight < 30;
     const running = job && ACTIVE.has(job.status);
     const shown = text || (job && job.attempt === 0

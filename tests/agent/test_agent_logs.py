@@ -1,0 +1,38 @@
+"""Each node of a multi-node job logs apart: on a data directory the nodes share, one
+file would be overwritten by the node that opened it last."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.jobs.logs import attempt_log_path
+from tests.agent.support import RecordingReporter
+from workers.agent.service import Agent, AgentSettings
+
+
+def _agent(tmp_path: Path, name: str, reporter: RecordingReporter) -> Agent:
+    return Agent(
+        settings=AgentSettings(name=name, grace_s=1.0),
+        backend=None,  # type: ignore[arg-type]
+        reporter=reporter,
+        log_dir=tmp_path / "logs",  # shared, as the data directory is
+        log_cap_bytes=10_000,
+        state_dir=tmp_path / "state" / name,
+    )
+
+
+def test_the_nodes_of_a_multi_node_job_write_their_own_logs(tmp_path: Path) -> None:
+    outputs = {}
+    for rank, node in enumerate(("n1", "n2")):
+        reporter = RecordingReporter()
+        payload = {
+            "job_id": 7, "attempt": 1, "command": ["sh", "-c", f"echo output of {node}"],
+            "gpu_indices": [], "node_rank": rank, "world_size": 2, "master_addr": "n1",
+            "master_port": 29500, "nproc_per_node": 1,
+        }  # fmt: skip
+        assert _agent(tmp_path, node, reporter).run_job(payload) == "started"
+        assert reporter.finished.wait(10), reporter.reports
+        outputs[rank] = attempt_log_path(tmp_path / "logs", 7, 1, rank)
+    assert outputs[0].name == "attempt-1.log"  # a one-node job's file, as before
+    assert outputs[0].read_text() == "output of n1\n"
+    assert outputs[1].read_text() == "output of n2\n"
