@@ -54,11 +54,16 @@ def allocate_many(session: Session, placements: Sequence[tuple[Job, Sequence[Gpu
     _add_to_gpus(session, added)
 
 
-def release(session: Session, *, job_id: int, attempt: int | None = None) -> int:
-    """Release the job's active allocations (of one attempt, or all); returns how many."""
+def release(
+    session: Session, *, job_id: int, attempt: int | None = None, node_id: int | None = None
+) -> int:
+    """Release the job's active allocations (of one attempt, or all; on one node, or on
+    all); returns how many."""
     query = update(Allocation).where(Allocation.job_id == job_id, Allocation.released_at.is_(None))
     if attempt is not None:
         query = query.where(Allocation.attempt == attempt)
+    if node_id is not None:
+        query = query.where(Allocation.node_id == node_id)
     # One statement: the update locks the rows it releases and says which they were.
     rows = session.execute(
         query.values(released_at=utcnow())

@@ -1,0 +1,89 @@
+"""A job on several nodes ends with its last node, as a Slurm step ends with its last task:
+the first rank often writes the checkpoint after the others are done. A node's failure
+ends it at once (the others would wait on it in a collective)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.db import utcnow
+from app.jobs.models import Allocation, Job
+from app.jobs.reports import job_finished
+from app.nodes.models import Gpu
+from tests.cycle.jobs_api import get_job, job_events, run_one_cycle, submit
+from tests.foundation.builders import ready_node
+
+
+def _report(api: Any, job_id: int, node: str, result: str, exit_code: int = 0) -> Any:
+    with api.factory.begin() as session:
+        attempt = session.get_one(Job, job_id).attempt
+        payload = {
+            "job_id": job_id, "attempt": attempt, "node": node, "result": result,
+            "exit_code": exit_code, "message": f"exit code {exit_code}",
+        }  # fmt: skip
+        return job_finished(session=session, payload=payload)
+
+
+def _gang(api: Any) -> int:
+    with api.factory.begin() as session:
+        session.add_all([ready_node(name, gpus=2, now=utcnow()) for name in ("n1", "n2")])
+    job = submit(api, name="gang", gpus=2, nodes=2)["id"]
+    run_one_cycle(api)
+    assert get_job(api, job)["status"] == "SCHEDULED"
+    return job
+
+
+def _held_gpus(api: Any, job_id: int) -> dict[str, int]:
+    """Allocated GPUs per node, as the GPU rows count them."""
+    from sqlalchemy import select
+
+    from app.nodes.models import Node
+
+    with api.factory() as session:
+        rows = session.execute(
+            select(Node.name, Gpu.allocated_milli).join(Gpu, Gpu.node_id == Node.id)
+        ).all()
+        active = session.scalars(
+            select(Allocation.id).where(
+                Allocation.job_id == job_id, Allocation.released_at.is_(None)
+            )
+        ).all()
+    held: dict[str, int] = {}
+    for name, milli in rows:
+        held[name] = held.get(name, 0) + milli // 1000
+    assert sum(held.values()) == len(active)
+    return held
+
+
+def test_a_gang_succeeds_with_its_last_node_and_frees_each_node_as_it_ends(api):
+    job = _gang(api)
+    first = _report(api, job, "n2", "SUCCEEDED")
+    assert first.accepted and first.job_finished  # n2's GPUs are free: cycle
+    after_first = get_job(api, job)
+    assert after_first["status"] == "RUNNING"  # n1 still runs rank 0
+    assert _held_gpus(api, job) == {"n1": 2, "n2": 0}
+    assert (
+        job_events(api, job)[-1]["reason"] == "its part on n2 ended (exit code 0); 1 node(s) to go"
+    )
+
+    again = _report(api, job, "n2", "SUCCEEDED")  # a redelivered report
+    assert not again.accepted and "n2 already ended" in again.why
+
+    assert _report(api, job, "n1", "SUCCEEDED").accepted
+    done = get_job(api, job)
+    assert (done["status"], done["exit_code"]) == ("SUCCEEDED", 0)
+    assert _held_gpus(api, job) == {"n1": 0, "n2": 0}
+
+
+def test_a_node_that_fails_ends_the_gang_at_once(api):
+    job = _gang(api)
+    assert _report(api, job, "n2", "SUCCEEDED").accepted
+    assert _report(api, job, "n1", "FAILED", exit_code=3).accepted
+    failed = get_job(api, job)
+    assert (failed["status"], failed["exit_code"]) == ("FAILED", 3)
+    assert _held_gpus(api, job) == {"n1": 0, "n2": 0}
+
+    other = submit(api, name="gang", gpus=2, nodes=2)["id"]
+    run_one_cycle(api)
+    assert _report(api, other, "n1", "FAILED", exit_code=1).accepted  # the first report
+    assert get_job(api, other)["status"] == "FAILED"
