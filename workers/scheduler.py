@@ -212,7 +212,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                 payload.get("result", kind),
                 extra=context,
             )
-        if applied.job_finished:
+        if applied.gpus_freed:
             runtime.messenger.request_cycle()
         return "ok" if applied.accepted else "ignored"
 

@@ -169,9 +169,8 @@ def set_role(
             )
     except (LookupError, ValueError) as exc:
         raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
-    typer.echo(
-        f"{name!r} {'is now' if changed else 'was already'} {'an' if role is Role.admin else 'a'} {role}"
-    )
+    what = "an admin" if role is Role.admin else "a plain user"
+    typer.echo(f"{name!r} {'is now' if changed else 'was already'} {what}")
 
 
 @admin_app.command("revoke")

@@ -33,7 +33,7 @@ RESULTS = {
 class Applied:
     accepted: bool
     why: str
-    job_finished: bool = False
+    gpus_freed: bool = False  # a cycle may place jobs on them
 
 
 def _current(session: Session, job_id: int, attempt: int) -> tuple[Job | None, str]:
@@ -93,7 +93,7 @@ def job_finished(*, session: Session, payload: dict[str, Any]) -> Applied:
                 return Applied(False, f"job {job.id} attempt {job.attempt}: {node} already ended")
             reason = f"its part on {node} ended ({message or 'exit 0'}); {left} node(s) to go"
             note(session, job=job, actor=actor, reason=reason)
-            return Applied(True, "", job_finished=True)  # its GPUs there are free
+            return Applied(True, "", gpus_freed=True)
     job.exit_code = payload.get("exit_code")
     release(session, job_id=job.id, attempt=job.attempt)
     transition(session, job=job, to=result, actor=actor, reason=message)
@@ -107,7 +107,7 @@ def job_finished(*, session: Session, payload: dict[str, Any]) -> Applied:
         )
     elif result in (JobStatus.PREEMPTED, JobStatus.LOST):
         settle_interrupted(session, job=job, actor="scheduler")
-    return Applied(True, "", job_finished=True)
+    return Applied(True, "", gpus_freed=True)
 
 
 def _release_node(session: Session, *, job: Job, node: str) -> tuple[int, int]:

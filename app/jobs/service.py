@@ -172,7 +172,10 @@ def _spread_hint(per_node: Inventory, spec: JobCreate) -> str:
     for nodes in range(2, len(sizes) + 1):
         per = spec.gpus // nodes
         if per * nodes == spec.gpus and sizes[nodes - 1] >= per:
-            return f"; gpus counts per node: {nodes} nodes with {per} GPUs each would (nodes={nodes}, gpus={per})"
+            return (
+                f"; gpus counts per node: {nodes} nodes with {per} GPUs each would "
+                f"(nodes={nodes}, gpus={per})"
+            )
     return ""
 
 
