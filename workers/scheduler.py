@@ -212,6 +212,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                 payload.get("result", kind),
                 extra=context,
             )
+        runtime.messenger.send_stops(applied.stops)
         if applied.gpus_freed:
             runtime.messenger.request_cycle()
         return "ok" if applied.accepted else "ignored"

@@ -233,8 +233,10 @@ def reconcile_node_attempts(
     settled = taken_at - timedelta(seconds=grace_s)
     for key, job in here.items():
         if key in results and "result" in results[key]:
-            if reports.job_finished(session=session, payload=results[key]).accepted:
+            applied = reports.job_finished(session=session, payload=results[key])
+            if applied.accepted:
                 repairs.finished.append(job.id)
+                repairs.stops.extend(applied.stops)
         elif key in reported:
             reports.job_started(
                 session=session, payload={"job_id": key[0], "attempt": key[1], "node": node}

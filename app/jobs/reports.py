@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
 
+from app.cycle.dispatch import Dispatch, stop_messages
 from app.jobs.allocations import release
 from app.jobs.lifecycle import note, settle_interrupted, transition, will_retry
 from app.jobs.models import Allocation, Job
@@ -34,6 +35,8 @@ class Applied:
     accepted: bool
     why: str
     gpus_freed: bool = False  # a cycle may place jobs on them
+    # stop_job for the other nodes of a gang that ended here (sent after the commit).
+    stops: tuple[Dispatch, ...] = ()
 
 
 def _current(session: Session, job_id: int, attempt: int) -> tuple[Job | None, str]:
@@ -94,6 +97,9 @@ def job_finished(*, session: Session, payload: dict[str, Any]) -> Applied:
             reason = f"its part on {node} ended ({message or 'exit 0'}); {left} node(s) to go"
             note(session, job=job, actor=actor, reason=reason)
             return Applied(True, "", gpus_freed=True)
+    # A gang that ends here (a node failed or timed out) may still run on its other nodes,
+    # whose ranks would wait on this one: stop them now, not at their next heartbeat.
+    stops = () if job.nodes == 1 else _other_nodes_stops(session, job=job, node=payload["node"])
     job.exit_code = payload.get("exit_code")
     release(session, job_id=job.id, attempt=job.attempt)
     transition(session, job=job, to=result, actor=actor, reason=message)
@@ -107,7 +113,12 @@ def job_finished(*, session: Session, payload: dict[str, Any]) -> Applied:
         )
     elif result in (JobStatus.PREEMPTED, JobStatus.LOST):
         settle_interrupted(session, job=job, actor="scheduler")
-    return Applied(True, "", gpus_freed=True)
+    return Applied(True, "", gpus_freed=True, stops=stops)
+
+
+def _other_nodes_stops(session: Session, *, job: Job, node: str) -> tuple[Dispatch, ...]:
+    placed = stop_messages(session, job_id=job.id, attempt=job.attempt, reason="cancel")
+    return tuple(stop for stop in placed if stop.node != node)
 
 
 def _release_node(session: Session, *, job: Job, node: str) -> tuple[int, int]:

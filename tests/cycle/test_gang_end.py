@@ -78,12 +78,15 @@ def test_a_gang_succeeds_with_its_last_node_and_frees_each_node_as_it_ends(api):
 def test_a_node_that_fails_ends_the_gang_at_once(api):
     job = _gang(api)
     assert _report(api, job, "n2", "SUCCEEDED").accepted
-    assert _report(api, job, "n1", "FAILED", exit_code=3).accepted
+    last = _report(api, job, "n1", "FAILED", exit_code=3)
+    assert last.accepted and last.stops == ()  # n2 is done: nothing left to stop
     failed = get_job(api, job)
     assert (failed["status"], failed["exit_code"]) == ("FAILED", 3)
     assert _held_gpus(api, job) == {"n1": 0, "n2": 0}
 
     other = submit(api, name="gang", gpus=2, nodes=2)["id"]
     run_one_cycle(api)
-    assert _report(api, other, "n1", "FAILED", exit_code=1).accepted  # the first report
-    assert get_job(api, other)["status"] == "FAILED"
+    first = _report(api, other, "n1", "FAILED", exit_code=1)
+    assert first.accepted and get_job(api, other)["status"] == "FAILED"
+    # n2's rank would wait on n1's forever: it is told to stop now (sent after the commit).
+    assert [(d.node, d.payload["reason"]) for d in first.stops] == [("n2", "cancel")]

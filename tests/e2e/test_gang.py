@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.common import Stack
+from bench.common import Stack, poll
 
 pytestmark = pytest.mark.e2e
 
@@ -25,3 +25,17 @@ def test_a_gang_runs_until_its_last_node_ends(stack: Stack) -> None:
     assert (rank_1.text, rank_1.headers["X-Nodes"]) == ("rank 1 done\n", "2")
     reasons = [e["reason"] for e in stack.events(job["id"])]
     assert any("ended (exit code 0); 1 node(s) to go" in r for r in reasons), reasons
+
+
+def test_a_failing_node_ends_the_gang_and_its_other_node_is_stopped(stack: Stack) -> None:
+    command = 'if [ "$NODE_RANK" = 0 ]; then sleep 60; else exit 3; fi'
+    job = stack.submit({"command": command, "gpus": 1, "nodes": 2})
+    done = stack.wait_status(job["id"], "SUCCEEDED", "FAILED", timeout=30)
+    assert (done["status"], done["exit_code"]) == ("FAILED", 3)
+    # Rank 0 would wait for rank 1 forever: its agent is told to stop it.
+    poll(
+        "rank 0 stopped",
+        lambda: "SIGTERM" in stack.logs(job["id"]) or None,
+        timeout=10,
+    )
+    assert stack.node("n1")["gpus_allocated"] == 0 and stack.node("n2")["gpus_allocated"] == 0
