@@ -97,9 +97,12 @@ def job_finished(*, session: Session, payload: dict[str, Any]) -> Applied:
             reason = f"its part on {node} ended ({message or 'exit 0'}); {left} node(s) to go"
             note(session, job=job, actor=actor, reason=reason)
             return Applied(True, "", gpus_freed=True)
-    # A gang that ends here (a node failed or timed out) may still run on its other nodes,
-    # whose ranks would wait on this one: stop them now, not at their next heartbeat.
-    stops = () if job.nodes == 1 else _other_nodes_stops(session, job=job, node=payload["node"])
+    # A gang that ends here by itself (a node failed, timed out, lost its process) may still
+    # run on its other nodes, whose ranks would wait on this one: stop them now, not at
+    # their next heartbeat. A cancel or a preemption was sent to every node already.
+    stops: tuple[Dispatch, ...] = ()
+    if job.nodes > 1 and result in (JobStatus.FAILED, JobStatus.TIMED_OUT, JobStatus.LOST):
+        stops = _other_nodes_stops(session, job=job, node=payload["node"])
     job.exit_code = payload.get("exit_code")
     release(session, job_id=job.id, attempt=job.attempt)
     transition(session, job=job, to=result, actor=actor, reason=message)

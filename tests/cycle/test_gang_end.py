@@ -90,3 +90,12 @@ def test_a_node_that_fails_ends_the_gang_at_once(api):
     assert first.accepted and get_job(api, other)["status"] == "FAILED"
     # n2's rank would wait on n1's forever: it is told to stop now (sent after the commit).
     assert [(d.node, d.payload["reason"]) for d in first.stops] == [("n2", "cancel")]
+
+
+def test_a_preempted_gang_sends_no_second_stop(api):
+    """A preemption (or a cancel) was sent to every node already; another stop to the
+    others would only race with their checkpointing."""
+    job = _gang(api)
+    first = _report(api, job, "n1", "PREEMPTED")
+    assert first.accepted and first.stops == ()
+    assert get_job(api, job)["status"] == "PENDING"
