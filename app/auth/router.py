@@ -73,12 +73,7 @@ class RevokedOut(BaseModel):
 @router.get("/me", response_model=MeOut)
 def me(principal: CurrentUser) -> MeOut:
     """Who the token belongs to (the dashboard shows admin actions only to admins)."""
-    return MeOut(
-        name=principal.name,
-        is_admin=principal.is_admin,
-        projects=sorted(principal.projects),
-        notify_url=principal.notify_url,
-    )
+    return _me_out(principal, notify_url=principal.notify_url)
 
 
 @router.patch("/me", response_model=MeOut)
@@ -95,11 +90,15 @@ def update_me(
         allowed_hosts=settings.notify_host_set,
     )
     session.commit()
+    return _me_out(principal, notify_url=body.notify_url)
+
+
+def _me_out(principal: service.Principal, *, notify_url: str | None) -> MeOut:
     return MeOut(
         name=principal.name,
         is_admin=principal.is_admin,
         projects=sorted(principal.projects),
-        notify_url=body.notify_url,
+        notify_url=notify_url,
     )
 
 

@@ -128,7 +128,11 @@ def _release_node(session: Session, *, job: Job, node: str) -> tuple[int, int]:
     """Release a gang's GPUs on one node; returns how many were released and on how many
     other nodes it still holds some."""
     node_id = session.scalar(select(Node.id).where(Node.name == node))
-    released = release(session, job_id=job.id, attempt=job.attempt, node_id=node_id or -1)
+    released = (
+        0  # an unknown node holds none of it (and node_id=None would release every node)
+        if node_id is None
+        else release(session, job_id=job.id, attempt=job.attempt, node_id=node_id)
+    )
     left = session.scalar(
         select(func.count(distinct(Allocation.node_id))).where(
             Allocation.job_id == job.id,

@@ -60,9 +60,10 @@ def rank_of(
     if index is None:
         return None
     job = order[index]
+    size = _size(job, settings, history)  # once: every job ahead is compared with it
     counts = Counter(
         [
-            _why_ahead(other, job, settings=settings, history=history, now=now)
+            _why_ahead(other, job, size=size, settings=settings, history=history, now=now)
             for other in order[:index]
         ]
     )
@@ -71,7 +72,7 @@ def rank_of(
         position=index + 1,
         waiting=len(order),
         ahead=tuple((rule, counts[rule]) for rule, _ in AHEAD_RULES if counts[rule]),
-        expected_gpu_s=_size(job, settings, history),
+        expected_gpu_s=size,
         expected_from=_expected_from(job, predict_runtime(history, job)),
         waited_s=waited,
         starving=_starving(job, settings, now),
@@ -106,20 +107,21 @@ def _why_ahead(
     other: JobView,
     job: JobView,
     *,
+    size: float,
     settings: PolicySettings,
     history: Mapping[tuple[str, str], tuple[float, ...]],
     now: datetime,
 ) -> str:
-    """The first rule of the policy by which `other` goes before `job` (it does)."""
+    """The first rule of the policy by which `other` goes before `job` (it does); `size`
+    is `job`'s expected GPU-time."""
     policy = settings.queue_policy
-
     if policy == "fifo":
         return "earlier"
     if policy == "las":
         level = las_level(other.attained_gpu_s, settings) < las_level(job.attained_gpu_s, settings)
         return "less_service" if level else "earlier"
     if policy == "sjf":
-        return _by_size(other, job, settings, history)
+        return _by_size(other, size, settings, history)
     if policy == "priority" or (policy == "fair-share" and other.project == job.project):
         return "priority" if other.priority > job.priority else "earlier"
     if policy == "fair-share":
@@ -132,14 +134,13 @@ def _why_ahead(
         return "starving" if not _starving(job, settings, now) else "earlier"
     if other.project != job.project:
         return "fair_share"
-    return _by_size(other, job, settings, history)
+    return _by_size(other, size, settings, history)
 
 
 def _by_size(
     other: JobView,
-    job: JobView,
+    size: float,
     settings: PolicySettings,
     history: Mapping[tuple[str, str], tuple[float, ...]],
 ) -> str:
-    smaller = _size(other, settings, history) < _size(job, settings, history)
-    return "shorter" if smaller else "earlier"
+    return "shorter" if _size(other, settings, history) < size else "earlier"

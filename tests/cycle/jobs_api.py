@@ -45,10 +45,20 @@ def add_node(api: Any, gpus: int) -> None:
 
 def finish(api: Any, job_id: int, result: str = "SUCCEEDED") -> None:
     """As the agent's report would: the job's current attempt ended this way on n1."""
+    assert report_end(api, job_id, result).accepted
+
+
+def report_end(
+    api: Any, job_id: int, result: str, *, node: str = "n1", exit_code: int | None = None
+) -> Any:
+    """An agent's end report for the job's current attempt on `node`, applied and
+    committed; returns what it changed (app.jobs.reports.Applied)."""
     from app.jobs.models import Job
     from app.jobs.reports import job_finished
 
     with api.factory.begin() as session:
         attempt = session.get_one(Job, job_id).attempt
-        payload = {"job_id": job_id, "attempt": attempt, "node": "n1", "result": result}
-        assert job_finished(session=session, payload=payload).accepted
+        payload = {"job_id": job_id, "attempt": attempt, "node": node, "result": result}
+        if exit_code is not None:
+            payload |= {"exit_code": exit_code, "message": f"exit code {exit_code}"}
+        return job_finished(session=session, payload=payload)

@@ -6,22 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import select
+
 from app.db import utcnow
-from app.jobs.models import Allocation, Job
-from app.jobs.reports import job_finished
-from app.nodes.models import Gpu
-from tests.cycle.jobs_api import get_job, job_events, run_one_cycle, submit
+from app.jobs.models import Allocation
+from app.nodes.models import Gpu, Node
+from tests.cycle.jobs_api import get_job, job_events, report_end, run_one_cycle, submit
 from tests.foundation.builders import ready_node
-
-
-def _report(api: Any, job_id: int, node: str, result: str, exit_code: int = 0) -> Any:
-    with api.factory.begin() as session:
-        attempt = session.get_one(Job, job_id).attempt
-        payload = {
-            "job_id": job_id, "attempt": attempt, "node": node, "result": result,
-            "exit_code": exit_code, "message": f"exit code {exit_code}",
-        }  # fmt: skip
-        return job_finished(session=session, payload=payload)
 
 
 def _gang(api: Any) -> int:
@@ -35,10 +26,6 @@ def _gang(api: Any) -> int:
 
 def _held_gpus(api: Any, job_id: int) -> dict[str, int]:
     """Allocated GPUs per node, as the GPU rows count them."""
-    from sqlalchemy import select
-
-    from app.nodes.models import Node
-
     with api.factory() as session:
         rows = session.execute(
             select(Node.name, Gpu.allocated_milli).join(Gpu, Gpu.node_id == Node.id)
@@ -57,7 +44,7 @@ def _held_gpus(api: Any, job_id: int) -> dict[str, int]:
 
 def test_a_gang_succeeds_with_its_last_node_and_frees_each_node_as_it_ends(api):
     job = _gang(api)
-    first = _report(api, job, "n2", "SUCCEEDED")
+    first = report_end(api, job, "SUCCEEDED", node="n2", exit_code=0)
     assert first.accepted and first.gpus_freed  # a cycle may use n2 now
     after_first = get_job(api, job)
     assert after_first["status"] == "RUNNING"  # n1 still runs rank 0
@@ -66,10 +53,10 @@ def test_a_gang_succeeds_with_its_last_node_and_frees_each_node_as_it_ends(api):
         job_events(api, job)[-1]["reason"] == "its part on n2 ended (exit code 0); 1 node(s) to go"
     )
 
-    again = _report(api, job, "n2", "SUCCEEDED")  # a redelivered report
+    again = report_end(api, job, "SUCCEEDED", node="n2", exit_code=0)  # a redelivered report
     assert not again.accepted and "n2 already ended" in again.why
 
-    assert _report(api, job, "n1", "SUCCEEDED").accepted
+    assert report_end(api, job, "SUCCEEDED", node="n1", exit_code=0).accepted
     done = get_job(api, job)
     assert (done["status"], done["exit_code"]) == ("SUCCEEDED", 0)
     assert _held_gpus(api, job) == {"n1": 0, "n2": 0}
@@ -77,8 +64,8 @@ def test_a_gang_succeeds_with_its_last_node_and_frees_each_node_as_it_ends(api):
 
 def test_a_node_that_fails_ends_the_gang_at_once(api):
     job = _gang(api)
-    assert _report(api, job, "n2", "SUCCEEDED").accepted
-    last = _report(api, job, "n1", "FAILED", exit_code=3)
+    assert report_end(api, job, "SUCCEEDED", node="n2", exit_code=0).accepted
+    last = report_end(api, job, "FAILED", node="n1", exit_code=3)
     assert last.accepted and last.stops == ()  # n2 is done: nothing left to stop
     failed = get_job(api, job)
     assert (failed["status"], failed["exit_code"]) == ("FAILED", 3)
@@ -86,7 +73,7 @@ def test_a_node_that_fails_ends_the_gang_at_once(api):
 
     other = submit(api, name="gang", gpus=2, nodes=2)["id"]
     run_one_cycle(api)
-    first = _report(api, other, "n1", "FAILED", exit_code=1)
+    first = report_end(api, other, "FAILED", node="n1", exit_code=1)
     assert first.accepted and get_job(api, other)["status"] == "FAILED"
     # n2's rank would wait on n1's forever: it is told to stop now (sent after the commit).
     assert [(d.node, d.payload["reason"]) for d in first.stops] == [("n2", "cancel")]
@@ -96,6 +83,6 @@ def test_a_preempted_gang_sends_no_second_stop(api):
     """A preemption (or a cancel) was sent to every node already; another stop to the
     others would only race with their checkpointing."""
     job = _gang(api)
-    first = _report(api, job, "n1", "PREEMPTED")
+    first = report_end(api, job, "PREEMPTED", node="n1")
     assert first.accepted and first.stops == ()
     assert get_job(api, job)["status"] == "PENDING"

@@ -12,6 +12,7 @@ from app.db import utcnow
 from app.jobs.models import Job
 from app.jobs.states import NEW_IN_QUEUE
 from app.projects.models import Project
+from tests.cycle.jobs_api import finish
 from tests.foundation.builders import ready_node
 
 SETTINGS = SchedulerSettings(stability_window_s=0, preemption=False)
@@ -135,8 +136,6 @@ def test_a_quick_cycle_reads_an_arrival_once_then_finds_it_in_the_remembered_ord
 
 
 def test_an_arrival_that_started_and_came_back_is_read_again(api):
-    from app.jobs import reports
-
     _node(api.factory, gpus=1)
     memory = QueueMemory()
     blocker = _submit(api)
@@ -145,16 +144,9 @@ def test_an_arrival_that_started_and_came_back_is_read_again(api):
     assert _cycle(api, memory, full=False).pending == 1  # read: GPU busy
     assert arrival in memory.arrivals_read
 
-    def _report_end(job_id: int, result: str) -> None:
-        with api.factory() as session:
-            attempt = session.scalar(select(Job.attempt).where(Job.id == job_id))
-            payload = {"job_id": job_id, "attempt": attempt, "node": "n1", "result": result}
-            assert reports.job_finished(session=session, payload=payload).accepted
-            session.commit()
-
-    _report_end(blocker, "SUCCEEDED")
+    finish(api, blocker)
     assert _cycle(api, memory, full=False).placed == 1  # the arrival starts
     _cycle(api, memory, full=False)  # asks for it, finds it gone: forgotten
-    _report_end(arrival, "PREEMPTED")  # back in the queue, NEW again
+    finish(api, arrival, "PREEMPTED")  # back in the queue, NEW again
     assert _reason(api, arrival) == NEW_IN_QUEUE
     assert _cycle(api, memory, full=False).placed == 1
