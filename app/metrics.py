@@ -114,7 +114,9 @@ class DatabaseCollector(Collector):
                 "gpusched_gpu_healthy", "1 if the GPU reads healthy", labels=["node", "gpu"]
             )
             for node, gpu in session.execute(
-                select(Node.name, Gpu).join(Gpu, Gpu.node_id == Node.id)
+                select(Node.name, Gpu)
+                .join(Gpu, Gpu.node_id == Node.id)
+                .where(Node.removed_at.is_(None))
             ):
                 labels = [node, str(gpu.index)]
                 if gpu.util_pct is not None:
@@ -149,7 +151,9 @@ class DatabaseCollector(Collector):
                 "Seconds since the node's last heartbeat",
                 labels=["node"],
             )
-            for name, last in session.execute(select(Node.name, Node.last_heartbeat_at)):
+            # A removed node's age would grow for ever (and page someone): it has none.
+            present = select(Node.name, Node.last_heartbeat_at).where(Node.removed_at.is_(None))
+            for name, last in session.execute(present):
                 if last is not None:
                     age.add_metric([name], (now - last).total_seconds())
             yield age

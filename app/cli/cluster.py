@@ -292,6 +292,27 @@ def undrain(
     typer.echo(f"node {result['name']} is schedulable again ({result['state']})")
 
 
+def remove_node(
+    node: NodeName,
+    as_json: JsonOption = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Remove a decommissioned node (admin), as `kubectl delete node`: it leaves `nodes`,
+    the dashboard, the metrics and scheduling; jobs that ran there keep their history.
+    Refused while its agent heartbeats or a job holds its GPUs. Its agent registering
+    again brings it back."""
+    client = ApiClient.from_options(url, token)
+    result = client.body(client.request("DELETE", f"{NODES}/{quote(node, safe='')}"))
+    if as_json:
+        print_json(result)
+        return
+    typer.echo(
+        f"node {result['name']} removed ({result['gpu_count']} GPUs); "
+        "its agent registering again brings it back"
+    )
+
+
 def audit(
     target: Annotated[
         str | None,
@@ -341,4 +362,5 @@ def register(app: typer.Typer) -> None:
     app.command("quota", rich_help_panel="Cluster")(quota)
     app.command("drain", rich_help_panel="Cluster")(drain)
     app.command("undrain", rich_help_panel="Cluster")(undrain)
+    app.command("remove-node", rich_help_panel="Cluster")(remove_node)
     app.command("audit", rich_help_panel="Cluster")(audit)

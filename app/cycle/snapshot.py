@@ -230,7 +230,14 @@ def read_snapshot(
     projects = list(session.scalars(select(Project)))
     project_names = {p.id: p.name for p in projects}
 
-    nodes = list(session.scalars(select(Node).options(selectinload(Node.gpus)).order_by(Node.name)))
+    nodes = list(
+        session.scalars(
+            select(Node)
+            .options(selectinload(Node.gpus))
+            .where(Node.removed_at.is_(None))
+            .order_by(Node.name)
+        )
+    )
     node_views = tuple(
         NodeView(
             name=n.name,

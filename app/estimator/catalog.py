@@ -130,11 +130,15 @@ def specs_for(registered: Iterable[tuple[str, int]]) -> ClusterModels:
 
 
 def cluster_gpu_models(*, session: Session) -> ClusterModels:
-    """Distinct registered GPU models (drained and busy GPUs included: they come back)."""
-    from app.nodes.models import Gpu
+    """Distinct registered GPU models (drained and busy GPUs included: they come back;
+    removed nodes' not)."""
+    from app.nodes.models import Gpu, Node
 
     rows = session.execute(
-        select(Gpu.model, func.min(Gpu.memory_total_mb)).group_by(Gpu.model)
+        select(Gpu.model, func.min(Gpu.memory_total_mb))
+        .join(Node, Node.id == Gpu.node_id)
+        .where(Node.removed_at.is_(None))
+        .group_by(Gpu.model)
     ).all()
     return specs_for((name, int(memory_mb)) for name, memory_mb in rows)
 

@@ -45,6 +45,10 @@ class Node(Base):
     health_message: Mapped[str] = mapped_column(String(255), default="")
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Removed by an admin (decommissioned): the row stays, since allocations of finished
+    # jobs refer to it, but the node leaves every view and the scheduler's snapshot. Its
+    # agent registering or heartbeating again brings it back.
+    removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     gpus: Mapped[list[Gpu]] = relationship(
         back_populates="node", order_by="Gpu.index", cascade="all, delete-orphan"

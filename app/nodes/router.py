@@ -7,7 +7,7 @@ from fastapi import APIRouter, Query
 
 from app.cycle.dispatch import stop_messages_many
 from app.db import utcnow
-from app.deps import AdminUser, CurrentUser, MessengerDep, SessionDep
+from app.deps import AdminUser, CurrentUser, InventoryDep, MessengerDep, SessionDep
 from app.errors import FieldError
 from app.jobs import service as jobs_service
 from app.jobs.schemas import JobOut
@@ -63,6 +63,19 @@ def requeue_node_jobs(
 @router.post("/{name}/undrain", response_model=NodeOut)
 def undrain_node(name: str, session: SessionDep, principal: AdminUser) -> NodeOut:
     return service.undrain(session=session, principal=principal, name=name)
+
+
+@router.delete("/{name}", response_model=NodeOut)
+def remove_node(
+    name: str, session: SessionDep, principal: AdminUser, inventory: InventoryDep
+) -> NodeOut:
+    """Remove a decommissioned node (admin): it leaves the lists, the metrics and
+    scheduling; jobs that ran there keep their history. 409 while its agent heartbeats or
+    a job holds its GPUs. Its agent registering again brings it back."""
+    removed = service.remove(session=session, principal=principal, name=name, now=utcnow())
+    # This process refuses at once what only that node fitted (others within the cache's time).
+    inventory.refresh(session)
+    return removed
 
 
 utilization_router = APIRouter(prefix="/api/v1", tags=["nodes"])

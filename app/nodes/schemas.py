@@ -46,6 +46,11 @@ class NodeOut(BaseModel):
     health_message: str
     registered_at: datetime
     last_heartbeat_at: datetime | None
+    removed_at: datetime | None = Field(
+        default=None,
+        description="when an admin removed it (only in the answer to the removal: removed "
+        "nodes are not listed); its agent registering or heartbeating again brings it back",
+    )
     gpu_count: int
     gpus_allocated: float
     gpus: list[GpuOut]

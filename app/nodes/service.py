@@ -11,7 +11,8 @@ from app.audit.service import record
 from app.auth.service import Principal
 from app.db import utcnow
 from app.errors import Conflict, NotFound
-from app.nodes.models import Gpu, Node
+from app.jobs.models import Allocation
+from app.nodes.models import Gpu, Node, NodeState
 from app.nodes.schemas import GpuOut, NodeOut
 
 
@@ -53,6 +54,7 @@ def _node_out(node: Node, now: datetime | None = None) -> NodeOut:
         health_message=node.health_message,
         registered_at=node.registered_at,
         last_heartbeat_at=node.last_heartbeat_at,
+        removed_at=node.removed_at,
         gpu_count=len(node.gpus),
         gpus_allocated=sum(g.allocated_milli for g in node.gpus) / 1000,
         gpus=[_gpu_out(g) for g in node.gpus],
@@ -60,7 +62,12 @@ def _node_out(node: Node, now: datetime | None = None) -> NodeOut:
 
 
 def list_nodes(*, session: Session) -> list[NodeOut]:
-    nodes = session.scalars(select(Node).options(selectinload(Node.gpus)).order_by(Node.name))
+    nodes = session.scalars(
+        select(Node)
+        .options(selectinload(Node.gpus))
+        .where(Node.removed_at.is_(None))
+        .order_by(Node.name)
+    )
     now = utcnow()
     return [_node_out(n, now) for n in nodes]
 
@@ -69,6 +76,11 @@ def _node(session: Session, name: str) -> Node:
     node = session.scalar(select(Node).options(selectinload(Node.gpus)).where(Node.name == name))
     if node is None:
         raise NotFound(f"no node named {name!r}")
+    if node.removed_at is not None:
+        raise NotFound(
+            f"node {name} was removed at {node.removed_at:%Y-%m-%d %H:%M:%S} UTC; "
+            "its agent registering again brings it back"
+        )
     return node
 
 
@@ -116,3 +128,31 @@ def undrain(*, session: Session, principal: Principal, name: str) -> NodeOut:
     record(session=session, actor=principal.name, action="node.undrain", target=name, info={})
     session.commit()
     return _node_out(node)
+
+
+def remove(*, session: Session, principal: Principal, name: str, now: datetime) -> NodeOut:
+    """Take a decommissioned node out of every view and of scheduling (as `kubectl delete
+    node`). Only a node whose agent has stopped (NOT_READY) and on which no job holds GPUs:
+    a running agent would bring it back at its next heartbeat. The row stays, since the
+    history of jobs that ran there refers to it."""
+    node = _node(session, name)
+    if node.state is NodeState.READY:
+        raise Conflict(
+            f"node {name} is READY (its agent heartbeats): stop its agent first; a removed "
+            "node whose agent still runs comes back at its next heartbeat"
+        )
+    holders = session.scalars(
+        select(Allocation.job_id)
+        .where(Allocation.node_id == node.id, Allocation.released_at.is_(None))
+        .distinct()
+        .order_by(Allocation.job_id)
+    ).all()
+    if holders:
+        jobs = ", ".join(str(job) for job in holders)
+        raise Conflict(f"jobs {jobs} still hold GPUs on node {name}: cancel or requeue them first")
+    node.removed_at = now
+    last = node.last_heartbeat_at
+    info = {"gpus": len(node.gpus), "last_heartbeat": last.isoformat() if last else None}
+    record(session=session, actor=principal.name, action="node.remove", target=name, info=info)
+    session.commit()
+    return _node_out(node, now)

@@ -44,6 +44,7 @@ def register_node(*, session: Session, payload: dict[str, Any]) -> Node:
     node.agent_version = payload.get("agent_version", "")
     node.gpu_backend = payload.get("backend", "")
     node.state = NodeState.READY
+    node.removed_at = None  # an agent registering a removed node brings it back
     node.health_message = payload.get("message", "")
     node.last_heartbeat_at = now
     by_index = {g.index: g for g in node.gpus}
@@ -79,7 +80,12 @@ def ingest_heartbeat(
     if node is None:
         return None  # not registered yet; the agent re-registers on its next start
     node.last_heartbeat_at = now
-    if node.state is not NodeState.READY:
+    if node.removed_at is not None:
+        # Its agent runs after all (as a kubelet re-creates its deleted Node): it is back.
+        node.removed_at = None
+        node.health_message = "heartbeats resumed after it was removed"
+        node.state = NodeState.READY
+    elif node.state is not NodeState.READY:
         node.state = NodeState.READY
         node.health_message = "heartbeats resumed"
     by_index = {g.index: g for g in node.gpus}

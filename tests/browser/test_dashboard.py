@@ -855,6 +855,32 @@ def test_drain_and_undrain_a_node_as_admin(dash: Dashboard, stack: Stack) -> Non
             stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel?grace_s=0")
 
 
+def test_remove_a_node_whose_agent_has_stopped(dash: Dashboard, stack: Stack) -> None:
+    from app.db import make_engine, make_session_factory
+    from app.nodes.models import NodeState
+    from tests.foundation.builders import add_node
+
+    engine = make_engine(f"sqlite:///{stack.data_dir / 'gpusched.db'}")
+    try:  # a node decommissioned with its agent: NOT_READY, holding nothing
+        add_node(make_session_factory(engine), "old-1", gpus=2, state=NodeState.NOT_READY)
+    finally:
+        engine.dispose()
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go("#/nodes")
+    page.wait_for_selector("[data-remove='old-1']")
+    # Nodes whose agents run cannot be removed: no button on them.
+    assert page.locator("[data-remove='sim-1'], [data-remove='sim-2']").count() == 0
+    page.click("[data-remove='old-1']")
+    _expect_text(page, "[data-remove='old-1']", "Confirm remove")
+    dash.shot("nodes-remove-armed")
+    page.click("[data-remove='old-1']")
+    _expect_text(page, "#toast", "old-1 removed; its agent registering again brings it back")
+    page.wait_for_selector("[data-node='old-1']", state="detached")
+    assert [n["name"] for n in stack.request("GET", "/api/v1/nodes")] == ["sim-1", "sim-2"]
+    dash.assert_clean()
+
+
 def test_plan_and_call_off_a_maintenance_from_the_drain_form(dash: Dashboard, stack: Stack) -> None:
     page = dash.page
     dash.login(stack.admin_token)

@@ -1,4 +1,4 @@
-"""nodes, queues, drain, undrain."""
+"""nodes, queues, drain, undrain, remove-node."""
 
 from __future__ import annotations
 
@@ -11,12 +11,18 @@ from app.nodes.models import Gpu, Node, NodeState
 from tests.cli.harness import Cli
 
 
-def _add_node(cli: Cli, name: str, gpus: int, model: str = "NVIDIA H100 80GB HBM3") -> None:
+def _add_node(
+    cli: Cli,
+    name: str,
+    gpus: int,
+    model: str = "NVIDIA H100 80GB HBM3",
+    state: NodeState = NodeState.READY,
+) -> None:
     with cli.factory() as session:
         node = Node(
             name=name,
             hostname=f"{name}.local",
-            state=NodeState.READY,
+            state=state,
             last_heartbeat_at=utcnow(),
             gpus=[
                 Gpu(index=i, uuid=f"GPU-{name}-{i}", model=model, memory_total_mb=81559)
@@ -98,6 +104,25 @@ def test_drain_and_undrain(cli: Cli) -> None:
 
     missing = cli("drain", "nope", user="admin")
     assert missing.exit_code == 1 and "nope" in missing.stderr
+
+
+def test_remove_node(cli: Cli) -> None:
+    _add_node(cli, "gpu-a", 1)
+    _add_node(cli, "gpu-old", 4, state=NodeState.NOT_READY)
+
+    running = cli("remove-node", "gpu-a", user="admin")
+    assert running.exit_code == 1
+    assert "node gpu-a is READY (its agent heartbeats): stop its agent first" in running.stderr
+    assert cli("remove-node", "gpu-old", user="alice").exit_code == 1
+
+    removed = cli("remove-node", "gpu-old", user="admin")
+    assert removed.exit_code == 0, removed.stderr
+    assert removed.stdout == (
+        "node gpu-old removed (4 GPUs); its agent registering again brings it back\n"
+    )
+    assert "gpu-old" not in cli("nodes").stdout
+    again = cli("remove-node", "--json", "gpu-old", user="admin")
+    assert again.exit_code == 1 and "node gpu-old was removed at" in again.stderr
 
 
 def test_drain_at_plans_a_maintenance(cli: Cli) -> None:

@@ -35,10 +35,16 @@ def ready_node(name: str, *, gpus: int, now: datetime, idle_since: datetime | No
 
 
 def add_node(
-    factory, name: str, *, gpus: int = 8, model: str = "H100-80GB", memory_mb: int = 81559
+    factory,
+    name: str,
+    *,
+    gpus: int = 8,
+    model: str = "H100-80GB",
+    memory_mb: int = 81559,
+    state: NodeState = NodeState.READY,
 ):
     with factory() as session:
-        node = Node(name=name, hostname=name, state=NodeState.READY, last_heartbeat_at=utcnow())
+        node = Node(name=name, hostname=name, state=state, last_heartbeat_at=utcnow())
         node.gpus = [
             Gpu(index=i, uuid=f"GPU-{name}-{i}", model=model, memory_total_mb=memory_mb)
             for i in range(gpus)

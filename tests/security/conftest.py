@@ -24,7 +24,7 @@ from app.jobs.allocations import GpuClaim, allocate
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
-from app.nodes.models import Gpu
+from app.nodes.models import Gpu, NodeState
 from tests.conftest import Api
 from tests.foundation.builders import add_node
 
@@ -58,6 +58,7 @@ class Cluster:
     api: Api
     settings: Settings
     node: str = "n1"
+    retired_node: str = "n0-old"  # NOT_READY, holding nothing: one an admin may remove
     ml_job: int = 0  # alice's, PENDING
     ml_running_job: int = 0  # alice's, RUNNING, attempt 1 with a log file
     ml_array: int = 0  # alice's job array (its first task's id), PENDING
@@ -113,6 +114,7 @@ def plant_canaries(settings: Settings) -> list[Path]:
 def cluster(api: Api, settings: Settings) -> Cluster:
     add_node(api.factory, "n1", gpus=8)
     world = Cluster(api=api, settings=settings)
+    add_node(api.factory, world.retired_node, gpus=1, state=NodeState.NOT_READY)
     r = api.client.post("/api/v1/jobs", json=ML_JOB, headers=api.as_("alice"))
     assert r.status_code == 201, r.text
     world.ml_job = r.json()["id"]

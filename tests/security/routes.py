@@ -28,6 +28,7 @@ EXPECTED_ADMIN_ONLY = frozenset(
         ("POST", "/api/v1/nodes/{name}/drain"),
         ("POST", "/api/v1/nodes/{name}/undrain"),
         ("POST", "/api/v1/nodes/{name}/requeue"),
+        ("DELETE", "/api/v1/nodes/{name}"),
         ("POST", "/api/v1/windows"),
         ("PUT", "/api/v1/windows/{name}"),
         ("DELETE", "/api/v1/windows/{name}"),

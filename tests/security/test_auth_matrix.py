@@ -67,6 +67,8 @@ def path_values(cluster: Cluster, op: Operation) -> dict[str, Any]:
             values[param] = cluster.ml_array
         elif param == "job_id":
             values[param] = cluster.ml_job
+        elif param == "name" and op.method == "DELETE" and op.path.startswith("/api/v1/nodes/"):
+            values[param] = cluster.retired_node
         elif param == "name" and op.path.startswith("/api/v1/nodes/"):
             values[param] = cluster.node
         elif param == "name" and op.path.startswith("/api/v1/windows/"):

@@ -1,7 +1,9 @@
-// Nodes: one tile per GPU with live telemetry; drain/undrain for admins.
+// Nodes: one tile per GPU with live telemetry; drain/undrain for admins, and removing a
+// decommissioned node (one whose agent has stopped).
 import { api } from "../api.js";
 import { clear, fmtAgo, fmtDate, fmtMem, fmtNum, fmtTime, h, poll, statusBadge, toast } from "../util.js";
 import { gpuState } from "./overview.js";
+import { confirmButton } from "./queue.js";
 
 const STATE_LABEL = { busy: "busy", idle: "idle", foreign: "foreign use", down: "down" };
 
@@ -102,6 +104,22 @@ export function nodesPage(root, ctx) {
           reason.focus();
         },
       }, "Drain…"));
+    }
+    // Only a node whose agent has stopped: a running agent would bring it back at once.
+    if (node.state !== "READY") {
+      box.append(confirmButton({
+        label: "Remove", dataset: { remove: node.name }, danger: true,
+        aria: `Remove node ${node.name} (decommissioned)`,
+        onConfirm: async () => {
+          try {
+            await api(base, { method: "DELETE" });
+            toast(`${node.name} removed; its agent registering again brings it back`);
+          } catch (err) {
+            toast(`Cannot remove ${node.name}: ${err.message}`, "error");
+          }
+          refresh();
+        },
+      }));
     }
     return box;
   };
