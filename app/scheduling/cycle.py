@@ -91,6 +91,10 @@ class Cycle:
         self._borrowers: dict[str | None, dict[str, tuple[datetime | None, bool]]] = {}
         self._reclaim_notes: dict[tuple[str, str | None], str] = {}
         self._quota_room: dict[str, int] = {}
+        # Preemptible running jobs still too young to preempt, and the note per (priority,
+        # GPU model asked for) of a job that outranks some of them.
+        self._young: list[RunningJobView] = []
+        self._priority_notes: dict[tuple[int, str | None], str] = {}
         self.preempt_attempts = 0
         self.victim_scans = 0  # searches that ran (a dominated one counts as attempt only)
         # Backfill reservation (one, for the first job that cannot start).
@@ -1055,9 +1059,16 @@ class Cycle:
                 if p.quota_gpus > 0
             }
         reclaim = bool(self._borrowers.get(None))  # else no job has anything to reclaim
+        if self.settings.preemption and self.settings.queue_policy in ("default", "priority"):
+            self._young = [
+                r for r in self.running.values() if r.job.preemptible and self._protected(r)
+            ]
+        lowest_young = min((r.job.priority for r in self._young), default=None)
         maintenance: dict[tuple[int, int | None], str | None] = {}
         for pos, job, req in deferred:
             note = self._reclaim_note(job, req) if reclaim else ""
+            if lowest_young is not None and job.priority > lowest_young and req.gpus:
+                note += self._priority_note(job, req)
             if job.only_nodes is not None or job.exclude_nodes:
                 note += node_choice.note(job)
             if req.barred:
@@ -1128,6 +1139,31 @@ class Cycle:
         note = self._reclaim_notes.get(key)
         if note is None:
             note = self._reclaim_notes[key] = self._reclaim_from(*key)
+        return note
+
+    def _priority_note(self, job: JobView, req: Request) -> str:
+        """Why a job that outranks running preemptible jobs still waits: they have not
+        run `min_run_before_preempt_s` yet (the anti-loop guard). When the first may be
+        stopped for it; whether that frees GPUs of the right shape is the plan's to say."""
+        key = (job.priority, req.model)
+        note = self._priority_notes.get(key)
+        if note is None:
+            nodes = self.node_by_name
+            starts = [
+                r.started_at
+                for r in self._young
+                if r.job.priority < job.priority
+                and (req.model is None or _holds_model(r, req.model, nodes))
+            ]
+            note = ""
+            if starts:
+                guard = self.settings.min_run_before_preempt_s
+                when = min(starts) + timedelta(seconds=guard)
+                note = (
+                    f"; lower-priority preemptible jobs may be preempted for it once they"
+                    f" have run {_minutes(guard)} (from {when.isoformat(timespec='seconds')})"
+                )
+            self._priority_notes[key] = note
         return note
 
     def _reclaim_from(self, project: str, model: str | None) -> str:

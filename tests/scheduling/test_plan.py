@@ -497,6 +497,32 @@ def test_priority_preemption_only_of_lower_priority() -> None:
     assert plan(s, queue_policy="fifo").preemptions == ()  # fifo never preempts for priority
 
 
+def test_a_job_that_outranks_young_preemptible_jobs_is_told_when_it_may_preempt() -> None:
+    # Jobs 20 (priority 1) and 21 (priority 3) started 60 and 120 s ago: inside the
+    # anti-loop window (600 s). Job 1 (priority 5) outranks both; the older, 21, may be
+    # stopped 480 s from T0 (12:00:00 + 8 min). Job 2 (priority 2) outranks only 20,
+    # which may be stopped 540 s from T0. Job 3 (priority 1) outranks neither.
+    rs = [
+        running(job(20, priority=1, preemptible=True, gpus=2), {"a": (0, 1)}, started_ago_s=60),
+        running(job(21, priority=3, preemptible=True, gpus=2), {"a": (2, 3)}, started_ago_s=120),
+    ]
+    pending = [job(1, priority=5, gpus=2), job(2, priority=2, gpus=2), job(3, priority=1, gpus=1)]
+    p = plan(snap([node("a").gpus(4)], pending=pending, running=rs))
+    assert p.preemptions == ()
+    note = "; lower-priority preemptible jobs may be preempted for it once they have run 10 min"
+    assert reason(p, 1).message.endswith(f"{note} (from 2026-11-22T12:08:00+00:00)")
+    assert reason(p, 2).message.endswith(f"{note} (from 2026-11-22T12:09:00+00:00)")
+    assert reason(p, 3).message == "waiting for 1 GPU (largest free block 0)"
+    # Without preemption, or under a policy that does not preempt for priority: no note.
+    for settings in ({"preemption": False}, {"queue_policy": "fifo"}):
+        assert (
+            "preempted for it"
+            not in reason(
+                plan(snap([node("a").gpus(4)], pending=pending, running=rs), **settings), 1
+            ).message
+        )
+
+
 def test_las_preempts_jobs_with_much_more_service() -> None:
     # job 20 has run 2 h on 4 GPUs = 28,800 GPU-s -> LAS queue 1; new job 1 is in queue 0.
     rs = [running(job(20, gpus=4, preemptible=True), {"a": (0, 1, 2, 3)}, started_ago_s=7200)]
