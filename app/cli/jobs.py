@@ -58,6 +58,43 @@ def parse_duration(value: str, what: str = "duration") -> int:
     return days * 86400 + hours * 3600 + minutes * 60 + seconds
 
 
+# sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def parse_slurm_time(value: str, what: str = "--time") -> int:
+    """Seconds from a time limit as sbatch --time writes it (a bare number is minutes),
+    or as --max-runtime does when it has units (2h, 1h30m)."""
+    text = value.strip()
+    match = _SLURM_TIME.match(text)
+    if match is None:
+        if text[-1:].isalpha():
+            return parse_duration(text, what)
+        raise CliError(
+            f"{what}: {value!r}: expected minutes, MM:SS, HH:MM:SS or D-HH:MM:SS (as sbatch "
+            "--time), or a duration like 2h",
+            EXIT_USAGE,
+        )
+    days, first, second, third = match.groups()
+    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
+        return int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
+    if second is None:
+        return int(first) * 60  # minutes
+    if third is None:
+        return int(first) * 60 + int(second)  # MM:SS
+    return int(first) * 3600 + int(second) * 60 + int(third)
+
+
+def _time_limit(max_runtime: str | None, time_limit: str | None) -> int | None:
+    """--max-runtime or its sbatch spelling --time, not both."""
+    if max_runtime is not None and time_limit is not None:
+        raise CliError("--max-runtime and --time are the same limit: give one", EXIT_USAGE)
+    if time_limit is not None:
+        return parse_slurm_time(time_limit)
+    return _duration_option(max_runtime, "--max-runtime")
+
+
 def _duration_option(value: str | None, what: str) -> int | None:
     return None if value is None else parse_duration(value, what)
 
@@ -116,6 +153,7 @@ def build_spec(
     exclude_nodes: str | None = None,
     notify: str | None = None,
     notify_on: str | None = None,
+    time_limit: str | None = None,
 ) -> dict[str, Any]:
     """The JobCreate body. Only what the user set is sent: the server owns the defaults and
     the range checks (so its 422 names the field exactly as the API does)."""
@@ -141,7 +179,7 @@ def build_spec(
         "nodes": nodes,
         "priority": priority,
         "project": project,
-        "max_runtime_s": _duration_option(max_runtime, "--max-runtime"),
+        "max_runtime_s": _time_limit(max_runtime, time_limit),
         "estimated_runtime_s": _duration_option(estimated_runtime, "--estimated-runtime"),
         "grace_s": _duration_option(grace, "--grace"),
         "retries": retries,
@@ -201,7 +239,10 @@ GpuModelOption = Annotated[
     str | None, typer.Option("--gpu-model", help="Exact GPU model", rich_help_panel=JOB_PANEL)
 ]
 NodesOption = Annotated[
-    int | None, typer.Option(help="Nodes (distributed job) (default: 1)", rich_help_panel=JOB_PANEL)
+    int | None,
+    typer.Option(
+        "--nodes", "-N", help="Nodes (distributed job) (default: 1)", rich_help_panel=JOB_PANEL
+    ),
 ]
 PriorityOption = Annotated[
     int | None, typer.Option(help="-1000..1000 (default: 0)", rich_help_panel=JOB_PANEL)
@@ -213,6 +254,17 @@ MaxRuntimeOption = Annotated[
     str | None,
     typer.Option(
         "--max-runtime", help="Hard limit: seconds, 90m, 2h, 1h30m", rich_help_panel=JOB_PANEL
+    ),
+]
+TimeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--time",
+        "-t",
+        help="The hard limit as sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH:MM:SS (or 2h); "
+        "the same as --max-runtime",
+        rich_help_panel=JOB_PANEL,
+        show_default=False,
     ),
 ]
 EstimatedRuntimeOption = Annotated[
@@ -316,7 +368,14 @@ def submit(
     ] = None,
     shell: ShellOption = None,
     name: Annotated[
-        str | None, typer.Option(help="Job name (default: the program)", rich_help_panel=JOB_PANEL)
+        str | None,
+        typer.Option(
+            "--name",
+            "--job-name",
+            "-J",
+            help="Job name (default: the program)",
+            rich_help_panel=JOB_PANEL,
+        ),
     ] = None,
     gpus: GpusOption = None,
     gpu_memory_mb: GpuMemoryOption = None,
@@ -326,6 +385,7 @@ def submit(
     priority: PriorityOption = None,
     project: ProjectOption = None,
     max_runtime: MaxRuntimeOption = None,
+    time_limit: TimeOption = None,
     estimated_runtime: EstimatedRuntimeOption = None,
     grace: GraceOption = None,
     retries: RetriesOption = None,
@@ -334,7 +394,11 @@ def submit(
     window: WindowOption = None,
     at: Annotated[
         str | None,
-        typer.Option("--at", help="Do not start before this ISO 8601 time (local if no offset)"),
+        typer.Option(
+            "--at",
+            "--begin",
+            help="Do not start before this ISO 8601 time (local if no offset), as sbatch --begin",
+        ),
     ] = None,
     env: EnvOption = None,
     label: LabelOption = None,
@@ -407,6 +471,7 @@ def submit(
         priority=priority,
         project=project,
         max_runtime=max_runtime,
+        time_limit=time_limit,
         estimated_runtime=estimated_runtime,
         grace=grace,
         retries=retries,
@@ -1143,6 +1208,16 @@ def update(
     max_runtime: Annotated[
         str | None, typer.Option("--max-runtime", help="Hard limit: 2h, 90m, ... or none")
     ] = None,
+    time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--time",
+            "-t",
+            help="The hard limit as sbatch --time: minutes, HH:MM:SS, D-HH:MM:SS (or 2h); "
+            "the same as --max-runtime",
+            show_default=False,
+        ),
+    ] = None,
     estimated_runtime: Annotated[
         str | None,
         typer.Option("--estimated-runtime", help="Expected runtime: 2h, 90m, ... or none"),
@@ -1220,6 +1295,8 @@ def update(
         }.items()
         if v is not None
     }
+    if time_limit is not None:
+        changes["max_runtime_s"] = _time_limit(max_runtime, time_limit)
     for field, value, option in (
         ("max_runtime_s", max_runtime, "--max-runtime"),
         ("estimated_runtime_s", estimated_runtime, "--estimated-runtime"),

@@ -14,7 +14,8 @@ import pytest
 from rich.console import Console
 from sqlalchemy import select
 
-from app.cli.jobs import jobs_table
+from app.cli.client import CliError
+from app.cli.jobs import jobs_table, parse_slurm_time
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.nodes.models import Node
@@ -88,6 +89,46 @@ def test_submit_argv_after_double_dash_keeps_command_env_and_labels(
     )  # fmt: skip
     assert again.exit_code == 0, again.stderr
     assert f"already submitted job {job_id}" in again.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90", 90 * 60),  # sbatch: a bare number is minutes (--max-runtime: seconds)
+        ("30:15", 30 * 60 + 15),  # MM:SS
+        ("1:30:00", 5400),  # HH:MM:SS
+        ("2-12", 2 * 86400 + 12 * 3600),  # D-HH
+        ("1-00:30", 86400 + 1800),  # D-HH:MM
+        ("1-02:03:04", 86400 + 2 * 3600 + 3 * 60 + 4),  # D-HH:MM:SS
+        ("2h", 7200),  # with units, as --max-runtime
+        ("1h30m", 5400),
+    ],
+)
+def test_time_limits_as_sbatch_writes_them(text: str, seconds: int) -> None:
+    assert parse_slurm_time(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "1:2:3:4", "-5", "1-", "UNLIMITED", "1.5"])
+def test_time_limits_sbatch_would_refuse_are_usage_errors(text: str) -> None:
+    with pytest.raises(CliError) as refused:
+        parse_slurm_time(text)
+    assert refused.value.exit_code == 2 and "--time" in str(refused.value)
+
+
+def test_submit_and_update_take_sbatch_spellings(cli: Cli) -> None:
+    body = _submit_json(
+        cli, "-J", "sweep", "-N", "2", "-t", "1-00:00:00", "--begin", "2030-01-02T03:04:05Z",
+        "--", "true",
+    )  # fmt: skip
+    job = _stored(cli, body["id"])
+    assert (job.name, job.nodes, job.max_runtime_s) == ("sweep", 2, 86400)
+    assert body["schedule"]["at"].startswith("2030-01-02T03:04:05")
+    assert cli("update", str(job.id), "--time", "90").exit_code == 0
+    assert _stored(cli, job.id).max_runtime_s == 5400  # 90 minutes, as scontrol reads it
+    both = cli("update", str(job.id), "-t", "90", "--max-runtime", "2h")
+    assert both.exit_code == 2 and "the same limit: give one" in both.stderr
+    both = cli("submit", "-t", "90", "--max-runtime", "2h", "--", "true")
+    assert both.exit_code == 2 and "the same limit: give one" in both.stderr
 
 
 def test_submit_without_double_dash_keeps_options_after_the_program(cli: Cli) -> None:
