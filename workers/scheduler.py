@@ -22,6 +22,7 @@ from app.cycle.reconcile import (
     NodeRepairs,
     SilenceJudge,
     heartbeat_taken_at,
+    node_left,
     reconcile,
     reconcile_node_attempts,
 )
@@ -52,7 +53,7 @@ from workers.runtime import Runtime
 
 log = logging.getLogger("gpusched.scheduler")
 # What an agent reports (its "kind"); anything else is counted as "unknown".
-REPORT_KINDS = frozenset({"register", "heartbeat", "started", "finished"})
+REPORT_KINDS = frozenset({"register", "heartbeat", "started", "finished", "leaving"})
 # Queue positions behind the head are refreshed this often (see app.cycle.apply).
 FULL_POSITIONS_EVERY_S = 5.0
 
@@ -189,6 +190,12 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                     log.warning("stopping orphaned attempt %s on %s", stop.payload, stop.node)
                     runtime.messenger.send_to_node(stop.node, STOP_JOB, stop.payload)
                 return "heartbeat"
+            if kind == "leaving":
+                left = node_left(session=session, payload=payload, now=utcnow())
+                runtime.messenger.send_stops(left.stop)
+                if left.lost_jobs:
+                    runtime.messenger.request_cycle()
+                return "left"
             if kind == "started":
                 applied = reports.job_started(session=session, payload=payload)
             elif kind == "finished":

@@ -1,7 +1,8 @@
 """Repairs the world when messages or machines were lost. Runs every few seconds.
 
-- A node whose heartbeats stopped becomes NOT_READY; its jobs become LOST and are
-  requeued while retries remain.
+- A node whose heartbeats stopped (or whose agent said it stops) becomes NOT_READY; its
+  jobs become LOST and are requeued while retries remain; one not started yet is
+  requeued without spending a retry.
 - A job scheduled but never reported started is sent run_job again (the agent ignores a
   repeat for an attempt it already started), so losing Redis never loses a job.
 - A cancel or preemption not yet carried out is sent again.
@@ -44,28 +45,74 @@ def _lose_silent_nodes(session: Session, *, stale_before: datetime, repairs: Rep
         .where(Node.state == NodeState.READY, Node.last_heartbeat_at < stale_before)
         .with_for_update()
     ):
-        node.state = NodeState.NOT_READY
-        node.health_message = f"no heartbeat since {node.last_heartbeat_at:%Y-%m-%d %H:%M:%S} UTC"
         log.warning(
             "node %s silent: last heartbeat %s, threshold %s",
             node.name,
             node.last_heartbeat_at.isoformat() if node.last_heartbeat_at else "never",
             stale_before.isoformat(),
         )
-        repairs.lost_nodes.append(node.name)
-        job_ids = session.scalars(
-            select(Allocation.job_id)
-            .where(Allocation.node_id == node.id, Allocation.released_at.is_(None))
-            .distinct()
-        ).all()
-        for job in session.scalars(
-            select(Job).where(Job.id.in_(job_ids), Job.status.in_(ACTIVE)).with_for_update()
-        ):
-            # Other nodes of a gang may still run ranks of this attempt: stop them.
-            stops = stop_messages(session, job_id=job.id, attempt=job.attempt, reason="cancel")
-            mark_lost(session=session, job=job, reason=f"node {node.name} stopped responding")
-            repairs.lost_jobs.append(job.id)
-            repairs.stop.extend(d for d in stops if d.node != node.name)
+        _lose_node(
+            session,
+            node,
+            health=f"no heartbeat since {node.last_heartbeat_at:%Y-%m-%d %H:%M:%S} UTC",
+            why=f"node {node.name} stopped responding",
+            repairs=repairs,
+        )
+
+
+def node_left(*, session: Session, payload: dict[str, Any], now: datetime) -> Repairs:
+    """Its agent stopped on purpose (a shutdown) and said so: the node is NOT_READY at
+    once, not after the heartbeat timeout, so no job is placed where nothing would start
+    it. The report carries the outcome of the agent's last attempts (it stopped its
+    running ones, which it reports PREEMPTED): they are applied first, since reports may
+    be handled out of order. What is still active there was dispatched but not started,
+    and goes back to the queue without spending a retry. Committed.
+
+    A report taken before the node's last heartbeat is stale (its agent is back) and only
+    its outcomes are applied."""
+    repairs = Repairs()
+    name = payload["node"]
+    for report in payload.get("recent", []):
+        applied = reports.job_finished(session=session, payload=report)
+        repairs.stop.extend(applied.stops)
+    row = session.scalar(select(Node).where(Node.name == name).with_for_update())
+    left_at = heartbeat_taken_at(payload, received_at=now)
+    if (
+        row is not None
+        and row.state is NodeState.READY
+        and (row.last_heartbeat_at is None or row.last_heartbeat_at <= left_at)
+    ):
+        log.warning("node %s: its agent stopped", name)
+        _lose_node(
+            session,
+            row,
+            health=f"its agent stopped at {left_at:%Y-%m-%d %H:%M:%S} UTC",
+            why=f"the agent of node {name} stopped",
+            repairs=repairs,
+        )
+    session.commit()
+    return repairs
+
+
+def _lose_node(session: Session, node: Node, *, health: str, why: str, repairs: Repairs) -> None:
+    """The node becomes NOT_READY; the jobs holding its GPUs are LOST (those not started
+    yet requeued), and the ranks a gang runs on other nodes are stopped."""
+    node.state = NodeState.NOT_READY
+    node.health_message = health
+    repairs.lost_nodes.append(node.name)
+    job_ids = session.scalars(
+        select(Allocation.job_id)
+        .where(Allocation.node_id == node.id, Allocation.released_at.is_(None))
+        .distinct()
+    ).all()
+    for job in session.scalars(
+        select(Job).where(Job.id.in_(job_ids), Job.status.in_(ACTIVE)).with_for_update()
+    ):
+        # Other nodes of a gang may still run ranks of this attempt: stop them.
+        stops = stop_messages(session, job_id=job.id, attempt=job.attempt, reason="cancel")
+        mark_lost(session=session, job=job, reason=why)
+        repairs.lost_jobs.append(job.id)
+        repairs.stop.extend(d for d in stops if d.node != node.name)
 
 
 def reconcile(

@@ -144,7 +144,20 @@ def _release_node(session: Session, *, job: Job, node: str) -> tuple[int, int]:
 
 
 def mark_lost(*, session: Session, job: Job, reason: str) -> None:
-    """The node holding this attempt is gone: release, and requeue while retries remain."""
+    """The node holding this attempt is gone: release, and requeue while retries remain.
+    An attempt that never started there ran nothing: back to the queue without spending a
+    retry (as Slurm requeues a job whose node fails at launch), unless it was cancelled."""
     release(session, job_id=job.id, attempt=job.attempt)
+    if job.status == JobStatus.SCHEDULED:
+        cancelled = job.cancel_requested_at is not None
+        transition(
+            session,
+            job=job,
+            to=JobStatus.CANCELLED if cancelled else JobStatus.PENDING,
+            actor="scheduler",
+            reason=f"{reason} before it started"
+            + ("" if cancelled else ": back in the queue, no retry spent"),
+        )
+        return
     transition(session, job=job, to=JobStatus.LOST, actor="scheduler", reason=reason)
     settle_interrupted(session, job=job, actor="scheduler")

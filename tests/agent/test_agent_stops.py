@@ -70,7 +70,8 @@ def test_a_run_job_delivered_while_the_agent_stops_starts_nothing(tmp_path: Path
     agent.backend = _NoGpus()  # type: ignore[assignment]
     agent.stop()
     assert agent.run_job(dict(RUN)) == "stopping"
-    [finished] = reports.reports
+    [leaving, finished] = reports.reports
+    assert (leaving["kind"], leaving["node"], leaving["recent"]) == ("leaving", "n1", [])
     assert (finished["kind"], finished["result"], finished["message"]) == (
         "finished",
         "PREEMPTED",
@@ -130,3 +131,18 @@ def test_a_time_limit_change_reaches_a_job_before_while_and_after_it_starts(
     assert not reports.finished.wait(1.0), reports.reports
     agent.stop_job({**STOP, "attempt": 2, "reason": "cancel", "grace_s": 0})
     assert reports.finished.wait(10)
+
+
+def test_a_stopping_agent_reports_its_jobs_then_that_it_leaves(tmp_path: Path) -> None:
+    # Its node must take no job from now on; the leaving report repeats how its last
+    # attempts ended, since the scheduler may handle that report before theirs.
+    reports = RecordingReporter()
+    agent = agent_without_gpus(tmp_path, reports)
+    agent.backend = _NoGpus()  # type: ignore[assignment]
+    assert agent.run_job(dict(RUN)) == "started"
+    agent.stop()
+    kinds = [r["kind"] for r in reports.reports]
+    assert kinds[-2:] == ["finished", "leaving"], kinds
+    finished, leaving = reports.reports[-2:]
+    assert finished["result"] == "PREEMPTED"  # stopped for the shutdown: requeued
+    assert leaving["recent"] == [finished] and isinstance(leaving["taken_at"], float)

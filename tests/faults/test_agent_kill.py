@@ -111,19 +111,20 @@ def test_agent_sigkill_mid_job(make_stack, record, tmp_path: Path) -> None:
 def test_a_run_queued_for_a_dead_agent_is_not_started_by_its_successor(
     make_stack, tmp_path: Path
 ) -> None:
-    """A job placed on a node whose agent just died is declared LOST with the node and
-    requeued; its first run_job is still queued (and not expired) when the agent comes
-    back. The new agent must not start that attempt: only the requeued one runs."""
+    """A job placed on a node whose agent just died is requeued when the node is declared
+    lost, without spending a retry (it never started); its first run_job is still queued
+    (and not expired) when the agent comes back. The new agent must not start that
+    attempt: only the requeued one runs."""
     stack = make_stack(
         agents={"n1": "sim:2:H100-80GB"},
         env={"GPUSCHED_SCHEDULER_DISPATCH_TIMEOUT_S": "30"},  # outlives the node's loss
     )
     runs = tmp_path / "runs"
     kill9(stack, f"agent-{stack.name('n1')}")
-    job = stack.submit({"command": marker_command(runs, 0.2), "gpus": 1, "retries": 1})
+    job = stack.submit({"command": marker_command(runs, 0.2), "gpus": 1})  # no retries
     poll(
-        "attempt 1 to be lost with the node",
-        lambda: any(e["to_status"] == "LOST" for e in stack.events(job["id"])),
+        "attempt 1 to be requeued with the node",
+        lambda: any("before it started" in e["reason"] for e in stack.events(job["id"])),
         timeout=20,
     )
     stack.start_agent("n1")

@@ -140,13 +140,32 @@ class Agent:
         )
         for attempt in attempts:
             attempt.process.wait(max(0.0, deadline - time.monotonic()))
+        settled = time.monotonic() + 2  # each exit is recorded by its own thread
+        while self.running_count() and time.monotonic() < settled:
+            time.sleep(0.02)
         self._stop.set()
         if self._watchdog is not None and self._watchdog.stdin is not None:
             self._watchdog.stdin.close()  # nothing left to kill: it exits
             self._watchdog.wait(timeout=10)
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._leave()
         self.backend.close()
+
+    def _leave(self) -> None:
+        """Tell the scheduler the node takes no more jobs from now (not only after its
+        heartbeat timeout), with the outcome of its last attempts: reports may be handled
+        out of order, and none must be judged before its own arrives."""
+        with self._lock:
+            recent = [report for _, report in self._recent.values()]
+        self.reporter.report(
+            {
+                "kind": "leaving",
+                "node": self.settings.name,
+                "recent": recent,
+                "taken_at": time.time(),
+            }
+        )
 
     def _start_watchdog(self) -> None:
         """A process that outlives us by design: when we die, it stops our jobs."""
