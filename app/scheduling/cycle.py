@@ -323,7 +323,17 @@ class Cycle:
                     continue
             barred = self._barred(job) if maintenance else _NOT_BARRED
             if job.only_nodes is not None or job.exclude_nodes:
-                barred = barred | self._chosen_barred(job)
+                by_choice = self._chosen_barred(job)
+                # Every node barred: none of its only_nodes may be left (cheap test first).
+                why = (
+                    node_choice.gone(job, (n.name for n in self.nodes))
+                    if len(by_choice) == len(self.nodes)
+                    else None
+                )
+                if why is not None:
+                    self._pend(job, pos, ReasonKind.NEVER_FITS, why)
+                    continue
+                barred = barred | by_choice
             shape = (job.gpus, job.nodes, job.gpu_share, job.gpu_memory_mb, job.gpu_model, barred)
             known = shapes.get(shape)
             if known is None:

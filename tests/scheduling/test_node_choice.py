@@ -56,6 +56,30 @@ def test_a_job_waits_for_its_nodes_saying_so_and_others_use_the_rest() -> None:
     assert r.message.endswith(" (it runs only on a)"), r.message
 
 
+def test_a_job_whose_nodes_were_removed_never_fits_and_says_how_to_change_it() -> None:
+    # Job 1 chose nodes "old" and "older", removed since (gpusched remove-node): no cycle
+    # can place it, however free a and b are. Job 2 excludes both nodes there are: a node
+    # that joins later may run it, so it waits. One of job 3's nodes is left: it runs.
+    s = snap(
+        [node("a").gpus(4), node("b").gpus(4)],
+        pending=[
+            job(1, only_nodes=frozenset({"old", "older"})),
+            job(2, exclude_nodes=frozenset({"a", "b"})),
+            job(3, only_nodes=frozenset({"b", "old"})),
+        ],
+    )
+    p = plan_cycle(s, now=T0)
+    reasons = p.reasons()
+    assert reasons[1].kind is ReasonKind.NEVER_FITS
+    assert reasons[1].message == (
+        "it runs only on old, older, and no such node is in the cluster now: change it with "
+        "gpusched update --only-nodes"
+    )
+    assert reasons[2].kind is ReasonKind.WAITING_FOR_GPUS
+    assert reasons[2].message.endswith(" (it excludes a, b)"), reasons[2].message
+    assert _placed_on(p, 3) == "b"
+
+
 def test_an_excluded_node_is_not_blamed_on_a_maintenance() -> None:
     # Room only on b, which the job excludes; a goes into maintenance (no room there anyway).
     busy = running(job(90, gpus=4), {"a": (0, 1, 2, 3)})

@@ -27,6 +27,19 @@ def barred(job: JobView, node_names: Iterable[str]) -> frozenset[str]:
     )
 
 
+def gone(job: JobView, node_names: Iterable[str]) -> str | None:
+    """Why a job can never start where it chose to: none of its `only_nodes` is in the
+    cluster any more (removed since it was submitted; the API checks the names then).
+    It comes back with its node, if that registers again."""
+    only = job.only_nodes
+    if only is None or not only.isdisjoint(node_names):
+        return None
+    return (
+        f"it runs only on {', '.join(sorted(only))}, and no such node is in the cluster "
+        "now: change it with gpusched update --only-nodes"
+    )
+
+
 def note(job: JobView) -> str:
     """What the pending reason adds, so a wait its choice causes is not a mystery."""
     parts = []
