@@ -144,9 +144,29 @@ def test_each_node_of_a_multi_node_job_has_its_own_log(cli: Cli) -> None:
     first = cli("logs", str(job_id))
     assert (first.stdout, first.stderr) == (
         "node 0\n",
-        "(node 0 of 2; --node-rank N for another)\n",
+        "(node 0 of 2; --node-rank N for another, --label for all)\n",
     )
     assert cli("logs", str(job_id), "--node-rank", "1").stdout == "node 1\n"
     beyond = cli("logs", str(job_id), "--node-rank", "2")
     assert beyond.exit_code == 1
     assert f"job {job_id} runs on 2 node(s): node_rank 0 to 1" in beyond.stderr
+
+
+def test_label_prints_every_nodes_output_prefixed_with_its_rank(cli: Cli) -> None:
+    job_id = _submit(cli)
+    texts = {0: "step 1\nstep 2\n", 1: "ready\nno newline at the end"}
+    for rank, text in texts.items():
+        log = attempt_log_path(cli.settings.log_dir, job_id, 1, rank)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(text)
+    _set(cli, job_id, attempt=1, nodes=2, status=JobStatus.SUCCEEDED)
+
+    labelled = cli("logs", str(job_id), "--label")
+    assert (labelled.exit_code, labelled.stderr) == (0, "")
+    assert labelled.stdout == "0: step 1\n0: step 2\n1: ready\n1: no newline at the end\n"
+    # Following: each node's stream in its own thread, whole lines, each node's in order.
+    followed = cli("logs", str(job_id), "-l", "-f").stdout.splitlines()
+    assert sorted(followed) == ["0: step 1", "0: step 2", "1: no newline at the end", "1: ready"]
+    assert followed.index("0: step 1") < followed.index("0: step 2")
+    both = cli("logs", str(job_id), "--label", "--node-rank", "1")
+    assert both.exit_code == 2 and "leave out --node-rank" in both.stderr
