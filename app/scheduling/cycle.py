@@ -145,7 +145,7 @@ class Cycle:
         for r in self.snap.running:
             job = r.job
             running[job.id] = r
-            used = r.share_milli * job.total_gpus
+            used = r.held_milli
             used_milli[job.project] = used_milli.get(job.project, 0) + used
             if job.schedule_mode == "offpeak":
                 offpeak_milli += used
@@ -1033,16 +1033,12 @@ class Cycle:
             touched.add(nname)
             if nname in self.node_by_name:
                 self.index.refresh(self.node_by_name[nname])
-        self.used_milli[r.job.project] = self.used_milli.get(r.job.project, 0) - milli * (
-            r.job.total_gpus
-        )
+        self.used_milli[r.job.project] = self.used_milli.get(r.job.project, 0) - r.held_milli
 
     def _unrelease(self, r: RunningJobView) -> None:
         self.preempted.discard(r.job.id)
         self._reasons_by_rules.clear()  # worked out again, with this job a victim again
-        self.used_milli[r.job.project] = self.used_milli.get(r.job.project, 0) + (
-            r.share_milli * r.job.total_gpus
-        )
+        self.used_milli[r.job.project] = self.used_milli.get(r.job.project, 0) + r.held_milli
 
     # ------------------------------------------------------------------ 4. explain
 

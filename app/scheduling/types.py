@@ -110,6 +110,12 @@ class RunningJobView:
             return 1000
         return max(1, round(self.share * 1000))
 
+    @property
+    def held_milli(self) -> int:
+        """What it holds now, counted against its project's quota: a gang whose node
+        ended early (app/jobs/reports.py) holds only the GPUs of the nodes still running."""
+        return self.share_milli * sum(len(indexes) for _, indexes in self.placement)
+
 
 @dataclass(frozen=True, slots=True)
 class ProjectView:

@@ -268,6 +268,20 @@ def test_quota_reason_when_borrowing_disabled() -> None:
     assert plan(s).placements[0].job_id == 1  # borrowing idle GPUs is allowed by default
 
 
+def test_a_gang_whose_node_ended_early_counts_only_its_running_nodes_against_quota() -> None:
+    # Gang 9 asked for 2 GPUs on each of 2 nodes; its part on b ended (exit 0) and freed
+    # b's GPUs (app/jobs/reports.py): it holds 2 GPUs now, not 4. Project p (quota 4,
+    # borrowing disabled) has 2 to go: job 1 starts. Charged for all 4, it would wait.
+    gang = running(job(9, project="p", gpus=2, nodes=2), {"a": (0, 1)})
+    s = snap(
+        [node("a").gpus(4), node("b").gpus(4)],
+        pending=[job(1, project="p", gpus=2)],
+        running=[gang],
+        projects=[project("p", quota=4)],
+    )
+    assert plan(s, borrowing=False).placements[0].job_id == 1
+
+
 def test_priority_reason_when_backfill_off() -> None:
     s = snap([node("a").gpus(4).alloc(0).alloc(1)], pending=[job(1, gpus=4), job(2, gpus=1)])
     p = plan(s, backfill=False, queue_policy="fifo")
