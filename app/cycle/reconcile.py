@@ -68,8 +68,8 @@ def node_left(*, session: Session, payload: dict[str, Any], now: datetime) -> Re
     be handled out of order. What is still active there was dispatched but not started,
     and goes back to the queue without spending a retry. Committed.
 
-    A report taken before the node's last heartbeat is stale (its agent is back) and only
-    its outcomes are applied."""
+    A report taken before the node's agent last registered is stale (the agent is back)
+    and only its outcomes are applied."""
     repairs = Repairs()
     name = payload["node"]
     for report in payload.get("recent", []):
@@ -77,11 +77,7 @@ def node_left(*, session: Session, payload: dict[str, Any], now: datetime) -> Re
         repairs.stop.extend(applied.stops)
     row = session.scalar(select(Node).where(Node.name == name).with_for_update())
     left_at = heartbeat_taken_at(payload, received_at=now)
-    if (
-        row is not None
-        and row.state is NodeState.READY
-        and (row.last_heartbeat_at is None or row.last_heartbeat_at <= left_at)
-    ):
+    if row is not None and row.state is NodeState.READY and row.registered_at <= left_at:
         log.warning("node %s: its agent stopped", name)
         _lose_node(
             session,

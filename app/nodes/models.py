@@ -43,6 +43,7 @@ class Node(Base):
     # whose time limit ends by then (app/scheduling/cycle.py), from then on none.
     maintenance_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     health_message: Mapped[str] = mapped_column(String(255), default="")
+    # When its agent last registered (started).
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # Removed by an admin (decommissioned): the row stays, since allocations of finished

@@ -44,7 +44,7 @@ class NodeOut(BaseModel):
         "whose time limit ends by then"
     )
     health_message: str
-    registered_at: datetime
+    registered_at: datetime = Field(description="when its agent last registered (started)")
     last_heartbeat_at: datetime | None
     removed_at: datetime | None = Field(
         default=None,

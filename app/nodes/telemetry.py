@@ -37,8 +37,9 @@ def register_node(*, session: Session, payload: dict[str, Any]) -> Node:
     node = session.scalar(select(Node).options(selectinload(Node.gpus)).where(Node.name == name))
     now = utcnow()
     if node is None:
-        node = Node(name=name, registered_at=now)
+        node = Node(name=name)
         session.add(node)
+    node.registered_at = now  # by the agent running now (app.cycle.reconcile.node_left)
     node.hostname = payload.get("hostname", "")
     node.labels = payload.get("labels", {})
     node.agent_version = payload.get("agent_version", "")

@@ -101,10 +101,10 @@ def test_a_leaving_agent_takes_its_node_out_at_once_and_requeues_what_it_had_not
     assert get_job(api, waiting)["status"] == "PENDING"
 
 
-def test_a_leaving_report_older_than_the_nodes_last_heartbeat_is_stale(api) -> None:
-    add_node(api, gpus=1)  # heartbeat: now
+def test_a_leaving_report_from_before_the_agent_registered_is_stale(api) -> None:
+    add_node(api, gpus=1)  # registered: now
     job_id = _scheduled(api)
-    _leaving(api, taken_at=time.time() - 60)  # from before the agent came back
+    _leaving(api, taken_at=time.time() - 60)  # from the agent before this one
     assert (_node(api).state, get_job(api, job_id)["status"]) == ("READY", "SCHEDULED")
 
 
