@@ -1208,16 +1208,7 @@ def update(
     max_runtime: Annotated[
         str | None, typer.Option("--max-runtime", help="Hard limit: 2h, 90m, ... or none")
     ] = None,
-    time_limit: Annotated[
-        str | None,
-        typer.Option(
-            "--time",
-            "-t",
-            help="The hard limit as sbatch --time: minutes, HH:MM:SS, D-HH:MM:SS (or 2h); "
-            "the same as --max-runtime",
-            show_default=False,
-        ),
-    ] = None,
+    time_limit: TimeOption = None,
     estimated_runtime: Annotated[
         str | None,
         typer.Option("--estimated-runtime", help="Expected runtime: 2h, 90m, ... or none"),
