@@ -79,6 +79,9 @@ def test_a_multi_node_jobs_page_shows_each_nodes_log(dash: Dashboard, stack: Sta
     page.select_option("#log-node", "1")
     _expect_text(page, "#job-log", "from node 1")
     dash.shot("job-two-nodes")
+    page.select_option("#log-node", "all")  # as gpusched logs --label
+    _expect_text(page, "#job-log", "^0: from node 0\n1: from node 1\n$")
+    dash.shot("job-all-nodes")
     dash.assert_clean()
 
 

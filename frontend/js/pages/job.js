@@ -309,13 +309,22 @@ export function jobPage(root, ctx, { match }) {
         h("div", { class: "when" }, `${fmtDateSec(e.at)} · ${e.actor}${e.attempt ? ` · attempt ${e.attempt}` : ""}`)))) : h("div", { class: "empty" }, "No events."));
   };
 
+  const nodeLog = (rank) => api(`/api/v1/jobs/${jobId}/logs`,
+    { query: { tail: 200, ...(rank > 0 ? { node_rank: rank } : {}) }, text: true });
+  // Every node's log, each line prefixed with its rank, as `gpusched logs --label` (srun --label).
+  const labelledLogs = async (nodes) => {
+    const texts = await Promise.all(Array.from({ length: nodes }, (_, rank) => nodeLog(rank)));
+    return texts.map((text, rank) => text.split("\n").filter((line, i, all) => line || i < all.length - 1)
+      .map((line) => `${rank}: ${line}\n`).join("")).join("");
+  };
+
   const refreshLog = async () => {
-    if (job && job.nodes > 1 && logNode.options.length !== job.nodes) {
-      clear(logNode, ...Array.from({ length: job.nodes }, (_, rank) => h("option", { value: String(rank) }, `node ${rank}`)));
+    if (job && job.nodes > 1 && logNode.options.length !== job.nodes + 1) {
+      clear(logNode, ...Array.from({ length: job.nodes }, (_, rank) => h("option", { value: String(rank) }, `node ${rank}`)),
+        h("option", { value: "all" }, "all nodes"));
       logNode.hidden = false;
     }
-    const query = { tail: 200, ...(Number(logNode.value) > 0 ? { node_rank: logNode.value } : {}) };
-    const text = await api(`/api/v1/jobs/${jobId}/logs`, { query, text: true });
+    const text = logNode.value === "all" ? await labelledLogs(job.nodes) : await nodeLog(Number(logNode.value) || 0);
     const atBottom = logPre.scrollHeight - logPre.scrollTop - logPre.clientHeight < 30;
     const running = job && ACTIVE.has(job.status);
     const shown = text || (job && job.attempt === 0
