@@ -81,14 +81,12 @@ def ingest_heartbeat(
     if node is None:
         return None  # not registered yet; the agent re-registers on its next start
     node.last_heartbeat_at = now
-    if node.removed_at is not None:
-        # Its agent runs after all (as a kubelet re-creates its deleted Node): it is back.
+    if node.state is not NodeState.READY:
+        # A removed node's agent runs after all (as a kubelet re-creates its deleted Node).
+        removed = " after it was removed" if node.removed_at is not None else ""
+        node.state = NodeState.READY
         node.removed_at = None
-        node.health_message = "heartbeats resumed after it was removed"
-        node.state = NodeState.READY
-    elif node.state is not NodeState.READY:
-        node.state = NodeState.READY
-        node.health_message = "heartbeats resumed"
+        node.health_message = f"heartbeats resumed{removed}"
     by_index = {g.index: g for g in node.gpus}
     interval = int(payload.get("interval_s", 5))
     for reading in payload.get("gpus", []):
