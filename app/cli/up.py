@@ -8,6 +8,7 @@ GPUSCHED_REDIS_URL is unset). Ctrl-C stops everything.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -31,6 +32,21 @@ from app.db import make_session_factory
 
 DEFAULT_SIM = "sim:2x4:H100-80GB"
 MAX_RESTARTS = 5
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Resolved now: a preexec_fn runs between fork and exec, where importing is not safe.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+
+
+def die_with_parent() -> None:
+    """A `preexec_fn`: the child gets SIGTERM when the process that started it dies.
+
+    Children run in their own sessions (so that Ctrl-C reaches only their parent, which
+    stops them in order); without this, a parent killed by SIGKILL or the OOM killer would
+    leave them running, still taking jobs. SIGTERM lets each one stop as on Ctrl-C (an
+    agent gives its jobs their grace period). Linux only; elsewhere a no-op.
+    """
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _agent_plan(gpus: str) -> list[tuple[str, str]]:
@@ -125,8 +141,7 @@ def up(
     signal.signal(signal.SIGTERM, stop)
     try:
         for label, argv in commands:
-            # Own process groups: Ctrl-C reaches only `up`, which stops children in order.
-            children.append((label, subprocess.Popen(argv, env=env, start_new_session=True)))
+            children.append((label, _spawn(argv, env)))
         url = f"http://{settings.host}:{settings.port}"
         typer.echo(f"\ngpusched is starting: dashboard {url}/  API docs {url}/docs")
         typer.echo(f"nodes: {', '.join(f'{n} ({s})' for n, s in agents)}")
@@ -151,7 +166,7 @@ def up(
                     break
                 typer.echo(f"{label} exited with code {child.returncode}; restarting", err=True)
                 argv = dict(commands)[label]
-                children[i] = (label, subprocess.Popen(argv, env=env, start_new_session=True))
+                children[i] = (label, _spawn(argv, env))
             time.sleep(0.2)
     finally:
         if interrupts:
@@ -178,6 +193,11 @@ def up(
         if redis_server is not None:
             redis_server.stop()
         typer.echo("gpusched stopped")
+
+
+def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    # Own process groups: Ctrl-C reaches only `up`, which stops children in order.
+    return subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=die_with_parent)
 
 
 def _stop_stages(

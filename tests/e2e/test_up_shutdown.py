@@ -5,6 +5,7 @@ and that agent, already stopped, started it: an orphan process and a job lost to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -102,3 +103,60 @@ def test_ctrl_c_requeues_running_jobs_and_leaves_nothing_running(tmp_path: Path)
         (1, "PREEMPTED"),
         (1, "PENDING"),
     ]
+
+
+def _processes_of(data_dir: Path) -> dict[int, str]:
+    """pid -> command line of every process started for this data dir: by its environment,
+    or its working directory (the private Redis runs in <data dir>/redis, with its own)."""
+    wanted = f"GPUSCHED_DATA_DIR={data_dir}".encode()
+    found = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            ours = wanted in (proc / "environ").read_bytes().split(b"\0") or (
+                proc / "cwd"
+            ).resolve().is_relative_to(data_dir)
+            if ours:
+                found[int(proc.name)] = (
+                    (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                )
+        except OSError:
+            continue  # it ended meanwhile, or is not ours to read
+    return found
+
+
+def test_killed_up_takes_its_service_and_jobs_with_it(tmp_path: Path) -> None:
+    # `kill -9` of `up` (or the OOM killer): its children, in sessions of their own, must
+    # not run on unsupervised, still taking jobs; each gets SIGTERM and stops as on Ctrl-C.
+    port = free_port()
+    proc, _, log = start_up(tmp_path, port=port, gpus="sim:1x1:H100-80GB")
+    url = f"http://127.0.0.1:{port}"
+    command = "sleep 3172"
+    try:
+        _until("ready", lambda: httpx.get(f"{url}/readyz").status_code == 200, proc, log)
+        token_file = tmp_path / "admin.token"
+        _until("the admin token", token_file.exists, proc, log)
+        headers = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        r = httpx.post(f"{url}/api/v1/jobs", json={"command": command, "gpus": 1}, headers=headers)
+        _until("the job's process", lambda: _processes_running(command), proc, log)
+        children = {p: c for p, c in _processes_of(tmp_path).items() if "app.cli" in c}
+        assert len(children) >= 4, children  # API, scheduler, reports, agent
+
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 60
+        left = children
+        while left and time.monotonic() < deadline:
+            time.sleep(0.25)
+            left = {p: c for p, c in _processes_of(tmp_path).items() if "app.cli" in c}
+        assert left == {}, f"still running after `up` was killed: {left}"
+        assert _processes_running(command) == [], f"job {r.json()['id']} still running"
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        # Whatever is left: the private Redis, whose owner died before it could stop it.
+        for pid in _processes_of(tmp_path):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in _processes_running(command):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
