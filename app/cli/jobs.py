@@ -35,6 +35,7 @@ from app.cli.client import (
     parse_time,
     print_json,
 )
+from app.cli.directives import ScriptCommand, runnable
 from app.jobs.arrays import parse_indices, split_slurm_form
 from app.jobs.states import SINGLETON, DependencyKind
 
@@ -169,7 +170,8 @@ def build_spec(
     if window is not None and not offpeak:
         raise CliError("--window needs --offpeak", EXIT_USAGE)
 
-    spec: dict[str, Any] = {"command": list(command) if command else shell}
+    workdir = os.path.abspath(workdir) if workdir else os.getcwd()
+    spec: dict[str, Any] = {"command": runnable(list(command), workdir) if command else shell}
     optional = {
         "name": name,
         "gpus": gpus,
@@ -207,7 +209,7 @@ def build_spec(
     labels = parse_pairs(label, "--label")
     if labels:
         spec["labels"] = labels
-    spec["workdir"] = os.path.abspath(workdir) if workdir else os.getcwd()
+    spec["workdir"] = workdir
     return spec
 
 
@@ -458,7 +460,9 @@ def submit(
 ) -> None:
     """Submit a job: `gpusched submit [OPTIONS] -- PROGRAM ARGS...`.
 
-    With --wait, --json prints the job as it ended."""
+    A script's `#SBATCH` lines (Slurm's options) and `#GPUSCHED` lines (these) before its
+    first command are options too, as for sbatch; the command line's win. With --wait,
+    --json prints the job as it ended."""
     spec = build_spec(
         command=command,
         shell=shell,
@@ -1440,6 +1444,7 @@ def register(app: typer.Typer) -> None:
     # --lr 1` and `submit python x.py --lr 1` both keep `--lr 1` for the job.
     app.command(
         "submit",
+        cls=ScriptCommand,
         context_settings={"allow_interspersed_args": False},
         rich_help_panel="Jobs",
     )(submit)

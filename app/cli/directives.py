@@ -1,0 +1,261 @@
+"""`gpusched submit train.sh` reads the script's #SBATCH and #GPUSCHED lines, as sbatch does.
+
+A Slurm user's job script carries its options in `#SBATCH` lines before its first command;
+moved here, silently ignoring them would run a job asking for 4 GPUs on 1. The options of
+`#GPUSCHED` lines are `submit`'s own; those of `#SBATCH` lines are Slurm's, translated where
+they mean the same here, refused where the nearest option would mean something else, and
+named on stderr where there is nothing to translate them to. Options given on the command
+line win over the script's, as with sbatch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+from typer.core import TyperCommand
+
+from app.cli.client import EXIT_USAGE, CliError
+
+# sbatch stops at the first line that is neither blank nor a comment; a script is read up
+# to that line, and no further than this.
+_MAX_HEADER_BYTES = 64 * 1024
+_DIRECTIVE = re.compile(r"#(SBATCH|GPUSCHED)\s+(.*)")
+
+# Slurm's spellings that are submit's own options, with the same meaning.
+_SAME = frozenset(
+    {"-J", "--job-name", "-N", "--nodes", "-t", "--time", "--begin", "--array", "--dependency"}
+    | {"--hold", "-x", "--exclude", "--priority", "--wait"}
+)
+_RENAMED = {
+    "--gpus-per-node": "--gpus",
+    "-A": "--project",
+    "--account": "--project",
+    "-D": "--workdir",
+    "--chdir": "--workdir",
+    "-H": "--hold",
+    "-W": "--wait",
+}
+# Slurm options that take no value (any other takes the next word when not written --x=v).
+_SLURM_FLAGS = frozenset(
+    {"--hold", "-H", "--wait", "-W", "--exclusive", "--requeue", "--no-requeue", "--parsable"}
+    | {"--overcommit", "-O", "--contiguous", "--spread-job", "--test-only", "--use-min-nodes"}
+    | {"--quiet", "-Q", "--verbose", "-v", "--no-kill", "-k", "--oversubscribe", "-s"}
+)
+# Slurm options this service has no counterpart for, and what to do instead.
+_NO_COUNTERPART = {
+    "--output": "the job's output is kept by gpusched: gpusched logs ID",
+    "-o": "the job's output is kept by gpusched: gpusched logs ID",
+    "--error": "the job's output is kept by gpusched: gpusched logs ID",
+    "-e": "the job's output is kept by gpusched: gpusched logs ID",
+    "--mail-type": "notifications are webhooks: #GPUSCHED --notify URL --notify-on end,fail",
+    "--mail-user": "notifications are webhooks: #GPUSCHED --notify URL --notify-on end,fail",
+    "--mem": "gpusched places GPUs, not host memory or CPUs",
+    "--mem-per-gpu": "gpusched places GPUs, not host memory or CPUs (GPU memory: --gpu-memory-mb)",
+    "--cpus-per-task": "gpusched places GPUs, not host memory or CPUs",
+    "-c": "gpusched places GPUs, not host memory or CPUs",
+    "--partition": "a gpusched cluster has one partition",
+    "-p": "a gpusched cluster has one partition",
+}
+# Slurm options whose nearest counterpart here would do something else: refused.
+_REFUSED = {
+    "--nodelist": "it asks for all of these nodes; #GPUSCHED --only-nodes A,B runs on any of them",
+    "-w": "it asks for all of these nodes; #GPUSCHED --only-nodes A,B runs on any of them",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Directive:
+    where: str  # "train.sh:3", for messages
+    kind: str  # SBATCH or GPUSCHED
+    words: list[str]
+
+
+def read_directives(script: Path) -> list[Directive]:
+    """The #SBATCH/#GPUSCHED lines of a script (one starting with #!) before its first command."""
+    try:
+        with script.open("rb") as f:
+            head = f.read(_MAX_HEADER_BYTES)
+    except OSError:
+        return []
+    if not head.startswith(b"#!"):
+        return []  # a program, not a script
+    found = []
+    for number, raw in enumerate(head.decode("utf-8", "replace").splitlines(), start=1):
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            break
+        match = _DIRECTIVE.fullmatch(line)
+        if match is None:
+            continue
+        where = f"{script.name}:{number}"
+        try:
+            words = shlex.split(match[2], comments=True)
+        except ValueError as exc:
+            raise CliError(f"{where}: {line}: {exc}", EXIT_USAGE) from None
+        found.append(Directive(where, match[1], words))
+    return found
+
+
+def _slurm_words(words: Sequence[str]) -> list[tuple[str, str | None]]:
+    """(option, value) pairs of one #SBATCH line: --x=v, --x v, -x v and -xv."""
+    pairs: list[tuple[str, str | None]] = []
+    rest = list(words)
+    while rest:
+        word = rest.pop(0)
+        if not word.startswith("-") or word == "-":
+            raise ValueError(f"{word!r} is not an option")
+        if word.startswith("--"):
+            option, eq, attached = word.partition("=")
+            if eq:
+                pairs.append((option, attached))
+            else:
+                pairs.append((option, None if option in _SLURM_FLAGS or not rest else rest.pop(0)))
+        elif len(word) > 2:
+            pairs.append((word[:2], word[2:]))
+        else:
+            pairs.append((word, None if word in _SLURM_FLAGS or not rest else rest.pop(0)))
+    return pairs
+
+
+def _gres_gpus(value: str) -> tuple[int, str | None]:
+    """GPUs per node and model of `--gres=gpu:2`, `gpu:h100:2` or `gpu` (one)."""
+    for item in value.split(","):
+        parts = item.split(":")
+        if parts[0] != "gpu" or len(parts) > 3:
+            continue
+        count = parts[-1] if len(parts) > 1 and parts[-1].isdigit() else "1"
+        model = (
+            parts[1] if len(parts) == 3 or (len(parts) == 2 and not parts[1].isdigit()) else None
+        )
+        return int(count), model
+    raise ValueError("no gpu in it (write gpu:N or gpu:MODEL:N)")
+
+
+@dataclass
+class ScriptOptions:
+    """submit's options from a script's lines (where, words), and Slurm's per-job --gpus."""
+
+    lines: list[tuple[str, list[str]]]
+    notes: list[str]
+    slurm_total_gpus: tuple[str, int] | None = None  # (where, N) of #SBATCH --gpus=N
+    script_nodes: int | None = None
+
+    @property
+    def words(self) -> list[str]:
+        return [word for _, words in self.lines for word in words]
+
+
+def translate(directives: list[Directive]) -> ScriptOptions:
+    out = ScriptOptions(lines=[], notes=[])
+    for d in directives:
+        if d.kind == "GPUSCHED":
+            out.lines.append((d.where, d.words))
+            continue
+        try:
+            pairs = _slurm_words(d.words)
+        except ValueError as exc:
+            raise CliError(f"{d.where}: #SBATCH {shlex.join(d.words)}: {exc}", EXIT_USAGE) from None
+        words: list[str] = []
+        for option, value in pairs:
+            shown = f"{d.where}: #SBATCH {option}{'' if value is None else '=' + value}"
+            ours = option if option in _SAME else _RENAMED.get(option)
+            try:
+                if ours is not None:
+                    words += [ours] if value is None else [ours, value]
+                    if option in ("-N", "--nodes") and value is not None and value.isdigit():
+                        out.script_nodes = int(value)
+                elif option == "--gres":
+                    count, model = _gres_gpus(value or "")
+                    words += ["--gpus", str(count), *(["--gpu-model", model] if model else [])]
+                elif option in ("--gpus", "-G"):
+                    if value is None or not value.isdigit():
+                        raise ValueError("expected a number of GPUs")
+                    out.slurm_total_gpus = (shown, int(value))
+                elif option in _REFUSED:
+                    raise ValueError(_REFUSED[option])
+                else:
+                    why = _NO_COUNTERPART.get(option, "gpusched has no such option")
+                    out.notes.append(f"{shown}: ignored: {why}")
+            except ValueError as exc:
+                raise CliError(f"{shown}: {exc}", EXIT_USAGE) from None
+        out.lines.append((d.where, words))
+    return out
+
+
+def script_of(command: Sequence[str] | None, workdir: str | None) -> Path | None:
+    """The local script a job's command starts, if it is one (as the job's node will see it)."""
+    if not command:
+        return None
+    path = Path(workdir or os.getcwd(), command[0])
+    return path if path.is_file() else None
+
+
+def runnable(command: list[str], workdir: str) -> list[str]:
+    """The command as the job's node can start it: a script named without a path, as for
+    sbatch, is the one in the working directory (not on PATH); one that cannot be executed
+    is refused now rather than failing on its node."""
+    program = command[0]
+    local = script_of(command, workdir)
+    if local is None or ("/" not in program and shutil.which(program) is not None):
+        return command
+    if not os.access(local, os.X_OK):
+        raise CliError(
+            f"{program} is not executable: chmod +x {program}, or submit -- sh {program}",
+            EXIT_USAGE,
+        )
+    return command if "/" in program else [f"./{program}", *command[1:]]
+
+
+class ScriptCommand(TyperCommand):
+    """`submit`, reading the options of the script it is given before its own."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
+        given = self._probe(ctx, args, resilient=True)
+        script = script_of(given.get("command"), given.get("workdir"))
+        if script is not None and "--help" not in args:
+            options = translate(read_directives(script))
+            for where, words in options.lines:
+                self._check(ctx, words, where)
+            nodes = given.get("nodes") or options.script_nodes or 1
+            if options.slurm_total_gpus is not None:
+                shown, total = options.slurm_total_gpus
+                if total % nodes:
+                    raise CliError(
+                        f"{shown}: Slurm counts --gpus for the whole job; {total} GPUs do not "
+                        f"split evenly over {nodes} nodes (write --gpus-per-node)",
+                        EXIT_USAGE,
+                    )
+                options.lines.append((shown, ["--gpus", str(total // nodes)]))
+            for note in options.notes:
+                typer.echo(f"note: {note}", err=True)
+            args = [*options.words, *args]
+        return super().parse_args(ctx, args)
+
+    def _probe(self, ctx: typer.Context, args: Sequence[str], *, resilient: bool) -> dict[str, Any]:
+        probe = typer.Context(
+            self,
+            info_name=ctx.info_name,
+            parent=ctx.parent,
+            resilient_parsing=resilient,
+            **self.context_settings,
+        )
+        super().parse_args(probe, list(args))
+        return probe.params
+
+    def _check(self, ctx: typer.Context, words: list[str], where: str) -> None:
+        """The script's options alone must parse, and be options only: a stray word would
+        otherwise become part of the job's command."""
+        try:
+            params = self._probe(ctx, words, resilient=False)
+        except typer.TyperException as exc:
+            raise CliError(f"{where}: {exc.format_message()}", EXIT_USAGE) from None
+        if params.get("command"):
+            raise CliError(f"{where}: {' '.join(params['command'])!r} is not an option", EXIT_USAGE)

@@ -1,0 +1,119 @@
+"""`gpusched submit train.sh`: the script's #SBATCH/#GPUSCHED lines, and a script named
+without a path, as sbatch treats them; against the real API served by uvicorn."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli.harness import Cli, Result
+
+
+def _script(tmp_path: Path, name: str, text: str, *, executable: bool = True) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    path.chmod(0o755 if executable else 0o644)
+    return path
+
+
+def _submit(cli: Cli, tmp_path: Path, *args: str) -> Result:
+    return cli("submit", "--json", "--workdir", str(tmp_path), *args)
+
+
+def _job(result: Result) -> dict[str, Any]:
+    assert result.exit_code == 0, result.stderr
+    body: dict[str, Any] = json.loads(result.stdout)
+    return body
+
+
+TRAIN = """#!/bin/bash
+# a comment, and a blank line, do not end the header
+
+#SBATCH --job-name=resnet
+#SBATCH -N 2 --gres=gpu:2   # two nodes of two GPUs
+#SBATCH -t 1-00:00:00
+#SBATCH --begin 2030-01-02T03:04:05Z
+#SBATCH --mem=64G
+#SBATCH --output=logs/%j.out
+#GPUSCHED --preemptible --label team=vision
+set -e
+#SBATCH --gres=gpu:8
+python train.py "$@"
+"""
+
+
+def test_a_scripts_sbatch_and_gpusched_lines_are_its_options(cli: Cli, tmp_path: Path) -> None:
+    _script(tmp_path, "train.sh", TRAIN)
+    result = _submit(cli, tmp_path, "train.sh", "--epochs", "3")
+    job = _job(result)
+    assert job["name"] == "resnet"
+    assert (job["nodes"], job["gpus"]) == (2, 2)  # not 8: that line comes after `set -e`
+    assert job["max_runtime_s"] == 86400
+    assert job["schedule"]["at"].startswith("2030-01-02T03:04:05")
+    assert job["preemptible"] is True and job["labels"] == {"team": "vision"}
+    # Named without a path, the script is the one in the job's directory, as for sbatch;
+    # words after it are its arguments.
+    assert job["command"] == ["./train.sh", "--epochs", "3"]
+    # What has no counterpart here is named, with what to do instead.
+    assert "train.sh:8: #SBATCH --mem=64G: ignored: gpusched places GPUs" in result.stderr
+    assert "train.sh:9: #SBATCH --output=logs/%j.out: ignored" in result.stderr
+    assert "gpusched logs ID" in result.stderr
+
+
+def test_the_command_line_wins_over_the_script(cli: Cli, tmp_path: Path) -> None:
+    _script(tmp_path, "train.sh", TRAIN)
+    job = _job(_submit(cli, tmp_path, "-J", "mine", "--gpus", "1", "-N", "1", "--", "train.sh"))
+    assert (job["name"], job["gpus"], job["nodes"]) == ("mine", 1, 1)
+    assert job["preemptible"] is True  # what the command line leaves alone still counts
+
+
+def test_slurm_gpus_count_for_the_whole_job(cli: Cli, tmp_path: Path) -> None:
+    _script(tmp_path, "a.sh", "#!/bin/sh\n#SBATCH --gpus=4\n#SBATCH --nodes=2\ntrue\n")
+    assert _job(_submit(cli, tmp_path, "a.sh"))["gpus"] == 2  # per node
+    assert _job(_submit(cli, tmp_path, "-N", "4", "--", "a.sh"))["gpus"] == 1
+    uneven = _submit(cli, tmp_path, "-N", "3", "--", "a.sh")
+    assert uneven.exit_code == 2
+    assert "a.sh:2: #SBATCH --gpus=4: Slurm counts --gpus for the whole job" in uneven.stderr
+    assert "write --gpus-per-node" in uneven.stderr
+    _script(tmp_path, "b.sh", "#!/bin/sh\n#SBATCH --gpus-per-node 3 --gres=gpu:h100:2\n")
+    job = _job(_submit(cli, tmp_path, "b.sh"))
+    assert (job["gpus"], job["gpu_model"]) == (2, "h100")  # the later one, as sbatch
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("#SBATCH -N two", "x.sh:2: Invalid value for '--nodes' / '-N': Input should be a valid"),
+        ("#SBATCH train.py", "x.sh:2: #SBATCH train.py: 'train.py' is not an option"),
+        ("#GPUSCHED --gpus 2 train.py", "x.sh:2: 'train.py' is not an option"),
+        ("#GPUSCHED --no-such", "x.sh:2: No such option: --no-such"),
+        ("#SBATCH -w node-3", "x.sh:2: #SBATCH -w=node-3: it asks for all of these nodes"),
+        ("#SBATCH --gres=nvme:1", "x.sh:2: #SBATCH --gres=nvme:1: no gpu in it"),
+        ("#SBATCH --gpus=all", "x.sh:2: #SBATCH --gpus=all: expected a number of GPUs"),
+        ('#SBATCH -J "open', 'x.sh:2: #SBATCH -J "open: No closing quotation'),
+    ],
+)
+def test_a_wrong_script_line_is_named(cli: Cli, tmp_path: Path, line: str, message: str) -> None:
+    _script(tmp_path, "x.sh", f"#!/bin/sh\n{line}\ntrue\n")
+    result = _submit(cli, tmp_path, "x.sh")
+    assert result.exit_code == 2, result.stdout
+    assert message in " ".join(result.stderr.split()), result.stderr
+
+
+def test_a_script_that_cannot_be_executed_is_refused_at_submission(
+    cli: Cli, tmp_path: Path
+) -> None:
+    _script(tmp_path, "run.sh", "#!/bin/sh\ntrue\n", executable=False)
+    result = _submit(cli, tmp_path, "run.sh")
+    assert result.exit_code == 2
+    assert "run.sh is not executable: chmod +x run.sh, or submit -- sh run.sh" in result.stderr
+    # Through an interpreter it runs as it is; programs on PATH are left as they are.
+    assert _job(_submit(cli, tmp_path, "sh", "run.sh"))["command"] == ["sh", "run.sh"]
+    (tmp_path / "sh").write_text("not the shell")
+    assert _job(_submit(cli, tmp_path, "sh", "run.sh"))["command"] == ["sh", "run.sh"]
+    # A program (no #!) is not read for options.
+    _script(tmp_path, "prog", "#SBATCH --gpus=4\n")
+    assert _job(_submit(cli, tmp_path, "./prog"))["gpus"] == 1
