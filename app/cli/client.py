@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, time, timedelta
 from typing import Annotated, Any
 
 import httpx
@@ -314,16 +315,33 @@ def parse_time(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def parse_at(value: str) -> datetime:
-    """An ISO 8601 time; without a UTC offset it is taken as local time."""
+# sbatch --begin's other forms: now[+COUNT[UNIT]] (seconds by default) and HH:MM[:SS].
+_RELATIVE = re.compile(r"now(?:\+(\d+)(seconds?|minutes?|hours?|days?|weeks?|[smhdw])?)?")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_at(value: str, now: datetime | None = None) -> datetime:
+    """An ISO 8601 time (without a UTC offset, local time), or as sbatch --begin also
+    writes it: now+2hours (now+N: seconds), or HH:MM[:SS] (its next occurrence)."""
+    now = now or datetime.now().astimezone()
+    text = value.strip().lower()
+    if relative := _RELATIVE.fullmatch(text):
+        count, unit = relative.groups()
+        return now + timedelta(seconds=int(count or 0) * _UNIT_S[(unit or "s")[0]])
     try:
-        at = datetime.fromisoformat(value)
+        clock = time.fromisoformat(text) if text.count(":") in (1, 2) and len(text) <= 8 else None
+        at = datetime.fromisoformat(value) if clock is None else None
     except ValueError:
         raise CliError(
-            f"--at: {value!r}: expected an ISO 8601 time, e.g. 2026-11-23T02:00:00+01:00",
+            f"--at: {value!r}: expected an ISO 8601 time (2026-11-23T02:00:00+01:00), "
+            "now+COUNT[seconds|minutes|hours|days|weeks], or HH:MM[:SS]",
             EXIT_USAGE,
         ) from None
-    return at if at.tzinfo else at.astimezone()
+    if at is not None:
+        return at if at.tzinfo else at.astimezone()
+    assert clock is not None
+    today = now.replace(hour=clock.hour, minute=clock.minute, second=clock.second, microsecond=0)
+    return today if today > now else today + timedelta(days=1)
 
 
 def human_duration(seconds: float) -> str:

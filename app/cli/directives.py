@@ -1,4 +1,6 @@
-"""`gpusched submit train.sh` reads the script's #SBATCH and #GPUSCHED lines, as sbatch does.
+"""A job script given to `gpusched submit train.sh`, treated as sbatch treats it: its
+#SBATCH and #GPUSCHED lines are options, its text at submission is what runs, and a script
+named without a path is the one in the working directory.
 
 A Slurm user's job script carries its options in `#SBATCH` lines before its first command;
 moved here, silently ignoring them would run a job asking for 4 GPUs on 1. The options of
@@ -23,6 +25,7 @@ import typer
 from typer.core import TyperCommand
 
 from app.cli.client import EXIT_USAGE, CliError
+from app.jobs.schemas import MAX_SCRIPT_CHARS
 
 # sbatch stops at the first line that is neither blank nor a comment; a script is read up
 # to that line, and no further than this.
@@ -198,15 +201,47 @@ def script_of(command: Sequence[str] | None, workdir: str | None) -> Path | None
     return path if path.is_file() else None
 
 
-def runnable(command: list[str], workdir: str) -> list[str]:
+def script_copy(command: Sequence[str], workdir: str) -> str | None:
+    """The text of the script the command starts (a local file beginning with #!), to be
+    run as it is now, as sbatch runs a copy of its script: edited or deleted while the job
+    waits, the job still runs what was submitted. None for a program, or a script that
+    cannot travel in a submission (then it runs from its file, and this says so)."""
+    local = script_of(command, workdir)
+    if local is None or not _on_path_or_local(command[0]):
+        return None
+    try:
+        with local.open("rb") as f:
+            data = f.read(MAX_SCRIPT_CHARS + 1)  # bytes: never fewer than characters
+    except OSError:
+        return None
+    if not data.startswith(b"#!"):
+        return None
+    try:
+        if len(data) > MAX_SCRIPT_CHARS:
+            raise ValueError(f"is over {MAX_SCRIPT_CHARS} bytes")
+        return data.decode("utf-8")
+    except ValueError as exc:  # UnicodeDecodeError is one
+        why = "is not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc)
+        typer.echo(
+            f"note: {command[0]} {why}: the job runs the file as it is when it starts", err=True
+        )
+        return None
+
+
+def _on_path_or_local(program: str) -> bool:
+    """Whether `program` names a local file rather than a program found on PATH."""
+    return "/" in program or shutil.which(program) is None
+
+
+def runnable(command: list[str], workdir: str, *, copied: bool = False) -> list[str]:
     """The command as the job's node can start it: a script named without a path, as for
     sbatch, is the one in the working directory (not on PATH); one that cannot be executed
-    is refused now rather than failing on its node."""
+    (and is not run from a copy) is refused now rather than failing on its node."""
     program = command[0]
     local = script_of(command, workdir)
-    if local is None or ("/" not in program and shutil.which(program) is not None):
+    if local is None or not _on_path_or_local(program):
         return command
-    if not os.access(local, os.X_OK):
+    if not copied and not os.access(local, os.X_OK):
         raise CliError(
             f"{program} is not executable: chmod +x {program}, or submit -- sh {program}",
             EXIT_USAGE,

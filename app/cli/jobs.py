@@ -35,7 +35,7 @@ from app.cli.client import (
     parse_time,
     print_json,
 )
-from app.cli.directives import ScriptCommand, runnable
+from app.cli.directives import ScriptCommand, runnable, script_copy
 from app.jobs.arrays import parse_indices, split_slurm_form
 from app.jobs.states import SINGLETON, DependencyKind
 
@@ -155,9 +155,12 @@ def build_spec(
     notify: str | None = None,
     notify_on: str | None = None,
     time_limit: str | None = None,
+    copy_script: bool = False,
 ) -> dict[str, Any]:
     """The JobCreate body. Only what the user set is sent: the server owns the defaults and
-    the range checks (so its 422 names the field exactly as the API does)."""
+    the range checks (so its 422 names the field exactly as the API does). `copy_script`:
+    a script is sent along and run as it is now (submit, as sbatch), not as it is when the
+    job starts (a cron batch's template)."""
     if command and shell is not None:
         raise CliError("give either --shell or a command after --, not both", EXIT_USAGE)
     if not command and shell is None:
@@ -171,7 +174,12 @@ def build_spec(
         raise CliError("--window needs --offpeak", EXIT_USAGE)
 
     workdir = os.path.abspath(workdir) if workdir else os.getcwd()
-    spec: dict[str, Any] = {"command": runnable(list(command), workdir) if command else shell}
+    spec: dict[str, Any] = {"command": shell}
+    if command:
+        script = script_copy(command, workdir) if copy_script else None
+        spec["command"] = runnable(list(command), workdir, copied=script is not None)
+        if script is not None:
+            spec["script"] = script
     optional = {
         "name": name,
         "gpus": gpus,
@@ -491,6 +499,7 @@ def submit(
         exclude_nodes=exclude_nodes,
         notify=notify,
         notify_on=notify_on,
+        copy_script=True,
     )
     if after and dependency:
         raise CliError("give --after or --dependency, not both", EXIT_USAGE)
@@ -571,6 +580,8 @@ def _submitted_line(job: dict[str, Any], *, replay: bool, task_ids: list[int]) -
     line = f"{verb} job {job['id']} ({job['name']}): {job['status']}"
     if job.get("pending_message"):
         line += f" — {job['pending_message']}"
+    if job.get("script_bytes") is not None:
+        line += f"\n(it runs {job['command'][0]} as it is now: editing the file changes no job)"
     return line
 
 
@@ -855,6 +866,11 @@ def _job_details(job: dict[str, Any], rank: dict[str, Any] | None = None) -> Tab
         ("status", job["status"] + (" (cancel requested)" if job["cancel_requested"] else "")),
         ("user / project", f"{job['user']} / {job['project']}"),
         ("command", _command_text(job["command"])),
+        *(
+            [("script", f"runs the copy taken at submission ({job['script_bytes']} bytes)")]
+            if job.get("script_bytes") is not None
+            else []
+        ),
         ("workdir", job.get("workdir") or ""),
         ("gpus", _gpus_cell(job) + (f" {job['gpu_model']}" if job.get("gpu_model") else "")),
     ]

@@ -82,6 +82,7 @@ def _run_messages(
                 "attempt": job.attempt,
                 "node": node,
                 "command": job.command,
+                "script": job.script,
                 "workdir": job.workdir,
                 "env": job.env,
                 "gpu_indices": gpus,

@@ -40,6 +40,8 @@ class Job(Base):
     user_id: Mapped[int] = mapped_column(ForeignKey("user_account.id"))
     project_id: Mapped[int] = mapped_column(ForeignKey("project.id"))
     command: Mapped[list[str] | str] = mapped_column(JSONType)
+    # The program's text at submission (sbatch's copy of its script); null: run argv[0].
+    script: Mapped[str | None] = mapped_column(Text)
     workdir: Mapped[str | None] = mapped_column(String(1024))
     env: Mapped[dict[str, str]] = mapped_column(JSONType, default=dict)
     gpus: Mapped[int] = mapped_column(Integer, default=1)

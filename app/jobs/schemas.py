@@ -4,13 +4,16 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from app.estimator.schemas import EstimateRequest
 from app.jobs.arrays import parse_indices
 from app.jobs.states import DependencyKind
 from app.request_body import RequestBody
 from app.timeutil import checked_utc
+
+# A job script's copy travels in the submission, under the API's body limit (1 MB).
+MAX_SCRIPT_CHARS = 512 * 1024
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by the agent for every job; a job may not override them.
@@ -82,6 +85,13 @@ class JobCreate(RequestBody):
         list[Annotated[str, Field(max_length=8192)]]
         | Annotated[str, Field(min_length=1, max_length=65536)]
     ) = Field(description="argv list (no shell), or one string run by /bin/sh -c")
+    script: str | None = Field(
+        default=None,
+        max_length=MAX_SCRIPT_CHARS,
+        description="the text of the program argv[0] names, as it was at submission: the "
+        "job runs this copy, as sbatch runs a copy of its script (later edits of the file "
+        "do not change a queued job)",
+    )
     workdir: str | None = Field(default=None, max_length=1024)
     env: dict[str, Annotated[str, Field(max_length=32768)]] = Field(default_factory=dict)
     gpus: int = Field(default=1, ge=0, le=1024, description="GPUs per node")
@@ -173,6 +183,13 @@ class JobCreate(RequestBody):
                 raise ValueError("at most 4096 arguments")
         elif not value.strip():
             raise ValueError("shell command must not be blank")
+        return value
+
+    @field_validator("script")
+    @classmethod
+    def _script_needs_argv(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and isinstance(info.data.get("command"), str):
+            raise ValueError("needs the command as an argv list, its first word the script")
         return value
 
     @field_validator("depends_on")
@@ -308,6 +325,9 @@ class JobOut(BaseModel):
     project: str
     status: str
     command: list[str] | str
+    script_bytes: int | None = Field(
+        default=None, description="size of the script copy taken at submission, which it runs"
+    )
     workdir: str | None
     env: dict[str, str]
     gpus: int

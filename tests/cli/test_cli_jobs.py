@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 from sqlalchemy import select
 
-from app.cli.client import CliError
+from app.cli.client import CliError, parse_at
 from app.cli.jobs import jobs_table, parse_slurm_time
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
@@ -113,6 +113,31 @@ def test_time_limits_sbatch_would_refuse_are_usage_errors(text: str) -> None:
     with pytest.raises(CliError) as refused:
         parse_slurm_time(text)
     assert refused.value.exit_code == 2 and "--time" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("now", "2026-11-25T15:00:00+00:00"),
+        ("now+90", "2026-11-25T15:01:30+00:00"),  # seconds, as sbatch --begin
+        ("now+1hour", "2026-11-25T16:00:00+00:00"),
+        ("now+2days", "2026-11-27T15:00:00+00:00"),
+        ("NOW+1W", "2026-12-02T15:00:00+00:00"),
+        ("16:30", "2026-11-25T16:30:00+00:00"),  # its next occurrence: today
+        ("14:30:15", "2026-11-26T14:30:15+00:00"),  # past today: tomorrow
+        ("2030-01-02T03:04:05+01:00", "2030-01-02T03:04:05+01:00"),
+    ],
+)
+def test_begin_times_as_sbatch_writes_them(text: str, expected: str) -> None:
+    now = datetime(2026, 11, 25, 15, 0, tzinfo=UTC)
+    assert parse_at(text, now) == datetime.fromisoformat(expected)
+
+
+@pytest.mark.parametrize("text", ["now+", "now-5", "25:00", "tomorrow", "now+3fortnights"])
+def test_begin_times_sbatch_would_refuse_are_usage_errors(text: str) -> None:
+    with pytest.raises(CliError) as refused:
+        parse_at(text)
+    assert refused.value.exit_code == 2 and "now+COUNT[seconds|minutes" in str(refused.value)
 
 
 def test_submit_and_update_take_sbatch_spellings(cli: Cli) -> None:

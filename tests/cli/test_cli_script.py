@@ -103,17 +103,58 @@ def test_a_wrong_script_line_is_named(cli: Cli, tmp_path: Path, line: str, messa
     assert message in " ".join(result.stderr.split()), result.stderr
 
 
-def test_a_script_that_cannot_be_executed_is_refused_at_submission(
-    cli: Cli, tmp_path: Path
-) -> None:
-    _script(tmp_path, "run.sh", "#!/bin/sh\ntrue\n", executable=False)
+def test_a_script_is_sent_as_it_is_now(cli: Cli, tmp_path: Path) -> None:
+    script = _script(tmp_path, "run.sh", "#!/bin/sh\necho one\n", executable=False)
     result = _submit(cli, tmp_path, "run.sh")
+    job = _job(result)
+    # Its copy is what runs (so it need not be executable, as for sbatch), whatever
+    # happens to the file meanwhile.
+    assert job["command"] == ["./run.sh"] and job["script_bytes"] == len("#!/bin/sh\necho one\n")
+    script.write_text("#!/bin/sh\necho two\n")
+    assert _stored_script(cli, job["id"]) == "#!/bin/sh\necho one\n"
+    shown = " ".join(cli("show", str(job["id"])).stdout.split())
+    assert "script runs the copy taken at submission" in shown and "(19 bytes)" in shown
+    plain = cli("submit", "--workdir", str(tmp_path), "run.sh")
+    assert "it runs ./run.sh as it is now: editing the file changes no job" in plain.stdout
+
+
+def _stored_script(cli: Cli, job_id: int) -> str | None:
+    from app.jobs.models import Job
+
+    with cli.factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job.script
+
+
+def test_what_cannot_run_is_refused_at_submission(cli: Cli, tmp_path: Path) -> None:
+    _script(tmp_path, "prog", "not a script\n", executable=False)
+    result = _submit(cli, tmp_path, "prog")
     assert result.exit_code == 2
-    assert "run.sh is not executable: chmod +x run.sh, or submit -- sh run.sh" in result.stderr
-    # Through an interpreter it runs as it is; programs on PATH are left as they are.
-    assert _job(_submit(cli, tmp_path, "sh", "run.sh"))["command"] == ["sh", "run.sh"]
+    assert "prog is not executable: chmod +x prog, or submit -- sh prog" in result.stderr
+    # A cron batch runs the file as it is at each firing: no copy, so it must be executable.
+    _script(tmp_path, "nightly.sh", "#!/bin/sh\ntrue\n", executable=False)
+    batch = cli.raw([
+        "batch", "create", "nightly", "--url", cli.url, "--token", cli.tokens["alice"],
+        "--cron", "0 2 * * *", "--workdir", str(tmp_path), "--", "nightly.sh",
+    ])  # fmt: skip
+    assert batch.exit_code == 2 and "nightly.sh is not executable" in batch.stderr
+    # Programs on PATH are left as they are, even beside a file of the same name.
+    assert _job(_submit(cli, tmp_path, "sh", "prog"))["command"] == ["sh", "prog"]
     (tmp_path / "sh").write_text("not the shell")
-    assert _job(_submit(cli, tmp_path, "sh", "run.sh"))["command"] == ["sh", "run.sh"]
-    # A program (no #!) is not read for options.
-    _script(tmp_path, "prog", "#SBATCH --gpus=4\n")
-    assert _job(_submit(cli, tmp_path, "./prog"))["gpus"] == 1
+    job = _job(_submit(cli, tmp_path, "sh", "prog"))
+    assert job["command"] == ["sh", "prog"] and job["script_bytes"] is None
+    # A program (no #!) is neither read for options nor copied.
+    _script(tmp_path, "prog2", "#SBATCH --gpus=4\n")
+    job = _job(_submit(cli, tmp_path, "./prog2"))
+    assert job["gpus"] == 1 and job["script_bytes"] is None
+
+
+def test_a_script_too_big_to_send_runs_from_its_file(cli: Cli, tmp_path: Path) -> None:
+    _script(tmp_path, "big.sh", "#!/bin/sh\n" + "#" * 600_000 + "\ntrue\n")
+    result = _submit(cli, tmp_path, "big.sh")
+    job = _job(result)
+    assert job["script_bytes"] is None and job["command"] == ["./big.sh"]
+    assert "big.sh is over 524288 bytes: the job runs the file as it is when it starts" in (
+        result.stderr
+    )

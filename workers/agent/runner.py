@@ -24,9 +24,11 @@ import contextlib
 import logging
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -92,6 +94,8 @@ class JobLaunch:
     node_rank: int = 0
     nproc_per_node: int | None = None
     node: str = ""
+    # The text of argv[0] taken at submission (sbatch's copy of its script): run instead.
+    script: str | None = None
 
 
 @dataclass(frozen=True)
@@ -342,8 +346,15 @@ class RunningProcess:
     """A started attempt. Thread-safe; a supervisor thread reaps the process,
     enforces ``max_runtime_s`` and escalates SIGTERM to SIGKILL."""
 
-    def __init__(self, spec: JobLaunch, proc: subprocess.Popen[bytes], pump: _LogPump) -> None:
+    def __init__(
+        self,
+        spec: JobLaunch,
+        proc: subprocess.Popen[bytes],
+        pump: _LogPump,
+        script_dir: Path | None = None,
+    ) -> None:
         self.spec = spec
+        self._script_dir = script_dir  # removed once the attempt has ended
         self.pid = proc.pid
         # start_new_session=True makes the child a session and group leader.
         self.pgid = proc.pid
@@ -497,6 +508,7 @@ class RunningProcess:
                 self.spec.job_id,
                 self.spec.attempt,
             )
+        _remove(self._script_dir)
         self._outcome = Outcome(
             exit_code=returncode if returncode >= 0 else None,
             signal=-returncode if returncode < 0 else None,
@@ -534,6 +546,9 @@ def start_job(spec: JobLaunch) -> RunningProcess:
         raise LaunchError("max_runtime_s must be positive")
     user_kwargs, user_entry = _user_switch(spec.run_as_user)
     env = job_environment(spec, home=user_entry.pw_dir if user_entry is not None else None)
+    script_dir = None
+    if spec.script is not None and not isinstance(spec.command, str):
+        script_dir, argv[0] = _write_script(spec, argv[0], user_entry)
     if user_entry is not None:
         env.setdefault("USER", user_entry.pw_name)
         env.setdefault("LOGNAME", user_entry.pw_name)
@@ -543,6 +558,7 @@ def start_job(spec: JobLaunch) -> RunningProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = log_path.open("wb")
     except OSError as exc:
+        _remove(script_dir)
         raise LaunchError(f"cannot create log file {str(log_path)!r}: {exc}") from exc
     try:
         proc = subprocess.Popen(
@@ -561,6 +577,7 @@ def start_job(spec: JobLaunch) -> RunningProcess:
         with contextlib.suppress(OSError):
             log_file.write(f"[gpusched] {message}\n".encode())
         log_file.close()
+        _remove(script_dir)
         raise LaunchError(message) from exc
     assert proc.stdout is not None
     pump = _LogPump(
@@ -574,7 +591,31 @@ def start_job(spec: JobLaunch) -> RunningProcess:
         proc.pid,
         env["CUDA_VISIBLE_DEVICES"],
     )
-    return RunningProcess(spec, proc, pump)
+    return RunningProcess(spec, proc, pump, script_dir)
+
+
+def _write_script(
+    spec: JobLaunch, program: str, user: pwd.struct_passwd | None
+) -> tuple[Path, str]:
+    """The script's copy in a directory of its own, readable only by the job's user: its
+    directory and the path to run."""
+    assert spec.script is not None
+    try:
+        directory = Path(tempfile.mkdtemp(prefix=f"gpusched-job-{spec.job_id}-{spec.attempt}-"))
+        path = directory / (Path(program).name or "script")
+        path.write_text(spec.script, encoding="utf-8")
+        path.chmod(0o700)
+        if user is not None and os.geteuid() == 0:
+            for owned in (directory, path):
+                os.chown(owned, user.pw_uid, user.pw_gid)
+    except OSError as exc:
+        raise LaunchError(f"cannot write the script's copy: {exc}") from exc
+    return directory, str(path)
+
+
+def _remove(directory: Path | None) -> None:
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 # -- leftovers after an agent restart ----------------------------------------

@@ -371,6 +371,7 @@ class Agent:
             return "stopped"
         launch = JobLaunch(
             command=payload["command"],
+            script=payload.get("script"),
             workdir=payload.get("workdir") or tempfile.gettempdir(),
             job_id=key[0],
             attempt=key[1],
