@@ -867,7 +867,7 @@ def _job_details(job: dict[str, Any], rank: dict[str, Any] | None = None) -> Tab
         ("user / project", f"{job['user']} / {job['project']}"),
         ("command", _command_text(job["command"])),
         *(
-            [("script", f"runs the copy taken at submission ({job['script_bytes']} bytes)")]
+            [("script", f"the copy taken at submission ({job['script_bytes']} bytes; --script)")]
             if job.get("script_bytes") is not None
             else []
         ),
@@ -939,6 +939,13 @@ def _job_details(job: dict[str, Any], rank: dict[str, Any] | None = None) -> Tab
 
 def show(
     job_id: Annotated[int, typer.Argument(help="Job id", show_default=False)],
+    script: Annotated[
+        bool,
+        typer.Option(
+            "--script",
+            help="Print only the script it runs, as submitted (scontrol write batch_script)",
+        ),
+    ] = False,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
@@ -949,6 +956,9 @@ def show(
     --json prints the job object with "events", "notifications" and "rank" (null unless
     it waits in the queue) added."""
     client = ApiClient.from_options(url, token)
+    if script:
+        typer.echo(client.request("GET", f"{JOBS}/{job_id}/script").text, nl=False)
+        return
     job = client.get(f"{JOBS}/{job_id}")
     events = client.get(f"{JOBS}/{job_id}/events")
     notifications = client.get(f"{JOBS}/{job_id}/notifications")

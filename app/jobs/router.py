@@ -213,6 +213,20 @@ def get_job(job_id: JobId, session: SessionDep, principal: CurrentUser) -> JobOu
     return service.get(session=session, principal=principal, job_id=job_id)
 
 
+@router.get(
+    "/{job_id}/script",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "It"},
+        404: {"description": "No such job, or one that runs its command, not a script copy"},
+    },
+)
+def get_job_script(job_id: JobId, session: SessionDep, principal: CurrentUser) -> PlainTextResponse:
+    """The script the job runs: its text when it was submitted (`script`), as Slurm's
+    `scontrol write batch_script`."""
+    return PlainTextResponse(service.script(session=session, principal=principal, job_id=job_id))
+
+
 @router.get("/{job_id}/events", response_model=list[JobEventOut])
 def get_job_events(job_id: JobId, session: SessionDep, principal: CurrentUser) -> list[JobEventOut]:
     return service.events(session=session, principal=principal, job_id=job_id)

@@ -514,6 +514,16 @@ def _visible_job(*, session: Session, principal: Principal, job_id: int) -> Job:
     return job
 
 
+def script(*, session: Session, principal: Principal, job_id: int) -> str:
+    """The script a job runs: its text at submission (Slurm's `scontrol write batch_script`)."""
+    job = _visible_job(session=session, principal=principal, job_id=job_id)
+    if job.script is None:
+        raise NotFound(
+            f"job {job_id} has no script copy: it runs its command as it is when it starts"
+        )
+    return job.script
+
+
 def events(*, session: Session, principal: Principal, job_id: int) -> list[JobEventOut]:
     job = _visible_job(session=session, principal=principal, job_id=job_id)
     rows = session.scalars(select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id))

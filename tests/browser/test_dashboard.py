@@ -85,6 +85,26 @@ def test_a_multi_node_jobs_page_shows_each_nodes_log(dash: Dashboard, stack: Sta
     dash.assert_clean()
 
 
+def test_a_jobs_page_shows_the_script_it_runs(dash: Dashboard, stack: Stack) -> None:
+    # As `gpusched submit sweep.sh 0.1` sends it: the script's text at submission.
+    script = '#!/bin/sh\n#SBATCH -J sweep\necho "lr=$1 from $(basename "$0")"\n'
+    body = {"command": ["./sweep.sh", "0.1"], "script": script, "workdir": "/tmp", "gpus": 1}
+    job = stack.request("POST", "/api/v1/jobs", body)
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go(f"#/jobs/{job['id']}")
+    _expect_text(page, "#job-log", "lr=0.1 from sweep.sh", timeout=30_000)
+    _expect_text(
+        page, "#job-script", re.escape(f"runs its script as submitted ({len(script)} bytes)")
+    )
+    page.click("#job-script-toggle")
+    _expect_text(page, "#job-script-text", "#SBATCH -J sweep")
+    dash.shot("job-script")
+    page.click("#job-script-toggle")
+    page.wait_for_selector("#job-script-text", state="detached")
+    dash.assert_clean()
+
+
 def test_submit_through_the_form_then_follow_the_job(dash: Dashboard, stack: Stack) -> None:
     page = dash.page
     dash.login(stack.admin_token)

@@ -113,7 +113,11 @@ def test_a_script_is_sent_as_it_is_now(cli: Cli, tmp_path: Path) -> None:
     script.write_text("#!/bin/sh\necho two\n")
     assert _stored_script(cli, job["id"]) == "#!/bin/sh\necho one\n"
     shown = " ".join(cli("show", str(job["id"])).stdout.split())
-    assert "script runs the copy taken at submission" in shown and "(19 bytes)" in shown
+    assert "script the copy taken at submission (19 bytes; --script)" in shown
+    # What it runs, as scontrol write batch_script prints it.
+    assert cli("show", str(job["id"]), "--script").stdout == "#!/bin/sh\necho one\n"
+    none = cli("show", "--script", str(_job(_submit(cli, tmp_path, "true"))["id"]))
+    assert none.exit_code == 1 and "has no script copy: it runs its command" in none.stderr
     plain = cli("submit", "--workdir", str(tmp_path), "run.sh")
     assert "it runs ./run.sh as it is now: editing the file changes no job" in plain.stdout
 

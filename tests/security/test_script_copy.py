@@ -19,6 +19,15 @@ def test_a_job_runs_its_script_as_submitted(cluster: Cluster, tmp_path: Path) ->
     job_id = running_job(cluster.api, body=body, gpu=1)
     shown = cluster.api.client.get(f"/api/v1/jobs/{job_id}", headers=cluster.headers("alice"))
     assert shown.json()["script_bytes"] == len(SCRIPT)
+    get = cluster.api.client.get
+    copy = get(f"/api/v1/jobs/{job_id}/script", headers=cluster.headers("alice"))
+    assert copy.status_code == 200 and copy.text == SCRIPT
+    assert copy.headers["content-type"].startswith("text/plain")
+    # Its project's business only, as its logs; a job without a copy says what it runs.
+    assert get(f"/api/v1/jobs/{job_id}/script", headers=cluster.headers("bob")).status_code == 403
+    plain = running_job(cluster.api, body={"command": ["true"]}, gpu=2)
+    other = get(f"/api/v1/jobs/{plain}/script", headers=cluster.headers("alice"))
+    assert other.status_code == 404 and "runs its command as it is" in other.text
 
     finished, log = run_through_agent(cluster, job_id, tmp_path)
 

@@ -85,6 +85,8 @@ export function jobPage(root, ctx, { match }) {
 
   let stopped = false;
   let efficiency = null; // GET /jobs/{id}/efficiency: energy, cost and advice
+  let script = null; // GET /jobs/{id}/script once asked for: it does not change
+  let scriptShown = false;
 
   const energyText = () => {
     if (!efficiency || !efficiency.gpu_hours) return "—";
@@ -117,6 +119,12 @@ export function jobPage(root, ctx, { match }) {
     document.title = `#${job.id} ${jobName(job)} · gpusched`;
   };
 
+  const toggleScript = async () => {
+    scriptShown = !scriptShown;
+    if (scriptShown && script === null) script = await api(`/api/v1/jobs/${jobId}/script`, { text: true });
+    renderSpec();
+  };
+
   const renderSpec = () => {
     const elapsed = job.started_at
       ? ((job.finished_at ? Date.parse(job.finished_at) : Date.now()) - Date.parse(job.started_at)) / 1000
@@ -124,6 +132,11 @@ export function jobPage(root, ctx, { match }) {
     clear(spec, h("h2", {}, "Job"),
       h("pre", { class: "cmd", id: "job-command" },
         Array.isArray(job.command) ? job.command.map((a) => (/\s/.test(a) ? JSON.stringify(a) : a)).join(" ") : job.command),
+      job.script_bytes != null ? h("div", { id: "job-script", style: { marginTop: ".5rem" } },
+        h("span", { class: "muted" }, `runs its script as submitted (${fmtNum(job.script_bytes)} bytes) `),
+        h("button", { type: "button", class: "btn btn-ghost btn-sm", id: "job-script-toggle", onclick: toggleScript },
+          scriptShown ? "Hide script" : "Show script"),
+        scriptShown && script !== null ? h("pre", { class: "cmd", id: "job-script-text" }, script) : null) : null,
       h("div", { style: { height: ".8rem" } }),
       kvList([
         ["Status", h("span", {}, statusBadge(job.status), job.exit_code !== null ? ` exit ${job.exit_code}` : "")],
