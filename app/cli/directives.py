@@ -12,6 +12,7 @@ line win over the script's, as with sbatch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -226,6 +227,20 @@ def script_copy(command: Sequence[str], workdir: str) -> str | None:
             f"note: {command[0]} {why}: the job runs the file as it is when it starts", err=True
         )
         return None
+
+
+def note_unread_directives(command: Sequence[str], workdir: str) -> None:
+    """A cron batch's options are fixed when it is created and its script runs as it is at
+    each firing: its #SBATCH lines are not read; say so rather than ignore them silently."""
+    local = script_of(command, workdir)
+    with contextlib.suppress(CliError):  # a malformed line is not read either
+        if local is None or not read_directives(local):
+            return
+    typer.echo(
+        f"note: {command[0]}: #SBATCH and #GPUSCHED lines are not read for a cron batch; "
+        "give their options to batch create",
+        err=True,
+    )
 
 
 def _on_path_or_local(program: str) -> bool:

@@ -35,7 +35,12 @@ from app.cli.client import (
     parse_time,
     print_json,
 )
-from app.cli.directives import ScriptCommand, runnable, script_copy
+from app.cli.directives import (
+    ScriptCommand,
+    note_unread_directives,
+    runnable,
+    script_copy,
+)
 from app.jobs.arrays import parse_indices, split_slurm_form
 from app.jobs.states import SINGLETON, DependencyKind
 
@@ -177,6 +182,8 @@ def build_spec(
     spec: dict[str, Any] = {"command": shell}
     if command:
         script = script_copy(command, workdir) if copy_script else None
+        if not copy_script:
+            note_unread_directives(command, workdir)
         spec["command"] = runnable(list(command), workdir, copied=script is not None)
         if script is not None:
             spec["script"] = script

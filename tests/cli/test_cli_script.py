@@ -143,6 +143,14 @@ def test_what_cannot_run_is_refused_at_submission(cli: Cli, tmp_path: Path) -> N
         "--cron", "0 2 * * *", "--workdir", str(tmp_path), "--", "nightly.sh",
     ])  # fmt: skip
     assert batch.exit_code == 2 and "nightly.sh is not executable" in batch.stderr
+    # Nor are its #SBATCH lines read: the batch's options are fixed when it is created.
+    _script(tmp_path, "nightly.sh", "#!/bin/sh\n#SBATCH --gpus=4\ntrue\n")
+    batch = cli.raw([
+        "batch", "create", "nightly", "--url", cli.url, "--token", cli.tokens["admin"],
+        "--cron", "0 2 * * *", "--workdir", str(tmp_path), "--", "nightly.sh",
+    ])  # fmt: skip
+    assert batch.exit_code == 0, batch.stderr
+    assert "nightly.sh: #SBATCH and #GPUSCHED lines are not read for a cron batch" in (batch.stderr)
     # Programs on PATH are left as they are, even beside a file of the same name.
     assert _job(_submit(cli, tmp_path, "sh", "prog"))["command"] == ["sh", "prog"]
     (tmp_path / "sh").write_text("not the shell")
