@@ -229,6 +229,37 @@ def script_copy(command: Sequence[str], workdir: str) -> str | None:
         return None
 
 
+# What a Slurm script reads from its environment, and where the same is found here. Not set
+# under Slurm's names: libraries that see SLURM_* believe srun started them (Lightning
+# reads its ranks from SLURM_PROCID once SLURM_NTASKS is set).
+_SLURM_VARIABLES = {
+    "SLURM_JOB_ID": "$GPUSCHED_JOB_ID",
+    "SLURM_ARRAY_TASK_ID": "$GPUSCHED_ARRAY_TASK_ID",
+    "SLURM_ARRAY_JOB_ID": "$GPUSCHED_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_COUNT": "$GPUSCHED_ARRAY_TASK_COUNT",
+    "SLURM_RESTART_COUNT": "$GPUSCHED_ATTEMPT (1 on the first run)",
+    "SLURM_SUBMIT_DIR": "the job's working directory, where it starts",
+    "SLURM_NODEID": "$NODE_RANK",
+    "SLURM_PROCID": "$RANK",
+    "SLURM_NNODES": "$PET_NNODES",
+    "SLURM_JOB_NUM_NODES": "$PET_NNODES",
+    "SLURM_JOB_NODELIST": "$MASTER_ADDR (the first node)",
+    "SLURM_NODELIST": "$MASTER_ADDR (the first node)",
+}
+_SLURM_VARIABLE = re.compile(r"\bSLURM_[A-Z_]+\b")
+
+
+def note_slurm_variables(name: str, text: str) -> None:
+    """A Slurm script reading $SLURM_ARRAY_TASK_ID would get nothing here: say where the
+    same is found, at submission, instead of letting every task run as task ''."""
+    used = sorted(set(_SLURM_VARIABLE.findall(text)))
+    if used:
+        found = [f"${v} ({_SLURM_VARIABLES.get(v, 'no counterpart')})" for v in used]
+        typer.echo(
+            f"note: {name} reads Slurm's variables, unset here: {', '.join(found)}", err=True
+        )
+
+
 def note_unread_directives(command: Sequence[str], workdir: str) -> None:
     """A cron batch's options are fixed when it is created and its script runs as it is at
     each firing: its #SBATCH lines are not read; say so rather than ignore them silently."""

@@ -37,6 +37,7 @@ from app.cli.client import (
 )
 from app.cli.directives import (
     ScriptCommand,
+    note_slurm_variables,
     note_unread_directives,
     runnable,
     script_copy,
@@ -187,6 +188,7 @@ def build_spec(
         spec["command"] = runnable(list(command), workdir, copied=script is not None)
         if script is not None:
             spec["script"] = script
+            note_slurm_variables(command[0], script)
     optional = {
         "name": name,
         "gpus": gpus,

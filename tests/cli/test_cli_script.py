@@ -41,7 +41,8 @@ TRAIN = """#!/bin/bash
 #GPUSCHED --preemptible --label team=vision
 set -e
 #SBATCH --gres=gpu:8
-python train.py "$@"
+python train.py --seed "$SLURM_ARRAY_TASK_ID" --out "$SLURM_SUBMIT_DIR/${SLURM_JOB_ID}" "$@"
+echo $SLURM_CPUS_PER_TASK
 """
 
 
@@ -61,6 +62,14 @@ def test_a_scripts_sbatch_and_gpusched_lines_are_its_options(cli: Cli, tmp_path:
     assert "train.sh:8: #SBATCH --mem=64G: ignored: gpusched places GPUs" in result.stderr
     assert "train.sh:9: #SBATCH --output=logs/%j.out: ignored" in result.stderr
     assert "gpusched logs ID" in result.stderr
+    # Slurm's variables are not set here (libraries would take the job for srun's): where
+    # the same is found.
+    note = " ".join(result.stderr.split())
+    assert (
+        "note: train.sh reads Slurm's variables, unset here: $SLURM_ARRAY_TASK_ID "
+        "($GPUSCHED_ARRAY_TASK_ID), $SLURM_CPUS_PER_TASK (no counterpart), $SLURM_JOB_ID "
+        "($GPUSCHED_JOB_ID), $SLURM_SUBMIT_DIR (the job's working directory, where it starts)"
+    ) in note
 
 
 def test_the_command_line_wins_over_the_script(cli: Cli, tmp_path: Path) -> None:
