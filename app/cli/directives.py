@@ -36,7 +36,7 @@ _DIRECTIVE = re.compile(r"#(SBATCH|GPUSCHED)\s+(.*)")
 # Slurm's spellings that are submit's own options, with the same meaning.
 _SAME = frozenset(
     {"-J", "--job-name", "-N", "--nodes", "-t", "--time", "--begin", "--array", "--dependency"}
-    | {"--hold", "-x", "--exclude", "--priority", "--wait"}
+    | {"--hold", "-x", "--exclude", "--priority", "--wait", "--export"}
 )
 _RENAMED = {
     "--gpus-per-node": "--gpus",
@@ -151,6 +151,7 @@ class ScriptOptions:
     notes: list[str]
     slurm_total_gpus: tuple[str, int] | None = None  # (where, N) of #SBATCH --gpus=N
     script_nodes: int | None = None
+    sbatch_lines: int = 0
 
     @property
     def words(self) -> list[str]:
@@ -163,6 +164,7 @@ def translate(directives: list[Directive]) -> ScriptOptions:
         if d.kind == "GPUSCHED":
             out.lines.append((d.where, d.words))
             continue
+        out.sbatch_lines += 1
         try:
             pairs = _slurm_words(d.words)
         except ValueError as exc:
@@ -315,6 +317,12 @@ class ScriptCommand(TyperCommand):
                         EXIT_USAGE,
                     )
                 options.lines.append((shown, ["--gpus", str(total // nodes)]))
+            if options.sbatch_lines and not given.get("export") and "--export" not in options.words:
+                options.notes.append(
+                    f"{script.name}: sbatch would start it with your environment "
+                    "(--export=ALL); here it starts with a clean one, PATH from the node: "
+                    "add --export ALL, or name what it needs (--export PATH,CONDA_PREFIX)"
+                )
             for note in options.notes:
                 typer.echo(f"note: {note}", err=True)
             args = [*options.words, *args]

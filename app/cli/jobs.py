@@ -6,7 +6,7 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import chain, repeat
 from typing import Annotated, Any, get_args
@@ -43,6 +43,7 @@ from app.cli.directives import (
     script_copy,
 )
 from app.jobs.arrays import parse_indices, split_slurm_form
+from app.jobs.schemas import ENV_NAME, RESERVED_ENV
 from app.jobs.states import SINGLETON, DependencyKind
 
 JOBS = "/api/v1/jobs"
@@ -117,6 +118,41 @@ def parse_pairs(values: list[str] | None, what: str) -> dict[str, str]:
     return pairs
 
 
+# Shell bookkeeping, meaningless in another process; gpusched's own settings (the API
+# token among them) and what the agent sets for every job never travel with --export.
+_NOT_EXPORTED = frozenset({"_", "SHLVL", "PWD", "OLDPWD"})
+MAX_ENV_VARS = 256
+
+
+def exported_env(text: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """sbatch --export: ALL (your environment), NONE, or NAME (its value here) and
+    NAME=VALUE items, with ALL among them or not."""
+    exported: dict[str, str] = {}
+    for item in (part.strip() for part in text.split(",")):
+        name, sep, value = item.partition("=")
+        if item.upper() == "ALL":
+            exported.update(
+                (k, v)
+                for k, v in environ.items()
+                if ENV_NAME.match(k) and not k.startswith(RESERVED_ENV) and k not in _NOT_EXPORTED
+            )
+        elif item.upper() == "NONE" or not item:
+            continue
+        elif sep:
+            exported[name] = value
+        elif name in environ:
+            exported[name] = environ[name]
+        else:
+            raise CliError(f"--export: {name} is not set in your environment", EXIT_USAGE)
+    if len(exported) > MAX_ENV_VARS:
+        raise CliError(
+            f"--export: {len(exported)} variables, more than the {MAX_ENV_VARS} a job may "
+            "carry: name the ones it needs, e.g. --export PATH,CONDA_PREFIX",
+            EXIT_USAGE,
+        )
+    return exported
+
+
 def node_names(text: str, option: str) -> list[str]:
     """Node names from "n1,n2" (spaces allowed)."""
     names = [name.strip() for name in text.split(",") if name.strip()]
@@ -162,6 +198,7 @@ def build_spec(
     notify_on: str | None = None,
     time_limit: str | None = None,
     copy_script: bool = False,
+    export: str | None = None,
 ) -> dict[str, Any]:
     """The JobCreate body. Only what the user set is sent: the server owns the defaults and
     the range checks (so its 422 names the field exactly as the API does). `copy_script`:
@@ -220,7 +257,7 @@ def build_spec(
         spec["schedule"] = {"mode": "offpeak", **({"window": window} if window else {})}
     elif at is not None:
         spec["schedule"] = {"mode": "at", "at": parse_at(at).isoformat()}
-    env_vars = parse_pairs(env, "--env")
+    env_vars = {**exported_env(export or "NONE", os.environ), **parse_pairs(env, "--env")}
     if env_vars:
         spec["env"] = env_vars
     labels = parse_pairs(label, "--label")
@@ -420,6 +457,17 @@ def submit(
         ),
     ] = None,
     env: EnvOption = None,
+    export: Annotated[
+        str | None,
+        typer.Option(
+            "--export",
+            help="As sbatch --export: ALL (your environment, but gpusched's own settings), "
+            "NAME,... (those, as set here; NAME=VALUE too) or NONE (the default: a clean one, "
+            "PATH from the node). Stored with the job and shown to its project, as --env",
+            show_default=False,
+            rich_help_panel=JOB_PANEL,
+        ),
+    ] = None,
     label: LabelOption = None,
     workdir: WorkdirOption = None,
     hold: Annotated[
@@ -509,6 +557,7 @@ def submit(
         notify=notify,
         notify_on=notify_on,
         copy_script=True,
+        export=export,
     )
     if after and dependency:
         raise CliError("give --after or --dependency, not both", EXIT_USAGE)

@@ -15,7 +15,7 @@ from app.timeutil import checked_utc
 # A job script's copy travels in the submission, under the API's body limit (1 MB).
 MAX_SCRIPT_CHARS = 512 * 1024
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by the agent for every job; a job may not override them.
 RESERVED_ENV = (
     "CUDA_VISIBLE_DEVICES",
@@ -220,7 +220,7 @@ class JobCreate(RequestBody):
         if len(value) > 256:
             raise ValueError("at most 256 variables")
         for key in value:
-            if not _ENV_NAME.match(key):
+            if not ENV_NAME.match(key):
                 raise ValueError(f"{key!r} is not a valid variable name")
             if key.startswith(RESERVED_ENV):
                 raise ValueError(f"{key!r} is set by the scheduler and cannot be overridden")

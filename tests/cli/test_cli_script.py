@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from app.cli.client import CliError
+from app.cli.jobs import exported_env
 from tests.cli.harness import Cli, Result
 
 
@@ -179,3 +181,57 @@ def test_a_script_too_big_to_send_runs_from_its_file(cli: Cli, tmp_path: Path) -
     assert "big.sh is over 524288 bytes: the job runs the file as it is when it starts" in (
         result.stderr
     )
+
+
+ENVIRON = {
+    "PATH": "/opt/conda/envs/nlp/bin:/usr/bin",
+    "CONDA_PREFIX": "/opt/conda/envs/nlp",
+    "GPUSCHED_TOKEN": "gps_secret",  # gpusched's own settings never travel
+    "CUDA_VISIBLE_DEVICES": "3",  # the agent sets it
+    "PWD": "/home/alice",  # shell bookkeeping
+    "SHLVL": "2",
+    "BASH_FUNC_module%%": "() { :; }",  # not a variable name a job can carry
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("NONE", {}),
+        ("ALL", {"PATH": ENVIRON["PATH"], "CONDA_PREFIX": ENVIRON["CONDA_PREFIX"]}),
+        ("PATH", {"PATH": ENVIRON["PATH"]}),
+        ("PATH,LR=0.1", {"PATH": ENVIRON["PATH"], "LR": "0.1"}),
+        ("ALL,PATH=/usr/bin", {"PATH": "/usr/bin", "CONDA_PREFIX": ENVIRON["CONDA_PREFIX"]}),
+    ],
+)
+def test_export_as_sbatch_reads_it(text: str, expected: dict[str, str]) -> None:
+    assert exported_env(text, ENVIRON) == expected
+
+
+def test_export_of_what_is_not_there_is_refused() -> None:
+    with pytest.raises(CliError, match="--export: WANDB_API_KEY is not set in your environment"):
+        exported_env("PATH,WANDB_API_KEY", ENVIRON)
+    crowded = {f"V{i}": "x" for i in range(300)}
+    with pytest.raises(CliError, match="300 variables, more than the 256 a job may carry"):
+        exported_env("ALL", crowded)
+
+
+def test_a_slurm_script_is_told_its_environment_is_not_exported(cli: Cli, tmp_path: Path) -> None:
+    _script(tmp_path, "a.sh", "#!/bin/sh\n#SBATCH -J a\npython train.py\n")
+    result = _submit(cli, tmp_path, "a.sh")
+    assert _job(result)["env"] == {}
+    assert "sbatch would start it with your environment (--export=ALL)" in " ".join(
+        result.stderr.split()
+    )
+    _script(tmp_path, "b.sh", "#!/bin/sh\n#SBATCH -J b --export=PATH,CONDA_PREFIX\n")
+    result = cli(
+        "submit", "--json", "--workdir", str(tmp_path), "--env", "LR=1", "b.sh",
+        PATH=ENVIRON["PATH"], CONDA_PREFIX=ENVIRON["CONDA_PREFIX"],
+    )  # fmt: skip
+    job = _job(result)
+    assert job["env"] == {
+        "PATH": ENVIRON["PATH"],
+        "CONDA_PREFIX": ENVIRON["CONDA_PREFIX"],
+        "LR": "1",
+    }
+    assert "sbatch would start it" not in result.stderr
