@@ -986,7 +986,7 @@ def _job_details(job: dict[str, Any], rank: dict[str, Any] | None = None) -> Tab
     if job.get("labels"):
         rows.append(("labels", ", ".join(f"{k}={v}" for k, v in sorted(job["labels"].items()))))
     if job.get("env"):
-        rows.append(("env", ", ".join(f"{k}={v}" for k, v in sorted(job["env"].items()))))
+        rows.append(("env", "\n".join(f"{k}={v}" for k, v in sorted(job["env"].items()))))
     for key in ("created_at", "scheduled_at", "started_at", "finished_at"):
         if job.get(key):
             rows.append((key.removesuffix("_at"), job[key]))
