@@ -6,7 +6,7 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from itertools import chain, repeat
 from typing import Annotated, Any, get_args
@@ -35,15 +35,8 @@ from app.cli.client import (
     parse_time,
     print_json,
 )
-from app.cli.directives import (
-    ScriptCommand,
-    note_slurm_variables,
-    note_unread_directives,
-    runnable,
-    script_copy,
-)
+from app.cli.sbatch import ScriptCommand, exported_env, job_command
 from app.jobs.arrays import parse_indices, split_slurm_form
-from app.jobs.schemas import ENV_NAME, RESERVED_ENV
 from app.jobs.states import SINGLETON, DependencyKind
 
 JOBS = "/api/v1/jobs"
@@ -118,41 +111,6 @@ def parse_pairs(values: list[str] | None, what: str) -> dict[str, str]:
     return pairs
 
 
-# Shell bookkeeping, meaningless in another process; gpusched's own settings (the API
-# token among them) and what the agent sets for every job never travel with --export.
-_NOT_EXPORTED = frozenset({"_", "SHLVL", "PWD", "OLDPWD"})
-MAX_ENV_VARS = 256
-
-
-def exported_env(text: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """sbatch --export: ALL (your environment), NONE, or NAME (its value here) and
-    NAME=VALUE items, with ALL among them or not."""
-    exported: dict[str, str] = {}
-    for item in (part.strip() for part in text.split(",")):
-        name, sep, value = item.partition("=")
-        if item.upper() == "ALL":
-            exported.update(
-                (k, v)
-                for k, v in environ.items()
-                if ENV_NAME.match(k) and not k.startswith(RESERVED_ENV) and k not in _NOT_EXPORTED
-            )
-        elif item.upper() == "NONE" or not item:
-            continue
-        elif sep:
-            exported[name] = value
-        elif name in environ:
-            exported[name] = environ[name]
-        else:
-            raise CliError(f"--export: {name} is not set in your environment", EXIT_USAGE)
-    if len(exported) > MAX_ENV_VARS:
-        raise CliError(
-            f"--export: {len(exported)} variables, more than the {MAX_ENV_VARS} a job may "
-            "carry: name the ones it needs, e.g. --export PATH,CONDA_PREFIX",
-            EXIT_USAGE,
-        )
-    return exported
-
-
 def node_names(text: str, option: str) -> list[str]:
     """Node names from "n1,n2" (spaces allowed)."""
     names = [name.strip() for name in text.split(",") if name.strip()]
@@ -219,13 +177,9 @@ def build_spec(
     workdir = os.path.abspath(workdir) if workdir else os.getcwd()
     spec: dict[str, Any] = {"command": shell}
     if command:
-        script = script_copy(command, workdir) if copy_script else None
-        if not copy_script:
-            note_unread_directives(command, workdir)
-        spec["command"] = runnable(list(command), workdir, copied=script is not None)
+        spec["command"], script = job_command(command, workdir, copy=copy_script)
         if script is not None:
             spec["script"] = script
-            note_slurm_variables(command[0], script)
     optional = {
         "name": name,
         "gpus": gpus,

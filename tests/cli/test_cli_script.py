@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from app.cli.client import CliError
-from app.cli.jobs import exported_env
+from app.cli.sbatch import exported_env
 from tests.cli.harness import Cli, Result
 
 

@@ -1,6 +1,6 @@
-"""A job script given to `gpusched submit train.sh`, treated as sbatch treats it: its
-#SBATCH and #GPUSCHED lines are options, its text at submission is what runs, and a script
-named without a path is the one in the working directory.
+"""What `gpusched submit` does as sbatch does: a job script's #SBATCH and #GPUSCHED lines
+are options, its text at submission is what runs, a script named without a path is the one
+in the working directory, and --export sends the submitter's environment along.
 
 A Slurm user's job script carries its options in `#SBATCH` lines before its first command;
 moved here, silently ignoring them would run a job asking for 4 GPUs on 1. The options of
@@ -17,7 +17,7 @@ import os
 import re
 import shlex
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ import typer
 from typer.core import TyperCommand
 
 from app.cli.client import EXIT_USAGE, CliError
-from app.jobs.schemas import MAX_SCRIPT_CHARS
+from app.jobs.schemas import ENV_NAME, MAX_SCRIPT_CHARS, RESERVED_ENV
 
 # sbatch stops at the first line that is neither blank nor a comment; a script is read up
 # to that line, and no further than this.
@@ -262,6 +262,20 @@ def note_slurm_variables(name: str, text: str) -> None:
         )
 
 
+def job_command(
+    command: Sequence[str], workdir: str, *, copy: bool
+) -> tuple[list[str], str | None]:
+    """The command as its node can start it, and the script's text to run when `copy`
+    (submit, as sbatch) and the command starts a script; a cron batch (no copy) runs the
+    file as it is at each firing."""
+    script = script_copy(command, workdir) if copy else None
+    if script is not None:
+        note_slurm_variables(command[0], script)
+    elif not copy:
+        note_unread_directives(command, workdir)
+    return runnable(list(command), workdir, copied=script is not None), script
+
+
 def note_unread_directives(command: Sequence[str], workdir: str) -> None:
     """A cron batch's options are fixed when it is created and its script runs as it is at
     each firing: its #SBATCH lines are not read; say so rather than ignore them silently."""
@@ -348,3 +362,38 @@ class ScriptCommand(TyperCommand):
             raise CliError(f"{where}: {exc.format_message()}", EXIT_USAGE) from None
         if params.get("command"):
             raise CliError(f"{where}: {' '.join(params['command'])!r} is not an option", EXIT_USAGE)
+
+
+# Shell bookkeeping, meaningless in another process; gpusched's own settings (the API
+# token among them) and what the agent sets for every job never travel with --export.
+_NOT_EXPORTED = frozenset({"_", "SHLVL", "PWD", "OLDPWD"})
+MAX_ENV_VARS = 256
+
+
+def exported_env(text: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """sbatch --export: ALL (your environment), NONE, or NAME (its value here) and
+    NAME=VALUE items, with ALL among them or not."""
+    exported: dict[str, str] = {}
+    for item in (part.strip() for part in text.split(",")):
+        name, sep, value = item.partition("=")
+        if item.upper() == "ALL":
+            exported.update(
+                (k, v)
+                for k, v in environ.items()
+                if ENV_NAME.match(k) and not k.startswith(RESERVED_ENV) and k not in _NOT_EXPORTED
+            )
+        elif item.upper() == "NONE" or not item:
+            continue
+        elif sep:
+            exported[name] = value
+        elif name in environ:
+            exported[name] = environ[name]
+        else:
+            raise CliError(f"--export: {name} is not set in your environment", EXIT_USAGE)
+    if len(exported) > MAX_ENV_VARS:
+        raise CliError(
+            f"--export: {len(exported)} variables, more than the {MAX_ENV_VARS} a job may "
+            "carry: name the ones it needs, e.g. --export PATH,CONDA_PREFIX",
+            EXIT_USAGE,
+        )
+    return exported
