@@ -473,6 +473,14 @@ def submit(
             "status (sbatch --wait)",
         ),
     ] = False,
+    parsable: Annotated[
+        bool,
+        typer.Option(
+            "--parsable",
+            help="Print only the job's id (an array's id), as sbatch --parsable: "
+            "jid=$(gpusched submit --parsable train.sh)",
+        ),
+    ] = False,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
@@ -515,6 +523,8 @@ def submit(
     )
     if after and dependency:
         raise CliError("give --after or --dependency, not both", EXIT_USAGE)
+    if parsable and as_json:
+        raise CliError("give --parsable or --json, not both", EXIT_USAGE)
     if after:
         spec["depends_on"] = after
     if dependency:
@@ -531,11 +541,15 @@ def submit(
             client, {"array": job["id"], "limit": MAX_PAGE}, cursor=None, all_pages=True
         )
         task_ids = sorted(task["id"] for task in tasks)
-    line = _submitted_line(job, replay=response.status_code == 200, task_ids=task_ids)
+    line = (
+        str(job["id"])
+        if parsable
+        else _submitted_line(job, replay=response.status_code == 200, task_ids=task_ids)
+    )
     if wait:
         if not as_json:
             typer.echo(line)
-        raise typer.Exit(_wait_for(client, task_ids, as_json=as_json))
+        raise typer.Exit(_wait_for(client, task_ids, as_json=as_json, quiet=parsable))
     if as_json:
         print_json(job)
         return
@@ -619,8 +633,9 @@ def _pause(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _wait_for(client: ApiClient, job_ids: list[int], *, as_json: bool) -> int:
-    """Poll until every job has ended, printing a line as each does; the exit status is 0
+def _wait_for(client: ApiClient, job_ids: list[int], *, as_json: bool, quiet: bool = False) -> int:
+    """Poll until every job has ended, printing a line as each does (unless `quiet`, or
+    `as_json`: then the jobs as they ended, at the end); the exit status is 0
     when all succeeded, else the exit code of the first that did not (1 if it has none:
     cancelled, timed out, never ran). Ctrl-C stops the waiting, not the jobs."""
     waiting = list(dict.fromkeys(job_ids))
@@ -635,7 +650,7 @@ def _wait_for(client: ApiClient, job_ids: list[int], *, as_json: bool) -> int:
                     if job["status"] in ENDED:
                         waiting.remove(job_id)
                         ended.append(job)
-                        if not as_json:
+                        if not as_json and not quiet:
                             typer.echo(_ended_line(job))
                 answered, unanswered_s = True, 0.0
             except Unreachable as exc:

@@ -36,7 +36,7 @@ _DIRECTIVE = re.compile(r"#(SBATCH|GPUSCHED)\s+(.*)")
 # Slurm's spellings that are submit's own options, with the same meaning.
 _SAME = frozenset(
     {"-J", "--job-name", "-N", "--nodes", "-t", "--time", "--begin", "--array", "--dependency"}
-    | {"--hold", "-x", "--exclude", "--priority", "--wait", "--export"}
+    | {"--hold", "-x", "--exclude", "--priority", "--wait", "--export", "--parsable"}
 )
 _RENAMED = {
     "--gpus-per-node": "--gpus",

@@ -235,3 +235,16 @@ def test_a_slurm_script_is_told_its_environment_is_not_exported(cli: Cli, tmp_pa
         "LR": "1",
     }
     assert "sbatch would start it" not in result.stderr
+
+
+def test_parsable_prints_only_the_id_for_a_pipeline(cli: Cli, tmp_path: Path) -> None:
+    # jid=$(gpusched submit --parsable train.sh); gpusched submit --dependency afterok:$jid ...
+    first = cli("submit", "--parsable", "--", "true")
+    assert first.exit_code == 0 and first.stdout.strip().isdigit()
+    after = cli("submit", "--parsable", "--dependency", f"afterok:{first.stdout.strip()}", "true")
+    assert int(after.stdout) == int(first.stdout) + 1
+    _script(tmp_path, "s.sh", "#!/bin/sh\n#SBATCH --parsable --array=0-2\ntrue\n")
+    array = cli("submit", "--workdir", str(tmp_path), "s.sh")
+    assert array.exit_code == 0 and array.stdout == f"{int(after.stdout) + 1}\n"  # its id
+    both = cli("submit", "--parsable", "--json", "--", "true")
+    assert both.exit_code == 2 and "give --parsable or --json, not both" in both.stderr
