@@ -67,6 +67,19 @@ _NO_COUNTERPART = {
     "-c": "gpusched places GPUs, not host memory or CPUs",
     "--partition": "a gpusched cluster has one partition",
     "-p": "a gpusched cluster has one partition",
+    "--qos": "a job's standing is its --priority and its project's fair share",
+    "--constraint": "the GPU model is --gres=gpu:MODEL:N (#GPUSCHED --gpu-model)",
+    "-C": "the GPU model is --gres=gpu:MODEL:N (#GPUSCHED --gpu-model)",
+    "--ntasks": "one process starts per node; torchrun starts one per GPU from the "
+    "WORLD_SIZE, RANK and MASTER_ADDR set for it",
+    "-n": "one process starts per node; torchrun starts one per GPU from the "
+    "WORLD_SIZE, RANK and MASTER_ADDR set for it",
+    "--ntasks-per-node": "one process starts per node; torchrun starts one per GPU",
+    "--signal": "a job stopped or at its time limit gets SIGTERM, then its grace period "
+    "to checkpoint (#GPUSCHED --grace 5m)",
+    "--requeue": "a job that is preempted or loses its node is always requeued",
+    "--no-requeue": "a job that is preempted or loses its node is always requeued",
+    "--exclusive": "a job's GPUs are its own; whole nodes are kept for jobs that need them",
 }
 # Slurm options whose nearest counterpart here would do something else: refused.
 _REFUSED = {

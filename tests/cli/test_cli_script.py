@@ -41,6 +41,7 @@ TRAIN = """#!/bin/bash
 #SBATCH --mem=64G
 #SBATCH --output=logs/%j.out
 #GPUSCHED --preemptible --label team=vision
+#SBATCH --ntasks-per-node=2 --qos=high
 set -e
 #SBATCH --gres=gpu:8
 python train.py --seed "$SLURM_ARRAY_TASK_ID" --out "$SLURM_SUBMIT_DIR/${SLURM_JOB_ID}" "$@"
@@ -64,6 +65,9 @@ def test_a_scripts_sbatch_and_gpusched_lines_are_its_options(cli: Cli, tmp_path:
     assert "train.sh:8: #SBATCH --mem=64G: ignored: gpusched places GPUs" in result.stderr
     assert "train.sh:9: #SBATCH --output=logs/%j.out: ignored" in result.stderr
     assert "gpusched logs ID" in result.stderr
+    notes = " ".join(result.stderr.split())
+    assert "train.sh:11: #SBATCH --ntasks-per-node=2: ignored: one process starts per node" in notes
+    assert "train.sh:11: #SBATCH --qos=high: ignored: a job's standing is its --priority" in notes
     # Slurm's variables are not set here (libraries would take the job for srun's): where
     # the same is found.
     note = " ".join(result.stderr.split())
