@@ -264,14 +264,36 @@ _SLURM_VARIABLES = {
 _SLURM_VARIABLE = re.compile(r"\bSLURM_[A-Z_]+\b")
 
 
-def note_slurm_variables(name: str, text: str) -> None:
-    """A Slurm script reading $SLURM_ARRAY_TASK_ID would get nothing here: say where the
-    same is found, at submission, instead of letting every task run as task ''."""
+# Slurm's commands a script may run, which a gpusched node does not have.
+_SLURM_COMMANDS = {
+    "srun": "run the program itself: one process starts per node, and torchrun starts one per GPU",
+    "scontrol": "the first node is $MASTER_ADDR; gpusched show $GPUSCHED_JOB_ID tells the rest",
+    "sbatch": "gpusched submit",
+    "squeue": "gpusched queue",
+    "sacct": "gpusched jobs",
+    "scancel": "gpusched cancel",
+}
+# A command word: at a line's start, or after ; & | ( ` $( or exec/time.
+_SLURM_COMMAND = re.compile(
+    r"(?:^|[;&|(`]|\bexec|\btime)\s*(" + "|".join(_SLURM_COMMANDS) + r")\b", re.MULTILINE
+)
+
+
+def note_slurm_use(name: str, text: str) -> None:
+    """A Slurm script reading $SLURM_ARRAY_TASK_ID would get nothing here, and one running
+    `srun python train.py` would fail on `srun`: say so at submission, with where the same
+    is found, instead of letting every task run as task '' or fail on its node."""
     used = sorted(set(_SLURM_VARIABLE.findall(text)))
     if used:
         found = [f"${v} ({_SLURM_VARIABLES.get(v, 'no counterpart')})" for v in used]
         typer.echo(
             f"note: {name} reads Slurm's variables, unset here: {', '.join(found)}", err=True
+        )
+    for command in sorted(set(_SLURM_COMMAND.findall(text))):
+        typer.echo(
+            f"note: {name} runs {command}, which gpusched's nodes do not have: "
+            f"{_SLURM_COMMANDS[command]}",
+            err=True,
         )
 
 
@@ -283,7 +305,7 @@ def job_command(
     file as it is at each firing."""
     script = script_copy(command, workdir) if copy else None
     if script is not None:
-        note_slurm_variables(command[0], script)
+        note_slurm_use(command[0], script)
     elif not copy:
         note_unread_directives(command, workdir)
     return runnable(list(command), workdir, copied=script is not None), script

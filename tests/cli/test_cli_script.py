@@ -44,8 +44,9 @@ TRAIN = """#!/bin/bash
 #SBATCH --ntasks-per-node=2 --qos=high
 set -e
 #SBATCH --gres=gpu:8
-python train.py --seed "$SLURM_ARRAY_TASK_ID" --out "$SLURM_SUBMIT_DIR/${SLURM_JOB_ID}" "$@"
-echo $SLURM_CPUS_PER_TASK
+srun python train.py --seed "$SLURM_ARRAY_TASK_ID" --out "$SLURM_SUBMIT_DIR/${SLURM_JOB_ID}" "$@"
+echo $SLURM_CPUS_PER_TASK; MASTER=$(scontrol show hostnames | head -n 1)
+echo "a word like srun in a sentence is not a command" # nor sbatch here
 """
 
 
@@ -76,6 +77,8 @@ def test_a_scripts_sbatch_and_gpusched_lines_are_its_options(cli: Cli, tmp_path:
         "($GPUSCHED_ARRAY_TASK_ID), $SLURM_CPUS_PER_TASK (no counterpart), $SLURM_JOB_ID "
         "($GPUSCHED_JOB_ID), $SLURM_SUBMIT_DIR (the job's working directory, where it starts)"
     ) in note
+    assert "note: train.sh runs srun, which gpusched's nodes do not have: run the program" in note
+    assert "note: train.sh runs scontrol" in note and "runs sbatch" not in note
 
 
 def test_the_command_line_wins_over_the_script(cli: Cli, tmp_path: Path) -> None:
