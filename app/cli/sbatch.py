@@ -210,8 +210,9 @@ def translate(directives: list[Directive]) -> ScriptOptions:
 
 
 def script_of(command: Sequence[str] | None, workdir: str | None) -> Path | None:
-    """The local script a job's command starts, if it is one (as the job's node will see it)."""
-    if not command:
+    """The local file a job's command starts (as its node will see it, from its working
+    directory), unless its program is one found on PATH."""
+    if not command or ("/" not in command[0] and shutil.which(command[0]) is not None):
         return None
     path = Path(workdir or os.getcwd(), command[0])
     return path if path.is_file() else None
@@ -223,7 +224,7 @@ def script_copy(command: Sequence[str], workdir: str) -> str | None:
     waits, the job still runs what was submitted. None for a program, or a script that
     cannot travel in a submission (then it runs from its file, and this says so)."""
     local = script_of(command, workdir)
-    if local is None or not _on_path_or_local(command[0]):
+    if local is None:
         return None
     try:
         with local.open("rb") as f:
@@ -325,18 +326,13 @@ def note_unread_directives(command: Sequence[str], workdir: str) -> None:
     )
 
 
-def _on_path_or_local(program: str) -> bool:
-    """Whether `program` names a local file rather than a program found on PATH."""
-    return "/" in program or shutil.which(program) is None
-
-
 def runnable(command: list[str], workdir: str, *, copied: bool = False) -> list[str]:
     """The command as the job's node can start it: a script named without a path, as for
     sbatch, is the one in the working directory (not on PATH); one that cannot be executed
     (and is not run from a copy) is refused now rather than failing on its node."""
     program = command[0]
     local = script_of(command, workdir)
-    if local is None or not _on_path_or_local(program):
+    if local is None:
         return command
     if not copied and not os.access(local, os.X_OK):
         raise CliError(

@@ -255,3 +255,10 @@ def test_parsable_prints_only_the_id_for_a_pipeline(cli: Cli, tmp_path: Path) ->
     assert array.exit_code == 0 and array.stdout == f"{int(after.stdout) + 1}\n"  # its id
     both = cli("submit", "--parsable", "--json", "--", "true")
     assert both.exit_code == 2 and "give --parsable or --json, not both" in both.stderr
+
+
+def test_a_program_on_path_is_not_read_for_options(cli: Cli, tmp_path: Path) -> None:
+    # `submit sh x` runs /bin/sh, whatever a local file named sh says.
+    _script(tmp_path, "sh", "#!/bin/sh\n#SBATCH --gpus=4\n")
+    job = _job(_submit(cli, tmp_path, "sh", "-c", "true"))
+    assert (job["gpus"], job["command"], job["script_bytes"]) == (1, ["sh", "-c", "true"], None)
