@@ -227,7 +227,10 @@ JOB_PANEL = "Job"
 ShellOption = Annotated[
     str | None,
     typer.Option(
-        "--shell", help="Run this string with /bin/sh -c instead", rich_help_panel=JOB_PANEL
+        "--shell",
+        "--wrap",
+        help="Run this string with /bin/sh -c instead (sbatch --wrap)",
+        rich_help_panel=JOB_PANEL,
     ),
 ]
 GpusOption = Annotated[
@@ -1343,8 +1346,9 @@ def update(
         }.items()
         if v is not None
     }
-    if time_limit is not None:
-        changes["max_runtime_s"] = _time_limit(max_runtime, time_limit)
+    if time_limit is not None:  # "none" (scontrol's UNLIMITED) clears it, as --max-runtime's
+        cleared = time_limit.strip().lower() in ("none", "unlimited") and max_runtime is None
+        changes["max_runtime_s"] = None if cleared else _time_limit(max_runtime, time_limit)
     for field, value, option in (
         ("max_runtime_s", max_runtime, "--max-runtime"),
         ("estimated_runtime_s", estimated_runtime, "--estimated-runtime"),

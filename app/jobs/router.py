@@ -217,7 +217,10 @@ def get_job(job_id: JobId, session: SessionDep, principal: CurrentUser) -> JobOu
     "/{job_id}/script",
     response_class=PlainTextResponse,
     responses={
-        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "It"},
+        200: {
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+            "description": "The script, as submitted",
+        },
         404: {"description": "No such job, or one that runs its command, not a script copy"},
     },
 )

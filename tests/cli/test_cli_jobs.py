@@ -150,6 +150,12 @@ def test_submit_and_update_take_sbatch_spellings(cli: Cli) -> None:
     assert body["schedule"]["at"].startswith("2030-01-02T03:04:05")
     assert cli("update", str(job.id), "--time", "90").exit_code == 0
     assert _stored(cli, job.id).max_runtime_s == 5400  # 90 minutes, as scontrol reads it
+    assert cli("update", str(job.id), "--time", "UNLIMITED").exit_code == 0  # scontrol's
+    assert _stored(cli, job.id).max_runtime_s is None
+    wrapped = _submit_json(cli, "--wrap", "python train.py --lr 1")  # sbatch --wrap
+    assert wrapped["command"] == "python train.py --lr 1"
+    both = cli("update", str(job.id), "-t", "none", "--max-runtime", "2h")
+    assert both.exit_code == 2 and "the same limit: give one" in both.stderr
     both = cli("update", str(job.id), "-t", "90", "--max-runtime", "2h")
     assert both.exit_code == 2 and "the same limit: give one" in both.stderr
     both = cli("submit", "-t", "90", "--max-runtime", "2h", "--", "true")
