@@ -35,7 +35,14 @@ from app.cli.client import (
     parse_time,
     print_json,
 )
-from app.cli.sbatch import ScriptCommand, exported_env, job_command
+from app.cli.sbatch import (
+    STDIN_NAME,
+    STDIN_SCRIPT,
+    ScriptCommand,
+    exported_env,
+    job_command,
+    stdin_script_text,
+)
 from app.jobs.arrays import parse_indices, split_slurm_form
 from app.jobs.states import SINGLETON, DependencyKind
 
@@ -157,6 +164,7 @@ def build_spec(
     time_limit: str | None = None,
     copy_script: bool = False,
     export: str | None = None,
+    stdin_script: str | None = None,
 ) -> dict[str, Any]:
     """The JobCreate body. Only what the user set is sent: the server owns the defaults and
     the range checks (so its 422 names the field exactly as the API does). `copy_script`:
@@ -164,7 +172,7 @@ def build_spec(
     job starts (a cron batch's template)."""
     if command and shell is not None:
         raise CliError("give either --shell or a command after --, not both", EXIT_USAGE)
-    if not command and shell is None:
+    if not command and shell is None and stdin_script is None:
         raise CliError(
             "no command: use `gpusched submit [OPTIONS] -- PROGRAM ARGS...` or --shell 'CMD'",
             EXIT_USAGE,
@@ -176,7 +184,9 @@ def build_spec(
 
     workdir = os.path.abspath(workdir) if workdir else os.getcwd()
     spec: dict[str, Any] = {"command": shell}
-    if command:
+    if stdin_script is not None:  # the script came on standard input: it is the command
+        spec["command"], spec["script"] = [STDIN_NAME], stdin_script
+    elif command:
         spec["command"], script = job_command(command, workdir, copy=copy_script)
         if script is not None:
             spec["script"] = script
@@ -375,6 +385,7 @@ ArrayFilterOption = Annotated[
 
 
 def submit(
+    ctx: typer.Context,
     command: Annotated[
         list[str] | None,
         typer.Argument(help="The program and its arguments, after `--`.", show_default=False),
@@ -491,8 +502,9 @@ def submit(
     """Submit a job: `gpusched submit [OPTIONS] -- PROGRAM ARGS...`.
 
     A script's `#SBATCH` lines (Slurm's options) and `#GPUSCHED` lines (these) before its
-    first command are options too, as for sbatch; the command line's win. With --wait,
-    --json prints the job as it ended."""
+    first command are options too, as for sbatch; the command line's win. Without a
+    program, the script is read from standard input (`gpusched submit < train.sh`). With
+    --wait, --json prints the job as it ended."""
     spec = build_spec(
         command=command,
         shell=shell,
@@ -523,6 +535,7 @@ def submit(
         notify_on=notify_on,
         copy_script=True,
         export=export,
+        stdin_script=stdin_script_text(ctx.meta.get(STDIN_SCRIPT)),
     )
     if after and dependency:
         raise CliError("give --after or --dependency, not both", EXIT_USAGE)

@@ -17,6 +17,7 @@ import os
 import re
 import shlex
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,11 @@ from app.jobs.schemas import ENV_NAME, MAX_SCRIPT_CHARS, RESERVED_ENV
 # to that line, and no further than this.
 _MAX_HEADER_BYTES = 64 * 1024
 _DIRECTIVE = re.compile(r"#(SBATCH|GPUSCHED)\s+(.*)")
+
+# A script given on standard input (`gpusched submit < train.sh`): where parse_args keeps
+# it for the command, and the name it runs under.
+STDIN_SCRIPT = "gpusched.stdin_script"
+STDIN_NAME = "script"
 
 # Slurm's spellings that are submit's own options, with the same meaning.
 _SAME = frozenset(
@@ -96,12 +102,17 @@ class Directive:
 
 
 def read_directives(script: Path) -> list[Directive]:
-    """The #SBATCH/#GPUSCHED lines of a script (one starting with #!) before its first command."""
+    """The #SBATCH/#GPUSCHED lines of a script file before its first command."""
     try:
         with script.open("rb") as f:
             head = f.read(_MAX_HEADER_BYTES)
     except OSError:
         return []
+    return directives_of(script.name, head)
+
+
+def directives_of(name: str, head: bytes) -> list[Directive]:
+    """The #SBATCH/#GPUSCHED lines of a script (one starting with #!) before its first command."""
     if not head.startswith(b"#!"):
         return []  # a program, not a script
     found = []
@@ -112,7 +123,7 @@ def read_directives(script: Path) -> list[Directive]:
         match = _DIRECTIVE.fullmatch(line)
         if match is None:
             continue
-        where = f"{script.name}:{number}"
+        where = f"{name}:{number}"
         try:
             words = shlex.split(match[2], comments=True)
         except ValueError as exc:
@@ -298,6 +309,27 @@ def note_slurm_use(name: str, text: str) -> None:
         )
 
 
+def stdin_script_text(data: bytes | None) -> str | None:
+    """The script read from standard input, which must be one (start with #!), as sbatch
+    requires, and fit a submission; what it uses of Slurm's is named, as for a file."""
+    if data is None:
+        return None
+    if not data.startswith(b"#!"):
+        raise CliError(
+            "standard input is not a script: its first line must start with #! and the "
+            "interpreter (#!/bin/bash), as for sbatch",
+            EXIT_USAGE,
+        )
+    if len(data) > MAX_SCRIPT_CHARS:
+        raise CliError(f"the script on standard input is over {MAX_SCRIPT_CHARS} bytes", EXIT_USAGE)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CliError("the script on standard input is not UTF-8 text", EXIT_USAGE) from None
+    note_slurm_use(STDIN_NAME, text)
+    return text
+
+
 def job_command(
     command: Sequence[str], workdir: str, *, copy: bool
 ) -> tuple[list[str], str | None]:
@@ -347,9 +379,20 @@ class ScriptCommand(TyperCommand):
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
         given = self._probe(ctx, args, resilient=True)
+        if "--help" in args:
+            return super().parse_args(ctx, args)
         script = script_of(given.get("command"), given.get("workdir"))
-        if script is not None and "--help" not in args:
-            options = translate(read_directives(script))
+        name, directives = "", []
+        if script is not None:
+            name, directives = script.name, read_directives(script)
+        elif not given.get("command") and not given.get("shell") and not sys.stdin.isatty():
+            # No program: the script comes on standard input, as for sbatch.
+            text = sys.stdin.buffer.read(MAX_SCRIPT_CHARS + 1)
+            if text:
+                ctx.meta[STDIN_SCRIPT] = text
+                name, directives = STDIN_NAME, directives_of(STDIN_NAME, text)
+        if name:
+            options = translate(directives)
             for where, words in options.lines:
                 self._check(ctx, words, where)
             nodes = given.get("nodes") or options.script_nodes or 1
@@ -364,7 +407,7 @@ class ScriptCommand(TyperCommand):
                 options.lines.append((shown, ["--gpus", str(total // nodes)]))
             if options.sbatch_lines and not given.get("export") and "--export" not in options.words:
                 options.notes.append(
-                    f"{script.name}: sbatch would start it with your environment "
+                    f"{name}: sbatch would start it with your environment "
                     "(--export=ALL); here it starts with a clean one, PATH from the node: "
                     "add --export ALL, or name what it needs (--export PATH,CONDA_PREFIX)"
                 )

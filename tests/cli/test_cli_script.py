@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from app.cli import app as cli_app
 from app.cli.client import CliError
 from app.cli.sbatch import exported_env
 from tests.cli.harness import Cli, Result
@@ -262,3 +263,27 @@ def test_a_program_on_path_is_not_read_for_options(cli: Cli, tmp_path: Path) -> 
     _script(tmp_path, "sh", "#!/bin/sh\n#SBATCH --gpus=4\n")
     job = _job(_submit(cli, tmp_path, "sh", "-c", "true"))
     assert (job["gpus"], job["command"], job["script_bytes"]) == (1, ["sh", "-c", "true"], None)
+
+
+def test_a_script_on_standard_input(cli: Cli, tmp_path: Path) -> None:
+    # sbatch < train.sh: no program, the script is the job.
+    def submit(text: str, *args: str) -> Result:
+        connection = ["--url", cli.url, "--token", cli.tokens["alice"]]
+        argv = ["submit", *connection, "--json", "--workdir", str(tmp_path), *args]
+        return cli.runner.invoke(cli_app, argv, input=text, env=cli.env())
+
+    text = '#!/bin/bash\n#SBATCH -J piped --gres=gpu:2\necho "$SLURM_JOB_ID"\n'
+    result = submit(text)
+    job = _job(result)
+    assert (job["name"], job["gpus"], job["command"]) == ("piped", 2, ["script"])
+    assert job["script_bytes"] == len(text)
+    assert _stored_script(cli, job["id"]) == text
+    assert "note: script reads Slurm's variables" in result.stderr
+    assert _job(submit(text, "--gpus", "1"))["gpus"] == 1  # the command line still wins
+    not_a_script = submit("python train.py\n")
+    assert not_a_script.exit_code == 2
+    assert "standard input is not a script: its first line must start with #!" in (
+        not_a_script.stderr
+    )
+    nothing = submit("")
+    assert nothing.exit_code == 2 and "no command" in nothing.stderr
