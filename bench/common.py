@@ -300,7 +300,7 @@ class Stack:
         return env
 
     def _spawn(self, label: str, argv: list[str], extra_env: dict[str, str] | None = None) -> Proc:
-        from app.cli.up import die_with_parent
+        from app.processes import die_with_parent
 
         log = self.proc_log_dir / f"{label}.log"
         proc = Proc(label=label, argv=argv, log=log, extra_env=dict(extra_env or {}))

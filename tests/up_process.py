@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.cli.up import die_with_parent
+from app.processes import die_with_parent
 
 REPO = Path(__file__).resolve().parents[1]
 

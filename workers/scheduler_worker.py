@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from celery.signals import beat_embedded_init
 from prometheus_client import start_http_server
 
 from app import compiled_core
@@ -11,6 +12,7 @@ from app.config import Settings
 from app.cycle.settings import SchedulerSettings
 from app.logs import configure_logging
 from app.messaging import REPORTS_QUEUE, SCHEDULER_QUEUE
+from app.processes import die_with_parent
 from workers.scheduler import build_scheduler_app
 
 log = logging.getLogger("gpusched.scheduler")
@@ -68,4 +70,11 @@ def run_scheduler_worker(
     if beat and work != "reports":
         schedule_file = settings.data_dir.resolve() / "celerybeat-schedule"
         argv += ["--beat", "--schedule", str(schedule_file)]
+        # The embedded beat runs in a child process; a worker killed outright would leave
+        # it firing cycles (and a restarted worker would start a second one).
+        beat_embedded_init.connect(_beat_dies_with_worker, weak=False)
     celery.worker_main(argv)
+
+
+def _beat_dies_with_worker(**_: object) -> None:
+    die_with_parent()

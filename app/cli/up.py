@@ -8,7 +8,6 @@ GPUSCHED_REDIS_URL is unset). Ctrl-C stops everything.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -29,24 +28,10 @@ from app.cli.server import (
     migrate_or_exit,
 )
 from app.db import make_session_factory
+from app.processes import die_with_parent
 
 DEFAULT_SIM = "sim:2x4:H100-80GB"
 MAX_RESTARTS = 5
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-# Resolved now: a preexec_fn runs between fork and exec, where importing is not safe.
-_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
-
-
-def die_with_parent() -> None:
-    """A `preexec_fn`: the child gets SIGTERM when the process that started it dies.
-
-    Children run in their own sessions (so that Ctrl-C reaches only their parent, which
-    stops them in order); without this, a parent killed by SIGKILL or the OOM killer would
-    leave them running, still taking jobs. SIGTERM lets each one stop as on Ctrl-C (an
-    agent gives its jobs their grace period). Linux only; elsewhere a no-op.
-    """
-    if _prctl is not None:
-        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _agent_plan(gpus: str) -> list[tuple[str, str]]:

@@ -160,3 +160,38 @@ def test_killed_up_takes_its_service_and_jobs_with_it(tmp_path: Path) -> None:
         for pid in _processes_running(command):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _parent_of(pid: int) -> int:
+    return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_killed_scheduler_takes_its_beat_with_it(tmp_path: Path) -> None:
+    # Celery runs the embedded beat in a child of the scheduler's worker; killed outright
+    # (the OOM killer), the worker must not leave it firing cycles beside its successor.
+    port = free_port()
+    proc, _, log = start_up(tmp_path, port=port, gpus="sim:1x1:H100-80GB")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _until("ready", lambda: httpx.get(f"{url}/readyz").status_code == 200, proc, log)
+
+        def beat_and_worker() -> tuple[int, int] | None:
+            cycle = [p for p, c in _processes_of(tmp_path).items() if "--only cycle" in c]
+            pairs = [(p, _parent_of(p)) for p in cycle if _parent_of(p) in cycle]
+            return pairs[0] if pairs else None
+
+        beat, worker = _until("the scheduler's beat", beat_and_worker, proc, log)
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{beat}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not Path(f"/proc/{beat}").exists(), f"beat {beat} outlived its worker {worker}"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in _processes_of(tmp_path):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,25 @@
+"""Child processes that do not outlive the process that started them (Linux)."""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Resolved now: a preexec_fn runs between fork and exec, where importing is not safe.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+
+
+def die_with_parent() -> None:
+    """Have this process get SIGTERM when its parent dies (a `preexec_fn`, or called in a
+    forked child).
+
+    `gpusched up`'s children run in sessions of their own (so that Ctrl-C reaches only
+    `up`, which stops them in order), and Celery's embedded beat runs in a child of the
+    scheduler; a parent killed by SIGKILL or the OOM killer would leave them running,
+    still taking jobs or firing cycles. SIGTERM lets each stop as on Ctrl-C (an agent
+    gives its jobs their grace period). Linux only; elsewhere a no-op.
+    """
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
