@@ -10,7 +10,8 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,34 +55,62 @@ def _until(what: str, check: Callable[[], Any], proc: subprocess.Popen[bytes], l
     raise TimeoutError(f"{what}:\n{log.read_text()[-4000:]}")
 
 
-def test_ctrl_c_requeues_running_jobs_and_leaves_nothing_running(tmp_path: Path) -> None:
-    port = free_port()
-    # Two nodes of one GPU: the job runs on one, the other is free to take it again.
-    proc, _, log = start_up(tmp_path, port=port, gpus="sim:2x1:H100-80GB")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _until("ready", lambda: httpx.get(f"{url}/readyz").status_code == 200, proc, log)
-        token_file = tmp_path / "admin.token"
-        _until("the admin token", token_file.exists, proc, log)
-        headers = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
-        job = httpx.post(
-            f"{url}/api/v1/jobs", json={"command": COMMAND, "gpus": 1}, headers=headers
+@dataclass
+class _Up:
+    proc: subprocess.Popen[bytes]
+    log: Path
+    url: str
+    headers: dict[str, str]
+
+    def until(self, what: str, check: Callable[[], Any]) -> Any:
+        return _until(what, check, self.proc, self.log)
+
+    def submit(self, command: str) -> dict[str, Any]:
+        body = {"command": command, "gpus": 1}
+        job: dict[str, Any] = httpx.post(
+            f"{self.url}/api/v1/jobs", json=body, headers=self.headers
         ).json()
+        return job
 
-        def running() -> bool:
-            r = httpx.get(f"{url}/api/v1/jobs/{job['id']}", headers=headers)
-            return r.json()["status"] == "RUNNING"
 
-        _until("the job running", running, proc, log)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=90)
+@contextlib.contextmanager
+def _running_up(data_dir: Path, gpus: str, *commands: str) -> Iterator[_Up]:
+    """`gpusched up` ready, with its admin's headers. At the end, whatever is left of it
+    (its private Redis, when it was killed) and of jobs running `commands` is killed."""
+    port = free_port()
+    proc, _, log = start_up(data_dir, port=port, gpus=gpus)
+    try:
+        up = _Up(proc, log, f"http://127.0.0.1:{port}", {})
+        up.until("ready", lambda: httpx.get(f"{up.url}/readyz").status_code == 200)
+        token_file = data_dir / "admin.token"
+        up.until("the admin token", token_file.exists)
+        up.headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
+        yield up
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        left = [*_processes_of(data_dir), *(p for c in commands for p in _processes_running(c))]
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
-    assert "gpusched stopped" in log.read_text()
-    assert _processes_running(COMMAND) == []
+
+def test_ctrl_c_requeues_running_jobs_and_leaves_nothing_running(tmp_path: Path) -> None:
+    # Two nodes of one GPU: the job runs on one, the other is free to take it again.
+    with _running_up(tmp_path, "sim:2x1:H100-80GB", COMMAND) as up:
+        job = up.submit(COMMAND)
+
+        def running() -> bool:
+            r = httpx.get(f"{up.url}/api/v1/jobs/{job['id']}", headers=up.headers)
+            return r.json()["status"] == "RUNNING"
+
+        up.until("the job running", running)
+        up.proc.send_signal(signal.SIGINT)
+        up.proc.wait(timeout=90)
+        assert "gpusched stopped" in up.log.read_text()
+        assert _processes_running(COMMAND) == []
+
     engine = create_engine(f"sqlite:///{tmp_path / 'gpusched.db'}")
     with engine.connect() as db:
         status, attempt = db.execute(
@@ -127,39 +156,22 @@ def _processes_of(data_dir: Path) -> dict[int, str]:
 def test_killed_up_takes_its_service_and_jobs_with_it(tmp_path: Path) -> None:
     # `kill -9` of `up` (or the OOM killer): its children, in sessions of their own, must
     # not run on unsupervised, still taking jobs; each gets SIGTERM and stops as on Ctrl-C.
-    port = free_port()
-    proc, _, log = start_up(tmp_path, port=port, gpus="sim:1x1:H100-80GB")
-    url = f"http://127.0.0.1:{port}"
     command = "sleep 3172"
-    try:
-        _until("ready", lambda: httpx.get(f"{url}/readyz").status_code == 200, proc, log)
-        token_file = tmp_path / "admin.token"
-        _until("the admin token", token_file.exists, proc, log)
-        headers = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
-        r = httpx.post(f"{url}/api/v1/jobs", json={"command": command, "gpus": 1}, headers=headers)
-        _until("the job's process", lambda: _processes_running(command), proc, log)
+    with _running_up(tmp_path, "sim:1x1:H100-80GB", command) as up:
+        job = up.submit(command)
+        up.until("the job's process", lambda: _processes_running(command))
         children = {p: c for p, c in _processes_of(tmp_path).items() if "app.cli" in c}
         assert len(children) >= 4, children  # API, scheduler, reports, agent
 
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        os.kill(up.proc.pid, signal.SIGKILL)
+        up.proc.wait()
         deadline = time.monotonic() + 60
         left = children
         while left and time.monotonic() < deadline:
             time.sleep(0.25)
             left = {p: c for p, c in _processes_of(tmp_path).items() if "app.cli" in c}
         assert left == {}, f"still running after `up` was killed: {left}"
-        assert _processes_running(command) == [], f"job {r.json()['id']} still running"
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-        # Whatever is left: the private Redis, whose owner died before it could stop it.
-        for pid in _processes_of(tmp_path):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for pid in _processes_running(command):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        assert _processes_running(command) == [], f"job {job['id']} still running"
 
 
 def _parent_of(pid: int) -> int:
@@ -169,29 +181,18 @@ def _parent_of(pid: int) -> int:
 def test_a_killed_scheduler_takes_its_beat_with_it(tmp_path: Path) -> None:
     # Celery runs the embedded beat in a child of the scheduler's worker; killed outright
     # (the OOM killer), the worker must not leave it firing cycles beside its successor.
-    port = free_port()
-    proc, _, log = start_up(tmp_path, port=port, gpus="sim:1x1:H100-80GB")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _until("ready", lambda: httpx.get(f"{url}/readyz").status_code == 200, proc, log)
+    with _running_up(tmp_path, "sim:1x1:H100-80GB") as up:
 
         def beat_and_worker() -> tuple[int, int] | None:
             cycle = [p for p, c in _processes_of(tmp_path).items() if "--only cycle" in c]
             pairs = [(p, _parent_of(p)) for p in cycle if _parent_of(p) in cycle]
             return pairs[0] if pairs else None
 
-        beat, worker = _until("the scheduler's beat", beat_and_worker, proc, log)
+        beat, worker = up.until("the scheduler's beat", beat_and_worker)
         os.kill(worker, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while Path(f"/proc/{beat}").exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not Path(f"/proc/{beat}").exists(), f"beat {beat} outlived its worker {worker}"
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=90)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for pid in _processes_of(tmp_path):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        up.proc.send_signal(signal.SIGINT)
+        up.proc.wait(timeout=90)
