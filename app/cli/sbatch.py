@@ -39,58 +39,72 @@ _DIRECTIVE = re.compile(r"#(SBATCH|GPUSCHED)\s+(.*)")
 STDIN_SCRIPT = "gpusched.stdin_script"
 STDIN_NAME = "script"
 
-# Slurm's spellings that are submit's own options, with the same meaning.
-_SAME = frozenset(
-    {"-J", "--job-name", "-N", "--nodes", "-t", "--time", "--begin", "--array", "--dependency"}
-    | {"--hold", "-x", "--exclude", "--priority", "--wait", "--export", "--parsable"}
-)
-_RENAMED = {
-    "--gpus-per-node": "--gpus",
-    "-A": "--project",
-    "--account": "--project",
-    "-D": "--workdir",
-    "--chdir": "--workdir",
+# sbatch's one-letter options, by their long names (the tables below use only those).
+_LONG = {
+    "-A": "--account",
+    "-C": "--constraint",
+    "-D": "--chdir",
+    "-G": "--gpus",
     "-H": "--hold",
+    "-J": "--job-name",
+    "-N": "--nodes",
+    "-O": "--overcommit",
+    "-Q": "--quiet",
     "-W": "--wait",
+    "-a": "--array",
+    "-c": "--cpus-per-task",
+    "-d": "--dependency",
+    "-e": "--error",
+    "-k": "--no-kill",
+    "-n": "--ntasks",
+    "-o": "--output",
+    "-p": "--partition",
+    "-s": "--oversubscribe",
+    "-t": "--time",
+    "-v": "--verbose",
+    "-w": "--nodelist",
+    "-x": "--exclude",
 }
+# Slurm's options that are submit's own, with the same meaning.
+_SAME = frozenset(
+    {"--job-name", "--nodes", "--time", "--begin", "--array", "--dependency", "--hold"}
+    | {"--exclude", "--priority", "--wait", "--export", "--parsable"}
+)
+_RENAMED = {"--gpus-per-node": "--gpus", "--account": "--project", "--chdir": "--workdir"}
 # Slurm options that take no value (any other takes the next word when not written --x=v).
 _SLURM_FLAGS = frozenset(
-    {"--hold", "-H", "--wait", "-W", "--exclusive", "--requeue", "--no-requeue", "--parsable"}
-    | {"--overcommit", "-O", "--contiguous", "--spread-job", "--test-only", "--use-min-nodes"}
-    | {"--quiet", "-Q", "--verbose", "-v", "--no-kill", "-k", "--oversubscribe", "-s"}
+    {"--hold", "--wait", "--exclusive", "--requeue", "--no-requeue", "--parsable"}
+    | {"--overcommit", "--contiguous", "--spread-job", "--test-only", "--use-min-nodes"}
+    | {"--quiet", "--verbose", "--no-kill", "--oversubscribe"}
 )
+_LOGS = "the job's output is kept by gpusched: gpusched logs ID"
+_WEBHOOKS = "notifications are webhooks: #GPUSCHED --notify URL --notify-on end,fail"
+_HOST = "gpusched places GPUs, not host memory or CPUs"
+_TASKS = "one process starts per node; torchrun starts one per GPU from the WORLD_SIZE, RANK and MASTER_ADDR set for it"
+_REQUEUE = "a job that is preempted or loses its node is always requeued"
 # Slurm options this service has no counterpart for, and what to do instead.
 _NO_COUNTERPART = {
-    "--output": "the job's output is kept by gpusched: gpusched logs ID",
-    "-o": "the job's output is kept by gpusched: gpusched logs ID",
-    "--error": "the job's output is kept by gpusched: gpusched logs ID",
-    "-e": "the job's output is kept by gpusched: gpusched logs ID",
-    "--mail-type": "notifications are webhooks: #GPUSCHED --notify URL --notify-on end,fail",
-    "--mail-user": "notifications are webhooks: #GPUSCHED --notify URL --notify-on end,fail",
-    "--mem": "gpusched places GPUs, not host memory or CPUs",
-    "--mem-per-gpu": "gpusched places GPUs, not host memory or CPUs (GPU memory: --gpu-memory-mb)",
-    "--cpus-per-task": "gpusched places GPUs, not host memory or CPUs",
-    "-c": "gpusched places GPUs, not host memory or CPUs",
+    "--output": _LOGS,
+    "--error": _LOGS,
+    "--mail-type": _WEBHOOKS,
+    "--mail-user": _WEBHOOKS,
+    "--mem": _HOST,
+    "--mem-per-gpu": f"{_HOST} (GPU memory: --gpu-memory-mb)",
+    "--cpus-per-task": _HOST,
     "--partition": "a gpusched cluster has one partition",
-    "-p": "a gpusched cluster has one partition",
     "--qos": "a job's standing is its --priority and its project's fair share",
     "--constraint": "the GPU model is --gres=gpu:MODEL:N (#GPUSCHED --gpu-model)",
-    "-C": "the GPU model is --gres=gpu:MODEL:N (#GPUSCHED --gpu-model)",
-    "--ntasks": "one process starts per node; torchrun starts one per GPU from the "
-    "WORLD_SIZE, RANK and MASTER_ADDR set for it",
-    "-n": "one process starts per node; torchrun starts one per GPU from the "
-    "WORLD_SIZE, RANK and MASTER_ADDR set for it",
-    "--ntasks-per-node": "one process starts per node; torchrun starts one per GPU",
+    "--ntasks": _TASKS,
+    "--ntasks-per-node": _TASKS,
     "--signal": "a job stopped or at its time limit gets SIGTERM, then its grace period "
     "to checkpoint (#GPUSCHED --grace 5m)",
-    "--requeue": "a job that is preempted or loses its node is always requeued",
-    "--no-requeue": "a job that is preempted or loses its node is always requeued",
+    "--requeue": _REQUEUE,
+    "--no-requeue": _REQUEUE,
     "--exclusive": "a job's GPUs are its own; whole nodes are kept for jobs that need them",
 }
 # Slurm options whose nearest counterpart here would do something else: refused.
 _REFUSED = {
     "--nodelist": "it asks for all of these nodes; #GPUSCHED --only-nodes A,B runs on any of them",
-    "-w": "it asks for all of these nodes; #GPUSCHED --only-nodes A,B runs on any of them",
 }
 
 
@@ -132,25 +146,24 @@ def directives_of(name: str, head: bytes) -> list[Directive]:
     return found
 
 
-def _slurm_words(words: Sequence[str]) -> list[tuple[str, str | None]]:
-    """(option, value) pairs of one #SBATCH line: --x=v, --x v, -x v and -xv."""
-    pairs: list[tuple[str, str | None]] = []
+def _slurm_words(words: Sequence[str]) -> list[tuple[str, str, str | None]]:
+    """(as written, long name, value) of each option of one #SBATCH line: --x=v, --x v,
+    -x v and -xv."""
+    found: list[tuple[str, str, str | None]] = []
     rest = list(words)
     while rest:
         word = rest.pop(0)
         if not word.startswith("-") or word == "-":
             raise ValueError(f"{word!r} is not an option")
-        if word.startswith("--"):
-            option, eq, attached = word.partition("=")
-            if eq:
-                pairs.append((option, attached))
-            else:
-                pairs.append((option, None if option in _SLURM_FLAGS or not rest else rest.pop(0)))
-        elif len(word) > 2:
-            pairs.append((word[:2], word[2:]))
+        written, eq, attached = (
+            word.partition("=") if word.startswith("--") else (word[:2], "", word[2:])
+        )
+        long = _LONG.get(written, written)
+        if eq or attached:
+            found.append((written, long, attached))
         else:
-            pairs.append((word, None if word in _SLURM_FLAGS or not rest else rest.pop(0)))
-    return pairs
+            found.append((written, long, None if long in _SLURM_FLAGS or not rest else rest.pop(0)))
+    return found
 
 
 def _gres_gpus(value: str) -> tuple[int, str | None]:
@@ -194,18 +207,18 @@ def translate(directives: list[Directive]) -> ScriptOptions:
         except ValueError as exc:
             raise CliError(f"{d.where}: #SBATCH {shlex.join(d.words)}: {exc}", EXIT_USAGE) from None
         words: list[str] = []
-        for option, value in pairs:
-            shown = f"{d.where}: #SBATCH {option}{'' if value is None else '=' + value}"
+        for written, option, value in pairs:
+            shown = f"{d.where}: #SBATCH {written}{'' if value is None else '=' + value}"
             ours = option if option in _SAME else _RENAMED.get(option)
             try:
                 if ours is not None:
                     words += [ours] if value is None else [ours, value]
-                    if option in ("-N", "--nodes") and value is not None and value.isdigit():
+                    if option == "--nodes" and value is not None and value.isdigit():
                         out.script_nodes = int(value)
                 elif option == "--gres":
                     count, model = _gres_gpus(value or "")
                     words += ["--gpus", str(count), *(["--gpu-model", model] if model else [])]
-                elif option in ("--gpus", "-G"):
+                elif option == "--gpus":
                     if value is None or not value.isdigit():
                         raise ValueError("expected a number of GPUs")
                     out.slurm_total_gpus = (shown, int(value))
