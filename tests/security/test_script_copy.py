@@ -48,3 +48,4 @@ def test_a_script_needs_an_argv_command_and_fits_the_limit(cluster: Cluster) -> 
     assert "script" in shell.text and "needs the command as an argv list" in shell.text
     big = post("/api/v1/jobs", json={"command": ["x"], "script": "#" * 600_000}, headers=headers)
     assert big.status_code == 422 and "script" in big.text
+    assert "at most 524288 characters" in big.text  # the limit, not an unknown field
