@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from app.cli import app
@@ -25,6 +26,12 @@ def test_simulate_prints_json_with_bounds(tmp_path):
     # starts at 100 when both end: JCT 140. Mean 113.3; the bound is the mean duration.
     assert round(out["avg_jct_s"], 1) == round((100 + 100 + 140) / 3, 1)
     assert out["lower_bounds"]["avg_jct_s"] == (100 + 100 + 50) / 3
+    # Counting arrivals (app/simulator/bounds.py, 8 GPU-s/s, least work first, ties by
+    # order): mean busy times 25, 75 and 125; (225 + 250 / 2 - 10) / 3 = 113.3, which this
+    # schedule reaches. Makespan: 1,200 GPU-s from t=0 on 8 GPUs = 150, as it ends.
+    assert out["lower_bounds"]["avg_jct_s_with_arrivals"] == pytest.approx(340 / 3)
+    assert out["lower_bounds"]["makespan_s_with_arrivals"] == pytest.approx(150)
+    assert out["makespan_s"] == pytest.approx(150)
     assert set(out) >= {
         "p50_jct_s",
         "p99_jct_s",

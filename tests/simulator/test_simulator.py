@@ -24,6 +24,10 @@ def tj(i: int, name: str, gpus: int, submit: float, duration: float, vc: str = "
 #   JCT: A 100, B 140, C 110 -> avg 116.67, p50 110, p99 140; queue 0, 90, 80 -> 56.67
 #   makespan 150; GPU-s 200 + 50 + 30 = 280 -> utilisation 280 / (2 x 150) = 0.9333
 #   bounds: avg JCT >= mean(100, 50, 30) = 60; makespan >= max(100, 280 / 2) = 140
+#   with arrivals (app/simulator/bounds.py), 2 GPU-s/s, least work first: A 0..10, B
+#   10..20, C 20..35, B 35..50, A 50..140; mean busy times A 17,200 / 200 = 86, B 1,575 / 50
+#   = 31.5, C 825 / 30 = 27.5; (145 + 90 halves of durations - 30 arrivals) / 3 = 68.33;
+#   makespan: no arrival after 0 leaves more than 140
 TRACE = [tj(0, "A", 2, 0, 100), tj(1, "B", 1, 10, 50), tj(2, "C", 1, 20, 30, vc="w")]
 
 
@@ -37,7 +41,12 @@ def test_fifo_hand_computed() -> None:
     assert r.utilization == pytest.approx(280 / 300)
     assert r.preemptions == 0
     assert r.per_vc == {"v": pytest.approx(120.0), "w": pytest.approx(110.0)}
-    assert r.lower_bounds == {"avg_jct_s": pytest.approx(60.0), "makespan_s": 140.0}
+    assert r.lower_bounds == {
+        "avg_jct_s": pytest.approx(60.0),
+        "makespan_s": 140.0,
+        "avg_jct_s_with_arrivals": pytest.approx(205 / 3),
+        "makespan_s_with_arrivals": 140.0,
+    }
 
 
 def test_to_json_has_exactly_the_documented_keys() -> None:
@@ -195,8 +204,9 @@ def test_cli_table_and_json(tmp_path: Path) -> None:
     out = run_simulation_cli(path, 1, 2, "fifo", 1.0, as_json=True)
     assert json.loads(out)["avg_jct_s"] == pytest.approx(350 / 3)
     table = run_simulation_cli(path, 1, 2, None, 1.0, as_json=False)
-    for policy in ("default", "fifo", "priority", "fair-share", "sjf", "las", "lower bound"):
-        assert policy in table
+    rows = ("default", "fifo", "priority", "fair-share", "sjf", "las", "lower bound", "w/ arrivals")
+    for row in rows:
+        assert row in table
     with pytest.raises(ValueError, match="unknown policy"):
         run_simulation_cli(path, 1, 2, "nope", 1.0, as_json=False)
 
