@@ -259,7 +259,12 @@ GpuShareOption = Annotated[
     ),
 ]
 GpuModelOption = Annotated[
-    str | None, typer.Option("--gpu-model", help="Exact GPU model", rich_help_panel=JOB_PANEL)
+    str | None,
+    typer.Option(
+        "--gpu-model",
+        help="GPU model: the cluster's name, or words of it that name one model (h100)",
+        rich_help_panel=JOB_PANEL,
+    ),
 ]
 NodesOption = Annotated[
     int | None,

@@ -97,7 +97,13 @@ class JobCreate(RequestBody):
     gpus: int = Field(default=1, ge=0, le=1024, description="GPUs per node")
     gpu_memory_mb: int | None = Field(default=None, ge=1, le=10_000_000)
     gpu_share: float | None = Field(default=None, gt=0, le=1)
-    gpu_model: str | None = Field(default=None, min_length=1, max_length=96)
+    gpu_model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=96,
+        description="the cluster's GPU model, or words of its name that name one model "
+        "('h100'); stored as the cluster spells it",
+    )
     nodes: int = Field(default=1, ge=1, le=1024)
     priority: int = Field(default=0, ge=-1000, le=1000)
     project: str | None = Field(default=None, min_length=1, max_length=64)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -101,6 +103,51 @@ def _resolve_project(
         if not principal.can_see_project(project_id):
             raise FieldError("project", f"you are not a member of project {name!r}")
     return project_id, name, None if max_s is None else ProjectTimeLimit(name, max_s)
+
+
+def spell_gpu_model(
+    *, session: Session, spec: JobCreate, inventory: InventoryCache | None = None
+) -> JobCreate:
+    """`spec` with its GPU model as the cluster spells it (`gpu_model_named`), so that a
+    script's `#SBATCH --gres=gpu:h100:2` runs on the cluster's 'NVIDIA H100 80GB HBM3'.
+    A model that names none is left for `check_can_ever_fit` to refuse."""
+    if spec.gpu_model is None:
+        return spec
+    found = None
+    if inventory is not None:
+        with suppress(FieldError):  # as there, the copy decides only when it finds one
+            found = gpu_model_named(spec.gpu_model, inventory.get(session))
+    if found is None:
+        per_node = read_inventory(session) if inventory is None else inventory.refresh(session)
+        found = gpu_model_named(spec.gpu_model, per_node)
+    if found is None or found == spec.gpu_model:
+        return spec
+    return spec.model_copy(update={"gpu_model": found})
+
+
+def gpu_model_named(asked: str, per_node: Inventory) -> str | None:
+    """The cluster's GPU model that `asked` names: itself, else the only model whose name
+    has `asked`'s words in a row, ignoring case and punctuation ('h100' and 'H100-80GB'
+    both name 'NVIDIA H100 80GB HBM3'). Slurm's GRES types are short names an admin
+    chose; ours are what NVML reports. None when nothing matches."""
+    models = sorted({model for gpus in per_node.values() for model, _ in gpus})
+    if asked in models:
+        return asked
+    words = _words(asked)
+    if not words:
+        return None
+    hits = [m for m in models if _has_in_a_row(_words(m), words)]
+    if len(hits) > 1:
+        raise FieldError("gpu_model", f"{asked!r} could be {' or '.join(hits)}: name one")
+    return hits[0] if hits else None
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[0-9a-z]+", text.lower())
+
+
+def _has_in_a_row(words: list[str], run: list[str]) -> bool:
+    return any(words[i : i + len(run)] == run for i in range(len(words) - len(run) + 1))
 
 
 def check_can_ever_fit(
@@ -244,6 +291,7 @@ def check_submission(
         session=session, principal=principal, name=spec.project
     )
     spec = limits.apply(_with_default_notify_url(spec, principal), project=project_limit)
+    spec = spell_gpu_model(session=session, spec=spec, inventory=inventory)
     if spec.model is not None and spec.gpu_memory_mb is None:
         memory = job_memory_from_model(
             session=session,

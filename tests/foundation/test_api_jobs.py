@@ -171,6 +171,25 @@ def test_never_fitting_request_names_the_largest_node(api):
     assert submit(api, gpus=8, gpu_memory_mb=80_000).status_code == 201
 
 
+def test_a_gpu_model_named_as_slurm_users_do(api):
+    # Slurm's GRES types are short names (--gres=gpu:h100:2); NVML reports a product name.
+    add_node(api.factory, "h", gpus=4, model="NVIDIA H100 80GB HBM3")
+    add_node(api.factory, "a40", gpus=4, model="NVIDIA A100-SXM4-40GB", memory_mb=40960)
+    add_node(api.factory, "a80", gpus=4, model="NVIDIA A100-SXM4-80GB")
+    for asked in ("h100", "H100", "h100-80gb", "NVIDIA H100 80GB HBM3"):
+        r = submit(api, gpus=2, gpu_model=asked)
+        assert r.status_code == 201, r.text
+        assert r.json()["gpu_model"] == "NVIDIA H100 80GB HBM3"  # stored as the cluster's
+    assert submit(api, gpu_model="a100 sxm4 40gb").json()["gpu_model"] == "NVIDIA A100-SXM4-40GB"
+    # Whole words only, and one model: no guessing.
+    assert field_errors(submit(api, gpu_model="a100"))[("gpu_model",)] == (
+        "'a100' could be NVIDIA A100-SXM4-40GB or NVIDIA A100-SXM4-80GB: name one"
+    )
+    assert (
+        "no node has GPU model 'h10'" in field_errors(submit(api, gpu_model="h10"))[("gpu_model",)]
+    )
+
+
 def test_inventory_is_read_once_and_a_refusal_always_against_the_database(api):
     # Every submission checks the cluster's GPUs: a copy serves while it says "fits"; a
     # refusal is checked against a fresh read, so a node registered since is never missed.
