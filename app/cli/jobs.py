@@ -76,7 +76,7 @@ def parse_slurm_time(value: str, what: str = "--time") -> int:
     text = value.strip()
     match = _SLURM_TIME.match(text)
     if match is None:
-        if text[-1:].isalpha():
+        if text[-1:].isalpha() and _DURATION.match(text.lower()):
             return parse_duration(text, what)
         raise CliError(
             f"{what}: {value!r}: expected minutes, MM:SS, HH:MM:SS or D-HH:MM:SS (as sbatch "

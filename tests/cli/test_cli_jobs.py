@@ -108,11 +108,13 @@ def test_time_limits_as_sbatch_writes_them(text: str, seconds: int) -> None:
     assert parse_slurm_time(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "1:2:3:4", "-5", "1-", "UNLIMITED", "1.5"])
+@pytest.mark.parametrize("text", ["", "1:2:3:4", "-5", "1-", "UNLIMITED", "1.5", "abc", "2 hours"])
 def test_time_limits_sbatch_would_refuse_are_usage_errors(text: str) -> None:
     with pytest.raises(CliError) as refused:
         parse_slurm_time(text)
     assert refused.value.exit_code == 2 and "--time" in str(refused.value)
+    # sbatch's forms, not --max-runtime's "seconds" (a bare number is minutes here).
+    assert "expected minutes, MM:SS, HH:MM:SS or D-HH:MM:SS" in str(refused.value)
 
 
 @pytest.mark.parametrize(
