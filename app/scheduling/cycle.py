@@ -1412,7 +1412,7 @@ def _minutes(seconds: float) -> str:
 def _reservation_note(when: datetime | None) -> str:
     if when is None:
         return "; GPUs reserved, start time unknown (running jobs without runtime estimate)"
-    return f"; GPUs reserved, estimated start {when.isoformat()}"
+    return f"; GPUs reserved, estimated start {when.isoformat(timespec='seconds')}"
 
 
 _NOT_BARRED: frozenset[str] = frozenset()

@@ -204,6 +204,13 @@ def _full(name: str, n: int = 4):  # type: ignore[no-untyped-def]
             ReasonKind.BEGIN_TIME,
             "begin time not reached, starts at 2026-11-22T12:10:00+00:00",
         ),
+        (
+            # `--begin now+1hour` carries the client's microseconds; a message shows seconds
+            [node("a").gpus(2)],
+            job(1, schedule_mode="at", begin_at=at(600.123456)),
+            ReasonKind.BEGIN_TIME,
+            "begin time not reached, starts at 2026-11-22T12:10:00+00:00",
+        ),
     ],
 )
 def test_pending_reasons(nodes, j, kind: ReasonKind, message: str) -> None:  # type: ignore[no-untyped-def]

@@ -14,6 +14,6 @@ def check(job: JobView, ctx: Context) -> Status:
         return OK
     return unschedulable(
         ReasonKind.BEGIN_TIME,
-        f"begin time not reached, starts at {job.begin_at.isoformat()}",
+        f"begin time not reached, starts at {job.begin_at.isoformat(timespec='seconds')}",
         job.begin_at,
     )

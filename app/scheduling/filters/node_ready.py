@@ -17,7 +17,7 @@ def check(node: NodeView, ctx: Context) -> Status:
     if node.maintenance_at is not None and node.maintenance_at <= ctx.now:
         return unschedulable(
             ReasonKind.NODE_NOT_READY,
-            f"node {node.name} is in maintenance (since {node.maintenance_at.isoformat()})",
+            f"node {node.name} is in maintenance (since {node.maintenance_at.isoformat(timespec='seconds')})",
         )
     if not node.ready:
         return unschedulable(ReasonKind.NODE_NOT_READY, f"node {node.name} is not ready")

@@ -25,13 +25,13 @@ def check(job: JobView, ctx: Context) -> Status:
     for w in windows:
         if w.opens_at <= now < w.closes_at:
             left = (w.closes_at - now).total_seconds()
-            nxt = f", next opening {upcoming[0].isoformat()}" if upcoming else ""
+            nxt = f", next opening {upcoming[0].isoformat(timespec='seconds')}" if upcoming else ""
             if job.preemptible:
                 if left > job.grace_s:
                     return OK
                 return unschedulable(
                     ReasonKind.WINDOW_CLOSED,
-                    f"the off-peak window closes at {w.closes_at.isoformat()}, within the "
+                    f"the off-peak window closes at {w.closes_at.isoformat(timespec='seconds')}, within the "
                     f"job's {job.grace_s}s grace period{nxt}",
                     upcoming[0] if upcoming else None,
                 )
@@ -40,13 +40,13 @@ def check(job: JobView, ctx: Context) -> Status:
             return unschedulable(
                 ReasonKind.WINDOW_CLOSED,
                 f"runtime {runtime}s does not fit before the off-peak window closes at "
-                f"{w.closes_at.isoformat()}{nxt}",
+                f"{w.closes_at.isoformat(timespec='seconds')}{nxt}",
                 upcoming[0] if upcoming else None,
             )
     if upcoming:
         return unschedulable(
             ReasonKind.WINDOW_CLOSED,
-            f"off-peak window closed, opens at {upcoming[0].isoformat()}",
+            f"off-peak window closed, opens at {upcoming[0].isoformat(timespec='seconds')}",
             upcoming[0],
         )
     return unschedulable(ReasonKind.WINDOW_CLOSED, "off-peak window closed, no opening scheduled")
