@@ -25,13 +25,14 @@ def check(job: JobView, ctx: Context) -> Status:
     for w in windows:
         if w.opens_at <= now < w.closes_at:
             left = (w.closes_at - now).total_seconds()
+            closes = w.closes_at.isoformat(timespec="seconds")
             nxt = f", next opening {upcoming[0].isoformat(timespec='seconds')}" if upcoming else ""
             if job.preemptible:
                 if left > job.grace_s:
                     return OK
                 return unschedulable(
                     ReasonKind.WINDOW_CLOSED,
-                    f"the off-peak window closes at {w.closes_at.isoformat(timespec='seconds')}, within the "
+                    f"the off-peak window closes at {closes}, within the "
                     f"job's {job.grace_s}s grace period{nxt}",
                     upcoming[0] if upcoming else None,
                 )
@@ -40,7 +41,7 @@ def check(job: JobView, ctx: Context) -> Status:
             return unschedulable(
                 ReasonKind.WINDOW_CLOSED,
                 f"runtime {runtime}s does not fit before the off-peak window closes at "
-                f"{w.closes_at.isoformat(timespec='seconds')}{nxt}",
+                f"{closes}{nxt}",
                 upcoming[0] if upcoming else None,
             )
     if upcoming:
