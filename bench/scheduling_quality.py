@@ -128,13 +128,12 @@ def table(name: str, scale: float, rows: list[tuple[str, SimResult, float]]) -> 
             f"| {h(r.p50_jct_s)} | {h(r.p99_jct_s)} | {h(r.avg_queue_s)} | {h(r.makespan_s)} "
             f"| {r.utilization:.1%} | {r.preemptions} | {secs:.1f} |"
         )
-    first = rows[0][1]
-    for label, suffix in (("lower bound", ""), ("lower bound w/ arrivals", "_with_arrivals")):
-        jct, makespan = lb["avg_jct_s" + suffix], lb["makespan_s" + suffix]
-        util_bound = min(1.0, first.utilization * first.makespan_s / makespan)
+    labels = ("lower bound", "lower bound w/ arrivals")
+    for label, b in zip(labels, rows[0][1].bound_rows(), strict=True):
         lines.append(
-            f"| {label} | {h(jct)} | {jct / lb['avg_jct_s']:.2f}x | {jct / arrivals:.2f}x | | | "
-            f"| {h(jct - lb['avg_jct_s'])} | {h(makespan)} | {util_bound:.1%} | | |"
+            f"| {label} | {h(b.avg_jct_s)} | {b.avg_jct_s / lb['avg_jct_s']:.2f}x "
+            f"| {b.avg_jct_s / arrivals:.2f}x | | | | {h(b.avg_queue_s)} | {h(b.makespan_s)} "
+            f"| {b.utilization:.1%} | | |"
         )
     return "\n".join(lines)
 

@@ -130,7 +130,7 @@ def gpu_model_named(asked: str, per_node: Inventory) -> str | None:
     has `asked`'s words in a row, ignoring case and punctuation ('h100' and 'H100-80GB'
     both name 'NVIDIA H100 80GB HBM3'). Slurm's GRES types are short names an admin
     chose; ours are what NVML reports. None when nothing matches."""
-    models = sorted({model for gpus in per_node.values() for model, _ in gpus})
+    models = _models(per_node)
     if asked in models:
         return asked
     words = _words(asked)
@@ -140,6 +140,10 @@ def gpu_model_named(asked: str, per_node: Inventory) -> str | None:
     if len(hits) > 1:
         raise FieldError("gpu_model", f"{asked!r} could be {' or '.join(hits)}: name one")
     return hits[0] if hits else None
+
+
+def _models(per_node: Inventory) -> list[str]:
+    return sorted({model for gpus in per_node.values() for model, _ in gpus})
 
 
 def _words(text: str) -> list[str]:
@@ -169,7 +173,7 @@ def _check_fits(per_node: Inventory, spec: JobCreate) -> None:
         return
     largest_name, largest = max(per_node.items(), key=lambda item: (len(item[1]), item[0]))
     if spec.gpu_model is not None:
-        models = sorted({m for gpus in per_node.values() for m, _ in gpus})
+        models = _models(per_node)
         if spec.gpu_model not in models:
             raise FieldError(
                 "gpu_model",

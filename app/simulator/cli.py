@@ -53,16 +53,11 @@ def format_table(results: list[SimResult]) -> str:
             line += f" {_money(r.cost):>11} {_money(r.cost_at_peak):>11}"
         lines.append(line)
     if results:
-        # The plain bounds, then the ones that also count when jobs arrive (tighter).
-        first = results[0]
-        lb = first.lower_bounds
-        for label, suffix in (("lower bound", ""), ("w/ arrivals", "_with_arrivals")):
-            jct, makespan = lb["avg_jct_s" + suffix], lb["makespan_s" + suffix]
-            util_bound = min(1.0, first.utilization * first.makespan_s / makespan)
-            queue = jct - lb["avg_jct_s"]  # avg queue = avg JCT - mean duration
+        for label, b in zip(("lower bound", "w/ arrivals"), results[0].bound_rows(), strict=True):
             lines.append(
-                f"{label:<11} {'':>6} {'':>5} {_hours(jct):>10} {'':>10} {'':>10} "
-                f"{_hours(queue):>11} {_hours(makespan):>11} {util_bound:>6.1%} {'':>8}"
+                f"{label:<11} {'':>6} {'':>5} {_hours(b.avg_jct_s):>10} {'':>10} {'':>10} "
+                f"{_hours(b.avg_queue_s):>11} {_hours(b.makespan_s):>11} {b.utilization:>6.1%} "
+                f"{'':>8}"
             )
     return "\n".join(lines)
 

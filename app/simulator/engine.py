@@ -33,7 +33,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.scheduling import (
     GpuView,
@@ -63,6 +63,15 @@ _HISTORY_KEEP = 50  # recent runs per (user, job name) kept for the runtime medi
 
 # Event kinds, in the order they are handled at one instant (all before the plan).
 _END, _ARRIVAL, _WINDOW_EDGE, _REPLAN = 0, 1, 2, 3
+
+
+class BoundRow(NamedTuple):
+    """A lower bound as a result row: what no schedule of the run's jobs can beat."""
+
+    avg_jct_s: float
+    avg_queue_s: float  # avg JCT bound - mean duration
+    makespan_s: float
+    utilization: float  # the most a schedule reaching the makespan bound could have
 
 
 @dataclass(slots=True)
@@ -95,6 +104,19 @@ class SimResult:
     # Not part of to_json either: every stretch a job ran, in the order they ended.
     runs: list[GpuRun] = field(default_factory=list, repr=False)
     cycles: int = 0
+
+    def bound_rows(self) -> tuple[BoundRow, BoundRow]:
+        """The plain lower bounds, then those that also count arrivals."""
+        lb = self.lower_bounds
+        work_s = self.utilization * self.makespan_s  # GPU-seconds / GPUs
+        rows = []
+        for jct, makespan in (
+            (lb["avg_jct_s"], lb["makespan_s"]),
+            (lb["avg_jct_s_with_arrivals"], lb["makespan_s_with_arrivals"]),
+        ):
+            util = min(1.0, work_s / makespan) if makespan > 0 else 0.0
+            rows.append(BoundRow(jct, jct - lb["avg_jct_s"], makespan, util))
+        return rows[0], rows[1]
 
     def to_json(self) -> dict[str, Any]:
         return {

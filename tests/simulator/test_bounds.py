@@ -80,6 +80,11 @@ def test_simulator_reports_them() -> None:
         "makespan_s_with_arrivals": pytest.approx(120.0),
     }
     assert r.avg_jct_s == pytest.approx(61 / 5) and r.makespan_s == pytest.approx(120.0)
+    # As table rows: queueing is the JCT bound over the mean duration; utilisation what
+    # the 41 GPU-s of work on 2 GPUs (20.5 s) give over each makespan bound.
+    plain, arrivals = r.bound_rows()
+    assert plain == pytest.approx((41 / 5, 0.0, 20.5, 1.0))
+    assert arrivals == pytest.approx((12.15, 12.15 - 41 / 5, 120.0, 20.5 / 120))
 
 
 PROPS = settings(

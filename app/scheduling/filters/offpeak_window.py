@@ -22,11 +22,12 @@ def check(job: JobView, ctx: Context) -> Status:
     windows = [w for w in ctx.windows if job.window is None or w.name == job.window]
     runtime = job.estimated_runtime_s if job.estimated_runtime_s is not None else job.max_runtime_s
     upcoming = sorted(w.opens_at for w in windows if w.opens_at > now)
+    opens = upcoming[0].isoformat(timespec="seconds") if upcoming else None
     for w in windows:
         if w.opens_at <= now < w.closes_at:
             left = (w.closes_at - now).total_seconds()
             closes = w.closes_at.isoformat(timespec="seconds")
-            nxt = f", next opening {upcoming[0].isoformat(timespec='seconds')}" if upcoming else ""
+            nxt = f", next opening {opens}" if opens else ""
             if job.preemptible:
                 if left > job.grace_s:
                     return OK
@@ -47,7 +48,7 @@ def check(job: JobView, ctx: Context) -> Status:
     if upcoming:
         return unschedulable(
             ReasonKind.WINDOW_CLOSED,
-            f"off-peak window closed, opens at {upcoming[0].isoformat(timespec='seconds')}",
+            f"off-peak window closed, opens at {opens}",
             upcoming[0],
         )
     return unschedulable(ReasonKind.WINDOW_CLOSED, "off-peak window closed, no opening scheduled")
