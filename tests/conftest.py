@@ -1,21 +1,26 @@
-"""Shared fixtures.
+"""Shared fixtures, and the markers that split the suite between its passes.
 
-The database under test is chosen by GPUSCHED_TEST_DB: "sqlite" (default) or "postgresql"
-(then GPUSCHED_TEST_PG_URL points at a server; each test session gets its own database,
-created here and dropped at the end, so parallel runs never collide).
+The database under test is chosen by GPUSCHED_TEST_DB: "sqlite" (default) or "postgresql".
+PostgreSQL is the server GPUSCHED_TEST_PG_URL names, else a private one the run starts
+itself (tests/support/servers.py); each test session (each xdist worker) gets its own
+database, created here and dropped at the end, so parallel runs never collide.
+
+Markers, given here from what a test uses:
+- `db`: the test touches a database (its fixtures reach `database_url`, or it drives a
+  stack of processes); `make test` runs these on both backends, the rest once.
+- `postgresql`: the test needs PostgreSQL whatever the backend (the fault tests stop and
+  start a server of their own); it runs in the PostgreSQL pass.
 """
 
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.auth.service import TOKEN_CACHE
@@ -23,35 +28,46 @@ from app.config import Settings
 from app.db import make_engine, make_session_factory
 from app.main import create_app
 from app.migrate import upgrade
-from bench.common import wipe_tables
+from bench.common import create_pg_database, drop_pg_database, wipe_tables
 from tests.foundation.builders import add_user
+from tests.support.servers import pg_url, stop_session_server
 
 BACKEND = os.environ.get("GPUSCHED_TEST_DB", "sqlite")
-PG_URL = os.environ.get("GPUSCHED_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+# Fixtures that mean "this test touches a database" (see the module's docstring).
+_DB_FIXTURES = frozenset({"database_url", "_module_stack"})
+_PG_FIXTURES = frozenset({"make_stack"})
 
 
-def _create_pg_database() -> tuple[str, str]:
-    name = f"gpusched_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return name, make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "db: touches a database; runs on SQLite and PostgreSQL")
+    config.addinivalue_line("markers", "postgresql: needs PostgreSQL whatever the backend")
+    # Started once by the controlling process, before xdist starts its workers, so that
+    # they (and the stacks they start) share the one server through the environment.
+    if BACKEND == "postgresql" and not hasattr(config, "workerinput"):
+        pg_url()
 
 
-def _drop_pg_database(name: str) -> None:
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        stop_session_server()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by these markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & _PG_FIXTURES:
+            item.add_marker(pytest.mark.postgresql)
+        if used & _DB_FIXTURES:
+            item.add_marker(pytest.mark.db)
 
 
 @pytest.fixture(scope="session")
 def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if BACKEND == "postgresql":
-        name, url = _create_pg_database()
+        name, url = create_pg_database("gpusched_test")
         yield url
-        _drop_pg_database(name)
+        drop_pg_database(name)
     else:
         path: Path = tmp_path_factory.mktemp("db") / "test.db"
         yield f"sqlite:///{path}"

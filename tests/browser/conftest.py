@@ -11,10 +11,8 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.servers import free_port
+from tests.support.wait import poll
 from tests.up_process import start_up
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,16 +48,12 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 
 def _skip_reason() -> str | None:
-    # `make test` runs the suite twice (SQLite, then PostgreSQL); the browser suite starts its
-    # own SQLite stack either way, so it runs in the first pass only unless asked for.
-    if os.environ.get("GPUSCHED_TEST_DB") == "postgresql" and not os.environ.get(
-        "GPUSCHED_BROWSER_TESTS"
-    ):
-        return "browser suite runs in the SQLite pass (set GPUSCHED_BROWSER_TESTS=1 to force)"
+    # The browser suite starts its own stack on SQLite (`gpusched up`): it touches no test
+    # database, so `make test` runs it once, in the SQLite pass.
     if not HAVE_PLAYWRIGHT:
         return "the playwright Python package is not installed (pip install playwright)"
     if not Path(CHROMIUM).exists():
-        return f"no Chromium at {CHROMIUM} (apt-get install -y chromium)"
+        return f"no browser: install Debian's Chromium (apt-get install -y chromium) for {CHROMIUM}"
     return None
 
 
@@ -76,12 +72,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # ---------------------------------------------------------------- the stack
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -122,17 +112,16 @@ def _get(url: str, token: str | None = None) -> tuple[int, Any]:
 
 
 def _wait(what: str, check: Any, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def probe() -> Any:
         if proc.poll() is not None:
             raise RuntimeError(
                 f"gpusched up exited ({proc.returncode}):\n{log.read_text()[-4000:]}"
             )
-        result = check()
-        if result:
-            return result
-        time.sleep(0.25)
-    raise TimeoutError(f"timed out waiting for {what}:\n{log.read_text()[-4000:]}")
+        return check()
+
+    return poll(
+        what, probe, timeout=timeout, interval=0.25, on_timeout=lambda: log.read_text()[-4000:]
+    )
 
 
 @pytest.fixture(scope="session")
@@ -140,7 +129,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     if _skip_reason():
         pytest.skip(_skip_reason() or "")
     data_dir = tmp_path_factory.mktemp("gpusched-browser")
-    port = _free_port()
+    port = free_port()
     proc, env, log = start_up(
         data_dir,
         port=port,

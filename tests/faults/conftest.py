@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from bench.common import PG_URL, Stack
+from bench.common import Stack
 from tests.faults.support import FAULT_ENV
+from tests.support.servers import PrivatePostgres, pg_url
 
 
 @dataclass
@@ -69,7 +70,7 @@ def _pg_reachable() -> str | None:
     from sqlalchemy import create_engine, text
 
     try:
-        engine = create_engine(PG_URL, connect_args={"connect_timeout": 3})
+        engine = create_engine(pg_url(), connect_args={"connect_timeout": 3})
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
         engine.dispose()
@@ -85,6 +86,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     if report.failed:
         for stack in getattr(item, "_fault_stacks", []):
             report.sections.append(("stack processes (tails)", stack.tails(60)))
+
+
+@pytest.fixture
+def private_pg() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL server of this test's own, which it may stop and start."""
+    pg = PrivatePostgres()
+    try:
+        yield pg.start()
+    finally:
+        pg.cleanup()
 
 
 @pytest.fixture

@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -25,8 +21,7 @@ from typing import Any
 
 import httpx
 
-import bench.common as common
-from bench.common import Proc, Stack, free_port, poll
+from bench.common import Proc, Stack, poll
 
 ACTIVE_STATUSES = ("PENDING", "SCHEDULED", "RUNNING", "LOST", "PREEMPTED")
 # What ends one attempt in the job's event history.
@@ -412,122 +407,6 @@ def verify(stack: Stack, job_ids: list[int], *, runs: Path | None = None) -> Ver
         pending=pending,
         reruns=reruns,
     )
-
-
-# -- a private PostgreSQL that a test may stop and start --------------------------------
-
-
-def _pg_bin() -> Path | None:
-    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
-        if (candidate / "initdb").exists() and (candidate / "pg_ctl").exists():
-            return candidate
-    for name in ("initdb", "pg_ctl"):
-        if shutil.which(name) is None:
-            return None
-    return Path(shutil.which("pg_ctl") or "").parent
-
-
-class PrivatePostgres:
-    """initdb + pg_ctl in a temp dir on a free port (as the `postgres` user when root,
-    because initdb refuses to run as root)."""
-
-    def __init__(self) -> None:
-        self.bin = _pg_bin()
-        self.port = 0
-        self.dir: Path | None = None
-        self.running = False
-
-    def _run(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        assert self.bin is not None
-        cmd = [str(self.bin / argv[0]), *argv[1:]]
-        if os.geteuid() == 0:
-            cmd = ["runuser", "-u", "postgres", "--", *cmd]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-
-    def init(self) -> str | None:
-        """Create and start the cluster; returns why it could not, or None."""
-        if self.bin is None:
-            return "no initdb/pg_ctl on this machine"
-        if os.geteuid() == 0 and shutil.which("runuser") is None:
-            return "running as root without runuser"
-        self.dir = Path(tempfile.mkdtemp(prefix="gpusched-pg-"))
-        if os.geteuid() == 0:
-            try:
-                shutil.chown(self.dir, user="postgres")
-            except (LookupError, PermissionError) as exc:
-                return f"cannot hand the data dir to the postgres user: {exc}"
-        r = self._run(
-            "initdb", "-D", str(self.dir / "data"), "-A", "trust", "-U", "postgres", "--no-sync"
-        )
-        if r.returncode != 0:
-            return f"initdb failed: {r.stderr.strip()[-500:]}"
-        self.port = free_port()
-        return self.start()
-
-    def start(self) -> str | None:
-        assert self.dir is not None
-        opts = (
-            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
-        )
-        r = self._run(
-            "pg_ctl", "-D", str(self.dir / "data"), "-o", opts, "-l", str(self.dir / "log"),
-            "-w", "-t", "30", "start",
-        )  # fmt: skip
-        if r.returncode != 0:
-            return f"pg_ctl start failed: {r.stdout.strip()[-300:]} {r.stderr.strip()[-300:]}"
-        self.running = True
-        return None
-
-    def stop(self, mode: str = "fast") -> None:
-        assert self.dir is not None
-        r = self._run("pg_ctl", "-D", str(self.dir / "data"), "-m", mode, "-w", "stop")
-        if r.returncode != 0:
-            raise RuntimeError(f"pg_ctl stop failed: {r.stdout} {r.stderr}")
-        self.running = False
-
-    def cleanup(self) -> None:
-        if self.dir is None:
-            return
-        if self.running:
-            with contextlib.suppress(Exception):
-                self.stop("immediate")
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir = None
-
-    @property
-    def url(self) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
-
-
-@contextlib.contextmanager
-def _pg_url(url: str) -> Iterator[None]:
-    # bench.common creates and drops each stack's database through its module-level
-    # PG_URL; point it at the private server for the duration of the call.
-    saved = common.PG_URL
-    common.PG_URL = url
-    try:
-        yield
-    finally:
-        common.PG_URL = saved
-
-
-class PrivatePgStack(Stack):
-    """A Stack whose fresh database lives on a private PostgreSQL server."""
-
-    def __init__(self, root: Path, pg: PrivatePostgres, **kwargs: Any) -> None:
-        super().__init__(root, db="postgresql", **kwargs)
-        self.pg = pg
-
-    def start(self, *, timeout: float = 60.0) -> Stack:
-        with _pg_url(self.pg.url):
-            return super().start(timeout=timeout)
-
-    def stop(self) -> None:
-        with _pg_url(self.pg.url):
-            if not self.pg.running and self.pg_name is not None:
-                self.pg_name = None  # the server is gone with its database
-            super().stop()
 
 
 def redis_restart(stack: Stack) -> int:

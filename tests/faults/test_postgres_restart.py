@@ -11,8 +11,6 @@ import pytest
 
 from bench.common import poll
 from tests.faults.support import (
-    PrivatePgStack,
-    PrivatePostgres,
     Traffic,
     finished_but_stuck,
     marker_command,
@@ -27,15 +25,11 @@ OUTAGE_S = 4.0
 STUCK_AFTER_S = 30.0
 
 
-def test_postgres_stop_and_restart(make_stack, record, tmp_path: Path) -> None:
-    pg = PrivatePostgres()
-    why = pg.init()
-    if why:
-        pg.cleanup()
-        pytest.skip(f"no private PostgreSQL: {why}")
+def test_postgres_stop_and_restart(make_stack, record, tmp_path: Path, private_pg) -> None:
+    pg = private_pg
     stack = None
     try:
-        stack = make_stack(cls=PrivatePgStack, pg=pg)
+        stack = make_stack(pg_admin_url=pg.url)
         runs = tmp_path / "runs"
         traffic = Traffic(
             stack, {"command": marker_command(runs, 0.5), "gpus": 1, "retries": 1}, interval=0.25
@@ -50,7 +44,7 @@ def test_postgres_stop_and_restart(make_stack, record, tmp_path: Path) -> None:
         poll("the API to refuse submissions with 503", refused, timeout=20, interval=0.1)
         while time.monotonic() - down_at < OUTAGE_S:
             time.sleep(0.1)
-        assert pg.start() is None
+        pg.start()
         up_at = time.monotonic()
         during = traffic.codes_between(down_at, up_at)
 
@@ -72,5 +66,4 @@ def test_postgres_stop_and_restart(make_stack, record, tmp_path: Path) -> None:
         verdict.assert_clean()
     finally:
         if stack is not None:
-            stack.stop()
-        pg.cleanup()
+            stack.stop()  # before the server goes (the private_pg fixture removes it)

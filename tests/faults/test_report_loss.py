@@ -17,8 +17,6 @@ import pytest
 
 from bench.common import Stack, poll
 from tests.faults.support import (
-    PrivatePgStack,
-    PrivatePostgres,
     kill9,
     redis_restart,
     wait_status_alive,
@@ -82,15 +80,11 @@ def test_finished_report_survives_an_agent_killed_during_redis_outage(
     assert "finished before the restart: reporting again" in stack.agent("n1").log.read_text()
 
 
-def test_finished_report_survives_database_outage(make_stack, tmp_path: Path) -> None:
-    pg = PrivatePostgres()
-    why = pg.init()
-    if why:
-        pg.cleanup()
-        pytest.skip(f"no private PostgreSQL: {why}")
+def test_finished_report_survives_database_outage(make_stack, tmp_path: Path, private_pg) -> None:
+    pg = private_pg
     stack = None
     try:
-        stack = make_stack(cls=PrivatePgStack, pg=pg, agents={"n1": "sim:2:H100-80GB"}, env=ENV)
+        stack = make_stack(pg_admin_url=pg.url, agents={"n1": "sim:2:H100-80GB"}, env=ENV)
         gate = tmp_path / "gate"
         job = _gated_job(stack, gate)
         pg.stop("fast")
@@ -106,10 +100,9 @@ def test_finished_report_survives_database_outage(make_stack, tmp_path: Path) ->
                 timeout=15,
             )
         finally:
-            assert pg.start() is None
+            pg.start()
         done = stack.wait_status(job["id"], "SUCCEEDED", "FAILED", timeout=15)
         assert done["status"] == "SUCCEEDED" and done["attempt"] == 1
     finally:
         if stack is not None:
-            stack.stop()
-        pg.cleanup()
+            stack.stop()  # before the server goes (the private_pg fixture removes it)

@@ -20,9 +20,9 @@ def test_downgrade_to_base_and_back(database_url, tmp_path):
         url = f"sqlite:///{tmp_path / 'mig.db'}"
         scratch = make_engine(url)
     else:
-        from tests.conftest import _create_pg_database, _drop_pg_database
+        from bench.common import create_pg_database
 
-        name, url = _create_pg_database()
+        name, url = create_pg_database("gpusched_mig")
         scratch = make_engine(url)
     try:
         upgrade(scratch)
@@ -34,4 +34,6 @@ def test_downgrade_to_base_and_back(database_url, tmp_path):
     finally:
         scratch.dispose()
         if not database_url.startswith("sqlite"):
-            _drop_pg_database(name)
+            from bench.common import drop_pg_database
+
+            drop_pg_database(name)

@@ -1,0 +1,1 @@
+"""What the tests share: one way to wait, and the private servers a test run brings."""
