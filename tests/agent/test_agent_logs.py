@@ -7,6 +7,7 @@ from pathlib import Path
 
 from app.jobs.logs import attempt_log_path
 from tests.agent.support import RecordingReporter
+from tests.support.wait import WAIT_S
 from workers.agent.service import Agent, AgentSettings
 
 
@@ -31,7 +32,7 @@ def test_the_nodes_of_a_multi_node_job_write_their_own_logs(tmp_path: Path) -> N
             "master_port": 29500, "nproc_per_node": 1,
         }  # fmt: skip
         assert _agent(tmp_path, node, reporter).run_job(payload) == "started"
-        assert reporter.finished.wait(10), reporter.reports
+        assert reporter.finished.wait(WAIT_S), reporter.reports
         outputs[rank] = attempt_log_path(tmp_path / "logs", 7, 1, rank)
     assert outputs[0].name == "attempt-1.log"  # a one-node job's file, as before
     assert outputs[0].read_text() == "output of n1\n"

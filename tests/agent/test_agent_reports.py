@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent.support import RecordingReporter, agent_without_gpus
+from tests.support.wait import WAIT_S
 from workers.agent import service
 
 
@@ -17,7 +18,7 @@ def _run(tmp_path: Path, command: list[str]) -> list[dict[str, object]]:
     assert agent.run_job({"job_id": 7, "attempt": 1, "command": command, "gpu_indices": []}) == (
         "started"
     )
-    assert reports.finished.wait(10), reports.reports
+    assert reports.finished.wait(WAIT_S), reports.reports
     return [
         {k: r[k] for k in ("kind", "job_id", "attempt", "pid") if k in r}
         | {"result": r.get("result")}

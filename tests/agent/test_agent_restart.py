@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.agent.support import RecordingReporter, agent_without_gpus
+from tests.support.wait import WAIT_S
 from workers.agent import service
 from workers.agent.gpu_backend import NodeSample
 from workers.agent.service import Agent
@@ -27,7 +28,7 @@ def finish_then_die(tmp_path: Path) -> dict[str, Any]:
     lost = RecordingReporter(delivered=False)
     first = agent_without_gpus(tmp_path, lost)
     assert first.run_job(dict(RUN)) == "started"
-    assert lost.finished.wait(10), lost.reports
+    assert lost.finished.wait(WAIT_S), lost.reports
     # The agent process dies here: its memory is gone, its state directory is not.
     return next(r for r in lost.reports if r["kind"] == "finished")
 
@@ -88,4 +89,4 @@ def test_a_run_sent_to_the_agent_before_this_one_is_not_started(tmp_path: Path) 
     assert reports.reports == [] and heartbeat(restarted)["running"] == []
     # Reconciliation sends it again when it is still due: that one runs.
     assert restarted.run_job({**RUN, "sent_at": time.time()}) == "started"
-    assert reports.finished.wait(10), reports.reports
+    assert reports.finished.wait(WAIT_S), reports.reports

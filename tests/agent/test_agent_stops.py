@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent.support import RecordingReporter, agent_without_gpus
+from tests.support.wait import WAIT_S
 from workers.agent import service
 
 RUN = {"job_id": 7, "attempt": 1, "command": ["sleep", "30"], "gpu_indices": []}
@@ -50,7 +51,7 @@ def test_a_stop_that_arrives_while_the_job_starts_is_applied(
 
     monkeypatch.setattr(service, "start_job", start_then_stop)
     assert agent.run_job(dict(RUN)) == "started"
-    assert reports.finished.wait(10), reports.reports
+    assert reports.finished.wait(WAIT_S), reports.reports
     finished = next(r for r in reports.reports if r["kind"] == "finished")
     assert finished["result"] == "PREEMPTED"  # killed at once (grace 0), not after 30 s
     # A stop for an attempt that has ended is not kept for later.
@@ -95,7 +96,7 @@ def test_a_job_starting_as_the_agent_stops_is_stopped(
 
     monkeypatch.setattr(service, "start_job", start_then_stop)
     assert agent.run_job(dict(RUN)) == "started"
-    assert reports.finished.wait(10), reports.reports
+    assert reports.finished.wait(WAIT_S), reports.reports
     finished = next(r for r in reports.reports if r["kind"] == "finished")
     assert finished["result"] == "PREEMPTED"  # SIGTERM at once, not after `sleep 30`
 
@@ -112,7 +113,7 @@ def test_a_time_limit_change_reaches_a_job_before_while_and_after_it_starts(
     assert not reports.finished.wait(1.0), reports.reports  # 0.3 s would have ended it
     # Running: moved at once.
     assert agent.set_time_limit({**STOP, "max_runtime_s": 0.5}) == "changed"
-    assert reports.finished.wait(10), reports.reports
+    assert reports.finished.wait(WAIT_S), reports.reports
     finished = next(r for r in reports.reports if r["kind"] == "finished")
     assert finished["result"] == "TIMED_OUT"
     assert agent.set_time_limit({**STOP, "max_runtime_s": 60}) == "not running"
@@ -130,7 +131,7 @@ def test_a_time_limit_change_reaches_a_job_before_while_and_after_it_starts(
     assert agent.run_job({**short, "attempt": 2}) == "started"
     assert not reports.finished.wait(1.0), reports.reports
     agent.stop_job({**STOP, "attempt": 2, "reason": "cancel", "grace_s": 0})
-    assert reports.finished.wait(10)
+    assert reports.finished.wait(WAIT_S)
 
 
 def test_a_stopping_agent_reports_its_jobs_then_that_it_leaves(tmp_path: Path) -> None:

@@ -2,20 +2,11 @@
 
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
+from tests.support.wait import WAIT_S, wait_until
 from workers.agent.runner import JobLaunch, find_leftover_processes, start_job
-
-
-def _wait(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_jobs_of_the_node_die_with_their_agent_and_others_survive(tmp_path: Path):
@@ -41,9 +32,9 @@ def test_jobs_of_the_node_die_with_their_agent_and_others_survive(tmp_path: Path
         assert watchdog.poll() is None  # waits while the pipe is open
         assert watchdog.stdin is not None
         watchdog.stdin.close()  # what the kernel does when the agent dies
-        assert watchdog.wait(timeout=10) == 0
-        assert _wait(lambda: find_leftover_processes(node=node) == [])
-        assert jobs[node].wait(5) is not None
+        assert watchdog.wait(timeout=WAIT_S) == 0
+        assert wait_until(lambda: find_leftover_processes(node=node) == [])
+        assert jobs[node].wait(WAIT_S) is not None
         assert jobs[other].poll() is None  # another agent's job is not touched
     finally:
         jobs[other].terminate("cancel", grace_s=0.5)

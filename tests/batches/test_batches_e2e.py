@@ -23,6 +23,7 @@ from app.auth.service import Principal
 from app.db import utcnow
 from app.processes import die_with_parent
 from tests.batches.conftest import World
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.e2e
 
@@ -39,14 +40,6 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
         yield f"redis://127.0.0.1:{server.port}/0"
     finally:
         server.stop()
-
-
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def test_two_beats_submit_one_batch_per_minute(
@@ -79,13 +72,14 @@ def test_two_beats_submit_one_batch_per_minute(
             # Redis (one may take most of them), and it does not matter here.
             return log.read_text().count("Sending due task fire-batches")
 
-        _wait_for(
+        poll(
+            "both beats to send fire_batches",
             lambda: (
                 all(beat_checks(log) > 0 for _, log in procs)
                 or any(p.poll() is not None for p, _ in procs)
             ),
-            90,
-            "both beats to send fire_batches",
+            timeout=90,
+            interval=0.2,
         )
         for proc, log in procs:
             assert proc.poll() is None, log.read_text()[-3000:]
@@ -99,13 +93,14 @@ def test_two_beats_submit_one_batch_per_minute(
         boundary = (created + timedelta(minutes=1)).replace(second=0, microsecond=0)
         sid = world.create(alice, created, name="every-minute", cron="* * * * *")
 
-        _wait_for(lambda: len(world.firings(sid)) >= 1, 40, "the firing")
+        poll("the firing", lambda: len(world.firings(sid)) >= 1, timeout=40, interval=0.2)
         # Let both beats check at least three more times each before counting.
         seen = [beat_checks(log) for _, log in procs]
-        _wait_for(
-            lambda: all(beat_checks(log) >= n + 3 for (_, log), n in zip(procs, seen, strict=True)),
-            40,
+        poll(
             "three more checks by each beat",
+            lambda: all(beat_checks(log) >= n + 3 for (_, log), n in zip(procs, seen, strict=True)),
+            timeout=60,
+            interval=0.2,
         )
         firings = world.firings(sid)
         assert [f.fire_at for f in firings] == [boundary]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.config import Settings
 from app.main import create_app
 from tests.cli.harness import Cli
+from tests.support.wait import poll
 
 
 def serve_in_thread(app: FastAPI) -> tuple[str, uvicorn.Server, threading.Thread, socket.socket]:
@@ -33,11 +33,9 @@ def serve_in_thread(app: FastAPI) -> tuple[str, uvicorn.Server, threading.Thread
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
+    poll("uvicorn to start", lambda: server.started or not thread.is_alive(), interval=0.01)
+    if not server.started:
+        raise RuntimeError("uvicorn did not start")
     return f"http://127.0.0.1:{port}", server, thread, sock
 
 

@@ -17,7 +17,7 @@ STACK_ENV = {"GPUSCHED_SCHEDULER_INTERVAL_S": "60"}
 
 
 def _running_at(stack: Stack, job_id: int) -> datetime:
-    stack.wait_status(job_id, "SUCCEEDED", timeout=20)
+    stack.wait_status(job_id, "SUCCEEDED", timeout=60)
     return next(
         datetime.fromisoformat(e["at"]) for e in stack.events(job_id) if e["to_status"] == "RUNNING"
     )
@@ -38,5 +38,6 @@ def test_jobs_start_at_their_begin_times_between_beats(stack: Stack) -> None:
 
     for job, begin in zip(jobs, begins, strict=True):
         late_s = (_running_at(stack, job["id"]) - begin).total_seconds()
-        # About 0.05 s on an idle machine; 2 s of slack for a busy CI host.
-        assert 0 <= late_s < 2.0, f"job {job['id']} started {late_s:.2f}s after its begin time"
+        # About 0.05 s on an idle machine; 5 s of slack for a loaded CI host, still far
+        # from the minute a job waiting for the beat would lose.
+        assert 0 <= late_s < 5.0, f"job {job['id']} started {late_s:.2f}s after its begin time"

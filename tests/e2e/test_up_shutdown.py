@@ -9,7 +9,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,8 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from app.jobs.models import Job, JobEvent
-from bench.common import free_port
+from tests.support.servers import free_port
+from tests.support.wait import poll
 from tests.up_process import start_up
 
 pytestmark = pytest.mark.e2e
@@ -42,17 +42,11 @@ def _processes_running(command: str) -> list[int]:
 
 
 def _until(what: str, check: Callable[[], Any], proc: subprocess.Popen[bytes], log: Path) -> Any:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
+    def probe() -> Any:
         assert proc.poll() is None, f"gpusched up exited:\n{log.read_text()[-4000:]}"
-        try:
-            result = check()
-        except httpx.HTTPError:
-            result = None
-        if result:
-            return result
-        time.sleep(0.25)
-    raise TimeoutError(f"{what}:\n{log.read_text()[-4000:]}")
+        return check()
+
+    return poll(what, probe, timeout=90, interval=0.25, on_timeout=lambda: log.read_text()[-4000:])
 
 
 @dataclass
@@ -165,12 +159,15 @@ def test_killed_up_takes_its_service_and_jobs_with_it(tmp_path: Path) -> None:
 
         os.kill(up.proc.pid, signal.SIGKILL)
         up.proc.wait()
-        deadline = time.monotonic() + 60
-        left = children
-        while left and time.monotonic() < deadline:
-            time.sleep(0.25)
-            left = {p: c for p, c in _processes_of(tmp_path).items() if "app.cli" in c}
-        assert left == {}, f"still running after `up` was killed: {left}"
+
+        def service_left() -> dict[int, str]:
+            return {p: c for p, c in _processes_of(tmp_path).items() if "app.cli" in c}
+
+        poll(
+            "`up`'s processes to go with it",
+            lambda: not service_left(),
+            on_timeout=lambda: f"still running after `up` was killed: {service_left()}",
+        )
         assert _processes_running(command) == [], f"job {job['id']} still running"
 
 
@@ -190,9 +187,9 @@ def test_a_killed_scheduler_takes_its_beat_with_it(tmp_path: Path) -> None:
 
         beat, worker = up.until("the scheduler's beat", beat_and_worker)
         os.kill(worker, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while Path(f"/proc/{beat}").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not Path(f"/proc/{beat}").exists(), f"beat {beat} outlived its worker {worker}"
+        poll(
+            f"beat {beat} to go with its worker {worker}",
+            lambda: not Path(f"/proc/{beat}").exists(),
+        )
         up.proc.send_signal(signal.SIGINT)
         up.proc.wait(timeout=90)

@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -25,6 +23,8 @@ from app.config import Settings
 from app.main import create_app
 from tests.foundation.builders import add_user
 from tests.security.conftest import expired_token
+from tests.support.servers import free_port
+from tests.support.wait import poll
 
 ENV_SECRET = "envsecret-93be1c0d"
 SQL_ECHO = "sqlalchemy.engine"
@@ -70,22 +70,14 @@ def all_logging_at_debug() -> Iterator[CaptureAll]:
             logger.disabled = disabled
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def serve(app) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="debug"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
+    poll("uvicorn to start", lambda: server.started or not thread.is_alive(), interval=0.02)
+    assert server.started, "uvicorn did not start"
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
