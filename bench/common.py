@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.support.servers import free_port, pg_url  # noqa: E402  (after the path is set)
-from tests.support.wait import poll  # noqa: E402
+from tests.support.wait import WAIT_S, poll  # noqa: E402
 
 __all__ = ["free_port", "poll"]  # re-exported for the benchmarks
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"})
@@ -445,7 +445,7 @@ class Stack:
         job_id: int,
         pred: Callable[[dict[str, Any]], bool],
         what: str,
-        timeout: float = 30.0,
+        timeout: float = WAIT_S,
         interval: float = 0.05,
     ) -> dict[str, Any]:
         def probe() -> dict[str, Any] | None:
@@ -470,7 +470,7 @@ class Stack:
         )
 
     def wait_status(
-        self, job_id: int, *statuses: str, timeout: float = 30.0, interval: float = 0.05
+        self, job_id: int, *statuses: str, timeout: float = WAIT_S, interval: float = 0.05
     ) -> dict[str, Any]:
         return self.wait_job(
             job_id, lambda j: j["status"] in statuses, f"status in {statuses}", timeout, interval

@@ -41,11 +41,11 @@ def _submit_and_kill_its_agent(stack: Stack, work: Path) -> tuple[dict, str, str
             "retries": 1,
         }
     )
-    running = stack.wait_status(job["id"], "RUNNING", timeout=20)
+    running = stack.wait_status(job["id"], "RUNNING")
     real = running["allocations"][0]["node"]
     dead = next(short for short, name in stack.node_names.items() if name == real)
     other = next(short for short in stack.node_names if short != dead)
-    line = poll("attempt 1 pid", lambda: runs.exists() and runs.read_text().split(), timeout=10)
+    line = poll("attempt 1 pid", lambda: runs.exists() and runs.read_text().split())
     assert line[:2] == ["1", real]
     job_pid = int(line[2])
     agent = stack.agent(dead)

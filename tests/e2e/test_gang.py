@@ -36,6 +36,5 @@ def test_a_failing_node_ends_the_gang_and_its_other_node_is_stopped(stack: Stack
     poll(
         "rank 0 stopped",
         lambda: "SIGTERM" in stack.logs(job["id"]) or None,
-        timeout=10,
     )
     assert stack.node("n1")["gpus_allocated"] == 0 and stack.node("n2")["gpus_allocated"] == 0

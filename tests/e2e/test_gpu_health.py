@@ -27,7 +27,6 @@ def clean_node(stack: Stack):
             g["healthy"] and g["foreign_util_pct"] == 0 and g["allocated"] == 0
             for g in stack.node("n1")["gpus"]
         ),
-        timeout=10,
     )
 
 
@@ -42,7 +41,7 @@ def _cancel_all(stack: Stack, ids: list[int]) -> None:
     for job_id in pending_first:
         stack.cancel(job_id)
     for job_id in ids:
-        stack.wait_status(job_id, "CANCELLED", timeout=20)
+        stack.wait_status(job_id, "CANCELLED")
 
 
 def test_failed_gpu_is_reported_and_avoided(clean_node: Stack) -> None:
@@ -51,7 +50,6 @@ def test_failed_gpu_is_reported_and_avoided(clean_node: Stack) -> None:
     gpu0 = poll(
         "GPU 0 unhealthy in the API",
         lambda: (g := stack.node("n1")["gpus"][0]) and not g["healthy"] and g,
-        timeout=10,
     )
     assert "fallen off the bus" in gpu0["health_message"]
     assert gpu0["util_pct"] is None  # no readings from a GPU that is gone
@@ -65,7 +63,7 @@ def test_failed_gpu_is_reported_and_avoided(clean_node: Stack) -> None:
             running = [j for j in jobs if j["status"] == "RUNNING"]
             return running if len(running) == 3 else None
 
-        placed = poll("three of four 1-GPU jobs running", three_running, timeout=20)
+        placed = poll("three of four 1-GPU jobs running", three_running)
         gpus = sorted(a["gpu_index"] for j in placed for a in j["allocations"])
         assert gpus == [1, 2, 3]
         waiting = [stack.job(i) for i in ids if stack.job(i)["status"] == "PENDING"]
@@ -73,7 +71,6 @@ def test_failed_gpu_is_reported_and_avoided(clean_node: Stack) -> None:
         poll(
             "the fourth job to get a pending reason",
             lambda: stack.job(waiting[0]["id"])["pending_reason"],
-            timeout=5,
         )
         assert stack.job(waiting[0]["id"])["allocations"] == []
     finally:
@@ -86,7 +83,6 @@ def test_foreign_process_is_shown_and_avoided(clean_node: Stack) -> None:
     gpu0 = poll(
         "foreign process on GPU 0 in the API",
         lambda: (g := stack.node("n1")["gpus"][0])["foreign_util_pct"] > 0 and g,
-        timeout=10,
     )
     assert gpu0["foreign_memory_mb"] == FOREIGN["memory_mb"]
     assert gpu0["foreign_since"] is not None
@@ -95,19 +91,19 @@ def test_foreign_process_is_shown_and_avoided(clean_node: Stack) -> None:
     ]
 
     job = stack.submit({"command": "sleep 1", "gpus": 1})
-    running = stack.wait_status(job["id"], "RUNNING", "SUCCEEDED", timeout=20)
+    running = stack.wait_status(job["id"], "RUNNING", "SUCCEEDED")
     events = stack.events(job["id"])
     placed_on = next(e["reason"] for e in events if e["to_status"] == "SCHEDULED")
     assert placed_on.endswith(":1") or placed_on.endswith(":2") or placed_on.endswith(":3")
     if running["status"] == "RUNNING":
         assert [a["gpu_index"] for a in running["allocations"]] != [0]
-    stack.wait_status(job["id"], "SUCCEEDED", timeout=20)
+    stack.wait_status(job["id"], "SUCCEEDED")
 
     # Fill the other three GPUs too: all four stay taken until the first job is done.
     ids = _sleepers(stack, 3)
     try:
         for job_id in ids:
-            got = stack.wait_status(job_id, "RUNNING", timeout=20)
+            got = stack.wait_status(job_id, "RUNNING")
             assert 0 not in [a["gpu_index"] for a in got["allocations"]]
     finally:
         _cancel_all(stack, ids)
@@ -120,14 +116,12 @@ def test_all_gpus_foreign_busy_keeps_job_pending(clean_node: Stack) -> None:
     poll(
         "every GPU foreign-busy in the API",
         lambda: all(g["foreign_util_pct"] > 0 for g in stack.node("n1")["gpus"]),
-        timeout=10,
     )
     job = stack.submit({"command": "echo ran; sleep 0.2", "gpus": 1})
     pending = stack.wait_job(
         job["id"],
         lambda j: j["pending_reason"] == "foreign_process",
         "pending reason foreign_process",
-        timeout=10,
     )
     assert pending["status"] == "PENDING"
     assert "foreign" in (pending["pending_message"] or "")
@@ -139,11 +133,11 @@ def test_all_gpus_foreign_busy_keeps_job_pending(clean_node: Stack) -> None:
         return sum("schedule_cycle[" in line and "received" in line for line in text.splitlines())
 
     before = cycles_started()
-    poll("four more scheduling cycles", lambda: cycles_started() >= before + 4, timeout=10)
+    poll("four more scheduling cycles", lambda: cycles_started() >= before + 4)
     still = stack.job(job["id"])
     assert still["status"] == "PENDING" and still["attempt"] == 0
     assert still["pending_reason"] == "foreign_process"
 
     # The foreign processes go away: after the stability window the job runs.
     stack.set_sim_state("n1")
-    stack.wait_status(job["id"], "SUCCEEDED", timeout=20)
+    stack.wait_status(job["id"], "SUCCEEDED")

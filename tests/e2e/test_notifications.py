@@ -32,8 +32,8 @@ def test_a_job_that_fails_posts_its_end_to_the_hook(stack: Stack, receiver: Rece
             "notify_on": ["fail"],
         }
     )
-    stack.wait_status(job["id"], "FAILED", "SUCCEEDED", timeout=20)
-    poll("the hook was called", lambda: receiver.bodies or None, timeout=20)
+    stack.wait_status(job["id"], "FAILED", "SUCCEEDED")
+    poll("the hook was called", lambda: receiver.bodies or None)
     (body,) = receiver.bodies
     assert body["text"] == f"job {job['id']} (sleep) of admin ended: FAILED, exit code 3"
     assert (body["event"], body["job"]["exit_code"]) == ("fail", 3)

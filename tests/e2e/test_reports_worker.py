@@ -38,7 +38,7 @@ def test_cycles_and_reports_run_in_their_own_processes(stack: Stack) -> None:
 
 
 def _samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(text)

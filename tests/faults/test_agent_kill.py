@@ -35,7 +35,7 @@ def test_agent_sigkill_mid_job(make_stack, record, tmp_path: Path) -> None:
             "retries": 1,
         }
     )  # fmt: skip
-    running = stack.wait_status(victim["id"], "RUNNING", timeout=20)
+    running = stack.wait_status(victim["id"], "RUNNING")
     node = running["allocations"][0]["node"]
     dead = next(short for short, name in stack.node_names.items() if name == node)
     pid_file = tmp_path / "pid-1"
@@ -51,7 +51,7 @@ def test_agent_sigkill_mid_job(make_stack, record, tmp_path: Path) -> None:
         interval=0.3,
         limit=20,
     ).start()
-    poll("some traffic", lambda: len(traffic.ids) >= 4, timeout=20)
+    poll("some traffic", lambda: len(traffic.ids) >= 4)
     killed_at = time.monotonic()
     killed_wall = time.time()
     kill9(stack, f"agent-{node}")
@@ -73,7 +73,7 @@ def test_agent_sigkill_mid_job(make_stack, record, tmp_path: Path) -> None:
     outlived = _alive(leftover)
     stack.start_agent(dead)
     stack.wait_nodes_ready([dead], timeout=30)
-    poll("the restarted agent to kill the leftover", lambda: not _alive(leftover), timeout=15)
+    poll("the restarted agent to kill the leftover", lambda: not _alive(leftover))
     assert not [p for p in stack.job_processes(dead) if p.job_id == str(victim["id"])]
 
     ids = [victim["id"], *traffic.ids]
@@ -125,7 +125,6 @@ def test_a_run_queued_for_a_dead_agent_is_not_started_by_its_successor(
     poll(
         "attempt 1 to be requeued with the node",
         lambda: any("before it started" in e["reason"] for e in stack.events(job["id"])),
-        timeout=20,
     )
     stack.start_agent("n1")
 

@@ -34,14 +34,14 @@ def test_postgres_stop_and_restart(make_stack, record, tmp_path: Path, private_p
         traffic = Traffic(
             stack, {"command": marker_command(runs, 0.5), "gpus": 1, "retries": 1}, interval=0.25
         ).start()
-        poll("jobs flowing", lambda: len(traffic.ids) >= 6, timeout=20)
+        poll("jobs flowing", lambda: len(traffic.ids) >= 6)
         pg.stop("fast")
         down_at = time.monotonic()
 
         def refused() -> bool:
             return traffic.codes_between(down_at, time.monotonic()).get(("submit", 503), 0) >= 3
 
-        poll("the API to refuse submissions with 503", refused, timeout=20, interval=0.1)
+        poll("the API to refuse submissions with 503", refused, interval=0.1)
         while time.monotonic() - down_at < OUTAGE_S:
             time.sleep(0.1)
         pg.start()

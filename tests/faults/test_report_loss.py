@@ -32,7 +32,7 @@ def _gated_job(stack: Stack, gate: Path) -> dict:
     job = stack.submit(
         {"command": f"while [ ! -e {gate} ]; do sleep 0.05; done", "gpus": 1, "retries": 1}
     )
-    stack.wait_status(job["id"], "RUNNING", timeout=20)
+    stack.wait_status(job["id"], "RUNNING")
     return job
 
 
@@ -90,18 +90,17 @@ def test_finished_report_survives_database_outage(make_stack, tmp_path: Path, pr
         pg.stop("fast")
         try:
             gate.touch()
-            poll("the job process to end", lambda: not stack.job_processes("n1"), timeout=15)
+            poll("the job process to end", lambda: not stack.job_processes("n1"))
             # The agent has sent its "finished" report into the outage (it meets the dead
             # database and must be retried, not dropped).
             agent_log = stack.procs[f"agent-{stack.name('n1')}"].log
             poll(
                 "the agent to report the end",
                 lambda: f"job {job['id']} attempt 1 SUCCEEDED" in agent_log.read_text(),
-                timeout=15,
             )
         finally:
             pg.start()
-        done = stack.wait_status(job["id"], "SUCCEEDED", "FAILED", timeout=15)
+        done = stack.wait_status(job["id"], "SUCCEEDED", "FAILED")
         assert done["status"] == "SUCCEEDED" and done["attempt"] == 1
     finally:
         if stack is not None:
