@@ -280,6 +280,22 @@ def test_a_suggestion_that_raises_a_warning_carries_it_and_comes_last() -> None:
     assert "with a warning the request does not have" in warned.message
 
 
+def test_gpt3_on_h100s_gets_the_fix_the_h200_yardstick_hid() -> None:
+    # GPT-3 175B at t = 8, p = 8: 98 GiB per GPU, which fits an H200 (so no advice came)
+    # but not the H100 the job runs on.  Checkpointing, on the same 64 GPUs, does.
+    fields: dict[str, Any] = {
+        "parameters": 175_000_000_000,
+        "tensor_parallel": 8,
+        "pipeline_parallel": 8,
+    }
+    r = run({"h100": H100}, **fields)
+    assert 81559 * MIB < r.per_gpu_bytes.total < 143771 * MIB
+    first = r.suggestions[0]
+    assert first.changes == {"checkpointing": True}
+    assert first.fits and first.gpu_count == 64
+    assert_verified(fields, r)
+
+
 def test_micro_batch_suggestion_keeps_global_batch() -> None:
     fields = {
         **FULL_FINETUNE,
