@@ -57,6 +57,23 @@ def parse_transformer(value: str | None) -> dict[str, int] | None:
     return {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "seq_len": seq_len}
 
 
+def transformer_body(
+    transformer: str | None, architecture_options: dict[str, tuple[str, Any]]
+) -> dict[str, Any] | None:
+    """The request's ``transformer``: the shape and the architecture options given
+    (``{flag: (field, value)}``); they describe a shape, so they need ``--transformer``."""
+    shape = parse_transformer(transformer)
+    given = {flag: pair for flag, pair in architecture_options.items() if pair[1] is not None}
+    if shape is None:
+        if given:
+            raise CliError(
+                f"{', '.join(given)}: describe a --transformer shape; give --transformer too",
+                EXIT_USAGE,
+            )
+        return None
+    return {**shape, **dict(given.values())}
+
+
 def _gib(value: float | None) -> str:
     return "" if value is None else f"{value / GIB:.2f} GiB"
 
@@ -67,18 +84,34 @@ def _hours(value: float | None) -> str:
     return human_duration(value * 3600) if value < 24 * 365 else f"{value / 24 / 365:.1f} years"
 
 
+def _shape_line(shape: dict[str, Any]) -> str:
+    ffn = shape["ffn_hidden"] or 4 * shape["hidden"]
+    line = (
+        f"L={shape['layers']} h={shape['hidden']} f={ffn} heads={shape['heads']} "
+        f"V={shape['vocab']} s={shape['seq_len']}"
+    )
+    traits = [
+        "gated FFN" if shape["gated_ffn"] else "",
+        "" if shape["tied_embeddings"] else "untied head",
+        "rotary positions" if shape["position_embedding"] == "rotary" else "",
+        "RMSNorm" if shape["norm"] == "rmsnorm" else "",
+        "" if shape["biases"] else "no biases",
+    ]
+    return ", ".join([line, *(t for t in traits if t)])
+
+
 def print_estimate(result: dict[str, Any]) -> None:
     out = console()
-    shape = result["shape"]
     out.print(
         f"{result['parameters'] / 1e9:.2f}B parameters"
-        f"{' (shape assumed)' if result['shape_assumed'] else ''}: L={shape['layers']} "
-        f"h={shape['hidden']} heads={shape['heads']} V={shape['vocab']} s={shape['seq_len']}; "
+        f"{' (shape assumed)' if result['shape_assumed'] else ''}: "
+        f"{_shape_line(result['shape'])}; "
         f"{result['precision']} {result['optimizer']}, sharding={result['sharding']}, "
         f"{result['gpu_count']} GPU(s) (tp={result['tensor_parallel']} "
         f"pp={result['pipeline_parallel']} dp={result['data_parallel']}), "
         f"global batch {result['global_batch']}",
         soft_wrap=True,
+        markup=False,
     )
     breakdown = make_table("COMPONENT", "PER GPU", title="Memory per GPU")
     for key in ("weights", "gradients", "optimizer_states", "activations", "overhead", "total"):
@@ -103,12 +136,30 @@ def print_estimate(result: dict[str, Any]) -> None:
         )
     out.print(fits)
     if result["suggestions"]:
-        table = make_table("CHANGE", "PER GPU", "FITS", title="Suggestions")
+        table = make_table(
+            "ON",
+            "CHANGE",
+            "GPUS",
+            "PER GPU",
+            "FITS",
+            title="Suggestions (verified, cheapest first)",
+        )
         for s in result["suggestions"]:
-            add_row(table, s["description"], _gib(s["total_bytes"]), "yes" if s["fits"] else "no")
+            target = s["gpu_model"] or "target_gpu_memory_mb"
+            change = "\n".join([s["description"], *(f"warning: {w}" for w in s["warnings"])])
+            add_row(
+                table,
+                f"{target} ({s['target_bytes'] // 2**20} MiB)",
+                change,
+                s["gpu_count"],
+                _gib(s["total_bytes"]),
+                "yes" if s["fits"] else "no",
+            )
         out.print(table)
     for warning in result["warnings"]:
         out.print(f"warning: {warning}", soft_wrap=True, markup=False)
+    for note in result["assumptions"]:
+        out.print(f"note: {note}", soft_wrap=True, markup=False)
 
 
 def estimate(
@@ -118,6 +169,34 @@ def estimate(
     transformer: Annotated[
         str | None,
         typer.Option("--transformer", help="Shape instead of a count: L,HIDDEN,HEADS,VOCAB,SEQ"),
+    ] = None,
+    architecture: Annotated[
+        str | None,
+        typer.Option(
+            help="Defaults of the shape options below: gpt (GPT-2/3) or llama (gated FFN, "
+            "untied head, rotary positions, RMSNorm, no biases)"
+        ),
+    ] = None,
+    ffn_hidden: Annotated[
+        int | None, typer.Option("--ffn-hidden", help="MLP inner size (default 4*HIDDEN)")
+    ] = None,
+    gated_ffn: Annotated[
+        bool | None,
+        typer.Option("--gated-ffn/--no-gated-ffn", help="Gated feed-forward (SwiGLU)"),
+    ] = None,
+    tied_embeddings: Annotated[
+        bool | None,
+        typer.Option(
+            "--tied-embeddings/--untied-embeddings",
+            help="Output head shares the input embedding",
+        ),
+    ] = None,
+    positions: Annotated[
+        str | None, typer.Option("--positions", help="learned or rotary position embeddings")
+    ] = None,
+    norm: Annotated[str | None, typer.Option(help="layernorm or rmsnorm")] = None,
+    biases: Annotated[
+        bool | None, typer.Option("--biases/--no-biases", help="Linear layers have biases")
     ] = None,
     seq_len: Annotated[
         int | None, typer.Option("--seq-len", help="Sequence length for --parameters")
@@ -130,11 +209,21 @@ def estimate(
     data_parallel: Annotated[int | None, typer.Option("--data-parallel")] = None,
     tensor_parallel: Annotated[int | None, typer.Option("--tensor-parallel")] = None,
     pipeline_parallel: Annotated[int | None, typer.Option("--pipeline-parallel")] = None,
+    pipeline_schedule: Annotated[
+        str | None, typer.Option("--pipeline-schedule", help="1f1b (default) or gpipe")
+    ] = None,
     checkpointing: Annotated[
         bool, typer.Option("--checkpointing", help="Full activation recomputation")
     ] = False,
     tokens: Annotated[str | None, typer.Option(help="Token budget: 1e12, 300B")] = None,
     mfu: Annotated[float | None, typer.Option(help="Assumed model FLOP utilisation")] = None,
+    gpu_model: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-model",
+            help="GPU model the job would run on (default: the cluster's, else an H100)",
+        ),
+    ] = None,
     target_memory_mb: Annotated[
         int | None, typer.Option("--target-memory-mb", help="Memory the suggestions aim for")
     ] = None,
@@ -142,11 +231,23 @@ def estimate(
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Estimate per-GPU training memory, which GPU models it fits and how long it takes."""
+    """Estimate per-GPU training memory, whether it fits the GPU it would run on, how long
+    it takes, and verified changes that make it fit."""
     body: dict[str, Any] = {}
     optional = {
         "parameters": parse_count(parameters, "--parameters"),
-        "transformer": parse_transformer(transformer),
+        "transformer": transformer_body(
+            transformer,
+            {
+                "--architecture": ("architecture", architecture),
+                "--ffn-hidden": ("ffn_hidden", ffn_hidden),
+                "--gated-ffn": ("gated_ffn", gated_ffn),
+                "--tied-embeddings": ("tied_embeddings", tied_embeddings),
+                "--positions": ("position_embedding", positions),
+                "--norm": ("norm", norm),
+                "--biases": ("biases", biases),
+            },
+        ),
         "seq_len": seq_len,
         "precision": precision,
         "optimizer": optimizer,
@@ -156,8 +257,10 @@ def estimate(
         "data_parallel": data_parallel,
         "tensor_parallel": tensor_parallel,
         "pipeline_parallel": pipeline_parallel,
+        "pipeline_schedule": pipeline_schedule,
         "tokens": parse_count(tokens, "--tokens"),
         "mfu": mfu,
+        "gpu_model": gpu_model,
         "target_gpu_memory_mb": target_memory_mb,
     }
     body.update({k: v for k, v in optional.items() if v is not None})

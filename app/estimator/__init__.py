@@ -7,13 +7,11 @@ from app.estimator.memory import (
     CUDA_CONTEXT_BYTES,
     FORMULAS,
     FRAGMENTATION_FRACTION,
-    assumed_shape,
-    estimate,
     memory_request_mb,
     training_flops,
     training_time,
-    transformer_parameters,
 )
+from app.estimator.response import estimate
 from app.estimator.schemas import (
     BytesPerParameter,
     EstimateRequest,
@@ -25,6 +23,7 @@ from app.estimator.schemas import (
     TrainingTime,
     TransformerShape,
 )
+from app.estimator.shape import assumed_shape, transformer_parameters
 
 __all__ = [
     "CUDA_CONTEXT_BYTES",

@@ -1,8 +1,9 @@
 """GPU model specifications for the estimator, and the view of them the cluster offers.
 
-The table and :func:`lookup` are pure data.  :func:`cluster_gpu_models` reads the registered
-GPUs (one query) and :func:`job_memory_from_model` turns a job's model description into its
-``gpu_memory_mb``; both are used by ``POST /api/v1/estimate`` and by job submission.
+The table, :func:`lookup` and :func:`advice_gpus` are pure.  :func:`cluster_gpu_models` reads
+the registered GPUs (one query) and :func:`job_memory_from_model` turns a job's model
+description into its ``gpu_memory_mb``; both are used by ``POST /api/v1/estimate`` and by
+job submission.
 
 Figures are dense (no 2:4 sparsity: NVIDIA's datasheets quote the sparse figure, twice the
 dense one, with an asterisk).  ``memory_mb`` is what NVML reports as total memory (MiB), which
@@ -20,7 +21,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.errors import FieldError
-from app.estimator.memory import estimate, memory_request_mb
+from app.estimator.memory import memory_request_mb
+from app.estimator.response import estimate
 from app.estimator.schemas import EstimateRequest, EstimateResponse, GpuModelSpec
 
 CATALOG: dict[str, GpuModelSpec] = {
@@ -42,6 +44,10 @@ CATALOG: dict[str, GpuModelSpec] = {
     # 24 GB GDDR6, NVML reports 23034 MiB.
     "L4": GpuModelSpec(memory_mb=23034, peak_tflops_bf16=121.0, peak_tflops_fp32=60.0),
 }
+
+#: The GPU advice is judged against when the request names none and none is registered: the
+#: most widely deployed data-centre training GPU of the catalog's generation.
+MOST_COMMON_GPU = "H100-80GB"
 
 #: Peaks assumed for a GPU model the catalog does not know: the lowest of the catalog, so a
 #: training-time estimate errs on the long side rather than promising too much.
@@ -87,24 +93,20 @@ def lookup(name: str, memory_mb: int | None = None) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class ClusterModels:
-    """The GPU models the estimate is checked against, and notes about where they came from."""
+    """The GPU models registered in the cluster (none: empty), by the name nodes report."""
 
     specs: dict[str, GpuModelSpec]
     unknown: tuple[str, ...]  # registered names not in the catalog (peaks are assumed)
-    from_catalog: bool  # no GPU registered: the whole catalog stands in
 
-    def warnings(self) -> list[str]:
+    def warnings(self, names: Iterable[str]) -> list[str]:
+        """Warnings about those of ``names`` the catalog does not know."""
         return [
             f"GPU model {name!r} is not in the catalog: memory as its node reports it, peak "
             f"TFLOPS assumed {DEFAULT_PEAK_TFLOPS_BF16:g} (bf16) / {DEFAULT_PEAK_TFLOPS_FP32:g} "
             "(fp32), the catalog's lowest; its training time is a pessimistic guess"
             for name in self.unknown
+            if name in names
         ]
-
-    def assumptions(self) -> list[str]:
-        if self.from_catalog:
-            return ["no GPU registered in the cluster: fits are checked against the catalog"]
-        return ["fits are checked against the GPU models registered in the cluster"]
 
 
 def specs_for(registered: Iterable[tuple[str, int]]) -> ClusterModels:
@@ -112,8 +114,6 @@ def specs_for(registered: Iterable[tuple[str, int]]) -> ClusterModels:
     memory: dict[str, int] = {}
     for name, memory_mb in registered:
         memory[name] = min(memory_mb, memory.get(name, memory_mb))
-    if not memory:
-        return ClusterModels(specs=dict(CATALOG), unknown=(), from_catalog=True)
     specs: dict[str, GpuModelSpec] = {}
     unknown: list[str] = []
     for name, memory_mb in sorted(memory.items()):
@@ -126,7 +126,7 @@ def specs_for(registered: Iterable[tuple[str, int]]) -> ClusterModels:
         specs[name] = GpuModelSpec(
             memory_mb=memory_mb, peak_tflops_bf16=bf16, peak_tflops_fp32=fp32
         )
-    return ClusterModels(specs=specs, unknown=tuple(unknown), from_catalog=False)
+    return ClusterModels(specs=specs, unknown=tuple(unknown))
 
 
 def cluster_gpu_models(*, session: Session) -> ClusterModels:
@@ -143,12 +143,75 @@ def cluster_gpu_models(*, session: Session) -> ClusterModels:
     return specs_for((name, int(memory_mb)) for name, memory_mb in rows)
 
 
+def _label(name: str, spec: GpuModelSpec) -> str:
+    return f"{name} ({spec.memory_mb} MiB)"
+
+
+def _registered_named(asked: str, registered: Mapping[str, GpuModelSpec]) -> list[str]:
+    """Registered models that ``asked`` names: itself, the same catalog entry ('H100-80GB'
+    for 'NVIDIA H100 80GB HBM3'), or words in a row of their name ('h100')."""
+    if asked in registered:
+        return [asked]
+    key, words = lookup(asked), _tokens(asked)
+
+    def named(name: str) -> bool:
+        if key is not None and lookup(name, registered[name].memory_mb) == key:
+            return True
+        tokens = _tokens(name)
+        return bool(words) and any(tokens[i : i + len(words)] == words for i in range(len(tokens)))
+
+    return [name for name in registered if named(name)]
+
+
+def advice_gpus(
+    *, gpu_model: str | None, cluster: ClusterModels
+) -> tuple[dict[str, GpuModelSpec], list[str]]:
+    """The GPU models a request's advice is judged against, and a note saying why.
+
+    The model the request names (registered, else from the catalog), else every registered
+    model, else the catalog's most common data-centre GPU, the assumption stated.  A name
+    that is neither registered nor in the catalog is a FieldError on ``gpu_model``.
+    """
+    registered = cluster.specs
+    if gpu_model is None and registered:
+        listed = ", ".join(_label(name, spec) for name, spec in registered.items())
+        return dict(registered), [f"advice for each GPU model registered in the cluster: {listed}"]
+    if gpu_model is None:
+        spec = CATALOG[MOST_COMMON_GPU]
+        return {MOST_COMMON_GPU: spec}, [
+            f"no GPU model named and none registered in the cluster: advice assumes "
+            f"{_label(MOST_COMMON_GPU, spec)}, the most common data-centre training GPU; "
+            "name gpu_model for yours"
+        ]
+    hits = _registered_named(gpu_model, registered)
+    if len(hits) > 1:
+        raise FieldError("gpu_model", f"{gpu_model!r} could be {' or '.join(hits)}: name one")
+    if hits:
+        name, spec = hits[0], registered[hits[0]]
+        return {name: spec}, [
+            f"advice for the GPU model named, {_label(name, spec)} as its nodes report it"
+        ]
+    key = lookup(gpu_model)
+    if key is None:
+        known = sorted({*registered, *CATALOG})
+        raise FieldError(
+            "gpu_model",
+            f"unknown GPU model {gpu_model!r}: not registered in the cluster and not in the "
+            f"catalog; known: {', '.join(known)} (or give target_gpu_memory_mb)",
+        )
+    where = "not registered in the cluster; " if registered else ""
+    return {key: CATALOG[key]}, [
+        f"advice for the GPU model named, {_label(key, CATALOG[key])} ({where}catalog figures)"
+    ]
+
+
 def estimate_on_cluster(*, session: Session, request: EstimateRequest) -> EstimateResponse:
-    """:func:`estimate` against the cluster's GPU models, with their provenance noted."""
-    models = cluster_gpu_models(session=session)
-    response = estimate(request, gpu_models=models.specs)
-    response.warnings.extend(models.warnings())
-    response.assumptions.extend(models.assumptions())
+    """:func:`estimate` against the GPU models the job would run on, their provenance noted."""
+    cluster = cluster_gpu_models(session=session)
+    gpus, notes = advice_gpus(gpu_model=request.gpu_model, cluster=cluster)
+    response = estimate(request, gpu_models=gpus)
+    response.warnings.extend(cluster.warnings(gpus))
+    response.assumptions[:0] = notes  # which GPU the verdicts are about comes first
     return response
 
 
@@ -201,22 +264,27 @@ def job_memory_from_model(
     """``gpu_memory_mb`` for a job that describes its model instead of giving it.
 
     Raises FieldError("model") when the estimate fits no registered GPU model (only
-    ``gpu_model`` when the job names one), with the estimator's advice in the message.
-    With no GPU registered anything is accepted, as for gpu_memory_mb itself.
+    ``gpu_model`` when the job names one), with the estimator's verified advice for each
+    in the message.  With no GPU registered anything is accepted, as for gpu_memory_mb.
     """
     if gpus < 1:
         raise FieldError("model", "a model description needs gpus >= 1")
+    if model.gpu_model is not None:
+        # Where a job runs is the job's gpu_model; a second name here could disagree with it.
+        raise FieldError(
+            ("model", "gpu_model"), "a job names its GPU model in gpu_model, not in model"
+        )
     sized = _for_job_size(model, gpus=gpus, nodes=nodes)
-    models = cluster_gpu_models(session=session)
-    candidates: Mapping[str, GpuModelSpec] = models.specs
-    if gpu_model is not None and gpu_model in candidates:
-        candidates = {gpu_model: candidates[gpu_model]}
-    result = estimate(sized, gpu_models=candidates)
-    needed = memory_request_mb(result)
-    if models.from_catalog:
+    registered: Mapping[str, GpuModelSpec] = cluster_gpu_models(session=session).specs
+    if not registered:
+        needed = memory_request_mb(sized)
         if needed > MAX_JOB_MEMORY_MB:
             raise FieldError("model", f"needs {needed} MiB per GPU, more than any GPU has")
         return needed
+    if gpu_model is not None and gpu_model in registered:
+        registered = {gpu_model: registered[gpu_model]}
+    result = estimate(sized, gpu_models=registered)
+    needed = memory_request_mb(result)
     if not any(fit.fits_as_requested for fit in result.fits.values()):
         raise FieldError("model", _never_fits_message(result, needed))
     return needed
@@ -224,15 +292,9 @@ def job_memory_from_model(
 
 def _never_fits_message(result: EstimateResponse, needed: int) -> str:
     largest = max(result.fits.values(), key=lambda fit: fit.memory_mb)
-    parts = [
+    header = (
         f"needs {needed} MiB per GPU on {result.gpu_count} GPU(s); no registered GPU model "
         f"has that much (largest: {largest.gpu_model}, {largest.memory_mb} MiB)"
-    ]
-    fitting = [s for s in result.suggestions if s.fits]
-    for suggestion in fitting or result.suggestions[-1:]:
-        verdict = "fits" if suggestion.fits else "still too large"
-        parts.append(
-            f"try {suggestion.description} -> {suggestion.total_bytes / 2**20:.0f} MiB ({verdict})"
-        )
-    parts.append(f"on {largest.gpu_model}: {largest.message}")
-    return "; ".join(parts)
+    )
+    # Each fit's message names its GPU and, where one exists, its cheapest verified fix.
+    return "; ".join([header, *(fit.message for fit in result.fits.values())])

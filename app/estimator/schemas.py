@@ -7,7 +7,7 @@ too).  All sizes are bytes unless the field name says otherwise; ``*_mb`` fields
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -16,7 +16,35 @@ from app.request_body import RequestBody
 Precision = Literal["fp32", "mixed", "bf16"]
 Optimizer = Literal["adam", "sgd", "adafactor", "adam8bit"]
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
-SuggestionKind = Literal["precision", "sharding", "checkpointing", "micro_batch", "combined"]
+SuggestionKind = Literal[
+    "precision", "sharding", "checkpointing", "micro_batch", "data_parallel", "combined"
+]
+PipelineSchedule = Literal["1f1b", "gpipe"]
+Architecture = Literal["gpt", "llama"]
+PositionEmbedding = Literal["learned", "rotary"]
+Norm = Literal["layernorm", "rmsnorm"]
+
+#: Upper bounds far beyond any real model: they keep the arithmetic in float range (a larger
+#: number is a 422 naming the field, not an overflow).
+MAX_SEQ_LEN = 100_000_000
+MAX_GPUS = 2**20  # a job may ask for 1024 GPUs on each of 1024 nodes
+
+#: What ``architecture="llama"`` means for the fields it leaves unset (LLaMA / LLaMA-2:
+#: Touvron et al. 2023): SwiGLU feed-forward, separate output head, rotary positions,
+#: RMSNorm, no biases.  ``ffn_hidden`` follows LLaMA's rule, see ``llama_ffn_hidden``.
+LLAMA_DEFAULTS: dict[str, Any] = {
+    "gated_ffn": True,
+    "tied_embeddings": False,
+    "position_embedding": "rotary",
+    "norm": "rmsnorm",
+    "biases": False,
+}
+
+
+def llama_ffn_hidden(hidden: int) -> int:
+    """LLaMA's feed-forward size: 2/3 of 4h (SwiGLU keeps the MLP's parameter count),
+    rounded up to a multiple of 256 (4096 -> 11008, 5120 -> 13824)."""
+    return -(-(8 * hidden // 3) // 256) * 256
 
 
 class GpuModelSpec(RequestBody):
@@ -35,18 +63,51 @@ class GpuModelSpec(RequestBody):
 
 
 class TransformerShape(RequestBody):
-    """Decoder-only (GPT-style) transformer shape: non-gated MLP, tied embeddings."""
+    """Decoder-only transformer shape.
+
+    The defaults describe a GPT-2/GPT-3 decoder (4h MLP with GeLU, tied embeddings, learned
+    positions, LayerNorm, biases); ``architecture="llama"`` changes the defaults of the
+    fields not given to LLaMA's (:data:`LLAMA_DEFAULTS`).
+    """
 
     model_config = ConfigDict(frozen=True)
 
-    layers: int = Field(gt=0, description="number of transformer layers L")
-    hidden: int = Field(gt=0, description="hidden size h")
-    heads: int = Field(gt=0, description="attention heads a")
-    vocab: int = Field(gt=0, description="vocabulary size V")
-    seq_len: int = Field(gt=0, description="sequence length s")
+    layers: int = Field(gt=0, le=100_000, description="number of transformer layers L")
+    hidden: int = Field(gt=0, le=1_000_000, description="hidden size h")
+    heads: int = Field(gt=0, le=100_000, description="attention heads a")
+    vocab: int = Field(gt=0, le=100_000_000, description="vocabulary size V")
+    seq_len: int = Field(gt=0, le=MAX_SEQ_LEN, description="sequence length s")
     ffn_hidden: int | None = Field(
-        default=None, gt=0, description="MLP inner size f; defaults to 4*hidden"
+        default=None,
+        gt=0,
+        le=10_000_000,
+        description="MLP inner size f; defaults to 4*hidden (gpt) or LLaMA's 8h/3 rounded "
+        "up to a multiple of 256 (llama)",
     )
+    architecture: Architecture = Field(
+        default="gpt", description="defaults for the fields below: gpt (GPT-2/3) or llama"
+    )
+    gated_ffn: bool = Field(
+        default=False, description="gated feed-forward (SwiGLU/GeGLU): three h*f matrices"
+    )
+    tied_embeddings: bool = Field(
+        default=True, description="output head shares the input embedding matrix"
+    )
+    position_embedding: PositionEmbedding = Field(
+        default="learned", description="learned (s*h parameters) or rotary (none)"
+    )
+    norm: Norm = Field(default="layernorm", description="layernorm (weight, bias) or rmsnorm")
+    biases: bool = Field(default=True, description="linear layers have biases")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _architecture_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("architecture") == "llama":
+            data = {**LLAMA_DEFAULTS, **data}
+            hidden = data.get("hidden")
+            if data.get("ffn_hidden") is None and isinstance(hidden, int) and hidden > 0:
+                data["ffn_hidden"] = llama_ffn_hidden(hidden)
+        return data
 
     @model_validator(mode="after")
     def _check_shape(self) -> Self:
@@ -67,7 +128,7 @@ class EstimateRequest(RequestBody):
     """What to estimate: a model (``parameters`` XOR ``transformer``) and a training setup."""
 
     parameters: int | None = Field(
-        default=None, gt=0, description="parameter count; give this or transformer"
+        default=None, gt=0, le=10**15, description="parameter count; give this or transformer"
     )
     transformer: TransformerShape | None = Field(
         default=None, description="transformer shape; give this or parameters"
@@ -75,32 +136,52 @@ class EstimateRequest(RequestBody):
     seq_len: int | None = Field(
         default=None,
         gt=0,
+        le=MAX_SEQ_LEN,
         description="sequence length for a parameters-only request (default 2048)",
     )
     precision: Precision = "mixed"
     optimizer: Optimizer = "adam"
-    micro_batch: int = Field(default=1, ge=1, description="sequences per GPU per micro-step")
+    micro_batch: int = Field(
+        default=1, ge=1, le=65_536, description="sequences per GPU per micro-step"
+    )
     gradient_accumulation: int = Field(
-        default=1, ge=1, description="micro-batches per optimizer step (per pipeline)"
+        default=1, ge=1, le=1_000_000, description="micro-batches per optimizer step (per pipeline)"
     )
     checkpointing: bool = Field(default=False, description="full activation recomputation")
     sequence_parallel: bool = Field(
         default=False, description="Megatron sequence parallelism on top of tensor parallelism"
     )
-    data_parallel: int = Field(default=1, ge=1)
+    data_parallel: int = Field(default=1, ge=1, le=MAX_GPUS)
     sharding: Sharding = "none"
-    tensor_parallel: int = Field(default=1, ge=1)
-    pipeline_parallel: int = Field(default=1, ge=1)
+    tensor_parallel: int = Field(default=1, ge=1, le=MAX_GPUS)
+    pipeline_parallel: int = Field(default=1, ge=1, le=MAX_GPUS)
     gpu_count: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_GPUS,
         description="total GPUs; must equal tensor*pipeline*data parallel "
         "(data_parallel is derived from it when not given)",
     )
-    tokens: int | None = Field(default=None, gt=0, description="training token budget")
+    tokens: int | None = Field(default=None, gt=0, le=10**18, description="training token budget")
     mfu: float = Field(default=0.4, gt=0, le=1, description="assumed model FLOP utilisation")
     target_gpu_memory_mb: int | None = Field(
-        default=None, gt=0, description="memory (MiB) the suggestions must fit into"
+        default=None,
+        gt=0,
+        le=10_000_000,
+        description="memory (MiB) the suggestions must fit into, instead of the GPU's",
+    )
+    gpu_model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=96,
+        description="GPU model the job would run on (the cluster's name, words of it, or a "
+        "catalog name); default: the cluster's registered models, else the catalog's "
+        "most common data-centre GPU",
+    )
+    pipeline_schedule: PipelineSchedule = Field(
+        default="1f1b",
+        description="pipeline schedule: 1f1b (the first stage holds p micro-batches) or "
+        "gpipe (every stage holds all gradient_accumulation micro-batches)",
     )
 
     @model_validator(mode="after")
@@ -220,6 +301,14 @@ class Suggestion(BaseModel):
     total_bytes: int
     fits: bool
     target_bytes: int
+    gpu_model: str | None = Field(
+        description="GPU model judged against; None for an explicit target_gpu_memory_mb"
+    )
+    gpu_count: int = Field(description="GPUs the changed request runs on (t * p * d)")
+    warnings: list[str] = Field(
+        description="warnings the changed request raises that the request itself does not"
+    )
+    message: str = Field(description="the verdict, naming the GPU (or target) and its memory")
 
 
 class EstimateResponse(BaseModel):
@@ -239,6 +328,7 @@ class EstimateResponse(BaseModel):
     gpu_count: int
     micro_batch: int
     gradient_accumulation: int
+    pipeline_schedule: PipelineSchedule
     global_batch: int = Field(description="sequences per step: micro * accumulation * dp")
     bytes_per_parameter: BytesPerParameter
     per_gpu_bytes: MemoryBreakdown
@@ -247,7 +337,12 @@ class EstimateResponse(BaseModel):
     coefficients: dict[str, float] = Field(description="values substituted in formulas")
     training_flops: float | None = Field(description="6 * parameters * tokens")
     fits: dict[str, GpuFit]
-    target_memory_mb: int | None = Field(description="memory the suggestions aim for")
-    suggestions: list[Suggestion]
+    target_memory_mb: int | None = Field(
+        description="target_gpu_memory_mb, else the smallest memory among the GPU models"
+    )
+    suggestions: list[Suggestion] = Field(
+        description="verified changes, per GPU model the request does not fit as asked "
+        "(in the order of fits), cheapest first"
+    )
     warnings: list[str]
     assumptions: list[str]

@@ -76,31 +76,17 @@ def test_mixed_adam_is_16_bytes_per_parameter() -> None:
 def test_adafactor_factored_second_moment_is_rows_plus_columns() -> None:
     shape = TransformerShape(**GPT3_SMALL)
     params = transformer_parameters(shape)
-    # Per layer: QKV (h x 3h) 4h + output 2h + MLP 2(h + 4h) = 8h + 2*4h = 16h = 12288.
-    # 12 layers: 147456; embedding V + h = 51025; positions s + h = 2816 -> 201297 fp32.
-    factored = 4 * (12 * 16 * 768 + 50257 + 768 + 2048 + 768)
-    assert factored == 4 * 201297
+    # Per layer: QKV (h x 3h) 4h + output 2h + MLP 2(h + 4h) = 16h, plus the vectors kept
+    # in full (biases 5h + f = 9h, two LayerNorms 4h) = 13h: 29h = 22272; 12 layers 267264.
+    # Embedding V + h = 51025; positions s + h = 2816; final LayerNorm 2h = 1536.
+    factored = 4 * (12 * 29 * 768 + 50257 + 768 + 2048 + 768 + 2 * 768)
+    assert factored == 4 * 322641
     fp32 = run(transformer=GPT3_SMALL, precision="fp32", optimizer="adafactor")
     assert fp32.per_gpu_bytes.optimizer_states == factored
     mixed = run(transformer=GPT3_SMALL, precision="mixed", optimizer="adafactor")
     assert mixed.per_gpu_bytes.optimizer_states == 4 * params + factored
     # Far below Adam's 8 bytes of states per parameter.
-    assert fp32.bytes_per_parameter.optimizer_states < 0.01
-
-
-# ZeRO paper, figure 1: Psi = 7.5B, N_d = 64, K = 12; model-state memory per GPU in GB.
-@pytest.mark.parametrize(
-    ("sharding", "expected_gb", "digits"),
-    [
-        ("none", 120.0, 1),  # (2 + 2 + K) * Psi
-        ("zero1", 31.4, 1),  # 2 Psi + 2 Psi + K Psi / N_d
-        ("zero2", 16.6, 1),  # 2 Psi + (2 + K) Psi / N_d
-        ("zero3", 1.88, 2),  # (2 + 2 + K) Psi / N_d
-    ],
-)
-def test_zero_paper_figure_1(sharding: str, expected_gb: float, digits: int) -> None:
-    r = run(parameters=7_500_000_000, data_parallel=64, sharding=sharding)
-    assert round(model_states(r) / 1e9, digits) == expected_gb
+    assert fp32.bytes_per_parameter.optimizer_states < 0.011
 
 
 def test_zero_stage_divides_the_right_components() -> None:
@@ -137,9 +123,10 @@ def test_tensor_and_pipeline_parallel_divide_model_states() -> None:
 
 def test_transformer_parameter_count() -> None:
     shape = TransformerShape(**GPT3_SMALL)
-    # 12*L*h^2 = 12*12*768^2 = 84,934,656; V*h = 50257*768 = 38,597,376;
-    # s*h = 2048*768 = 1,572,864 -> 125,104,896 (GPT-3 Small is quoted as 125M).
-    assert transformer_parameters(shape) == 125_104_896
+    # 12*L*h^2 = 12*12*768^2 = 84,934,656; biases and LayerNorms 13*L*h = 119,808;
+    # V*h = 50257*768 = 38,597,376; s*h = 2048*768 = 1,572,864; final LayerNorm 2h = 1,536
+    # -> 125,226,240 (GPT-3 Small is quoted as 125M).
+    assert transformer_parameters(shape) == 125_226_240
 
 
 def test_gpt3_175b_parameter_count_close_to_published() -> None:
@@ -149,19 +136,82 @@ def test_gpt3_175b_parameter_count_close_to_published() -> None:
 
 def test_ffn_hidden_changes_mlp_parameters() -> None:
     shape = TransformerShape(layers=2, hidden=64, heads=4, vocab=100, seq_len=16, ffn_hidden=128)
-    assert transformer_parameters(shape) == 2 * (4 * 64 * 64 + 2 * 64 * 128) + 100 * 64 + 16 * 64
+    layer = 4 * 64 * 64 + 2 * 64 * 128 + (5 * 64 + 128) + 2 * 2 * 64
+    assert transformer_parameters(shape) == 2 * layer + 100 * 64 + 16 * 64 + 2 * 64
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "difference"),
+    [
+        # A third h x f matrix and its bias.
+        ("gated_ffn", True, 2 * (64 * 128 + 128)),
+        # A separate V x h output head.
+        ("tied_embeddings", False, 100 * 64),
+        # No learned positions.
+        ("position_embedding", "rotary", -16 * 64),
+        # One weight (h) per norm instead of weight and bias (2h): 2 per layer + final.
+        ("norm", "rmsnorm", -(2 * 2 + 1) * 64),
+        # Q, K, V, output and MLP-output biases (5h) and the MLP-input bias (f) per layer.
+        ("biases", False, -2 * (5 * 64 + 128)),
+    ],
+)
+def test_each_architecture_field_counts_what_it_adds(
+    field: str, value: object, difference: int
+) -> None:
+    shape = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 100, "seq_len": 16, "ffn_hidden": 128}
+    base = transformer_parameters(TransformerShape(**shape))
+    changed = transformer_parameters(TransformerShape(**{**shape, field: value}))
+    assert changed - base == difference
 
 
 def test_assumed_shape_for_parameters_only() -> None:
-    # 175B -> h = (128 * 175e9 / 12)^(1/3) = 12310 -> 12288 (96 * 128); L = round(96.6) = 97.
-    shape = assumed_shape(175_000_000_000)
-    assert (shape.hidden, shape.heads, shape.layers, shape.seq_len) == (12288, 96, 97, 2048)
+    # 175B -> h = (128 * 175e9 / 12)^(1/3) = 12310 -> 12288 (96 * 128); the layers that hold
+    # 175e9 at that h (embeddings, positions, biases and norms counted): 96.2 -> 96, GPT-3's.
+    guess = assumed_shape(175_000_000_000)
+    shape = guess.shape
+    assert (shape.hidden, shape.heads, shape.layers, shape.seq_len) == (12288, 96, 96, 2048)
+    assert guess.adjustments == ()
     r = run(parameters=175_000_000_000, seq_len=4096)
     assert r.shape_assumed
     assert r.shape.seq_len == 4096
     assert r.parameters == 175_000_000_000  # the given count is used, not the shape's
     assert r.per_gpu_bytes.activations > 0
     assert "ASSUMED shape" in r.assumptions[0]
+
+
+@pytest.mark.parametrize("tensor_parallel", [2, 4, 8])
+def test_assumed_heads_are_divisible_by_tensor_parallel(tensor_parallel: int) -> None:
+    # 7B alone: h = 4210 -> 4224, 33 heads, which no t > 1 divides.  With t: h rounds to a
+    # multiple of 128 * t instead, 4096 (32 heads), and the layers grow to keep 7e9.
+    alone = assumed_shape(7_000_000_000).shape
+    assert (alone.heads, alone.layers) == (33, 32)
+    r = run(parameters=7_000_000_000, tensor_parallel=tensor_parallel)
+    assert (r.shape.hidden, r.shape.heads, r.shape.layers) == (4096, 32, 34)
+    assert r.shape.heads % tensor_parallel == 0
+    adjusted = [a for a in r.assumptions if a.startswith("assumed shape adjusted")]
+    assert adjusted == [
+        "assumed shape adjusted: heads 33 -> 32 (hidden 4224 -> 4096) so that "
+        f"tensor_parallel={tensor_parallel} divides them",
+        "assumed shape adjusted: layers 32 -> 34 to keep about 7,000,000,000 parameters at "
+        "hidden 4096",
+    ]
+    assert not any("not divisible" in w for w in r.warnings)
+
+
+def test_assumed_layers_are_divisible_by_pipeline_parallel() -> None:
+    r = run(parameters=7_000_000_000, pipeline_parallel=3)
+    assert r.shape.layers == 33 and r.coefficients["n"] == 11
+    assert (
+        "assumed shape adjusted: layers 32 -> 33 so that pipeline_parallel=3 divides them"
+        in r.assumptions
+    )
+    assert not any("not divisible by pipeline_parallel" in w for w in r.warnings)
+    both = run(parameters=175_000_000_000, tensor_parallel=8, pipeline_parallel=16)
+    assert both.shape.heads % 8 == 0 and both.shape.layers % 16 == 0
+    # An explicit shape is the user's model: kept, with a warning.
+    explicit = run(transformer=GPT3_SMALL, pipeline_parallel=5)
+    assert explicit.shape.layers == 12
+    assert any("not divisible by pipeline_parallel" in w for w in explicit.warnings)
 
 
 # --------------------------------------------------------------------------- activations
@@ -222,14 +272,47 @@ def test_activations_fp32() -> None:
     assert r.per_gpu_bytes.activations == 12 * 556_793_856 + SMALL_LOGITS
 
 
-def test_activations_pipeline_parallel() -> None:
-    # p = 4 -> n = 3 layers per stage.  With >= p micro-batches in flight (1F1B) the first
-    # stage holds p * n = 12 layers' worth: the same as no pipelining (Korthikanti sec. 4.2.3).
-    full = run(transformer=GPT3_SMALL, pipeline_parallel=4, gradient_accumulation=8)
-    assert full.per_gpu_bytes.activations == 12 * SMALL_LAYER
-    # A single micro-batch: the last stage (3 layers + logits) is the largest.
-    single = run(transformer=GPT3_SMALL, pipeline_parallel=4)
-    assert single.per_gpu_bytes.activations == 3 * SMALL_LAYER + SMALL_LOGITS
+@pytest.mark.parametrize("gradient_accumulation", [1, 2, 4, 8])
+def test_activations_pipeline_1f1b(gradient_accumulation: int) -> None:
+    # p = 4 -> n = 3 layers per stage.  1F1B: the first stage runs p forwards before its
+    # first backward, so it holds p * n = 12 layers' worth, the same as no pipelining
+    # (Korthikanti sec. 4.2.3), whatever the accumulation.
+    r = run(
+        transformer=GPT3_SMALL, pipeline_parallel=4, gradient_accumulation=gradient_accumulation
+    )
+    assert r.pipeline_schedule == "1f1b"
+    assert (r.coefficients["k"], r.coefficients["j"]) == (4, 1)
+    assert r.per_gpu_bytes.activations == 12 * SMALL_LAYER
+    schedule = [a for a in r.assumptions if a.startswith("pipeline schedule")]
+    assert schedule and "p = 4 micro-batches in flight" in schedule[0]
+    bubble = [w for w in r.warnings if "pipeline bubble" in w]
+    assert bool(bubble) == (gradient_accumulation < 4)
+
+
+def test_activations_pipeline_gpipe_holds_every_micro_batch() -> None:
+    # GPipe: every stage keeps all 8 micro-batches; the last also their logits.
+    r = run(
+        transformer=GPT3_SMALL,
+        pipeline_parallel=4,
+        gradient_accumulation=8,
+        pipeline_schedule="gpipe",
+    )
+    assert (r.coefficients["k"], r.coefficients["j"]) == (8, 8)
+    assert r.per_gpu_bytes.activations == 8 * (3 * SMALL_LAYER + SMALL_LOGITS)
+    assert any(a.startswith("pipeline schedule gpipe") for a in r.assumptions)
+    # Without pipelining the schedule changes nothing and is not mentioned.
+    plain = run(transformer=GPT3_SMALL, gradient_accumulation=8, pipeline_schedule="gpipe")
+    assert plain.per_gpu_bytes.activations == 12 * SMALL_LAYER + SMALL_LOGITS
+    assert not any(a.startswith("pipeline schedule") for a in plain.assumptions)
+
+
+def test_gated_feed_forward_keeps_a_third_f_sized_tensor() -> None:
+    # Fused SwiGLU keeps gate and up outputs (2e*sbf) and the down input (e*sbf): e*s*b*f
+    # more per layer than GeLU's two, split over t like the rest of the MLP.
+    gelu = run(transformer=GPT3_SMALL, tensor_parallel=2)
+    swiglu = run(transformer={**GPT3_SMALL, "gated_ffn": True}, tensor_parallel=2)
+    extra = 2 * 2048 * 1 * 4 * 768 // 2
+    assert swiglu.coefficients["A_layer"] - gelu.coefficients["A_layer"] == extra
 
 
 def test_uneven_pipeline_uses_busiest_stage() -> None:

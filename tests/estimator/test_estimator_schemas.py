@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from app.estimator import EstimateRequest, GpuModelSpec, estimate
+from app.estimator import EstimateRequest, GpuModelSpec, TransformerShape, estimate
 
 SHAPE: dict[str, int] = {"layers": 4, "hidden": 256, "heads": 8, "vocab": 1000, "seq_len": 128}
 
@@ -115,3 +115,34 @@ def test_gpu_model_spec_validation() -> None:
     with pytest.raises(ValidationError) as info:
         GpuModelSpec(memory_mb=0, peak_tflops_bf16=1, peak_tflops_fp32=1)
     assert info.value.errors()[0]["loc"] == ("memory_mb",)
+
+
+def test_llama_architecture_sets_the_defaults_it_leaves_unset() -> None:
+    llama = TransformerShape(
+        layers=32, hidden=4096, heads=32, vocab=32000, seq_len=4096, architecture="llama"
+    )
+    assert (llama.ffn, llama.gated_ffn, llama.tied_embeddings) == (11008, True, False)
+    assert (llama.position_embedding, llama.norm, llama.biases) == ("rotary", "rmsnorm", False)
+    # LLaMA's feed-forward rule for other widths: 2/3 of 4h, up to a multiple of 256.
+    assert TransformerShape(**{**SHAPE, "hidden": 5120, "heads": 40}, architecture="llama").ffn == (
+        13824
+    )
+    # A field given explicitly wins over the architecture's default.
+    tied = TransformerShape(**SHAPE, architecture="llama", tied_embeddings=True, ffn_hidden=700)
+    assert tied.tied_embeddings and tied.ffn == 700 and tied.gated_ffn
+    # The default architecture is GPT's, the one the estimator always assumed.
+    gpt = TransformerShape(**SHAPE)
+    assert (gpt.ffn, gpt.gated_ffn, gpt.tied_embeddings) == (4 * 256, False, True)
+    assert (gpt.position_embedding, gpt.norm, gpt.biases) == ("learned", "layernorm", True)
+
+
+def test_a_resolved_shape_round_trips() -> None:
+    llama = TransformerShape(**SHAPE, architecture="llama")
+    assert TransformerShape.model_validate(llama.model_dump()) == llama
+    request = EstimateRequest(transformer=llama.model_dump(), pipeline_schedule="gpipe")
+    assert EstimateRequest.model_validate_json(request.model_dump_json()) == request
+
+
+def test_new_request_fields_default_to_the_old_behaviour() -> None:
+    r = EstimateRequest(parameters=10**9)
+    assert (r.gpu_model, r.pipeline_schedule) == (None, "1f1b")

@@ -93,6 +93,9 @@ def test_estimate_prints_breakdown_fits_and_suggestions(cli) -> None:  # type: i
     assert "7.00B parameters (shape assumed)" in out
     for word in ("optimizer_states", "activations", "total", "H100-80GB", "Suggestions"):
         assert word in out
+    # Every suggestion row names the GPU it was judged against and its memory.
+    assert "H100-80GB (81559 MiB)" in out
+    assert "note: advice for each GPU model registered in the cluster: H100-80GB" in out
     sharded = cli(
         "estimate",
         "--transformer",
@@ -110,6 +113,48 @@ def test_estimate_prints_breakdown_fits_and_suggestions(cli) -> None:  # type: i
     assert body["fits"]["H100-80GB"]["fits_as_requested"] is True
 
 
+def test_estimate_describes_a_llama_model_and_names_the_gpu(cli) -> None:  # type: ignore[no-untyped-def]
+    llama = cli(
+        "estimate",
+        "--transformer",
+        "32,4096,32,32000,4096",
+        "--architecture",
+        "llama",
+        "--json",
+    )
+    assert llama.exit_code == 0, llama.output
+    assert json.loads(llama.stdout)["parameters"] == 6_738_415_616
+    spelled_out = cli(
+        "estimate",
+        "--transformer",
+        "32,4096,32,32000,4096",
+        "--ffn-hidden",
+        "11008",
+        "--gated-ffn",
+        "--untied-embeddings",
+        "--positions",
+        "rotary",
+        "--norm",
+        "rmsnorm",
+        "--no-biases",
+        "--data-parallel",
+        "8",
+        "--pipeline-parallel",
+        "2",
+        "--gpu-model",
+        "A100-40GB",
+    )
+    assert spelled_out.exit_code == 0, spelled_out.output
+    out = spelled_out.output
+    assert "6.74B parameters: L=32 h=4096 f=11008" in out
+    assert "gated FFN, untied head, rotary positions, RMSNorm, no biases" in out
+    assert "A100-40GB (40960 MiB)" in out
+    assert "note: pipeline schedule 1f1b" in out
+    assert "note: advice for the GPU model named, A100-40GB (40960 MiB)" in out
+    gpt2 = cli("estimate", "--transformer", "48,1600,25,50257,1024", "--json")
+    assert json.loads(gpt2.stdout)["parameters"] == 1_557_611_200
+
+
 def test_estimate_errors(cli) -> None:  # type: ignore[no-untyped-def]
     bad = cli("estimate", "--parameters", "7e9", "--precision", "fp8")
     assert bad.exit_code == 1 and "precision" in bad.stderr
@@ -117,3 +162,10 @@ def test_estimate_errors(cli) -> None:  # type: ignore[no-untyped-def]
     assert shape.exit_code == 2 and "LAYERS,HIDDEN,HEADS,VOCAB,SEQ_LEN" in shape.stderr
     count = cli("estimate", "--parameters", "lots")
     assert count.exit_code == 2 and "--parameters" in count.stderr
+    loose = cli("estimate", "--parameters", "7e9", "--gated-ffn", "--ffn-hidden", "11008")
+    assert loose.exit_code == 2
+    assert "--ffn-hidden, --gated-ffn: describe a --transformer shape" in loose.stderr
+    norm = cli("estimate", "--transformer", "2,64,4,100,16", "--norm", "batchnorm")
+    assert norm.exit_code == 1 and "norm" in norm.stderr
+    gpu = cli("estimate", "--parameters", "7e9", "--gpu-model", "Radeon")
+    assert gpu.exit_code == 1 and "unknown GPU model 'Radeon'" in gpu.stderr
