@@ -132,6 +132,8 @@ def smi_gpus() -> tuple[list[dict[str, Any]], str | None]:
     rows = []
     for line in text.strip().splitlines():
         raw = dict(zip(names, (c.strip() for c in line.split(",")), strict=False))
+        if not raw["index"].isdigit() or len(raw) < len(names):
+            continue  # a message, not a GPU ("No devices were found")
         rows.append({
             "index": int(raw["index"]), "name": raw["name"], "uuid": raw["uuid"],
             "memory_total_mb": int(float(raw["memory.total"])),
@@ -139,7 +141,7 @@ def smi_gpus() -> tuple[list[dict[str, Any]], str | None]:
             "mig_mode": raw.get("mig.mode.current"),
             "memory_reserved_mb": smi_value(raw.get("memory.reserved", "")),
         })  # fmt: skip
-    return rows, None if rows else "nvidia-smi lists no GPU"
+    return rows, None if rows else f"nvidia-smi lists no GPU: {text.strip()[:200]}"
 
 
 def nvml_snapshot(label: str) -> dict[str, Any]:
@@ -277,6 +279,9 @@ class GpuCheckRun:
         self.sim_state = self.work / "sim-state.json"
         self.port = free_port()
         self.env = self._stack_env()
+        # The venv's `gpusched` (gpu_check.sh installs it and runs this driver with its Python).
+        exe = Path(sys.executable).with_name("gpusched")
+        self.cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli"]
         self.readings: dict[str, Any] = {
             "schema": 1,
             "mode": "rehearsal" if self.rehearse else "gpu",
@@ -305,7 +310,6 @@ class GpuCheckRun:
         self.node_name = ""
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
-        self.lock = threading.Lock()
 
     def _stack_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSCHED_")}
@@ -367,11 +371,9 @@ class GpuCheckRun:
         return data if raw else json.loads(data)
 
     def gpusched(self, *args: str, timeout: float = 60) -> str:
-        exe = Path(sys.executable).with_name("gpusched")
-        argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli"]
         try:
             done = subprocess.run(
-                [*argv, *args], env=self.env, capture_output=True, text=True, timeout=timeout
+                [*self.cli, *args], env=self.env, capture_output=True, text=True, timeout=timeout
             )
         except subprocess.TimeoutExpired:
             raise PhaseError(f"gpusched {args[0]}: no answer in {timeout:g} s") from None
@@ -431,33 +433,36 @@ class GpuCheckRun:
     def poller(self) -> None:
         """Every second: the API's node readings, and which of our processes run which job."""
         while not self.stopping.wait(SAMPLE_INTERVAL_S):
-            tree = process_tree(self.roots())
-            self.track(tree)
-            job_pids: dict[str, list[int]] = {}
-            for pid in sorted(tree):
-                job = job_of(pid)
-                if job is not None:
-                    job_pids.setdefault(str(job), []).append(pid)
             try:
-                nodes = self.api("/api/v1/nodes")
-            except PhaseError as exc:
-                self.readings["polls"].append({"t": time.time(), "error": str(exc)})
-                continue
-            node = next((n for n in nodes if n["name"] == self.node_name), None)
-            if node is None:
-                continue
-            keep = ("index", "sampled_at", "util_pct", "memory_used_mb", "power_w", "processes",
-                    "foreign_util_pct", "foreign_memory_mb", "foreign_since", "allocated", "healthy")  # fmt: skip
-            self.readings["polls"].append({
-                "t": time.time(), "node_state": node["state"], "job_pids": job_pids,
-                "gpus": [{k: g.get(k) for k in keep} for g in node["gpus"]],
-            })  # fmt: skip
+                self.poll()
+            except Exception as exc:  # one bad answer must not end the readings
+                self.readings["polls"].append({"t": time.time(), "error": repr(exc)})
+
+    def poll(self) -> None:
+        """One reading of the API's node and of our process tree."""
+        tree = process_tree(self.roots())
+        self.track(tree)
+        job_pids: dict[str, list[int]] = {}
+        for pid in sorted(tree):
+            job = job_of(pid)
+            if job is not None:
+                job_pids.setdefault(str(job), []).append(pid)
+        nodes = self.api("/api/v1/nodes")
+        node = next((n for n in nodes if n["name"] == self.node_name), None)
+        if node is None:
+            return
+        keep = ("index", "sampled_at", "util_pct", "memory_used_mb", "power_w", "processes",
+                "foreign_util_pct", "foreign_memory_mb", "foreign_since", "allocated", "healthy")  # fmt: skip
+        self.readings["polls"].append({
+            "t": time.time(), "node_state": node["state"], "job_pids": job_pids,
+            "gpus": [{k: g.get(k) for k in keep} for g in node["gpus"]],
+        })  # fmt: skip
 
     def smi_reader(self) -> None:
         assert self.smi_loop is not None and self.smi_loop.stdout is not None
         for line in self.smi_loop.stdout:
             cells = [c.strip() for c in line.split(",")]
-            if len(cells) != len(SMI_FIELDS.split(",")):
+            if len(cells) != len(SMI_FIELDS.split(",")) or not cells[1].isdigit():
                 continue
             stamp, index, util, total, free, used, power = cells
             self.readings["smi_samples"].append({
@@ -502,8 +507,9 @@ class GpuCheckRun:
         if gpus:
             self.smi_loop = subprocess.Popen(
                 ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits", "-lms", "500"],
-                stdout=subprocess.PIPE, text=True, start_new_session=True,
+                stdout=subprocess.PIPE, text=True,
             )  # fmt: skip
+            self.track({self.smi_loop.pid})
             self.start_thread(self.smi_reader, "smi-reader")
             self.start_thread(self.smi_apps, "smi-apps")
 
@@ -513,11 +519,9 @@ class GpuCheckRun:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         gpus = SIM_SPEC if self.rehearse else "nvml"
         log = (self.out / "stack.log").open("wb")
-        exe = Path(sys.executable).with_name("gpusched")
-        argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli"]
         self.say(f"starting gpusched up --gpus {gpus} on port {self.port}")
         self.up = subprocess.Popen(
-            [*argv, "up", "--gpus", gpus], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            [*self.cli, "up", "--gpus", gpus], env=self.env, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=die_with_parent,
         )  # fmt: skip
         self.track({self.up.pid})

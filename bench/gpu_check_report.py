@@ -142,7 +142,7 @@ def smi_memory_used(row: dict[str, Any]) -> float | None:
 
 
 def errors_against_smi(
-    rows: Iterable[tuple[float, int, float | None, str]], smi: dict[int, SmiSeries]
+    rows: Iterable[tuple[float, int, float | None, str]], smi: dict[Any, SmiSeries]
 ) -> list[float]:
     """|ours - nvidia-smi's| for each (time, GPU index, value, which) row: the smallest
     difference to a reading in the row's window (the agent's reading time is not known
@@ -290,26 +290,52 @@ def _registration(readings: dict[str, Any]) -> list[Check]:
     return checks
 
 
+# What telemetry is compared with nvidia-smi on: (name, which, unit, tolerance, field).
+COMPARED = (
+    ("memory used", "memory", "MiB", MEMORY_TOLERANCE_MB, "memory_used_mb"),
+    ("utilisation", "util", "points", UTIL_TOLERANCE_PCT, "util_pct"),
+)
+SOURCES = ("job page telemetry", "live node readings")
+TRAINING_CHECKS = [
+    "training job runs (submit --gpus 1)",
+    *(f"{source}: {c[0]}" for source in SOURCES for c in COMPARED),
+    "seff: mean utilisation",
+    "seff: peak memory",
+    "seff: energy",
+]
+
+
+def _against_smi(
+    source: str, what: str, rows: list[tuple[float | None, int, dict[str, Any]]], smi: Any
+) -> list[Check]:
+    """One check per COMPARED reading of `rows` (time, GPU index, reading)."""
+    checks = []
+    for name, which, unit, tolerance, field in COMPARED:
+        errors = errors_against_smi(
+            [(t, index, row.get(field), which) for t, index, row in rows if t is not None], smi
+        )
+        checks.append(
+            Check(
+                f"{source}: {name}",
+                f"median |difference| <= {tolerance:g} {unit} against nvidia-smi"
+                f" (>= {MIN_MATCHED_ROWS} rows)",
+                f"{what}; " + describe_errors(errors, unit),
+                judge_errors(errors, tolerance),
+            )
+        )
+    return checks
+
+
 def _training(readings: dict[str, Any], train: dict[str, Any]) -> list[Check]:
     job = train.get("job") or {}
     result = train.get("result") or {}
-    names = [
-        "training job runs (submit --gpus 1)",
-        "job page telemetry: memory used",
-        "job page telemetry: utilisation",
-        "live node readings: memory used",
-        "live node readings: utilisation",
-        "seff: mean utilisation",
-        "seff: peak memory",
-        "seff: energy",
-    ]
     if not job:
-        return [Check(n, "", _not_reached(train, readings), FAIL) for n in names]
+        return [Check(n, "", _not_reached(train, readings), FAIL) for n in TRAINING_CHECKS]
     status = job.get("status")
     ran = status == "SUCCEEDED" and bool(result)
     checks = [
         Check(
-            names[0],
+            TRAINING_CHECKS[0],
             "SUCCEEDED, with PyTorch's result line in its log",
             f"job {job.get('id')} {status}, "
             + (
@@ -323,26 +349,15 @@ def _training(readings: dict[str, Any], train: dict[str, Any]) -> list[Check]:
             PASS if ran and not result.get("fake") else FAIL,
         )
     ]
-    smi = {
-        i: SmiSeries(readings.get("smi_samples", []), i)
-        for i in {s.get("index") for s in readings.get("smi_samples", [])}
-    }
+    samples = readings.get("smi_samples", [])
+    smi = {i: SmiSeries(samples, i) for i in {s.get("index") for s in samples}}
     points = train.get("telemetry") or []
-    for which, unit, tolerance, key, name in (
-        ("memory", "MiB", MEMORY_TOLERANCE_MB, "memory_used_mb", names[1]),
-        ("util", "points", UTIL_TOLERANCE_PCT, "util_pct", names[2]),
-    ):
-        rows = [(timestamp(p["at"]), p["gpu_index"], p.get(key), which) for p in points]
-        errors = errors_against_smi(rows, smi)  # type: ignore[arg-type]
-        checks.append(
-            Check(
-                name,
-                f"median |difference| <= {tolerance:g} {unit} against nvidia-smi"
-                f" (>= {MIN_MATCHED_ROWS} rows)",
-                f"{len(points)} points; " + describe_errors(errors, unit),
-                judge_errors(errors, tolerance),
-            )
-        )
+    checks += _against_smi(
+        SOURCES[0],
+        f"{len(points)} points",
+        [(timestamp(p["at"]), p["gpu_index"], p) for p in points],
+        smi,
+    )
     start = timestamp(job.get("scheduled_at") or job.get("started_at"))
     end = timestamp(job.get("finished_at"))
     polls = [
@@ -350,27 +365,13 @@ def _training(readings: dict[str, Any], train: dict[str, Any]) -> list[Check]:
         for p in readings.get("polls", [])
         if start is not None and end is not None and start <= p["t"] <= end
     ]
-    for which, unit, tolerance, key, name in (
-        ("memory", "MiB", MEMORY_TOLERANCE_MB, "memory_used_mb", names[3]),
-        ("util", "points", UTIL_TOLERANCE_PCT, "util_pct", names[4]),
-    ):
-        rows = [
-            (timestamp(g.get("sampled_at")), g["index"], g.get(key), which)
-            for p in polls
-            for g in p.get("gpus", [])
-            if g.get("sampled_at")
-        ]
-        errors = errors_against_smi(rows, smi)  # type: ignore[arg-type]
-        checks.append(
-            Check(
-                name,
-                f"median |difference| <= {tolerance:g} {unit} against nvidia-smi"
-                f" (>= {MIN_MATCHED_ROWS} rows)",
-                f"{len(polls)} polls of /api/v1/nodes; " + describe_errors(errors, unit),
-                judge_errors(errors, tolerance),
-            )
-        )
-    checks += _seff(train, smi, start, end, names[5:])
+    checks += _against_smi(
+        SOURCES[1],
+        f"{len(polls)} polls of /api/v1/nodes",
+        [(timestamp(g.get("sampled_at")), g["index"], g) for p in polls for g in p.get("gpus", [])],
+        smi,
+    )
+    checks += _seff(train, smi, start, end, TRAINING_CHECKS[-3:])
     return checks
 
 

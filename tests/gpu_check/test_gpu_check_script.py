@@ -23,6 +23,7 @@ from bench import gpu_check_report as judge
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
 WORKLOADS = str(ROOT / "bench" / "gpu_check_workloads.py")
+FAKE_SMI = str(Path(__file__).with_name("fake_nvidia_smi.py"))
 # What a machine with one H100 answers to the check's first question.
 H100_ROW = (
     "0, NVIDIA H100 80GB HBM3, 81559, GPU-3f0a6a55, 580.159.04, 00000000:01:00.0, Disabled, 512"
@@ -73,12 +74,28 @@ def test_without_the_wheels_the_install_fails_with_its_own_code(tmp_path: Path) 
     assert "make gpu-wheels" in (tmp_path / "out" / "run.log").read_text()
 
 
+# The rehearsal's stack keeps its data in SQLite whatever the suite's database: the
+# PostgreSQL pass of the suite would only repeat it.
+rehearsal = pytest.mark.skipif(
+    os.environ.get("GPUSCHED_TEST_DB", "sqlite") != "sqlite",
+    reason="runs its own SQLite stack; the SQLite pass covers it",
+)
+
+
 def rehearsal_env() -> dict[str, str]:
     # This interpreter's venv has gpusched: the rehearsal installs nothing.
     return {"GPU_CHECK_REHEARSE": "1", "GPU_CHECK_VENV": sys.prefix}
 
 
-def our_workloads_running() -> list[int]:
+def with_fake_nvidia_smi(folder: Path) -> dict[str, str]:
+    folder.mkdir()
+    tool = folder / "nvidia-smi"
+    tool.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_SMI} "$@"\n')
+    tool.chmod(0o755)
+    return {"PATH": f"{folder}:{os.environ['PATH']}"}
+
+
+def our_workloads_running(program: str = WORKLOADS) -> list[int]:
     """Processes of this checkout's GPU-check programs still alive."""
     found = []
     for entry in Path("/proc").iterdir():
@@ -87,7 +104,7 @@ def our_workloads_running() -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if WORKLOADS in cmdline:
+            if program in cmdline:
                 found.append(int(entry.name))
     return found
 
@@ -97,10 +114,12 @@ def readings(out: Path) -> dict[str, Any]:
 
 
 @pytest.mark.e2e
+@rehearsal
 def test_a_rehearsal_runs_every_phase_against_the_real_stack_and_cleans_up(tmp_path: Path) -> None:
     out = tmp_path / "out"
     began = time.monotonic()
-    code = check(out, rehearsal_env(), timeout=400)
+    env = rehearsal_env() | with_fake_nvidia_smi(tmp_path / "bin")
+    code = check(out, env, timeout=400)
     took = time.monotonic() - began
     found = readings(out)
     results = {c.name: c.result for c in judge.parse_report((out / "report.md").read_text())}
@@ -130,6 +149,13 @@ def test_a_rehearsal_runs_every_phase_against_the_real_stack_and_cleans_up(tmp_p
     assert max(len(p.get("job_pids", {}).get(torchrun, [])) for p in found["polls"]) == 3
     assert found["stop_leftovers"] == [] and found["leftover_pids"] == []
     assert our_workloads_running() == []
+    # nvidia-smi's readers: its GPU, its topology, its readings every half second.
+    assert [g["name"] for g in found["smi"]["gpus"]] == ["NVIDIA H100 80GB HBM3"]
+    assert judge.parse_topology(found["smi"]["topology"]) == {0: []}
+    samples = found["smi_samples"]
+    assert len(samples) > 20 and samples[0]["memory_free_mb"] == 80939
+    assert found["started_at"] <= samples[0]["t"] < samples[-1]["t"] <= found["finished_at"]
+    assert not [pid for pid in our_workloads_running(FAKE_SMI)]
     assert took < judge.MAX_DURATION_S
 
 
@@ -145,6 +171,7 @@ def training_job_running() -> bool:
 
 
 @pytest.mark.e2e
+@rehearsal
 def test_stopped_halfway_it_still_stops_the_stack_and_writes_its_report(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "GPU_CHECK_PYTHON": sys.executable, **rehearsal_env(),
