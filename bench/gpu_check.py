@@ -384,9 +384,13 @@ class GpuCheckRun:
         return done.stdout
 
     def submit(self, name: str, command: list[str], gpus: int = 1) -> int:
+        # A job's environment is clean (PATH, HOME, LANG): where the machine finds the CUDA
+        # driver's library through LD_LIBRARY_PATH, the job gets it too.
+        libraries = os.environ.get("LD_LIBRARY_PATH")
+        env = ["--env", f"LD_LIBRARY_PATH={libraries}"] if libraries else []
         out = self.gpusched(
             "submit", "--parsable", "-J", name, "--gpus", str(gpus), "--max-runtime", "300",
-            "--", *command,
+            *env, "--", *command,
         )  # fmt: skip
         return int(out.strip().splitlines()[-1])
 
@@ -505,10 +509,13 @@ class GpuCheckRun:
         self.readings["nvml_snapshots"].append(snapshot)
         self.say(f"nvidia-smi: {[g['name'] for g in gpus] or error}")
         if gpus:
-            self.smi_loop = subprocess.Popen(
-                ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits", "-lms", "500"],
-                stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
+            loop = ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits",
+                    "-lms", "500"]  # fmt: skip
+            # Line by line into the pipe, so that a reading stopped at the end is not lost
+            # in a buffer (each line carries its own time either way).
+            if shutil.which("stdbuf"):
+                loop = ["stdbuf", "-oL", *loop]
+            self.smi_loop = subprocess.Popen(loop, stdout=subprocess.PIPE, text=True)
             self.track({self.smi_loop.pid})
             self.start_thread(self.smi_reader, "smi-reader")
             self.start_thread(self.smi_apps, "smi-apps")
@@ -853,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
         one.add_argument("--out", type=Path, required=True)
         one.add_argument("--started-at", type=float, help="when the script started (Unix s)")
     sub.choices["abort"].add_argument("--reason", required=True)
-    sub.choices["abort"].add_argument("--mode", choices=("setup-failed", "killed"), required=True)
+    sub.choices["abort"].add_argument("--mode", choices=("setup-failed", "aborted"), required=True)
     run = sub.choices["run"]
     run.add_argument("--work", type=Path, required=True, help="scratch folder (data dir, logs)")
     run.add_argument("--torch-python", default=sys.executable, help="the Python with PyTorch")

@@ -90,12 +90,12 @@ say "installed in $(awk -v s="$STARTED" -v e="$(date +%s.%N)" 'BEGIN{printf "%.0
 
 # The driver keeps to its own deadlines; this one ends it if it does not: SIGTERM 325 s
 # after the start (it still stops the stack and writes its report), SIGKILL 30 s later.
-LEFT=$(awk -v s="$STARTED" -v e="$(date +%s.%N)" 'BEGIN{printf "%d", 325-(e-s)}')
+LEFT=$(awk -v s="$STARTED" -v e="$(date +%s.%N)" 'BEGIN{t=325-(e-s); printf "%d", t<60?60:t}')
 timeout -k 30 "$LEFT" "$VPY" bench/gpu_check.py run --out "$OUT" --work "$WORK" \
   --torch-python "$PY" --started-at "$STARTED" "${REHEARSE[@]}" 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 if [ ! -s "$OUT/report.md" ]; then
-  "$PY" bench/gpu_check.py abort --out "$OUT" --started-at "$STARTED" --mode killed \
+  "$PY" bench/gpu_check.py abort --out "$OUT" --started-at "$STARTED" --mode aborted \
     --reason "the driver ended (exit $rc) before it wrote its report: see run.log" >/dev/null
   exit 1
 fi

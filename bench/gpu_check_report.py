@@ -215,7 +215,7 @@ def evaluate(readings: dict[str, Any]) -> list[Check]:
                 FAIL,
             )
         ]
-    if mode == "killed":
+    if mode == "aborted":
         return [
             Check(
                 "check runs to its end",

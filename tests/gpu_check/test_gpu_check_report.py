@@ -255,8 +255,8 @@ def test_no_gpu_and_a_failed_install_have_exit_codes_of_their_own() -> None:
     assert judge.exit_code(no_gpu, checks) == judge.EXIT_NO_GPU
     setup = {"mode": "setup-failed", "reason": "no wheels"}
     assert judge.exit_code(setup, judge.evaluate(setup)) == judge.EXIT_SETUP
-    killed = {"mode": "killed", "reason": "exit 137"}
-    assert judge.exit_code(killed, judge.evaluate(killed)) == judge.EXIT_FAILED
+    aborted = {"mode": "aborted", "reason": "exit 137"}
+    assert judge.exit_code(aborted, judge.evaluate(aborted)) == judge.EXIT_FAILED
 
 
 def test_topology_nvlink_peers_from_nvidia_smi() -> None:

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
 WORKLOADS = str(ROOT / "bench" / "gpu_check_workloads.py")
 FAKE_SMI = str(Path(__file__).with_name("fake_nvidia_smi.py"))
+LIBRARY_PATH = "/nonexistent/gpu-check/lib"
 # What a machine with one H100 answers to the check's first question.
 H100_ROW = (
     "0, NVIDIA H100 80GB HBM3, 81559, GPU-3f0a6a55, 580.159.04, 00000000:01:00.0, Disabled, 512"
@@ -83,8 +84,13 @@ rehearsal = pytest.mark.skipif(
 
 
 def rehearsal_env() -> dict[str, str]:
-    # This interpreter's venv has gpusched: the rehearsal installs nothing.
-    return {"GPU_CHECK_REHEARSE": "1", "GPU_CHECK_VENV": sys.prefix}
+    # This interpreter's venv has gpusched: the rehearsal installs nothing. A library path
+    # (as a GPU machine may need for the CUDA driver) goes to the jobs.
+    return {
+        "GPU_CHECK_REHEARSE": "1",
+        "GPU_CHECK_VENV": sys.prefix,
+        "LD_LIBRARY_PATH": LIBRARY_PATH,
+    }
 
 
 def with_fake_nvidia_smi(folder: Path) -> dict[str, str]:
@@ -129,6 +135,7 @@ def test_a_rehearsal_runs_every_phase_against_the_real_stack_and_cleans_up(tmp_p
     phases = found["phases"]
     assert {name: phases[name].get("error") for name in phases} == dict.fromkeys(phases)
     assert phases["train"]["job"]["status"] == "SUCCEEDED" and phases["train"]["telemetry"]
+    assert phases["train"]["job"]["env"] == {"LD_LIBRARY_PATH": LIBRARY_PATH}
     assert phases["train"]["efficiency"]["samples"] > 0
     assert phases["estimate"]["response"]["per_gpu_bytes"]["total"] > 0
     # The scheduler itself is real: the foreign process (injected into the simulated GPU
