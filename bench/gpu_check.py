@@ -524,11 +524,15 @@ class GpuCheckRun:
         from app.processes import die_with_parent
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        gpus = SIM_SPEC if self.rehearse else "nvml"
+        # A rehearsal's simulated node has a name of its own: an agent that starts ends the
+        # job processes of its node's name, whichever stack on the machine they belong to.
+        args = ["--gpus", "nvml"]
+        if self.rehearse:
+            args = ["--gpus", SIM_SPEC, "--node-name", f"gpucheck-{os.getpid()}"]
         log = (self.out / "stack.log").open("wb")
-        self.say(f"starting gpusched up --gpus {gpus} on port {self.port}")
+        self.say(f"starting gpusched up {' '.join(args)} on port {self.port}")
         self.up = subprocess.Popen(
-            [*self.cli, "up", "--gpus", gpus], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            [*self.cli, "up", *args], env=self.env, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=die_with_parent,
         )  # fmt: skip
         self.track({self.up.pid})
@@ -621,7 +625,7 @@ class GpuCheckRun:
             raise PhaseError("no result from the training job to estimate")
         shape = result["shape"]
         record["argv"] = [
-            "estimate", "--transformer",
+            "estimate", "--architecture", "gpt", "--transformer",
             ",".join(str(shape[k]) for k in ("layers", "hidden", "heads", "vocab", "seq_len")),
             "--precision", "bf16", "--optimizer", "adam", "--micro-batch", str(result["micro_batch"]),
             "--json",

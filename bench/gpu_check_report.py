@@ -631,7 +631,10 @@ def _isolation(readings: dict[str, Any], phase: dict[str, Any]) -> Check:
 def _estimate(readings: dict[str, Any], phases: dict[str, Any]) -> Check:
     name = "gpusched estimate vs PyTorch's peak memory"
     low, high = ESTIMATE_RATIO
-    expected = f"estimate / torch.cuda.max_memory_allocated in [{low:g}, {high:g}]"
+    expected = (
+        f"estimate / torch.cuda.max_memory_allocated in [{low:g}, {high:g}], for the "
+        "parameters the model has"
+    )
     estimate = phases.get("estimate") or {}
     response = estimate.get("response") or {}
     train = phases.get("train") or {}
@@ -665,7 +668,8 @@ def _estimate(readings: dict[str, Any], phases: dict[str, Any]) -> Check:
         + (f" ({total / reserved:.2f} of reserved)" if reserved else "")
         + (f"; the job's NVML process peak {nvml_peak} MiB" if nvml_peak else "")
     )
-    return Check(name, expected, seen, PASS if low <= ratio <= high else FAIL)
+    same_model = response.get("parameters") == result.get("parameters")
+    return Check(name, expected, seen, PASS if low <= ratio <= high and same_model else FAIL)
 
 
 def _housekeeping(readings: dict[str, Any]) -> list[Check]:

@@ -139,14 +139,16 @@ def session() -> dict[str, Any]:
                            "device": MODEL, "cuda_visible_devices": "0",
                            "shape": {"layers": 12, "hidden": 2048, "heads": 16, "vocab": 32768,
                                      "seq_len": 1024},
-                           "micro_batch": 8, "parameters": 673_477_632,
+                           "micro_batch": 8, "parameters": 673_509_376,
                            "max_memory_allocated": 17_000_000_000,
                            "max_memory_reserved": 17_600_000_000},
             },
-            "estimate": {"response": {"parameters": 673_185_792, "per_gpu_bytes": {
-                "weights": 1_346_371_584, "gradients": 1_346_371_584,
-                "optimizer_states": 2_692_743_168, "activations": 15_971_909_632,
-                "overhead": 2_141_611_623, "total": 23_499_007_591}}},
+            # `gpusched estimate --architecture gpt --transformer 12,2048,16,32768,1024
+            # --precision bf16 --micro-batch 8`, as it answered on 2026-11-26.
+            "estimate": {"response": {"parameters": 673_509_376, "per_gpu_bytes": {
+                "weights": 1_347_018_752, "gradients": 1_347_018_752,
+                "optimizer_states": 2_694_037_504, "activations": 15_971_909_632,
+                "overhead": 2_141_741_056, "total": 23_501_725_696}}},
             "foreign": {"pid": PIDS["foreign"], "started_at": T0 + FOREIGN[0] - 3,
                         "seen_at": T0 + 110, "stopped_at": foreign_stopped, "job_id": 2,
                         "job_polls": job_polls, "job": waits_job},

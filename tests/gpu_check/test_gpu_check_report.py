@@ -224,6 +224,12 @@ def test_the_estimate_is_judged_by_its_ratio_to_the_peak(peak: float, result: st
     assert results(readings)["gpusched estimate vs PyTorch's peak memory"] == result
 
 
+def test_an_estimate_of_another_model_fails() -> None:
+    readings = changed()
+    readings["phases"]["estimate"]["response"]["parameters"] += 2048  # e.g. RMSNorm counted
+    assert only_failures(readings) == {"gpusched estimate vs PyTorch's peak memory"}
+
+
 def test_leftovers_and_an_overlong_run_fail() -> None:
     readings = changed()
     readings["leftover_pids"] = [777]

@@ -12,29 +12,33 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench import gpu_check_report as judge
+from tests.support.wait import poll
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
-WORKLOADS = str(ROOT / "bench" / "gpu_check_workloads.py")
 FAKE_SMI = str(Path(__file__).with_name("fake_nvidia_smi.py"))
-LIBRARY_PATH = "/nonexistent/gpu-check/lib"
-# What a machine with one H100 answers to the check's first question.
-H100_ROW = (
-    "0, NVIDIA H100 80GB HBM3, 81559, GPU-3f0a6a55, 580.159.04, 00000000:01:00.0, Disabled, 512"
-)
 
 
-def fake_nvidia_smi(folder: Path, *, prints: str, exit_code: int) -> dict[str, str]:
+def broken_nvidia_smi(folder: Path, *, prints: str, exit_code: int) -> dict[str, str]:
     folder.mkdir()
     tool = folder / "nvidia-smi"
     tool.write_text(f"#!/bin/sh\necho '{prints}'\nexit {exit_code}\n")
+    tool.chmod(0o755)
+    return {"PATH": f"{folder}:{os.environ['PATH']}"}
+
+
+def fake_nvidia_smi(folder: Path) -> dict[str, str]:
+    """nvidia-smi as one idle H100 answers the check (fake_nvidia_smi.py)."""
+    folder.mkdir()
+    tool = folder / "nvidia-smi"
+    tool.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_SMI} "$@"\n')
     tool.chmod(0o755)
     return {"PATH": f"{folder}:{os.environ['PATH']}"}
 
@@ -60,14 +64,14 @@ def test_without_nvidia_smi_it_stops_at_once_saying_so(tmp_path: Path) -> None:
 
 
 def test_a_driver_that_sees_no_gpu_stops_too(tmp_path: Path) -> None:
-    env = fake_nvidia_smi(tmp_path / "bin", prints="No devices were found", exit_code=6)
+    env = broken_nvidia_smi(tmp_path / "bin", prints="No devices were found", exit_code=6)
     assert check(tmp_path / "out", env) == judge.EXIT_NO_GPU
     report = (tmp_path / "out" / "report.md").read_text()
     assert "No devices were found" in report
 
 
 def test_without_the_wheels_the_install_fails_with_its_own_code(tmp_path: Path) -> None:
-    env = fake_nvidia_smi(tmp_path / "bin", prints=H100_ROW, exit_code=0)
+    env = fake_nvidia_smi(tmp_path / "bin")
     env["GPU_CHECK_WHEELS"] = str(tmp_path / "no-wheels")
     assert check(tmp_path / "out", env) == judge.EXIT_SETUP
     checks = judge.parse_report((tmp_path / "out" / "report.md").read_text())
@@ -75,43 +79,30 @@ def test_without_the_wheels_the_install_fails_with_its_own_code(tmp_path: Path) 
     assert "make gpu-wheels" in (tmp_path / "out" / "run.log").read_text()
 
 
-# The rehearsal's stack keeps its data in SQLite whatever the suite's database: the
-# PostgreSQL pass of the suite would only repeat it.
-rehearsal = pytest.mark.skipif(
-    os.environ.get("GPUSCHED_TEST_DB", "sqlite") != "sqlite",
-    reason="runs its own SQLite stack; the SQLite pass covers it",
-)
-
-
-def rehearsal_env() -> dict[str, str]:
-    # This interpreter's venv has gpusched: the rehearsal installs nothing. A library path
-    # (as a GPU machine may need for the CUDA driver) goes to the jobs.
+def rehearsal_env(marker: str) -> dict[str, str]:
+    """This interpreter's venv has gpusched: the rehearsal installs nothing. A library path
+    (as a GPU machine may need for the CUDA driver) goes to the jobs; it is this run's own,
+    so that its processes are told from those of a rehearsal running beside it."""
     return {
         "GPU_CHECK_REHEARSE": "1",
         "GPU_CHECK_VENV": sys.prefix,
-        "LD_LIBRARY_PATH": LIBRARY_PATH,
+        "GPU_CHECK_PYTHON": sys.executable,
+        "LD_LIBRARY_PATH": f"/nonexistent/gpu-check-{marker}/lib",
     }
 
 
-def with_fake_nvidia_smi(folder: Path) -> dict[str, str]:
-    folder.mkdir()
-    tool = folder / "nvidia-smi"
-    tool.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_SMI} "$@"\n')
-    tool.chmod(0o755)
-    return {"PATH": f"{folder}:{os.environ['PATH']}"}
-
-
-def our_workloads_running(program: str = WORKLOADS) -> list[int]:
-    """Processes of this checkout's GPU-check programs still alive."""
-    found = []
+def processes_of(marker: str) -> dict[int, bytes]:
+    """pid -> command line of each live process of the run that `marker` names: the stack,
+    its jobs, the foreign process and nvidia-smi's loop all carry it in their environment."""
+    found = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if program in cmdline:
-                found.append(int(entry.name))
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                found[int(entry.name)] = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # ended meanwhile
     return found
 
 
@@ -120,22 +111,19 @@ def readings(out: Path) -> dict[str, Any]:
 
 
 @pytest.mark.e2e
-@rehearsal
 def test_a_rehearsal_runs_every_phase_against_the_real_stack_and_cleans_up(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    began = time.monotonic()
-    env = rehearsal_env() | with_fake_nvidia_smi(tmp_path / "bin")
+    out, marker = tmp_path / "out", uuid.uuid4().hex
+    env = rehearsal_env(marker) | fake_nvidia_smi(tmp_path / "bin")
     code = check(out, env, timeout=400)
-    took = time.monotonic() - began
     found = readings(out)
     results = {c.name: c.result for c in judge.parse_report((out / "report.md").read_text())}
-    # No nvidia-smi to compare with: those checks fail, so a rehearsal never passes.
+    # nvidia-smi's figures are made up here, so a rehearsal never passes.
     assert code == judge.EXIT_FAILED and found["mode"] == "rehearsal"
     assert found["error"] is None, found["error"]
     phases = found["phases"]
     assert {name: phases[name].get("error") for name in phases} == dict.fromkeys(phases)
     assert phases["train"]["job"]["status"] == "SUCCEEDED" and phases["train"]["telemetry"]
-    assert phases["train"]["job"]["env"] == {"LD_LIBRARY_PATH": LIBRARY_PATH}
+    assert phases["train"]["job"]["env"] == {"LD_LIBRARY_PATH": env["LD_LIBRARY_PATH"]}
     assert phases["train"]["efficiency"]["samples"] > 0
     assert phases["estimate"]["response"]["per_gpu_bytes"]["total"] > 0
     # The scheduler itself is real: the foreign process (injected into the simulated GPU
@@ -154,46 +142,45 @@ def test_a_rehearsal_runs_every_phase_against_the_real_stack_and_cleans_up(tmp_p
     torchrun = str(phases["torchrun"]["job_id"])
     assert phases["torchrun"]["job"]["status"] == "SUCCEEDED"
     assert max(len(p.get("job_pids", {}).get(torchrun, [])) for p in found["polls"]) == 3
-    assert found["stop_leftovers"] == [] and found["leftover_pids"] == []
-    assert our_workloads_running() == []
     # nvidia-smi's readers: its GPU, its topology, its readings every half second.
     assert [g["name"] for g in found["smi"]["gpus"]] == ["NVIDIA H100 80GB HBM3"]
     assert judge.parse_topology(found["smi"]["topology"]) == {0: []}
     samples = found["smi_samples"]
     assert len(samples) > 20 and samples[0]["memory_free_mb"] == 80939
     assert found["started_at"] <= samples[0]["t"] < samples[-1]["t"] <= found["finished_at"]
-    assert not [pid for pid in our_workloads_running(FAKE_SMI)]
-    assert took < judge.MAX_DURATION_S
+    # Nothing of the run is left: not by its own account, and not by /proc's.
+    assert found["stop_leftovers"] == [] and found["leftover_pids"] == []
+    assert processes_of(marker) == {}
 
 
-def training_job_running() -> bool:
-    """The check's training program runs as a job (not only named by `gpusched submit`)."""
-    for pid in our_workloads_running():
+def training_job_of(marker: str) -> bool:
+    """The run's training program runs as a job (not only named by `gpusched submit`)."""
+    for pid, cmdline in processes_of(marker).items():
         try:
-            if b"GPUSCHED_JOB_ID=" in Path(f"/proc/{pid}/environ").read_bytes():
-                return True
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
+        if b"\0train\0" in cmdline and b"GPUSCHED_JOB_ID=" in environ:
+            return True
     return False
 
 
 @pytest.mark.e2e
-@rehearsal
 def test_stopped_halfway_it_still_stops_the_stack_and_writes_its_report(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    env = {**os.environ, "GPU_CHECK_PYTHON": sys.executable, **rehearsal_env(),
-           "GPU_CHECK_TRAIN_S": "120"}  # fmt: skip
+    out, marker = tmp_path / "out", uuid.uuid4().hex
+    env = {**os.environ, **rehearsal_env(marker), "GPU_CHECK_TRAIN_S": "120"}
     script = subprocess.Popen(["bash", str(SCRIPT), str(out)], env=env, start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        log = ""
-        while not training_job_running():
-            log = (out / "run.log").read_text() if (out / "run.log").exists() else ""
-            assert script.poll() is None, log
-            assert time.monotonic() < deadline, f"the training job never started: {log}"
-            time.sleep(0.5)
-        driver = int(re.search(r"driver pid (\d+)", (out / "run.log").read_text())[1])  # type: ignore[index]
-        os.kill(driver, signal.SIGTERM)
+        poll(
+            "the rehearsal's training job to run",
+            lambda: script.poll() is None and training_job_of(marker),
+            timeout=240,
+            interval=0.5,
+            on_timeout=lambda: (out / "run.log").read_text(),
+        )
+        driver = re.search(r"driver pid (\d+)", (out / "run.log").read_text())
+        assert driver is not None
+        os.kill(int(driver[1]), signal.SIGTERM)
         code = script.wait(120)
     finally:
         if script.poll() is None:
@@ -202,7 +189,7 @@ def test_stopped_halfway_it_still_stops_the_stack_and_writes_its_report(tmp_path
     assert code == judge.EXIT_FAILED
     assert found["error"] == "stopped by SIGTERM"
     assert found["leftover_pids"] == []
-    assert our_workloads_running() == []
+    assert processes_of(marker) == {}
     checks = {c.name: c for c in judge.parse_report((out / "report.md").read_text())}
     assert checks["cleanup: nothing left running"].result == judge.PASS
     assert "stopped by SIGTERM" in checks["gpusched estimate vs PyTorch's peak memory"].seen

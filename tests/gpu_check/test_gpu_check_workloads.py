@@ -15,13 +15,13 @@ torch = pytest.importorskip("torch")
 SMALL = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 32}
 
 
-def test_the_model_has_the_estimators_parameters_plus_biases_and_norms() -> None:
+def test_the_model_has_the_parameters_the_estimator_counts() -> None:
     model = workloads.build_model(SMALL, "cpu")
     layers, h, vocab, seq = SMALL["layers"], SMALL["hidden"], SMALL["vocab"], SMALL["seq_len"]
-    # app/estimator: P = 12*L*h^2 + V*h + s*h (tied embeddings, learned positions, a 4h
-    # MLP); it leaves out biases (9h a layer) and LayerNorms (4h a layer, 2h at the end).
-    estimated = 12 * layers * h * h + vocab * h + seq * h
-    assert sum(p.numel() for p in model.parameters()) == estimated + 13 * h * layers + 2 * h
+    # docs/estimator.md, GPT's architecture (f = 4h, biases, LayerNorm, learned positions,
+    # tied head): P = L*(4h^2 + 2hf + 9h + 4h) + V*h + s*h + 2h.
+    estimated = layers * (12 * h * h + 13 * h) + vocab * h + seq * h + 2 * h
+    assert sum(p.numel() for p in model.parameters()) == estimated
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
 
