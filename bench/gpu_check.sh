@@ -14,8 +14,9 @@
 #
 # GPU_CHECK_PYTHON: the Python with PyTorch (default python3). GPU_CHECK_WHEELS: the wheels
 # (default build/gpu-wheels). For the tests, on a machine with no GPU:
-# GPU_CHECK_REHEARSE=1 (simulated GPUs, CPU stand-ins) and GPU_CHECK_VENV=DIR (a venv that
-# has gpusched already, instead of installing one).
+# GPU_CHECK_REHEARSE=1 (simulated GPUs, CPU stand-ins; GPU_CHECK_TRAIN_S and
+# GPU_CHECK_WORKER_S set its jobs' seconds) and GPU_CHECK_VENV=DIR (a venv that has
+# gpusched already, instead of installing one).
 set -uo pipefail
 STARTED=$(date +%s.%N)
 cd "$(dirname "$0")/.." || exit 3
