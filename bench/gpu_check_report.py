@@ -384,9 +384,9 @@ def _seff(
 ) -> list[Check]:
     seff = train.get("efficiency") or {}
     job = train.get("job") or {}
-    indices = sorted(
-        {a["gpu_index"] for a in job.get("allocations", []) if a.get("gpu_index") is not None}
-    )
+    # A finished job's allocations are released (empty): seff's own rows name its GPUs.
+    held = [*seff.get("per_gpu", []), *job.get("allocations", [])]
+    indices = sorted({g["gpu_index"] for g in held if g.get("gpu_index") is not None})
     rows = [r for i in indices if i in smi for r in smi[i].between(start or 0, end or 0)]
     if not seff or not rows:
         seen = "no seff" if not seff else "no nvidia-smi reading during the run"
@@ -400,7 +400,7 @@ def _seff(
         Check(
             names[0],
             f"within {SEFF_UTIL_TOLERANCE_PCT:g} points of nvidia-smi's mean over the run",
-            f"seff {ours}%, nvidia-smi {mean:.1f}% ({len(smi_util)} readings)"
+            f"seff {ours:.1f}%, nvidia-smi {mean:.1f}% ({len(smi_util)} readings)"
             if mean is not None
             else f"seff {ours}%, no nvidia-smi utilisation",
             PASS if ok else FAIL,

@@ -64,7 +64,9 @@ def job(
         "id": job_id, "name": name, "status": status, "gpus": 1,
         "scheduled_at": iso(T0 + start - 0.3), "started_at": iso(T0 + start - 0.2),
         "finished_at": iso(T0 + end + 0.5),
-        "allocations": [{"node": "gpu-node", "gpu_index": 0, "share": 1.0, "rank": 0}],
+        # As the API answers for a job that has ended: its GPUs are released.
+        "allocations": [] if status in ("SUCCEEDED", "FAILED") else
+        [{"node": "gpu-node", "gpu_index": 0, "share": 1.0, "rank": 0}],
     }  # fmt: skip
 
 
@@ -108,6 +110,7 @@ def session() -> dict[str, Any]:
         "avg_util_pct": sum(p["util_pct"] for p in busy) / len(busy),
         "peak_memory_mb": max(p["memory_used_mb"] for p in busy),
         "energy_wh": sum(p["power_w"] for p in busy) / 3600,
+        "per_gpu": [{"node": "gpu-node", "gpu_index": 0, "samples": len(busy)}],
     }
     foreign_stopped = T0 + FOREIGN[1] + 0.2
     job_polls = [
