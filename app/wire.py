@@ -154,7 +154,7 @@ class Register:
 class GpuProcessReading:
     """A process using a GPU; `job_id` when it is one of the agent's jobs, else foreign."""
 
-    pid: Annotated[int, Field(ge=1)]
+    pid: Count  # as the driver gives it: one odd reading must not cost the whole heartbeat
     used_memory_mb: Count | None = None
     job_id: JobId | None = None
 
@@ -340,7 +340,7 @@ class Refused(Exception):
 def note_refused(refused: Refused, *, receiver: str) -> None:
     """Log and count a refused message (it changed nothing)."""
     REFUSED_MESSAGES.labels(refused.kind, refused.reason).inc()
-    log.warning("%s refused a %s message: %s", receiver, refused.kind, refused)
+    log.warning("%s refused a message (%s): %s", receiver, refused.kind, refused)
 
 
 def _signature(key: bytes, header: str, body: str) -> str:

@@ -198,7 +198,12 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                 if repairs is None:
                     return "dropped"
                 for stop in repairs.stops:
-                    log.warning("stopping orphaned attempt %s on %s", stop, stop.node)
+                    log.warning(
+                        "heartbeat of %s: stopping job %s attempt %s (orphaned, or its gang ended)",
+                        stop.node,
+                        stop.job_id,
+                        stop.attempt,
+                    )
                 runtime.messenger.send(repairs.after)
                 return "heartbeat"
             if isinstance(report, Leaving):

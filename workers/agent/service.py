@@ -464,6 +464,12 @@ class Agent:
                 self._limit_early[key] = limit
                 return "remembered"
         attempt.process.set_time_limit(limit)
+        log.info(
+            "job %s attempt %s: time limit now %s",
+            *key,
+            "none" if limit is None else f"{limit:g}s",
+            extra={"job_id": key[0], "attempt": key[1], "node": self.settings.name},
+        )
         return "changed"
 
     def _await_exit(self, key: tuple[int, int], process: RunningProcess) -> None:
