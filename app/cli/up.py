@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from sqlalchemy.orm import Session, sessionmaker
 
 from app.cli.client import EXIT_USAGE, CliError
 from app.cli.server import (
@@ -88,7 +89,7 @@ def start_private_redis(
     return server, f"redis://{REDIS_USER}:{password}@127.0.0.1:{server.port}/0"
 
 
-def write_node_keys(factory: Any, data_dir: Path, names: list[str]) -> None:
+def write_node_keys(factory: sessionmaker[Session], data_dir: Path, names: list[str]) -> None:
     """Each agent's key, where it looks by default (<data dir>/agents/NAME/node.key, 0600)."""
     secret = installation_secret(factory)
     for name in names:
