@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -28,6 +29,11 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".gpusched")
     database_url: str = ""
     redis_url: str = ""
+    redis_password_file: Path | None = Field(
+        default=None,
+        description="a file holding Redis's password (a Docker secret): put into redis_url, "
+        "so that the password is in no process's environment",
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     token_ttl_days: int = Field(default=0, ge=0, description="0 = tokens never expire")
@@ -119,6 +125,25 @@ class Settings(BaseSettings):
             raise ValueError("must start with redis://, rediss:// or unix://")
         return value
 
+    @field_validator("redis_password_file")
+    @classmethod
+    def _password_readable(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is not None:
+            _read_password(value)
+            if urlsplit(info.data.get("redis_url") or "redis:").scheme not in ("redis", "rediss"):
+                raise ValueError("needs a redis:// or rediss:// GPUSCHED_REDIS_URL")
+        return value
+
+    @model_validator(mode="after")
+    def _password_in_redis_url(self) -> Settings:
+        if self.redis_password_file is not None and self.redis_url:
+            parts = urlsplit(self.redis_url)
+            user = quote(parts.username or "", safe="")
+            password = quote(_read_password(self.redis_password_file), safe="")
+            host = parts.netloc.rpartition("@")[2]
+            self.redis_url = urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+        return self
+
     @property
     def effective_database_url(self) -> str:
         """The configured URL, or a SQLite file in the data dir (the laptop default)."""
@@ -133,6 +158,16 @@ class Settings(BaseSettings):
     @property
     def log_dir(self) -> Path:
         return self.data_dir / "logs"
+
+
+def _read_password(path: Path) -> str:
+    try:
+        password = path.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    if not password:
+        raise ValueError(f"{path} is empty")
+    return password
 
 
 def load_tariff(path: Path) -> Tariff:

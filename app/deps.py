@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from app.auth.service import TOKEN_CACHE, FailedAuthLimiter, Principal, load_principal
 from app.config import Settings
 from app.db import utcnow
-from app.messaging import Messenger
+from app.messaging import Sender
 from app.nodes.inventory import InventoryCache
 
 
@@ -28,8 +28,8 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
-def get_messenger(request: Request) -> Messenger | None:
-    messenger: Messenger | None = request.app.state.messenger
+def get_messenger(request: Request) -> Sender:
+    messenger: Sender = request.app.state.messenger
     return messenger
 
 
@@ -40,7 +40,7 @@ def get_inventory(request: Request) -> InventoryCache:
 
 SessionDep = Annotated[Session, Depends(get_session)]
 InventoryDep = Annotated[InventoryCache, Depends(get_inventory)]
-MessengerDep = Annotated["Messenger | None", Depends(get_messenger)]
+MessengerDep = Annotated["Sender", Depends(get_messenger)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 _UNAUTHORIZED = {"WWW-Authenticate": "Bearer"}

@@ -24,9 +24,10 @@ from app.etag import ETagMiddleware
 from app.frontend import mount_frontend
 from app.health.router import router as health_router
 from app.jobs.router import router as jobs_router
-from app.messaging import Messenger, create_celery
+from app.messaging import Messenger, NullMessenger, Sender, create_celery
 from app.metrics import DatabaseCollector
 from app.nodes.inventory import InventoryCache
+from app.nodes.keys import NodeKeys
 from app.nodes.router import router as nodes_router
 from app.nodes.router import utilization_router
 from app.projects.router import router as projects_router
@@ -87,7 +88,7 @@ def create_app(
     *,
     session_factory: sessionmaker[Session] | None = None,
     redis_client: Any = None,
-    messenger: Messenger | None = None,
+    messenger: Sender | None = None,
 ) -> FastAPI:
     app = FastAPI(
         title="gpusched",
@@ -101,15 +102,22 @@ def create_app(
         import redis
 
         redis_client = redis.Redis.from_url(settings.redis_url, socket_timeout=2)
-    if messenger is None and settings.redis_url:
-        messenger = Messenger(create_celery(settings.redis_url), redis_client)
+    read_session_factory = make_read_session_factory(session_factory)
+    if messenger is None:
+        # The keys are read with a session of their own while the request's may hold
+        # SQLite's write lock: a reading one, which never waits for it.
+        keys = NodeKeys(read_session_factory)
+        messenger = (
+            Messenger(create_celery(settings.redis_url), redis_client, keys=keys)
+            if settings.redis_url
+            else NullMessenger()
+        )
     app.state.settings = settings
     app.state.messenger = messenger
     app.state.inventory = InventoryCache()
     app.state.tariff = settings.tariff
     app.state.auth_limiter = FailedAuthLimiter(limit=settings.auth_failures_per_minute)
     app.state.metrics_registry = CollectorRegistry()
-    read_session_factory = make_read_session_factory(session_factory)
     app.state.metrics_registry.register(DatabaseCollector(read_session_factory))
     app.state.session_factory = session_factory
     app.state.read_session_factory = read_session_factory

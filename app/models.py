@@ -6,7 +6,7 @@ from app.batches.models import BatchFiring, BatchSchedule
 from app.cycle.models import SchedulerLease
 from app.db import Base
 from app.jobs.models import Allocation, Job, JobEvent
-from app.nodes.models import Gpu, GpuSample, Node
+from app.nodes.models import ClusterSecret, Gpu, GpuSample, Node
 from app.notifications.models import Notification
 from app.projects.models import Project, ProjectMember
 from app.windows.models import Window
@@ -18,6 +18,7 @@ __all__ = [
     "Base",
     "BatchFiring",
     "BatchSchedule",
+    "ClusterSecret",
     "Gpu",
     "GpuSample",
     "Job",

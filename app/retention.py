@@ -20,10 +20,10 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from app.audit.models import AuditEvent
 from app.batches.models import BatchFiring
-from app.jobs.logs import job_log_dir
 from app.jobs.models import Allocation, Job, JobEvent
 from app.jobs.states import FINISHED
 from app.notifications.models import Notification
+from app.wire import job_log_dir
 
 _CHUNK = 500  # jobs per transaction
 

@@ -31,6 +31,7 @@ from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import make_engine, make_session_factory, utcnow
 from app.main import create_app
+from app.messaging import NullMessenger
 from app.migrate import upgrade
 from app.nodes.models import Gpu, Node, NodeState
 from bench.common import (
@@ -104,7 +105,11 @@ def one_cycle(engine: Any, data_dir: Path, jobs: int) -> tuple[float, int, int]:
     try:
         started = time.perf_counter()
         report = run_cycle(
-            factory=factory, messenger=None, settings=SETTINGS, holder="bench", now=utcnow()
+            factory=factory,
+            messenger=NullMessenger(),
+            settings=SETTINGS,
+            holder="bench",
+            now=utcnow(),
         )
         elapsed = time.perf_counter() - started
     finally:

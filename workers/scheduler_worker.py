@@ -11,8 +11,9 @@ from app import compiled_core
 from app.config import Settings
 from app.cycle.settings import SchedulerSettings
 from app.logs import configure_logging
-from app.messaging import REPORTS_QUEUE, SCHEDULER_QUEUE
+from app.messaging import SCHEDULER_QUEUE
 from app.processes import die_with_parent
+from app.wire import REPORTS_QUEUE
 from workers.scheduler import build_scheduler_app
 
 log = logging.getLogger("gpusched.scheduler")

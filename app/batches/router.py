@@ -99,18 +99,15 @@ def run_batch(
     (also while it is disabled); its schedule's fire times stay as they were. Its
     `concurrency` applies as at a fire time: `forbid` is a 409 while jobs of an earlier
     firing have not ended, `replace` cancels them. Owner or admin only."""
-    firing, stops = service.run_batch(
+    changed = service.run_batch(
         session=session,
         principal=principal,
         name=name,
         limits=settings.runtime_limits,
         now=utcnow(),
     )
-    if messenger is not None:  # after the commit
-        if stops:
-            messenger.send_stops(stops)
-        messenger.request_cycle()
-    return firing
+    messenger.send(changed.after)
+    return changed.value
 
 
 @router.get("/{name}/firings", response_model=list[FiringOut])

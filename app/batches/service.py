@@ -39,17 +39,17 @@ from app.auth.models import User
 from app.auth.service import Principal, principal_for
 from app.batches.models import BatchFiring, BatchSchedule
 from app.batches.schemas import BatchIn, BatchOut, FiringOut
-from app.cycle.dispatch import Dispatch, stop_messages_many
 from app.errors import Conflict, DomainError, FieldError, Forbidden, NotFound
 from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Job
+from app.jobs.orders import AfterCommit, Changed, stop_orders
 from app.jobs.schemas import JobCreate
 from app.jobs.service import cancel_locked, check_submission, create_job
 from app.jobs.states import FINISHED
-from app.messaging import Messenger
 from app.projects.models import Project
 from app.windows.calendar import resolve_local, validate_timezone
 from app.windows.service import require_window
+from app.wire import StopJob
 
 log = logging.getLogger("gpusched.batches")
 
@@ -427,7 +427,7 @@ class Firing:
     job_ids: tuple[int, ...] = ()
     error: str | None = None
     # stop_job messages for running jobs of an earlier firing it replaced (after commit)
-    stops: tuple[Dispatch, ...] = ()
+    stops: tuple[StopJob, ...] = ()
 
 
 @dataclass
@@ -440,6 +440,12 @@ class FireReport:
 
     def count(self, outcome: str) -> int:
         return sum(1 for f in self.firings if f.outcome == outcome)
+
+    @property
+    def after(self) -> AfterCommit:
+        """Stop the running jobs the firings replaced; a cycle if jobs were submitted."""
+        stops = [stop for firing in self.firings for stop in firing.stops]
+        return AfterCommit.of(stops, cycle=bool(self.submitted_jobs))
 
 
 def _job_spec(row: BatchSchedule, template: dict[str, Any], fired: list[int]) -> JobCreate:
@@ -597,14 +603,14 @@ def _overlap(earlier: list[Job]) -> str:
     return f"jobs {_ids(earlier)} of an earlier firing have not ended (concurrency: forbid)"
 
 
-def _replace(session: Session, jobs: list[Job], *, batch: str, why: str) -> list[Dispatch]:
+def _replace(session: Session, jobs: list[Job], *, batch: str, why: str) -> list[StopJob]:
     """Cancel an earlier firing's jobs (`why`: for which firing); the stops for those
     placed are the caller's to send after its commit."""
     for job in jobs:
         cancel_locked(session, job=job, actor=f"batch:{batch}", why=why)
     log.info("batch %s: jobs %s %s", batch, _ids(jobs), why)
     placed = {job.id: job.attempt for job in jobs if job.cancel_requested_at is not None}
-    return stop_messages_many(session, placed, reason="cancel")
+    return stop_orders(session, placed, reason="cancel")
 
 
 def _ids(jobs: list[Job]) -> str:
@@ -613,12 +619,12 @@ def _ids(jobs: list[Job]) -> str:
 
 def run_batch(
     *, session: Session, principal: Principal, name: str, limits: RuntimeLimits, now: datetime
-) -> tuple[FiringOut, list[Dispatch]]:
+) -> Changed[FiringOut]:
     """Submit the batch's jobs now, by hand (`kubectl create job --from=cronjob/NAME`),
     also while it is disabled. Its concurrency policy applies as at a fire time: `forbid`
     refuses (409) while jobs of an earlier firing have not ended, `replace` cancels them.
     The firing is recorded with `run_by`; the schedule's own fire times ignore it.
-    Commits; the stops for replaced running jobs are the caller's to send after."""
+    Commits; after it, the caller stops the replaced running jobs and asks for a cycle."""
     now = _utc(now)
     row = _row(session, principal, name, write=True)
     earlier = _unended_jobs(session, row)
@@ -661,7 +667,7 @@ def run_batch(
         session.rollback()
         raise Conflict(f"batch {name!r} fired at this instant; run it again") from None
     log.info("batch %s run by %s: jobs %s", name, principal.name, firing.job_ids)
-    return _firing_out(firing, _zone(row)), stops
+    return Changed(_firing_out(firing, _zone(row)), AfterCommit.of(stops, cycle=True))
 
 
 def fire_due(
@@ -669,13 +675,12 @@ def fire_due(
     factory: sessionmaker[Session],
     limits: RuntimeLimits,
     now: datetime,
-    messenger: Messenger | None = None,
     check_interval_s: float = CHECK_INTERVAL_S,
     only: Sequence[int] | None = None,
 ) -> FireReport:
-    """Fire every enabled schedule that is due at ``now`` (one transaction each), then,
-    after those commits, stop the running jobs a firing replaced and request a scheduling
-    cycle if any job was submitted."""
+    """Fire every enabled schedule that is due at ``now`` (one transaction each). The
+    caller then sends `report.after`: stops for the running jobs a firing replaced, and a
+    scheduling cycle if any job was submitted."""
     with factory() as session:
         query = select(BatchSchedule.id).where(BatchSchedule.enabled.is_(True))
         if only is not None:
@@ -696,9 +701,4 @@ def fire_due(
             continue
         if firing is not None:
             report.firings.append(firing)
-    stops = [stop for firing in report.firings for stop in firing.stops]
-    if stops and messenger is not None:
-        messenger.send_stops(stops)
-    if report.submitted_jobs and messenger is not None:
-        messenger.request_cycle()
     return report

@@ -23,8 +23,9 @@ from app.auth.service import (
 )
 from app.auth.service import create_user as create
 from app.cli.client import EXIT_REJECTED, EXIT_USAGE, CliError, add_row, console, make_table
-from app.cli.server import load_settings_or_exit, session_scope
-from app.db import utcnow
+from app.cli.server import database, load_settings_or_exit, session_scope
+from app.db import make_session_factory, utcnow
+from app.nodes.keys import installation_secret, node_key
 
 admin_app = typer.Typer(
     help="Users, their projects and tokens (direct database access; run where the database"
@@ -183,6 +184,23 @@ def revoke(name: UserName) -> None:
     except LookupError as exc:
         raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
     typer.echo(f"revoked {count} token(s) of {name!r}")
+
+
+@admin_app.command("node-key")
+def print_node_key(
+    name: Annotated[str, typer.Argument(help="Node name (its agent's --name)", show_default=False)],
+) -> None:
+    """Print the key node NAME's agent signs its reports and checks its orders with.
+
+    Store it where only the agent's user can read it (chmod 600) and point the agent at
+    it with GPUSCHED_AGENT_KEY_FILE (default: <data dir>/agents/NAME/node.key). It is
+    derived from this installation's secret: the same NAME always gets the same key."""
+    if not 1 <= len(name) <= 128:
+        raise CliError(f"node name {name!r}: must be 1 to 128 characters", EXIT_USAGE)
+    settings = load_settings_or_exit()
+    with database(settings) as engine:
+        secret = installation_secret(make_session_factory(engine))
+    typer.echo(node_key(secret, name).hex())
 
 
 def register(app: typer.Typer) -> None:

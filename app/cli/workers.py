@@ -62,6 +62,7 @@ def agent(
     label: Annotated[list[str], typer.Option(help="key=value, repeatable")] = [],  # noqa: B006
 ) -> None:
     """Run a node agent: report GPU telemetry and run the jobs placed on this node."""
+    from app.logs import configure_logging
     from workers.agent.service import AgentSettings
     from workers.agent.worker import run_agent_worker
 
@@ -82,9 +83,10 @@ def agent(
         raise CliError(
             f"unusable agent setting: {json.dumps(exc.errors(), default=str)}", EXIT_USAGE
         ) from None
+    configure_logging()
     try:
         run_agent_worker(settings, agent_settings)
-    except ValueError as exc:  # e.g. a malformed --gpus spec
+    except ValueError as exc:  # e.g. a malformed --gpus spec, an unusable node key file
         raise CliError(str(exc), EXIT_USAGE) from None
 
 

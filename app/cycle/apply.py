@@ -15,15 +15,16 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.cycle import lease
-from app.cycle.dispatch import Dispatch, released_gates, run_messages_for, stop_messages
 from app.cycle.snapshot import SnapshotContext
 from app.jobs.allocations import GpuClaim, allocate_many, release
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job, JobEvent
+from app.jobs.orders import AfterCommit, released_gates, run_orders, stop_orders
 from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
 from app.nodes.models import Node, NodeState
 from app.projects.models import Project
 from app.scheduling import Placement, Plan, Preemption
+from app.wire import RunJob, StopJob
 
 log = logging.getLogger("gpusched.cycle")
 
@@ -32,9 +33,13 @@ log = logging.getLogger("gpusched.cycle")
 class Applied:
     placed: list[int] = field(default_factory=list)
     skipped: dict[int, str] = field(default_factory=dict)
-    dispatches: list[Dispatch] = field(default_factory=list)
-    stops: list[Dispatch] = field(default_factory=list)
+    dispatches: list[RunJob] = field(default_factory=list)
+    stops: list[StopJob] = field(default_factory=list)
     lease_lost: bool = False
+
+    @property
+    def after(self) -> AfterCommit:
+        return AfterCommit.of([*self.dispatches, *self.stops])
 
 
 def _claims(ctx: SnapshotContext, placement: Placement) -> list[GpuClaim]:
@@ -84,9 +89,7 @@ def _preempt(session: Session, *, preemption: Preemption, now: datetime, applied
             ),
         )
     )
-    applied.stops.extend(
-        stop_messages(session, job_id=victim.id, attempt=victim.attempt, reason="preempt")
-    )
+    applied.stops.extend(stop_orders(session, {victim.id: victim.attempt}, reason="preempt"))
     if preemption.for_job_id:
         release(session, job_id=victim.id, attempt=victim.attempt)
     return True
@@ -123,7 +126,7 @@ def apply_plan(
     placed = _schedule(session, ctx=ctx, verified=verified, applied=applied)
     applied.placed.extend(job.id for _, job in placed)
     applied.dispatches.extend(
-        run_messages_for(session, jobs=[job for p, job in placed if not p.after_preemption_of])
+        run_orders(session, jobs=[job for p, job in placed if not p.after_preemption_of])
     )
     applied.dispatches.extend(released_gates(session))
     _store_reasons(

@@ -14,18 +14,18 @@ import logging
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from app.cycle.dispatch import Dispatch, released_gates, run_messages, stop_messages
 from app.jobs import reports
 from app.jobs.models import Allocation, Job
+from app.jobs.orders import AfterCommit, released_gates, run_orders, stop_orders
 from app.jobs.reports import mark_lost
 from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.models import Node, NodeState
+from app.wire import Heartbeat, Leaving, RefusalReason, RunJob, Started, StopJob
 
 log = logging.getLogger("gpusched.reconcile")
 
@@ -34,8 +34,14 @@ log = logging.getLogger("gpusched.reconcile")
 class Repairs:
     lost_nodes: list[str] = field(default_factory=list)
     lost_jobs: list[int] = field(default_factory=list)
-    run: list[Dispatch] = field(default_factory=list)
-    stop: list[Dispatch] = field(default_factory=list)
+    run: list[RunJob] = field(default_factory=list)
+    stop: list[StopJob] = field(default_factory=list)
+    # A report a leaving node carried that was not believed (see reports.Applied.refused).
+    refused: list[RefusalReason] = field(default_factory=list)
+
+    @property
+    def after(self) -> AfterCommit:
+        return AfterCommit.of([*self.run, *self.stop], cycle=bool(self.lost_jobs))
 
 
 def _lose_silent_nodes(session: Session, *, stale_before: datetime, repairs: Repairs) -> None:
@@ -60,7 +66,7 @@ def _lose_silent_nodes(session: Session, *, stale_before: datetime, repairs: Rep
         )
 
 
-def node_left(*, session: Session, payload: dict[str, Any], now: datetime) -> Repairs:
+def node_left(*, session: Session, leaving: Leaving, now: datetime) -> Repairs:
     """Its agent stopped on purpose (a shutdown) and said so: the node is NOT_READY at
     once, not after the heartbeat timeout, so no job is placed where nothing would start
     it. The report carries the outcome of the agent's last attempts (it stopped its
@@ -71,12 +77,14 @@ def node_left(*, session: Session, payload: dict[str, Any], now: datetime) -> Re
     A report taken before the node's agent last registered is stale (the agent is back)
     and only its outcomes are applied."""
     repairs = Repairs()
-    name = payload["node"]
-    for report in payload.get("recent", []):
-        applied = reports.job_finished(session=session, payload=report)
-        repairs.stop.extend(applied.stops)
+    name = leaving.node
+    for report in leaving.recent:
+        applied = reports.job_finished(session=session, report=report)
+        repairs.stop.extend(applied.after.of_type(StopJob))
+        if applied.refused:
+            repairs.refused.append(applied.refused)
     row = session.scalar(select(Node).where(Node.name == name).with_for_update())
-    left_at = heartbeat_taken_at(payload, received_at=now)
+    left_at = heartbeat_taken_at(leaving.taken_at, received_at=now)
     if row is not None and row.state is NodeState.READY and row.registered_at <= left_at:
         log.warning("node %s: its agent stopped", name)
         _lose_node(
@@ -105,10 +113,10 @@ def _lose_node(session: Session, node: Node, *, health: str, why: str, repairs: 
         select(Job).where(Job.id.in_(job_ids), Job.status.in_(ACTIVE)).with_for_update()
     ):
         # Other nodes of a gang may still run ranks of this attempt: stop them.
-        stops = stop_messages(session, job_id=job.id, attempt=job.attempt, reason="cancel")
+        stops = stop_orders(session, {job.id: job.attempt}, reason="cancel")
         mark_lost(session=session, job=job, reason=why)
         repairs.lost_jobs.append(job.id)
-        repairs.stop.extend(d for d in stops if d.node != node.name)
+        repairs.stop.extend(stop for stop in stops if stop.node != node.name)
 
 
 def reconcile(
@@ -148,14 +156,14 @@ def _repair(
         _lose_silent_nodes(session, stale_before=stale_before, repairs=repairs)
 
     overdue = now - timedelta(seconds=dispatch_timeout_s)
-    for job in session.scalars(
+    undelivered = session.scalars(
         select(Job).where(
             Job.status == JobStatus.SCHEDULED,
             Job.scheduled_at < overdue,
             Job.dispatch_after.is_(None),  # gated jobs wait for their victims (released_gates)
         )
-    ):
-        repairs.run.extend(run_messages(session, job=job))
+    ).all()
+    repairs.run.extend(run_orders(session, jobs=undelivered))
     repairs.run.extend(released_gates(session))
     for job in session.scalars(
         select(Job).where(
@@ -165,10 +173,9 @@ def _repair(
     ):
         cancelling = job.cancel_requested_at is not None
         repairs.stop.extend(
-            stop_messages(
+            stop_orders(
                 session,
-                job_id=job.id,
-                attempt=job.attempt,
+                {job.id: job.attempt},
                 reason="cancel" if cancelling else "preempt",
                 grace_s=job.cancel_grace_s if cancelling else None,
             )
@@ -212,12 +219,16 @@ class SilenceJudge:
 
 @dataclass
 class NodeRepairs:
-    stops: list[Dispatch] = field(default_factory=list)
+    stops: list[StopJob] = field(default_factory=list)
     lost: list[int] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)
 
+    @property
+    def after(self) -> AfterCommit:
+        return AfterCommit.of(self.stops, cycle=bool(self.lost or self.finished))
 
-def heartbeat_taken_at(payload: dict[str, Any], *, received_at: datetime) -> datetime:
+
+def heartbeat_taken_at(stamp: float | None, *, received_at: datetime) -> datetime:
     """When the agent took a heartbeat's lists of running and finished attempts.
 
     A heartbeat can be handled long after it was taken (redelivered after a worker died,
@@ -225,20 +236,13 @@ def heartbeat_taken_at(payload: dict[str, Any], *, received_at: datetime) -> dat
     in between looks vanished. The agent's stamp is used, but never a time later than
     receipt, so an agent clock running ahead cannot make the judgement harsher.
     """
-    stamp = payload.get("taken_at")
-    if not isinstance(stamp, int | float) or not math.isfinite(stamp):
+    if stamp is None or not math.isfinite(stamp):
         return received_at  # an agent from before the stamp existed
     return min(received_at, datetime.fromtimestamp(stamp, UTC))
 
 
 def reconcile_node_attempts(
-    *,
-    session: Session,
-    node: str,
-    running: list[dict[str, Any]],
-    recent: list[dict[str, Any]],
-    taken_at: datetime,
-    grace_s: float,
+    *, session: Session, heartbeat: Heartbeat, taken_at: datetime, grace_s: float
 ) -> NodeRepairs:
     """Compare what an agent reports in its heartbeat with what the database says.
 
@@ -251,11 +255,12 @@ def reconcile_node_attempts(
       process died with a previous agent).
     """
     repairs = NodeRepairs()
+    node = heartbeat.node
     node_id = session.scalar(select(Node.id).where(Node.name == node))
     if node_id is None:
         return repairs
-    reported = {(e["job_id"], e["attempt"]) for e in running}
-    results = {(e["job_id"], e["attempt"]): e for e in recent}
+    reported = {(e.job_id, e.attempt) for e in heartbeat.running}
+    results = {(e.job_id, e.attempt): e for e in heartbeat.recent}
     here = {
         (job.id, job.attempt): job
         for job in session.scalars(
@@ -269,20 +274,20 @@ def reconcile_node_attempts(
         )
     }
     repairs.stops = [
-        Dispatch(node=node, payload={"job_id": j, "attempt": a, "reason": "cancel"})
+        StopJob(node=node, job_id=j, attempt=a, reason="cancel")
         for j, a in sorted(reported - here.keys())
     ]
     # Attempts started this long before the heartbeat was taken should be in it.
     settled = taken_at - timedelta(seconds=grace_s)
     for key, job in here.items():
-        if key in results and "result" in results[key]:
-            applied = reports.job_finished(session=session, payload=results[key])
+        if key in results:
+            applied = reports.job_finished(session=session, report=results[key])
             if applied.accepted:
                 repairs.finished.append(job.id)
-                repairs.stops.extend(applied.stops)
+                repairs.stops.extend(applied.after.of_type(StopJob))
         elif key in reported:
             reports.job_started(
-                session=session, payload={"job_id": key[0], "attempt": key[1], "node": node}
+                session=session, report=Started(node=node, job_id=key[0], attempt=key[1])
             )
         elif (
             job.status is JobStatus.RUNNING

@@ -26,7 +26,7 @@ from app.cycle.arrays import settle_array_limits
 from app.cycle.dependencies import settle_dependencies
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory, read_snapshot
-from app.messaging import RUN_JOB, Messenger
+from app.messaging import Sender
 from app.metrics import CYCLE_SECONDS, PLACEMENTS, PLAN_SECONDS
 from app.scheduling import plan_cycle
 from app.scheduling.wakeup import next_wakeup
@@ -74,7 +74,7 @@ class CycleReport:
 def run_cycle(
     *,
     factory: sessionmaker[Session],
-    messenger: Messenger | None,
+    messenger: Sender,
     settings: SchedulerSettings,
     holder: str,
     now: datetime,
@@ -154,12 +154,7 @@ def run_cycle(
     if awaited_starts.intersection(applied.placed):
         wake_at = now  # a job waiting `after` one placed now may start: cycle again
     # 4. dispatch (after commit; reconciliation re-sends anything lost on the way)
-    if messenger is not None:
-        for dispatch in applied.dispatches:
-            messenger.send_to_node(
-                dispatch.node, RUN_JOB, dispatch.payload, expires_s=settings.dispatch_timeout_s
-            )
-        messenger.send_stops(applied.stops)
+    messenger.send(applied.after)
     CYCLE_SECONDS.labels(kind).observe(time.perf_counter() - started)
     PLACEMENTS.inc(len(applied.placed))
     report = CycleReport(

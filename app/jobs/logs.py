@@ -21,19 +21,6 @@ from app.errors import NotFound
 MAX_TAIL_LINES = 10_000
 
 
-def job_log_dir(log_dir: Path, job_id: int) -> Path:
-    """Where every attempt of a job logs."""
-    return log_dir / str(job_id)
-
-
-def attempt_log_path(log_dir: Path, job_id: int, attempt: int, node_rank: int = 0) -> Path:
-    """Where an attempt's output goes: the agent writes, the API reads (a data directory
-    the nodes share). Each node of a multi-node job writes its own: on a shared directory
-    they would otherwise overwrite each other's."""
-    suffix = "" if node_rank == 0 else f".node-{node_rank}"
-    return job_log_dir(log_dir, job_id) / f"attempt-{attempt}{suffix}.log"
-
-
 def open_log(path: Path, log_dir: Path) -> BinaryIO | None:
     """The log opened safely for reading, or None when it is absent or not a plain file
     of ours (a link, a FIFO, a device, or anything resolving outside the log directory)."""

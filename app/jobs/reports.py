@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
 
-from app.cycle.dispatch import Dispatch, stop_messages
 from app.jobs.allocations import release
 from app.jobs.lifecycle import note, settle_interrupted, transition, will_retry
 from app.jobs.models import Allocation, Job
+from app.jobs.orders import NOTHING, AfterCommit, placed_on, stop_orders
 from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.models import Node
+from app.wire import Finished, RefusalReason, Started
 
 log = logging.getLogger("gpusched.reports")
 
@@ -34,12 +34,30 @@ RESULTS = {
 class Applied:
     accepted: bool
     why: str
-    gpus_freed: bool = False  # a cycle may place jobs on them
-    # stop_job for the other nodes of a gang that ended here (sent after the commit).
-    stops: tuple[Dispatch, ...] = ()
+    # Set when the report is not believed (counted as a refused message), not merely late.
+    refused: RefusalReason | None = None
+    # A cycle when GPUs were freed; stop_job for the other nodes of a gang that ended here.
+    after: AfterCommit = NOTHING
 
 
-def _current(session: Session, job_id: int, attempt: int) -> tuple[Job | None, str]:
+def _current(
+    session: Session, report: Started | Finished
+) -> tuple[Job | None, str, RefusalReason | None]:
+    """The job whose current attempt the report is about, locked; else why not (and, for
+    an attempt its node never held, the refusal)."""
+    job, why = _current_attempt(session, report.job_id, report.attempt)
+    if job is not None and not placed_on(
+        session, job_id=job.id, attempt=job.attempt, node=report.node
+    ):
+        return (
+            None,
+            f"job {job.id} attempt {job.attempt} is not placed on {report.node}",
+            ("not_placed_here"),
+        )
+    return job, why, None
+
+
+def _current_attempt(session: Session, job_id: int, attempt: int) -> tuple[Job | None, str]:
     # populate_existing: the caller may hold this job from an unlocked read (the heartbeat
     # reconciliation does); the locked row, not that copy, decides what the report changes.
     job = session.scalar(
@@ -57,53 +75,54 @@ def _current(session: Session, job_id: int, attempt: int) -> tuple[Job | None, s
     return job, ""
 
 
-def job_started(*, session: Session, payload: dict[str, Any]) -> Applied:
-    job, why = _current(session, payload["job_id"], payload["attempt"])
+def job_started(*, session: Session, report: Started) -> Applied:
+    job, why, refused = _current(session, report)
     if job is None:
-        return Applied(False, why)
+        return Applied(False, why, refused)
     if job.status is JobStatus.SCHEDULED:
         transition(
             session,
             job=job,
             to=JobStatus.RUNNING,
-            actor=f"agent:{payload['node']}",
-            reason=f"started as pid {payload.get('pid')}",
+            actor=f"agent:{report.node}",
+            reason=f"started as pid {report.pid}",
         )
     return Applied(True, "")
 
 
-def job_finished(*, session: Session, payload: dict[str, Any]) -> Applied:
+def job_finished(*, session: Session, report: Finished) -> Applied:
     """Record how an attempt ended, release its GPUs, and requeue it when that is due."""
-    job, why = _current(session, payload["job_id"], payload["attempt"])
+    job, why, refused = _current(session, report)
     if job is None:
-        return Applied(False, why)
-    actor = f"agent:{payload['node']}"
-    result = RESULTS[payload["result"]]
-    message = payload.get("message", "")
+        return Applied(False, why, refused)
+    actor = f"agent:{report.node}"
+    result = RESULTS[report.result]
+    message = report.message
     if job.status is JobStatus.SCHEDULED and result is not JobStatus.LOST:
         # Keep the history whole: an agent reports a job that ends at once by its end
         # alone (with the pid), and a finish report can overtake a start report.
-        pid = payload.get("pid")
+        pid = report.pid
         started = f"started as pid {pid}" if pid is not None else "start not yet reported"
         transition(session, job=job, to=JobStatus.RUNNING, actor=actor, reason=started)
     if result is JobStatus.SUCCEEDED and job.nodes > 1:
         # A gang succeeds when its last node does, as a Slurm step ends with its last task:
         # the first rank may still be saving a checkpoint. A failure ends it at once.
-        node = payload["node"]
+        node = report.node
         released, left = _release_node(session, job=job, node=node)
         if left:
             if not released:
                 return Applied(False, f"job {job.id} attempt {job.attempt}: {node} already ended")
             reason = f"its part on {node} ended ({message or 'exit 0'}); {left} node(s) to go"
             note(session, job=job, actor=actor, reason=reason)
-            return Applied(True, "", gpus_freed=True)
+            return Applied(True, "", after=AfterCommit(cycle=True))
     # A gang that ends here by itself (a node failed, timed out, lost its process) may still
     # run on its other nodes, whose ranks would wait on this one: stop them now, not at
     # their next heartbeat. A cancel or a preemption was sent to every node already.
-    stops: tuple[Dispatch, ...] = ()
+    stops = []
     if job.nodes > 1 and result in (JobStatus.FAILED, JobStatus.TIMED_OUT, JobStatus.LOST):
-        stops = _other_nodes_stops(session, job=job, node=payload["node"])
-    job.exit_code = payload.get("exit_code")
+        placed = stop_orders(session, {job.id: job.attempt}, reason="cancel")
+        stops = [stop for stop in placed if stop.node != report.node]
+    job.exit_code = report.exit_code
     release(session, job_id=job.id, attempt=job.attempt)
     transition(session, job=job, to=result, actor=actor, reason=message)
     if result is JobStatus.FAILED and will_retry(job):
@@ -116,12 +135,7 @@ def job_finished(*, session: Session, payload: dict[str, Any]) -> Applied:
         )
     elif result in (JobStatus.PREEMPTED, JobStatus.LOST):
         settle_interrupted(session, job=job, actor="scheduler")
-    return Applied(True, "", gpus_freed=True, stops=stops)
-
-
-def _other_nodes_stops(session: Session, *, job: Job, node: str) -> tuple[Dispatch, ...]:
-    placed = stop_messages(session, job_id=job.id, attempt=job.attempt, reason="cancel")
-    return tuple(stop for stop in placed if stop.node != node)
+    return Applied(True, "", after=AfterCommit.of(stops, cycle=True))
 
 
 def _release_node(session: Session, *, job: Job, node: str) -> tuple[int, int]:

@@ -16,16 +16,13 @@ from fastapi import (
     status,
 )
 from fastapi.responses import PlainTextResponse, StreamingResponse
-from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from app.cycle.dispatch import stop_messages, stop_messages_many, time_limit_messages
 from app.db import utcnow
 from app.deps import CurrentUser, InventoryDep, MessengerDep, SessionDep, SettingsDep
 from app.errors import FieldError
 from app.jobs import service
-from app.jobs.logs import MAX_TAIL_LINES, attempt_log_path, follow, read_tail, resolve_attempt
-from app.jobs.models import Job
+from app.jobs.logs import MAX_TAIL_LINES, follow, read_tail, resolve_attempt
 from app.jobs.ranking import rank
 from app.jobs.schemas import (
     ArrayUpdate,
@@ -37,9 +34,9 @@ from app.jobs.schemas import (
     RankOut,
 )
 from app.jobs.states import ACTIVE, JobStatus
-from app.messaging import Messenger
 from app.nodes.telemetry import job_series
 from app.notifications.deliveries import NotificationOut
+from app.wire import SetTimeLimit, attempt_log_path
 
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 GraceQuery = Annotated[
@@ -86,8 +83,7 @@ def submit_job(
     )
     if not submitted.created:
         response.status_code = status.HTTP_200_OK
-    elif messenger is not None:
-        messenger.request_cycle()  # after commit; beat would pick it up anyway
+    messenger.send(submitted.after)
     response.headers["Location"] = f"/api/v1/jobs/{submitted.job.id}"
     return submitted.job
 
@@ -169,11 +165,11 @@ def cancel_jobs(
     `scancel -u alice -t PENDING` or `scancel` of an array id (`?array=12`): pending jobs
     end at once, running ones are stopped as by a cancel of each. At least one filter is
     required. Returns the jobs acted on (none: nothing matched)."""
-    jobs = service.cancel_selected(
+    cancelled = service.cancel_selected(
         session=session, principal=principal, selection=selection, grace_s=grace_s
     )
-    _send_cancel_stops(session, messenger, jobs, grace_s=grace_s)
-    return jobs
+    messenger.send(cancelled.after)
+    return cancelled.value
 
 
 @router.post("/hold", response_model=list[JobOut])
@@ -191,21 +187,9 @@ def release_jobs(
     """Release every held job the filters select, in one request. A hold placed by an
     admin only an admin releases: if the selection holds one, nothing is released (403).
     Returns the jobs released."""
-    jobs = service.release_selected(session=session, principal=principal, selection=selection)
-    if messenger is not None and jobs:
-        messenger.request_cycle()
-    return jobs
-
-
-def _send_cancel_stops(
-    session: Session, messenger: Messenger | None, jobs: list[JobOut], *, grace_s: int | None
-) -> None:
-    """After the commit: each cancelled job that is still placed is stopped by its agents
-    (again, for one already stopping: a shorter grace cuts its own short)."""
-    if messenger is None:
-        return
-    placed = {job.id: job.attempt for job in jobs if job.cancel_requested}
-    messenger.send_stops(stop_messages_many(session, placed, reason="cancel", grace_s=grace_s))
+    released = service.release_selected(session=session, principal=principal, selection=selection)
+    messenger.send(released.after)
+    return released.value
 
 
 @router.get("/{job_id}", response_model=JobOut)
@@ -263,9 +247,9 @@ def cancel_job(
 ) -> JobOut:
     """Idempotent: cancelling a cancelled job returns it unchanged. A scheduled or running
     job is stopped by its agent (SIGTERM, its grace period, SIGKILL) and then CANCELLED."""
-    job = service.cancel(session=session, principal=principal, job_id=job_id, grace_s=grace_s)
-    _send_cancel_stops(session, messenger, [job], grace_s=grace_s)
-    return job
+    cancelled = service.cancel(session=session, principal=principal, job_id=job_id, grace_s=grace_s)
+    messenger.send(cancelled.after)
+    return cancelled.value
 
 
 @router.post("/{job_id}/requeue", response_model=JobOut)
@@ -282,12 +266,9 @@ def requeue_job(
     yet never starts) and put it back in the queue, as `scontrol requeue`; it costs no
     retry and keeps its age. A job that is neither, or is being cancelled, is a 409.
     Idempotent."""
-    job = service.requeue(session=session, principal=principal, job_id=job_id, hold=hold)
-    if messenger is not None:
-        messenger.send_stops(
-            stop_messages(session, job_id=job.id, attempt=job.attempt, reason="requeue")
-        )
-    return job
+    requeued = service.requeue(session=session, principal=principal, job_id=job_id, hold=hold)
+    messenger.send(requeued.after)
+    return requeued.value
 
 
 @router.post("/{job_id}/hold", response_model=JobOut)
@@ -303,10 +284,9 @@ def release_job(
 ) -> JobOut:
     """Let a held job be scheduled again; a hold placed by an admin only an admin releases.
     Idempotent."""
-    job = service.release(session=session, principal=principal, job_id=job_id)
-    if messenger is not None:
-        messenger.request_cycle()
-    return job
+    released = service.release(session=session, principal=principal, job_id=job_id)
+    messenger.send(released.after)
+    return released.value
 
 
 @router.patch("", response_model=list[JobOut])
@@ -322,16 +302,15 @@ def update_jobs(
     an array id (`?array=12`) changes all its pending tasks. All or nothing: a change
     refused for one job is a 422 naming it, and changes none. At least one filter is
     required. Returns the jobs changed (none: nothing pending matched)."""
-    jobs = service.update_selected(
+    updated = service.update_selected(
         session=session,
         principal=principal,
         selection=selection,
         changes=changes,
         limits=settings.runtime_limits,
     )
-    if jobs and messenger is not None:
-        messenger.request_cycle()
-    return jobs
+    messenger.send(updated.after)
+    return updated.value
 
 
 @router.patch("/{job_id}", response_model=JobOut)
@@ -348,28 +327,23 @@ def update_job(
     422 on depends_on. A placed (scheduled or running) job takes only `max_runtime_s`, as
     `scontrol update TimeLimit=`: its owner may shorten it, only an admin extend it, and
     its agents are told at once. A job that has ended is a 409."""
-    job = service.update(
+    updated = service.update(
         session=session,
         principal=principal,
         job_id=job_id,
         changes=changes,
         limits=settings.runtime_limits,
     )
-    if messenger is None:
-        return job
-    if job.status in ACTIVE:  # placed: only its time limit changed
-        told = messenger.send_time_limits(
-            time_limit_messages(session, job=session.get_one(Job, job_id))
+    unsent = messenger.send(updated.after)
+    if any(isinstance(order, SetTimeLimit) for order in unsent):
+        # Stored, but the agent would still end it at the old limit (and reconciliation
+        # does not re-send time limits).
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            f"job {job_id}'s new time limit is stored, but its node could not be told "
+            "(message broker unreachable): send the same change again",
         )
-        if not told:  # stored, but the agent would still end it at the old limit
-            raise HTTPException(
-                status.HTTP_503_SERVICE_UNAVAILABLE,
-                f"job {job_id}'s new time limit is stored, but its node could not be told "
-                "(message broker unreachable): send the same change again",
-            )
-    else:
-        messenger.request_cycle()
-    return job
+    return updated.value
 
 
 @router.patch("/{job_id}/array", response_model=JobOut)
@@ -383,12 +357,11 @@ def change_array_limit(
     """Change how many tasks of the job array that job `job_id` belongs to may run at once
     (`max_running`; null: no limit), as `scontrol update ArrayTaskThrottle`. Running
     tasks are not stopped. A job of its own is a 409."""
-    job = service.change_array_limit(
+    changed = service.change_array_limit(
         session=session, principal=principal, job_id=job_id, max_running=change.max_running
     )
-    if messenger is not None:
-        messenger.request_cycle()
-    return job
+    messenger.send(changed.after)
+    return changed.value
 
 
 @router.get(

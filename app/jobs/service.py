@@ -35,6 +35,7 @@ from app.jobs.dependencies import (
 from app.jobs.lifecycle import note, transition
 from app.jobs.limits import ProjectTimeLimit, RuntimeLimits
 from app.jobs.models import Allocation, Job, JobEvent
+from app.jobs.orders import AfterCommit, Changed, stop_orders, time_limit_orders
 from app.jobs.schemas import (
     AllocationOut,
     ArrayOut,
@@ -61,6 +62,7 @@ from app.nodes.models import Gpu, Node
 from app.notifications.deliveries import NotificationOut, deliveries
 from app.projects.models import Project
 from app.windows.service import require_window
+from app.wire import StopReason
 
 MAX_PAGE = 500
 
@@ -69,6 +71,10 @@ MAX_PAGE = 500
 class Submitted:
     job: JobOut
     created: bool  # False when an Idempotency-Key replayed an earlier submission
+
+    @property
+    def after(self) -> AfterCommit:
+        return AfterCommit(cycle=self.created)  # beat would pick it up anyway
 
 
 def _request_hash(spec: JobCreate) -> str:
@@ -677,18 +683,20 @@ def pending_in_order(
 
 def cancel(
     *, session: Session, principal: Principal, job_id: int, grace_s: int | None = None
-) -> JobOut:
+) -> Changed[JobOut]:
     """Idempotent. A pending job ends at once; a scheduled or running one is stopped by its
-    agent, which then reports CANCELLED (so its GPUs free up only when the process is gone).
-    `grace_s` (the caller sends it on) shortens the stop's grace period: noted on the job."""
+    agent, which then reports CANCELLED (so its GPUs free up only when the process is gone);
+    one already stopping is stopped again (a shorter grace cuts its own short). `grace_s`
+    shortens the stop's grace period: noted on the job."""
     job = _visible_job(session=session, principal=principal, job_id=job_id)
     # Lock the row: a cycle placing this job at the same moment must not be overwritten.
     session.refresh(job, with_for_update=True)
     if job.status in FINISHED and job.status is not JobStatus.CANCELLED:
         raise Conflict(f"job {job_id} already finished ({job.status}); nothing to cancel")
     cancel_locked(session, job=job, actor=principal.name, grace_s=grace_s)
+    after = _stops(session, [job], reason="cancel", grace_s=grace_s)
     session.commit()
-    return _outs(session, [job])[0]
+    return Changed(_outs(session, [job])[0], after)
 
 
 def cancel_selected(
@@ -697,18 +705,27 @@ def cancel_selected(
     principal: Principal,
     selection: JobSelection,
     grace_s: int | None = None,
-) -> list[JobOut]:
+) -> Changed[list[JobOut]]:
     """Cancel every job the selection names that has not ended, in one transaction, as
-    `scancel -u alice -t PENDING` or `scancel` of an array id. Returns the jobs acted on;
-    the caller sends the stops."""
+    `scancel -u alice -t PENDING` or `scancel` of an array id. Returns the jobs acted on,
+    and the stops of those placed."""
     where = (Job.status.not_in(FINISHED),)
     jobs = _lock_selected(
         session, principal=principal, selection=selection, verb="cancel", where=where
     )
     for job in jobs:
         cancel_locked(session, job=job, actor=principal.name, grace_s=grace_s)
+    after = _stops(session, jobs, reason="cancel", grace_s=grace_s)
     session.commit()
-    return _outs(session, jobs)
+    return Changed(_outs(session, jobs), after)
+
+
+def _stops(
+    session: Session, jobs: Sequence[Job], *, reason: StopReason, grace_s: int | None = None
+) -> AfterCommit:
+    """stop_job to every node of the placed ones among `jobs`, after the commit."""
+    placed = {job.id: job.attempt for job in jobs if job.status in ACTIVE}
+    return AfterCommit.of(stop_orders(session, placed, reason=reason, grace_s=grace_s))
 
 
 def _lock_selected(
@@ -737,7 +754,7 @@ def cancel_locked(
 ) -> None:
     """Cancel a job whose row the caller holds locked (a cycle may be placing it); a
     finished one is left alone. A placed one is only asked to stop: the caller sends
-    `stop_messages` after its commit. `why` is noted when it is not the user's cancel."""
+    its `stop_orders` after its commit. `why` is noted when it is not the user's cancel."""
     status = JobStatus(job.status)
     if status in (JobStatus.PENDING, JobStatus.PREEMPTED, JobStatus.LOST):
         if status is not JobStatus.PENDING:
@@ -758,7 +775,7 @@ def cancel_locked(
             note(session, job=job, actor=actor, reason=f"cancel again{shorter}")
 
 
-def requeue(*, session: Session, principal: Principal, job_id: int, hold: bool) -> JobOut:
+def requeue(*, session: Session, principal: Principal, job_id: int, hold: bool) -> Changed[JobOut]:
     """Stop a placed or running job and put it back in the queue, as `scontrol requeue`:
     its agent stops it as a preemption (SIGTERM, its grace period to checkpoint, SIGKILL;
     one not started yet never starts), which costs no retry, and it waits again with its
@@ -773,11 +790,14 @@ def requeue(*, session: Session, principal: Principal, job_id: int, hold: bool) 
     if job.cancel_requested_at is not None:
         raise Conflict(f"job {job_id} is being cancelled: it will not come back")
     _ask_requeue(session, job=job, actor=principal.name, hold=hold)
+    after = _stops(session, [job], reason="requeue")
     session.commit()
-    return _outs(session, [job])[0]
+    return Changed(_outs(session, [job])[0], after)
 
 
-def requeue_node_jobs(*, session: Session, principal: Principal, node: str) -> list[JobOut]:
+def requeue_node_jobs(
+    *, session: Session, principal: Principal, node: str
+) -> Changed[list[JobOut]]:
     """Requeue every job placed or running on `node`, for an admin (the router checks)
     moving work off a node to service it, after draining it: each is stopped with its
     grace period and comes back to the queue. Jobs being cancelled are left to end. The
@@ -800,8 +820,9 @@ def requeue_node_jobs(*, session: Session, principal: Principal, node: str) -> l
     ).all()
     for job in jobs:
         _ask_requeue(session, job=job, actor=principal.name, hold=False, why=f"node {node}")
+    after = _stops(session, jobs, reason="requeue")
     session.commit()
-    return _outs(session, list(jobs))
+    return Changed(_outs(session, list(jobs)), after)
 
 
 def _ask_requeue(
@@ -854,7 +875,7 @@ def _hold_one(session: Session, *, job: Job, actor: str) -> None:
         note(session, job=job, actor=actor, reason=f"held by {actor}")
 
 
-def release(*, session: Session, principal: Principal, job_id: int) -> JobOut:
+def release(*, session: Session, principal: Principal, job_id: int) -> Changed[JobOut]:
     """Let a held job be scheduled again (`scontrol release`). A hold an admin placed is
     released only by an admin, as Slurm's admin hold. Idempotent."""
     job = _visible_job(session=session, principal=principal, job_id=job_id)
@@ -866,12 +887,12 @@ def release(*, session: Session, principal: Principal, job_id: int) -> JobOut:
             )
         _release_one(session, job=job, actor=principal.name)
     session.commit()
-    return _outs(session, [job])[0]
+    return Changed(_outs(session, [job])[0], AfterCommit(cycle=True))
 
 
 def release_selected(
     *, session: Session, principal: Principal, selection: JobSelection
-) -> list[JobOut]:
+) -> Changed[list[JobOut]]:
     """Release every held job the selection names, in one transaction (`scontrol release`
     of an array id). If an admin held any of them and the caller is not one, none is
     released: the 403 names them. Returns the jobs released."""
@@ -888,7 +909,7 @@ def release_selected(
     for job in jobs:
         _release_one(session, job=job, actor=principal.name)
     session.commit()
-    return _outs(session, jobs)
+    return Changed(_outs(session, jobs), AfterCommit(cycle=bool(jobs)))
 
 
 def _held_by_admin(session: Session, *, principal: Principal, jobs: list[Job]) -> list[Job]:
@@ -917,20 +938,23 @@ def update(
     job_id: int,
     changes: JobUpdate,
     limits: RuntimeLimits,
-) -> JobOut:
+) -> Changed[JobOut]:
     """Change a pending job's request, as `scontrol update`: checked as a submission is
     (ranges, time limits, whether it could ever fit). It keeps its submit time, so its
-    age; the next cycle ranks it anew. Cancel and resubmit would lose both."""
+    age; the next cycle ranks it anew. Cancel and resubmit would lose both. A placed
+    job's new time limit goes to its agents after the commit."""
     job = _visible_job(session=session, principal=principal, job_id=job_id)
     session.refresh(job, with_for_update=True)  # a cycle placing it now must not race
     if job.status in ACTIVE:
         _change_placed_limit(session, principal=principal, job=job, changes=changes, limits=limits)
+        after = AfterCommit.of(time_limit_orders(session, job=job))
     elif job.status is JobStatus.PENDING:
         _update_locked(session, principal=principal, job=job, changes=changes, limits=limits)
+        after = AfterCommit(cycle=True)
     else:
         raise Conflict(f"job {job_id} is {job.status}: it can no longer be changed")
     session.commit()
-    return _outs(session, [job])[0]
+    return Changed(_outs(session, [job])[0], after)
 
 
 def update_selected(
@@ -940,7 +964,7 @@ def update_selected(
     selection: JobSelection,
     changes: JobUpdate,
     limits: RuntimeLimits,
-) -> list[JobOut]:
+) -> Changed[list[JobOut]]:
     """Change every pending job the selection names, in one transaction, as `scontrol
     update` of an array id changes all its pending tasks. All or nothing: a change refused
     for one job changes none, and the error names that job. Returns them all."""
@@ -956,7 +980,7 @@ def update_selected(
                 exc.field, f"job {job.id}: {exc.message}", location=exc.location
             ) from None
     session.commit()
-    return _outs(session, jobs)
+    return Changed(_outs(session, jobs), AfterCommit(cycle=bool(jobs)))
 
 
 def _update_locked(
@@ -1023,7 +1047,7 @@ def _change_placed_limit(
 ) -> None:
     """`scontrol update TimeLimit=` on a placed job: its owner may shorten the limit, only
     an admin extend it (as Slurm). Checked as a submission is, and never below the time
-    it has run. The caller tells its agents after the commit (time_limit_messages)."""
+    it has run. Its agents are told after the commit (time_limit_orders)."""
     sent = changes.model_dump(exclude_unset=True)
     if set(sent) != {"max_runtime_s"}:
         raise Conflict(
@@ -1129,7 +1153,7 @@ def _waiting_for(*, session: Session, ids: list[int], job_id: int) -> int | None
 
 def change_array_limit(
     *, session: Session, principal: Principal, job_id: int, max_running: int | None
-) -> JobOut:
+) -> Changed[JobOut]:
     """Let an array run more (or fewer) tasks at once, whatever state its tasks are in:
     `job_id` is any of them. Tasks held back by the old limit are let back in line, and
     the next cycle admits as many as the new one allows; running tasks are not stopped."""
@@ -1153,7 +1177,7 @@ def change_array_limit(
             reason=f"array limit changed by {principal.name}: {limits} at once",
         )
     session.commit()
-    return _outs(session, [job])[0]
+    return Changed(_outs(session, [job])[0], AfterCommit(cycle=True))
 
 
 def _back_in_line(job: Job, *, why: str) -> None:

@@ -116,3 +116,14 @@ class GpuSample(Base):
     temperature_c: Mapped[float | None] = mapped_column(Float)
     power_w: Mapped[float | None] = mapped_column(Float)
     job_ids: Mapped[list[int]] = mapped_column(JSONType, default=list)
+
+
+class ClusterSecret(Base):
+    """The installation's secret, from which every node's key is derived (one row). The
+    control plane reads it from here; agents never see it, only their own key."""
+
+    __tablename__ = "cluster_secret"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    secret_hex: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

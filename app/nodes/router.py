@@ -5,7 +5,6 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
-from app.cycle.dispatch import stop_messages_many
 from app.db import utcnow
 from app.deps import AdminUser, CurrentUser, InventoryDep, MessengerDep, SessionDep
 from app.errors import FieldError
@@ -53,11 +52,9 @@ def requeue_node_jobs(
     """Requeue every job running on the node (admin), to service it once drained: each
     gets SIGTERM and its grace period to checkpoint, and goes back to the queue with its
     age, costing no retry (as `scontrol requeue` of each). Returns the jobs."""
-    jobs = jobs_service.requeue_node_jobs(session=session, principal=principal, node=name)
-    if messenger is not None:
-        attempts = {job.id: job.attempt for job in jobs}
-        messenger.send_stops(stop_messages_many(session, attempts, reason="requeue"))
-    return jobs
+    requeued = jobs_service.requeue_node_jobs(session=session, principal=principal, node=name)
+    messenger.send(requeued.after)
+    return requeued.value
 
 
 @router.post("/{name}/undrain", response_model=NodeOut)

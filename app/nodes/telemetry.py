@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, selectinload
 from app.db import utcnow
 from app.errors import FieldError
 from app.nodes.models import Gpu, GpuSample, Node, NodeState
+from app.wire import Heartbeat, Register, as_dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,38 +31,38 @@ class TelemetryPolicy:
     rollup_retention_s: int = 14 * 86400
 
 
-def register_node(*, session: Session, payload: dict[str, Any]) -> Node:
+def register_node(*, session: Session, report: Register) -> Node:
     """Create or refresh the node and its GPUs. GPUs that disappeared are kept (allocations
     point at them) but marked unhealthy, so nothing is placed on them."""
-    name = payload["node"]
+    name = report.node
     node = session.scalar(select(Node).options(selectinload(Node.gpus)).where(Node.name == name))
     now = utcnow()
     if node is None:
         node = Node(name=name)
         session.add(node)
     node.registered_at = now  # by the agent running now (app.cycle.reconcile.node_left)
-    node.hostname = payload.get("hostname", "")
-    node.labels = payload.get("labels", {})
-    node.agent_version = payload.get("agent_version", "")
-    node.gpu_backend = payload.get("backend", "")
+    node.hostname = report.hostname
+    node.labels = dict(report.labels)
+    node.agent_version = report.agent_version
+    node.gpu_backend = report.backend
     node.state = NodeState.READY
     node.removed_at = None  # an agent registering a removed node brings it back
-    node.health_message = payload.get("message", "")
+    node.health_message = report.message
     node.last_heartbeat_at = now
     by_index = {g.index: g for g in node.gpus}
     seen = set()
-    for info in payload.get("gpus", []):
-        gpu = by_index.get(info["index"])
+    for info in report.gpus:
+        gpu = by_index.get(info.index)
         if gpu is None:
-            gpu = Gpu(index=info["index"], allocated_milli=0)
+            gpu = Gpu(index=info.index, allocated_milli=0)
             node.gpus.append(gpu)
-        gpu.uuid = info["uuid"]
-        gpu.model = info["model"]
-        gpu.memory_total_mb = info["memory_total_mb"]
-        gpu.nvlink_peers = list(info.get("nvlink_peers", []))
+        gpu.uuid = info.uuid
+        gpu.model = info.model
+        gpu.memory_total_mb = info.memory_total_mb
+        gpu.nvlink_peers = list(info.nvlink_peers)
         gpu.healthy = True
         gpu.health_message = ""
-        seen.add(info["index"])
+        seen.add(info.index)
     for index, gpu in by_index.items():
         if index not in seen:
             gpu.healthy = False
@@ -71,12 +72,12 @@ def register_node(*, session: Session, payload: dict[str, Any]) -> Node:
 
 
 def ingest_heartbeat(
-    *, session: Session, payload: dict[str, Any], policy: TelemetryPolicy, now: datetime
+    *, session: Session, heartbeat: Heartbeat, policy: TelemetryPolicy, now: datetime
 ) -> Node | None:
     """Store the latest readings and one raw sample per GPU; track how long foreign load
     has been present or absent (the scheduler's stability window reads these)."""
     node = session.scalar(
-        select(Node).options(selectinload(Node.gpus)).where(Node.name == payload["node"])
+        select(Node).options(selectinload(Node.gpus)).where(Node.name == heartbeat.node)
     )
     if node is None:
         return None  # not registered yet; the agent re-registers on its next start
@@ -88,22 +89,22 @@ def ingest_heartbeat(
         node.removed_at = None
         node.health_message = f"heartbeats resumed{removed}"
     by_index = {g.index: g for g in node.gpus}
-    interval = int(payload.get("interval_s", 5))
-    for reading in payload.get("gpus", []):
-        gpu = by_index.get(reading["index"])
+    interval = int(heartbeat.interval_s)
+    for reading in heartbeat.gpus:
+        gpu = by_index.get(reading.index)
         if gpu is None:
             continue
-        gpu.healthy = bool(reading.get("healthy", True))
-        gpu.health_message = reading.get("health_message") or ""
+        gpu.healthy = reading.healthy
+        gpu.health_message = reading.health_message or ""
         gpu.sampled_at = now
-        gpu.util_pct = reading.get("util_pct")
-        gpu.memory_util_pct = reading.get("memory_util_pct")
-        gpu.memory_used_mb = reading.get("memory_used_mb")
-        gpu.temperature_c = reading.get("temperature_c")
-        gpu.power_w = reading.get("power_w")
-        gpu.processes = reading.get("processes", [])
-        gpu.foreign_util_pct = float(reading.get("foreign_util_pct") or 0.0)
-        gpu.foreign_memory_mb = int(reading.get("foreign_memory_mb") or 0)
+        gpu.util_pct = reading.util_pct
+        gpu.memory_util_pct = reading.memory_util_pct
+        gpu.memory_used_mb = reading.memory_used_mb
+        gpu.temperature_c = reading.temperature_c
+        gpu.power_w = reading.power_w
+        gpu.processes = [as_dict(process) for process in reading.processes]
+        gpu.foreign_util_pct = reading.foreign_util_pct
+        gpu.foreign_memory_mb = reading.foreign_memory_mb
         busy = (
             gpu.foreign_util_pct > policy.foreign_util_threshold_pct
             or gpu.foreign_memory_mb > policy.foreign_memory_threshold_mb
@@ -123,7 +124,7 @@ def ingest_heartbeat(
                 memory_used_mb=gpu.memory_used_mb,
                 temperature_c=gpu.temperature_c,
                 power_w=gpu.power_w,
-                job_ids=sorted({p["job_id"] for p in gpu.processes if p.get("job_id")}),
+                job_ids=sorted({p.job_id for p in reading.processes if p.job_id}),
             )
         )
     session.flush()

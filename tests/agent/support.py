@@ -1,12 +1,14 @@
-"""What the tests that run an Agent share: a stand-in for its Celery reporter, and an
-agent without GPUs."""
+"""What the tests that run an Agent share: a stand-in for its Celery reporter, an agent
+without GPUs, and the orders the scheduler would send it (app.wire messages)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+from app.wire import Finished, Report, RunJob, SetTimeLimit, StopJob
 from workers.agent.service import Agent, AgentSettings
 
 
@@ -15,14 +17,17 @@ class RecordingReporter:
 
     def __init__(self, *, delivered: bool = True) -> None:
         self.delivered = delivered
-        self.reports: list[dict[str, Any]] = []
+        self.reports: list[Report] = []
         self.finished = threading.Event()
 
-    def report(self, payload: dict[str, Any]) -> bool:
-        self.reports.append(payload)
-        if payload["kind"] == "finished":
+    def report(self, message: Report) -> bool:
+        self.reports.append(message)
+        if isinstance(message, Finished):
             self.finished.set()
         return self.delivered
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [r for r in self.reports if isinstance(r, kind)]
 
 
 def agent_without_gpus(tmp_path: Path, reporter: RecordingReporter) -> Agent:
@@ -35,3 +40,21 @@ def agent_without_gpus(tmp_path: Path, reporter: RecordingReporter) -> Agent:
         log_cap_bytes=10_000,
         state_dir=tmp_path / "state" / "n1",
     )
+
+
+def run_order(**fields: Any) -> RunJob:
+    """A run_job for node n1, with the fields given."""
+    return RunJob(**{"node": "n1", "master_port": 29500, **fields})
+
+
+def run(agent: Agent, *, sent_at: float | None = None, **fields: Any) -> str:
+    """Deliver a run_job sent now (or at `sent_at`) to `agent`."""
+    return agent.run_job(run_order(**fields), sent_at=time.time() if sent_at is None else sent_at)
+
+
+def stop(agent: Agent, **fields: Any) -> str:
+    return agent.stop_job(StopJob(**{"node": "n1", "reason": "cancel", **fields}))
+
+
+def set_limit(agent: Agent, **fields: Any) -> str:
+    return agent.set_time_limit(SetTimeLimit(**{"node": "n1", **fields}))

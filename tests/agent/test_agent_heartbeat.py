@@ -16,5 +16,5 @@ def test_heartbeat_carries_when_it_was_taken(tmp_path: Path) -> None:
     heartbeat = agent.heartbeat(NodeSample(taken_at=before, gpus=()))
     after = time.time()
 
-    assert heartbeat["running"] == [] and heartbeat["recent"] == []
-    assert before <= heartbeat["taken_at"] <= after
+    assert heartbeat.running == () and heartbeat.recent == ()
+    assert heartbeat.taken_at is not None and before <= heartbeat.taken_at <= after

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.jobs.logs import attempt_log_path
-from tests.agent.support import RecordingReporter
+from app.wire import attempt_log_path
+from tests.agent.support import RecordingReporter, run
 from tests.support.wait import WAIT_S
 from workers.agent.service import Agent, AgentSettings
 
@@ -26,12 +26,11 @@ def test_the_nodes_of_a_multi_node_job_write_their_own_logs(tmp_path: Path) -> N
     outputs = {}
     for rank, node in enumerate(("n1", "n2")):
         reporter = RecordingReporter()
-        payload = {
-            "job_id": 7, "attempt": 1, "command": ["sh", "-c", f"echo output of {node}"],
-            "gpu_indices": [], "node_rank": rank, "world_size": 2, "master_addr": "n1",
-            "master_port": 29500, "nproc_per_node": 1,
+        order = {
+            "node": node, "job_id": 7, "attempt": 1, "node_rank": rank, "world_size": 2,
+            "command": ["sh", "-c", f"echo output of {node}"], "master_addr": "n1",
         }  # fmt: skip
-        assert _agent(tmp_path, node, reporter).run_job(payload) == "started"
+        assert run(_agent(tmp_path, node, reporter), **order) == "started"
         assert reporter.finished.wait(WAIT_S), reporter.reports
         outputs[rank] = attempt_log_path(tmp_path / "logs", 7, 1, rank)
     assert outputs[0].name == "attempt-1.log"  # a one-node job's file, as before

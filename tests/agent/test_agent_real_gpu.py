@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from app.jobs.logs import attempt_log_path
-from tests.agent.support import RecordingReporter
+from app.wire import GpuReading, attempt_log_path
+from tests.agent.support import RecordingReporter, run, stop
 from workers.agent.gpu_backend import BackendUnavailable
 from workers.agent.nvml_backend import NvmlGpuBackend
 from workers.agent.service import Agent, AgentSettings
@@ -90,29 +90,30 @@ def test_a_jobs_cuda_process_is_told_from_a_foreign_one(
     )
     try:
         assert foreign.stdout is not None and foreign.stdout.readline().strip() == "holding"
-        job = {"job_id": 7, "attempt": 1, "gpu_indices": [0],
-               "command": [sys.executable, "-c", CUDA_HOLDER, "2048", "60"]}  # fmt: skip
-        assert agent.run_job(job) == "started"
+        command = [sys.executable, "-c", CUDA_HOLDER, "2048", "60"]
+        assert run(
+            agent, node="gpu-node", job_id=7, attempt=1, gpu_indices=(0,), command=command
+        ) == ("started")
         log = attempt_log_path(tmp_path / "logs", 7, 1, 0)
         _until("the job to hold its GPU memory", lambda: "holding" in _text(log))
 
-        def both_seen() -> dict[str, Any] | None:
-            gpu = agent.heartbeat(backend.sample())["gpus"][0]
-            owners = {p["job_id"] for p in gpu["processes"]}
+        def both_seen() -> GpuReading | None:
+            gpu = agent.heartbeat(backend.sample()).gpus[0]
+            owners = {p.job_id for p in gpu.processes}
             return gpu if {7, None} <= owners else None
 
         gpu = _until("both processes in NVML's list, told apart", both_seen, timeout=30)
         print(f"\nGPU 0 with a job and a foreign process: {gpu}")
-        mine = [p for p in gpu["processes"] if p["job_id"] == 7]
-        theirs = [p for p in gpu["processes"] if p["job_id"] is None]
-        assert sum(p["used_memory_mb"] or 0 for p in mine) >= 2048
-        assert any(p["pid"] == foreign.pid for p in theirs), (foreign.pid, theirs)
-        assert gpu["foreign_memory_mb"] >= 1024  # what the scheduler's filter reads
-        assert gpu["memory_used_mb"] >= before + 3072
+        mine = [p for p in gpu.processes if p.job_id == 7]
+        theirs = [p for p in gpu.processes if p.job_id is None]
+        assert sum(p.used_memory_mb or 0 for p in mine) >= 2048
+        assert any(p.pid == foreign.pid for p in theirs), (foreign.pid, theirs)
+        assert gpu.foreign_memory_mb >= 1024  # what the scheduler's filter reads
+        assert (gpu.memory_used_mb or 0) >= before + 3072
     finally:
         foreign.kill()
         foreign.wait()
-        agent.stop_job({"job_id": 7, "attempt": 1, "reason": "cancel", "grace_s": 0})
+        stop(agent, node="gpu-node", job_id=7, attempt=1, reason="cancel", grace_s=0)
         _until("the job to end", lambda: agent.running_count() == 0, timeout=30)
 
 

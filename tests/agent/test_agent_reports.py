@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.support import RecordingReporter, agent_without_gpus
+from tests.agent.support import RecordingReporter, agent_without_gpus, run
 from tests.support.wait import WAIT_S
 from workers.agent import service
 
@@ -15,13 +15,10 @@ from workers.agent import service
 def _run(tmp_path: Path, command: list[str]) -> list[dict[str, object]]:
     reports = RecordingReporter()
     agent = agent_without_gpus(tmp_path, reports)
-    assert agent.run_job({"job_id": 7, "attempt": 1, "command": command, "gpu_indices": []}) == (
-        "started"
-    )
+    assert run(agent, job_id=7, attempt=1, command=command) == "started"
     assert reports.finished.wait(WAIT_S), reports.reports
     return [
-        {k: r[k] for k in ("kind", "job_id", "attempt", "pid") if k in r}
-        | {"result": r.get("result")}
+        {"kind": r.KIND, "pid": getattr(r, "pid", None), "result": getattr(r, "result", None)}
         for r in reports.reports
     ]
 

@@ -6,38 +6,39 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.agent.support import RecordingReporter, agent_without_gpus
+from app.wire import Finished, Heartbeat
+from tests.agent.support import RecordingReporter, agent_without_gpus, run
 from tests.support.wait import WAIT_S
 from workers.agent import service
 from workers.agent.gpu_backend import NodeSample
 from workers.agent.service import Agent
 
-RUN = {"job_id": 7, "attempt": 2, "command": ["true"], "gpu_indices": []}
+RUN = {"job_id": 7, "attempt": 2, "command": ["true"]}
 
 
-def heartbeat(a: Agent) -> dict[str, Any]:
+def heartbeat(a: Agent) -> Heartbeat:
     return a.heartbeat(NodeSample(taken_at=time.time(), gpus=()))
 
 
-def finish_then_die(tmp_path: Path) -> dict[str, Any]:
+def finish_then_die(tmp_path: Path) -> Finished:
     """Run a job to its end on an agent whose finished report never arrives; return it."""
     lost = RecordingReporter(delivered=False)
     first = agent_without_gpus(tmp_path, lost)
-    assert first.run_job(dict(RUN)) == "started"
+    assert run(first, **RUN) == "started"
     assert lost.finished.wait(WAIT_S), lost.reports
     # The agent process dies here: its memory is gone, its state directory is not.
-    return next(r for r in lost.reports if r["kind"] == "finished")
+    [finished] = lost.of(Finished)
+    return finished
 
 
 def test_a_finish_whose_report_was_lost_is_reported_again_after_a_restart(
     tmp_path: Path,
 ) -> None:
     report = finish_then_die(tmp_path)
-    assert (report["job_id"], report["attempt"], report["result"]) == (7, 2, "SUCCEEDED")
+    assert (report.job_id, report.attempt, report.result) == (7, 2, "SUCCEEDED")
 
     reports = RecordingReporter()
     restarted = agent_without_gpus(tmp_path, reports)
@@ -47,9 +48,9 @@ def test_a_finish_whose_report_was_lost_is_reported_again_after_a_restart(
     # Heartbeats repeat it (the scheduler applies it from there if the report is lost
     # again), and never list the attempt as running.
     beat = heartbeat(restarted)
-    assert beat["recent"] == [report] and beat["running"] == []
+    assert beat.recent == (report,) and beat.running == ()
     # A run_job message delivered again after the restart does not run the job twice.
-    assert restarted.run_job(dict(RUN)) == "duplicate"
+    assert run(restarted, **RUN) == "duplicate"
 
 
 def test_the_record_goes_when_the_heartbeats_stop_repeating_it(
@@ -60,7 +61,7 @@ def test_the_record_goes_when_the_heartbeats_stop_repeating_it(
     restarted.replay_finished()
     monkeypatch.setattr(service, "RECENT_S", -1.0)  # every entry is old now
 
-    assert heartbeat(restarted)["recent"] == []
+    assert heartbeat(restarted).recent == ()
     assert list((tmp_path / "state" / "n1" / "finished").iterdir()) == []
     again = RecordingReporter()
     agent_without_gpus(tmp_path, again).replay_finished()
@@ -77,16 +78,15 @@ def test_an_unreadable_record_is_dropped_not_fatal(tmp_path: Path) -> None:
     restarted.replay_finished()
 
     assert reports.reports == [] and not (records / "9-1.json").exists()
-    assert heartbeat(restarted)["recent"] == []
+    assert heartbeat(restarted).recent == ()
 
 
 def test_a_run_sent_to_the_agent_before_this_one_is_not_started(tmp_path: Path) -> None:
     reports = RecordingReporter()
     restarted = agent_without_gpus(tmp_path, reports)
-    stale = {**RUN, "sent_at": restarted.started_at - 5}
 
-    assert restarted.run_job(stale) == "stale"
-    assert reports.reports == [] and heartbeat(restarted)["running"] == []
+    assert run(restarted, sent_at=restarted.started_at - 5, **RUN) == "stale"
+    assert reports.reports == [] and heartbeat(restarted).running == ()
     # Reconciliation sends it again when it is still due: that one runs.
-    assert restarted.run_job({**RUN, "sent_at": time.time()}) == "started"
+    assert run(restarted, sent_at=time.time(), **RUN) == "started"
     assert reports.finished.wait(WAIT_S), reports.reports

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.support import RecordingReporter, agent_without_gpus
+from app.wire import Finished, Leaving
+from tests.agent.support import RecordingReporter, agent_without_gpus, run, set_limit, stop
 from tests.support.wait import WAIT_S
 from workers.agent import service
 
-RUN = {"job_id": 7, "attempt": 1, "command": ["sleep", "30"], "gpu_indices": []}
+RUN = {"job_id": 7, "attempt": 1, "command": ["sleep", "30"]}
 STOP = {"job_id": 7, "attempt": 1}
 
 
@@ -25,10 +26,10 @@ def test_a_stop_before_the_run_ends_the_attempt_as_it_asked(
 ) -> None:
     reports = RecordingReporter()
     agent = agent_without_gpus(tmp_path, reports)
-    assert agent.stop_job({**STOP, "reason": reason}) == "remembered"
-    assert agent.run_job(dict(RUN)) == "stopped"
-    [finished] = [r for r in reports.reports if r["kind"] == "finished"]
-    assert (finished["result"], finished["message"]) == (
+    assert stop(agent, **STOP, reason=reason) == "remembered"
+    assert run(agent, **RUN) == "stopped"
+    [finished] = reports.of(Finished)
+    assert (finished.result, finished.message) == (
         result,
         f"stopped before it started ({reason})",
     )
@@ -46,16 +47,16 @@ def test_a_stop_that_arrives_while_the_job_starts_is_applied(
 
     def start_then_stop(launch):  # type: ignore[no-untyped-def]
         process = start(launch)
-        assert agent.stop_job({**STOP, "reason": "requeue", "grace_s": 0}) == "remembered"
+        assert stop(agent, **STOP, reason="requeue", grace_s=0) == "remembered"
         return process
 
     monkeypatch.setattr(service, "start_job", start_then_stop)
-    assert agent.run_job(dict(RUN)) == "started"
+    assert run(agent, **RUN) == "started"
     assert reports.finished.wait(WAIT_S), reports.reports
-    finished = next(r for r in reports.reports if r["kind"] == "finished")
-    assert finished["result"] == "PREEMPTED"  # killed at once (grace 0), not after 30 s
+    [finished] = reports.of(Finished)
+    assert finished.result == "PREEMPTED"  # killed at once (grace 0), not after 30 s
     # A stop for an attempt that has ended is not kept for later.
-    assert agent.stop_job({**STOP, "reason": "cancel"}) == "not running"
+    assert stop(agent, **STOP, reason="cancel") == "not running"
 
 
 class _NoGpus:
@@ -70,11 +71,11 @@ def test_a_run_job_delivered_while_the_agent_stops_starts_nothing(tmp_path: Path
     agent = agent_without_gpus(tmp_path, reports)
     agent.backend = _NoGpus()  # type: ignore[assignment]
     agent.stop()
-    assert agent.run_job(dict(RUN)) == "stopping"
+    assert run(agent, **RUN) == "stopping"
     [leaving, finished] = reports.reports
-    assert (leaving["kind"], leaving["node"], leaving["recent"]) == ("leaving", "n1", [])
-    assert (finished["kind"], finished["result"], finished["message"]) == (
-        "finished",
+    assert isinstance(leaving, Leaving) and (leaving.node, leaving.recent) == ("n1", ())
+    assert isinstance(finished, Finished)
+    assert (finished.result, finished.message) == (
         "PREEMPTED",
         "not started: the node's agent is stopping",
     )
@@ -95,10 +96,10 @@ def test_a_job_starting_as_the_agent_stops_is_stopped(
         return process
 
     monkeypatch.setattr(service, "start_job", start_then_stop)
-    assert agent.run_job(dict(RUN)) == "started"
+    assert run(agent, **RUN) == "started"
     assert reports.finished.wait(WAIT_S), reports.reports
-    finished = next(r for r in reports.reports if r["kind"] == "finished")
-    assert finished["result"] == "PREEMPTED"  # SIGTERM at once, not after `sleep 30`
+    [finished] = reports.of(Finished)
+    assert finished.result == "PREEMPTED"  # SIGTERM at once, not after `sleep 30`
 
 
 def test_a_time_limit_change_reaches_a_job_before_while_and_after_it_starts(
@@ -108,29 +109,29 @@ def test_a_time_limit_change_reaches_a_job_before_while_and_after_it_starts(
     agent = agent_without_gpus(tmp_path, reports)
     short = {**RUN, "max_runtime_s": 0.3}
     # Before its run_job (the change overtook it): it starts with the new limit.
-    assert agent.set_time_limit({**STOP, "max_runtime_s": 60}) == "remembered"
-    assert agent.run_job(dict(short)) == "started"
+    assert set_limit(agent, **STOP, max_runtime_s=60) == "remembered"
+    assert run(agent, **short) == "started"
     assert not reports.finished.wait(1.0), reports.reports  # 0.3 s would have ended it
     # Running: moved at once.
-    assert agent.set_time_limit({**STOP, "max_runtime_s": 0.5}) == "changed"
+    assert set_limit(agent, **STOP, max_runtime_s=0.5) == "changed"
     assert reports.finished.wait(WAIT_S), reports.reports
-    finished = next(r for r in reports.reports if r["kind"] == "finished")
-    assert finished["result"] == "TIMED_OUT"
-    assert agent.set_time_limit({**STOP, "max_runtime_s": 60}) == "not running"
+    [finished] = reports.of(Finished)
+    assert finished.result == "TIMED_OUT"
+    assert set_limit(agent, **STOP, max_runtime_s=60) == "not running"
 
     # While it starts (after run_job took it, before it is recorded as running).
     start = service.start_job
 
     def start_then_change(launch):  # type: ignore[no-untyped-def]
         process = start(launch)
-        assert agent.set_time_limit({**STOP, "attempt": 2, "max_runtime_s": 60}) == "remembered"
+        assert set_limit(agent, job_id=7, attempt=2, max_runtime_s=60) == "remembered"
         return process
 
     monkeypatch.setattr(service, "start_job", start_then_change)
     reports.finished.clear()
-    assert agent.run_job({**short, "attempt": 2}) == "started"
+    assert run(agent, **{**short, "attempt": 2}) == "started"
     assert not reports.finished.wait(1.0), reports.reports
-    agent.stop_job({**STOP, "attempt": 2, "reason": "cancel", "grace_s": 0})
+    stop(agent, job_id=7, attempt=2, reason="cancel", grace_s=0)
     assert reports.finished.wait(WAIT_S)
 
 
@@ -140,10 +141,11 @@ def test_a_stopping_agent_reports_its_jobs_then_that_it_leaves(tmp_path: Path) -
     reports = RecordingReporter()
     agent = agent_without_gpus(tmp_path, reports)
     agent.backend = _NoGpus()  # type: ignore[assignment]
-    assert agent.run_job(dict(RUN)) == "started"
+    assert run(agent, **RUN) == "started"
     agent.stop()
-    kinds = [r["kind"] for r in reports.reports]
+    kinds = [r.KIND for r in reports.reports]
     assert kinds[-2:] == ["finished", "leaving"], kinds
     finished, leaving = reports.reports[-2:]
-    assert finished["result"] == "PREEMPTED"  # stopped for the shutdown: requeued
-    assert leaving["recent"] == [finished] and isinstance(leaving["taken_at"], float)
+    assert isinstance(finished, Finished) and isinstance(leaving, Leaving)
+    assert finished.result == "PREEMPTED"  # stopped for the shutdown: requeued
+    assert leaving.recent == (finished,) and isinstance(leaving.taken_at, float)

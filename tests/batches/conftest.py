@@ -20,6 +20,7 @@ from app.cycle.run import run_cycle
 from app.db import utcnow
 from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Job
+from app.messaging import NullMessenger
 from tests.cli.conftest import cli  # noqa: F401  (the live-server CLI fixture)
 from tests.cycle.jobs_api import SETTINGS
 from tests.foundation.builders import add_user, ready_node
@@ -78,7 +79,13 @@ class World:
             owner, datetime(2026, 1, 1, tzinfo=UTC), templates=templates, concurrency="replace"
         )
         placed, waiting = self.fire(datetime(2026, 1, 1, 2, 0, 1, tzinfo=UTC)).submitted_jobs
-        run_cycle(factory=self.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
+        run_cycle(
+            factory=self.factory,
+            messenger=NullMessenger(),
+            settings=SETTINGS,
+            holder="t",
+            now=utcnow(),
+        )
         return placed, waiting
 
     def jobs(self) -> list[Job]:

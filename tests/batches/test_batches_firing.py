@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import delete, select
@@ -12,12 +10,12 @@ from sqlalchemy import delete, select
 from app.auth.service import Principal
 from app.batches import service
 from app.batches.schemas import BatchIn
-from app.cycle.dispatch import Dispatch
 from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Job, JobEvent
 from app.jobs.states import JobStatus
 from app.projects.models import Project, ProjectMember
 from app.windows.models import Window
+from app.wire import StopJob
 from tests.batches.conftest import World
 
 NY = ZoneInfo("America/New_York")
@@ -194,31 +192,16 @@ def test_offpeak_target_submits_offpeak_jobs(world: World, alice: Principal) -> 
     assert [(j.schedule_mode, j.window) for j in jobs] == [("offpeak", "night"), ("offpeak", None)]
 
 
-class FakeMessenger:
-    def __init__(self, world: World) -> None:
-        self.world = world
-        self.calls: list[int] = []
-        self.stops: list[tuple[str, dict[str, Any]]] = []
-
-    def request_cycle(self) -> bool:
-        # A new connection sees the jobs only if they were committed before this call.
-        self.calls.append(len(self.world.jobs()))
-        return True
-
-    def send_stops(self, stops: Iterable[Dispatch]) -> None:
-        self.stops.extend((s.node, s.payload) for s in stops)
-
-
-def test_cycle_is_requested_after_commit_and_only_when_jobs_were_submitted(
+def test_a_cycle_is_wanted_after_the_commit_and_only_when_jobs_were_submitted(
     world: World, alice: Principal
 ) -> None:
     world.create(alice, utc(2026, 1, 1))
     world.create(alice, utc(2026, 1, 1), name="skipper", catch_up="skip", cron="0 1 * * *")
-    messenger = FakeMessenger(world)
-    world.fire(utc(2026, 1, 1, 1, 30), messenger=messenger)  # only a skip
-    assert messenger.calls == []
-    world.fire(utc(2026, 1, 1, 2, 0, 1), messenger=messenger)
-    assert messenger.calls == [1]
+    assert not world.fire(utc(2026, 1, 1, 1, 30)).after  # only a skip
+    report = world.fire(utc(2026, 1, 1, 2, 0, 1))
+    assert report.after.cycle
+    # Committed before the caller sends it: a new connection sees the job.
+    assert len(world.jobs()) == 1
 
 
 def test_a_firing_that_cannot_submit_is_recorded_once_with_the_reason(
@@ -386,16 +369,15 @@ def test_replace_cancels_an_earlier_firings_jobs_then_submits(
     running, waiting = world.replacing_batch_with_a_placed_job(alice)
     assert [j.status for j in world.jobs()] == [JobStatus.SCHEDULED, JobStatus.PENDING]
 
-    messenger = FakeMessenger(world)
-    report = world.fire(utc(2026, 1, 2, 2, 0, 1), messenger=messenger)
+    report = world.fire(utc(2026, 1, 2, 2, 0, 1))
     assert len(report.submitted_jobs) == 2
     jobs = {j.id: j for j in world.jobs()}
     why = "replaced by the firing for 2026-01-02T02:00:00+00:00"
     # The placed one is asked to stop (its agent reports it CANCELLED); the waiting one ends.
     assert jobs[running].cancel_requested_at is not None
     assert jobs[waiting].status is JobStatus.CANCELLED
-    assert messenger.stops == [
-        ("n1", {"job_id": running, "attempt": 1, "reason": "cancel"}),
+    assert report.after.of_type(StopJob) == [
+        StopJob(node="n1", job_id=running, attempt=1, reason="cancel")
     ]
     with world.factory() as session:
         reasons = {

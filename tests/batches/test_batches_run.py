@@ -11,12 +11,13 @@ from sqlalchemy import delete, select
 from app.auth.service import Principal
 from app.batches import service
 from app.batches.schemas import FiringOut
-from app.cycle.dispatch import Dispatch
 from app.db import utcnow
 from app.errors import Conflict
 from app.jobs.models import Job, JobEvent
+from app.jobs.orders import AfterCommit
 from app.jobs.states import JobStatus
 from app.projects.models import ProjectMember
+from app.wire import StopJob
 from tests.batches.conftest import World
 
 
@@ -24,11 +25,12 @@ def utc(*args: int) -> datetime:
     return datetime(*args, tzinfo=UTC)
 
 
-def run(world: World, principal: Principal, now: datetime) -> tuple[FiringOut, list[Dispatch]]:
+def run(world: World, principal: Principal, now: datetime) -> tuple[FiringOut, AfterCommit]:
     with world.factory() as session:
-        return service.run_batch(
+        changed = service.run_batch(
             session=session, principal=principal, name="nightly", limits=world.limits, now=now
         )
+    return changed.value, changed.after
 
 
 def events(world: World, job_id: int) -> list[tuple[str, str]]:
@@ -42,8 +44,8 @@ def test_a_run_by_hand_submits_now_and_the_schedule_still_fires_its_own_time(
 ) -> None:
     sid = world.create(alice, utc(2026, 1, 1), cron="0 2 * * *")
     # Half a second after the 02:00 fire time, before the scheduler's check has seen it.
-    firing, stops = run(world, alice, utc(2026, 1, 1, 2, 0, 0, 500_000))
-    assert (firing.run_by, firing.skipped, firing.error, stops) == ("alice", False, None, [])
+    firing, after = run(world, alice, utc(2026, 1, 1, 2, 0, 0, 500_000))
+    assert (firing.run_by, firing.skipped, firing.error, after.orders) == ("alice", False, None, ())
     (by_hand,) = firing.job_ids
     assert events(world, by_hand) == [("alice", "batch 'nightly' run by alice")]
 
@@ -97,10 +99,9 @@ def test_replace_cancels_the_earlier_firings_jobs_and_returns_their_stops(
 ) -> None:
     running, waiting = world.replacing_batch_with_a_placed_job(alice)
 
-    firing, stops = run(world, alice, utc(2026, 1, 1, 9))
-    assert [(s.node, s.payload) for s in stops] == [
-        ("n1", {"job_id": running, "attempt": 1, "reason": "cancel"})
-    ]
+    firing, after = run(world, alice, utc(2026, 1, 1, 9))
+    assert after.orders == (StopJob(node="n1", job_id=running, attempt=1, reason="cancel"),)
+    assert after.cycle  # for the jobs it submitted
     why = "replaced by a run of batch 'nightly' by alice"
     assert events(world, waiting)[-1] == ("batch:nightly", f"cancelled: {why}")
     statuses = {j.id: j.status for j in world.jobs()}

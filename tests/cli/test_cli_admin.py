@@ -159,3 +159,15 @@ def test_set_role_makes_an_admin_and_keeps_the_last_one(cli: Cli) -> None:
     assert last.exit_code == 1 and "last admin" in last.stderr
     assert cli.raw(["admin", "set-role", "nobody", "user"]).exit_code == 1
     assert cli.raw(["admin", "set-role", "alice", "root"]).exit_code == 2  # not a role
+
+
+def test_node_key_prints_the_key_the_scheduler_checks_that_node_with(cli: Cli) -> None:
+    from app.nodes.keys import NodeKeys
+
+    result = cli.raw(["admin", "node-key", "gpu-7"])
+    assert result.exit_code == 0, result.stderr
+    assert bytes.fromhex(result.stdout.strip()) == NodeKeys(cli.factory)("gpu-7")
+    assert cli.raw(["admin", "node-key", "gpu-7"]).stdout == result.stdout  # the same each time
+    assert cli.raw(["admin", "node-key", "gpu-8"]).stdout != result.stdout  # each node its own
+    empty = cli.raw(["admin", "node-key", ""])
+    assert empty.exit_code == 2 and "node name" in empty.stderr

@@ -18,6 +18,7 @@ from app.cli.client import CliError, parse_at
 from app.cli.jobs import jobs_table, parse_slurm_time
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
+from app.messaging import NullMessenger
 from app.nodes.models import Node
 from tests.cli.harness import Cli
 
@@ -498,7 +499,9 @@ def test_queue_lists_pending_jobs_in_scheduling_order_with_estimated_start(cli: 
     settings = SchedulerSettings(stability_window_s=0)
 
     def cycle() -> None:
-        run_cycle(factory=cli.factory, messenger=None, settings=settings, holder="t", now=now)
+        run_cycle(
+            factory=cli.factory, messenger=NullMessenger(), settings=settings, holder="t", now=now
+        )
 
     first = _submit_json(cli, "--name", "first", "--estimated-runtime", "5m", "--", "true")
     running = _submit_json(cli, "--name", "running", "--max-runtime", "2h", "--", "true")
@@ -924,7 +927,9 @@ def test_show_prints_a_waiting_jobs_rank(cli: Cli) -> None:
     from tests.cycle.jobs_api import SETTINGS
 
     ids = [json.loads(cli("submit", "--json", "--", "true").stdout)["id"] for _ in range(2)]
-    run_cycle(factory=cli.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
+    run_cycle(
+        factory=cli.factory, messenger=NullMessenger(), settings=SETTINGS, holder="t", now=utcnow()
+    )
     shown = cli("show", str(ids[1]))
     assert shown.exit_code == 0, shown.stderr
     shown_text = " ".join(shown.stdout.split())

@@ -13,9 +13,9 @@ from typer.testing import Result
 
 import app.cli.logs as logs_module
 from app.cli.client import ApiClient, Unreachable
-from app.jobs.logs import attempt_log_path
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
+from app.wire import attempt_log_path
 from tests.cli.harness import Cli
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
+from app.messaging import NullMessenger
 from tests.foundation.builders import ready_node
 
 SETTINGS = SchedulerSettings(stability_window_s=0)
@@ -35,7 +37,9 @@ def job_events(api: Any, job_id: int) -> list[dict[str, Any]]:
 
 
 def run_one_cycle(api: Any) -> None:
-    run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t", now=utcnow())
+    run_cycle(
+        factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="t", now=utcnow()
+    )
 
 
 def add_node(api: Any, gpus: int) -> None:
@@ -55,10 +59,11 @@ def report_end(
     committed; returns what it changed (app.jobs.reports.Applied)."""
     from app.jobs.models import Job
     from app.jobs.reports import job_finished
+    from app.wire import Finished
 
     with api.factory.begin() as session:
         attempt = session.get_one(Job, job_id).attempt
-        payload = {"job_id": job_id, "attempt": attempt, "node": node, "result": result}
+        report = Finished(node=node, job_id=job_id, attempt=attempt, result=result)  # type: ignore[arg-type]
         if exit_code is not None:
-            payload |= {"exit_code": exit_code, "message": f"exit code {exit_code}"}
-        return job_finished(session=session, payload=payload)
+            report = replace(report, exit_code=exit_code, message=f"exit code {exit_code}")
+        return job_finished(session=session, report=report)

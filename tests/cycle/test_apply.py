@@ -9,16 +9,18 @@ from sqlalchemy import event, select
 
 from app.cycle import lease
 from app.cycle.apply import apply_plan
-from app.cycle.dispatch import released_gates
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
 from app.jobs.allocations import release
 from app.jobs.lifecycle import settle_interrupted, transition
 from app.jobs.models import Allocation, Job
+from app.jobs.orders import released_gates
 from app.jobs.reports import job_finished
 from app.jobs.states import JobStatus
+from app.messaging import NullMessenger
 from app.nodes.models import Gpu
 from app.scheduling import Placement, Plan, Preemption
+from app.wire import Finished
 from tests.foundation.builders import add_node
 
 
@@ -50,7 +52,7 @@ def test_placement_is_written_and_dispatched_once(api):
     job_id = _submit(api, gpus=2)
     applied = _apply(api, Plan(placements=(Placement(job_id, (("n1", (0, 1)),)),)))
     assert applied.placed == [job_id]
-    assert [d.payload["gpu_indices"] for d in applied.dispatches] == [[0, 1]]
+    assert [d.gpu_indices for d in applied.dispatches] == [(0, 1)]
     assert _allocated(api) == {0: 1000, 1: 1000}
     # The same (now stale) plan again: the job is no longer pending, nothing changes.
     again = _apply(api, Plan(placements=(Placement(job_id, (("n1", (0, 1)),)),)))
@@ -82,7 +84,7 @@ def test_one_taken_gpu_skips_only_its_job_in_a_batch_of_placements(api):
     )
     applied = _apply(api, plan)
     assert applied.placed == [first, third] and applied.skipped == {clash: "GPU taken meanwhile"}
-    assert [(d.payload["job_id"], d.payload["attempt"]) for d in applied.dispatches] == [
+    assert [(d.job_id, d.attempt) for d in applied.dispatches] == [
         (first, 1),
         (third, 1),
     ]
@@ -166,7 +168,7 @@ def test_preemption_hands_gpus_over_and_dispatch_waits_for_the_victim(api):
         ),
     )
     assert applied.placed == [urgent]
-    assert [(s.node, s.payload["reason"]) for s in applied.stops] == [("n1", "preempt")]
+    assert [(s.node, s.reason) for s in applied.stops] == [("n1", "preempt")]
     assert applied.dispatches == []  # not while the victim still runs on the GPU
     assert _allocated(api) == {0: 1000}  # handed over, never double-counted
     with api.factory() as session:
@@ -176,14 +178,12 @@ def test_preemption_hands_gpus_over_and_dispatch_waits_for_the_victim(api):
         # The victim exits (SIGTERM honoured) and is requeued; the gate opens.
         job_finished(
             session=session,
-            payload={"job_id": victim, "attempt": 1, "node": "n1", "result": "PREEMPTED"},
+            report=Finished(job_id=victim, attempt=1, node="n1", result="PREEMPTED"),
         )
         assert session.get(Job, victim).status == JobStatus.PENDING
         runs = released_gates(session)
         session.commit()
-    assert [(d.node, d.payload["job_id"], d.payload["gpu_indices"]) for d in runs] == [
-        ("n1", urgent, [0])
-    ]
+    assert [(d.node, d.job_id, d.gpu_indices) for d in runs] == [("n1", urgent, (0,))]
     with api.factory() as session:
         assert session.get(Job, urgent).dispatch_after is None
         assert released_gates(session) == []
@@ -222,7 +222,7 @@ def test_positions_behind_the_head_wait_for_a_full_refresh(api):
     def cycle(all_positions):
         run_cycle(
             factory=api.factory,
-            messenger=None,
+            messenger=NullMessenger(),
             settings=settings,
             holder="t",
             now=utcnow(),

@@ -12,6 +12,7 @@ from app.cycle.reconcile import SilenceJudge, reconcile
 from app.db import utcnow
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
+from app.wire import StopJob
 from tests.cycle.jobs_api import add_node, run_one_cycle, submit
 
 DISPATCH_TIMEOUT_S = 15.0
@@ -32,7 +33,7 @@ def _cancel(api: Any, job_id: int, **params: Any) -> None:
     assert r.json()["cancel_requested"] is True
 
 
-def _resent_stops(api: Any) -> dict[int, dict[str, Any]]:
+def _resent_stops(api: Any) -> dict[int, StopJob]:
     """The stops a reconcile run re-sends once the cancels' messages are overdue."""
     later = utcnow() + timedelta(seconds=DISPATCH_TIMEOUT_S + 1)
     with api.factory() as session:
@@ -43,7 +44,7 @@ def _resent_stops(api: Any) -> dict[int, dict[str, Any]]:
             dispatch_timeout_s=DISPATCH_TIMEOUT_S,
             silence=SilenceJudge(heartbeat_timeout_s=3600),
         )
-    return {stop.payload["job_id"]: stop.payload for stop in repairs.stop}
+    return {stop.job_id: stop for stop in repairs.stop}
 
 
 def test_a_lost_stop_is_resent_with_the_shortest_grace_a_cancel_asked_for(api) -> None:
@@ -56,6 +57,8 @@ def test_a_lost_stop_is_resent_with_the_shortest_grace_a_cancel_asked_for(api) -
 
     stops = _resent_stops(api)
 
-    assert stops[killed] == {"job_id": killed, "attempt": 1, "reason": "cancel", "grace_s": 0}
-    assert stops[shortened]["grace_s"] == 60
-    assert "grace_s" not in stops[plain]  # the job's own 300 s, which its agent knows
+    assert stops[killed] == StopJob(
+        node=stops[killed].node, job_id=killed, attempt=1, reason="cancel", grace_s=0
+    )
+    assert stops[shortened].grace_s == 60
+    assert stops[plain].grace_s is None  # the job's own 300 s, which its agent knows

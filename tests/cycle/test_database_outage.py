@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from app.cycle.reconcile import SilenceJudge, reconcile
 from app.db import make_engine, make_session_factory
 from app.nodes.telemetry import TelemetryPolicy
+from app.wire import Heartbeat
 from workers.scheduler import handle_heartbeat
 
 # Nothing listens on port 1: every connection is refused, as while the database is down.
@@ -30,11 +31,11 @@ def _session() -> Session:
 
 
 def test_heartbeat_during_a_database_outage_is_dropped() -> None:
-    heartbeat = {"kind": "heartbeat", "node": "n1", "gpus": [], "running": [], "recent": []}
+    heartbeat = Heartbeat(node="n1")
 
     with _session() as session:
         repairs = handle_heartbeat(
-            session=session, payload=heartbeat, telemetry=TelemetryPolicy(), grace_s=15, now=T0
+            session=session, heartbeat=heartbeat, telemetry=TelemetryPolicy(), grace_s=15, now=T0
         )
 
     assert repairs is None

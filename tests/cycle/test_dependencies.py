@@ -16,6 +16,7 @@ from app.db import utcnow
 from app.jobs.dependencies import Dependency, Namesake, judge, singleton_verdict, singleton_wait
 from app.jobs.models import Job
 from app.jobs.states import JobStatus as S
+from app.messaging import NullMessenger
 from app.scheduling import plan_cycle
 from tests.cycle.jobs_api import (
     SETTINGS,
@@ -138,7 +139,9 @@ def test_a_monitor_starts_in_the_cycle_after_its_run_was_placed(api):
         f"waiting for job {train} (train) to start",
     )
     now = utcnow()
-    first = run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t", now=now)
+    first = run_cycle(
+        factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="t", now=now
+    )
     assert get_job(api, train)["status"] == "SCHEDULED"
     assert get_job(api, monitor["id"])["status"] == "PENDING"
     # It placed a job that a job waits `after`: the next cycle is asked for at once.
@@ -156,7 +159,9 @@ def test_a_monitor_starts_in_the_cycle_after_its_run_was_placed(api):
     run_one_cycle(api)
     assert get_job(api, watcher)["status"] == "SCHEDULED"
     # An ordinary cycle that places no awaited job asks for no extra cycle.
-    calm = run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t", now=now)
+    calm = run_cycle(
+        factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="t", now=now
+    )
     assert calm.wake_at is None
 
 

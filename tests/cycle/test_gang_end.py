@@ -11,6 +11,7 @@ from sqlalchemy import select
 from app.db import utcnow
 from app.jobs.models import Allocation
 from app.nodes.models import Gpu, Node
+from app.wire import StopJob
 from tests.cycle.jobs_api import get_job, job_events, report_end, run_one_cycle, submit
 from tests.foundation.builders import ready_node
 
@@ -45,7 +46,7 @@ def _held_gpus(api: Any, job_id: int) -> dict[str, int]:
 def test_a_gang_succeeds_with_its_last_node_and_frees_each_node_as_it_ends(api):
     job = _gang(api)
     first = report_end(api, job, "SUCCEEDED", node="n2", exit_code=0)
-    assert first.accepted and first.gpus_freed  # a cycle may use n2 now
+    assert first.accepted and first.after.cycle  # a cycle may use n2 now
     after_first = get_job(api, job)
     assert after_first["status"] == "RUNNING"  # n1 still runs rank 0
     assert _held_gpus(api, job) == {"n1": 2, "n2": 0}
@@ -66,7 +67,7 @@ def test_a_node_that_fails_ends_the_gang_at_once(api):
     job = _gang(api)
     assert report_end(api, job, "SUCCEEDED", node="n2", exit_code=0).accepted
     last = report_end(api, job, "FAILED", node="n1", exit_code=3)
-    assert last.accepted and last.stops == ()  # n2 is done: nothing left to stop
+    assert last.accepted and last.after.orders == ()  # n2 is done: nothing left to stop
     failed = get_job(api, job)
     assert (failed["status"], failed["exit_code"]) == ("FAILED", 3)
     assert _held_gpus(api, job) == {"n1": 0, "n2": 0}
@@ -76,7 +77,7 @@ def test_a_node_that_fails_ends_the_gang_at_once(api):
     first = report_end(api, other, "FAILED", node="n1", exit_code=1)
     assert first.accepted and get_job(api, other)["status"] == "FAILED"
     # n2's rank would wait on n1's forever: it is told to stop now (sent after the commit).
-    assert [(d.node, d.payload["reason"]) for d in first.stops] == [("n2", "cancel")]
+    assert [(d.node, d.reason) for d in first.after.of_type(StopJob)] == [("n2", "cancel")]
 
 
 def test_a_preempted_gang_sends_no_second_stop(api):
@@ -84,5 +85,5 @@ def test_a_preempted_gang_sends_no_second_stop(api):
     others would only race with their checkpointing."""
     job = _gang(api)
     first = report_end(api, job, "PREEMPTED", node="n1")
-    assert first.accepted and first.stops == ()
+    assert first.accepted and first.after.orders == ()
     assert get_job(api, job)["status"] == "PENDING"

@@ -10,6 +10,7 @@ import app.cycle.run as run_module
 from app.cycle import lease
 from app.cycle.run import run_cycle
 from app.db import utcnow
+from app.messaging import NullMessenger
 from tests.cycle.jobs_api import SETTINGS, add_node, get_job, submit
 
 
@@ -22,7 +23,9 @@ def test_a_cycle_releases_the_lease_when_it_ends(api) -> None:
     add_node(api, gpus=1)
     job = submit(api, gpus=1)
     now = utcnow()
-    report = run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="a", now=now)
+    report = run_cycle(
+        factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="a", now=now
+    )
     assert report.ran and report.placed == 1
     assert get_job(api, job["id"])["status"] == "SCHEDULED"
     assert _other_scheduler_may_cycle(api, now)
@@ -35,7 +38,9 @@ def test_a_cycle_that_fails_releases_the_lease(api, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(run_module, "read_snapshot", broken)
     now = utcnow()
     with pytest.raises(RuntimeError, match="snapshot failed"):
-        run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="a", now=now)
+        run_cycle(
+            factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="a", now=now
+        )
     assert _other_scheduler_may_cycle(api, now)
 
 
@@ -44,5 +49,7 @@ def test_a_held_lease_keeps_another_scheduler_out(api) -> None:
     with api.factory() as session:
         assert lease.acquire(session, holder="a", now=now, ttl_s=30) == 1
     assert not _other_scheduler_may_cycle(api, now)
-    report = run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="b", now=now)
+    report = run_cycle(
+        factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="b", now=now
+    )
     assert not report.ran

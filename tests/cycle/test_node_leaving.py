@@ -15,6 +15,7 @@ from app.db import utcnow
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.nodes.models import Node
+from app.wire import Finished, Leaving
 from tests.cycle.jobs_api import add_node, get_job, job_events, run_one_cycle, submit
 
 HEARTBEAT_TIMEOUT_S = 30.0
@@ -33,10 +34,10 @@ def _started(api: Any, job_id: int) -> None:
                         .values(status=JobStatus.RUNNING, started_at=utcnow()))  # fmt: skip
 
 
-def _leaving(api: Any, recent: list[dict[str, Any]] | None = None, taken_at: float | None = None):
-    payload = {"kind": "leaving", "node": "n1", "recent": recent or [], "taken_at": taken_at}
+def _leaving(api: Any, recent: list[Finished] | None = None, taken_at: float | None = None):
+    leaving = Leaving(node="n1", recent=tuple(recent or ()), taken_at=taken_at)
     with api.factory() as session:
-        return node_left(session=session, payload=payload, now=utcnow())
+        return node_left(session=session, leaving=leaving, now=utcnow())
 
 
 def _node(api: Any) -> Node:
@@ -81,10 +82,9 @@ def test_a_leaving_agent_takes_its_node_out_at_once_and_requeues_what_it_had_not
     # The agent stopped `preempted` for its shutdown and `finished` ended just before; the
     # reports themselves may come later (handled out of order): the leaving one has both.
     recent = [
-        {"kind": "finished", "node": "n1", "job_id": job_id, "attempt": 1, "result": result,
-         "exit_code": code, "message": "m"}
+        Finished(node="n1", job_id=job_id, attempt=1, result=result, exit_code=code, message="m")
         for job_id, result, code in ((preempted, "PREEMPTED", None), (finished, "SUCCEEDED", 0))
-    ]  # fmt: skip
+    ]
 
     repairs = _leaving(api, recent, taken_at=time.time())
 

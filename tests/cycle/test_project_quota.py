@@ -10,6 +10,7 @@ from app.db import utcnow
 from app.jobs.lifecycle import transition
 from app.jobs.models import Allocation, Job
 from app.jobs.states import JobStatus
+from app.messaging import NullMessenger
 from tests.foundation.builders import ready_node
 
 SETTINGS = SchedulerSettings(stability_window_s=0, min_run_before_preempt_s=0)
@@ -27,7 +28,7 @@ def _patch(api, project: str, body, user: str = "admin"):
 
 
 def _cycle(api, settings: SchedulerSettings = SETTINGS):
-    return run_cycle(factory=api.factory, messenger=None, settings=settings, holder="t",
+    return run_cycle(factory=api.factory, messenger=NullMessenger(), settings=settings, holder="t",
                      now=utcnow())  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from app.cycle.snapshot import QueueMemory, read_snapshot
 from app.db import utcnow
 from app.jobs.models import Job
 from app.jobs.states import NEW_IN_QUEUE
+from app.messaging import NullMessenger
 from app.projects.models import Project
 from tests.cycle.jobs_api import finish
 from tests.foundation.builders import ready_node
@@ -32,7 +33,7 @@ def _node(factory, gpus: int) -> None:
 
 
 def _cycle(api, memory: QueueMemory, *, full: bool):
-    return run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t",
+    return run_cycle(factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="t",
                      now=utcnow(), all_positions=full, memory=memory)  # fmt: skip
 
 

@@ -6,17 +6,24 @@ from __future__ import annotations
 from app.db import utcnow
 from app.jobs.models import Job
 from app.jobs.reports import job_finished, job_started
+from app.wire import Finished, Started
 from tests.cycle.jobs_api import add_node, get_job, job_events, run_one_cycle, submit
 from tests.foundation.builders import ready_node
+
+
+def _node_of(api, job_id: int) -> str:
+    """The node the job is placed on (its agent is the one that reports on it)."""
+    return get_job(api, job_id)["allocations"][0]["node"]
 
 
 def _running(api, **body) -> dict:
     job = submit(api, **body)
     run_one_cycle(api)
+    node = _node_of(api, job["id"])
     with api.factory.begin() as session:
         attempt = session.get_one(Job, job["id"]).attempt
-        payload = {"job_id": job["id"], "attempt": attempt, "node": "n1", "pid": 7}
-        assert job_started(session=session, payload=payload).accepted
+        report = Started(job_id=job["id"], attempt=attempt, node=node, pid=7)
+        assert job_started(session=session, report=report).accepted
     running = get_job(api, job["id"])
     assert running["status"] == "RUNNING"
     return running
@@ -24,17 +31,18 @@ def _running(api, **body) -> dict:
 
 def _stopped_by_agent(api, job_id: int) -> None:
     """As the agent reports a job it stopped for a preemption (it checkpointed, exited 0)."""
+    node = _node_of(api, job_id)
     with api.factory.begin() as session:
         attempt = session.get_one(Job, job_id).attempt
-        payload = {
-            "job_id": job_id,
-            "attempt": attempt,
-            "node": "n1",
-            "result": "PREEMPTED",
-            "exit_code": 0,
-            "message": "exit code 0 after preempt",
-        }
-        assert job_finished(session=session, payload=payload).accepted
+        report = Finished(
+            job_id=job_id,
+            attempt=attempt,
+            node=node,
+            result="PREEMPTED",
+            exit_code=0,
+            message="exit code 0 after preempt",
+        )
+        assert job_finished(session=session, report=report).accepted
 
 
 def _requeue(api, job_id: int, user: str = "alice", **params):
@@ -147,8 +155,8 @@ def test_a_job_that_fails_while_being_cancelled_is_not_retried(api):
     train = _running(api, name="train", retries=3)
     api.client.post(f"/api/v1/jobs/{train['id']}/cancel", headers=api.as_("alice"))
     with api.factory.begin() as session:
-        payload = {"job_id": train["id"], "attempt": 1, "node": "n1", "result": "FAILED"}
-        assert job_finished(session=session, payload=payload).accepted
+        report = Finished(job_id=train["id"], attempt=1, node="n1", result="FAILED")
+        assert job_finished(session=session, report=report).accepted
     assert get_job(api, train["id"])["status"] == "FAILED"  # its own end; no retry
 
 

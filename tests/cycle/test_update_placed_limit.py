@@ -4,16 +4,17 @@ agents are told after the commit."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from datetime import timedelta
+from collections.abc import Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
-from app.cycle.dispatch import Dispatch
 from app.db import utcnow
 from app.jobs.models import Job
+from app.jobs.orders import AfterCommit
 from app.jobs.reports import job_started
+from app.wire import Order, SetTimeLimit, Started
 from tests.cycle.jobs_api import add_node, finish, get_job, job_events, run_one_cycle, submit
 
 HOUR = 3600
@@ -27,13 +28,19 @@ class Agents:
         self.sent: list[tuple[str, dict[str, Any]]] = []
         self.reachable = True
 
-    def send_time_limits(self, changes: Iterable[Dispatch]) -> bool:
+    def send(self, after: AfterCommit) -> tuple[Order, ...]:
         if not self.reachable:
-            return False
-        self.sent.extend((c.node, c.payload) for c in changes)
-        return True
+            return after.orders
+        self.sent.extend(
+            (c.node, {"job_id": c.job_id, "attempt": c.attempt, "max_runtime_s": c.max_runtime_s})
+            for c in after.of_type(SetTimeLimit)
+        )
+        return ()
 
     def request_cycle(self) -> bool:
+        return True
+
+    def request_cycle_at(self, when: datetime) -> bool:
         return True
 
 
@@ -50,7 +57,7 @@ def _running(api: Any, *, ran_s: float, **body: Any) -> int:
     job_id: int = submit(api, **body)["id"]
     run_one_cycle(api)
     with api.factory.begin() as session:
-        job_started(session=session, payload={"job_id": job_id, "attempt": 1, "node": "n1"})
+        job_started(session=session, report=Started(job_id=job_id, attempt=1, node="n1"))
         session.get_one(Job, job_id).started_at = utcnow() - timedelta(seconds=ran_s)
     assert get_job(api, job_id)["status"] == "RUNNING"
     return job_id

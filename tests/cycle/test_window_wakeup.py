@@ -14,6 +14,7 @@ from app.cycle.run import CycleReport, run_cycle
 from app.db import utcnow
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
+from app.messaging import NullMessenger
 from tests.cycle.jobs_api import SETTINGS, get_job, submit
 from tests.foundation.builders import ready_node
 
@@ -22,7 +23,9 @@ OPEN_S = 15  # the window opens at every minute for 15 s
 
 
 def _cycle(api, now: datetime) -> CycleReport:
-    return run_cycle(factory=api.factory, messenger=None, settings=SETTINGS, holder="t", now=now)
+    return run_cycle(
+        factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="t", now=now
+    )
 
 
 def test_cycles_are_due_when_the_window_opens_and_a_grace_before_it_closes(api) -> None:

@@ -24,6 +24,7 @@ from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
 from app.jobs import service
 from app.jobs.models import Allocation, Job
+from app.messaging import NullMessenger
 from app.nodes.models import Gpu
 from app.projects.models import Project
 from tests.foundation.builders import ready_node
@@ -66,7 +67,7 @@ def test_cancel_racing_a_placement_does_not_leak_the_gpu(factory: sessionmaker[S
         # ... when the scheduler places it and commits ...
         placed = run_cycle(
             factory=factory,
-            messenger=None,
+            messenger=NullMessenger(),
             holder="cycle",
             now=utcnow(),
             settings=SchedulerSettings(stability_window_s=0, preemption=False),

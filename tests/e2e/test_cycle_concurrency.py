@@ -30,10 +30,13 @@ from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import make_engine, make_session_factory, utcnow
 from app.jobs import reports
-from app.jobs.models import Job
+from app.jobs.models import Allocation, Job
 from app.jobs.states import ACTIVE, JobStatus
+from app.messaging import NullMessenger
 from app.migrate import upgrade
+from app.nodes.models import Node
 from app.projects.models import Project
+from app.wire import Finished
 from bench.common import create_pg_database, drop_pg_database
 from tests.foundation.builders import ready_node
 
@@ -151,23 +154,29 @@ def racing_db() -> Iterator[sessionmaker[Session]]:
 
 def _finish_some(factory: sessionmaker[Session], rng: random.Random, fraction: float) -> int:
     """What agents' reports do: finish a random part of the active jobs, releasing GPUs."""
-    with factory() as session:
-        active = session.execute(select(Job.id, Job.attempt).where(Job.status.in_(ACTIVE))).all()
+    with factory() as session:  # (one node each: no gangs here)
+        active = session.execute(
+            select(Job.id, Job.attempt, Node.name)
+            .join(Allocation, (Allocation.job_id == Job.id) & (Allocation.attempt == Job.attempt))
+            .join(Node, Node.id == Allocation.node_id)
+            .where(Job.status.in_(ACTIVE), Allocation.released_at.is_(None))
+            .distinct()
+        ).all()
     finished = 0
-    for job_id, attempt in active:
+    for job_id, attempt, node in active:
         if rng.random() > fraction:
             continue
         with factory() as session:
             applied = reports.job_finished(
                 session=session,
-                payload={
-                    "job_id": job_id,
-                    "attempt": attempt,
-                    "node": "node0",
-                    "result": "SUCCEEDED",
-                    "exit_code": 0,
-                    "message": "done",
-                },
+                report=Finished(
+                    job_id=job_id,
+                    attempt=attempt,
+                    node=node,
+                    result="SUCCEEDED",
+                    exit_code=0,
+                    message="done",
+                ),
             )
             session.commit()
             finished += applied.accepted
@@ -230,7 +239,11 @@ def _race(factory: sessionmaker[Session], *, fenced: bool, monkeypatch: pytest.M
         barrier.wait()
         try:
             report = run_cycle(
-                factory=factory, messenger=None, settings=SETTINGS, holder=holder, now=utcnow()
+                factory=factory,
+                messenger=NullMessenger(),
+                settings=SETTINGS,
+                holder=holder,
+                now=utcnow(),
             )
         except DBAPIError as exc:  # e.g. a deadlock between the two applies: report it
             stats["errors"].append(f"{holder}: {type(exc.orig).__name__}: {str(exc.orig)[:200]}")

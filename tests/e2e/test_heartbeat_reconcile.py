@@ -23,8 +23,10 @@ from app.db import utcnow
 from app.jobs import reports
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
+from app.messaging import NullMessenger
 from app.nodes.telemetry import TelemetryPolicy
 from app.projects.models import Project
+from app.wire import AttemptRef, Heartbeat, Started, StopJob
 from tests.foundation.builders import ready_node
 from workers.scheduler import handle_heartbeat
 
@@ -55,7 +57,7 @@ def _placed_job(factory: sessionmaker[Session]) -> tuple[int, int]:
         job_id = job.id
     report = run_cycle(
         factory=factory,
-        messenger=None,
+        messenger=NullMessenger(),
         holder="test",
         now=utcnow(),
         settings=SchedulerSettings(stability_window_s=0, preemption=False),
@@ -72,7 +74,7 @@ def _started_job(factory: sessionmaker[Session]) -> tuple[int, datetime]:
     job_id, attempt = _placed_job(factory)
     with factory() as session:
         reports.job_started(
-            session=session, payload={"job_id": job_id, "attempt": attempt, "node": "n1"}
+            session=session, report=Started(job_id=job_id, attempt=attempt, node="n1")
         )
         session.commit()
         job = session.get(Job, job_id)
@@ -86,27 +88,28 @@ def test_heartbeat_of_a_node_running_a_job_reconciles(factory: sessionmaker[Sess
     with factory() as session:
         repairs = reconcile_node_attempts(
             session=session,
-            node="n1",
-            running=[{"job_id": job_id, "attempt": attempt}],
-            recent=[],
+            heartbeat=Heartbeat(node="n1", running=(AttemptRef(job_id=job_id, attempt=attempt),)),
             taken_at=now,
             grace_s=15,
         )
         session.commit()
     assert (repairs.stops, repairs.lost) == ([], [])
-    # An orphan the agent still runs (an older attempt) is told to stop; nothing is lost.
+    # An orphan the agent still runs (an attempt not current here) is told to stop; nothing
+    # is lost.
     with factory() as session:
+        running = (
+            AttemptRef(job_id=job_id, attempt=attempt),
+            AttemptRef(job_id=job_id, attempt=attempt + 1),
+        )
         repairs = reconcile_node_attempts(
             session=session,
-            node="n1",
-            running=[{"job_id": job_id, "attempt": attempt}, {"job_id": job_id, "attempt": 0}],
-            recent=[],
+            heartbeat=Heartbeat(node="n1", running=running),
             taken_at=now,
             grace_s=15,
         )
         session.commit()
-    assert [s.payload for s in repairs.stops] == [
-        {"job_id": job_id, "attempt": 0, "reason": "cancel"}
+    assert repairs.stops == [
+        StopJob(node="n1", job_id=job_id, attempt=attempt + 1, reason="cancel")
     ]
     assert repairs.lost == []
 
@@ -121,7 +124,7 @@ def test_a_heartbeat_taken_before_a_start_does_not_lose_it(
     def heartbeat(taken_at: datetime) -> list[int]:
         with factory() as session:
             repairs = reconcile_node_attempts(
-                session=session, node="n1", running=[], recent=[], taken_at=taken_at, grace_s=15
+                session=session, heartbeat=Heartbeat(node="n1"), taken_at=taken_at, grace_s=15
             )
             session.commit()
         return repairs.lost
@@ -135,13 +138,12 @@ def test_the_scheduler_judges_a_late_heartbeat_by_when_it_was_taken(
     factory: sessionmaker[Session],
 ) -> None:
     job_id, started_at = _started_job(factory)
-    heartbeat = {"kind": "heartbeat", "node": "n1", "gpus": [], "running": [], "recent": [],
-                 "taken_at": (started_at - timedelta(seconds=1)).timestamp()}  # fmt: skip
+    heartbeat = Heartbeat(node="n1", taken_at=(started_at - timedelta(seconds=1)).timestamp())
 
     with factory() as session:
         repairs = handle_heartbeat(
             session=session,
-            payload=heartbeat,
+            heartbeat=heartbeat,
             telemetry=TelemetryPolicy(),
             grace_s=15,
             now=started_at + timedelta(seconds=60),  # handled a minute late

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from app.wire import Finished, Started
 from bench.common import Stack, poll
 from workers.agent.runner import process_group_alive
 
@@ -266,11 +267,12 @@ def test_stale_attempt_report_is_ignored(stack: Stack) -> None:
     before = stack.events(job["id"])
     node = stack.name("n1")
     scheduler_log = stack.procs["scheduler"].log
-    for kind, extra in (
-        ("finished", {"result": "SUCCEEDED", "exit_code": 0, "message": "stale"}),
-        ("started", {"pid": 1}),
+    for stale in (
+        Finished(node=node, job_id=job["id"], attempt=1, result="SUCCEEDED", message="stale"),
+        Started(node=node, job_id=job["id"], attempt=1, pid=1),
     ):
-        stack.send_report({"kind": kind, "node": node, "job_id": job["id"], "attempt": 1, **extra})
+        stack.send_report(stale)
+        kind = stale.KIND
         pattern = re.compile(
             rf"ignored {kind} report: stale report for attempt 1; job {job['id']} is on attempt 2"
         )

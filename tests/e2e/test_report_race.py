@@ -13,6 +13,7 @@ proposed in app/db.py (BEGIN IMMEDIATE for SQLite write transactions).
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import select
@@ -24,7 +25,9 @@ from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
 from app.jobs import reports
 from app.jobs.models import Allocation, Job, JobEvent
+from app.messaging import NullMessenger
 from app.projects.models import Project
+from app.wire import Finished, Started
 from tests.foundation.builders import ready_node
 
 pytestmark = pytest.mark.e2e
@@ -48,7 +51,7 @@ def _scheduled_job(factory: sessionmaker[Session]) -> tuple[int, int]:
         job_id = job.id
     report = run_cycle(
         factory=factory,
-        messenger=None,
+        messenger=NullMessenger(),
         holder="test",
         now=utcnow(),
         settings=SchedulerSettings(stability_window_s=0, preemption=False),
@@ -64,7 +67,7 @@ def test_concurrent_started_and_finished_reports_keep_history_whole(
     factory: sessionmaker[Session],
 ) -> None:
     job_id, attempt = _scheduled_job(factory)
-    base = {"node": "n1", "job_id": job_id, "attempt": attempt}
+    base = Started(node="n1", job_id=job_id, attempt=attempt)
     read_done = threading.Event()
     may_commit = threading.Event()
     finished_done = threading.Event()
@@ -73,7 +76,7 @@ def test_concurrent_started_and_finished_reports_keep_history_whole(
     def started() -> None:  # the first handler: reads (and locks) the job, then commits
         try:
             with factory() as session:
-                applied = reports.job_started(session=session, payload={**base, "pid": 1})
+                applied = reports.job_started(session=session, report=replace(base, pid=1))
                 assert applied.accepted
                 read_done.set()
                 may_commit.wait(10)
@@ -85,10 +88,15 @@ def test_concurrent_started_and_finished_reports_keep_history_whole(
     def finished() -> None:  # the second handler, in another thread, meanwhile
         try:
             with factory() as session:
-                reports.job_finished(
-                    session=session,
-                    payload={**base, "result": "FAILED", "exit_code": 3, "message": "exit code 3"},
+                end = Finished(
+                    node="n1",
+                    job_id=job_id,
+                    attempt=attempt,
+                    result="FAILED",
+                    exit_code=3,
+                    message="exit code 3",
                 )
+                reports.job_finished(session=session, report=end)
                 session.commit()
         except BaseException as exc:
             errors.append(exc)
@@ -140,15 +148,15 @@ def test_a_report_applied_from_a_stale_copy_of_the_job_changes_nothing(
     a stale SCHEDULED copy. (Seen end-to-end with two schedulers: RUNNING twice for one
     attempt.) Here the stale copy is kept across a commit, which the session allows."""
     job_id, attempt = _scheduled_job(factory)
-    base = {"node": "n1", "job_id": job_id, "attempt": attempt}
+    base = Started(node="n1", job_id=job_id, attempt=attempt)
     with factory() as heartbeat:
         stale = heartbeat.get(Job, job_id)
         assert stale is not None and stale.status == "SCHEDULED"
         heartbeat.commit()  # expire_on_commit=False: the copy stays as it was
         with factory() as direct:
-            assert reports.job_started(session=direct, payload={**base, "pid": 7}).accepted
+            assert reports.job_started(session=direct, report=replace(base, pid=7)).accepted
             direct.commit()
-        reports.job_started(session=heartbeat, payload=base)
+        reports.job_started(session=heartbeat, report=base)
         heartbeat.commit()
     with factory() as session:
         running = session.scalars(
@@ -164,12 +172,17 @@ def test_a_finish_report_alone_records_the_start_with_its_pid(
 ) -> None:
     """An agent reports a job that ended at once by its end alone, with the pid."""
     job_id, attempt = _scheduled_job(factory)
-    payload = {"node": "n1", "job_id": job_id, "attempt": attempt, "pid": 42}
+    end = Finished(
+        node="n1",
+        job_id=job_id,
+        attempt=attempt,
+        pid=42,
+        result="SUCCEEDED",
+        exit_code=0,
+        message="exit code 0",
+    )
     with factory.begin() as session:
-        applied = reports.job_finished(
-            session=session,
-            payload={**payload, "result": "SUCCEEDED", "exit_code": 0, "message": "exit code 0"},
-        )
+        applied = reports.job_finished(session=session, report=end)
         assert applied.accepted
     with factory() as session:
         steps = [

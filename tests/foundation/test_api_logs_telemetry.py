@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 from sqlalchemy import select
@@ -13,6 +14,7 @@ from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.nodes.models import Gpu
 from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat
+from app.wire import Heartbeat, parse
 from tests.foundation.builders import add_node
 
 
@@ -101,29 +103,36 @@ def test_pending_job_has_empty_log(api):
     assert r.status_code == 200 and r.text == "" and r.headers["x-job-status"] == "PENDING"
 
 
+def as_heartbeat(data: dict) -> Heartbeat:
+    """As the scheduler reads one off the wire."""
+    return parse(Heartbeat, json.dumps(data))
+
+
 def _heartbeat(api, *, utils, foreign=None, at=None):
     with api.factory() as session:
         ingest_heartbeat(
             session=session,
-            payload={
-                "node": "n1",
-                "interval_s": 5,
-                "gpus": [
-                    {
-                        "index": i,
-                        "uuid": f"GPU-n1-{i}",
-                        "healthy": True,
-                        "util_pct": u,
-                        "memory_used_mb": 1000 * (i + 1),
-                        "power_w": 100.0,
-                        "temperature_c": 40.0,
-                        "processes": [],
-                        "foreign_util_pct": (foreign or {}).get(i, 0.0),
-                        "foreign_memory_mb": 0,
-                    }
-                    for i, u in enumerate(utils)
-                ],
-            },
+            heartbeat=as_heartbeat(
+                {
+                    "node": "n1",
+                    "interval_s": 5,
+                    "gpus": [
+                        {
+                            "index": i,
+                            "uuid": f"GPU-n1-{i}",
+                            "healthy": True,
+                            "util_pct": u,
+                            "memory_used_mb": 1000 * (i + 1),
+                            "power_w": 100.0,
+                            "temperature_c": 40.0,
+                            "processes": [],
+                            "foreign_util_pct": (foreign or {}).get(i, 0.0),
+                            "foreign_memory_mb": 0,
+                        }
+                        for i, u in enumerate(utils)
+                    ],
+                }
+            ),
             policy=TelemetryPolicy(),
             now=at or utcnow(),
         )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 from sqlalchemy import update
 
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
 from app.nodes.models import Node, NodeState
 from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat, register_node
+from app.wire import Heartbeat, Register, parse
 from tests.cycle.jobs_api import add_node as add_ready_node
 from tests.cycle.jobs_api import get_job, run_one_cycle, submit
 from tests.foundation.builders import add_node
@@ -82,10 +85,14 @@ def test_its_agent_registering_or_heartbeating_again_brings_it_back(api):
 
     gpu = {"index": 0, "uuid": "GPU-n1-0", "model": "H100-80GB", "memory_total_mb": 81559}
     with api.factory.begin() as session:
-        register_node(session=session, payload={"node": "n1", "gpus": [gpu]})
+        register_node(
+            session=session, report=parse(Register, json.dumps({"node": "n1", "gpus": [gpu]}))
+        )
         ingest_heartbeat(
             session=session,
-            payload={"node": "n2", "gpus": [{"index": 0, "util_pct": 0.0}]},
+            heartbeat=parse(
+                Heartbeat, json.dumps({"node": "n2", "gpus": [{"index": 0, "util_pct": 0.0}]})
+            ),
             policy=TelemetryPolicy(),
             now=utcnow(),
         )

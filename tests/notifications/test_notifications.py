@@ -21,6 +21,7 @@ from app.messaging import SEND_NOTIFICATIONS
 from app.notifications.models import Notification
 from app.notifications.outbox import event_for
 from app.notifications.sender import MAX_ATTEMPTS, send_due
+from app.wire import Started
 from tests.batches.test_batches_cli import batch
 from tests.cli.conftest import Cli
 from tests.cycle.jobs_api import add_node, finish, job_events, run_one_cycle, submit
@@ -173,7 +174,7 @@ def test_a_job_is_announced_when_it_starts_and_ends(api, receiver: Receiver) -> 
     assert (job["notify_url"], job["notify_on"]) == (receiver.url, ["end", "start"])
     run_one_cycle(api)
     with api.factory.begin() as session:
-        job_started(session=session, payload={"job_id": job["id"], "attempt": 1, "node": "n1"})
+        job_started(session=session, report=Started(job_id=job["id"], attempt=1, node="n1"))
     finish(api, job["id"], "SUCCEEDED")
 
     report = send_due(factory=api.factory, now=utcnow(), allowed_hosts=HOSTS)

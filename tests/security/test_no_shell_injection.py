@@ -2,19 +2,21 @@
 
 Jobs whose name, env values, labels and workdir carry shell metacharacters are submitted
 through the real API, turned into the run_job message by the scheduler's own payload
-builder (app.cycle.dispatch.run_messages) and run by a real Agent (fake GPU backend and
+builder (app.jobs.orders.run_orders), sent through the wire's dump and parse, and run by a real Agent (fake GPU backend and
 reporter). A canary file that any of the injections would create must never appear.
 """
 
 from __future__ import annotations
 
 import shlex
+import time
 from pathlib import Path
 
 import pytest
 
-from app.cycle.dispatch import run_messages
 from app.jobs.models import Job
+from app.jobs.orders import run_orders
+from app.wire import Finished, RunJob, as_dict, dump, parse
 from tests.agent.support import RecordingReporter
 from tests.security.conftest import Cluster, running_job
 from workers.agent.gpu_backend import NodeInfo, NodeSample
@@ -50,11 +52,11 @@ class NoGpus:
         pass
 
 
-def run_through_agent(cluster: Cluster, job_id: int, tmp_path: Path) -> tuple[dict, str]:
+def run_through_agent(cluster: Cluster, job_id: int, tmp_path: Path) -> tuple[Finished, str]:
     """Build the run_job message as the scheduler does and run it on a real Agent; return
     the finished report and the attempt's log."""
     with cluster.api.factory() as session:
-        [dispatch] = run_messages(session, job=session.get(Job, job_id))
+        [order] = run_orders(session, jobs=[session.get_one(Job, job_id)])
     reporter = RecordingReporter()
     log_dir = tmp_path / "agent-logs"
     agent = Agent(
@@ -65,9 +67,10 @@ def run_through_agent(cluster: Cluster, job_id: int, tmp_path: Path) -> tuple[di
         log_cap_bytes=1_000_000,
         state_dir=tmp_path / "agent-state",
     )
-    assert agent.run_job(dispatch.payload) == "started", reporter.reports
+    received = parse(RunJob, dump(order))  # what the agent's queue delivers
+    assert agent.run_job(received, sent_at=time.time()) == "started", reporter.reports
     assert reporter.finished.wait(WAIT_S), reporter.reports
-    finished = next(r for r in reporter.reports if r["kind"] == "finished")
+    [finished] = reporter.of(Finished)
     log = (log_dir / str(job_id) / "attempt-1.log").read_text()
     return finished, log
 
@@ -100,7 +103,7 @@ def test_name_env_labels_and_workdir_never_reach_a_shell(
 
     finished, log = run_through_agent(cluster, job_id, tmp_path)
 
-    assert finished["result"] == "SUCCEEDED", (finished, log)
+    assert finished.result == "SUCCEEDED", (finished, log)
     assert not canary.exists(), log
     assert not (workdir / "CANARY").exists() and not (tmp_path / "CANARY").exists()
     for value in evil:
@@ -111,9 +114,10 @@ def test_name_env_labels_and_workdir_never_reach_a_shell(
 
 def test_the_run_job_message_carries_no_name_or_labels(cluster: Cluster) -> None:
     with cluster.api.factory() as session:
-        [dispatch] = run_messages(session, job=session.get(Job, cluster.ml_running_job))
-    assert "name" not in dispatch.payload and "labels" not in dispatch.payload
-    assert set(dispatch.payload) >= {"command", "env", "workdir"}
+        [order] = run_orders(session, jobs=[session.get_one(Job, cluster.ml_running_job)])
+    sent = as_dict(order)
+    assert "name" not in sent and "labels" not in sent
+    assert set(sent) >= {"command", "env", "workdir"}
 
 
 def test_argv_command_runs_without_a_shell(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ def test_a_job_runs_its_script_as_submitted(cluster: Cluster, tmp_path: Path) ->
 
     finished, log = run_through_agent(cluster, job_id, tmp_path)
 
-    assert finished["result"] == "SUCCEEDED", (finished, log)
+    assert finished.result == "SUCCEEDED", (finished, log)
     assert "edited since" not in log
     first, directory, copy = log.splitlines()
     assert first.startswith("copy: /") and first.endswith("/train.sh --lr 0.1"), log

@@ -1,14 +1,14 @@
 """The node agent: registers the node, samples its GPUs, runs the jobs it is sent.
 
-It talks to the rest of the system only through Celery messages: it consumes
-`node.<name>` (run_job, stop_job) and sends reports (register, heartbeat, started,
-finished; a job that ends within _FOLD_START_S is reported by "finished" alone). Every
-report names (job_id, attempt) so the scheduler can ignore stale ones.
+It talks to the rest of the system only through Celery messages (app.wire): it consumes
+`node.<name>` (run_job, stop_job, set_time_limit) and sends reports (register,
+heartbeat, started, finished, leaving; a job that ends within _FOLD_START_S is reported
+by "finished" alone). Every report names (job_id, attempt) so the scheduler can ignore
+stale ones.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -19,12 +19,31 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.jobs.logs import attempt_log_path
+from app.wire import (
+    AttemptRef,
+    Finished,
+    GpuInfo,
+    GpuProcessReading,
+    GpuReading,
+    Heartbeat,
+    JobResult,
+    Leaving,
+    Malformed,
+    Register,
+    Report,
+    RunJob,
+    SetTimeLimit,
+    Started,
+    StopJob,
+    attempt_log_path,
+    dump,
+    parse,
+)
 from workers.agent.gpu_backend import GpuBackend, NodeSample
 from workers.agent.runner import (
     JobLaunch,
@@ -60,10 +79,14 @@ class AgentSettings(BaseSettings):
     labels: dict[str, str] = Field(default_factory=dict)
     sim_state_file: str | None = None
     address: str = ""
+    # The node's key (0600, the agent user's own); default <data dir>/agents/<name>/node.key.
+    key_file: Path | None = None
+    # Serves this agent's counters (refused orders) for Prometheus; 0: none.
+    metrics_port: int = Field(default=0, ge=0, le=65535)
 
 
 class Reporter(Protocol):
-    def report(self, payload: dict[str, Any]) -> bool: ...
+    def report(self, message: Report) -> bool: ...
 
 
 @dataclass
@@ -108,7 +131,7 @@ class Agent:
         # "finished" report lost with Redis or while the database was down is then applied
         # from the next heartbeat, and their absence from "running" is never taken for a
         # lost process.
-        self._recent: dict[tuple[int, int], tuple[float, dict[str, Any]]] = {}
+        self._recent: dict[tuple[int, int], tuple[float, Finished]] = {}
         self._stop = threading.Event()
         # Set by stop(): a run_job still delivered while the worker shuts down (Celery
         # finishes what it has fetched) starts nothing, or its job would outlive us.
@@ -157,15 +180,8 @@ class Agent:
         heartbeat timeout), with the outcome of its last attempts: reports may be handled
         out of order, and none must be judged before its own arrives."""
         with self._lock:
-            recent = [report for _, report in self._recent.values()]
-        self.reporter.report(
-            {
-                "kind": "leaving",
-                "node": self.settings.name,
-                "recent": recent,
-                "taken_at": time.time(),
-            }
-        )
+            recent = tuple(report for _, report in self._recent.values())
+        self.reporter.report(Leaving(node=self.settings.name, recent=recent, taken_at=time.time()))
 
     def _start_watchdog(self) -> None:
         """A process that outlives us by design: when we die, it stops our jobs."""
@@ -196,15 +212,13 @@ class Agent:
         for leftover in leftovers:
             if leftover.job_id is not None and leftover.attempt is not None:
                 self.reporter.report(
-                    {
-                        "kind": "finished",
-                        "node": self.settings.name,
-                        "job_id": int(leftover.job_id),
-                        "attempt": int(leftover.attempt),
-                        "result": "LOST",
-                        "exit_code": None,
-                        "message": "agent restarted; the leftover process was killed",
-                    }
+                    Finished(
+                        node=self.settings.name,
+                        job_id=int(leftover.job_id),
+                        attempt=int(leftover.attempt),
+                        result="LOST",
+                        message="agent restarted; the leftover process was killed",
+                    )
                 )
 
     def replay_finished(self) -> None:
@@ -212,9 +226,9 @@ class Agent:
         repeat them in heartbeats; a run_job redelivered for one of them does nothing."""
         for path in sorted(self.finished_dir.glob("*.json")):
             try:
-                report = json.loads(path.read_text())
-                key = (int(report["job_id"]), int(report["attempt"]))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+                report = parse(Finished, path.read_text())
+                key = (report.job_id, report.attempt)
+            except (OSError, Malformed) as exc:
                 log.warning("dropping unreadable finished record %s: %s", path, exc)
                 path.unlink(missing_ok=True)
                 continue
@@ -227,12 +241,12 @@ class Agent:
     def _finished_path(self, key: tuple[int, int]) -> Path:
         return self.finished_dir / f"{key[0]}-{key[1]}.json"
 
-    def _record_finished(self, key: tuple[int, int], report: dict[str, Any]) -> None:
+    def _record_finished(self, key: tuple[int, int], report: Finished) -> None:
         path = self._finished_path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(".tmp")
-            partial.write_text(json.dumps(report))
+            partial.write_text(dump(report))
             partial.replace(path)  # atomic: a restart never reads half a record
         except OSError as exc:  # a full disk must not stop the report itself
             log.warning("could not record job %s attempt %s: %s", key[0], key[1], exc)
@@ -240,25 +254,24 @@ class Agent:
     def _register(self) -> None:
         info = self.backend.node_info()
         self.reporter.report(
-            {
-                "kind": "register",
-                "node": self.settings.name,
-                "hostname": self.settings.address or info.hostname,
-                "labels": self.settings.labels,
-                "agent_version": AGENT_VERSION,
-                "backend": info.backend,
-                "message": f"driver {info.driver_version}",
-                "gpus": [
-                    {
-                        "index": g.index,
-                        "uuid": g.uuid,
-                        "model": g.model,
-                        "memory_total_mb": g.memory_total_mb,
-                        "nvlink_peers": list(g.nvlink_peers),
-                    }
+            Register(
+                node=self.settings.name,
+                hostname=self.settings.address or info.hostname,
+                labels=self.settings.labels,
+                agent_version=AGENT_VERSION,
+                backend=info.backend,
+                message=f"driver {info.driver_version}",
+                gpus=tuple(
+                    GpuInfo(
+                        index=g.index,
+                        uuid=g.uuid,
+                        model=g.model,
+                        memory_total_mb=g.memory_total_mb,
+                        nvlink_peers=tuple(g.nvlink_peers),
+                    )
                     for g in info.gpus
-                ],
-            }
+                ),
+            )
         )
 
     def _telemetry_loop(self) -> None:
@@ -271,7 +284,7 @@ class Agent:
 
     # -- telemetry -------------------------------------------------------------------
 
-    def heartbeat(self, sample: NodeSample) -> dict[str, Any]:
+    def heartbeat(self, sample: NodeSample) -> Heartbeat:
         """Readings per GPU, with each GPU process attributed to our job or marked foreign.
 
         NVML has no per-process utilisation on most GPUs, so foreign utilisation is the
@@ -281,12 +294,12 @@ class Agent:
         with self._lock:
             taken_at = time.time()  # when these lists were true (see heartbeat_taken_at)
             ours = {a.process.pgid: key for key, a in self._running.items()}
-            running = [{"job_id": k[0], "attempt": k[1]} for k in self._running]
+            running = tuple(AttemptRef(job_id=k[0], attempt=k[1]) for k in self._running)
             horizon = time.monotonic() - RECENT_S
             expired = [k for k, v in self._recent.items() if v[0] < horizon]
             for done in expired:
                 del self._recent[done]
-            recent = [report for _, report in self._recent.values()]
+            recent = tuple(report for _, report in self._recent.values())
         for done in expired:
             self._finished_path(done).unlink(missing_ok=True)
         gpus = []
@@ -298,18 +311,18 @@ class Agent:
                 key = ours.get(pgid) if pgid is not None else None
                 memory = proc.used_memory_mb or 0
                 processes.append(
-                    {
-                        "pid": proc.pid,
-                        "used_memory_mb": proc.used_memory_mb,
-                        "job_id": key[0] if key else None,
-                    }
+                    GpuProcessReading(
+                        pid=proc.pid,
+                        used_memory_mb=proc.used_memory_mb,
+                        job_id=key[0] if key else None,
+                    )
                 )
                 if key:
                     own_mem += memory
                 else:
                     foreign_mem += memory
             util = gpu.util_sm_pct or 0.0
-            has_foreign = any(p["job_id"] is None for p in processes)
+            has_foreign = any(p.job_id is None for p in processes)
             if not has_foreign:
                 foreign_util = 0.0
             elif own_mem == 0:
@@ -317,37 +330,35 @@ class Agent:
             else:
                 foreign_util = util * foreign_mem / max(1, foreign_mem + own_mem)
             gpus.append(
-                {
-                    "index": gpu.index,
-                    "uuid": gpu.uuid,
-                    "healthy": gpu.healthy,
-                    "health_message": gpu.health_message,
-                    "util_pct": gpu.util_sm_pct,
-                    "memory_util_pct": gpu.util_mem_pct,
-                    "memory_used_mb": gpu.memory_used_mb,
-                    "temperature_c": gpu.temperature_c,
-                    "power_w": gpu.power_w,
-                    "processes": processes,
-                    "foreign_util_pct": foreign_util,
-                    "foreign_memory_mb": foreign_mem,
-                }
+                GpuReading(
+                    index=gpu.index,
+                    uuid=gpu.uuid,
+                    healthy=gpu.healthy,
+                    health_message=gpu.health_message,
+                    util_pct=gpu.util_sm_pct,
+                    memory_util_pct=gpu.util_mem_pct,
+                    memory_used_mb=gpu.memory_used_mb,
+                    temperature_c=gpu.temperature_c,
+                    power_w=gpu.power_w,
+                    processes=tuple(processes),
+                    foreign_util_pct=foreign_util,
+                    foreign_memory_mb=foreign_mem,
+                )
             )
-        return {
-            "kind": "heartbeat",
-            "node": self.settings.name,
-            "interval_s": self.settings.sample_interval_s,
-            "gpus": gpus,
-            "running": running,
-            "recent": recent,
-            "taken_at": taken_at,
-        }
+        return Heartbeat(
+            node=self.settings.name,
+            interval_s=self.settings.sample_interval_s,
+            gpus=tuple(gpus),
+            running=running,
+            recent=recent,
+            taken_at=taken_at,
+        )
 
     # -- jobs ------------------------------------------------------------------------
 
-    def run_job(self, payload: dict[str, Any]) -> str:
-        key = (int(payload["job_id"]), int(payload["attempt"]))
-        sent_at = payload.get("sent_at")
-        if isinstance(sent_at, int | float) and sent_at < self.started_at:
+    def run_job(self, order: RunJob, *, sent_at: float) -> str:
+        key = (order.job_id, order.attempt)
+        if sent_at < self.started_at:
             # Queued for the agent before this one: while that agent was down, the node may
             # have been declared lost and the attempt requeued elsewhere. Reconciliation
             # sends it again if it is still this node's to run.
@@ -359,7 +370,7 @@ class Agent:
             self._seen.add(key)
             early = self._stopped_early.pop(key, None)
             stopping = self._stopping
-            limit = self._limit_early.pop(key, payload.get("max_runtime_s"))
+            limit = self._limit_early.pop(key, order.max_runtime_s)
         if early is None and stopping:  # back to the queue, for another node or our restart
             self._finished(key, "PREEMPTED", None, "not started: the node's agent is stopping")
             return "stopping"
@@ -370,25 +381,23 @@ class Agent:
             self._finished(key, result, None, f"stopped before it started ({early[0]})")
             return "stopped"
         launch = JobLaunch(
-            command=payload["command"],
-            script=payload.get("script"),
-            workdir=payload.get("workdir") or tempfile.gettempdir(),
+            command=order.command,
+            script=order.script,
+            workdir=order.workdir or tempfile.gettempdir(),
             job_id=key[0],
             attempt=key[1],
-            log_path=attempt_log_path(self.log_dir, *key, payload.get("node_rank", 0)),
-            gpu_indices=tuple(payload["gpu_indices"]),
-            env=payload.get("env") or {},
+            log_path=attempt_log_path(self.log_dir, *key, order.node_rank),
+            gpu_indices=order.gpu_indices,
+            env=order.env,
             log_cap_bytes=self.log_cap_bytes,
             max_runtime_s=limit,
-            grace_s=self.settings.grace_s
-            if payload.get("grace_s") is None
-            else float(payload["grace_s"]),
+            grace_s=self.settings.grace_s if order.grace_s is None else float(order.grace_s),
             run_as_user=self.settings.run_as_user,
-            master_addr=payload.get("master_addr"),
-            master_port=payload.get("master_port"),
-            world_size=payload.get("world_size"),
-            node_rank=payload.get("node_rank", 0),
-            nproc_per_node=payload.get("nproc_per_node"),
+            master_addr=order.master_addr,
+            master_port=order.master_port,
+            world_size=order.world_size,
+            node_rank=order.node_rank,
+            nproc_per_node=order.nproc_per_node,
             node=self.settings.name,
         )
         try:
@@ -399,10 +408,7 @@ class Agent:
         attach = getattr(self.backend, "attach_job", None)
         if attach is not None and launch.gpu_indices:
             attach(
-                process.pid,
-                launch.gpu_indices,
-                share=payload.get("share", 1.0),
-                memory_mb=payload.get("gpu_memory_mb"),
+                process.pid, launch.gpu_indices, share=order.share, memory_mb=order.gpu_memory_mb
             )
         with self._lock:
             self._running[key] = _Attempt(process=process, gpu_indices=launch.gpu_indices)
@@ -428,11 +434,11 @@ class Agent:
         ).start()
         return "started"
 
-    def stop_job(self, payload: dict[str, Any]) -> str:
-        key = (int(payload["job_id"]), int(payload["attempt"]))
-        reason: TerminateReason = payload.get("reason", "cancel")
+    def stop_job(self, order: StopJob) -> str:
+        key = (order.job_id, order.attempt)
+        reason: TerminateReason = order.reason
         # A stop may carry a shorter grace than the job's (cancel --grace 0: kill now).
-        grace = None if payload.get("grace_s") is None else float(payload["grace_s"])
+        grace = None if order.grace_s is None else float(order.grace_s)
         with self._lock:
             attempt = self._running.get(key)
             if attempt is None:
@@ -444,12 +450,11 @@ class Agent:
         attempt.process.terminate(reason, grace_s=grace, wait=False)
         return "terminating"
 
-    def set_time_limit(self, payload: dict[str, Any]) -> str:
+    def set_time_limit(self, order: SetTimeLimit) -> str:
         """Move a running attempt's time limit (`max_runtime_s` from its start, null: none),
         as `scontrol update TimeLimit=`; one not started yet gets it when it starts."""
-        key = (int(payload["job_id"]), int(payload["attempt"]))
-        limit = payload.get("max_runtime_s")
-        limit = None if limit is None else float(limit)
+        key = (order.job_id, order.attempt)
+        limit = None if order.max_runtime_s is None else float(order.max_runtime_s)
         with self._lock:
             attempt = self._running.get(key)
             if attempt is None:
@@ -459,6 +464,12 @@ class Agent:
                 self._limit_early[key] = limit
                 return "remembered"
         attempt.process.set_time_limit(limit)
+        log.info(
+            "job %s attempt %s: time limit now %s",
+            *key,
+            "none" if limit is None else f"{limit:g}s",
+            extra={"job_id": key[0], "attempt": key[1], "node": self.settings.name},
+        )
         return "changed"
 
     def _await_exit(self, key: tuple[int, int], process: RunningProcess) -> None:
@@ -467,13 +478,7 @@ class Agent:
         outcome = process.wait(_FOLD_START_S)
         if outcome is None:
             self.reporter.report(
-                {
-                    "kind": "started",
-                    "node": self.settings.name,
-                    "job_id": key[0],
-                    "attempt": key[1],
-                    "pid": process.pid,
-                }
+                Started(node=self.settings.name, job_id=key[0], attempt=key[1], pid=process.pid)
             )
             outcome = process.wait()
         assert outcome is not None
@@ -487,7 +492,7 @@ class Agent:
     def _finished(
         self,
         key: tuple[int, int],
-        result: str,
+        result: JobResult,
         exit_code: int | None,
         message: str,
         *,
@@ -501,16 +506,15 @@ class Agent:
             message,
             extra={"job_id": key[0], "attempt": key[1], "node": self.settings.name},
         )
-        report = {
-            "kind": "finished",
-            "node": self.settings.name,
-            "job_id": key[0],
-            "attempt": key[1],
-            "result": result,
-            "exit_code": exit_code,
-            "message": message,
-            "pid": pid,
-        }
+        report = Finished(
+            node=self.settings.name,
+            job_id=key[0],
+            attempt=key[1],
+            result=result,
+            exit_code=exit_code,
+            message=message,
+            pid=pid,
+        )
         self._record_finished(key, report)
         with self._lock:
             # One step: a heartbeat must never see the attempt in neither list, or the

@@ -7,9 +7,10 @@ from typing import Any
 
 from sqlalchemy import event
 
-from app.cycle.dispatch import stop_messages, stop_messages_many
 from app.db import utcnow
+from app.jobs.orders import stop_orders
 from app.jobs.reports import job_finished
+from app.wire import Finished, StopJob
 from tests.cycle.jobs_api import get_job, run_one_cycle, submit
 from tests.foundation.builders import ready_node
 
@@ -25,8 +26,9 @@ def test_one_stop_per_node_of_each_current_attempt_in_one_query(api):
     placed = {j: get_job(api, j) for j in (gang, single, done)}
     assert {j["status"] for j in placed.values()} == {"SCHEDULED"}
     with api.factory.begin() as session:  # `done` ends: its allocation is released
-        payload = {"job_id": done, "attempt": 1, "node": "n3", "result": "SUCCEEDED"}
-        assert job_finished(session=session, payload=payload).accepted
+        node = placed[done]["allocations"][0]["node"]
+        report = Finished(job_id=done, attempt=1, node=node, result="SUCCEEDED")
+        assert job_finished(session=session, report=report).accepted
 
     statements: list[str] = []
 
@@ -38,23 +40,23 @@ def test_one_stop_per_node_of_each_current_attempt_in_one_query(api):
     with api.factory() as session:
         event.listen(session.get_bind(), "before_cursor_execute", count)
         try:
-            stops = stop_messages_many(session, attempts, reason="cancel", grace_s=0)
+            stops = stop_orders(session, attempts, reason="cancel", grace_s=0)
         finally:
             event.remove(session.get_bind(), "before_cursor_execute", count)
-        # The single-job form says the same for one job.
-        assert stop_messages(session, job_id=gang, attempt=1, reason="cancel", grace_s=0) == [
-            s for s in stops if s.payload["job_id"] == gang
+        # Asked for one job, the same for it.
+        assert stop_orders(session, {gang: 1}, reason="cancel", grace_s=0) == [
+            s for s in stops if s.job_id == gang
         ]
         # An attempt that is not the one placed gets no stop.
-        assert stop_messages(session, job_id=single, attempt=2, reason="cancel") == []
+        assert stop_orders(session, {single: 2}, reason="cancel") == []
     assert len(statements) == 1
     gang_nodes = sorted({a["node"] for a in placed[gang]["allocations"]})
     assert len(gang_nodes) == 2
-    assert [(s.node, s.payload["job_id"]) for s in stops] == [
+    assert [(s.node, s.job_id) for s in stops] == [
         *((node, gang) for node in gang_nodes),
         (stops[-1].node, single),
     ]
     assert all(
-        s.payload == {"job_id": s.payload["job_id"], "attempt": 1, "reason": "cancel", "grace_s": 0}
+        s == StopJob(node=s.node, job_id=s.job_id, attempt=1, reason="cancel", grace_s=0)
         for s in stops
     )
