@@ -12,7 +12,7 @@ from app.jobs.allocations import GpuClaim, allocate
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
-from app.nodes.models import Gpu
+from app.nodes.models import Gpu, GpuSample, Node
 from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat
 from tests.foundation.builders import add_node
 
@@ -102,7 +102,7 @@ def test_pending_job_has_empty_log(api):
     assert r.status_code == 200 and r.text == "" and r.headers["x-job-status"] == "PENDING"
 
 
-def _heartbeat(api, *, utils, foreign=None, at=None, jobs=None):
+def _heartbeat(api, *, utils, foreign=None, at=None):
     with api.factory() as session:
         ingest_heartbeat(
             session=session,
@@ -118,9 +118,7 @@ def _heartbeat(api, *, utils, foreign=None, at=None, jobs=None):
                         "memory_used_mb": 1000 * (i + 1),
                         "power_w": 100.0,
                         "temperature_c": 40.0,
-                        "processes": [{"pid": 1, "job_id": (jobs or {})[i]}]
-                        if i in (jobs or {})
-                        else [],
+                        "processes": [],
                         "foreign_util_pct": (foreign or {}).get(i, 0.0),
                         "foreign_memory_mb": 0,
                     }
@@ -179,13 +177,39 @@ def test_job_telemetry_only_covers_the_jobs_gpus(api):
     assert [(p["gpu_index"], p["util_pct"]) for p in points] == [(1, 95)]
 
 
+def _samples(api, rows):
+    """GpuSample rows (node, gpu index, seconds after the first, util, job ids) as the
+    agents' heartbeats leave them."""
+    with api.factory.begin() as session:
+        ids = {
+            (node, index): gpu_id
+            for gpu_id, index, node in session.execute(
+                select(Gpu.id, Gpu.index, Node.name).join(Node, Node.id == Gpu.node_id)
+            )
+        }
+        for node, index, at, util, jobs in rows:
+            session.add(
+                GpuSample(
+                    gpu_id=ids[(node, index)], at=at, resolution_s=5, util_pct=util, job_ids=jobs
+                )
+            )
+
+
 def test_each_gpus_utilisation_over_time_for_a_heatmap(api):
     add_node(api.factory, "n1", gpus=2)
     add_node(api.factory, "n2", gpus=1)
     start = utcnow() - timedelta(minutes=10)
-    _heartbeat(api, utils=[20, 40], at=start + timedelta(seconds=1), jobs={1: 7})
-    _heartbeat(api, utils=[40, 60], at=start + timedelta(seconds=31))
-    _heartbeat(api, utils=[90, 0], at=start + timedelta(seconds=121))
+    _samples(
+        api,
+        [
+            ("n1", 0, start + timedelta(seconds=1), 20, []),
+            ("n1", 1, start + timedelta(seconds=1), 40, [7]),
+            ("n1", 0, start + timedelta(seconds=31), 40, []),
+            ("n1", 1, start + timedelta(seconds=31), 60, [7]),
+            ("n1", 0, start + timedelta(seconds=121), 90, [8]),
+            ("n1", 1, start + timedelta(seconds=121), 0, []),
+        ],
+    )
     since = start.isoformat().replace("+00:00", "Z")
     r = api.client.get(f"/api/v1/utilization/gpus?since={since}&step=60", headers=api.as_("bob"))
     assert r.status_code == 200, r.text
@@ -201,6 +225,7 @@ def test_each_gpus_utilisation_over_time_for_a_heatmap(api):
     assert buckets >= 11 and len(util) == buckets
     assert util[:3] == [30, None, 90] and util[3:] == [None] * (buckets - 3)
     assert rows[("n1", 1)]["job_ids"][:3] == [[7], [], []]
+    assert rows[("n1", 0)]["job_ids"][2] == [8]
     assert rows[("n2", 0)]["util_pct"] == [None] * buckets  # no agent: no samples
     assert rows[("n1", 0)]["model"] == "H100-80GB"
 
