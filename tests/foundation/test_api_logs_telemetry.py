@@ -262,3 +262,17 @@ def test_a_job_that_ended_says_where_it_ran(api):
     assert [a["gpu_index"] for a in listed[0]["last_allocations"]] == [1]
     never = api.client.post("/api/v1/jobs", json={"command": ["x"]}, headers=api.as_("alice"))
     assert never.json()["last_allocations"] == []
+
+
+def test_a_job_back_in_the_queue_says_where_it_was_last(api):
+    add_node(api.factory, "n1", gpus=2)
+    job_id = _running_job(api, gpus=(0,))
+    with api.factory() as session:
+        from app.jobs.reports import job_finished
+
+        payload = {"job_id": job_id, "attempt": 1, "node": "n1", "result": "PREEMPTED"}
+        assert job_finished(session=session, payload=payload).accepted
+        session.commit()
+    job = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.as_("alice")).json()
+    assert job["status"] == "PENDING" and job["allocations"] == []
+    assert [(a["node"], a["gpu_index"]) for a in job["last_allocations"]] == [("n1", 0)]
