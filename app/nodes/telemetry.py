@@ -277,10 +277,10 @@ def _bucket_count(*, since: datetime, until: datetime, step_s: int) -> int:
         raise FieldError("step", "must be at least 1 second")
     if until <= since:
         raise FieldError("since", "must be in the past")
-    buckets = -(-int((until - since).total_seconds()) // step_s)  # the last one partial
-    if buckets > MAX_POINTS:
+    if (until - since).total_seconds() / step_s > MAX_POINTS:
         raise FieldError("step", f"too many points: at most {MAX_POINTS} per request")
-    return buckets
+    # Up to the one `until` falls in (partial), as samples are bucketed by whole seconds.
+    return (int(until.timestamp()) - int(since.timestamp())) // step_s + 1
 
 
 def latest_sample_time(*, session: Session) -> datetime | None:

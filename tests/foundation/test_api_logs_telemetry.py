@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
@@ -220,7 +219,7 @@ def test_each_gpus_utilisation_over_time_for_a_heatmap(api):
     # 60 s buckets from `since` to now (the last one partial): ten and a bit. GPU 0 averages
     # 20 and 40 in the first, is unsampled in the second (null, not 0), reads 90 in the third.
     until = datetime.fromisoformat(body["until"])
-    buckets = math.ceil((until - start).total_seconds() / 60)
+    buckets = (int(until.timestamp()) - int(start.timestamp())) // 60 + 1
     util = rows[("n1", 0)]["util_pct"]
     assert buckets >= 11 and len(util) == buckets
     assert util[:3] == [30, None, 90] and util[3:] == [None] * (buckets - 3)
