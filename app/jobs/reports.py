@@ -108,11 +108,8 @@ def job_finished(*, session: Session, payload: dict[str, Any]) -> Applied:
     if result is JobStatus.PREEMPTED and job.preempt_requested_at is None:
         # Nobody asked for this stop (no preemption, no requeue): its agent is shutting
         # down (systemctl stop, Ctrl-C) and requeues what it ran. Say so, not "preempt".
-        message = (
-            f"requeued as its node's agent stopped ({message})"
-            if message
-            else ("requeued as its node's agent stopped")
-        )
+        stopped = "requeued as its node's agent stopped"
+        message = f"{stopped} ({message})" if message else stopped
     transition(session, job=job, to=result, actor=actor, reason=message)
     if result is JobStatus.FAILED and will_retry(job):
         transition(
