@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TEST_WORKERS ?= 3
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=20
 
-.PHONY: run test test-sqlite test-postgres test-plain-core test-under-load lint bench install native
+.PHONY: run test test-sqlite test-postgres test-plain-core test-under-load lint bench install native gpu-wheels
 
 $(BIN)/gpusched: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,3 +54,8 @@ lint: install
 
 bench: native
 	$(BIN)/python bench/api_submit.py
+
+# Wheels of the runtime dependencies (CPython 3.12, x86-64) for bench/gpu_check.sh on a GPU
+# machine with no package index; carry build/gpu-wheels with the checkout (docs/benchmarks.md).
+gpu-wheels: install
+	$(BIN)/python bench/gpu_wheels.py --dest build/gpu-wheels

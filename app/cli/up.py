@@ -34,8 +34,9 @@ DEFAULT_SIM = "sim:2x4:H100-80GB"
 MAX_RESTARTS = 5
 
 
-def _agent_plan(gpus: str) -> list[tuple[str, str]]:
-    """(node name, per-agent GPU spec) for each agent to start."""
+def _agent_plan(gpus: str, node_name: str | None = None) -> list[tuple[str, str]]:
+    """(node name, per-agent GPU spec) for each agent to start: the NVML node is named
+    `node_name` or the host's name, simulated nodes `node_name` (default sim) -1, -2 ..."""
     from workers.agent.gpu_backend import BackendUnavailable, open_backend, parse_sim_spec
 
     if gpus in ("auto", "nvml"):
@@ -47,7 +48,7 @@ def _agent_plan(gpus: str) -> list[tuple[str, str]]:
             typer.echo(f"NVML unavailable ({exc}); starting simulated GPUs {DEFAULT_SIM}")
             gpus = DEFAULT_SIM
         else:
-            name = backend.node_info().hostname
+            name = node_name or backend.node_info().hostname
             backend.close()
             typer.echo(line)
             return [(name, "nvml")]
@@ -55,7 +56,10 @@ def _agent_plan(gpus: str) -> list[tuple[str, str]]:
         spec = parse_sim_spec(gpus)
     except ValueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    return [(f"sim-{i + 1}", f"sim:{spec.gpus_per_node}:{spec.model}") for i in range(spec.nodes)]
+    prefix = node_name or "sim"
+    return [
+        (f"{prefix}-{i + 1}", f"sim:{spec.gpus_per_node}:{spec.model}") for i in range(spec.nodes)
+    ]
 
 
 def _start_redis(data_dir: Path) -> tuple[Any, str]:
@@ -73,13 +77,20 @@ def up(
     ] = "auto",
     host: Annotated[str | None, typer.Option(help="API listen address")] = None,
     port: Annotated[int | None, typer.Option(help="API listen port")] = None,
+    node_name: Annotated[
+        str | None,
+        typer.Option(
+            help="The node's name (default: the host's), or of simulated nodes NAME-1, NAME-2 "
+            "... (default: sim): two stacks on one machine must not share node names"
+        ),
+    ] = None,
 ) -> None:
     """Start API, dashboard, scheduler and agents; print the URL and admin token."""
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings_or_exit(**overrides)
     ensure_data_dir(settings.data_dir)
     data_dir = settings.data_dir.resolve()
-    agents = _agent_plan(gpus)
+    agents = _agent_plan(gpus, node_name)
 
     with database(settings) as engine:
         migrate_or_exit(engine)

@@ -215,35 +215,42 @@ def list_jobs(stack: Stack, *statuses: str) -> list[dict[str, Any]]:
         params["cursor"] = page["next_cursor"]
 
 
-def wait_all_done(stack: Stack, *, timeout: float) -> float:
-    """Until no job of the stack is pending, scheduled or running; returns when."""
-
-    def probe() -> float | None:
-        stack._check_alive()
-        return None if list_jobs(stack, *ACTIVE_STATUSES) else time.monotonic()
-
-    def context() -> str:
-        active = list_jobs(stack, *ACTIVE_STATUSES)
-        lines = [
-            f"{j['id']}: {j['status']} attempt {j['attempt']} "
-            f"{j.get('pending_reason')} {j.get('pending_message')}"
-            for j in active[:30]
-        ]
-        return f"{len(active)} jobs still active:\n" + "\n".join(lines) + "\n" + stack.tails(30)
-
-    return poll("every job finished", probe, timeout=timeout, interval=0.25, on_timeout=context)
-
-
 def wait_settled(stack: Stack, *, timeout: float) -> list[dict[str, Any]]:
-    """Like wait_all_done, but returns the jobs still active at the deadline (empty when
-    everything finished) instead of raising."""
-    deadline = time.monotonic() + timeout
+    """Until no job of the stack is pending, scheduled or running. Returns [] then, or the
+    jobs still active once `timeout` seconds have passed with no change among them (none
+    placed, started or ended): stuck, not merely slow. A loaded machine drains a backlog
+    slowly, and that is no fault of the system under test."""
+    seen: frozenset[tuple[Any, ...]] = frozenset()
+    changed_at = time.monotonic()
     while True:
         stack._check_alive()
         active = list_jobs(stack, *ACTIVE_STATUSES)
-        if not active or time.monotonic() >= deadline:
+        if not active:
+            return []
+        now = frozenset((j["id"], j["status"], j["attempt"]) for j in active)
+        if now != seen:
+            seen, changed_at = now, time.monotonic()
+        elif time.monotonic() - changed_at >= timeout:
             return active
         time.sleep(0.25)
+
+
+def wait_all_done(stack: Stack, *, timeout: float) -> float:
+    """Like wait_settled, but raises when the jobs are stuck; returns when all ended."""
+    stuck = wait_settled(stack, timeout=timeout)
+    if stuck:
+        lines = [
+            f"{j['id']}: {j['status']} attempt {j['attempt']} "
+            f"{j.get('pending_reason')} {j.get('pending_message')}"
+            for j in stuck[:30]
+        ]
+        raise TimeoutError(
+            f"{len(stuck)} jobs active and unchanged for {timeout:.0f}s:\n"
+            + "\n".join(lines)
+            + "\n"
+            + stack.tails(30)
+        )
+    return time.monotonic()
 
 
 def finished_but_stuck(stuck: list[dict[str, Any]], runs: Path) -> dict[int, list[str]] | None:
@@ -258,11 +265,14 @@ def finished_but_stuck(stuck: list[dict[str, Any]], runs: Path) -> dict[int, lis
 
 def probe_recovery(stack: Stack, since: float, *, timeout: float = 60.0) -> float:
     """Seconds from `since` (the moment the fault was repaired) until a job submitted
-    now has run: the system does useful work again."""
+    now has run: the system does useful work again. The probe goes ahead of the test's
+    traffic (an admin's top priority): on a loaded machine the backlog the outage left
+    would otherwise be measured, not the recovery."""
+    probe = {"command": "true", "gpus": 1, "priority": 1000}
     job = poll(
         "a submission to be accepted",
         lambda: (lambda r: r.json() if r.status_code == 201 else None)(
-            stack.api("POST", "/api/v1/jobs", json={"command": "true", "gpus": 1}, check=False)
+            stack.api("POST", "/api/v1/jobs", json=probe, check=False)
         ),
         timeout=timeout,
         interval=0.2,
