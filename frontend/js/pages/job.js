@@ -46,7 +46,7 @@ export function jobPage(root, ctx, { match }) {
   const editor = h("section", { class: "card", id: "job-change", hidden: true });
   const events = h("section", { class: "card", id: "job-events" });
   // Utilisation and memory in two charts under each other: on one plot their lines
-  // (percent and MiB on two axes) lay on top of each other.
+  // (percent and MiB on two axes) lie on top of each other.
   const chartBox = h("div", { class: "chart", id: "job-chart" });
   const memoryBox = h("div", { class: "chart", id: "job-memory-chart" });
   const chartNote = h("div", { class: "chart-legend" });

@@ -9,7 +9,7 @@ import {
 
 // The time ranges the charts show (as Grafana's and Ray's pickers): seconds back from now,
 // and the bucket width that keeps each at 60-170 points.
-export const RANGES = {
+const RANGES = {
   "1h": { seconds: 3600, step: 60, title: "last hour" },
   "24h": { seconds: 86400, step: 600, title: "last 24 hours" },
   "7d": { seconds: 7 * 86400, step: 3600, title: "last 7 days" },
@@ -234,7 +234,7 @@ export function overviewPage(root, ctx, { params } = {}) {
   const refreshRunning = async () => {
     const page = await api("/api/v1/jobs", { query: { status: ["RUNNING"], limit: RUNNING_SHOWN } });
     const jobs = page.items || [];
-    runningCount.textContent = page.next_cursor ? `the ${RUNNING_SHOWN} started last` : "";
+    runningCount.textContent = page.next_cursor ? `the ${RUNNING_SHOWN} submitted last` : "";
     if (!jobs.length) {
       clear(running, h("div", { class: "empty", id: "no-running" }, "No job is running."));
       return;
