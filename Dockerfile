@@ -1,5 +1,5 @@
-# One image for API, scheduler and agents. GPU agents get NVML from the NVIDIA container
-# runtime (the "utility" capability mounts libnvidia-ml into the container).
+# One image for the control plane (API, scheduler) and the demo agent on simulated GPUs;
+# GPU nodes run the agent on the host (deploy/systemd/gpusched-agent.service).
 
 # Build stage: gcc and mypy compile the scheduling core with mypyc (app/compile_core.py);
 # the runtime image carries neither.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -113,3 +113,27 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """One unit of work: commit on success, roll back on any error."""
     with factory() as session, session.begin():
         yield session
+
+
+# session.info key of the actions after_commit() queued on a session.
+_AFTER_COMMIT = "gpusched_after_commit"
+
+
+def after_commit(session: Session, action: Callable[[], None]) -> None:
+    """Run `action` once the session's transaction has committed; drop it if the
+    transaction rolls back. For in-process effects of a change (a metric observed when a
+    job starts), so that a report retried after a rollback is not counted twice."""
+    session.info.setdefault(_AFTER_COMMIT, []).append(action)
+
+
+@event.listens_for(Session, "after_commit")
+def _run_after_commit(session: Session) -> None:
+    for action in session.info.pop(_AFTER_COMMIT, []):
+        action()
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _drop_after_commit(session: Session, transaction: Any) -> None:
+    # After after_commit has run them; what is left was rolled back (or closed uncommitted).
+    if transaction.parent is None:  # the whole transaction, not a savepoint
+        session.info.pop(_AFTER_COMMIT, None)

@@ -6,11 +6,15 @@ transaction, so the stored history always explains the stored state.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
+from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
-from app.db import utcnow
+from app.db import after_commit, utcnow
 from app.jobs.models import Job, JobEvent
 from app.jobs.states import ALLOWED, FINISHED, NEW_IN_QUEUE, RETRYABLE, JobStatus
+from app.metrics import QUEUE_WAIT_SECONDS
 from app.notifications.outbox import queue_for
 
 
@@ -59,6 +63,9 @@ def transition(
         job.estimated_start_at = None
     elif to is JobStatus.RUNNING:
         job.started_at = now
+        if not _started_before(session, job):
+            wait = queue_wait_s(job, started_at=now)
+            after_commit(session, lambda: QUEUE_WAIT_SECONDS.observe(wait))
     elif to is JobStatus.PREEMPTED:
         job.last_preempted_at = now
     if to in FINISHED:
@@ -80,6 +87,26 @@ def transition(
     # In this transaction: never lost.
     queue_for(session, job=job, came_from=current, to=to, ends=ends, now=now)
     return event
+
+
+def queue_wait_s(job: Job, *, started_at: datetime) -> float:
+    """How long the job waited to start while it could have: from submission, less the
+    time it was held or waiting on its dependencies, and not before its begin time."""
+    eligible = job.created_at + timedelta(seconds=job.ineligible_s)
+    if job.begin_at is not None:
+        eligible = max(eligible, job.begin_at)
+    return max(0.0, (started_at - eligible).total_seconds())
+
+
+def _started_before(session: Session, job: Job) -> bool:
+    # Once per job: a requeued or retried job's later starts are not a new wait.
+    return bool(
+        session.scalar(
+            select(
+                exists().where(JobEvent.job_id == job.id, JobEvent.to_status == JobStatus.RUNNING)
+            )
+        )
+    )
 
 
 def note(session: Session, *, job: Job, actor: str, reason: str) -> None:

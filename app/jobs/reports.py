@@ -124,6 +124,11 @@ def job_finished(*, session: Session, report: Finished) -> Applied:
         stops = [stop for stop in placed if stop.node != report.node]
     job.exit_code = report.exit_code
     release(session, job_id=job.id, attempt=job.attempt)
+    if result is JobStatus.PREEMPTED and job.preempt_requested_at is None:
+        # Nobody asked for this stop (no preemption, no requeue): its agent is shutting
+        # down (systemctl stop, Ctrl-C) and requeues what it ran. Say so, not "preempt".
+        stopped = "requeued as its node's agent stopped"
+        message = f"{stopped} ({message})" if message else stopped
     transition(session, job=job, to=result, actor=actor, reason=message)
     if result is JobStatus.FAILED and will_retry(job):
         transition(

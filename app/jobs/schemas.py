@@ -374,7 +374,12 @@ class JobOut(BaseModel):
         description="asked to stop and go back to the queue (requeued by its owner, or "
         "preempted); it is stopping, within its grace period"
     )
-    allocations: list[AllocationOut]
+    allocations: list[AllocationOut] = Field(description="the GPUs it holds now (placed)")
+    last_allocations: list[AllocationOut] = Field(
+        default_factory=list,
+        description="for a job not placed now (ended, or back in the queue): the GPUs its "
+        "latest attempt held, where it ran last; empty when it was never placed",
+    )
     created_at: datetime
     scheduled_at: datetime | None
     started_at: datetime | None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Any
@@ -1204,30 +1204,65 @@ def _outs(session: Session, jobs: Sequence[Job]) -> list[JobOut]:
     )
     active_ids = [j.id for j in jobs if j.status in ACTIVE]
     allocations: dict[int, list[AllocationOut]] = {}
+    last: dict[int, list[AllocationOut]] = {}
     if active_ids:
-        rows = session.execute(
-            select(Allocation.job_id, Node.name, Gpu.index, Allocation.share_milli, Allocation.rank)
-            .join(Node, Node.id == Allocation.node_id)
-            .outerjoin(Gpu, Gpu.id == Allocation.gpu_id)
-            .where(Allocation.job_id.in_(active_ids), Allocation.released_at.is_(None))
-            .order_by(Allocation.rank, Gpu.index)
-        ).all()
-        for job_id, node, index, share, rank in rows:
-            allocations.setdefault(job_id, []).append(
-                AllocationOut(node=node, gpu_index=index, share=share / 1000, rank=rank)
-            )
+        for job_id, _, allocation in _allocation_rows(
+            session, active_ids, Allocation.released_at.is_(None)
+        ):
+            allocations.setdefault(job_id, []).append(allocation)
+    # Where the others ran last: their current attempt's allocations, released.
+    attempts = {j.id: j.attempt for j in jobs if j.status not in ACTIVE and j.attempt}
+    if attempts:
+        for job_id, attempt, allocation in _allocation_rows(
+            session, list(attempts), Allocation.released_at.is_not(None)
+        ):
+            if attempt == attempts[job_id]:
+                last.setdefault(job_id, []).append(allocation)
     return [
         _to_out(
             j,
             user=user_names[j.user_id],
             project=project_names[j.project_id],
             allocations=allocations.get(j.id, []),
+            last_allocations=last.get(j.id, []),
         )
         for j in jobs
     ]
 
 
-def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOut]) -> JobOut:
+def _allocation_rows(
+    session: Session, job_ids: list[int], released: ColumnElement[bool]
+) -> Iterator[tuple[int, int, AllocationOut]]:
+    rows = session.execute(
+        select(
+            Allocation.job_id,
+            Allocation.attempt,
+            Node.name,
+            Gpu.index,
+            Allocation.share_milli,
+            Allocation.rank,
+        )
+        .join(Node, Node.id == Allocation.node_id)
+        .outerjoin(Gpu, Gpu.id == Allocation.gpu_id)
+        .where(Allocation.job_id.in_(job_ids), released)
+        .order_by(Allocation.rank, Gpu.index)
+    )
+    for job_id, attempt, node, index, share, rank in rows:
+        yield (
+            job_id,
+            attempt,
+            AllocationOut(node=node, gpu_index=index, share=share / 1000, rank=rank),
+        )
+
+
+def _to_out(
+    job: Job,
+    *,
+    user: str,
+    project: str,
+    allocations: list[AllocationOut],
+    last_allocations: list[AllocationOut] | None = None,
+) -> JobOut:
     # Only a waiting job has a reason to wait: a job cancelled while pending (or in the
     # moment a cycle still ranked it) must not say "waiting for 4 GPUs". A held job's
     # stored reason is the last cycle's (or one a cycle wrote as it was held): not shown.
@@ -1293,6 +1328,7 @@ def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOu
         cancel_requested=job.cancel_requested_at is not None,
         requeue_requested=job.preempt_requested_at is not None,
         allocations=allocations,
+        last_allocations=last_allocations or [],
         created_at=job.created_at,
         scheduled_at=job.scheduled_at,
         started_at=job.started_at,

@@ -96,3 +96,23 @@ def utilization(
     except FieldError as exc:  # the series' fields are this route's query parameters
         raise FieldError(exc.field, exc.message, location="query") from None
     return {"node": node, "since": start, "step": step, "points": points}
+
+
+@utilization_router.get("/utilization/gpus")
+def gpu_utilization(
+    session: SessionDep,
+    _: CurrentUser,
+    node: str | None = None,
+    since: datetime | None = Query(default=None, description="ISO time; default 1 hour ago"),
+    step: int = Query(default=60, ge=1, le=86400, description="bucket width in seconds"),
+) -> dict[str, Any]:
+    """Each GPU's utilisation over time (a heatmap's rows): `gpus[].util_pct[i]` is its
+    mean in the bucket starting `since + i * step` (null: no sample), `gpus[].job_ids[i]`
+    the jobs it ran then. Removed nodes are left out."""
+    now = utcnow()
+    start = query_time(since, "since") or now - timedelta(hours=1)
+    try:
+        gpus = telemetry.gpu_series(session=session, node=node, since=start, until=now, step_s=step)
+    except FieldError as exc:  # the series' fields are this route's query parameters
+        raise FieldError(exc.field, exc.message, location="query") from None
+    return {"node": node, "since": start, "until": now, "step": step, "gpus": gpus}

@@ -9,7 +9,7 @@ averaged rows per GPU, about 1.4 M rows for a 64-GPU cluster.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -185,12 +185,7 @@ def utilization_series(
     *, session: Session, node: str | None, since: datetime, until: datetime, step_s: int
 ) -> list[dict[str, Any]]:
     """Cluster (or one node's) GPU utilisation, memory and power per time bucket."""
-    if step_s < 1:
-        raise FieldError("step", "must be at least 1 second")
-    if until <= since:
-        raise FieldError("since", "must be in the past")
-    if (until - since).total_seconds() / step_s > MAX_POINTS:
-        raise FieldError("step", f"too many points: at most {MAX_POINTS} per request")
+    _bucket_count(since=since, until=until, step_s=step_s)
     query = select(
         GpuSample.at,
         GpuSample.gpu_id,
@@ -228,6 +223,65 @@ def utilization_series(
         }
         for bucket, p in sorted(points.items())
     ]
+
+
+@dataclass
+class _GpuRow:
+    node: str
+    index: int
+    model: str
+    utils: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    jobs: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
+
+
+def gpu_series(
+    *, session: Session, node: str | None, since: datetime, until: datetime, step_s: int
+) -> list[dict[str, Any]]:
+    """Each GPU's utilisation per time bucket (the rows of a heatmap), and the jobs its
+    samples in the bucket ran: one list per GPU, `buckets` long, None where no sample was
+    taken (the node was down, or the GPU not there yet)."""
+    buckets = _bucket_count(since=since, until=until, step_s=step_s)
+    gpus = select(Gpu.id, Gpu.index, Gpu.model, Node.name).join(Node, Node.id == Gpu.node_id)
+    if node is not None:
+        if session.scalar(select(Node.id).where(Node.name == node)) is None:
+            raise FieldError("node", f"no node named {node!r}")
+        gpus = gpus.where(Node.name == node)
+    rows = {
+        gpu_id: _GpuRow(node=name, index=index, model=model)
+        for gpu_id, index, model, name in session.execute(
+            gpus.where(Node.removed_at.is_(None)).order_by(Node.name, Gpu.index)
+        )
+    }
+    origin = int(since.timestamp())
+    samples = select(GpuSample.at, GpuSample.gpu_id, GpuSample.util_pct, GpuSample.job_ids).where(
+        GpuSample.at >= since, GpuSample.at < until, GpuSample.gpu_id.in_(rows)
+    )
+    for at, gpu_id, util, job_ids in session.execute(samples):
+        bucket = (int(at.timestamp()) - origin) // step_s
+        if util is not None:
+            rows[gpu_id].utils[bucket].append(util)
+        rows[gpu_id].jobs[bucket].update(job_ids or ())
+    return [
+        {
+            "node": row.node,
+            "index": row.index,
+            "model": row.model,
+            "util_pct": [_mean(row.utils.get(b, ())) for b in range(buckets)],
+            "job_ids": [sorted(row.jobs.get(b, ())) for b in range(buckets)],
+        }
+        for row in rows.values()
+    ]
+
+
+def _bucket_count(*, since: datetime, until: datetime, step_s: int) -> int:
+    if step_s < 1:
+        raise FieldError("step", "must be at least 1 second")
+    if until <= since:
+        raise FieldError("since", "must be in the past")
+    if (until - since).total_seconds() / step_s > MAX_POINTS:
+        raise FieldError("step", f"too many points: at most {MAX_POINTS} per request")
+    # Up to the one `until` falls in (partial), as samples are bucketed by whole seconds.
+    return (int(until.timestamp()) - int(since.timestamp())) // step_s + 1
 
 
 def latest_sample_time(*, session: Session) -> datetime | None:

@@ -15,8 +15,9 @@ const fitLabels = (u, values) => 20 + Math.max(30, ...(values || []).map((v) => 
  *  bands(): [{from, to, color, label}] in epoch seconds, drawn behind the data (off-peak windows)
  *  xRange(): [min, max] epoch seconds, or null for the data's extent
  *  ceil: {mb: () => number}: the least top of a scale (so 0 MiB used does not fill the chart)
+ *  axisWidth: the least width of the value axis, so that charts under each other line up
  */
-export function lineChart(container, { series, bands = () => [], xRange = () => null, ceil = {}, height = 260 }) {
+export function lineChart(container, { series, bands = () => [], xRange = () => null, ceil = {}, height = 260, axisWidth = 0 }) {
   const scales = { x: { time: true, range: (u, min, max) => xRange() || [min, max] } };
   const axes = [{ ...AXIS, space: 96, values: timeTicks }];
   const used = [...new Set(series.map((s) => s.scale))];
@@ -29,10 +30,13 @@ export function lineChart(container, { series, bands = () => [], xRange = () => 
       scale,
       side: i === 0 ? 3 : 1,
       grid: i === 0 ? AXIS.grid : { show: false },
-      size: fitLabels,
+      size: (u, values) => Math.max(axisWidth, fitLabels(u, values)),
       values: (u, vals) => vals.map((v) => formatAxis(scale, v)),
-      // Secondary axes tick at the same fifths as the % axis, so one grid serves both.
-      splits: i === 0 ? undefined : (u, ai, min, max) => [0, 0.2, 0.4, 0.6, 0.8, 1].map((f) => min + f * (max - min)),
+      // Secondary axes tick at the same fifths as the % axis, so one grid serves both; a
+      // memory or power axis of its own at quarters of its top (uPlot's round numbers of
+      // MiB fall on odd GiB).
+      splits: scale === "pct" ? undefined
+        : (u, ai, min, max) => (i === 0 ? [0, 0.25, 0.5, 0.75, 1] : [0, 0.2, 0.4, 0.6, 0.8, 1]).map((f) => min + f * (max - min)),
     });
   });
   const opts = {

@@ -144,6 +144,8 @@ def test_submit_through_the_form_then_follow_the_job(dash: Dashboard, stack: Sta
     assert "2m 00s from SIGTERM to SIGKILL, to checkpoint" in spec
     _expect_text(page, "#job-node-choice", "^excludes sim-1$")
     _expect_text(page, "#job-events", "placed on sim-2")
+    _expect_text(page, "#job-spec dt", "^Ran on$")  # ended: where it ran
+    _expect_text(page, "#job-placed", r"^sim-2:\d$")
     dash.assert_clean()
 
 
@@ -577,6 +579,13 @@ def test_a_running_job_is_requeued_from_its_page_and_the_queue(
         # Checkpointed and exited, back in the queue, placed again: attempt 2 runs.
         _expect_text(page, "#job-events", "exit code 0 after requeue", timeout=20_000)
         _expect_text(page, "#job-events", "requeued: no retry spent")
+        # Its owner requeued it: one change back to the queue, not "PREEMPTED".
+        _expect_text(
+            page,
+            "#job-events li[data-to=PENDING]",
+            "^RUNNING → PENDING · exit code 0 after requeue; requeued: no retry spent",
+        )
+        assert page.locator("#job-events li[data-to=PREEMPTED]").count() == 0
         _expect_text(page, "#job-log", "attempt-2", timeout=30_000)
         dash.shot("job-requeued-desktop")
         # Also from the queue's running table.
@@ -1059,6 +1068,9 @@ def test_every_page_renders_without_console_errors(
     for name, route, ready in PAGES:
         view.go(route)
         page.wait_for_selector(ready)
+        if name == "overview":  # the running job in its table, every GPU in the heatmap
+            page.wait_for_selector(f"#running-table tr[data-job='{running['id']}']", timeout=30_000)
+            page.wait_for_function("document.querySelectorAll('.hm-label').length >= 8")
         page.wait_for_load_state("networkidle")
         page.wait_for_timeout(300)
         view.shot(f"{name}-{width}")

@@ -93,6 +93,9 @@ def test_a_leaving_agent_takes_its_node_out_at_once_and_requeues_what_it_had_not
     assert node.health_message.startswith("its agent stopped at ")
     assert get_job(api, finished)["status"] == "SUCCEEDED"
     assert get_job(api, preempted)["status"] == "PENDING"  # requeued: no retry spent
+    # Nobody preempted it: its agent's shutdown did, and its history says so.
+    stopped = [e for e in job_events(api, preempted) if e["to_status"] == "PREEMPTED"]
+    assert [e["reason"] for e in stopped] == ["requeued as its node's agent stopped (m)"]
     assert get_job(api, waiting)["status"] == "PENDING"
     assert job_events(api, waiting)[-1]["reason"] == (
         "the agent of node n1 stopped before it started: back in the queue, no retry spent"

@@ -55,5 +55,8 @@ def test_each_process_serves_the_metrics_it_counts(stack: Stack) -> None:
     assert reports[(handled, (("kind", "started"),))] >= 1
     assert reports[(handled, (("kind", "finished"),))] >= 1
     assert (handled, (("kind", "finished"),)) not in cycles
+    # Its queue wait, observed where its start was recorded, once.
+    assert reports[("gpusched_queue_wait_seconds_count", ())] >= 1
+    assert cycles.get(("gpusched_queue_wait_seconds_count", ()), 0) == 0
     assert cycles[("gpusched_scheduling_cycle_seconds_count", (("kind", "full"),))] >= 1
     assert not any(name.startswith("gpusched_scheduling_cycle") for name, _ in reports)

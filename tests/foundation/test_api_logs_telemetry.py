@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
@@ -12,7 +12,7 @@ from app.jobs.allocations import GpuClaim, allocate
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
-from app.nodes.models import Gpu
+from app.nodes.models import Gpu, GpuSample, Node
 from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat
 from app.wire import Heartbeat, parse
 from tests.foundation.builders import add_node
@@ -183,3 +183,104 @@ def test_job_telemetry_only_covers_the_jobs_gpus(api):
         "points"
     ]
     assert [(p["gpu_index"], p["util_pct"]) for p in points] == [(1, 95)]
+
+
+def _samples(api, rows):
+    """GpuSample rows (node, gpu index, seconds after the first, util, job ids) as the
+    agents' heartbeats leave them."""
+    with api.factory.begin() as session:
+        ids = {
+            (node, index): gpu_id
+            for gpu_id, index, node in session.execute(
+                select(Gpu.id, Gpu.index, Node.name).join(Node, Node.id == Gpu.node_id)
+            )
+        }
+        for node, index, at, util, jobs in rows:
+            session.add(
+                GpuSample(
+                    gpu_id=ids[(node, index)], at=at, resolution_s=5, util_pct=util, job_ids=jobs
+                )
+            )
+
+
+def test_each_gpus_utilisation_over_time_for_a_heatmap(api):
+    add_node(api.factory, "n1", gpus=2)
+    add_node(api.factory, "n2", gpus=1)
+    start = utcnow() - timedelta(minutes=10)
+    _samples(
+        api,
+        [
+            ("n1", 0, start + timedelta(seconds=1), 20, []),
+            ("n1", 1, start + timedelta(seconds=1), 40, [7]),
+            ("n1", 0, start + timedelta(seconds=31), 40, []),
+            ("n1", 1, start + timedelta(seconds=31), 60, [7]),
+            ("n1", 0, start + timedelta(seconds=121), 90, [8]),
+            ("n1", 1, start + timedelta(seconds=121), 0, []),
+        ],
+    )
+    since = start.isoformat().replace("+00:00", "Z")
+    r = api.client.get(f"/api/v1/utilization/gpus?since={since}&step=60", headers=api.as_("bob"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["step"] == 60
+    rows = {(g["node"], g["index"]): g for g in body["gpus"]}
+    assert list(rows) == [("n1", 0), ("n1", 1), ("n2", 0)]  # by node, then index
+    # 60 s buckets from `since` to now (the last one partial): ten and a bit. GPU 0 averages
+    # 20 and 40 in the first, is unsampled in the second (null, not 0), reads 90 in the third.
+    until = datetime.fromisoformat(body["until"])
+    buckets = (int(until.timestamp()) - int(start.timestamp())) // 60 + 1
+    util = rows[("n1", 0)]["util_pct"]
+    assert buckets >= 11 and len(util) == buckets
+    assert util[:3] == [30, None, 90] and util[3:] == [None] * (buckets - 3)
+    assert rows[("n1", 1)]["job_ids"][:3] == [[7], [], []]
+    assert rows[("n1", 0)]["job_ids"][2] == [8]
+    assert rows[("n2", 0)]["util_pct"] == [None] * buckets  # no agent: no samples
+    assert rows[("n1", 0)]["model"] == "H100-80GB"
+
+    only = api.client.get(f"/api/v1/utilization/gpus?since={since}&node=n2", headers=api.as_("bob"))
+    assert [(g["node"], g["index"]) for g in only.json()["gpus"]] == [("n2", 0)]
+    for query, field in (
+        ("node=nope", "node"),
+        ("since=2000-01-01T00:00:00Z&step=1", "step"),
+        (f"since={(utcnow() + timedelta(hours=1)).isoformat().replace('+00:00', 'Z')}", "since"),
+        ("step=0", "step"),
+    ):
+        r = api.client.get(f"/api/v1/utilization/gpus?{query}", headers=api.as_("bob"))
+        assert r.status_code == 422, (query, r.text)
+        assert r.json()["detail"][0]["loc"] == ["query", field], (query, r.text)
+    assert api.client.get("/api/v1/utilization/gpus").status_code == 401
+
+
+def test_a_job_that_ended_says_where_it_ran(api):
+    add_node(api.factory, "n1", gpus=2)
+    job_id = _running_job(api, gpus=(1,))
+    job = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.as_("alice")).json()
+    assert [(a["node"], a["gpu_index"]) for a in job["allocations"]] == [("n1", 1)]
+    assert job["last_allocations"] == []
+    with api.factory() as session:
+        from app.jobs.reports import job_finished
+
+        payload = {"job_id": job_id, "attempt": 1, "node": "n1", "result": "SUCCEEDED"}
+        assert job_finished(session=session, payload=payload).accepted
+        session.commit()
+    job = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.as_("alice")).json()
+    assert job["status"] == "SUCCEEDED" and job["allocations"] == []
+    assert [(a["node"], a["gpu_index"]) for a in job["last_allocations"]] == [("n1", 1)]
+    listed = api.client.get("/api/v1/jobs", headers=api.as_("alice")).json()["items"]
+    assert [a["gpu_index"] for a in listed[0]["last_allocations"]] == [1]
+    never = api.client.post("/api/v1/jobs", json={"command": ["x"]}, headers=api.as_("alice"))
+    assert never.json()["last_allocations"] == []
+
+
+def test_a_job_back_in_the_queue_says_where_it_was_last(api):
+    add_node(api.factory, "n1", gpus=2)
+    job_id = _running_job(api, gpus=(0,))
+    with api.factory() as session:
+        from app.jobs.reports import job_finished
+
+        payload = {"job_id": job_id, "attempt": 1, "node": "n1", "result": "PREEMPTED"}
+        assert job_finished(session=session, payload=payload).accepted
+        session.commit()
+    job = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.as_("alice")).json()
+    assert job["status"] == "PENDING" and job["allocations"] == []
+    assert [(a["node"], a["gpu_index"]) for a in job["last_allocations"]] == [("n1", 0)]

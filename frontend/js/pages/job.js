@@ -45,7 +45,10 @@ export function jobPage(root, ctx, { match }) {
   const spec = h("section", { class: "card", id: "job-spec" });
   const editor = h("section", { class: "card", id: "job-change", hidden: true });
   const events = h("section", { class: "card", id: "job-events" });
+  // Utilisation and memory in two charts under each other: on one plot their lines
+  // (percent and MiB on two axes) lie on top of each other.
   const chartBox = h("div", { class: "chart", id: "job-chart" });
+  const memoryBox = h("div", { class: "chart", id: "job-memory-chart" });
   const chartNote = h("div", { class: "chart-legend" });
   const logPre = h("pre", { class: "log", id: "job-log", tabindex: "0", "aria-label": "Job log" });
   const logNote = h("span", { class: "small muted" });
@@ -60,7 +63,7 @@ export function jobPage(root, ctx, { match }) {
           logPre),
         h("section", { class: "card" },
           h("div", { class: "card-head" }, h("h2", {}, "GPU utilisation and memory")),
-          chartBox, chartNote)),
+          chartBox, memoryBox, chartNote)),
       h("div", { class: "stack" }, editor, spec, events)));
 
   let job = null;
@@ -68,19 +71,27 @@ export function jobPage(root, ctx, { match }) {
   let rank = null;
   let rankAt = 0;
   let rankFor = null; // the stored queue position it was asked for
+  // The job's run: a finished one's exactly (at least 30 s), a running one's with 2 minutes
+  // ahead at first, so a fresh job does not show millisecond ticks.
+  const runRange = () => {
+    if (!job || !job.started_at) return null;
+    const from = Date.parse(job.started_at) / 1000;
+    if (job.finished_at) return [from, Math.max(Date.parse(job.finished_at) / 1000, from + 30)];
+    return [from, Math.max(Date.now() / 1000, from + 120)];
+  };
+  let memoryTotal = 0; // MiB of the GPUs it holds (or held): the memory chart's top
   const chart = lineChart(chartBox, {
-    height: 220,
-    // The job's run, at least 2 minutes wide so a fresh job does not show millisecond ticks.
-    xRange: () => {
-      if (!job || !job.started_at) return null;
-      const from = Date.parse(job.started_at) / 1000;
-      const to = job.finished_at ? Date.parse(job.finished_at) / 1000 : Date.now() / 1000;
-      return [from, Math.max(to, from + 120)];
-    },
-    series: [
-      { label: "Utilisation", color: "#1d4ed8", scale: "pct", fill: true },
-      { label: "Memory used", color: "#7c3aed", scale: "mb" },
-    ],
+    height: 170,
+    axisWidth: 76, // as wide as the memory chart's "159 GiB": their times line up
+    xRange: runRange,
+    series: [{ label: "Utilisation (mean of its GPUs)", color: "#1d4ed8", scale: "pct", fill: true }],
+  });
+  const memoryChart = lineChart(memoryBox, {
+    height: 150,
+    axisWidth: 76,
+    xRange: runRange,
+    ceil: { mb: () => memoryTotal },
+    series: [{ label: "Memory used, all its GPUs together (up to the memory they have)", color: "#7c3aed", scale: "mb", fill: true }],
   });
 
   let stopped = false;
@@ -154,7 +165,7 @@ export function jobPage(root, ctx, { match }) {
         job.only_nodes || job.exclude_nodes?.length ? ["Nodes", h("span", { id: "job-node-choice" },
           [job.only_nodes ? `only on ${job.only_nodes.join(", ")}` : "",
             job.exclude_nodes?.length ? `excludes ${job.exclude_nodes.join(", ")}` : ""].filter(Boolean).join("; "))] : null,
-        ["Placed on", h("span", { class: "mono" }, allocationText(job))],
+        placedOn(job),
         job.notify_url ? ["Notifies", h("span", { id: "job-notify" }, h("span", { class: "mono" }, job.notify_url),
           ` when it ${job.notify_on.map((e) => ({ start: "starts", end: "ends", fail: "fails", requeue: "is requeued" })[e] || e).join(" or ")}`)] : null,
         notifications.length ? ["Messages", h("ul", { class: "plain", id: "job-notifications" },
@@ -314,9 +325,9 @@ export function jobPage(root, ctx, { match }) {
   };
 
   const refreshEvents = async () => {
-    const list = await api(`/api/v1/jobs/${jobId}/events`);
+    const list = timeline(await api(`/api/v1/jobs/${jobId}/events`));
     clear(events, h("h2", {}, "Timeline"),
-      list.length ? h("ol", { class: "timeline" }, list.map((e) => h("li", {},
+      list.length ? h("ol", { class: "timeline" }, list.map((e) => h("li", { dataset: { to: e.to_status } },
         h("div", { class: "what" }, e.from_status && e.from_status !== e.to_status ? `${e.from_status} → ` : "", h("b", {}, e.to_status),
           e.reason ? ` · ${e.reason}` : ""),
         h("div", { class: "when" }, `${fmtDateSec(e.at)} · ${e.actor}${e.attempt ? ` · attempt ${e.attempt}` : ""}`)))) : h("div", { class: "empty" }, "No events."));
@@ -354,12 +365,20 @@ export function jobPage(root, ctx, { match }) {
     const data = await optional(`/api/v1/jobs/${jobId}/telemetry`, {}, null);
     if (data === null) {
       chart.setHidden(true);
+      memoryChart.setHidden(true);
       chartNote.textContent = "Per-job telemetry is not available on this server.";
       return;
     }
-    const points = data.points || [];
-    chart.setHidden(false);
-    chart.setData(columns(points, ["util_pct", "memory_used_mb"]));
+    const points = perSample(data.points || []);
+    if (!memoryTotal && points.length) {
+      memoryTotal = await gpuMemory(job);
+      memoryChart.redraw();
+    }
+    // Without samples (not started, or none taken) the note alone, not two empty charts.
+    chart.setHidden(!points.length);
+    memoryChart.setHidden(!points.length);
+    chart.setData(columns(points, ["util_pct"]));
+    memoryChart.setData(columns(points, ["memory_used_mb"]));
     chartNote.textContent = points.length ? ""
       : job && !ACTIVE.has(job.status) ? "No samples: none was taken while the job ran."
       : "No samples yet: telemetry appears while the job runs.";
@@ -381,5 +400,65 @@ export function jobPage(root, ctx, { match }) {
     stopped = true;
     stop();
     chart.destroy();
+    memoryChart.destroy();
   };
+}
+
+/**
+ * The events as a timeline. A stopped attempt that goes back to the queue passes through
+ * PREEMPTED in the same instant, whoever stopped it: the scheduler for another job, its
+ * owner (requeue), or its node's agent shutting down. Shown as the one change it is,
+ * RUNNING → PENDING with both reasons; a preemption's own note ("preempting for job N")
+ * stays above it.
+ */
+export function timeline(events) {
+  const out = [];
+  for (const e of events) {
+    const last = out[out.length - 1];
+    if (last && last.to_status === "PREEMPTED" && e.from_status === "PREEMPTED" && e.to_status === "PENDING") {
+      out[out.length - 1] = { ...e, from_status: last.from_status, reason: [last.reason, e.reason].filter(Boolean).join("; ") };
+    } else {
+      out.push(e);
+    }
+  }
+  return out;
+}
+
+/** Where the job is placed, or, for one not placed now, where its latest attempt was. */
+function placedOn(job) {
+  const mono = (allocations) => h("span", { class: "mono", id: "job-placed" }, allocationText({ allocations }));
+  if (job.allocations.length || !(job.last_allocations || []).length) return ["Placed on", mono(job.allocations)];
+  const attempt = job.attempt > 1 ? ` (attempt ${job.attempt})` : "";
+  // A job that went back to the queue before it started (its node lost it) never ran there.
+  const label = job.status === "PENDING" ? "Last placed on" : job.started_at ? "Ran on" : "Placed on";
+  return [label, h("span", {}, mono(job.last_allocations), attempt)];
+}
+
+/** One point per sample time: the mean utilisation and the summed memory of the job's GPUs
+ * (the endpoint gives a point per GPU and sample; GPUs of a node share the sample time,
+ * those of other nodes fall in the same sample interval). */
+export function perSample(points) {
+  const byTime = new Map();
+  for (const p of points) {
+    const step = (p.resolution_s || 5) * 1000;
+    const at = Math.floor(Date.parse(p.at) / step) * step;
+    const group = byTime.get(at) || { utils: [], memory: 0 };
+    if (p.util_pct !== null && p.util_pct !== undefined) group.utils.push(p.util_pct);
+    group.memory += p.memory_used_mb || 0;
+    byTime.set(at, group);
+  }
+  return [...byTime.entries()].sort((a, b) => a[0] - b[0]).map(([at, g]) => ({
+    at: new Date(at).toISOString(),
+    util_pct: g.utils.length ? g.utils.reduce((a, b) => a + b, 0) / g.utils.length : null,
+    memory_used_mb: g.memory,
+  }));
+}
+
+/** MiB of memory of the GPUs the job holds or held (0 when its nodes are gone). */
+async function gpuMemory(job) {
+  const held = job.allocations.length ? job.allocations : job.last_allocations || [];
+  if (!held.length) return 0;
+  const nodes = await api("/api/v1/nodes");
+  const total = new Map(nodes.flatMap((n) => n.gpus.map((g) => [`${n.name}:${g.index}`, g.memory_total_mb])));
+  return held.reduce((sum, a) => sum + (total.get(`${a.node}:${a.gpu_index}`) || 0), 0);
 }

@@ -1,9 +1,21 @@
-// Overview: GPUs now, 24 h utilisation with off-peak bands, jobs per project, windows.
+// Overview: GPUs now, utilisation over the last hour, day or week with off-peak bands,
+// running jobs, each GPU's utilisation over the same time (a heatmap), jobs per project.
 import { api, hideFieldErrors, optional, showFieldErrors } from "../api.js";
 import { columns, lineChart } from "../chart.js";
-import { changedNumbers, clear, fmtDate, fmtDuration, fmtIn, fmtNum, fmtTime, h, poll, toast } from "../util.js";
+import { heatmap } from "../heatmap.js";
+import {
+  allocationText, cardify, changedNumbers, clear, fmtDate, fmtDuration, fmtIn, fmtNum, fmtTime, h, jobName, poll, toast,
+} from "../util.js";
 
-const DAY = 86400;
+// The time ranges the charts show (as Grafana's and Ray's pickers): seconds back from now,
+// and the bucket width that keeps each at 60-170 points.
+const RANGES = {
+  "1h": { seconds: 3600, step: 60, title: "last hour" },
+  "24h": { seconds: 86400, step: 600, title: "last 24 hours" },
+  "7d": { seconds: 7 * 86400, step: 3600, title: "last 7 days" },
+};
+const RANGE_KEY = "gpusched.range";
+const RUNNING_SHOWN = 20;
 // As Slurm's sshare: a project's part of the weights against its part of the recent
 // (decayed) GPU use; above its share, fair share ranks its jobs later.
 const FAIR_SHARE_HINT =
@@ -28,25 +40,54 @@ export async function loadWindows(days = 7) {
     .sort((a, b) => a.from - b.from);
 }
 
-export function overviewPage(root, ctx) {
+/** The range asked for in the page's address (#/?range=24h), else the last one chosen. */
+function initialRange(params) {
+  const asked = params?.get("range");
+  if (asked && RANGES[asked]) return asked;
+  const stored = localStorage.getItem(RANGE_KEY);
+  return stored && RANGES[stored] ? stored : "1h";
+}
+
+export function overviewPage(root, ctx, { params } = {}) {
+  let range = initialRange(params);
   const stats = h("div", { class: "stats", id: "gpu-stats" });
   const chartBox = h("div", { class: "chart", id: "util-chart" });
+  const chartTitle = h("h2", {});
   const windowsLine = h("div", { class: "chart-legend", id: "window-note" });
   const projects = h("div", { id: "projects" });
   const editor = h("div", { id: "project-editor", hidden: true });
+  const running = h("div", { id: "running-jobs" });
+  const runningCount = h("span", { class: "small muted" });
+  const heatTitle = h("h2", {});
+  const heatBox = h("div", { id: "gpu-heatmap" });
+  const heatCard = h("section", { class: "card", id: "heatmap-card" },
+    h("div", { class: "card-head" }, heatTitle,
+      h("span", { class: "small muted hide-sm" }, "hover a cell for its time and jobs; a job's cell opens it")),
+    heatBox);
   const updated = h("span", { class: "sub" });
+  const rangeButtons = Object.entries(RANGES).map(([key, r]) => h("button", {
+    type: "button", class: "btn btn-sm", dataset: { range: key }, title: `Show the ${r.title}`,
+    onclick: () => setRange(key),
+  }, key.replace(/(\d)([hd])/, "$1 $2")));
   root.append(
-    h("div", { class: "page-head" }, h("h1", {}, "Cluster overview"), updated),
+    h("div", { class: "page-head" }, h("h1", {}, "Cluster overview"),
+      h("div", { class: "head-right" },
+        h("div", { class: "segmented", role: "group", "aria-label": "Time range of the charts", id: "range" }, rangeButtons),
+        updated)),
     stats,
     h("div", { class: "grid grid-2" },
       h("section", { class: "card" },
-        h("div", { class: "card-head" }, h("h2", {}, "GPU utilisation, last 24 hours")),
+        h("div", { class: "card-head" }, chartTitle),
         chartBox,
         windowsLine),
       h("section", { class: "card" },
         h("div", { class: "card-head" }, h("h2", {}, "Jobs by project"),
           h("a", { href: "#/queue", class: "small" }, "Open queue →")),
         projects, editor)),
+    h("section", { class: "card", id: "running-card" },
+      h("div", { class: "card-head" }, h("h2", {}, "Running jobs"), runningCount),
+      running),
+    heatCard,
   );
 
   let windows = [];
@@ -58,15 +99,13 @@ export function overviewPage(root, ctx) {
       { label: "Memory used", color: "#7c3aed", scale: "mb" },
     ],
     bands: () => (windows || []).map((w) => ({ from: w.from, to: w.to, color: BAND })),
+    // The past only, up to now: the next window is in the note below the chart.
     xRange: () => {
       const now = Date.now() / 1000;
-      // Show the next window's opening on the axis when it is within a day.
-      const next = (windows || []).find((w) => w.to > now);
-      const end = next ? Math.min(now + DAY, Math.max(now + 3600, next.to)) : now;
-      return [now - DAY, end];
+      return [now - RANGES[range].seconds, now];
     },
   });
-
+  const heat = heatmap(heatBox);
   const refreshNodes = async () => {
     const nodes = await api("/api/v1/nodes");
     const count = { busy: 0, idle: 0, foreign: 0, down: 0 };
@@ -177,20 +216,73 @@ export function overviewPage(root, ctx) {
   };
 
   const refreshChart = async () => {
-    const since = new Date(Date.now() - DAY * 1000).toISOString();
-    const [series, upcoming] = await Promise.all([
-      api("/api/v1/utilization", { query: { since, step: 600 } }),
+    const { seconds, step } = RANGES[range];
+    // On a multiple of the step, so that buckets start on whole minutes and hours.
+    const since = new Date(Math.floor((Date.now() / 1000 - seconds) / step) * step * 1000).toISOString();
+    const [series, gpus, upcoming] = await Promise.all([
+      api("/api/v1/utilization", { query: { since, step } }),
+      optional("/api/v1/utilization/gpus", { query: { since, step } }, null),
       loadWindows(7),
     ]);
     windows = upcoming;
     chart.setData(columns(series.points || [], ["util_pct", "memory_used_mb"]));
+    heatCard.hidden = gpus === null; // a server without the endpoint
+    if (gpus !== null) heat.setData(gpus);
     renderWindowNote(windowsLine, upcoming);
   };
 
-  const stops = [poll(refreshNodes, 5000), poll(refreshQueues, 5000), poll(refreshChart, 60000)];
+  const refreshRunning = async () => {
+    const page = await api("/api/v1/jobs", { query: { status: ["RUNNING"], limit: RUNNING_SHOWN } });
+    const jobs = page.items || [];
+    runningCount.textContent = page.next_cursor ? `the ${RUNNING_SHOWN} submitted last` : "";
+    if (!jobs.length) {
+      clear(running, h("div", { class: "empty", id: "no-running" }, "No job is running."));
+      return;
+    }
+    const now = Date.now();
+    const table = h("table", { id: "running-table" },
+      h("thead", {}, h("tr", {},
+        h("th", {}, "Job"), h("th", {}, "User"), h("th", {}, "Project"), h("th", {}, "GPUs"),
+        h("th", { class: "num" }, "Running for"), h("th", { class: "num hide-sm" }, "Time left"))),
+      h("tbody", {}, jobs.map((job) => {
+        const ran = (now - Date.parse(job.started_at)) / 1000;
+        return h("tr", { dataset: { job: job.id } },
+          h("td", { class: "wide" }, h("a", { href: `#/jobs/${job.id}` }, `#${job.id} ${jobName(job)}`)),
+          h("td", {}, job.user),
+          h("td", {}, job.project),
+          h("td", { class: "mono" }, allocationText(job)),
+          h("td", { class: "num" }, fmtDuration(ran)),
+          h("td", { class: "num hide-sm", title: job.max_runtime_s ? `time limit ${fmtDuration(job.max_runtime_s)}` : null },
+            job.max_runtime_s ? fmtDuration(job.max_runtime_s - ran) : "no limit"));
+      })));
+    clear(running, h("div", { class: "table-wrap" }, cardify(table)),
+      page.next_cursor ? h("a", { href: "#/queue", class: "small" }, "All running jobs in the queue →") : null);
+  };
+
+  const renderRange = () => {
+    chartTitle.textContent = `GPU utilisation, ${RANGES[range].title}`;
+    heatTitle.textContent = `Utilisation per GPU, ${RANGES[range].title}`;
+    for (const button of rangeButtons) {
+      button.setAttribute("aria-pressed", String(button.dataset.range === range));
+    }
+  };
+  const setRange = (key) => {
+    range = key;
+    localStorage.setItem(RANGE_KEY, key);
+    // In the address, so that a link shows the same; without a new render.
+    history.replaceState(null, "", `#/?range=${key}`);
+    renderRange();
+    chart.redraw();
+    refreshChart().catch((err) => toast(err.message, "error"));
+  };
+  renderRange();
+
+  const stops = [poll(refreshNodes, 5000), poll(refreshQueues, 5000), poll(refreshRunning, 5000),
+    poll(refreshChart, 60000)];
   return () => {
     stops.forEach((stop) => stop());
     chart.destroy();
+    heat.destroy();
   };
 }
 

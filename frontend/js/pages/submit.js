@@ -1,6 +1,6 @@
 // Submit form: POST /api/v1/jobs; the server's 422 messages are shown next to their fields.
 import { api, ApiError, placeFieldErrors } from "../api.js";
-import { clear, h } from "../util.js";
+import { clear, fmtMem, h } from "../util.js";
 
 // How the jobs named in depends_on must have ended (sbatch --dependency kinds).
 export const DEPENDENCY_KINDS = [
@@ -10,6 +10,21 @@ export const DEPENDENCY_KINDS = [
 // When a job with a notify URL is announced (sbatch --mail-type).
 const NOTIFY_ON = [["end", "ends, however"], ["fail", "fails"], ["start,end", "starts and ends"],
   ["end,requeue", "ends or is requeued (preempted, …)"]];
+
+// The estimator's choices (POST /api/v1/estimate, a job's "model").
+const PRECISIONS = [["mixed", "mixed (fp16/bf16)"], ["bf16", "bf16"], ["fp32", "fp32"]];
+const OPTIMIZERS = [["adam", "Adam / AdamW"], ["adam8bit", "8-bit Adam"], ["adafactor", "Adafactor"], ["sgd", "SGD (momentum)"]];
+const SHARDINGS = [["none", "none"], ["zero1", "ZeRO-1 (optimizer)"], ["zero2", "ZeRO-2 (+ gradients)"], ["zero3", "ZeRO-3 (+ weights)"]];
+const SCALE = { "": 1, k: 1e3, m: 1e6, b: 1e9, t: 1e12 };
+
+/** "7B", "350M", "1.3b", "7e9" or "7000000000" -> a parameter count; throws on anything else. */
+export function parseParameters(text) {
+  const raw = text.trim().replace(/[_,]/g, "");
+  const short = raw.match(/^(\d+(?:\.\d+)?)\s*([kmbt]?)$/i);
+  const count = short ? Number(short[1]) * SCALE[short[2].toLowerCase()] : /^\d+(\.\d+)?e\d+$/i.test(raw) ? Number(raw) : NaN;
+  if (!Number.isFinite(count) || count < 1) throw new Error(`"${text.trim()}" is not a parameter count: write 7B, 350M or 7000000000`);
+  return Math.round(count);
+}
 
 const INT_FIELDS = ["gpus", "gpu_memory_mb", "nodes", "priority", "max_runtime_s", "estimated_runtime_s", "grace_s", "retries"];
 
@@ -26,6 +41,7 @@ function field(name, label, input, { help, span = "" } = {}) {
 /** The form field a 422's location points at: nested ones have fields of their own. */
 const fieldOf = (name, sub) => {
   if (name === "schedule" && sub === "at") return "at";
+  if (name === "model") return sub ? `model_${sub}` : "model";
   if (name === "array" && sub === "max_running") return "max_running";
   return name;
 };
@@ -73,8 +89,10 @@ export function submitPage(root, ctx) {
         field("priority", "Priority", num({ value: 0, min: -1000, max: 1000 }), { help: "-1000 … 1000, higher runs first" }),
         field("command", "Command", h("textarea", { rows: 3, placeholder: "python train.py --epochs 10", required: true }),
           { span: "span-4", help: "Run by /bin/sh -c on the node" }),
+        field("workdir", "Working directory", h("input", { type: "text", placeholder: "/home/you/project", spellcheck: "false" }),
+          { span: "span-2", help: "absolute path on the node where the command starts; empty: a temporary directory" }),
         field("array", "Array", h("input", { type: "text", placeholder: "e.g. 0-9 or 1,3,5-7" }),
-          { span: "span-2", help: "one job per index, read from $GPUSCHED_ARRAY_TASK_ID (sbatch --array)" }),
+          { help: "one job per index, in $GPUSCHED_ARRAY_TASK_ID (sbatch --array)" }),
         field("max_running", "Tasks at once", num({ min: 1, placeholder: "no limit" }), { help: "array only (%N)" }))),
     h("fieldset", {}, h("legend", {}, "Resources"),
       h("div", { class: "form-grid" },
@@ -97,6 +115,29 @@ export function submitPage(root, ctx) {
           h("label", { class: "check" }, h("input", { type: "checkbox", id: "f-preemptible", name: "preemptible" }),
             "Preemptible: may be stopped and requeued for higher-priority work"),
           h("div", { class: "field-error", id: "err-preemptible", hidden: true })))),
+    h("fieldset", { id: "model-fields" }, h("legend", {}, "Model (for the memory estimate)"),
+      h("p", { class: "small muted fieldset-note" },
+        "Describe what it trains instead of giving GPU memory: the job then asks for the estimated memory per GPU, "
+        + "and a model that fits no GPU of the cluster is refused with the changes that would make it fit."),
+      h("div", { class: "form-grid" },
+        field("model_parameters", "Parameters", h("input", { type: "text", placeholder: "e.g. 7B or 350M", spellcheck: "false" }),
+          { help: "count of the model's weights" }),
+        field("model_precision", "Precision", h("select", {}, PRECISIONS.map(([v, l]) => h("option", { value: v }, l)))),
+        field("model_optimizer", "Optimizer", h("select", {}, OPTIMIZERS.map(([v, l]) => h("option", { value: v }, l)))),
+        field("model_sharding", "Sharding", h("select", {}, SHARDINGS.map(([v, l]) => h("option", { value: v }, l))),
+          { help: "ZeRO across the job's GPUs" }),
+        field("model_micro_batch", "Micro-batch", num({ min: 1, placeholder: "1" }), { help: "sequences per GPU per step" }),
+        field("model_seq_len", "Sequence length", num({ min: 1, placeholder: "2048" })),
+        h("div", { class: "field span-2", dataset: { field: "model_checkpointing" } },
+          h("label", { class: "check" }, h("input", { type: "checkbox", id: "f-model_checkpointing", name: "model_checkpointing" }),
+            "Activation checkpointing (recompute activations: less memory, slower)"),
+          h("div", { class: "field-error", id: "err-model_checkpointing", hidden: true })),
+        h("div", { class: "field span-4" },
+          h("div", { class: "form-actions" },
+            h("button", { type: "button", class: "btn btn-sm", id: "estimate-model", onclick: () => estimateModel() }, "Estimate memory"),
+            h("span", { class: "small muted" }, "for the GPUs and GPU model above")),
+          h("div", { class: "estimate-result", id: "model-estimate", role: "status", hidden: true }),
+          h("div", { class: "field-error", id: "err-model", role: "alert", hidden: true })))),
     h("fieldset", {}, h("legend", {}, "When"),
       h("div", { class: "form-grid" },
         h("div", { class: "field span-2", dataset: { field: "schedule" } },
@@ -172,6 +213,57 @@ export function submitPage(root, ctx) {
     success.hidden = true;
   };
 
+  /** The job's "model" from the Model fields, or null when no parameter count is given. */
+  const collectModel = (errors) => {
+    const text = (name) => input(name).value.trim();
+    if (!text("model_parameters")) {
+      const other = ["model_micro_batch", "model_seq_len"].some((n) => text(n)) || input("model_checkpointing").checked;
+      if (other) errors.push(["model_parameters", "give the parameter count to estimate the memory"]);
+      return null;
+    }
+    const model = {};
+    try {
+      model.parameters = parseParameters(text("model_parameters"));
+    } catch (err) {
+      errors.push(["model_parameters", err.message]);
+      return null;
+    }
+    for (const name of ["precision", "optimizer", "sharding"]) model[name] = input(`model_${name}`).value;
+    for (const name of ["micro_batch", "seq_len"]) if (text(`model_${name}`)) model[name] = Number(text(`model_${name}`));
+    if (input("model_checkpointing").checked) model.checkpointing = true;
+    return model;
+  };
+
+  // What the job would ask for: the estimate for its GPUs (gpus x nodes), judged against
+  // its GPU model or the cluster's, as a submission would be.
+  const estimateBox = form.querySelector("#model-estimate");
+  async function estimateModel() {
+    resetErrors();
+    const errors = [];
+    const model = collectModel(errors);
+    if (!model && !errors.length) errors.push(["model_parameters", "give the parameter count to estimate the memory"]);
+    if (errors.length) { errors.forEach(([name, msg]) => showError(name, msg)); return; }
+    const gpus = Number(input("gpus").value || 1) * Number(input("nodes").value || 1);
+    const body = { ...model, gpu_count: Math.max(1, gpus) };
+    if (input("gpu_model").value.trim()) body.gpu_model = input("gpu_model").value.trim();
+    try {
+      const result = await api("/api/v1/estimate", { method: "POST", body });
+      const fits = Object.values(result.fits || {});
+      clear(estimateBox,
+        h("b", {}, `About ${fmtMem(result.per_gpu_mib)} per GPU`), ` on ${result.gpu_count} GPU${result.gpu_count === 1 ? "" : "s"}`,
+        h("ul", { class: "plain" }, fits.map((fit) => h("li", { class: fit.fits_as_requested ? "" : "warn-text" }, fit.message))),
+        (result.suggestions || []).length ? h("div", {}, "To fit: ", result.suggestions.slice(0, 3).map((x) => x.description).join("; ")) : null);
+      estimateBox.hidden = false;
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 422) {
+        const unplaced = placeFieldErrors(err, ([name], msg) => typeof name === "string" && showError(`model_${name}`, msg));
+        if (unplaced.length) showError("model", unplaced.join("; "));
+      } else if (err.status !== 401) {
+        showError("model", err.message);
+      }
+    }
+  }
+
   const collect = () => {
     const body = {};
     const errors = [];
@@ -180,6 +272,9 @@ export function submitPage(root, ctx) {
     body.command = input("command").value;
     if (text("project")) body.project = text("project");
     if (text("gpu_model")) body.gpu_model = text("gpu_model");
+    if (text("workdir")) body.workdir = text("workdir");
+    const model = collectModel(errors);
+    if (model) body.model = model;
     const names = (name) => text(name).split(",").map((n) => n.trim()).filter(Boolean);
     if (names("only_nodes").length) body.only_nodes = names("only_nodes");
     if (names("exclude_nodes").length) body.exclude_nodes = names("exclude_nodes");
