@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # Parallel test workers (pytest-xdist), each with its own database, ports and servers.
 TEST_WORKERS ?= 3
-PYTEST := $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=20
+PYTEST := $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=20
 
 .PHONY: run test test-sqlite test-postgres test-plain-core test-under-load lint bench install native gpu-wheels
 

@@ -67,6 +67,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if Path(str(item.fspath)).is_relative_to(here):
             item.add_marker(pytest.mark.browser)
+            # One worker runs them all: one stack (`up`) for the suite, not one per worker.
+            item.add_marker(pytest.mark.xdist_group("gpusched-up"))
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
 

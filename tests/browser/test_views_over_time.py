@@ -169,9 +169,11 @@ def test_a_job_requeued_as_its_agent_stopped_is_not_shown_preempted(
 
     from app.db import make_engine, make_session_factory
     from app.jobs.lifecycle import transition
-    from app.jobs.models import Job
+    from app.jobs.models import Allocation, Job
     from app.jobs.reports import job_finished
     from app.jobs.states import JobStatus
+    from app.nodes.models import Node
+    from app.wire import Finished
 
     job = stack.request(
         "POST", "/api/v1/jobs", {"name": "on-a-stopping-node", "command": "true", "hold": True}
@@ -196,10 +198,14 @@ def test_a_job_requeued_as_its_agent_stopped_is_not_shown_preempted(
                 actor="agent:sim-1",
                 reason="started as pid 7",
             )
+            # The node holds the attempt (a report from a node that does not is refused);
+            # no GPU of it, so that no other test's placement can collide with this one.
+            node = session.scalar(select(Node).where(Node.name == "sim-1"))
+            session.add(Allocation(job_id=row.id, attempt=1, node_id=node.id, gpu_id=None))
         with factory.begin() as session:
-            report = {"job_id": job["id"], "attempt": 1, "node": "sim-1", "result": "PREEMPTED",
-                      "message": "exit code 0 after preempt"}  # fmt: skip
-            assert job_finished(session=session, payload=report).accepted
+            report = Finished(job_id=job["id"], attempt=1, node="sim-1", result="PREEMPTED",
+                              message="exit code 0 after preempt")  # fmt: skip
+            assert job_finished(session=session, report=report).accepted
     finally:
         engine.dispose()
     try:

@@ -23,7 +23,9 @@ from tests.support.servers import free_port
 from tests.support.wait import poll
 from tests.up_process import start_up
 
-pytestmark = pytest.mark.e2e
+# `up`'s default node names (sim-1, ...) are those of the browser suite's stack: in one
+# worker with it, so that no agent's leftover sweep meets the other stack's jobs.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("gpusched-up")]
 
 # The job's command, told apart from any other stack's jobs (the browser suite's `up`
 # names its nodes sim-1 and sim-2 too).

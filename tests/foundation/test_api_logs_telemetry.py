@@ -14,7 +14,7 @@ from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.nodes.models import Gpu, GpuSample, Node
 from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat
-from app.wire import Heartbeat, parse
+from app.wire import Finished, Heartbeat, parse
 from tests.foundation.builders import add_node
 
 
@@ -260,8 +260,8 @@ def test_a_job_that_ended_says_where_it_ran(api):
     with api.factory() as session:
         from app.jobs.reports import job_finished
 
-        payload = {"job_id": job_id, "attempt": 1, "node": "n1", "result": "SUCCEEDED"}
-        assert job_finished(session=session, payload=payload).accepted
+        report = Finished(job_id=job_id, attempt=1, node="n1", result="SUCCEEDED")
+        assert job_finished(session=session, report=report).accepted
         session.commit()
     job = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.as_("alice")).json()
     assert job["status"] == "SUCCEEDED" and job["allocations"] == []
@@ -278,8 +278,8 @@ def test_a_job_back_in_the_queue_says_where_it_was_last(api):
     with api.factory() as session:
         from app.jobs.reports import job_finished
 
-        payload = {"job_id": job_id, "attempt": 1, "node": "n1", "result": "PREEMPTED"}
-        assert job_finished(session=session, payload=payload).accepted
+        report = Finished(job_id=job_id, attempt=1, node="n1", result="PREEMPTED")
+        assert job_finished(session=session, report=report).accepted
         session.commit()
     job = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.as_("alice")).json()
     assert job["status"] == "PENDING" and job["allocations"] == []

@@ -23,6 +23,7 @@ from app.db import utcnow
 from app.jobs.lifecycle import queue_wait_s
 from app.jobs.models import Job
 from app.jobs.reports import job_started
+from app.wire import Started
 from tests.cycle.jobs_api import add_node, report_end, run_one_cycle, submit
 
 PROMTOOL = os.environ.get("GPUSCHED_PROMTOOL") or shutil.which("promtool")
@@ -47,7 +48,7 @@ def _start(api: Any, job_id: int) -> None:
     with api.factory.begin() as session:
         attempt = session.scalar(select(Job.attempt).where(Job.id == job_id))
         assert job_started(
-            session=session, payload={"job_id": job_id, "attempt": attempt, "node": "n1"}
+            session=session, report=Started(job_id=job_id, attempt=attempt, node="n1")
         ).accepted
 
 
@@ -128,9 +129,7 @@ def test_queue_wait_is_observed_once_per_job_when_it_first_starts(api: Any) -> N
     run_one_cycle(api)
     with api.factory() as session:
         attempt = session.scalar(select(Job.attempt).where(Job.id == other["id"]))
-        job_started(
-            session=session, payload={"job_id": other["id"], "attempt": attempt, "node": "n1"}
-        )
+        job_started(session=session, report=Started(job_id=other["id"], attempt=attempt, node="n1"))
         session.rollback()
     assert _waits() == before + 1
     _start(api, other["id"])
