@@ -383,6 +383,7 @@ def simulate(
     timeline = WindowTimeline(specs, epoch=epoch, extra=windows or ())
     if offpeak_jobs and timeline.empty:
         raise ValueError("off-peak jobs need at least one window")
+    windowed = not timeline.empty  # else no window edges, and each cycle sees no windows
 
     gpus = _Gpus(
         nodes, gpus_per_node, epoch=epoch, job_milli=[j.view.share_milli for j in jobs.values()]
@@ -418,8 +419,9 @@ def simulate(
         if not arrivals_left and not pending and not running:
             break  # only window edges left: nothing more to schedule
         # Edges first: on the first call they may precede the first job event.
-        for edge in timeline.extend(epoch + timedelta(seconds=events[0][0])):
-            heapq.heappush(events, ((edge - epoch).total_seconds(), _WINDOW_EDGE, -1, 0))
+        if windowed:
+            for edge in timeline.extend(epoch + timedelta(seconds=events[0][0])):
+                heapq.heappush(events, ((edge - epoch).total_seconds(), _WINDOW_EDGE, -1, 0))
         t = events[0][0]
         # Fair-share usage: decay, then add what ran since the last event.
         dt = t - last_t
@@ -469,7 +471,7 @@ def simulate(
             pending=tuple(pending.values()),
             running=tuple(running.values()),
             projects=tuple(ProjectView(name=vc, usage_gpu_s=usage[vc]) for vc in sorted(vcs)),
-            windows=timeline.around(now),
+            windows=timeline.around(now) if windowed else (),
             runtime_history=history,
         )
         victims: list[int] = []
