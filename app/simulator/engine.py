@@ -83,6 +83,10 @@ _HISTORY_KEEP = 50  # recent runs per (user, job name) kept for the runtime medi
 
 # Event kinds, in the order they are handled at one instant (all before the plan).
 _END, _ARRIVAL, _WINDOW_EDGE, _REPLAN = 0, 1, 2, 3
+# Policies whose plans never preempt in a replay: they preempt only for quotas, and a
+# replay has none. Every other policy (las; default and priority, which preempt for
+# priority today and may for more) is asked at each arrival while a job is preemptible.
+_NEVER_PREEMPT = frozenset({"fifo", "sjf", "fair-share"})
 
 
 class BoundRow(NamedTuple):
@@ -474,11 +478,16 @@ def simulate(
         if (
             arrivals
             and not window_edge
-            and not gpus.any_free()
-            and settings.queue_policy != "las"
             and running
+            and not gpus.any_free()
+            and (
+                not settings.preemption
+                or settings.queue_policy in _NEVER_PREEMPT
+                or not any(rv.job.preemptible for rv in running.values())
+            )
         ):
-            # Cluster full and no policy that preempts on arrival: nothing can change.
+            # The cluster is full and nothing may be preempted for the newcomers: a plan
+            # now could change nothing.
             continue
         if not pending and not (window_edge and running):
             continue

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from datetime import datetime
+from typing import Any
 
 import pytest
 
-from app.simulator import SimResult, TraceJob, simulate
+from app.scheduling import Plan, Snapshot
+from app.simulator import SimResult, TraceJob, engine, simulate
 from app.simulator.trace import mark_preemptible
 
 
@@ -105,3 +108,33 @@ def test_fragmentation_by_hand() -> None:
 def test_whole_gpus_leave_no_fragments() -> None:
     r = simulate(busy_trace(), nodes=1, gpus_per_node=4, policy="las")
     assert r.fragmentation == 0
+
+
+@pytest.mark.parametrize(
+    ("policy", "fraction", "asked"),
+    [
+        ("default", 1, True),  # it may preempt (for priority today, for more later)
+        ("priority", 1, True),
+        ("las", 1, True),
+        ("default", 0, False),  # nothing running may be preempted
+        ("las", 0, False),
+        ("fifo", 1, False),  # preempts only for quotas, which replays do not have
+        ("sjf", 1, False),
+        ("fair-share", 1, False),
+    ],
+)
+def test_an_arrival_into_a_full_cluster_is_planned_when_a_preemption_could_follow(
+    monkeypatch: pytest.MonkeyPatch, policy: str, fraction: float, asked: bool
+) -> None:
+    # One GPU, held by j0 from 0 to 10,000 s; j1 arrives at 5,000 into the full cluster.
+    plan_times: list[float] = []
+    plan = engine.plan_cycle
+
+    def spy(snapshot: Snapshot, *, now: datetime, **kwargs: Any) -> Plan:
+        plan_times.append((now - engine.SIM_EPOCH).total_seconds())
+        return plan(snapshot, now=now, **kwargs)
+
+    monkeypatch.setattr(engine, "plan_cycle", spy)
+    trace = mark_preemptible([tj(0, 1, 0, 10_000), tj(1, 1, 5000, 100)], fraction=fraction, seed=0)
+    simulate(trace, nodes=1, gpus_per_node=1, policy=policy, preemption_cost_s=0)
+    assert (5000 in plan_times) is asked
