@@ -39,14 +39,11 @@ class TraceJob:
     preemptible: bool = True
 
 
-def _whole(field: str, text: str, low: int, high: int, why: str) -> int:
+def _whole(field: str, text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise ValueError(f"{field}: {text!r} is not a whole number") from None
-    if not low <= value <= high:
-        raise ValueError(f"{field}: {value} is outside {low}..{high} ({why})")
-    return value
 
 
 def _seconds(field: str, text: str) -> float:
@@ -64,8 +61,12 @@ def _job(values: dict[str, str]) -> TraceJob:
     for name in COLUMNS:
         if not values[name].strip():
             raise ValueError(f"{name}: missing (the field is empty)")
-    gpu_num = _whole("gpu_num", values["gpu_num"], 1, 1_000_000, "a job needs at least 1 GPU")
-    gpu_milli = _whole("gpu_milli", values["gpu_milli"], 1, 1000, "1000 = a whole GPU")
+    gpu_num = _whole("gpu_num", values["gpu_num"])
+    if gpu_num < 1:
+        raise ValueError(f"gpu_num: {gpu_num}: a job needs at least 1 GPU")
+    gpu_milli = _whole("gpu_milli", values["gpu_milli"])
+    if not 1 <= gpu_milli <= 1000:
+        raise ValueError(f"gpu_milli: {gpu_milli} is outside 1..1000 (1000 = a whole GPU)")
     if gpu_milli < 1000 and gpu_num > 1:
         # As the API (a share is of one GPU); silently rounding up would change the load.
         raise ValueError(

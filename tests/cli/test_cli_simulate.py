@@ -137,7 +137,7 @@ def test_every_policy_row_shows_its_jct_over_the_bound_with_arrivals(tmp_path):
 @pytest.mark.parametrize(
     ("row", "message"),
     [
-        ("9,u,v,n,0,1000,0,10", "line 4: gpu_num: 0 is outside 1..1000000"),
+        ("9,u,v,n,0,1000,0,10", "line 4: gpu_num: 0: a job needs at least 1 GPU"),
         ("9,u,v,n,1,1000,-1,10", "line 4: submit_time: -1 must be a finite number of seconds"),
         ("9,u,v,n,1,1000,0,-10", "line 4: duration: -10 must be a finite number of seconds"),
         ("9,u,v,n,1,2000,0,10", "line 4: gpu_milli: 2000 is outside 1..1000"),

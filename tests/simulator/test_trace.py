@@ -31,8 +31,8 @@ def write(tmp_path: Path, *rows: str) -> Path:
         ("b,u,v,n,1,1000,0,-1", "line 3: duration: -1 must be a finite number of seconds >= 0"),
         ("b,u,v,n,1,1000,0,nan", "line 3: duration: nan must be a finite number of seconds"),
         ("b,u,v,n,1,1000,0,inf", "line 3: duration: inf must be a finite number of seconds"),
-        ("b,u,v,n,0,1000,0,10", "line 3: gpu_num: 0 is outside 1..1000000 (a job needs at"),
-        ("b,u,v,n,-2,1000,0,10", "line 3: gpu_num: -2 is outside 1..1000000"),
+        ("b,u,v,n,0,1000,0,10", "line 3: gpu_num: 0: a job needs at least 1 GPU"),
+        ("b,u,v,n,-2,1000,0,10", "line 3: gpu_num: -2: a job needs at least 1 GPU"),
         ("b,u,v,n,two,1000,0,10", "line 3: gpu_num: 'two' is not a whole number"),
         ("b,u,v,n,1.5,1000,0,10", "line 3: gpu_num: '1.5' is not a whole number"),
         ("b,u,v,n,1,0,0,10", "line 3: gpu_milli: 0 is outside 1..1000 (1000 = a whole GPU)"),
@@ -54,7 +54,7 @@ def test_line_numbers_count_blank_lines_and_rows_spanning_lines(tmp_path: Path) 
     # Row 3 is blank (skipped); the row starting on line 4 has a quoted name holding a
     # line break, so the bad row after it starts on line 6.
     path = write(tmp_path, GOOD, "", 'b,u,v,"two\nlines",1,1000,0,10', "c,u,v,n,0,1000,0,10")
-    with pytest.raises(TraceError, match=r"line 6: gpu_num: 0 is outside"):
+    with pytest.raises(TraceError, match=r"line 6: gpu_num: 0: a job needs"):
         read_trace(path)
     path = write(tmp_path, GOOD, "", 'b,u,v,"two\nlines",1,1000,0,10')
     assert [j.jobname for j in read_trace(path)] == ["n", "two\nlines"]
