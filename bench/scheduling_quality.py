@@ -48,8 +48,8 @@ then every run's own row (avg JCT over the bound that counts arrivals, p99,
 utilisation, makespan, preemptions, GPU-hours lost to them, fragmentation, CPU
 seconds of the replay).
 
-Every number of this file's tables is measured; `sim s` / `cpu s` are the replay's
-own time (CPU time for `cpu s`, which a busy machine inflates less than wall time).
+`sim s` in the default tables is a replay's wall time; `cpu s` (--goal) its CPU time,
+which a busy machine inflates less.
 """
 
 from __future__ import annotations
