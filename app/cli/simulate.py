@@ -10,6 +10,7 @@ import typer
 from app.cli.client import EXIT_USAGE, CliError
 from app.cli.jobs import parse_duration
 from app.simulator.energy import DEFAULT_GPU_WATTS
+from app.simulator.engine import DEFAULT_PREEMPTION_COST_S
 
 
 def simulate(
@@ -39,7 +40,9 @@ def simulate(
         float,
         typer.Option(help="Power of one busy GPU, for energy (700: H100 SXM limit)", min=0),
     ] = DEFAULT_GPU_WATTS,
-    seed: Annotated[int, typer.Option(help="Seed for the off-peak draw and tie-breaks")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="Seed for the off-peak and preemptible draws and tie-breaks")
+    ] = 0,
     start: Annotated[
         str | None,
         typer.Option(help="Instant of trace time 0, ISO 8601 with offset (default 2026-01-01Z)"),
@@ -55,11 +58,27 @@ def simulate(
             help="Tell the scheduler each job's true duration (what perfect estimates would gain)",
         ),
     ] = False,
+    preemption_cost: Annotated[
+        str,
+        typer.Option(
+            help="Work each preemption adds to its job: restart + work since its checkpoint"
+        ),
+    ] = f"{DEFAULT_PREEMPTION_COST_S:g}",
+    preemptible_fraction: Annotated[
+        float,
+        typer.Option(
+            help="Share of trace jobs (seeded draw) that may be preempted; the rest never",
+            min=0,
+            max=1,
+        ),
+    ] = 1.0,
 ) -> None:
     """Discrete-event simulation of a trace: JCT, queueing, makespan, utilisation, bounds."""
     from app.simulator.cli import run_simulation_cli
+    from app.simulator.trace import TraceError
 
     starvation_after_s = parse_duration(starvation_after, "--starvation-after")
+    preemption_cost_s = parse_duration(preemption_cost, "--preemption-cost")
     if not trace.is_file():
         raise CliError(f"no trace file at {trace}", EXIT_USAGE)
     try:
@@ -78,10 +97,16 @@ def simulate(
             start=start,
             starvation_after_s=starvation_after_s,
             exact_runtimes=exact_runtimes,
+            preemption_cost_s=preemption_cost_s,
+            preemptible_fraction=preemptible_fraction,
         )
+    except TraceError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None  # it names the file, line and field
     except (ValueError, KeyError) as exc:
         raise CliError(f"cannot simulate {trace}: {exc}", EXIT_USAGE) from None
-    typer.echo(output)
+    for note in output.notes:
+        typer.echo(note, err=True)
+    typer.echo(output.text)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from app.simulator.engine import SimResult, percentile, shape_for, simulate
-from app.simulator.trace import TraceJob, mark_offpeak, read_trace
+from app.simulator.engine import (
+    DEFAULT_PREEMPTION_COST_S,
+    SimResult,
+    percentile,
+    shape_for,
+    simulate,
+)
+from app.simulator.trace import TraceError, TraceJob, mark_offpeak, mark_preemptible, read_trace
 
 __all__ = [
+    "DEFAULT_PREEMPTION_COST_S",
     "SimResult",
+    "TraceError",
     "TraceJob",
     "mark_offpeak",
+    "mark_preemptible",
     "percentile",
     "read_trace",
     "shape_for",

@@ -6,15 +6,15 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
 from app.config import load_tariff
 from app.scheduling import QUEUE_POLICIES, PolicySettings
 from app.simulator.energy import DEFAULT_GPU_WATTS
-from app.simulator.engine import SIM_EPOCH, SimResult, simulate
-from app.simulator.trace import mark_offpeak, read_trace
+from app.simulator.engine import DEFAULT_PREEMPTION_COST_S, SIM_EPOCH, SimResult, simulate
+from app.simulator.trace import TraceJob, mark_offpeak, mark_preemptible, read_trace
 from app.windows.calendar import WindowSpec
 from app.windows.schemas import WindowIn
 from app.windows.tariff import Tariff
@@ -31,13 +31,16 @@ def _money(x: float | None) -> str:
 def format_table(results: list[SimResult]) -> str:
     """A fixed-width table, times in hours, with the lower bounds as the last rows.
 
-    Energy is always shown; the cost columns only when the runs were priced by a tariff.
+    Each policy's row shows its average JCT over the bound that counts arrivals (`vs
+    bound`), the GPU-hours its preemptions cost and the fragmentation its placements
+    left. Energy is always shown; the cost columns only when the runs were priced by a
+    tariff.
     """
     priced = any(r.cost is not None for r in results)
     head = (
-        f"{'policy':<11} {'jobs':>6} {'skip':>5} {'avg JCT h':>10} {'p50 JCT h':>10} "
-        f"{'p99 JCT h':>10} {'avg queue h':>11} {'makespan h':>11} {'util':>6} {'preempt':>8} "
-        f"{'energy kWh':>11}"
+        f"{'policy':<11} {'jobs':>6} {'skip':>5} {'avg JCT h':>10} {'vs bound':>8} "
+        f"{'p50 JCT h':>10} {'p99 JCT h':>10} {'avg queue h':>11} {'makespan h':>11} "
+        f"{'util':>6} {'frag':>6} {'preempt':>8} {'lost GPU-h':>10} {'energy kWh':>11}"
     )
     if priced:
         head += f" {'cost':>11} {'cost@peak':>11}"
@@ -45,8 +48,9 @@ def format_table(results: list[SimResult]) -> str:
     for r in results:
         line = (
             f"{r.policy:<11} {r.jobs:>6} {r.skipped:>5} {_hours(r.avg_jct_s):>10} "
-            f"{_hours(r.p50_jct_s):>10} {_hours(r.p99_jct_s):>10} {_hours(r.avg_queue_s):>11} "
-            f"{_hours(r.makespan_s):>11} {r.utilization:>6.1%} {r.preemptions:>8} "
+            f"{r.jct_over_bound:>7.2f}x {_hours(r.p50_jct_s):>10} {_hours(r.p99_jct_s):>10} "
+            f"{_hours(r.avg_queue_s):>11} {_hours(r.makespan_s):>11} {r.utilization:>6.1%} "
+            f"{r.fragmentation:>6.1%} {r.preemptions:>8} {r.preemption_lost_gpu_h:>10,.1f} "
             f"{r.energy_wh / 1000:>11,.1f}"
         )
         if priced:
@@ -55,9 +59,9 @@ def format_table(results: list[SimResult]) -> str:
     if results:
         for label, b in zip(("lower bound", "w/ arrivals"), results[0].bound_rows(), strict=True):
             lines.append(
-                f"{label:<11} {'':>6} {'':>5} {_hours(b.avg_jct_s):>10} {'':>10} {'':>10} "
-                f"{_hours(b.avg_queue_s):>11} {_hours(b.makespan_s):>11} {b.utilization:>6.1%} "
-                f"{'':>8}"
+                f"{label:<11} {'':>6} {'':>5} {_hours(b.avg_jct_s):>10} {'':>8} {'':>10} "
+                f"{'':>10} {_hours(b.avg_queue_s):>11} {_hours(b.makespan_s):>11} "
+                f"{b.utilization:>6.1%}"
             )
     return "\n".join(lines)
 
@@ -113,6 +117,22 @@ def parse_start(text: str | None) -> datetime:
     return start
 
 
+class CliOutput(NamedTuple):
+    text: str  # for standard output
+    notes: tuple[str, ...] = ()  # for standard error
+
+
+def skipped_note(jobs: list[TraceJob], result: SimResult, nodes: int, gpus_per_node: int) -> str:
+    """The jobs that can never fit the cluster, by id and size."""
+    sizes = {j.job_id: j.gpu_num for j in jobs}
+    listed = ", ".join(f"{i} ({sizes[i]} GPUs)" for i in result.skipped_ids)
+    count = len(result.skipped_ids)
+    return (
+        f"skipped {count} job{'s' if count != 1 else ''} that can never fit "
+        f"{nodes} x {gpus_per_node} GPUs: {listed}"
+    )
+
+
 def run_simulation_cli(
     trace: Path,
     nodes: int,
@@ -129,11 +149,16 @@ def run_simulation_cli(
     start: str | None = None,
     starvation_after_s: float = PolicySettings().starvation_after_s,
     exact_runtimes: bool = False,
-) -> str:
-    """Run one policy (or all when `policy` is None) and return the text to print.
+    preemption_cost_s: float = DEFAULT_PREEMPTION_COST_S,
+    preemptible_fraction: float = 1.0,
+) -> CliOutput:
+    """Run one policy (or all when `policy` is None): the text to print, and notes for
+    standard error (the jobs skipped because they can never fit the cluster).
 
     `offpeak_fraction` of the trace's jobs (drawn with `seed`) wait for a window of
     `windows_file`; `tariff_file` (the GPUSCHED_TARIFF_FILE format) prices the energy.
+    Only `preemptible_fraction` of the jobs (another draw with `seed`) may be preempted,
+    and each preemption costs its job `preemption_cost_s` seconds of work.
     """
     if nodes <= 0 or gpus_per_node <= 0:
         raise ValueError("nodes and gpus-per-node must be positive")
@@ -150,6 +175,7 @@ def run_simulation_cli(
     if offpeak_fraction > 0 and not specs:
         raise ValueError("--offpeak-fraction needs --windows (off-peak jobs wait for a window)")
     jobs = mark_offpeak(read_trace(trace), fraction=offpeak_fraction, seed=seed)
+    jobs = mark_preemptible(jobs, fraction=preemptible_fraction, seed=seed)
     results = [
         simulate(
             jobs,
@@ -164,13 +190,19 @@ def run_simulation_cli(
             epoch=epoch,
             settings=PolicySettings(starvation_after_s=starvation_after_s),
             exact_runtimes=exact_runtimes,
+            preemption_cost_s=preemption_cost_s,
         )
         for p in policies
     ]
+    notes = (skipped_note(jobs, results[0], nodes, gpus_per_node),) if results[0].skipped else ()
     if as_json:
         payload = results[0].to_json() if len(results) == 1 else [r.to_json() for r in results]
-        return json.dumps(payload, indent=2)
-    title = f"trace {trace.name}: {nodes} nodes x {gpus_per_node} GPUs, time scale {time_scale:g}"
+        return CliOutput(json.dumps(payload, indent=2), notes)
+    title = (
+        f"trace {trace.name}: {nodes} nodes x {gpus_per_node} GPUs, time scale {time_scale:g}, "
+        f"preemption cost {preemption_cost_s:g} s, "
+        f"{results[0].preemptible_jobs} jobs preemptible ({preemptible_fraction:.0%})"
+    )
     if exact_runtimes:
         title += ", exact runtimes (clairvoyant)"
     if specs or tariff is not None:
@@ -179,4 +211,4 @@ def run_simulation_cli(
             f"off-peak jobs {sum(j.offpeak for j in jobs)} ({offpeak_fraction:.0%}), "
             f"{gpu_watts:g} W per GPU"
         )
-    return title + "\n" + format_table(results)
+    return CliOutput(title + "\n" + format_table(results), notes)

@@ -19,7 +19,7 @@ from app.cli import app
 from app.simulator import TraceJob, read_trace, simulate
 from app.simulator.energy import GpuRun, energy_use
 from app.simulator.engine import SIM_EPOCH
-from app.simulator.trace import mark_offpeak
+from app.simulator.trace import mark_offpeak, mark_preemptible
 from app.windows.calendar import WindowSpec, occurrences
 from app.windows.schemas import WindowIn
 from app.windows.tariff import Tariff
@@ -138,16 +138,33 @@ def test_offpeak_jobs_without_windows_are_rejected() -> None:
 # --------------------------------------------------------------------------- window close
 
 
-def test_offpeak_job_running_at_close_is_requeued_and_finishes_next_window() -> None:
+@pytest.mark.parametrize("cost", [0, 300])
+def test_offpeak_job_running_at_close_is_requeued_and_finishes_next_window(cost: int) -> None:
     # 1 GPU. Off-peak j0 (3 h) runs 02:00-04:00, is stopped at the close with 1 h left,
-    # and finishes in the next night's window: 93600..97200. Peak j1 (arrives 14000)
-    # gets the freed GPU at the close itself (14400..15400), not at the next event.
+    # and finishes in the next night's window: 93600..97200, plus the preemption's cost
+    # (a window's close is charged as any preemption). Peak j1 (arrives 14000) gets the
+    # freed GPU at the close itself (14400..15400), not at the next event.
     trace = [job(0, 1, 0, 3 * H, offpeak=True), job(1, 1, 14000, 1000)]
-    r = simulate(trace, nodes=1, gpus_per_node=1, policy="fifo", window_specs=[NIGHT])
-    assert runs_of(r, "j0") == [(7200, 14400), (DAY + 7200, DAY + 10800)]
+    r = simulate(
+        trace,
+        nodes=1,
+        gpus_per_node=1,
+        policy="fifo",
+        window_specs=[NIGHT],
+        preemption_cost_s=cost,
+    )
+    assert runs_of(r, "j0") == [(7200, 14400), (DAY + 7200, DAY + 10800 + cost)]
     assert runs_of(r, "j1") == [(14400, 15400)]
-    assert r.jcts == [DAY + 10800, 1400]
+    assert r.jcts == [DAY + 10800 + cost, 1400]
     assert r.preemptions == 1 and r.window_preemptions == 1
+    assert r.preemption_lost_gpu_h == pytest.approx(cost / H)
+
+
+def test_a_job_drawn_not_preemptible_runs_on_past_the_close() -> None:
+    trace = mark_preemptible([job(0, 1, 0, 3 * H, offpeak=True)], fraction=0, seed=0)
+    r = simulate(trace, nodes=1, gpus_per_node=1, policy="fifo", window_specs=[NIGHT])
+    assert runs_of(r, "j0") == [(7200, 7200 + 3 * H)]
+    assert r.preemptions == 0 and r.preemptible_jobs == 0
 
 
 def test_window_without_preempt_on_close_lets_the_job_run_on() -> None:
@@ -164,7 +181,8 @@ def test_window_without_preempt_on_close_lets_the_job_run_on() -> None:
 
 
 def test_cron_window_closes_after_its_duration() -> None:
-    # Every day at 02:00 for 1 h: a 90-minute job runs 1 h, then 30 min the next night.
+    # Every day at 02:00 for 1 h: a 90-minute job runs 1 h, then 30 min the next night,
+    # plus 5 min (the default preemption cost) to restart from its checkpoint.
     spec = window(cron="0 2 * * *", duration_s=3600)
     r = simulate(
         [job(0, 1, 0, 5400, offpeak=True)],
@@ -173,7 +191,7 @@ def test_cron_window_closes_after_its_duration() -> None:
         policy="fifo",
         window_specs=[spec],
     )
-    assert runs_of(r, "j0") == [(7200, 10800), (DAY + 7200, DAY + 9000)]
+    assert runs_of(r, "j0") == [(7200, 10800), (DAY + 7200, DAY + 9300)]
 
 
 def test_offpeak_runs_stay_inside_windows_on_a_real_trace() -> None:
@@ -215,8 +233,9 @@ def test_energy_and_cost_by_hand() -> None:
 
 
 def test_energy_counts_only_the_time_gpus_ran() -> None:
-    # The 3-hour off-peak job above runs 02:00-04:00 and 02:00-03:00 the next day:
-    # 3 h x 700 W = 2.1 kWh, all at the night price 0.10 = 0.21 (0.63 at peak).
+    # The 3-hour off-peak job above runs 02:00-04:00 and 02:00-03:05 the next day (its
+    # last hour and 5 minutes to restart, the default preemption cost): 3 h 5 min x 700 W
+    # = 2,158.3 Wh, all at the night price 0.10 = 0.2158 (0.6475 at peak).
     r = simulate(
         [job(0, 1, 0, 3 * H, offpeak=True)],
         nodes=1,
@@ -225,9 +244,9 @@ def test_energy_counts_only_the_time_gpus_ran() -> None:
         window_specs=[NIGHT],
         tariff=TARIFF,
     )
-    assert r.energy_wh == pytest.approx(2100)
-    assert r.cost == pytest.approx(0.21)
-    assert r.cost_at_peak == pytest.approx(0.63)
+    assert r.energy_wh == pytest.approx(700 * (3 + 5 / 60))
+    assert r.cost == pytest.approx(0.07 * (3 + 5 / 60))
+    assert r.cost_at_peak == pytest.approx(0.21 * (3 + 5 / 60))
 
 
 def test_no_tariff_gives_energy_but_no_cost() -> None:
@@ -320,7 +339,8 @@ def test_cli_without_tariff_has_no_cost_columns(tmp_path: Path) -> None:
         app, ["simulate", "--trace", str(trace), "--nodes", "1", "--gpus-per-node", "2"]
     )
     assert result.exit_code == 0, result.output
-    assert "energy kWh" in result.output and "cost" not in result.output
+    header = next(line for line in result.output.splitlines() if line.startswith("policy"))
+    assert "energy kWh" in header and "cost" not in header
 
 
 @pytest.mark.parametrize(

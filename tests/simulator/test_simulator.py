@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import app
-from app.simulator import TraceJob, read_trace, shape_for, simulate
+from app.simulator import TraceJob, engine, read_trace, shape_for, simulate
 from app.simulator.cli import run_simulation_cli
 from app.simulator.engine import percentile
 
@@ -55,6 +56,7 @@ def test_to_json_has_exactly_the_documented_keys() -> None:
         "policy",
         "jobs",
         "skipped",
+        "skipped_jobs",
         "avg_jct_s",
         "p50_jct_s",
         "p99_jct_s",
@@ -62,6 +64,10 @@ def test_to_json_has_exactly_the_documented_keys() -> None:
         "makespan_s",
         "utilization",
         "preemptions",
+        "preemption_cost_s",
+        "preemption_lost_gpu_h",
+        "preemptible_jobs",
+        "fragmentation",
         "per_vc",
         "lower_bounds",
         "exact_runtimes",
@@ -123,15 +129,21 @@ def test_cli_exact_runtimes(tmp_path: Path) -> None:
     assert "exact runtimes (clairvoyant)" in table.output
 
 
-def test_las_preempts_long_runner_for_newcomer() -> None:
+@pytest.mark.parametrize("cost", [0, 300, 4000])
+def test_las_preempts_long_runner_for_newcomer(cost: float) -> None:
     # j0 runs from 0 on the only GPU; at 5000 it has 5000 GPU-s >= 3600 (LAS queue 1),
-    # j1 arrives (queue 0) and preempts it: j1 5000..5100, j0 resumes 5100..10100.
+    # j1 arrives (queue 0) and preempts it: j1 5000..5100, j0 resumes 5100..10100 plus
+    # the preemption's cost (restart and lost work). j0 waited 100 s of its JCT.
     trace = [tj(0, "x", 1, 0, 10_000), tj(1, "y", 1, 5000, 100)]
-    r = simulate(trace, nodes=1, gpus_per_node=1, policy="las")
+    r = simulate(trace, nodes=1, gpus_per_node=1, policy="las", preemption_cost_s=cost)
     assert r.preemptions == 1
-    assert sorted(r.jcts) == [100, 10_100]
-    fifo = simulate(trace, nodes=1, gpus_per_node=1, policy="fifo")
+    assert sorted(r.jcts) == [100, 10_100 + cost]
+    assert r.preemption_lost_gpu_h == pytest.approx(cost / 3600)
+    assert r.avg_queue_s == pytest.approx(100 / 2)
+    assert r.utilization == pytest.approx(10_100 / (10_100 + cost))  # the trace's work only
+    fifo = simulate(trace, nodes=1, gpus_per_node=1, policy="fifo", preemption_cost_s=cost)
     assert fifo.preemptions == 0 and sorted(fifo.jcts) == [5100, 10_000]
+    assert fifo.preemption_lost_gpu_h == 0
 
 
 def test_time_scale_compresses_arrivals_only() -> None:
@@ -144,6 +156,7 @@ def test_too_large_jobs_are_skipped_and_reported() -> None:
     trace = [*TRACE, tj(9, "huge", 64, 0, 10)]
     r = simulate(trace, nodes=2, gpus_per_node=2, policy="fifo")
     assert r.skipped == 1 and r.skipped_ids == ["j9"] and r.jobs == 3
+    assert r.to_json()["skipped_jobs"] == ["j9"]
 
 
 def test_multi_node_gang_jobs_run() -> None:
@@ -202,8 +215,9 @@ def test_read_trace_rejects_missing_columns(tmp_path: Path) -> None:
 def test_cli_table_and_json(tmp_path: Path) -> None:
     path = _write(tmp_path)
     out = run_simulation_cli(path, 1, 2, "fifo", 1.0, as_json=True)
-    assert json.loads(out)["avg_jct_s"] == pytest.approx(350 / 3)
-    table = run_simulation_cli(path, 1, 2, None, 1.0, as_json=False)
+    assert json.loads(out.text)["avg_jct_s"] == pytest.approx(350 / 3)
+    assert out.notes == ()  # nothing skipped
+    table = run_simulation_cli(path, 1, 2, None, 1.0, as_json=False).text
     rows = ("default", "fifo", "priority", "fair-share", "sjf", "las", "lower bound", "w/ arrivals")
     for row in rows:
         assert row in table
@@ -258,3 +272,26 @@ def test_cli_rejects_a_bad_starvation_limit(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [*args, "--starvation-after", "soon"])
     assert result.exit_code == 2
     assert "--starvation-after: 'soon': expected seconds or a duration" in result.output
+
+
+def test_plans_run_with_the_garbage_collector_paused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As in the live cycle: the collector's passes over a replay's large heap cost 12 %
+    # of the Alibaba trace's replay. It is on again between plans, and after the run.
+    during: list[bool] = []
+    plan = engine.plan_cycle
+
+    def spy(*args: object, **kwargs: object) -> object:
+        during.append(gc.isenabled())
+        return plan(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "plan_cycle", spy)
+    assert gc.isenabled()
+    simulate(TRACE, nodes=1, gpus_per_node=2, policy="fifo")
+    assert during and not any(during)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        simulate(TRACE, nodes=1, gpus_per_node=2, policy="fifo")
+        assert not gc.isenabled()  # a caller's choice is kept
+    finally:
+        gc.enable()
