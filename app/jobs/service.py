@@ -33,7 +33,7 @@ from app.jobs.dependencies import (
     singleton_wait,
 )
 from app.jobs.lifecycle import note, transition
-from app.jobs.limits import ProjectTimeLimit, RuntimeLimits
+from app.jobs.limits import ProjectTimeLimit, RuntimeLimits, check_priority
 from app.jobs.models import Allocation, Job, JobEvent
 from app.jobs.schemas import (
     AllocationOut,
@@ -305,11 +305,25 @@ def check_submission(
             gpu_model=spec.gpu_model,
         )
         spec = spec.model_copy(update={"gpu_memory_mb": memory})
+    _check_priority(session, principal=principal, project_id=project_id, asked=spec.priority)
     check_can_ever_fit(session=session, spec=spec, inventory=inventory)
     if spec.schedule.mode == "offpeak":
         require_window(session=session, name=spec.schedule.window, field=("schedule", "window"))
     _check_singleton(spec)
     return CheckedSubmission(spec=spec, project_id=project_id, project_name=project_name)
+
+
+def _check_priority(
+    session: Session, *, principal: Principal, project_id: int, asked: int, current: int = 0
+) -> None:
+    """A 403 unless `principal` may give a job of the project priority `asked` (see
+    check_priority); admins may give any. Reads the project only for a raise."""
+    if principal.is_admin or asked <= max(current, 0):
+        return
+    name, project_max = session.execute(
+        select(Project.name, Project.max_priority).where(Project.id == project_id)
+    ).one()
+    check_priority(asked=asked, project=name, project_max=project_max, current=current)
 
 
 def create_job(
@@ -971,6 +985,14 @@ def _update_locked(
         sent["notify_url"] = _default_notify_url(owner_default, whose="its owner's")
     current = {name: getattr(job, name) for name in _REQUEST_FIELDS}
     spec = _changed_spec(session, job=job, current=current, sent=sent, limits=limits)
+    if spec.priority != job.priority:
+        _check_priority(
+            session,
+            principal=principal,
+            project_id=job.project_id,
+            asked=spec.priority,
+            current=job.priority,
+        )
     check_can_ever_fit(session=session, spec=spec)
     rewired = None
     if "depends_on" in sent or "dependency" in sent:  # checked (and may refuse) first

@@ -23,9 +23,10 @@ def list_queues(session: SessionDep, principal: CurrentUser) -> list[QueueOut]:
 def update_project(
     name: str, body: ProjectUpdate, session: SessionDep, admin: AdminUser
 ) -> QueueOut:
-    """Set a project's guaranteed GPUs (quota), fair-share weight and longest job time limit
-    (`max_runtime_s`, null: the cluster's); only the fields sent change. Returns its queue
-    row."""
+    """Set a project's guaranteed GPUs (quota), fair-share weight, longest job time limit
+    (`max_runtime_s`, null: the cluster's) and the highest priority its users may give
+    their jobs (`max_priority`); only the fields sent change, each audited. Returns its
+    queue row."""
     return service.update_project(session=session, actor=admin.name, name=name, change=body)
 
 
