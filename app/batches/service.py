@@ -142,7 +142,9 @@ def _zone(row: BatchSchedule) -> ZoneInfo:
     return validate_timezone(row.timezone)
 
 
-def _out(session: Session, row: BatchSchedule, now: datetime) -> BatchOut:
+def _out(session: Session, row: BatchSchedule, now: datetime, *, viewer: Principal) -> BatchOut:
+    """The batch as `viewer` reads it: its templates' environment values only for its
+    owner and admins (as a job's), the variables' names for the others."""
     zone = _zone(row)
     owner = session.scalar(select(User.name).where(User.id == row.user_id)) or "?"
     project = session.scalar(select(Project.name).where(Project.id == row.project_id)) or "?"
@@ -163,7 +165,9 @@ def _out(session: Session, row: BatchSchedule, now: datetime) -> BatchOut:
         project=project,
         cron=row.cron,
         timezone=row.timezone,
-        templates=row.templates,
+        templates=row.templates
+        if viewer.is_admin or row.user_id == viewer.user_id
+        else [{**t, "env": dict.fromkeys(t.get("env") or {})} for t in row.templates],
         target=row.target,
         window=row.window,
         enabled=row.enabled,
@@ -200,11 +204,11 @@ def list_batches(*, session: Session, principal: Principal, now: datetime) -> li
                 BatchSchedule.project_id.in_(principal.project_ids or {-1}),
             )
         )
-    return [_out(session, row, now) for row in session.scalars(query)]
+    return [_out(session, row, now, viewer=principal) for row in session.scalars(query)]
 
 
 def get_batch(*, session: Session, principal: Principal, name: str, now: datetime) -> BatchOut:
-    return _out(session, _row(session, principal, name, write=False), now)
+    return _out(session, _row(session, principal, name, write=False), now, viewer=principal)
 
 
 def list_firings(
@@ -337,7 +341,7 @@ def create_batch(
     except IntegrityError:
         session.rollback()
         raise Conflict(f"a batch named {body.name!r} already exists") from None
-    return _out(session, row, now)
+    return _out(session, row, now, viewer=principal)
 
 
 def replace_batch(
@@ -380,7 +384,7 @@ def replace_batch(
     except IntegrityError:
         session.rollback()
         raise Conflict(f"a batch named {body.name!r} already exists") from None
-    return _out(session, row, now)
+    return _out(session, row, now, viewer=principal)
 
 
 def set_enabled(
@@ -397,7 +401,7 @@ def set_enabled(
         action = "batch.enable" if enabled else "batch.disable"
         record(session=session, actor=principal.name, action=action, target=name)
         session.commit()
-    return _out(session, row, now)
+    return _out(session, row, now, viewer=principal)
 
 
 def delete_batch(*, session: Session, principal: Principal, name: str) -> None:

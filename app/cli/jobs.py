@@ -976,13 +976,19 @@ def _job_details(job: dict[str, Any], rank: dict[str, Any] | None = None) -> Tab
     if job.get("labels"):
         rows.append(("labels", ", ".join(f"{k}={v}" for k, v in sorted(job["labels"].items()))))
     if job.get("env"):
-        rows.append(("env", "\n".join(f"{k}={v}" for k, v in sorted(job["env"].items()))))
+        rows.append(("env", "\n".join(_env_line(k, v) for k, v in sorted(job["env"].items()))))
     for key in ("created_at", "scheduled_at", "started_at", "finished_at"):
         if job.get(key):
             rows.append((key.removesuffix("_at"), job[key]))
     for label, value in rows:
         add_row(table, label, value)
     return table
+
+
+def _env_line(name: str, value: str | None) -> str:
+    # The API gives a value only to the job's owner and admins (an exported environment
+    # holds the submitter's keys); the others learn the names.
+    return f"{name}={value}" if value is not None else f"{name} (value hidden: not your job)"
 
 
 def show(

@@ -335,7 +335,10 @@ class JobOut(BaseModel):
         default=None, description="size of the script copy taken at submission, which it runs"
     )
     workdir: str | None
-    env: dict[str, str]
+    env: dict[str, str | None] = Field(
+        description="the job's environment; a value is null where the caller may not read "
+        "it: only the job's owner and admins read the values"
+    )
     gpus: int
     gpu_memory_mb: int | None
     gpu_share: float | None

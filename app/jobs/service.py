@@ -564,11 +564,12 @@ def _idempotent_replay(
         raise Conflict(
             f"Idempotency-Key {key!r} was already used for job {job.id} with a different body"
         )
-    return _outs(session, [job])[0]
+    return _outs(session, [job], viewer=principal)[0]
 
 
 def get(*, session: Session, principal: Principal, job_id: int) -> JobOut:
-    return _outs(session, [_visible_job(session=session, principal=principal, job_id=job_id)])[0]
+    job = _visible_job(session=session, principal=principal, job_id=job_id)
+    return _outs(session, [job], viewer=principal)[0]
 
 
 def _visible_job(*, session: Session, principal: Principal, job_id: int) -> Job:
@@ -664,7 +665,9 @@ def list_jobs(
     jobs = list(session.scalars(query))
     more = len(jobs) > limit
     jobs = jobs[:limit]
-    return JobPage(items=_outs(session, jobs), next_cursor=str(jobs[-1].id) if more else None)
+    return JobPage(
+        items=_outs(session, jobs, viewer=principal), next_cursor=str(jobs[-1].id) if more else None
+    )
 
 
 def pending_in_order(
@@ -686,7 +689,7 @@ def pending_in_order(
         .offset(offset)
         .limit(limit)
     ).all()
-    return PendingPage(total=total, items=_outs(session, jobs))
+    return PendingPage(total=total, items=_outs(session, jobs, viewer=principal))
 
 
 def cancel(
@@ -702,7 +705,7 @@ def cancel(
         raise Conflict(f"job {job_id} already finished ({job.status}); nothing to cancel")
     cancel_locked(session, job=job, actor=principal.name, grace_s=grace_s)
     session.commit()
-    return _outs(session, [job])[0]
+    return _outs(session, [job], viewer=principal)[0]
 
 
 def cancel_selected(
@@ -722,7 +725,7 @@ def cancel_selected(
     for job in jobs:
         cancel_locked(session, job=job, actor=principal.name, grace_s=grace_s)
     session.commit()
-    return _outs(session, jobs)
+    return _outs(session, jobs, viewer=principal)
 
 
 def _lock_selected(
@@ -788,7 +791,7 @@ def requeue(*, session: Session, principal: Principal, job_id: int, hold: bool) 
         raise Conflict(f"job {job_id} is being cancelled: it will not come back")
     _ask_requeue(session, job=job, actor=principal.name, hold=hold)
     session.commit()
-    return _outs(session, [job])[0]
+    return _outs(session, [job], viewer=principal)[0]
 
 
 def requeue_node_jobs(*, session: Session, principal: Principal, node: str) -> list[JobOut]:
@@ -815,7 +818,7 @@ def requeue_node_jobs(*, session: Session, principal: Principal, node: str) -> l
     for job in jobs:
         _ask_requeue(session, job=job, actor=principal.name, hold=False, why=f"node {node}")
     session.commit()
-    return _outs(session, list(jobs))
+    return _outs(session, list(jobs), viewer=principal)
 
 
 def _ask_requeue(
@@ -844,7 +847,7 @@ def hold(*, session: Session, principal: Principal, job_id: int) -> JobOut:
         raise Conflict(f"job {job_id} is {job.status}: only a pending job can be held")
     _hold_one(session, job=job, actor=principal.name)
     session.commit()
-    return _outs(session, [job])[0]
+    return _outs(session, [job], viewer=principal)[0]
 
 
 def hold_selected(
@@ -859,7 +862,7 @@ def hold_selected(
     for job in jobs:
         _hold_one(session, job=job, actor=principal.name)
     session.commit()
-    return _outs(session, jobs)
+    return _outs(session, jobs, viewer=principal)
 
 
 def _hold_one(session: Session, *, job: Job, actor: str) -> None:
@@ -880,7 +883,7 @@ def release(*, session: Session, principal: Principal, job_id: int) -> JobOut:
             )
         _release_one(session, job=job, actor=principal.name)
     session.commit()
-    return _outs(session, [job])[0]
+    return _outs(session, [job], viewer=principal)[0]
 
 
 def release_selected(
@@ -902,7 +905,7 @@ def release_selected(
     for job in jobs:
         _release_one(session, job=job, actor=principal.name)
     session.commit()
-    return _outs(session, jobs)
+    return _outs(session, jobs, viewer=principal)
 
 
 def _held_by_admin(session: Session, *, principal: Principal, jobs: list[Job]) -> list[Job]:
@@ -944,7 +947,7 @@ def update(
     else:
         raise Conflict(f"job {job_id} is {job.status}: it can no longer be changed")
     session.commit()
-    return _outs(session, [job])[0]
+    return _outs(session, [job], viewer=principal)[0]
 
 
 def update_selected(
@@ -970,7 +973,7 @@ def update_selected(
                 exc.field, f"job {job.id}: {exc.message}", location=exc.location
             ) from None
     session.commit()
-    return _outs(session, jobs)
+    return _outs(session, jobs, viewer=principal)
 
 
 def _update_locked(
@@ -1175,7 +1178,7 @@ def change_array_limit(
             reason=f"array limit changed by {principal.name}: {limits} at once",
         )
     session.commit()
-    return _outs(session, [job])[0]
+    return _outs(session, [job], viewer=principal)[0]
 
 
 def _back_in_line(job: Job, *, why: str) -> None:
@@ -1187,7 +1190,8 @@ def _back_in_line(job: Job, *, why: str) -> None:
     job.queue_position = job.estimated_start_at = None
 
 
-def _outs(session: Session, jobs: Sequence[Job]) -> list[JobOut]:
+def _outs(session: Session, jobs: Sequence[Job], *, viewer: Principal) -> list[JobOut]:
+    """The jobs as `viewer` may read them (see _to_out)."""
     if not jobs:
         return []
     user_names = dict(
@@ -1220,12 +1224,23 @@ def _outs(session: Session, jobs: Sequence[Job]) -> list[JobOut]:
             user=user_names[j.user_id],
             project=project_names[j.project_id],
             allocations=allocations.get(j.id, []),
+            env_readable=viewer.is_admin or j.user_id == viewer.user_id,
         )
         for j in jobs
     ]
 
 
-def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOut]) -> JobOut:
+def _to_out(
+    job: Job,
+    *,
+    user: str,
+    project: str,
+    allocations: list[AllocationOut],
+    env_readable: bool = True,
+) -> JobOut:
+    """`env_readable`: the viewer may read the job's environment's values (its owner, an
+    admin); `--export ALL` copies the submitter's, cloud keys and all, so the other members
+    of its project see the variables' names only."""
     # Only a waiting job has a reason to wait: a job cancelled while pending (or in the
     # moment a cycle still ranked it) must not say "waiting for 4 GPUs". A held job's
     # stored reason is the last cycle's (or one a cycle wrote as it was held): not shown.
@@ -1247,7 +1262,7 @@ def _to_out(job: Job, *, user: str, project: str, allocations: list[AllocationOu
         command=job.command,
         script_bytes=None if job.script is None else len(job.script.encode()),
         workdir=job.workdir,
-        env=job.env,
+        env=job.env if env_readable else dict.fromkeys(job.env),
         gpus=job.gpus,
         gpu_memory_mb=job.gpu_memory_mb,
         gpu_share=None if job.gpu_share_milli == 1000 else job.gpu_share_milli / 1000,
