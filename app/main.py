@@ -32,6 +32,7 @@ from app.nodes.router import router as nodes_router
 from app.nodes.router import utilization_router
 from app.projects.router import router as projects_router
 from app.reports.router import router as reports_router
+from app.security_headers import SecurityHeadersMiddleware
 from app.windows.router import router as windows_router
 
 log = logging.getLogger("gpusched.api")
@@ -134,6 +135,7 @@ def create_app(
     app.include_router(batches_router, responses=API_ERROR_RESPONSES)
     app.include_router(audit_router, responses=API_ERROR_RESPONSES)
     app.add_middleware(ETagMiddleware)
+    app.add_middleware(SecurityHeadersMiddleware)
     if settings.trusted_proxy_list:
         # The client's address (the failed-token limiter's key, the access log) is the one
         # a trusted proxy forwards, and only theirs: from anyone else X-Forwarded-For is
