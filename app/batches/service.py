@@ -47,6 +47,7 @@ from app.jobs.schemas import JobCreate
 from app.jobs.service import cancel_locked, check_submission, create_job
 from app.jobs.states import FINISHED
 from app.messaging import Messenger
+from app.paging import Page, count
 from app.projects.models import Project
 from app.windows.calendar import resolve_local, validate_timezone
 from app.windows.service import require_window
@@ -195,8 +196,11 @@ def _row(session: Session, principal: Principal, name: str, *, write: bool) -> B
     return row
 
 
-def list_batches(*, session: Session, principal: Principal, now: datetime) -> list[BatchOut]:
-    query = select(BatchSchedule).order_by(BatchSchedule.name)
+def list_batches(
+    *, session: Session, principal: Principal, now: datetime, page: Page = Page()
+) -> tuple[list[BatchOut], int]:
+    """A page of the batches `principal` sees, by name, and how many they are."""
+    query = select(BatchSchedule)
     if not principal.is_admin:
         query = query.where(
             or_(
@@ -204,7 +208,8 @@ def list_batches(*, session: Session, principal: Principal, now: datetime) -> li
                 BatchSchedule.project_id.in_(principal.project_ids or {-1}),
             )
         )
-    return [_out(session, row, now, viewer=principal) for row in session.scalars(query)]
+    rows = session.scalars(page.of(query.order_by(BatchSchedule.name)))
+    return [_out(session, row, now, viewer=principal) for row in rows], count(session, query)
 
 
 def get_batch(*, session: Session, principal: Principal, name: str, now: datetime) -> BatchOut:
@@ -213,17 +218,13 @@ def get_batch(*, session: Session, principal: Principal, name: str, now: datetim
 
 def list_firings(
     *, session: Session, principal: Principal, name: str, limit: int = 50
-) -> list[FiringOut]:
-    """Newest first, times in the schedule's zone."""
+) -> tuple[list[FiringOut], int]:
+    """The latest `limit`, newest first, times in the schedule's zone, and how many."""
     row = _row(session, principal, name, write=False)
     zone = _zone(row)
-    firings = session.scalars(
-        select(BatchFiring)
-        .where(BatchFiring.schedule_id == row.id)
-        .order_by(BatchFiring.fire_at.desc())
-        .limit(limit)
-    )
-    return [_firing_out(f, zone) for f in firings]
+    query = select(BatchFiring).where(BatchFiring.schedule_id == row.id)
+    firings = session.scalars(query.order_by(BatchFiring.fire_at.desc()).limit(limit))
+    return [_firing_out(f, zone) for f in firings], count(session, query)
 
 
 def _firing_out(firing: BatchFiring, zone: ZoneInfo) -> FiringOut:

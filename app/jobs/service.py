@@ -59,7 +59,9 @@ from app.jobs.states import (
 from app.nodes.inventory import Inventory, InventoryCache, read_inventory
 from app.nodes.models import Gpu, Node
 from app.notifications.deliveries import NotificationOut, deliveries
+from app.paging import Page, count
 from app.projects.models import Project
+from app.text import escape_controls
 from app.windows.service import require_window
 
 MAX_PAGE = 500
@@ -548,8 +550,10 @@ def submit(
 
 
 def _default_name(command: list[str] | str) -> str:
+    """The program's file name, as squeue names a job by its script; a control character
+    in it is written out (`\x1b`), as a name given would be refused for it."""
     first = command[0] if isinstance(command, list) else command.split()[0]
-    return first.rsplit("/", 1)[-1][:200] or "job"
+    return escape_controls(first.rsplit("/", 1)[-1])[:200].strip() or "job"
 
 
 def _idempotent_replay(
@@ -591,9 +595,13 @@ def script(*, session: Session, principal: Principal, job_id: int) -> str:
     return job.script
 
 
-def events(*, session: Session, principal: Principal, job_id: int) -> list[JobEventOut]:
+def events(
+    *, session: Session, principal: Principal, job_id: int, page: Page = Page()
+) -> tuple[list[JobEventOut], int]:
+    """A page of the job's events, oldest first, and how many it has."""
     job = _visible_job(session=session, principal=principal, job_id=job_id)
-    rows = session.scalars(select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id))
+    query = select(JobEvent).where(JobEvent.job_id == job.id)
+    rows = session.scalars(page.of(query.order_by(JobEvent.id)))
     return [
         JobEventOut(
             id=e.id,
@@ -605,12 +613,14 @@ def events(*, session: Session, principal: Principal, job_id: int) -> list[JobEv
             reason=e.reason,
         )
         for e in rows
-    ]
+    ], count(session, query)
 
 
-def notifications(*, session: Session, principal: Principal, job_id: int) -> list[NotificationOut]:
+def notifications(
+    *, session: Session, principal: Principal, job_id: int, page: Page = Page()
+) -> tuple[list[NotificationOut], int]:
     job = _visible_job(session=session, principal=principal, job_id=job_id)
-    return deliveries(session=session, job_id=job.id)
+    return deliveries(session=session, job_id=job.id, page=page)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from app.deps import AdminUser, CurrentUser, SessionDep
 from app.jobs import service as jobs_service
 from app.jobs.router import FiltersDep
 from app.jobs.schemas import PendingPage
+from app.paging import PageDep, cut
 from app.projects import service
 from app.projects.schemas import ProjectUpdate, QueueOut
 
@@ -15,8 +16,11 @@ router = APIRouter(prefix="/api/v1", tags=["queues"])
 
 
 @router.get("/queues", response_model=list[QueueOut])
-def list_queues(session: SessionDep, principal: CurrentUser) -> list[QueueOut]:
-    return service.queues(session=session, principal=principal)
+def list_queues(
+    session: SessionDep, principal: CurrentUser, page: PageDep, response: Response
+) -> list[QueueOut]:
+    """Per project you see, by name, a page at a time (X-Total-Count: how many)."""
+    return cut(response, page, service.queues(session=session, principal=principal))
 
 
 @router.patch("/projects/{name}", response_model=QueueOut)

@@ -98,9 +98,7 @@ def test_an_admin_sets_a_projects_maximum_and_the_audit_records_it(api: Any) -> 
 
 
 def test_only_admins_set_a_maximum_and_bad_values_are_refused(api: Any) -> None:
-    r = api.client.patch(
-        "/api/v1/projects/ml", json={"max_priority": 10}, headers=api.as_("alice")
-    )
+    r = api.client.patch("/api/v1/projects/ml", json={"max_priority": 10}, headers=api.as_("alice"))
     assert r.status_code == 403
     for bad in (-1, 1001, "high", None):
         r = api.client.patch(
