@@ -10,15 +10,15 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from bench.common import free_port
 from tests.e2e.test_up_shutdown import _parent_of, _processes_of, _Up
+from tests.support.servers import free_port
+from tests.support.wait import poll
 from tests.up_process import start_up
 
 pytestmark = pytest.mark.e2e
@@ -69,13 +69,6 @@ def _kill(up: _Up, marker: str) -> int:
     return _child(up, marker, not_pid=pid)
 
 
-def _wait(what: str, check: Callable[[], Any], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
-
-
 def test_a_process_that_keeps_exiting_stops_the_stack_saying_why(tmp_path: Path) -> None:
     args = ("--max-restarts", str(BURST), "--restart-window", str(WINDOW_S))
     with _up(tmp_path, *args) as up:
@@ -84,7 +77,7 @@ def test_a_process_that_keeps_exiting_stops_the_stack_saying_why(tmp_path: Path)
         last_exit = time.monotonic()
         assert up.proc.poll() is None
         # Exits longer ago than the window are forgotten: the next one is the first again.
-        _wait("the window to pass", lambda: time.monotonic() - last_exit > WINDOW_S + 1)
+        poll("the window to pass", lambda: time.monotonic() - last_exit > WINDOW_S + 1)
         for _ in range(BURST):
             _kill(up, "--only cycle")
         assert up.proc.poll() is None, up.log.read_text()[-3000:]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,8 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from bench.common import free_port
+from tests.support.servers import free_port
+from tests.support.wait import poll
 from tests.up_process import REPO
 
 LIMIT = 5
@@ -43,16 +43,12 @@ def _serve(data_dir: Path, database_url: str, **env: str) -> Iterator[str]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
+
+        def serving() -> bool:
             assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+            return httpx.get(url + "/healthz", timeout=2).status_code == 200
+
+        poll("the server", serving, on_timeout=log.read_text)
         yield url
     finally:
         proc.terminate()
