@@ -622,7 +622,7 @@ def _submitted_line(job: dict[str, Any], *, replay: bool, task_ids: list[int]) -
     if array:
         limit = f", at most {array['max_running']} at once" if array["max_running"] else ""
         return (
-            f"{verb} array {array['id']} ({_name_cell(job)}): {array['tasks']} tasks, "
+            f"{verb} array {array['id']} ({escape_controls(job['name'])}): {array['tasks']} tasks, "
             f"jobs {_id_ranges(task_ids)}{limit} (gpusched jobs/cancel --array {array['id']})"
         )
     line = f"{verb} job {job['id']} ({_name_cell(job)}): {job['status']}"
