@@ -93,7 +93,7 @@ def test_a_jobs_page_shows_its_environment_to_its_owner_only(
     dash: Dashboard, browser: Any, stack: Stack
 ) -> None:
     """bob's colleague in project cv sees the variables' names, not their values."""
-    erin = stack.request("POST", "/api/v1/users", {"name": "erin", "projects": ["cv"]})
+    fiona = stack.request("POST", "/api/v1/users", {"name": "fiona", "projects": ["cv"]})
     job = stack.request(
         "POST",
         "/api/v1/jobs",
@@ -103,7 +103,7 @@ def test_a_jobs_page_shows_its_environment_to_its_owner_only(
     colleague = _open(browser, stack, DESKTOP)
     other = next(colleague)
     try:
-        for view, token, shown in ((dash, stack.bob_token, SECRET), (other, erin["token"], "…")):
+        for view, token, shown in ((dash, stack.bob_token, SECRET), (other, fiona["token"], "…")):
             view.login(token)
             view.go(f"#/jobs/{job['id']}")
             _expect_text(view.page, "main", f"AWS_SECRET_ACCESS_KEY={shown}")
