@@ -6,6 +6,7 @@ nothing deeper imports a global instance.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -41,7 +42,15 @@ class Settings(BaseSettings):
         default=5.0, ge=0, description="how long a verified token is trusted without a DB read"
     )
     auth_failures_per_minute: int = Field(
-        default=60, ge=1, description="failed token checks per client address before 429"
+        default=60,
+        ge=1,
+        description="failed token checks per client address (and per token prefix) before "
+        "429; a valid token is never refused",
+    )
+    trusted_proxies: str = Field(
+        default="",
+        description="addresses or networks (CIDR) of the reverse proxies whose "
+        "X-Forwarded-For names the client, comma-separated; empty: the header is ignored",
     )
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
     log_cap_bytes: int = Field(default=10_000_000, ge=1024)
@@ -94,6 +103,20 @@ class Settings(BaseSettings):
     @property
     def notify_host_set(self) -> frozenset[str]:
         return frozenset(h.strip().lower() for h in self.notify_hosts.split(",") if h.strip())
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies_are_addresses(cls, value: str) -> str:
+        for entry in _split(value):
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or network") from None
+        return value
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        return _split(self.trusted_proxies)
 
     @field_validator("tariff_file")
     @classmethod
@@ -168,6 +191,10 @@ def _read_password(path: Path) -> str:
     if not password:
         raise ValueError(f"{path} is empty")
     return password
+
+
+def _split(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
 
 
 def load_tariff(path: Path) -> Tariff:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from sqlalchemy.orm import Session
 
-from app.auth.service import TOKEN_CACHE, FailedAuthLimiter, Principal, load_principal
+from app.auth.service import (
+    TOKEN_CACHE,
+    FailedAuthLimiter,
+    Principal,
+    failure_keys,
+    load_principal,
+)
 from app.config import Settings
 from app.db import utcnow
 from app.messaging import Sender
@@ -47,37 +54,41 @@ _UNAUTHORIZED = {"WWW-Authenticate": "Bearer"}
 
 
 def get_principal(request: Request, session: SessionDep, settings: SettingsDep) -> Principal:
+    """The caller, by their bearer token. A valid token is always accepted: the failed-check
+    limiter answers only failed checks (429 instead of 401), so nobody is locked out by
+    another client's failures. The client's address is the connection's, or, from a proxy
+    named in GPUSCHED_TRUSTED_PROXIES, the one it forwards (see main.py)."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    token = token.strip() if scheme.lower() == "bearer" else ""
+    if token:
+        principal = TOKEN_CACHE.get(token, settings.token_cache_s)
+        if principal is None:
+            principal = load_principal(session=session, token=token, now=utcnow())
+            if principal is not None:
+                TOKEN_CACHE.put(token, principal)
+        if principal is not None:
+            return principal
     limiter: FailedAuthLimiter = request.app.state.auth_limiter
     client = request.client.host if request.client else "unknown"
-    wait = limiter.retry_after(client)
+    keys = failure_keys(client=client, token=token)
+    wait = limiter.retry_after(*keys)
     if wait is not None:
         raise HTTPException(
             status.HTTP_429_TOO_MANY_REQUESTS,
-            "too many failed token checks from this address; retry later",
-            headers={"Retry-After": str(max(1, round(wait)))},
+            "too many failed token checks from this address or for this token; retry later",
+            headers={"Retry-After": str(max(1, math.ceil(wait)))},
         )
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        limiter.failed(client)
+    limiter.failed(*keys)
+    if not token:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "missing bearer token: send 'Authorization: Bearer <token>'",
             headers=_UNAUTHORIZED,
         )
-    token = token.strip()
-    principal = TOKEN_CACHE.get(token, settings.token_cache_s)
-    if principal is None:
-        principal = load_principal(session=session, token=token, now=utcnow())
-        if principal is None:
-            limiter.failed(client)
-            raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED,
-                "invalid, expired or revoked token",
-                headers=_UNAUTHORIZED,
-            )
-        TOKEN_CACHE.put(token, principal)
-    return principal
+    raise HTTPException(
+        status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token", headers=_UNAUTHORIZED
+    )
 
 
 CurrentUser = Annotated[Principal, Depends(get_principal)]

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app.audit.router import router as audit_router
 from app.auth.router import router as auth_router
@@ -32,6 +33,7 @@ from app.nodes.router import router as nodes_router
 from app.nodes.router import utilization_router
 from app.projects.router import router as projects_router
 from app.reports.router import router as reports_router
+from app.security_headers import SecurityHeadersMiddleware
 from app.windows.router import router as windows_router
 
 log = logging.getLogger("gpusched.api")
@@ -141,5 +143,12 @@ def create_app(
     app.include_router(batches_router, responses=API_ERROR_RESPONSES)
     app.include_router(audit_router, responses=API_ERROR_RESPONSES)
     app.add_middleware(ETagMiddleware)
+    app.add_middleware(SecurityHeadersMiddleware)
+    if settings.trusted_proxy_list:
+        # The client's address (the failed-token limiter's key, the access log) is the one
+        # a trusted proxy forwards, and only theirs: from anyone else X-Forwarded-For is
+        # a name the client picks per request. `gpusched server` runs uvicorn without its
+        # own proxy handling, which trusts 127.0.0.1 by default.
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxy_list)
     mount_frontend(app)
     return app

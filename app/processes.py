@@ -23,3 +23,27 @@ def die_with_parent() -> None:
     """
     if _prctl is not None:
         _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class CrashBudget:
+    """How often `gpusched up` restarts a process before it gives up on the stack, as
+    systemd's StartLimitBurst within StartLimitIntervalSec: at most `burst` restarts of one
+    process within `interval_s`. Exits longer ago are forgotten, so a scheduler that
+    crashed six times in a week (a Redis restart, a database failover) lives on, and one
+    that crashes in a loop stops the stack instead of spinning."""
+
+    def __init__(self, *, burst: int, interval_s: float) -> None:
+        self.burst = burst
+        self.interval_s = interval_s
+        self._exits: dict[str, list[float]] = {}
+
+    def exited(self, name: str, *, now: float) -> bool:
+        """Count an exit of `name`; whether it may be restarted."""
+        recent = [t for t in self._exits.get(name, []) if now - t < self.interval_s]
+        recent.append(now)
+        self._exits[name] = recent
+        return len(recent) <= self.burst
+
+    def exits(self, name: str) -> int:
+        """How many exits of `name` the last `exited` counted within the interval."""
+        return len(self._exits.get(name, []))

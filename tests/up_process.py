@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from app.processes import die_with_parent
@@ -14,9 +15,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def start_up(
-    data_dir: Path, *, port: int, gpus: str, env: dict[str, str] | None = None
+    data_dir: Path,
+    *,
+    port: int,
+    gpus: str,
+    env: dict[str, str] | None = None,
+    args: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[bytes], dict[str, str], Path]:
-    """The process (its own session: SIGINT it as Ctrl-C), its environment and its log."""
+    """The process (its own session: SIGINT it as Ctrl-C), its environment and its log;
+    `args`: more of `up`'s options."""
     # A developer's GPUSCHED_* (database, Redis) must not leak in.
     own = {k: v for k, v in os.environ.items() if not k.startswith("GPUSCHED_")}
     own.update(
@@ -28,7 +35,7 @@ def start_up(
     log = data_dir / "up.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "up", "--gpus", gpus],
+            [sys.executable, "-m", "app.cli", "up", "--gpus", gpus, *args],
             cwd=REPO,
             env=own,
             stdout=out,

@@ -5,21 +5,33 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Annotated
 
-from fastapi import APIRouter, Path
-from pydantic import BaseModel, Field, StrictBool, StringConstraints
+from fastapi import APIRouter, Path, Response
+from pydantic import AfterValidator, BaseModel, Field, StrictBool, StringConstraints
 
 from app.auth import service
 from app.db import utcnow
 from app.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
 from app.errors import Conflict, NotFound
+from app.paging import PageDep, cut
 from app.request_body import RequestBody
+from app.text import check_name
 
 router = APIRouter(prefix="/api/v1", tags=["auth"])
 
-# As `gpusched admin` takes them: 1 to 64 characters, surrounding blanks dropped.
-Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64)]
+# As `gpusched admin` takes them: 1 to 64 characters, surrounding blanks dropped, no
+# control characters.
+Name = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=64),
+    AfterValidator(check_name),
+]
 UserPath = Annotated[str, Path(min_length=1, max_length=64, description="user name")]
-ProjectPath = Annotated[str, Path(min_length=1, max_length=64, description="project name")]
+# A project named in a path is created when missing (PUT .../projects/{project}).
+ProjectPath = Annotated[
+    str,
+    Path(min_length=1, max_length=64, description="project name"),
+    AfterValidator(check_name),
+]
 
 
 class MeOut(BaseModel):
@@ -126,9 +138,13 @@ def _user(session: SessionDep, name: str) -> UserOut:
 
 
 @router.get("/users", response_model=list[UserOut])
-def list_users(session: SessionDep, admin: AdminUser) -> list[UserOut]:
-    """Every user with role, projects and how many tokens still work (admin)."""
-    return [UserOut(**asdict(u)) for u in service.list_users(session=session, now=utcnow())]
+def list_users(
+    session: SessionDep, admin: AdminUser, page: PageDep, response: Response
+) -> list[UserOut]:
+    """Every user with role, projects and how many tokens still work, by name, a page at a
+    time (X-Total-Count: how many) (admin)."""
+    users = [UserOut(**asdict(u)) for u in service.list_users(session=session, now=utcnow())]
+    return cut(response, page, users)
 
 
 @router.post("/users", response_model=TokenOut, status_code=201)

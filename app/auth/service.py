@@ -350,10 +350,12 @@ def ensure_bootstrap_admin(*, session: Session, ttl_days: int, actor: str) -> st
 
 
 class FailedAuthLimiter:
-    """Slows down token guessing: after `limit` failed token checks from one client within
-    `window_s`, further checks from it are refused (429) until the window has passed.
-    Per API process; tokens are 256-bit random, so this is about noise and log spam, not
-    brute force feasibility."""
+    """Slows down token guessing: once `limit` failed token checks within `window_s` were
+    counted under one of a failed check's keys (its client address, and the prefix of the
+    token it presented), that check is answered 429 instead of 401 until the window has
+    passed. It judges failed checks only: a valid token is never refused, however many
+    failures others behind the same address had (a NAT, a proxy). Per API process; tokens
+    are 256-bit random, so this is about noise and log spam, not brute force feasibility."""
 
     def __init__(self, limit: int = 20, window_s: float = 60.0) -> None:
         self.limit = limit
@@ -361,27 +363,39 @@ class FailedAuthLimiter:
         self._failures: dict[str, list[float]] = {}
         self._lock = threading.Lock()
 
-    def _recent(self, client: str, now: float) -> list[float]:
-        kept = [t for t in self._failures.get(client, []) if now - t < self.window_s]
+    def _recent(self, key: str, now: float) -> list[float]:
+        kept = [t for t in self._failures.get(key, []) if now - t < self.window_s]
         if kept:
-            self._failures[client] = kept
+            self._failures[key] = kept
         else:
-            self._failures.pop(client, None)
+            self._failures.pop(key, None)
         return kept
 
-    def retry_after(self, client: str) -> float | None:
+    def retry_after(self, *keys: str) -> float | None:
+        """Seconds until a failed check under `keys` is answered 401 again; None: now."""
         now = time.monotonic()
+        waits = []
         with self._lock:
-            recent = self._recent(client, now)
-            if len(recent) < self.limit:
-                return None
-            return self.window_s - (now - recent[0])
+            for key in keys:
+                recent = self._recent(key, now)
+                if len(recent) >= self.limit:
+                    waits.append(self.window_s - (now - recent[-self.limit]))
+        return max(waits, default=None)
 
-    def failed(self, client: str) -> None:
+    def failed(self, *keys: str) -> None:
         now = time.monotonic()
         with self._lock:
             if len(self._failures) > 100_000:
                 self._failures.clear()
-            recent = self._recent(client, now)
-            recent.append(now)
-            self._failures[client] = recent
+            for key in keys:
+                recent = self._recent(key, now)
+                recent.append(now)
+                self._failures[key] = recent
+
+
+def failure_keys(*, client: str, token: str) -> tuple[str, ...]:
+    """What a failed token check is counted under: its client's address, and the prefix
+    of the token it presented (as stored, `ApiToken.prefix`): one address guessing, or
+    many guessing at one token."""
+    address = f"address {client}"
+    return (address, f"token {token[:10]}") if token else (address,)

@@ -10,6 +10,7 @@ from app.batches import service
 from app.batches.schemas import BatchIn, BatchOut, FiringOut
 from app.db import utcnow
 from app.deps import CurrentUser, MessengerDep, SessionDep, SettingsDep
+from app.paging import PageDep, with_total
 
 router = APIRouter(prefix="/api/v1/batches", tags=["batches"])
 
@@ -25,9 +26,15 @@ def _template_errors() -> Iterator[None]:
 
 
 @router.get("", response_model=list[BatchOut])
-def list_batches(session: SessionDep, principal: CurrentUser) -> list[BatchOut]:
-    """Your schedules and those of your projects (admins: all), with the next fire time."""
-    return service.list_batches(session=session, principal=principal, now=utcnow())
+def list_batches(
+    session: SessionDep, principal: CurrentUser, page: PageDep, response: Response
+) -> list[BatchOut]:
+    """Your schedules and those of your projects (admins: all), with the next fire time,
+    by name, a page at a time (X-Total-Count: how many)."""
+    batches, total = service.list_batches(
+        session=session, principal=principal, now=utcnow(), page=page
+    )
+    return with_total(response, total, batches)
 
 
 @router.post("", response_model=BatchOut, status_code=status.HTTP_201_CREATED)
@@ -115,7 +122,12 @@ def list_firings(
     name: str,
     session: SessionDep,
     principal: CurrentUser,
+    response: Response,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> list[FiringOut]:
-    """Firing history, newest first: fire time, submitted job ids, skipped or error."""
-    return service.list_firings(session=session, principal=principal, name=name, limit=limit)
+    """Firing history, newest first: fire time, submitted job ids, skipped or error
+    (X-Total-Count: how many it has)."""
+    firings, total = service.list_firings(
+        session=session, principal=principal, name=name, limit=limit
+    )
+    return with_total(response, total, firings)

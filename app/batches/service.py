@@ -46,6 +46,7 @@ from app.jobs.orders import AfterCommit, Changed, stop_orders
 from app.jobs.schemas import JobCreate
 from app.jobs.service import cancel_locked, check_submission, create_job
 from app.jobs.states import FINISHED
+from app.paging import Page, count
 from app.projects.models import Project
 from app.windows.calendar import resolve_local, validate_timezone
 from app.windows.service import require_window
@@ -142,7 +143,9 @@ def _zone(row: BatchSchedule) -> ZoneInfo:
     return validate_timezone(row.timezone)
 
 
-def _out(session: Session, row: BatchSchedule, now: datetime) -> BatchOut:
+def _out(session: Session, row: BatchSchedule, now: datetime, *, viewer: Principal) -> BatchOut:
+    """The batch as `viewer` reads it: its templates' environment values only for its
+    owner and admins (as a job's), the variables' names for the others."""
     zone = _zone(row)
     owner = session.scalar(select(User.name).where(User.id == row.user_id)) or "?"
     project = session.scalar(select(Project.name).where(Project.id == row.project_id)) or "?"
@@ -163,7 +166,9 @@ def _out(session: Session, row: BatchSchedule, now: datetime) -> BatchOut:
         project=project,
         cron=row.cron,
         timezone=row.timezone,
-        templates=row.templates,
+        templates=row.templates
+        if viewer.is_admin or row.user_id == viewer.user_id
+        else [{**t, "env": dict.fromkeys(t.get("env") or {})} for t in row.templates],
         target=row.target,
         window=row.window,
         enabled=row.enabled,
@@ -191,8 +196,11 @@ def _row(session: Session, principal: Principal, name: str, *, write: bool) -> B
     return row
 
 
-def list_batches(*, session: Session, principal: Principal, now: datetime) -> list[BatchOut]:
-    query = select(BatchSchedule).order_by(BatchSchedule.name)
+def list_batches(
+    *, session: Session, principal: Principal, now: datetime, page: Page = Page()
+) -> tuple[list[BatchOut], int]:
+    """A page of the batches `principal` sees, by name, and how many they are."""
+    query = select(BatchSchedule)
     if not principal.is_admin:
         query = query.where(
             or_(
@@ -200,26 +208,23 @@ def list_batches(*, session: Session, principal: Principal, now: datetime) -> li
                 BatchSchedule.project_id.in_(principal.project_ids or {-1}),
             )
         )
-    return [_out(session, row, now) for row in session.scalars(query)]
+    rows = session.scalars(page.of(query.order_by(BatchSchedule.name)))
+    return [_out(session, row, now, viewer=principal) for row in rows], count(session, query)
 
 
 def get_batch(*, session: Session, principal: Principal, name: str, now: datetime) -> BatchOut:
-    return _out(session, _row(session, principal, name, write=False), now)
+    return _out(session, _row(session, principal, name, write=False), now, viewer=principal)
 
 
 def list_firings(
     *, session: Session, principal: Principal, name: str, limit: int = 50
-) -> list[FiringOut]:
-    """Newest first, times in the schedule's zone."""
+) -> tuple[list[FiringOut], int]:
+    """The latest `limit`, newest first, times in the schedule's zone, and how many."""
     row = _row(session, principal, name, write=False)
     zone = _zone(row)
-    firings = session.scalars(
-        select(BatchFiring)
-        .where(BatchFiring.schedule_id == row.id)
-        .order_by(BatchFiring.fire_at.desc())
-        .limit(limit)
-    )
-    return [_firing_out(f, zone) for f in firings]
+    query = select(BatchFiring).where(BatchFiring.schedule_id == row.id)
+    firings = session.scalars(query.order_by(BatchFiring.fire_at.desc()).limit(limit))
+    return [_firing_out(f, zone) for f in firings], count(session, query)
 
 
 def _firing_out(firing: BatchFiring, zone: ZoneInfo) -> FiringOut:
@@ -337,7 +342,7 @@ def create_batch(
     except IntegrityError:
         session.rollback()
         raise Conflict(f"a batch named {body.name!r} already exists") from None
-    return _out(session, row, now)
+    return _out(session, row, now, viewer=principal)
 
 
 def replace_batch(
@@ -380,7 +385,7 @@ def replace_batch(
     except IntegrityError:
         session.rollback()
         raise Conflict(f"a batch named {body.name!r} already exists") from None
-    return _out(session, row, now)
+    return _out(session, row, now, viewer=principal)
 
 
 def set_enabled(
@@ -397,7 +402,7 @@ def set_enabled(
         action = "batch.enable" if enabled else "batch.disable"
         record(session=session, actor=principal.name, action=action, target=name)
         session.commit()
-    return _out(session, row, now)
+    return _out(session, row, now, viewer=principal)
 
 
 def delete_batch(*, session: Session, principal: Principal, name: str) -> None:

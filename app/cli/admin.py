@@ -26,6 +26,7 @@ from app.cli.client import EXIT_REJECTED, EXIT_USAGE, CliError, add_row, console
 from app.cli.server import database, load_settings_or_exit, session_scope
 from app.db import make_session_factory, utcnow
 from app.nodes.keys import installation_secret, node_key
+from app.text import check_name
 
 admin_app = typer.Typer(
     help="Users, their projects and tokens (direct database access; run where the database"
@@ -40,7 +41,10 @@ def _check_name(value: str, what: str) -> str:
     value = value.strip()
     if not value or len(value) > 64:
         raise CliError(f"{what} {value!r}: must be 1 to 64 characters", EXIT_USAGE)
-    return value
+    try:
+        return check_name(value)
+    except ValueError as exc:
+        raise CliError(f"{what} {value!r}: {exc}", EXIT_USAGE) from None
 
 
 def _actor() -> str:

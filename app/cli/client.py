@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from app.config import Settings, SettingsError, load_settings
+from app.text import escape_controls
 
 EXIT_REJECTED = 1
 EXIT_USAGE = 2
@@ -301,8 +302,16 @@ def make_table(*columns: str, title: str | None = None) -> Table:
 
 
 def add_row(table: Table, *values: object) -> None:
-    # Text(), not str: a job named "[red]x" must print as typed, not as rich markup.
-    table.add_row(*(Text("" if v is None else str(v)) for v in values))
+    # Text(), not str: a job named "[red]x" must print as typed, not as rich markup; and
+    # control characters written out, lest a name retitle or clear the reader's terminal.
+    # A cell's own line breaks (one variable a line) stay.
+    table.add_row(*(Text(_cell(v)) for v in values))
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    return "\n".join(escape_controls(line) for line in str(value).split("\n"))
 
 
 def parse_time(value: str | None) -> datetime | None:

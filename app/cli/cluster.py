@@ -166,26 +166,37 @@ def quota(
             show_default=False,
         ),
     ] = None,
+    max_priority: Annotated[
+        int | None,
+        typer.Option(
+            "--max-priority",
+            min=0,
+            max=1000,
+            help="Highest priority its users may give their jobs (0: they may only lower "
+            "it, as Slurm's nice); admins give any",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Set a project's guaranteed GPUs, fair-share weight and longest job time limit (admin).
+    """Set a project's guaranteed GPUs, fair-share weight, longest job time limit and the
+    highest priority its users may give (admin).
 
     Others may borrow its idle guaranteed GPUs; preemptible borrowers are requeued for it.
 
     Applies from the next cycle; after a cut, its jobs above the quota count as borrowed.
     A time limit applies to jobs submitted or changed from then on.
     """
-    if gpus is None and weight is None and max_runtime is None:
+    if gpus is None and weight is None and max_runtime is None and max_priority is None:
         raise CliError(
-            "give --gpus, --weight or --max-runtime (`gpusched queues --json` shows the "
-            "current values)",
+            "give --gpus, --weight, --max-runtime or --max-priority (`gpusched queues "
+            "--json` shows the current values)",
             EXIT_USAGE,
         )
-    body: dict[str, Any] = {
-        k: v for k, v in (("gpu_quota", gpus), ("weight", weight)) if v is not None
-    }
+    given = (("gpu_quota", gpus), ("weight", weight), ("max_priority", max_priority))
+    body: dict[str, Any] = {k: v for k, v in given if v is not None}
     if max_runtime is not None:
         cleared = max_runtime.strip().lower() == "none"
         body["max_runtime_s"] = None if cleared else parse_duration(max_runtime, "--max-runtime")
@@ -199,9 +210,12 @@ def quota(
     guarantee = f"{result['gpu_quota']} GPUs guaranteed" if result["gpu_quota"] else "no guarantee"
     longest = result["max_runtime_s"]
     limit = f", jobs at most {human_duration(longest)}" if longest else ""
+    highest = result["max_priority"]
+    priority = f", users give priority up to {highest}" if highest else ""
     typer.echo(
         f"project {result['project']}: {guarantee}, fair-share weight {result['weight']:g}"
-        f"{limit} ({result['gpus_in_use']:g} GPUs in use, {result['pending']} jobs pending)"
+        f"{limit}{priority} ({result['gpus_in_use']:g} GPUs in use, {result['pending']} "
+        "jobs pending)"
     )
 
 

@@ -45,6 +45,7 @@ from app.cli.sbatch import (
 )
 from app.jobs.arrays import parse_indices, split_slurm_form
 from app.jobs.states import SINGLETON, DependencyKind
+from app.text import escape_controls
 
 JOBS = "/api/v1/jobs"
 MAX_PAGE = 500
@@ -621,12 +622,12 @@ def _submitted_line(job: dict[str, Any], *, replay: bool, task_ids: list[int]) -
     if array:
         limit = f", at most {array['max_running']} at once" if array["max_running"] else ""
         return (
-            f"{verb} array {array['id']} ({job['name']}): {array['tasks']} tasks, "
+            f"{verb} array {array['id']} ({escape_controls(job['name'])}): {array['tasks']} tasks, "
             f"jobs {_id_ranges(task_ids)}{limit} (gpusched jobs/cancel --array {array['id']})"
         )
-    line = f"{verb} job {job['id']} ({job['name']}): {job['status']}"
+    line = f"{verb} job {job['id']} ({_name_cell(job)}): {job['status']}"
     if job.get("pending_message"):
-        line += f" — {job['pending_message']}"
+        line += f" — {escape_controls(job['pending_message'])}"
     if job.get("script_bytes") is not None:
         line += f"\n(it runs {job['command'][0]} as it is now: editing the file changes no job)"
     return line
@@ -707,14 +708,16 @@ def _gpus_cell(job: dict[str, Any]) -> str:
 
 
 def _name_cell(job: dict[str, Any]) -> str:
-    """An array task shows its index, as Slurm's 12_3: the tasks share one name."""
+    """An array task shows its index, as Slurm's 12_3: the tasks share one name. A control
+    character in it is written out (`\x1b`), not sent to the terminal."""
     array = job.get("array")
-    return f"{job['name']}[{array['index']}]" if array else str(job["name"])
+    name = escape_controls(str(job["name"]))
+    return f"{name}[{array['index']}]" if array else name
 
 
 def _reason_cell(job: dict[str, Any]) -> str:
-    if job["status"] == "PENDING":
-        return str(job.get("pending_message") or job.get("pending_reason") or "")
+    if job["status"] == "PENDING":  # it may name other jobs, by their names
+        return escape_controls(str(job.get("pending_message") or job.get("pending_reason") or ""))
     if job.get("exit_code") is not None:
         return f"exit {job['exit_code']}"
     if job["status"] == "TIMED_OUT" and job.get("max_runtime_s"):
@@ -976,13 +979,19 @@ def _job_details(job: dict[str, Any], rank: dict[str, Any] | None = None) -> Tab
     if job.get("labels"):
         rows.append(("labels", ", ".join(f"{k}={v}" for k, v in sorted(job["labels"].items()))))
     if job.get("env"):
-        rows.append(("env", "\n".join(f"{k}={v}" for k, v in sorted(job["env"].items()))))
+        rows.append(("env", "\n".join(_env_line(k, v) for k, v in sorted(job["env"].items()))))
     for key in ("created_at", "scheduled_at", "started_at", "finished_at"):
         if job.get(key):
             rows.append((key.removesuffix("_at"), job[key]))
     for label, value in rows:
         add_row(table, label, value)
     return table
+
+
+def _env_line(name: str, value: str | None) -> str:
+    # The API gives a value only to the job's owner and admins (an exported environment
+    # holds the submitter's keys); the others learn the names.
+    return f"{name}={value}" if value is not None else f"{name} (value hidden: not your job)"
 
 
 def show(
@@ -1425,7 +1434,7 @@ def update(
 def _updated_line(job: dict[str, Any]) -> str:
     line = f"updated job {job['id']} ({_name_cell(job)}): {job['status']}"
     if job.get("pending_message"):
-        line += f" — {job['pending_message']}"
+        line += f" — {escape_controls(job['pending_message'])}"
     return line
 
 
@@ -1485,12 +1494,12 @@ def requeue(
 
 
 def _requeue_line(job: dict[str, Any]) -> str:
-    back = f"held by {job['held_by']}" if job.get("held_by") else "in the queue"
+    back = f"held by {escape_controls(job['held_by'])}" if job.get("held_by") else "in the queue"
     return f"job {job['id']} ({_name_cell(job)}): stopping, then back {back}"
 
 
 def _hold_line(job: dict[str, Any]) -> str:
-    state = f"held by {job['held_by']}" if job.get("held_by") else job["status"]
+    state = f"held by {escape_controls(job['held_by'])}" if job.get("held_by") else job["status"]
     return f"job {job['id']} ({_name_cell(job)}): {state}"
 
 

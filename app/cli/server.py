@@ -158,6 +158,9 @@ def serve(settings: Settings, factory: sessionmaker[Session], log_level: str) ->
         host=settings.host,
         port=settings.port,
         log_level=log_level,
+        # uvicorn would believe X-Forwarded-For from 127.0.0.1: the app trusts only the
+        # proxies GPUSCHED_TRUSTED_PROXIES names (create_app).
+        proxy_headers=False,
     )
     server = uvicorn.Server(config)
     try:

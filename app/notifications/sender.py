@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.jobs.lifecycle import note
 from app.jobs.models import Job
-from app.notifications.hosts import host_allowed
+from app.notifications.hosts import Refused, delivery_address, host_allowed
 from app.notifications.models import MAX_ATTEMPTS, Notification
 
 log = logging.getLogger("gpusched.notifications")
@@ -42,7 +42,8 @@ def send_due(
     """Deliver the messages that are due: take them (a short transaction), POST each
     outside any transaction, then record how each went. A 2xx answer delivers it; any
     other answer or none is retried with backoff, and after MAX_ATTEMPTS it is given up
-    and the job's history says so."""
+    and the job's history says so. Its owner reads "delivery failed"; the server's log
+    says why."""
     with factory.begin() as session:
         due = list(
             session.scalars(
@@ -59,42 +60,84 @@ def send_due(
         taken = [(m.id, m.url, m.body) for m in due]
     report = SendReport()
     for message_id, url, body in taken:
-        error = _deliver(url, body, allowed_hosts)
+        failure = _deliver(url, body, allowed_hosts)
         with factory.begin() as session:
             message = session.get(Notification, message_id)
             if message is not None:  # else its job was deleted meanwhile (retention)
-                _record(session, message, error, now=now, report=report)
+                _record(session, message, failure, now=now, report=report)
     return report
 
 
-def _deliver(url: str, body: dict[str, Any], allowed: frozenset[str]) -> str | None:
-    """None when delivered, else why not."""
+# What a user reads of a failed delivery: the reason (refused, connection refused, a
+# timeout, HTTP 401) would tell them what answers inside the network. The server's log
+# has it.
+DELIVERY_FAILED = "delivery failed"
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    detail: str  # for the server's log
+    shown: str = DELIVERY_FAILED  # for the job's owner
+    hopeless: bool = False  # no retry: it would fail the same way
+
+
+def _deliver(url: str, body: dict[str, Any], allowed: frozenset[str]) -> _Failure | None:
+    """None when delivered, else why not. The host is resolved and checked now, and the
+    message sent to the address checked (see hosts.py); a redirect is not followed."""
     if not host_allowed(url, allowed):
-        return f"host {urlsplit(url).hostname} is no longer allowed (GPUSCHED_NOTIFY_HOSTS)"
+        why = "host no longer allowed (GPUSCHED_NOTIFY_HOSTS)"
+        return _Failure(why, shown=why, hopeless=True)
     try:
-        response = httpx.post(url, json=body, timeout=TIMEOUT_S, follow_redirects=False)
+        address = delivery_address(url, allowed)
+    except Refused as exc:
+        return _Failure(str(exc))
+    target = httpx.URL(url)
+    extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+    try:
+        # trust_env=False: an HTTP(S)_PROXY in the environment would resolve the name
+        # again, and the check would be for nothing.
+        with httpx.Client(timeout=TIMEOUT_S, follow_redirects=False, trust_env=False) as client:
+            response = client.post(
+                target.copy_with(host=str(address)),
+                json=body,
+                headers={"Host": target.netloc.decode("ascii")},
+                extensions=extensions,  # TLS: the certificate is checked for the name
+            )
     except httpx.HTTPError as exc:
-        return f"no answer: {exc}"
+        return _Failure(f"no answer from {address}: {exc}")
     status = response.status_code
-    return None if 200 <= status < 300 else f"HTTP {status}"
+    return None if 200 <= status < 300 else _Failure(f"HTTP {status} from {address}")
 
 
 def _record(
-    session: Session, message: Notification, error: str | None, *, now: datetime, report: SendReport
+    session: Session,
+    message: Notification,
+    failure: _Failure | None,
+    *,
+    now: datetime,
+    report: SendReport,
 ) -> None:
     message.attempts += 1
-    if error is None:
+    if failure is None:
         message.sent_at, message.error = now, None
         report.sent += 1
         return
-    message.error = error[:512]
-    hopeless = error.startswith("host ")  # not a passing failure: no retry
-    if hopeless or message.attempts >= MAX_ATTEMPTS:
-        why = f": {error}" if hopeless else f" after {message.attempts} tries: {error}"
+    host = urlsplit(message.url).hostname
+    log.warning(
+        "job %s: %s notification to %s, try %d: %s",
+        message.job_id,
+        message.event,
+        host,
+        message.attempts,
+        failure.detail,
+    )
+    message.error = failure.shown
+    if failure.hopeless or message.attempts >= MAX_ATTEMPTS:
+        tries = "" if failure.hopeless else f" after {message.attempts} tries"
         message.attempts = MAX_ATTEMPTS  # taken no more
         report.given_up += 1
-        _note_given_up(session, message, why)
-        log.warning("job %s: %s notification given up: %s", message.job_id, message.event, error)
+        _note_given_up(session, message, f"{tries}: {failure.shown}")
+        log.warning("job %s: %s notification given up", message.job_id, message.event)
         return
     message.next_at = now + timedelta(seconds=_FIRST_RETRY_S * 2 ** (message.attempts - 1))
     report.failed += 1

@@ -23,6 +23,9 @@ class Project(Base):
     weight: Mapped[float] = mapped_column(Float, default=1.0)
     # The longest time limit its jobs may have (a Slurm QOS's MaxWall); None: the cluster's.
     max_runtime_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The highest priority its users may give their jobs (0: only lower it, as Slurm's
+    # nice); an admin sets it, and admins give any priority.
+    max_priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Fair-share usage as the scheduler's last full cycle ranked by it: GPU-seconds, each
     # decayed by how long ago it was used (GPUSCHED_SCHEDULER_FAIR_SHARE_HALF_LIFE_S).
     usage_gpu_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from app.deps import AdminUser, CurrentUser, SessionDep
 from app.jobs import service as jobs_service
 from app.jobs.router import FiltersDep
 from app.jobs.schemas import PendingPage
+from app.paging import PageDep, cut
 from app.projects import service
 from app.projects.schemas import ProjectUpdate, QueueOut
 
@@ -15,17 +16,21 @@ router = APIRouter(prefix="/api/v1", tags=["queues"])
 
 
 @router.get("/queues", response_model=list[QueueOut])
-def list_queues(session: SessionDep, principal: CurrentUser) -> list[QueueOut]:
-    return service.queues(session=session, principal=principal)
+def list_queues(
+    session: SessionDep, principal: CurrentUser, page: PageDep, response: Response
+) -> list[QueueOut]:
+    """Per project you see, by name, a page at a time (X-Total-Count: how many)."""
+    return cut(response, page, service.queues(session=session, principal=principal))
 
 
 @router.patch("/projects/{name}", response_model=QueueOut)
 def update_project(
     name: str, body: ProjectUpdate, session: SessionDep, admin: AdminUser
 ) -> QueueOut:
-    """Set a project's guaranteed GPUs (quota), fair-share weight and longest job time limit
-    (`max_runtime_s`, null: the cluster's); only the fields sent change. Returns its queue
-    row."""
+    """Set a project's guaranteed GPUs (quota), fair-share weight, longest job time limit
+    (`max_runtime_s`, null: the cluster's) and the highest priority its users may give
+    their jobs (`max_priority`); only the fields sent change, each audited. Returns its
+    queue row."""
     return service.update_project(session=session, actor=admin.name, name=name, change=body)
 
 

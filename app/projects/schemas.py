@@ -32,12 +32,17 @@ class QueueOut(BaseModel):
     max_runtime_s: int | None = Field(
         description="the longest time limit its jobs may have; null: the cluster's"
     )
+    max_priority: int = Field(
+        description="the highest priority its users may give their jobs (0: they may only "
+        "lower it); admins give any"
+    )
 
 
 class ProjectUpdate(RequestBody):
-    """An admin's change to a project's guarantee, fair-share weight and longest time
-    limit (Kueue's nominal quota and fair-sharing weight, Slurm's GrpTRES=gres/gpu,
-    Fairshare and a QOS's MaxWall). Only the fields sent change."""
+    """An admin's change to a project's guarantee, fair-share weight, longest time limit
+    and highest priority its users may give (Kueue's nominal quota and fair-sharing
+    weight, Slurm's GrpTRES=gres/gpu, Fairshare, a QOS's MaxWall and Priority). Only the
+    fields sent change."""
 
     gpu_quota: int | None = Field(
         default=None,
@@ -62,11 +67,21 @@ class ProjectUpdate(RequestBody):
         "submitted keep theirs",
     )
 
+    max_priority: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="the highest priority its users may give their jobs, as an admin "
+        "grants it (0, the default: they may only lower it, as Slurm's nice). Jobs already "
+        "submitted keep theirs",
+    )
+
     @model_validator(mode="after")
     def _changes_something(self) -> ProjectUpdate:
         sets_time_limit = "max_runtime_s" in self.model_fields_set  # null clears it
-        if self.gpu_quota is None and self.weight is None and not sets_time_limit:
-            raise ValueError("give gpu_quota, weight, max_runtime_s or several")
+        given = (self.gpu_quota, self.weight, self.max_priority)
+        if all(value is None for value in given) and not sets_time_limit:
+            raise ValueError("give gpu_quota, weight, max_runtime_s, max_priority or several")
         return self
 
     def changes(self) -> dict[str, int | float | None]:

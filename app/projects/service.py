@@ -88,6 +88,7 @@ def _queue_rows(session: Session, rows: list[Project]) -> list[QueueOut]:
             usage_share=p.usage_gpu_s / used if used else None,
             usage_at=p.usage_at,
             max_runtime_s=p.max_runtime_s,
+            max_priority=p.max_priority,
         )
         for p in rows
     ]

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Query, Response, status
 
 from app.db import utcnow
 from app.deps import AdminUser, CurrentUser, SessionDep
+from app.paging import PageDep, cut
 from app.windows import service
 from app.windows.schemas import UpcomingWindow, WindowIn, WindowOut
 
@@ -13,8 +14,11 @@ router = APIRouter(prefix="/api/v1/windows", tags=["windows"])
 
 
 @router.get("", response_model=list[WindowOut])
-def list_windows(session: SessionDep, _: CurrentUser) -> list[WindowOut]:
-    return service.list_windows(session=session)
+def list_windows(
+    session: SessionDep, _: CurrentUser, page: PageDep, response: Response
+) -> list[WindowOut]:
+    """The off-peak windows by name, a page at a time (X-Total-Count: how many)."""
+    return cut(response, page, service.list_windows(session=session))
 
 
 @router.get("/upcoming", response_model=list[UpcomingWindow])

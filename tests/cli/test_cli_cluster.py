@@ -210,7 +210,8 @@ def test_quota_sets_guarantee_and_weight(cli: Cli) -> None:
     )
 
     nothing = cli("quota", "ml", user="admin")
-    assert nothing.exit_code == 2 and "give --gpus, --weight or --max-runtime" in nothing.stderr
+    assert nothing.exit_code == 2
+    assert "give --gpus, --weight, --max-runtime or --max-priority" in nothing.stderr
     negative = cli("quota", "ml", "--gpus", "-1", user="admin")
     assert negative.exit_code == 2 and "--gpus" in negative.stderr
     zero = cli("quota", "ml", "--weight", "0", user="admin")
@@ -241,3 +242,22 @@ def test_quota_sets_a_projects_longest_time_limit(cli: Cli) -> None:
     assert cli("submit", "--max-runtime", "5h", "--", "true").exit_code == 0
     bad = cli("quota", "ml", "--max-runtime", "soon", user="admin")
     assert bad.exit_code == 2 and "--max-runtime" in bad.stderr
+
+
+def test_quota_grants_a_projects_users_a_higher_priority(cli: Cli) -> None:
+    """As Slurm: users may only lower their jobs' priority; an admin lets a project's
+    users give up to a maximum."""
+    refused = cli("submit", "--priority", "5", "--", "true")
+    assert refused.exit_code == 1
+    assert "only an admin gives a job a higher priority" in " ".join(refused.stderr.split())
+    granted = cli("quota", "ml", "--max-priority", "5", user="admin")
+    assert granted.exit_code == 0, granted.stderr
+    assert "users give priority up to 5" in granted.stdout
+    assert cli("submit", "--priority", "5", "--", "true").exit_code == 0
+    assert cli("submit", "--priority", "6", "--", "true").exit_code == 1
+    shown = cli("queues", "--json")
+    assert [q["max_priority"] for q in json.loads(shown.stdout)] == [5]
+    denied = cli("quota", "ml", "--max-priority", "9", user="alice")
+    assert denied.exit_code == 1 and "admin role required" in denied.stderr
+    beyond = cli("quota", "ml", "--max-priority", "1001", user="admin")
+    assert beyond.exit_code == 2 and "--max-priority" in beyond.stderr

@@ -42,9 +42,16 @@ def _submit_json(cli: Cli, *args: str, user: str = "alice") -> dict[str, Any]:
     return body
 
 
+def _grant_priority(cli: Cli, up_to: int = 10) -> None:
+    """As an admin: project ml's users may give their jobs priority up to `up_to`."""
+    granted = cli("quota", "ml", "--max-priority", str(up_to), user="admin")
+    assert granted.exit_code == 0, granted.stderr
+
+
 def test_submit_argv_after_double_dash_keeps_command_env_and_labels(
     cli: Cli, tmp_path: Path
 ) -> None:
+    _grant_priority(cli)
     result = cli(
         "submit",
         "--name", "train-1",
@@ -691,6 +698,7 @@ def test_cancelling_an_arrays_id_says_it_was_task_0_only(cli: Cli) -> None:
 
 
 def test_update_a_pending_job(cli: Cli) -> None:
+    _grant_priority(cli)
     job = _submit_json(cli, "--max-runtime", "2h", "--", "true")["id"]
     result = cli("update", str(job), "--gpus", "2", "--max-runtime", "none", "--priority", "3")
     assert result.exit_code == 0, result.stderr
@@ -743,6 +751,7 @@ def test_update_a_pending_jobs_dependency(cli: Cli) -> None:
 
 
 def test_update_every_pending_task_of_an_array(cli: Cli) -> None:
+    _grant_priority(cli)
     array = _submit_json(cli, "--array", "0-2", "--", "true")["id"]
     result = cli("update", "--array", str(array), "--priority", "7", "--array-limit", "1")
     assert result.exit_code == 0, result.stderr

@@ -22,6 +22,14 @@ def submit(api: Any, user: str = "alice", **body: Any) -> dict[str, Any]:
     return job
 
 
+def grant_priority(api: Any, project: str = "ml", up_to: int = 10) -> None:
+    """As an admin: the project's users may give their jobs priority up to `up_to`."""
+    r = api.client.patch(
+        f"/api/v1/projects/{project}", json={"max_priority": up_to}, headers=api.as_("admin")
+    )
+    assert r.status_code == 200, r.text
+
+
 def get_job(api: Any, job_id: int) -> dict[str, Any]:
     r = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.as_("admin"))
     assert r.status_code == 200, r.text

@@ -362,7 +362,7 @@ def test_released_or_changed_it_still_says_it_waits_for_its_dependency(api):
             r = api.client.post(f"/api/v1/jobs/{dependent}/release", headers=api.as_("alice"))
         else:
             r = api.client.patch(
-                f"/api/v1/jobs/{dependent}", json={"priority": 3}, headers=api.as_("alice")
+                f"/api/v1/jobs/{dependent}", json={"priority": -3}, headers=api.as_("alice")
             )
         assert r.status_code == 200, r.text
         assert (r.json()["pending_reason"], r.json()["pending_message"]) == (

@@ -4,7 +4,7 @@ policy the cycle stored on its lease."""
 from __future__ import annotations
 
 from app.cycle import lease
-from tests.cycle.jobs_api import add_node, run_one_cycle, submit
+from tests.cycle.jobs_api import add_node, grant_priority, run_one_cycle, submit
 
 
 def _rank(api, job: int, user: str = "alice"):
@@ -18,6 +18,7 @@ def test_a_waiting_jobs_rank_counts_the_jobs_ahead_by_rule(api):
     r = _rank(api, asked)
     assert r.status_code == 409 and "has not ranked the queue yet" in r.json()["detail"]
     run_one_cycle(api)  # the first job takes the only GPU
+    grant_priority(api)
     submit(api, name="urgent", priority=5)
     submit(api, name="short", estimated_runtime_s=60)
     submit(api, name="long", estimated_runtime_s=36000)

@@ -91,7 +91,7 @@ def test_requeue_with_hold_brings_it_back_held_to_be_changed(api):
     assert get_job(api, later["id"])["status"] == "SCHEDULED"
     # Changed while held (scontrol update), then let go.
     changed = api.client.patch(
-        f"/api/v1/jobs/{train['id']}", json={"priority": 5}, headers=api.as_("alice")
+        f"/api/v1/jobs/{train['id']}", json={"priority": -5}, headers=api.as_("alice")
     )
     assert changed.status_code == 200, changed.text
     released = api.client.post(f"/api/v1/jobs/{train['id']}/release", headers=api.as_("alice"))

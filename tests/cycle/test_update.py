@@ -8,7 +8,7 @@ from app.cycle.apply import apply_plan
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
 from app.scheduling import Placement, Plan
-from tests.cycle.jobs_api import add_node, job_events, run_one_cycle, submit
+from tests.cycle.jobs_api import add_node, grant_priority, job_events, run_one_cycle, submit
 
 DAY = 86400
 
@@ -19,6 +19,7 @@ def _patch(api, job_id: int, user="alice", **changes):
 
 def test_a_job_asking_too_many_gpus_fits_once_changed(api):
     add_node(api, 4)
+    grant_priority(api)
     running = submit(api, gpus=2)
     big = submit(api, name="big", gpus=4, max_runtime_s=DAY)
     run_one_cycle(api)

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.cycle.jobs_api import add_node, get_job, job_events, run_one_cycle, submit
+from tests.cycle.jobs_api import (
+    add_node,
+    get_job,
+    grant_priority,
+    job_events,
+    run_one_cycle,
+    submit,
+)
 
 
 def _patch(api: Any, params: dict[str, Any], user: str = "alice", **body: Any) -> Any:
@@ -15,6 +22,7 @@ def _patch(api: Any, params: dict[str, Any], user: str = "alice", **body: Any) -
 
 def test_an_arrays_pending_tasks_are_changed_and_its_placed_one_is_not(api):
     add_node(api, 1)
+    grant_priority(api)
     prep = submit(api, name="prep", gpus=0, schedule={"mode": "at", "at": "2099-01-01T00:00:00Z"})
     array = submit(api, name="sweep", array={"indices": "0-2"})["id"]
     run_one_cycle(api)  # task 0 takes the GPU
@@ -41,7 +49,7 @@ def test_a_change_refused_for_one_job_changes_none_and_names_it(api):
     first = submit(api, name="a", labels={"exp": "7"})["id"]
     second = submit(api, name="b", labels={"exp": "7"})["id"]
     # Each is told to wait for the second: the second cannot wait for itself.
-    r = _patch(api, {"label": "exp=7"}, priority=3, depends_on=[second])
+    r = _patch(api, {"label": "exp=7"}, priority=-3, depends_on=[second])
     assert r.status_code == 422, r.text
     assert r.json()["detail"] == [
         {
@@ -65,5 +73,5 @@ def test_a_selection_is_required_and_reaches_only_the_callers_pending_jobs(api):
     assert get_job(api, job)["priority"] == 0
     r = _patch(api, {"user": "alice"}, priority=1001)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "priority"]
-    changed = _patch(api, {"user": "alice"}, priority=1).json()
-    assert [(j["id"], j["priority"]) for j in changed] == [(job, 1)]
+    changed = _patch(api, {"user": "alice"}, priority=-1).json()
+    assert [(j["id"], j["priority"]) for j in changed] == [(job, -1)]

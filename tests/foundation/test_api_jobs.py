@@ -29,7 +29,7 @@ def test_submit_returns_the_stored_job(api):
         name="bert",
         gpus=2,
         gpu_memory_mb=40000,
-        priority=5,
+        priority=-5,
         env={"LR": "0.1"},
         labels={"team": "nlp"},
         retries=2,

@@ -222,7 +222,9 @@ def test_a_job_admitted_before_a_limit_was_lowered_can_still_be_changed(api):
     path = f"/api/v1/jobs/{r.json()['id']}"
     _limited(api, max_runtime_limit_s=DAY, max_grace_s=60)
     api.client.patch(
-        "/api/v1/projects/ml", json={"max_runtime_s": 2 * DAY}, headers=api.as_("admin")
+        "/api/v1/projects/ml",
+        json={"max_runtime_s": 2 * DAY, "max_priority": 5},
+        headers=api.as_("admin"),
     )
 
     r = api.client.patch(path, json={"priority": 5, "max_runtime_s": 3 * DAY}, headers=alice)

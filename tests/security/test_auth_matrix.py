@@ -27,8 +27,8 @@ IDS = [op.id for op in OPERATIONS]
 # A valid body per operation that takes one (for project ml where a project is named).
 BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/api/v1/jobs"): {"command": ["true"], "project": "ml"},
-    ("PATCH", "/api/v1/jobs/{job_id}"): {"priority": 1},
-    ("PATCH", "/api/v1/jobs"): {"priority": 1},
+    ("PATCH", "/api/v1/jobs/{job_id}"): {"priority": -1},
+    ("PATCH", "/api/v1/jobs"): {"priority": -1},
     ("PATCH", "/api/v1/jobs/{job_id}/array"): {"max_running": 2},
     ("POST", "/api/v1/estimate"): {"parameters": 1_000_000_000},
     ("POST", "/api/v1/windows"): {**WINDOW, "name": "day"},
@@ -45,6 +45,18 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/api/v1/users"): {"name": "erin", "projects": ["ml"]},
     ("POST", "/api/v1/users/{name}/tokens"): {"label": "laptop"},
     ("PATCH", "/api/v1/users/{name}"): {"admin": True},
+}
+# Changes only an admin makes through operations open to users: raising a job's priority
+# above its project's maximum (0 by default), as Slurm lets users only lower theirs.
+ADMIN_ONLY_CHANGES: dict[tuple[str, str], Any] = {
+    ("POST", "/api/v1/jobs"): {"command": ["true"], "project": "ml", "priority": 1},
+    ("PATCH", "/api/v1/jobs/{job_id}"): {"priority": 1},
+    ("PATCH", "/api/v1/jobs"): {"priority": 1},
+    ("POST", "/api/v1/batches"): {
+        **BATCH,
+        "name": "urgent",
+        "templates": [{"command": ["true"], "project": "ml", "priority": 1}],
+    },
 }
 # Query parameters an operation needs to do anything (a bulk action must say which jobs).
 QUERIES: dict[tuple[str, str], dict[str, Any]] = {
@@ -96,9 +108,9 @@ def url(cluster: Cluster, op: Operation) -> str:
 
 
 def call(api: Api, cluster: Cluster, op: Operation, headers: dict[str, str], **kwargs: Any) -> Any:
-    body = BODIES.get((op.method, op.path))
+    kwargs.setdefault("json", BODIES.get((op.method, op.path)))
     kwargs.setdefault("params", QUERIES.get((op.method, op.path)))
-    return api.client.request(op.method, url(cluster, op), json=body, headers=headers, **kwargs)
+    return api.client.request(op.method, url(cluster, op), headers=headers, **kwargs)
 
 
 def test_matrix_covers_every_route() -> None:
@@ -180,3 +192,27 @@ def test_admin_only_operations_refuse_normal_users(cluster: Cluster, op: Operati
         assert r.status_code == 403, (user, r.text)
     r = call(api, cluster, op, api.as_("admin"))
     assert r.status_code < 300, r.text
+
+
+@pytest.mark.parametrize(
+    "op",
+    [op for op in OPERATIONS if (op.method, op.path) in ADMIN_ONLY_CHANGES],
+    ids=lambda op: op.id,
+)
+def test_admin_only_changes_refuse_normal_users(cluster: Cluster, op: Operation) -> None:
+    api = cluster.api
+    body = ADMIN_ONLY_CHANGES[(op.method, op.path)]
+    params = QUERIES.get((op.method, op.path))
+    r = call(api, cluster, op, api.as_("alice"), json=body, params=params)
+    assert r.status_code == 403 and "only an admin" in r.text, r.text
+    # bob, of another project, is refused (or, by a bulk change, selects none of ml's).
+    r = call(api, cluster, op, api.as_("bob"), json=body, params=params)
+    assert ML_MARKER not in r.text
+    assert r.status_code in (403, 404, 422) or r.json() == [], r.text
+    r = call(api, cluster, op, api.as_("admin"), json=body, params=params)
+    assert r.status_code < 300, r.text
+
+
+def test_every_admin_only_change_is_checked() -> None:
+    routes = {(op.method, op.path) for op in OPERATIONS}
+    assert set(ADMIN_ONLY_CHANGES) <= routes

@@ -20,6 +20,14 @@ function mapText(obj) {
   return entries.length ? h("span", { class: "mono" }, entries.map(([k, v]) => `${k}=${v}`).join(", ")) : "—";
 }
 
+// The API gives an environment's values to the job's owner and admins only (an exported
+// environment holds its submitter's keys): the others see the names.
+function envText(env) {
+  const hidden = Object.values(env).some((v) => v === null);
+  return h("span", { class: "mono", title: hidden ? "values hidden: only the job's owner and admins read them" : undefined },
+    Object.entries(env).map(([k, v]) => (v === null ? `${k}=…` : `${k}=${v}`)).join(", "));
+}
+
 // Waiting jobs the scheduler does not rank (yet): their dependencies, their array's
 // limit, or no cycle has seen them.
 const NOT_RANKED = new Set(["dependency", "array_limit", "NEW"]);
@@ -193,7 +201,7 @@ export function jobPage(root, ctx, { match }) {
         ...(efficiency ? efficiency.flags : []).map((f) => ["Advice", h("span", { class: "advice" },
           h("span", { class: "badge warn" }, f.code.replace(/_/g, " ")), ` ${f.message}. ${f.advice}`)]),
         job.workdir ? ["Workdir", h("span", { class: "mono" }, job.workdir)] : null,
-        Object.keys(job.env || {}).length ? ["Env", mapText(job.env)] : null,
+        Object.keys(job.env || {}).length ? ["Env", envText(job.env)] : null,
         Object.keys(job.labels || {}).length ? ["Labels", mapText(job.labels)] : null,
         ["Submitted", fmtDateSec(job.created_at)],
         ["Started", fmtDateSec(job.started_at)],
