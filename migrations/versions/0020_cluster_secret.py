@@ -1,6 +1,6 @@
 """the installation's secret, from which each node's message-signing key is derived
 
-Revision ID: 0021
+Revision ID: 0020
 Revises: 0019
 Create Date: 2026-11-27 10:00:00
 """
@@ -14,7 +14,7 @@ from alembic import op
 
 import app.db
 
-revision: str = "0021"
+revision: str = "0020"
 down_revision: str | None = "0019"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

@@ -1,8 +1,8 @@
 """the highest priority a project's users may give their jobs (Slurm: users only lower
 theirs, as nice; admins raise them)
 
-Revision ID: 0023
-Revises: 0019
+Revision ID: 0021
+Revises: 0020
 Create Date: 2026-11-27 11:00:00
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0023"
-down_revision: str | None = "0019"
+revision: str = "0021"
+down_revision: str | None = "0020"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
