@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 import signal
 import sys
+import time
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PR_SET_CHILD_SUBREAPER = 36
 # Resolved now: a preexec_fn runs between fork and exec, where importing is not safe.
 _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
 
@@ -47,3 +52,53 @@ class CrashBudget:
     def exits(self, name: str) -> int:
         """How many exits of `name` the last `exited` counted within the interval."""
         return len(self._exits.get(name, []))
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants (a grandchild whose parent was killed) become this process's
+    children instead of init's, so that it can wait for them: see reap_orphans. Linux
+    only; elsewhere a no-op."""
+    if _prctl is not None:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = (entry / "stat").read_text()
+            # Fields after the command name (which may hold spaces): state, ppid, ...
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def reap_exited_orphans(known: set[int]) -> None:
+    """Reap the orphans reparented to this subreaper that have exited (their zombies),
+    leaving alone the children in `known`, which their own Popen objects wait for."""
+    for child in _children(os.getpid()):
+        if child not in known:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(child, os.WNOHANG)
+
+
+def reap_orphans(*, timeout_s: float) -> None:
+    """Wait until this subreaper has no child left: those it started and has waited for
+    are gone; orphans reparented to it (Celery's beat after its worker was killed, which
+    gets SIGTERM from die_with_parent) get `timeout_s` to exit, then SIGKILL. What a
+    stopping `gpusched up` prints last is then its last line, and nothing outlives it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # no child left
+        if pid:
+            continue
+        if time.monotonic() >= deadline:
+            for child in _children(os.getpid()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
+        time.sleep(0.05)

@@ -32,7 +32,13 @@ from app.cli.server import (
 )
 from app.db import make_session_factory
 from app.nodes.keys import installation_secret, node_key
-from app.processes import CrashBudget, die_with_parent
+from app.processes import (
+    CrashBudget,
+    become_subreaper,
+    die_with_parent,
+    reap_exited_orphans,
+    reap_orphans,
+)
 
 DEFAULT_SIM = "sim:2x4:H100-80GB"
 MAX_RESTARTS = 5
@@ -112,9 +118,7 @@ class _PrivateRedis:
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
         self.password = secrets.token_hex(24)
-        self.server, self.url = start_private_redis(
-            data_dir, persist=True, password=self.password
-        )
+        self.server, self.url = start_private_redis(data_dir, persist=True, password=self.password)
         self.port: int = self.server.port
 
     def poll(self) -> int | None:
@@ -225,6 +229,7 @@ def up(
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    become_subreaper()
     try:
         for label, argv in commands:
             children.append((label, _spawn(argv, env)))
@@ -272,6 +277,12 @@ def up(
                     children[i] = (label, _spawn(dict(commands)[label], env))
             if redis is not None and not stopping:
                 watch(redis)
+            # A killed worker's Celery beat, reparented to us, exits on its SIGTERM
+            # (die_with_parent): no zombie of it stays until we stop.
+            ours = {child.pid for _, child in children}
+            if redis is not None and redis.server._process is not None:
+                ours.add(redis.server._process.pid)
+            reap_exited_orphans(ours)
             time.sleep(0.2)
     finally:
         if interrupts:
@@ -297,6 +308,7 @@ def up(
                     child.wait()
         if redis is not None:
             redis.stop()
+        reap_orphans(timeout_s=10)
         typer.echo(f"gpusched stopped: {why}" if why else "gpusched stopped", err=gave_up)
     if gave_up:
         raise typer.Exit(EXIT_GAVE_UP)
