@@ -18,6 +18,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import pynvml
@@ -122,7 +123,7 @@ class NvmlGpuBackend:
             health = _GpuHealth()
             handle = self._call(nvml.nvmlDeviceGetHandleByIndex, index, health=health)
             handles.append(handle)
-            uuid = model = None
+            uuid = model = minor = None
             memory_total_mb = 0
             if handle is not None:
                 uuid = self._call(nvml.nvmlDeviceGetUUID, handle, health=health)
@@ -130,6 +131,8 @@ class NvmlGpuBackend:
                 memory = self._call(nvml.nvmlDeviceGetMemoryInfo, handle, health=health)
                 if memory is not None:
                     memory_total_mb = int(memory.total) // _MIB
+                get_minor = getattr(nvml, "nvmlDeviceGetMinorNumber", None)
+                minor = self._call(get_minor, handle) if get_minor is not None else None
             if not health.healthy:
                 logger.warning("GPU %d unreadable at start-up: %s", index, health.message)
             statics.append(
@@ -140,13 +143,11 @@ class NvmlGpuBackend:
                     uuid=_text(uuid) if uuid is not None else f"GPU-unreadable-{index}",
                     model=_text(model) if model is not None else "unknown",
                     memory_total_mb=memory_total_mb,
+                    device_minor=int(minor) if minor is not None else index,
                 )
             )
         peers = self._nvlink_peers(handles)
-        statics = [
-            GpuStatic(g.index, g.uuid, g.model, g.memory_total_mb, peers.get(g.index, ()))
-            for g in statics
-        ]
+        statics = [replace(g, nvlink_peers=peers.get(g.index, ())) for g in statics]
         info = NodeInfo(
             hostname=self._hostname,
             driver_version=_text(driver) if driver is not None else None,
