@@ -25,6 +25,7 @@ from app.main import create_app
 from app.migrate import upgrade
 from bench.common import wipe_tables
 from tests.foundation.builders import add_user
+from tests.unix_accounts import unix_accounts  # noqa: F401 - a session fixture for all
 
 BACKEND = os.environ.get("GPUSCHED_TEST_DB", "sqlite")
 PG_URL = os.environ.get("GPUSCHED_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -44,6 +45,16 @@ def _drop_pg_database(name: str) -> None:
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
+
+
+@pytest.fixture(autouse=True)
+def _umask_restored() -> Iterator[None]:
+    """The service commands set umask 077 for their process (app.cli.server.private_files);
+    run in this one (typer's CliRunner), they must not change it for the tests after."""
+    kept = os.umask(0o022)
+    os.umask(kept)
+    yield
+    os.umask(kept)
 
 
 @pytest.fixture(scope="session")

@@ -6,13 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.jobs.logs import attempt_log_path
-from tests.agent.support import RecordingReporter
+from tests.agent.support import RUN_AS_ROOT, RecordingReporter, installation_of
 from workers.agent.service import Agent, AgentSettings
 
 
 def _agent(tmp_path: Path, name: str, reporter: RecordingReporter) -> Agent:
     return Agent(
-        settings=AgentSettings(name=name, grace_s=1.0),
+        settings=AgentSettings(
+            name=name, grace_s=1.0, installation=installation_of(tmp_path), uid0_accounts="root"
+        ),
         backend=None,  # type: ignore[arg-type]
         reporter=reporter,
         log_dir=tmp_path / "logs",  # shared, as the data directory is
@@ -28,7 +30,7 @@ def test_the_nodes_of_a_multi_node_job_write_their_own_logs(tmp_path: Path) -> N
         payload = {
             "job_id": 7, "attempt": 1, "command": ["sh", "-c", f"echo output of {node}"],
             "gpu_indices": [], "node_rank": rank, "world_size": 2, "master_addr": "n1",
-            "master_port": 29500, "nproc_per_node": 1,
+            "master_port": 29500, "nproc_per_node": 1, **RUN_AS_ROOT,
         }  # fmt: skip
         assert _agent(tmp_path, node, reporter).run_job(payload) == "started"
         assert reporter.finished.wait(10), reporter.reports

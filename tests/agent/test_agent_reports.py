@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.support import RecordingReporter, agent_without_gpus
+from tests.agent.support import RUN_AS_ROOT, RecordingReporter, agent_without_gpus
 from workers.agent import service
 
 
 def _run(tmp_path: Path, command: list[str]) -> list[dict[str, object]]:
     reports = RecordingReporter()
     agent = agent_without_gpus(tmp_path, reports)
-    assert agent.run_job({"job_id": 7, "attempt": 1, "command": command, "gpu_indices": []}) == (
-        "started"
-    )
+    assert agent.run_job(
+        {"job_id": 7, "attempt": 1, "command": command, "gpu_indices": [], **RUN_AS_ROOT}
+    ) == ("started")
     assert reports.finished.wait(10), reports.reports
     return [
         {k: r[k] for k in ("kind", "job_id", "attempt", "pid") if k in r}

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from tests.agent.support import RecordingReporter, agent_without_gpus
+from tests.agent.support import RUN_AS_ROOT, RecordingReporter, agent_without_gpus
 from workers.agent import service
 from workers.agent.gpu_backend import NodeSample
 from workers.agent.service import Agent
 
-RUN = {"job_id": 7, "attempt": 2, "command": ["true"], "gpu_indices": []}
+RUN = {"job_id": 7, "attempt": 2, "command": ["true"], "gpu_indices": [], **RUN_AS_ROOT}
 
 
 def heartbeat(a: Agent) -> dict[str, Any]:

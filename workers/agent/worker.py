@@ -16,14 +16,17 @@ from app.messaging import (
     Messenger,
     create_celery,
     node_queue,
+    wait_installation,
 )
+from workers.agent.fence import host_pid_namespace_problem
 from workers.agent.gpu_backend import open_backend
-from workers.agent.service import Agent, AgentSettings
+from workers.agent.service import Agent, AgentCannotStart, AgentSettings
 
 log = logging.getLogger("gpusched.agent")
 
 
 def build_agent(settings: Settings, agent_settings: AgentSettings) -> tuple[Celery, Agent]:
+    """The agent and its Celery app; AgentCannotStart when this host will not do."""
     import redis
 
     celery = create_celery(settings.redis_url, name=f"agent-{agent_settings.name}")
@@ -33,7 +36,15 @@ def build_agent(settings: Settings, agent_settings: AgentSettings) -> tuple[Cele
         sim_state_file=agent_settings.sim_state_file,
     )
     log.info("agent %s: %s", agent_settings.name, line)
-    messenger = Messenger(celery, redis.Redis.from_url(settings.redis_url, socket_timeout=5))
+    problem = host_pid_namespace_problem(backend.node_info().backend)
+    if problem is not None:
+        backend.close()
+        raise AgentCannotStart(problem)
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
+    if not agent_settings.installation:
+        installation = wait_installation(client)
+        agent_settings = agent_settings.model_copy(update={"installation": installation})
+    messenger = Messenger(celery, client)
     agent = Agent(
         settings=agent_settings,
         backend=backend,
@@ -41,6 +52,16 @@ def build_agent(settings: Settings, agent_settings: AgentSettings) -> tuple[Cele
         log_dir=settings.log_dir.resolve(),
         log_cap_bytes=settings.log_cap_bytes,
         state_dir=(settings.data_dir / "agents" / agent_settings.name).resolve(),
+    )
+    log.info(
+        "agent %s: installation %s; isolation %s%s; jobs run as %s",
+        agent_settings.name,
+        agent_settings.installation,
+        agent.fence.isolation,
+        ", GPU device files fenced" if agent.fence.fences_devices else "",
+        "their owners' accounts"
+        if agent.jobs_run_as is None
+        else f"{agent.jobs_run_as} (single-user)",
     )
 
     @celery.task(name=RUN_JOB)
