@@ -39,6 +39,10 @@ SET_TIME_LIMIT = "gpusched.set_time_limit"
 # Set while a cycle request is queued; the cycle clears it when it starts, so a request
 # that arrives during a cycle queues exactly one more (debounce without losing a trigger).
 CYCLE_PENDING_KEY = "gpusched:cycle:pending"
+# The installation's id, published by the scheduler for agents that were not given it (a
+# node added to a cluster is given Redis, not the database): agents name their jobs'
+# fences by it (workers/agent/fence.py).
+INSTALLATION_KEY = "gpusched:installation"
 
 
 def node_queue(node: str) -> str:
@@ -110,6 +114,33 @@ def create_celery(redis_url: str, *, name: str = "gpusched") -> Celery:
         worker_hijack_root_logger=False,
     )
     return celery
+
+
+def publish_installation(redis_client: Any, installation: str) -> None:
+    try:
+        redis_client.set(INSTALLATION_KEY, installation)
+    except Exception as exc:  # Redis down: the next reconcile publishes it again
+        log.warning("could not publish the installation id: %s", exc)
+
+
+def wait_installation(redis_client: Any, *, timeout_s: float | None = None) -> str:
+    """The installation id the scheduler published (TimeoutError after `timeout_s`)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    said = False
+    while True:
+        try:
+            value = redis_client.get(INSTALLATION_KEY)
+        except Exception as exc:
+            value = None
+            log.warning("Redis unreachable while waiting for the installation id: %s", exc)
+        if value:
+            return value.decode() if isinstance(value, bytes) else str(value)
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError("no installation id published in Redis")
+        if not said:
+            log.info("waiting for the scheduler to publish the installation id in Redis")
+            said = True
+        time.sleep(1.0)
 
 
 class Messenger:

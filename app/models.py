@@ -5,6 +5,7 @@ from app.auth.models import ApiToken, User
 from app.batches.models import BatchFiring, BatchSchedule
 from app.cycle.models import SchedulerLease
 from app.db import Base
+from app.installation.models import Installation
 from app.jobs.models import Allocation, Job, JobEvent
 from app.nodes.models import Gpu, GpuSample, Node
 from app.notifications.models import Notification
@@ -20,6 +21,7 @@ __all__ = [
     "BatchSchedule",
     "Gpu",
     "GpuSample",
+    "Installation",
     "Job",
     "JobEvent",
     "Node",

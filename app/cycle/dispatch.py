@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.auth.models import User
 from app.jobs.models import Allocation, Job
 from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.models import Gpu, Node
@@ -38,6 +39,14 @@ def run_messages_for(session: Session, *, jobs: Sequence[Job]) -> list[Dispatch]
     if not jobs:
         return []
     attempts = {job.id: job.attempt for job in jobs}
+    # Each job runs as its owner's Unix account (as they map it now).
+    accounts = dict(
+        session.execute(
+            select(Job.id, User.unix_user)
+            .join(User, User.id == Job.user_id)
+            .where(Job.id.in_(attempts))
+        ).all()
+    )
     rows = session.execute(
         select(
             Allocation.job_id,
@@ -57,11 +66,13 @@ def run_messages_for(session: Session, *, jobs: Sequence[Job]) -> list[Dispatch]
     for job_id, attempt, node, hostname, index, share, rank in rows:
         if attempt == attempts[job_id]:
             per_job.setdefault(job_id, []).append((node, hostname, index, share, rank))
-    return [d for job in jobs for d in _run_messages(job, per_job.get(job.id, []))]
+    return [
+        d for job in jobs for d in _run_messages(job, per_job.get(job.id, []), accounts[job.id])
+    ]
 
 
 def _run_messages(
-    job: Job, rows: list[tuple[str, str | None, int | None, int, int]]
+    job: Job, rows: list[tuple[str, str | None, int | None, int, int]], unix_user: str
 ) -> list[Dispatch]:
     if not rows:
         return []
@@ -95,6 +106,8 @@ def _run_messages(
                 "world_size": per_node * len(nodes) if per_node else len(nodes),
                 "node_rank": rank,
                 "nproc_per_node": per_node or 1,
+                # The owner's Unix account, which a root agent runs the job as.
+                "unix_user": unix_user,
             },
         )
         for rank, (node, _host, gpus) in enumerate(nodes)

@@ -47,6 +47,11 @@ def register_node(*, session: Session, payload: dict[str, Any]) -> Node:
     node.state = NodeState.READY
     node.removed_at = None  # an agent registering a removed node brings it back
     node.health_message = payload.get("message", "")
+    node.isolation = str(payload.get("isolation") or "")[:32]
+    node.jobs_run_as = payload.get("jobs_run_as")
+    node.unusable_accounts = {}  # a new agent: its heartbeats say which it cannot use
+    grace = payload.get("grace_s")
+    node.grace_s = float(grace) if isinstance(grace, int | float) else None
     node.last_heartbeat_at = now
     by_index = {g.index: g for g in node.gpus}
     seen = set()
@@ -81,6 +86,8 @@ def ingest_heartbeat(
     if node is None:
         return None  # not registered yet; the agent re-registers on its next start
     node.last_heartbeat_at = now
+    if "unusable_accounts" in payload:
+        node.unusable_accounts = dict(payload["unusable_accounts"] or {})
     if node.state is not NodeState.READY:
         # A removed node's agent runs after all (as a kubelet re-creates its deleted Node).
         removed = " after it was removed" if node.removed_at is not None else ""
@@ -89,6 +96,8 @@ def ingest_heartbeat(
         node.health_message = f"heartbeats resumed{removed}"
     by_index = {g.index: g for g in node.gpus}
     interval = int(payload.get("interval_s", 5))
+    if isinstance(payload.get("interval_s"), int | float):
+        node.interval_s = float(payload["interval_s"])
     for reading in payload.get("gpus", []):
         gpu = by_index.get(reading["index"])
         if gpu is None:

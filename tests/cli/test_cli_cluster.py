@@ -241,3 +241,25 @@ def test_quota_sets_a_projects_longest_time_limit(cli: Cli) -> None:
     assert cli("submit", "--max-runtime", "5h", "--", "true").exit_code == 0
     bad = cli("quota", "ml", "--max-runtime", "soon", user="admin")
     assert bad.exit_code == 2 and "--max-runtime" in bad.stderr
+
+
+def test_nodes_say_how_jobs_are_fenced_and_whose_account_they_run_as(cli: Cli) -> None:
+    from app.nodes.telemetry import register_node
+
+    with cli.factory.begin() as session:
+        register_node(
+            session=session,
+            payload={"node": "gpu-a", "gpus": [], "isolation": "cgroup v1", "jobs_run_as": None},
+        )
+        register_node(session=session, payload={"node": "laptop", "gpus": [],
+                                                "isolation": "subreaper only",
+                                                "jobs_run_as": "carol"})  # fmt: skip
+        node = session.scalars(select(Node).where(Node.name == "gpu-a")).one()
+        node.unusable_accounts = {"dave": "no such account on this node"}
+    result = cli("nodes")
+    assert result.exit_code == 0, result.stderr
+    flat = " ".join(result.stdout.split())
+    for text in ("ISOLATION", "JOBS RUN AS", "cgroup v1", "subreaper only",
+                 "single-user: jobs run as carol", "each its owner's",
+                 "cannot run jobs as dave (no such account on this node)"):  # fmt: skip
+        assert text in flat, (text, result.stdout)
