@@ -25,12 +25,14 @@ from app.cycle.reconcile import (
     node_left,
     reconcile,
     reconcile_node_attempts,
+    requeue_lost_on,
 )
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory
 from app.cycle.wakeup import WakeUps
 from app.db import utcnow
+from app.installation.service import installation_id
 from app.jobs import reports
 from app.messaging import (
     AGENT_REPORT,
@@ -43,6 +45,7 @@ from app.messaging import (
     SCHEDULE_CYCLE,
     SEND_NOTIFICATIONS,
     STOP_JOB,
+    publish_installation,
 )
 from app.metrics import REPORT_SECONDS
 from app.nodes.telemetry import TelemetryPolicy, compact_telemetry, ingest_heartbeat, register_node
@@ -94,6 +97,7 @@ def handle_heartbeat(
 def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Celery:
     runtime = Runtime(settings)
     celery = runtime.celery
+    installation: list[str] = []  # read once, by the first reconciliation
     holder = f"{socket.gethostname()}:{id(runtime)}"
     telemetry = TelemetryPolicy(foreign_util_threshold_pct=scheduler.foreign_util_threshold_pct)
     # Cycles in this process run one after another: a trigger that arrives mid-cycle waits
@@ -171,6 +175,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
         with runtime.factory() as session:
             if kind == "register":
                 register_node(session=session, payload=payload)
+                requeue_lost_on(session=session, node=payload["node"])
                 session.commit()
                 runtime.messenger.request_cycle()
                 return "registered"
@@ -226,6 +231,13 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
 
     @celery.task(name=RECONCILE)
     def reconcile_task() -> dict[str, int]:
+        # Agents that were not given the installation's id take it from Redis (again after
+        # a Redis restart).
+        if not installation:
+            with runtime.factory() as session:
+                installation.append(installation_id(session=session))
+                session.commit()
+        publish_installation(runtime.redis, installation[0])
         with runtime.factory() as session:
             repairs = reconcile(
                 session=session,
@@ -240,7 +252,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
             )
         for stop in repairs.stop:
             runtime.messenger.send_to_node(stop.node, STOP_JOB, stop.payload)
-        if repairs.lost_jobs:
+        if repairs.lost_jobs or repairs.requeued:
             runtime.messenger.request_cycle()
         return {"lost": len(repairs.lost_jobs), "redispatched": len(repairs.run)}
 
