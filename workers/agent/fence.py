@@ -37,7 +37,7 @@ import signal
 import stat
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -814,25 +814,41 @@ def open_fence(installation: str, node: str, isolation: Isolation) -> Fence:
     return choose_fence(installation, node, choice)
 
 
-def host_pid_namespace_problem(backend: str, *, ns_inode: int | None = None) -> str | None:
+def in_host_pid_namespace() -> bool:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino == _HOST_PID_NS_INODE
+    except OSError:
+        return True  # no namespaces to tell (not Linux)
+
+
+def host_pid_namespace_problem(
+    backend: str,
+    *,
+    local_pids: Callable[[], bool | None] | None = None,
+    in_host: bool | None = None,
+) -> str | None:
     """Why an agent cannot tell its jobs' GPU processes from foreign ones here, or None.
 
-    NVML names processes by their PID in the host's namespace whatever namespace asks
-    (NVIDIA/nvidia-docker#1483): an agent in a container with a PID namespace of its own
-    would match them against the wrong processes. Simulated GPUs report the agent's own
-    PIDs, so they do not care."""
-    if backend != "nvml":
+    NVML names each GPU process by a PID. In the host's PID namespace that is the agent's
+    view; in a PID namespace of its own (a container without --pid=host) older drivers
+    still report host PIDs (NVIDIA/nvidia-docker#1483), which would be matched against the
+    wrong processes, while recent ones translate them. So there the agent asks the driver
+    (`local_pids`: does NVML list its own CUDA context under its own PID?) and refuses to
+    start unless it does. Simulated GPUs report the agent's own PIDs."""
+    if backend != "nvml" or (in_host_pid_namespace() if in_host is None else in_host):
         return None
-    if ns_inode is None:
-        try:
-            ns_inode = os.stat("/proc/self/ns/pid").st_ino
-        except OSError:
-            return None  # no namespaces to tell (not Linux)
-    if ns_inode == _HOST_PID_NS_INODE:
+    answer = local_pids() if local_pids is not None else None
+    if answer:
         return None
+    why = (
+        "NVML reports GPU processes by their host PIDs here"
+        if answer is False
+        else "it cannot tell whether NVML reports this namespace's PIDs (no CUDA context "
+        "could be opened to ask)"
+    )
     return (
-        "this agent runs in a PID namespace of its own (a container without the host's PID "
-        "namespace): NVML reports GPU processes by their host PIDs, which cannot be matched "
-        "to this agent's jobs. Run the agent with the host's PID namespace "
-        "(docker run --pid=host; in docker-compose, pid: host)"
+        f"this agent runs in a PID namespace of its own (a container without the host's "
+        f"PID namespace), and {why}: its jobs' GPU processes could not be told from "
+        "foreign ones. Run the agent with the host's PID namespace (docker run --pid=host; "
+        "in docker-compose, pid: host)"
     )

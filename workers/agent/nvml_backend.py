@@ -14,7 +14,9 @@ tested without a GPU, by passing a small fake module that raises the real
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -287,6 +289,35 @@ class NvmlGpuBackend:
             used_mb = int(used) // _MIB if used is not None else None
             result.append(GpuProcess(pid=int(proc.pid), used_memory_mb=used_mb))
         return result
+
+    def reports_local_pids(self, *, cuda: Any = None) -> bool | None:
+        """Whether NVML names GPU processes by their PID in this process's namespace:
+        open a CUDA context (the driver's libcuda) and look for our own PID in NVML's
+        lists. Recent drivers translate PIDs into the caller's namespace; older ones report
+        the host's (NVIDIA/nvidia-docker#1483). None: cannot tell (no libcuda, no GPU)."""
+        try:
+            lib = cuda if cuda is not None else ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return None
+        device, context = ctypes.c_int(), ctypes.c_void_p()
+        if lib.cuInit(0) != 0 or lib.cuDeviceGet(ctypes.byref(device), 0) != 0:
+            return None
+        if lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) != 0:
+            return None
+        try:
+            seen = {
+                proc.pid
+                for handle in self._handles
+                if handle is not None
+                for proc in self._compute_processes(handle)
+            }
+        except Exception:
+            return None
+        finally:
+            lib.cuDevicePrimaryCtxRelease(device)
+        if not seen:
+            return None
+        return os.getpid() in seen
 
     def _call(self, fn: Callable[..., T], *args: Any, health: _GpuHealth | None = None) -> T | None:
         """Call NVML; on error return None and, unless the error only means
