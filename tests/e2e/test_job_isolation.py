@@ -103,7 +103,7 @@ def test_the_setsid_escape_dies_at_cancel(stack: Stack, unix_accounts: dict) -> 
     job = _submit(stack, alice, {"command": ESCAPE, "gpus": 1})
     stack.wait_status(job["id"], "RUNNING", timeout=30)
     escaped = int(_log_line(stack, job["id"], "escaped "))
-    assert poll("the escape to run", lambda: _alive(escaped) and os.getsid(escaped) == escaped)
+    poll("the escape to run", lambda: _alive(escaped) and os.getsid(escaped) == escaped, timeout=30)
     stack.cancel(job["id"])
     stack.wait_status(job["id"], "CANCELLED", timeout=30)
     assert not _alive(escaped)

@@ -143,7 +143,13 @@ def test_up_as_a_plain_user_runs_every_job_as_that_user(unix_accounts: dict) -> 
     subprocess.run(["runuser", "-u", carol.name, "--", "mkdir", "-m", "700", str(data_dir)],
                    check=True)  # fmt: skip
     port = free_port()
-    site = sysconfig.get_paths()["purelib"]
+    # The virtual environment's interpreter lives in root's home: she runs the system's,
+    # with the environment's packages. Below 3.11.3 the valkey client imports
+    # async_timeout, which is asyncio's own timeout since 3.11.
+    shim = Path(carol.home) / f"{data_dir.name}-shim"
+    shim.mkdir()
+    (shim / "async_timeout.py").write_text("from asyncio import timeout\n")
+    site = f"{sysconfig.get_paths()['purelib']}:{shim}"
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": carol.home,

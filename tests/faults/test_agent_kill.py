@@ -1,5 +1,6 @@
-"""kill -9 an agent mid-job: its jobs become LOST, are requeued onto the other agent and
-finish; the restarted agent kills the leftover job process group."""
+"""kill -9 an agent mid-job: its watchdog ends its jobs within their grace period; they
+become LOST, are requeued (no retry spent) onto the other agent once surely ended, and
+finish; a restarted agent finds nothing of them left."""
 
 from __future__ import annotations
 
@@ -68,9 +69,10 @@ def test_agent_sigkill_mid_job(make_stack, record, tmp_path: Path) -> None:
     second = next(e for e in events if e["attempt"] == 2 and e["to_status"] == "SCHEDULED")
     assert not second["reason"].startswith(f"placed on {node}:"), second
     assert (1, "LOST") in steps and steps[-1] == (2, "SUCCEEDED")
-    # SIGKILL gave the agent no chance to stop its job: the process outlives it (known bug,
-    # tests/e2e/test_agent_loss.py) until the agent restarts, finds it, and kills its group.
+    # SIGKILL gave the agent no chance to stop its job; its watchdog did, before the
+    # scheduler requeued it (the attempt stays LOST until its grace period is over).
     outlived = _alive(leftover)
+    assert not outlived
     stack.start_agent(dead)
     stack.wait_nodes_ready([dead], timeout=30)
     poll("the restarted agent to kill the leftover", lambda: not _alive(leftover), timeout=15)
@@ -84,11 +86,9 @@ def test_agent_sigkill_mid_job(make_stack, record, tmp_path: Path) -> None:
            f"{len(verdict.reruns)} ran twice (attempt 1 finished orphaned); "
            f"leftover alive until restart: {outlived}")  # fmt: skip
     assert not traffic.server_errors()
-    # A job process outlives its SIGKILLed agent (known bug, see tests/e2e/test_agent_loss):
-    # one that finishes after the agent died cannot be reported, is declared LOST and runs
-    # again. So can one that finished just before the kill, while its agent had yet to send
-    # the report. Either way attempt 1 ran on the killed node and the scheduler declared it
-    # LOST, never saw it finish. Anything else that ran twice is a real duplicate.
+    # A job that finished just before the kill, while its agent had yet to send the report,
+    # is declared LOST and runs again: attempt 1 ran on the killed node and the scheduler
+    # never saw it finish. Anything else that ran twice is a real duplicate.
     starts = {
         (int(j), int(a)): float(t)
         for j, a, kind, t, _n in (line.split() for line in runs.read_text().splitlines())

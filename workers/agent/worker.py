@@ -36,7 +36,9 @@ def build_agent(settings: Settings, agent_settings: AgentSettings) -> tuple[Cele
         sim_state_file=agent_settings.sim_state_file,
     )
     log.info("agent %s: %s", agent_settings.name, line)
-    problem = host_pid_namespace_problem(backend.node_info().backend)
+    problem = host_pid_namespace_problem(
+        backend.node_info().backend, local_pids=getattr(backend, "reports_local_pids", None)
+    )
     if problem is not None:
         backend.close()
         raise AgentCannotStart(problem)
