@@ -130,7 +130,7 @@ def _lose_node(
         # Other nodes of a gang may still run ranks of this attempt: stop them.
         stops = stop_messages(session, job_id=job.id, attempt=job.attempt, reason="cancel")
         ends = ended_by(job) if ended_by is not None else dead_by(job, node)
-        mark_lost(session=session, job=job, reason=why, dead_by=ends, now=now)
+        mark_lost(session=session, job=job, reason=why, ended_by=ends, now=now)
         repairs.lost_jobs.append(job.id)
         repairs.stop.extend(d for d in stops if d.node != node.name)
 
@@ -326,7 +326,7 @@ def reconcile_node_attempts(
                 session=session,
                 job=job,
                 reason=f"process no longer running on {node}",
-                dead_by=taken_at,
+                ended_by=taken_at,
                 now=taken_at,
             )
             repairs.lost.append(job.id)

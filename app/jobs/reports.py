@@ -209,11 +209,13 @@ def dead_by(job: Job, node: Node, *, since: datetime | None = None) -> datetime:
     return start + timedelta(seconds=seconds)
 
 
-def mark_lost(*, session: Session, job: Job, reason: str, dead_by: datetime, now: datetime) -> None:
+def mark_lost(
+    *, session: Session, job: Job, reason: str, ended_by: datetime, now: datetime
+) -> None:
     """The node holding this attempt is gone: release its GPUs and put the job back in the
     queue without spending a retry (the node's failure, not the job's: Slurm requeues a
     batch job on node failure), unless it was cancelled. Its processes may still be
-    ending there (its watchdog gives them their grace period) until `dead_by`: it stays
+    ending there (its watchdog gives them their grace period) until `ended_by`: it stays
     LOST until then (app/cycle/reconcile.py requeues it), so that two attempts of a job
     never run at once."""
     release(session, job_id=job.id, attempt=job.attempt)
@@ -222,7 +224,7 @@ def mark_lost(*, session: Session, job: Job, reason: str, dead_by: datetime, now
     if job.cancel_requested_at is not None and not started:
         transition(session, job=job, to=JobStatus.CANCELLED, actor="scheduler", reason=where)
         return
-    if dead_by <= now:
+    if ended_by <= now:
         if started:
             transition(session, job=job, to=JobStatus.LOST, actor="scheduler", reason=reason)
             settle_interrupted(session, job=job, actor="scheduler")
@@ -235,13 +237,13 @@ def mark_lost(*, session: Session, job: Job, reason: str, dead_by: datetime, now
                 reason=f"{where}: back in the queue, no retry spent",
             )
         return
-    job.lost_until = dead_by
+    job.lost_until = ended_by
     transition(
         session,
         job=job,
         to=JobStatus.LOST,
         actor="scheduler",
-        reason=f"{where}: back in the queue at {dead_by:%H:%M:%S} UTC, no retry spent, once its "
+        reason=f"{where}: back in the queue at {ended_by:%H:%M:%S} UTC, no retry spent, once its "
         "node's watchdog has surely ended it (its grace period)",
     )
 

@@ -102,7 +102,7 @@ def test_a_node_whose_agent_comes_back_requeues_its_lost_jobs_at_once(api) -> No
             session=session,
             job=job,
             reason="node n1 stopped responding",
-            dead_by=utcnow() + timedelta(hours=1),
+            ended_by=utcnow() + timedelta(hours=1),
             now=utcnow(),
         )
         session.commit()

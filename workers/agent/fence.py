@@ -380,8 +380,10 @@ class _CgroupV1Group(JobGroup):
             _write(freezer / "freezer.state", state)
         except OSError:
             return False
+        # A process in uninterruptible sleep holds the cgroup FREEZING: not for long.
+        limit = min(deadline, time.monotonic() + 1.0)
         while (_read(freezer / "freezer.state") or "").strip() != state:
-            if time.monotonic() >= min(deadline, time.monotonic() + 1.0):
+            if time.monotonic() >= limit:
                 return False
             time.sleep(0.005)
         return True

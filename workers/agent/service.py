@@ -446,7 +446,7 @@ class Agent:
             return self._single_account
         name = payload.get("unix_user")
         if not isinstance(name, str) or not name:
-            raise AccountUnusable("", "the run order names no unix account")
+            raise LaunchError("the run order names no unix account")
         try:
             return accounts.resolve(name, uid0_allowed=self._uid0_allowed)
         except AccountUnusable as exc:
@@ -492,6 +492,9 @@ class Agent:
             return "stopped"
         try:
             account = self._account(payload)
+        except LaunchError as exc:
+            self._finished(key, "FAILED", None, f"could not start: {exc}")
+            return "failed"
         except AccountUnusable as exc:
             # Not the job's failure: it goes back to the queue, and the scheduler, told by
             # this report and our heartbeats, places its owner's jobs elsewhere.
