@@ -322,3 +322,28 @@ def test_signal_of_a_finished_group_is_harmless(tmp_path: Path, fence: Fence) ->
     assert running.wait(WAIT_S) is not None
     running.group.signal(signal.SIGKILL)  # nothing left; nothing else is hit
     assert running.pids() == set()
+
+
+def test_own_cgroups_are_found_where_the_host_or_a_container_mounts_them() -> None:
+    from workers.agent.fence import own_cgroup_dirs
+
+    # The lent GPU machine: cgroup v2 with the controllers, at /sys/fs/cgroup.
+    unified = own_cgroup_dirs(
+        "35 24 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n",
+        "0::/process_api/b48b\n",
+    )
+    assert unified.unified == Path("/sys/fs/cgroup/process_api/b48b") and unified.unified_is_host
+    # A container on a v1 host sees its own part of each hierarchy mounted at the top.
+    hybrid = own_cgroup_dirs(
+        "40 31 0:32 /docker/c1 /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+        "41 31 0:34 /docker/c1 /sys/fs/cgroup/freezer rw - cgroup cgroup rw,freezer\n"
+        "42 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+        "43 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n",
+        "6:freezer:/docker/c1/agent\n4:memory:/docker/c1\n2:cpu,cpuacct:/x\n0::/\n",
+    )
+    assert hybrid.v1 == {
+        "freezer": Path("/sys/fs/cgroup/freezer/agent"),
+        "memory": Path("/sys/fs/cgroup/memory"),
+        "cpuacct": Path("/sys/fs/cgroup/cpu,cpuacct/x"),
+    }
+    assert hybrid.unified == Path("/sys/fs/cgroup/unified") and not hybrid.unified_is_host

@@ -309,6 +309,8 @@ class CgroupDirs:
 
 
 def own_cgroup_dirs(mountinfo: str | None = None, self_cgroup: str | None = None) -> CgroupDirs:
+    """Where this process's cgroups are (from /proc/self/mountinfo and /proc/self/cgroup,
+    or the texts given)."""
     mountinfo = _read(Path("/proc/self/mountinfo")) or "" if mountinfo is None else mountinfo
     self_cgroup = _read(Path("/proc/self/cgroup")) or "" if self_cgroup is None else self_cgroup
     own = _own_cgroups(self_cgroup)
@@ -777,20 +779,13 @@ class SubreaperFence(Fence):
 # -- choosing ---------------------------------------------------------------------------
 
 
-def choose_fence(
-    installation: str,
-    node: str,
-    choice: IsolationChoice = "auto",
-    *,
-    mountinfo: str | None = None,
-    self_cgroup: str | None = None,
-) -> Fence:
+def choose_fence(installation: str, node: str, choice: IsolationChoice = "auto") -> Fence:
     """The strongest fence this host gives this process (cgroup v2 where the host's
     controllers are in it, then v1, then the subreaper), or the one asked for (FenceError
     if the host does not have it; cgroup-v2 also takes the empty v2 hierarchy a hybrid
     host mounts beside v1: processes, kill, CPU time and devices, no memory figures)."""
     GroupKey(installation, node, 0, 0)  # validates the id early
-    dirs = own_cgroup_dirs(mountinfo, self_cgroup)
+    dirs = own_cgroup_dirs()
     probe = f"{PREFIX}.probe.{os.getpid()}"
     unified = dirs.unified
     wants_v2 = choice == "cgroup-v2" or (choice == "auto" and dirs.unified_is_host)
