@@ -17,7 +17,7 @@ from celery import Celery
 
 from app.jobs.orders import AfterCommit
 from app.metrics import DISPATCH_FAILURES
-from app.wire import Order, RunJob, celery_app, node_queue, seal
+from app.wire import INSTALLATION_KEY, Order, RunJob, celery_app, node_queue, seal
 
 log = logging.getLogger("gpusched.messaging")
 
@@ -60,6 +60,13 @@ class Sender(Protocol):
     def request_cycle(self) -> bool: ...
 
     def request_cycle_at(self, when: datetime) -> bool: ...
+
+
+def publish_installation(redis_client: Any, installation: str) -> None:
+    try:
+        redis_client.set(INSTALLATION_KEY, installation)
+    except Exception as exc:  # Redis down: the next reconcile publishes it again
+        log.warning("could not publish the installation id: %s", exc)
 
 
 class Messenger:

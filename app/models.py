@@ -5,6 +5,7 @@ from app.auth.models import ApiToken, User
 from app.batches.models import BatchFiring, BatchSchedule
 from app.cycle.models import SchedulerLease
 from app.db import Base
+from app.installation.models import Installation
 from app.jobs.models import Allocation, Job, JobEvent
 from app.nodes.models import ClusterSecret, Gpu, GpuSample, Node
 from app.notifications.models import Notification
@@ -21,6 +22,7 @@ __all__ = [
     "ClusterSecret",
     "Gpu",
     "GpuSample",
+    "Installation",
     "Job",
     "JobEvent",
     "Node",

@@ -68,7 +68,10 @@ JobId = Annotated[int, Field(ge=1, le=2**63 - 1)]
 Attempt = Annotated[int, Field(ge=1, le=2**31 - 1)]
 Count = Annotated[int, Field(ge=0)]
 Seconds = Annotated[float, Field(ge=0)]
-JobResult = Literal["SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "PREEMPTED", "LOST"]
+# REFUSED: the node would not run it (its owner's account cannot be used there).
+JobResult = Literal["SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "PREEMPTED", "LOST", "REFUSED"]
+# How a node fences its jobs (workers/agent/fence.py).
+Isolation = Literal["cgroup v2", "cgroup v1", "subreaper only"]
 StopReason = Literal["cancel", "preempt", "requeue"]
 
 
@@ -95,6 +98,9 @@ class RunJob:
     world_size: Annotated[int, Field(ge=1)] = 1
     node_rank: Count = 0
     nproc_per_node: Annotated[int, Field(ge=1)] = 1
+    # The owner's Unix account (as the user is mapped now), which a root agent runs the
+    # job as (docs/isolation.md).
+    unix_user: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,6 +154,11 @@ class Register:
     backend: str = ""
     message: str = ""
     gpus: tuple[GpuInfo, ...] = ()
+    isolation: Isolation | None = None
+    # The one account every job runs as (a single-user node), or None: each its owner's.
+    jobs_run_as: str | None = None
+    # The agent's default grace period (a job that asks for none gets it).
+    grace_s: Seconds | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -206,6 +217,12 @@ class Finished:
     exit_code: int | None = None
     message: str = ""
     pid: int | None = None
+    # The attempt's usage, as its node's fence measured it (None where it cannot).
+    cpu_s: Seconds | None = None
+    memory_peak_mb: Count | None = None
+    # REFUSED: the owner's account that cannot be used on the node, and why.
+    account: str | None = None
+    account_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,6 +237,8 @@ class Heartbeat:
     running: tuple[AttemptRef, ...] = ()
     recent: tuple[Finished, ...] = ()
     taken_at: float | None = None
+    # Accounts jobs cannot run as on this node now, and why (docs/isolation.md).
+    unusable_accounts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -517,3 +536,31 @@ def celery_app(
         worker_hijack_root_logger=False,
     )
     return celery
+
+
+# -- the installation ---------------------------------------------------------------
+
+# The installation's id, published by the scheduler for agents that were not given it (a
+# node added to a cluster is given Redis, not the database): agents name their jobs'
+# fences by it (workers/agent/fence.py).
+INSTALLATION_KEY = "gpusched:installation"
+
+
+def wait_installation(redis_client: Any, *, timeout_s: float | None = None) -> str:
+    """The installation id the scheduler published (TimeoutError after `timeout_s`)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    said = False
+    while True:
+        try:
+            value = redis_client.get(INSTALLATION_KEY)
+        except Exception as exc:
+            value = None
+            log.warning("Redis unreachable while waiting for the installation id: %s", exc)
+        if value:
+            return value.decode() if isinstance(value, bytes) else str(value)
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError("no installation id published in Redis")
+        if not said:
+            log.info("waiting for the scheduler to publish the installation id in Redis")
+            said = True
+        time.sleep(1.0)

@@ -120,6 +120,9 @@ def tune_env(overrides: dict[str, str] | None = None) -> dict[str, str]:
         "GPUSCHED_AGENT_SAMPLE_INTERVAL_S": "0.5",
         "GPUSCHED_AGENT_GRACE_S": "2",
         "GPUSCHED_TOKEN_CACHE_S": "5",
+        # Stacks run as root, and their admin's jobs (its account: root) with them; the
+        # tests of jobs running as their owners map users to accounts of their own.
+        "GPUSCHED_AGENT_UID0_ACCOUNTS": "root",
     }
     env.update(overrides or {})
     return env
@@ -159,6 +162,7 @@ class Stack:
         self.state_dir = root / "sim-state"
         self.database_url = ""
         self.node_secret = b""
+        self.installation = ""  # its database's: names its agents' fences
         self.pg_name: str | None = None
         self.pg_admin_url = pg_admin_url
         self.redis_server: Any = None
@@ -202,12 +206,17 @@ class Stack:
             self.database_url = f"sqlite:///{self.data_dir / 'gpusched.db'}"
         # Migrate here, once, so the workers never see a half-built schema.
         from app.db import make_engine, make_session_factory
+        from app.installation.service import installation_id
         from app.migrate import upgrade
         from app.nodes.keys import installation_secret
 
         engine = make_engine(self.database_url)
         upgrade(engine)
-        self.node_secret = installation_secret(make_session_factory(engine))
+        factory = make_session_factory(engine)
+        self.node_secret = installation_secret(factory)
+        with factory() as session:
+            self.installation = installation_id(session=session)
+            session.commit()
         engine.dispose()
 
         self.port = free_port()
@@ -399,21 +408,25 @@ class Stack:
             self.pg_name = None
 
     def job_processes(self, node: str | None = None) -> list[Any]:
-        """Live job processes started by this stack's agents (all nodes, or one)."""
-        from workers.agent.runner import find_leftover_processes
+        """The attempts of this stack's agents (all nodes, or one) that still have live
+        processes: their groups in the node's fence (workers/agent/fence.py)."""
+        from workers.agent.fence import choose_fence
 
+        if not self.installation:
+            return []
         names = [self.name(node)] if node else list(self.agent_specs)
-        found = []
-        for name in names:
-            found.extend(find_leftover_processes(node=name))
-        return found
+        return [
+            group
+            for name in names
+            for group in choose_fence(self.installation, name).find()
+            if group.alive()
+        ]
 
     def kill_job_processes(self, node: str | None = None) -> int:
-        groups = {p.pgid for p in self.job_processes(node)}
-        for pgid in groups:
-            if pgid > 1 and pgid != os.getpgrp():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
+        groups = self.job_processes(node)
+        for group in groups:
+            group.kill()
+            group.remove()
         return len(groups)
 
     def tails(self, lines: int = 40) -> str:

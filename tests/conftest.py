@@ -31,6 +31,7 @@ from app.migrate import upgrade
 from bench.common import create_pg_database, drop_pg_database, wipe_tables
 from tests.foundation.builders import add_user
 from tests.support.servers import pg_url, stop_session_server
+from tests.unix_accounts import unix_accounts  # noqa: F401 - a session fixture for all
 
 BACKEND = os.environ.get("GPUSCHED_TEST_DB", "sqlite")
 # Fixtures that mean "this test touches a database" (see the module's docstring).
@@ -60,6 +61,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.postgresql)
         if used & _DB_FIXTURES:
             item.add_marker(pytest.mark.db)
+
+
+@pytest.fixture(autouse=True)
+def _umask_restored() -> Iterator[None]:
+    """The service commands set umask 077 for their process (app.cli.server.private_files);
+    run in this one (typer's CliRunner), they must not change it for the tests after."""
+    kept = os.umask(0o022)
+    os.umask(kept)
+    yield
+    os.umask(kept)
 
 
 @pytest.fixture(scope="session")

@@ -25,12 +25,14 @@ from app.cycle.reconcile import (
     node_left,
     reconcile,
     reconcile_node_attempts,
+    requeue_lost_on,
 )
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory
 from app.cycle.wakeup import WakeUps
 from app.db import utcnow
+from app.installation.service import installation_id
 from app.jobs import reports
 from app.messaging import (
     COMPACT_TELEMETRY,
@@ -40,6 +42,7 @@ from app.messaging import (
     RECONCILE,
     SCHEDULE_CYCLE,
     SEND_NOTIFICATIONS,
+    publish_installation,
 )
 from app.metrics import REPORT_SECONDS
 from app.nodes.telemetry import TelemetryPolicy, compact_telemetry, ingest_heartbeat, register_node
@@ -100,6 +103,7 @@ def handle_heartbeat(
 def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Celery:
     runtime = Runtime(settings, run_expires_s=scheduler.dispatch_timeout_s)
     celery = runtime.celery
+    installation: list[str] = []  # read once, by the first reconciliation
     holder = f"{socket.gethostname()}:{id(runtime)}"
     telemetry = TelemetryPolicy(foreign_util_threshold_pct=scheduler.foreign_util_threshold_pct)
     # Cycles in this process run one after another: a trigger that arrives mid-cycle waits
@@ -184,6 +188,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
         with runtime.factory() as session:
             if isinstance(report, Register):
                 register_node(session=session, report=report)
+                requeue_lost_on(session=session, node=report.node)
                 session.commit()
                 runtime.messenger.request_cycle()
                 return "registered"
@@ -233,6 +238,13 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
 
     @celery.task(name=RECONCILE)
     def reconcile_task() -> dict[str, int]:
+        # Agents that were not given the installation's id take it from Redis (again after
+        # a Redis restart).
+        if not installation:
+            with runtime.factory() as session:
+                installation.append(installation_id(session=session))
+                session.commit()
+        publish_installation(runtime.redis, installation[0])
         with runtime.factory() as session:
             repairs = reconcile(
                 session=session,

@@ -13,6 +13,9 @@ class User(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
+    # The Unix account the user's jobs run as on the nodes (by default their name), as a
+    # Slurm job runs as the user who submitted it.
+    unix_user: Mapped[str] = mapped_column(String(64))
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     # Where a job of theirs that asks for notifications (notify_on) without a URL of its

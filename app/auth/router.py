@@ -11,7 +11,7 @@ from pydantic import AfterValidator, BaseModel, Field, StrictBool, StringConstra
 from app.auth import service
 from app.db import utcnow
 from app.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
-from app.errors import Conflict, NotFound
+from app.errors import Conflict, FieldError, NotFound
 from app.paging import PageDep, cut
 from app.request_body import RequestBody
 from app.text import check_name
@@ -51,21 +51,40 @@ class MeUpdate(RequestBody):
     )
 
 
+# Checked by the service (service.check_unix_user), which says what an account name is.
+UnixUser = Annotated[
+    str,
+    Field(
+        max_length=200,
+        description="the Unix account the user's jobs run as on the nodes (their owner's, "
+        "as Slurm runs a job as its submitter); an agent not running as root runs every "
+        "job as its own user instead",
+    ),
+]
+
+
 class UserOut(BaseModel):
     name: str
     is_admin: bool
     projects: list[str]
     active_tokens: int = Field(description="tokens neither revoked nor expired")
+    unix_user: str = Field(description="the Unix account the user's jobs run as")
 
 
 class UserCreate(BaseModel):
     name: Name
     projects: list[Name] = Field(min_length=1, description="created when missing")
     admin: bool = False
+    unix_user: UnixUser | None = Field(default=None, description="default: the user's name")
 
 
 class UserUpdate(RequestBody):
-    admin: StrictBool = Field(description="true: an admin; false: a plain user")
+    admin: StrictBool | None = Field(
+        default=None, description="true: an admin; false: a plain user"
+    )
+    unix_user: UnixUser | None = Field(
+        default=None, description="the Unix account the user's jobs run as from now on"
+    )
 
 
 class TokenCreate(BaseModel):
@@ -161,6 +180,7 @@ def create_user(
             is_admin=body.admin,
             ttl_days=settings.token_ttl_days,
             actor=admin.name,
+            unix_user=body.unix_user,
         )
     session.commit()
     return TokenOut(user=_user(session, body.name), token=token)
@@ -168,11 +188,20 @@ def create_user(
 
 @router.patch("/users/{name}", response_model=UserOut)
 def update_user(name: UserPath, body: UserUpdate, session: SessionDep, admin: AdminUser) -> UserOut:
-    """Make a user an admin or a plain user, as `sacctmgr modify user ... set adminlevel=`;
-    idempotent. The last admin stays one (409). Other API processes see the change within
-    the token cache time (admin)."""
+    """Make a user an admin or a plain user, as `sacctmgr modify user ... set adminlevel=`,
+    and set the Unix account their jobs run as; idempotent. The last admin stays one (409).
+    Other API processes see a role change within the token cache time (admin)."""
+    if body.admin is None and body.unix_user is None:
+        raise FieldError("admin", "give admin, unix_user or both")
     with _refusals():
-        service.set_admin(session=session, user_name=name, is_admin=body.admin, actor=admin.name)
+        if body.admin is not None:
+            service.set_admin(
+                session=session, user_name=name, is_admin=body.admin, actor=admin.name
+            )
+        if body.unix_user is not None:
+            service.set_unix_user(
+                session=session, user_name=name, unix_user=body.unix_user, actor=admin.name
+            )
     session.commit()
     return _user(session, name)
 

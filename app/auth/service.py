@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import threading
 import time
@@ -22,6 +23,8 @@ from app.notifications.hosts import check_url
 from app.projects.models import Project, ProjectMember
 
 TOKEN_PREFIX = "gps_"
+# A Unix account name as useradd takes it (and no longer than the column).
+UNIX_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,17 @@ class UserExists(ValueError):
     pass
 
 
+def check_unix_user(value: str) -> str:
+    """A Unix account name, or FieldError("unix_user") saying what one is."""
+    if not UNIX_USER.match(value):
+        raise FieldError(
+            "unix_user",
+            f"{value!r} is not a Unix account name: 1 to 64 letters, digits, '_', '.' or '-',"
+            " not starting with '.' or '-'",
+        )
+    return value
+
+
 def create_user(
     *,
     session: Session,
@@ -96,11 +110,15 @@ def create_user(
     is_admin: bool,
     ttl_days: int,
     actor: str,
+    unix_user: str | None = None,
 ) -> tuple[User, str]:
-    """Create a user in the given projects (created when missing) and return its first token."""
+    """Create a user in the given projects (created when missing) and return its first
+    token. Its jobs run as `unix_user` on the nodes (default: its name)."""
+    if unix_user is not None:
+        check_unix_user(unix_user)
     if session.scalar(select(User.id).where(User.name == name)) is not None:
         raise UserExists(f"user {name!r} already exists")
-    user = User(name=name, is_admin=is_admin)
+    user = User(name=name, is_admin=is_admin, unix_user=unix_user or name)
     session.add(user)
     session.flush()
     for project_name in projects:
@@ -112,7 +130,7 @@ def create_user(
         actor=actor,
         action="user.create",
         target=name,
-        info={"projects": projects, "admin": is_admin},
+        info={"projects": projects, "admin": is_admin, "unix_user": user.unix_user},
     )
     return user, token
 
@@ -173,6 +191,7 @@ class UserSummary:
     is_admin: bool
     projects: list[str]
     active_tokens: int  # neither revoked nor expired
+    unix_user: str
 
 
 def list_users(*, session: Session, now: datetime) -> list[UserSummary]:
@@ -202,7 +221,11 @@ def _summary(session: Session, user: User, *, now: datetime) -> UserSummary:
     )
     projects = user_projects(session=session, user_id=user.id)
     return UserSummary(
-        name=user.name, is_admin=user.is_admin, projects=projects, active_tokens=active
+        name=user.name,
+        is_admin=user.is_admin,
+        projects=projects,
+        active_tokens=active,
+        unix_user=user.unix_user,
     )
 
 
@@ -241,6 +264,24 @@ def set_admin(*, session: Session, user_name: str, is_admin: bool, actor: str) -
         target=user_name,
         info=changes({"admin": not is_admin}, {"admin": is_admin}),
     )
+    return True
+
+
+def set_unix_user(*, session: Session, user_name: str, unix_user: str, actor: str) -> bool:
+    """The Unix account the user's jobs run as from now on (jobs already running keep
+    theirs); returns whether that changed anything."""
+    check_unix_user(unix_user)
+    user = find_user(session=session, name=user_name)
+    if user.unix_user == unix_user:
+        return False
+    record(
+        session=session,
+        actor=actor,
+        action="user.unix_user",
+        target=user_name,
+        info=changes({"unix_user": user.unix_user}, {"unix_user": unix_user}),
+    )
+    user.unix_user = unix_user
     return True
 
 
@@ -334,8 +375,11 @@ class TokenCache:
 TOKEN_CACHE = TokenCache()
 
 
-def ensure_bootstrap_admin(*, session: Session, ttl_days: int, actor: str) -> str | None:
-    """On an empty database create user `admin` (project `default`) and return its token."""
+def ensure_bootstrap_admin(
+    *, session: Session, ttl_days: int, actor: str, unix_user: str | None = None
+) -> str | None:
+    """On an empty database create user `admin` (project `default`) and return its token;
+    its jobs run as `unix_user` (the account that started the installation)."""
     if session.scalar(select(User.id).limit(1)) is not None:
         return None
     _, token = create_user(
@@ -345,6 +389,7 @@ def ensure_bootstrap_admin(*, session: Session, ttl_days: int, actor: str) -> st
         is_admin=True,
         ttl_days=ttl_days,
         actor=actor,
+        unix_user=unix_user if unix_user and UNIX_USER.match(unix_user) else None,
     )
     return token
 

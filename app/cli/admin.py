@@ -15,16 +15,19 @@ from app.audit.service import local_actor
 from app.auth.service import (
     UserExists,
     change_membership,
+    check_unix_user,
     find_user,
     issue_token,
     list_users,
     revoke_tokens,
     set_admin,
+    set_unix_user,
 )
 from app.auth.service import create_user as create
 from app.cli.client import EXIT_REJECTED, EXIT_USAGE, CliError, add_row, console, make_table
 from app.cli.server import database, load_settings_or_exit, session_scope
 from app.db import make_session_factory, utcnow
+from app.errors import FieldError
 from app.nodes.keys import installation_secret, node_key
 from app.text import check_name
 
@@ -67,10 +70,20 @@ def create_user(
         ),
     ],
     admin: Annotated[bool, typer.Option("--admin", help="Give the user the admin role")] = False,
+    unix_user: Annotated[
+        str | None,
+        typer.Option(
+            "--unix-user",
+            help="The Unix account the user's jobs run as on the nodes (default: the name)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Create a user in one or more projects and print its first token."""
     name = _check_name(name, "user name")
     projects = list(dict.fromkeys(_check_name(p, "project") for p in project))
+    if unix_user is not None:
+        _check_unix_user(unix_user)
     settings = load_settings_or_exit()
     try:
         with session_scope(settings) as session:
@@ -81,11 +94,42 @@ def create_user(
                 is_admin=admin,
                 ttl_days=settings.token_ttl_days,
                 actor=_actor(),
+                unix_user=unix_user,
             )
     except UserExists as exc:
         raise CliError(str(exc), EXIT_REJECTED) from None
     role = "admin" if admin else "user"
-    _print_token(f"created {role} {name!r} in project(s) {', '.join(projects)}", token)
+    _print_token(
+        f"created {role} {name!r} in project(s) {', '.join(projects)}; "
+        f"its jobs run as Unix account {unix_user or name!r}",
+        token,
+    )
+
+
+def _check_unix_user(value: str) -> str:
+    try:
+        return check_unix_user(value)
+    except FieldError as exc:
+        raise CliError(f"--unix-user: {exc}", EXIT_USAGE) from None
+
+
+@admin_app.command("set-unix-user")
+def set_unix_user_command(
+    name: UserName,
+    account: Annotated[str, typer.Argument(help="Unix account name", show_default=False)],
+) -> None:
+    """Set the Unix account a user's jobs run as on the nodes (jobs already running keep
+    theirs)."""
+    _check_unix_user(account)
+    settings = load_settings_or_exit()
+    try:
+        with session_scope(settings) as session:
+            changed = set_unix_user(
+                session=session, user_name=name, unix_user=account, actor=_actor()
+            )
+    except LookupError as exc:
+        raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
+    typer.echo(f"{name!r}'s jobs {'now' if changed else 'already'} run as Unix account {account!r}")
 
 
 @admin_app.command("create-token")
@@ -144,13 +188,15 @@ def remove_from_project(name: UserName, project: ProjectOption) -> None:
 
 @admin_app.command("users")
 def users() -> None:
-    """List users: role, projects and how many tokens still work."""
+    """List users: role, projects, the Unix account their jobs run as, and how many tokens
+    still work."""
     settings = load_settings_or_exit()
-    table = make_table("USER", "ROLE", "PROJECTS", "ACTIVE TOKENS")
+    table = make_table("USER", "ROLE", "PROJECTS", "UNIX USER", "ACTIVE TOKENS")
     with session_scope(settings) as session:
         for user in list_users(session=session, now=utcnow()):
             role = "admin" if user.is_admin else "user"
-            add_row(table, user.name, role, ", ".join(user.projects), user.active_tokens)
+            projects = ", ".join(user.projects)
+            add_row(table, user.name, role, projects, user.unix_user, user.active_tokens)
     console().print(table)
 
 

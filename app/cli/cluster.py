@@ -54,6 +54,12 @@ def _gpu_models(node: dict[str, Any]) -> str:
     return ", ".join(f"{n}x {model}" for model, n in sorted(counts.items()))
 
 
+def jobs_run_as(node: dict[str, Any]) -> str:
+    """Whose account a node runs jobs as."""
+    user = node.get("jobs_run_as")
+    return "each its owner's" if user is None else f"single-user: jobs run as {user}"
+
+
 def _node_note(node: dict[str, Any]) -> str:
     notes = []
     if node["drained"] and node.get("drain_reason"):
@@ -65,6 +71,11 @@ def _node_note(node: dict[str, Any]) -> str:
         )
     if node.get("health_message"):
         notes.append(node["health_message"])
+    unusable = node.get("unusable_accounts") or {}
+    if unusable:
+        notes.append(
+            "cannot run jobs as " + ", ".join(f"{a} ({why})" for a, why in sorted(unusable.items()))
+        )
     unhealthy = [g["index"] for g in node.get("gpus", []) if not g.get("healthy", True)]
     if unhealthy:
         notes.append("unhealthy GPU " + ",".join(str(i) for i in unhealthy))
@@ -75,7 +86,8 @@ def _node_note(node: dict[str, Any]) -> str:
 
 
 def nodes(as_json: JsonOption = False, url: UrlOption = None, token: TokenOption = None) -> None:
-    """List nodes: state, GPUs allocated, models, last heartbeat."""
+    """List nodes: state, GPUs allocated, models, how jobs are fenced and whose account
+    they run as, last heartbeat."""
     items = ApiClient.from_options(url, token).get(NODES)
     if as_json:
         print_json(items)
@@ -83,7 +95,9 @@ def nodes(as_json: JsonOption = False, url: UrlOption = None, token: TokenOption
     if not items:
         console().print("no nodes registered")
         return
-    table = make_table("NAME", "STATE", "GPUS USED", "MODELS", "HEARTBEAT", "NOTES")
+    table = make_table(
+        "NAME", "STATE", "GPUS USED", "MODELS", "ISOLATION", "JOBS RUN AS", "HEARTBEAT", "NOTES"
+    )
     for node in items:
         add_row(
             table,
@@ -91,6 +105,8 @@ def nodes(as_json: JsonOption = False, url: UrlOption = None, token: TokenOption
             _node_state(node),
             f"{node['gpus_allocated']:g}/{node['gpu_count']}",
             _gpu_models(node),
+            node.get("isolation") or "-",
+            jobs_run_as(node),
             f"{age(node.get('last_heartbeat_at'))} ago"
             if node.get("last_heartbeat_at")
             else "never",

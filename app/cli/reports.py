@@ -273,6 +273,15 @@ def estimate(
     print_estimate(result)
 
 
+def _cpu(report: dict[str, Any]) -> str:
+    cpu = report.get("cpu_s")
+    if cpu is None:
+        return "n/a"
+    cores = report.get("cpu_cores_avg")
+    text = f"{cpu:.2f}s" if cpu < 60 else human_duration(cpu)
+    return text + ("" if cores is None else f" ({cores:.2f} cores on average)")
+
+
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}%"
 
@@ -298,6 +307,13 @@ def print_efficiency(report: dict[str, Any]) -> None:
             f"({_pct(report['memory_used_pct'])})",
         ),
         ("Energy", f"{report['energy_wh']:.1f} Wh"),
+        ("CPU time", _cpu(report)),
+        (
+            "Host memory",
+            "n/a"
+            if report.get("host_memory_peak_mb") is None
+            else f"{report['host_memory_peak_mb']} MiB peak",
+        ),
         ("Idle GPUs", report["idle_gpus"]),
         ("Wasted GPU-hours", f"{report['wasted_gpu_hours']:.2f}"),
     ]

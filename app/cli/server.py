@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from app.auth.service import ensure_bootstrap_admin
 from app.cli.client import EXIT_USAGE, CliError
 from app.config import Settings, SettingsError, load_settings
 from app.db import make_engine, make_session_factory, transaction
+from app.installation.service import installation_id
 from app.migrate import upgrade
 
 
@@ -40,6 +42,12 @@ def _first_line(exc: BaseException) -> str:
     text = str(getattr(exc, "orig", None) or exc)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
+
+
+def private_files() -> None:
+    """Files the service creates (the database, logs, Redis's) are its own alone (umask
+    077); the few that others must read are opened up on purpose."""
+    os.umask(0o077)
 
 
 def ensure_data_dir(path: Path) -> None:
@@ -89,6 +97,18 @@ def session_scope(settings: Settings) -> Iterator[Session]:
         yield session
 
 
+def invoking_account() -> str:
+    """The Unix account that runs this command: the one that used sudo, if it did. The
+    first admin's jobs run as it."""
+    sudo = os.environ.get("SUDO_USER")
+    if os.geteuid() == 0 and sudo and sudo != "root":
+        return sudo
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
 def bootstrap_admin(settings: Settings, factory: sessionmaker[Session]) -> str | None:
     """On an empty database create `admin`, store its token in a 0600 file, return the token.
 
@@ -102,6 +122,7 @@ def bootstrap_admin(settings: Settings, factory: sessionmaker[Session]) -> str |
                 session=session,
                 ttl_days=settings.token_ttl_days,
                 actor=local_actor("first start"),
+                unix_user=invoking_account(),
             )
             if token is not None:
                 try:
@@ -185,6 +206,7 @@ def server(
     """Migrate the database, create the admin on first start, and serve the REST API."""
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings_or_exit(**overrides)
+    private_files()
     ensure_data_dir(settings.data_dir)
     with database(settings) as engine:
         factory = prepare_database(settings, engine)
@@ -205,6 +227,7 @@ def migrate(
     """Upgrade the database schema and create the first admin on an empty database
     (the server also does both on start)."""
     settings = load_settings_or_exit()
+    private_files()
     ensure_data_dir(settings.data_dir)
     with database(settings) as engine:
         migrate_or_exit(engine, revision)
@@ -214,9 +237,14 @@ def migrate(
         )
         # A fresh production database (docker-compose runs only `migrate` and uvicorn)
         # needs its first admin too.
-        token = bootstrap_admin(settings, make_session_factory(engine))
+        factory = make_session_factory(engine)
+        token = bootstrap_admin(settings, factory)
         if token is not None:
             announce_token(token, settings.admin_token_file)
+        with transaction(factory) as session:
+            # An agent on a node that cannot reach Redis's copy may be given it
+            # (GPUSCHED_AGENT_INSTALLATION).
+            typer.echo(f"installation id: {installation_id(session=session)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -14,12 +14,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.auth.models import User
 from app.cli.client import EXIT_USAGE, CliError
 from app.cli.server import (
     announce_token,
@@ -28,9 +31,11 @@ from app.cli.server import (
     ensure_data_dir,
     load_settings_or_exit,
     migrate_or_exit,
+    private_files,
     write_secret,
 )
-from app.db import make_session_factory
+from app.db import make_session_factory, transaction
+from app.installation.service import installation_id
 from app.nodes.keys import installation_secret, node_key
 from app.processes import (
     CrashBudget,
@@ -72,6 +77,33 @@ def _agent_plan(gpus: str, node_name: str | None = None) -> list[tuple[str, str]
     return [
         (f"{prefix}-{i + 1}", f"sim:{spec.gpus_per_node}:{spec.model}") for i in range(spec.nodes)
     ]
+
+
+def whose_jobs(env: Mapping[str, str], admin_account: str | None) -> str:
+    """Which account this machine's agents run jobs as, in one line (as `gpusched nodes`
+    and the node page say it)."""
+    from workers.agent import accounts
+
+    single = env.get("GPUSCHED_AGENT_RUN_AS_USER") or (
+        None if os.geteuid() == 0 else accounts.own_user()
+    )
+    if single:
+        return f"single-user: jobs run as {single}"
+    line = (
+        "jobs run as their owners' Unix accounts (gpusched admin create-user NAME "
+        "--unix-user ACCOUNT; default: the user's name)"
+    )
+    if admin_account is None:
+        return line
+    allowed = accounts.parse_names(env.get("GPUSCHED_AGENT_UID0_ACCOUNTS", ""))
+    try:
+        accounts.resolve(admin_account, uid0_allowed=allowed)
+    except accounts.AccountUnusable as exc:
+        return (
+            f"{line}; admin's ({admin_account}) cannot be used: {exc.reason} — gpusched "
+            "admin set-unix-user admin ACCOUNT"
+        )
+    return f"{line}; admin's: {admin_account}"
 
 
 REDIS_USER = "gpusched"
@@ -176,6 +208,7 @@ def up(
     --max-restarts times within --restart-window: then the stack stops and says why."""
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings_or_exit(**overrides)
+    private_files()
     ensure_data_dir(settings.data_dir)
     data_dir = settings.data_dir.resolve()
     agents = _agent_plan(gpus, node_name)
@@ -185,6 +218,9 @@ def up(
         factory = make_session_factory(engine)
         token = bootstrap_admin(settings, factory)
         write_node_keys(factory, data_dir, [name for name, _ in agents])
+        with transaction(factory) as session:
+            installation = installation_id(session=session)
+            admin_account = session.scalar(select(User.unix_user).where(User.name == "admin"))
 
     redis: _PrivateRedis | None = None
     redis_url = settings.redis_url
@@ -200,6 +236,9 @@ def up(
         "GPUSCHED_REDIS_URL": redis_url,
         "GPUSCHED_HOST": settings.host,
         "GPUSCHED_PORT": str(settings.port),
+        # The agents name each job's fence by it (they would wait for the scheduler to
+        # publish it otherwise).
+        "GPUSCHED_AGENT_INSTALLATION": installation,
     }
     # A laptop demo should start jobs within seconds of the agents coming up.
     env.setdefault("GPUSCHED_SCHEDULER_STABILITY_WINDOW_S", "5")
@@ -236,6 +275,7 @@ def up(
         url = f"http://{settings.host}:{settings.port}"
         typer.echo(f"\ngpusched is starting: dashboard {url}/  API docs {url}/docs")
         typer.echo(f"nodes: {', '.join(f'{n} ({s})' for n, s in agents)}")
+        typer.echo(whose_jobs(env, admin_account))
         if token is not None:
             announce_token(token, settings.admin_token_file)
         else:

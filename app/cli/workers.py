@@ -10,7 +10,7 @@ import typer
 from pydantic import ValidationError
 
 from app.cli.client import EXIT_USAGE, CliError
-from app.cli.server import ensure_data_dir, load_settings_or_exit
+from app.cli.server import ensure_data_dir, load_settings_or_exit, private_files
 from app.config import Settings
 
 
@@ -46,6 +46,7 @@ def scheduler(
     from workers.scheduler_worker import run_scheduler_worker
 
     settings = _with_redis(load_settings_or_exit())
+    private_files()
     ensure_data_dir(settings.data_dir)
     try:
         scheduler_settings = SchedulerSettings()
@@ -67,6 +68,7 @@ def agent(
     from workers.agent.worker import run_agent_worker
 
     settings = _with_redis(load_settings_or_exit())
+    private_files()
     overrides: dict[str, object] = {}
     if name:
         overrides["name"] = name
@@ -84,10 +86,14 @@ def agent(
             f"unusable agent setting: {json.dumps(exc.errors(), default=str)}", EXIT_USAGE
         ) from None
     configure_logging()
+    from workers.agent.service import AgentCannotStart
+
     try:
         run_agent_worker(settings, agent_settings)
     except ValueError as exc:  # e.g. a malformed --gpus spec, an unusable node key file
         raise CliError(str(exc), EXIT_USAGE) from None
+    except AgentCannotStart as exc:
+        raise CliError(f"the agent cannot start: {exc}", EXIT_USAGE) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -1,8 +1,9 @@
 """Repairs the world when messages or machines were lost. Runs every few seconds.
 
 - A node whose heartbeats stopped (or whose agent said it stops) becomes NOT_READY; its
-  jobs become LOST and are requeued while retries remain; one not started yet is
-  requeued without spending a retry.
+  jobs become LOST and go back to the queue without spending a retry, once their
+  processes have surely ended there (their watchdog's grace period; at once when the
+  node's agent comes back, having ended them before it registers).
 - A job scheduled but never reported started is sent run_job again (the agent ignores a
   repeat for an attempt it already started), so losing Redis never loses a job.
 - A cancel or preemption not yet carried out is sent again.
@@ -12,17 +13,18 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import or_, select
+from sqlalchemy import exists, or_, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app.jobs import reports
 from app.jobs.models import Allocation, Job
 from app.jobs.orders import AfterCommit, released_gates, run_orders, stop_orders
-from app.jobs.reports import mark_lost
+from app.jobs.reports import dead_by, mark_lost, requeue_lost
 from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.models import Node, NodeState
 from app.wire import Heartbeat, Leaving, RefusalReason, RunJob, Started, StopJob
@@ -34,6 +36,7 @@ log = logging.getLogger("gpusched.reconcile")
 class Repairs:
     lost_nodes: list[str] = field(default_factory=list)
     lost_jobs: list[int] = field(default_factory=list)
+    requeued: list[int] = field(default_factory=list)  # LOST ones back in the queue
     run: list[RunJob] = field(default_factory=list)
     stop: list[StopJob] = field(default_factory=list)
     # A report a leaving node carried that was not believed (see reports.Applied.refused).
@@ -41,10 +44,14 @@ class Repairs:
 
     @property
     def after(self) -> AfterCommit:
-        return AfterCommit.of([*self.run, *self.stop], cycle=bool(self.lost_jobs))
+        return AfterCommit.of(
+            [*self.run, *self.stop], cycle=bool(self.lost_jobs or self.requeued)
+        )
 
 
-def _lose_silent_nodes(session: Session, *, stale_before: datetime, repairs: Repairs) -> None:
+def _lose_silent_nodes(
+    session: Session, *, stale_before: datetime, now: datetime, repairs: Repairs
+) -> None:
     """Nodes silent since `stale_before` become NOT_READY and their jobs LOST."""
     for node in session.scalars(
         select(Node)
@@ -62,6 +69,7 @@ def _lose_silent_nodes(session: Session, *, stale_before: datetime, repairs: Rep
             node,
             health=f"no heartbeat since {node.last_heartbeat_at:%Y-%m-%d %H:%M:%S} UTC",
             why=f"node {node.name} stopped responding",
+            now=now,
             repairs=repairs,
         )
 
@@ -92,15 +100,32 @@ def node_left(*, session: Session, leaving: Leaving, now: datetime) -> Repairs:
             row,
             health=f"its agent stopped at {left_at:%Y-%m-%d %H:%M:%S} UTC",
             why=f"the agent of node {name} stopped",
+            now=now,
             repairs=repairs,
+            # It stopped its running attempts before it left, and refused to start new
+            # ones: what it could not stop in time its watchdog ends within its grace.
+            ended_by=lambda job: (
+                dead_by(job, row, since=left_at) if job.status is JobStatus.RUNNING else now
+            ),
         )
     session.commit()
     return repairs
 
 
-def _lose_node(session: Session, node: Node, *, health: str, why: str, repairs: Repairs) -> None:
-    """The node becomes NOT_READY; the jobs holding its GPUs are LOST (those not started
-    yet requeued), and the ranks a gang runs on other nodes are stopped."""
+def _lose_node(
+    session: Session,
+    node: Node,
+    *,
+    health: str,
+    why: str,
+    now: datetime,
+    repairs: Repairs,
+    ended_by: Callable[[Job], datetime] | None = None,
+) -> None:
+    """The node becomes NOT_READY; the jobs holding its GPUs are LOST (requeued once
+    their processes there have surely ended: `ended_by`, by default the end of their
+    grace period after the node's last heartbeat), and the ranks a gang runs on other
+    nodes are stopped."""
     node.state = NodeState.NOT_READY
     node.health_message = health
     repairs.lost_nodes.append(node.name)
@@ -114,7 +139,8 @@ def _lose_node(session: Session, node: Node, *, health: str, why: str, repairs: 
     ):
         # Other nodes of a gang may still run ranks of this attempt: stop them.
         stops = stop_orders(session, {job.id: job.attempt}, reason="cancel")
-        mark_lost(session=session, job=job, reason=why)
+        ends = ended_by(job) if ended_by is not None else dead_by(job, node)
+        mark_lost(session=session, job=job, reason=why, ended_by=ends, now=now)
         repairs.lost_jobs.append(job.id)
         repairs.stop.extend(stop for stop in stops if stop.node != node.name)
 
@@ -153,7 +179,15 @@ def _repair(
     repairs = Repairs()
     stale_before = now - timedelta(seconds=heartbeat_timeout_s)
     if judge_nodes:
-        _lose_silent_nodes(session, stale_before=stale_before, repairs=repairs)
+        _lose_silent_nodes(session, stale_before=stale_before, now=now, repairs=repairs)
+    for job in session.scalars(
+        select(Job)
+        .where(Job.status == JobStatus.LOST, Job.lost_until <= now)
+        .order_by(Job.id)
+        .with_for_update()
+    ):
+        requeue_lost(session, job=job)
+        repairs.requeued.append(job.id)
 
     overdue = now - timedelta(seconds=dispatch_timeout_s)
     undelivered = session.scalars(
@@ -294,6 +328,32 @@ def reconcile_node_attempts(
             and job.started_at is not None
             and job.started_at < settled
         ):
-            mark_lost(session=session, job=job, reason=f"process no longer running on {node}")
+            # Its agent ended whatever was left of it before it registered.
+            mark_lost(
+                session=session,
+                job=job,
+                reason=f"process no longer running on {node}",
+                ended_by=taken_at,
+                now=taken_at,
+            )
             repairs.lost.append(job.id)
     return repairs
+
+
+def requeue_lost_on(*, session: Session, node: str) -> list[int]:
+    """A node's agent has registered again: it ended what was left of its attempts first
+    (workers/agent/service.py), so its LOST ones need not wait out their grace period."""
+    node_id = session.scalar(select(Node.id).where(Node.name == node))
+    if node_id is None:
+        return []
+    on_node = exists().where(
+        Allocation.job_id == Job.id,
+        Allocation.attempt == Job.attempt,
+        Allocation.node_id == node_id,
+    )
+    jobs = session.scalars(
+        select(Job).where(Job.status == JobStatus.LOST, on_node).order_by(Job.id).with_for_update()
+    ).all()
+    for job in jobs:
+        requeue_lost(session, job=job)
+    return [job.id for job in jobs]

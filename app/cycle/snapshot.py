@@ -175,11 +175,12 @@ JOB_COLUMNS = (
 )
 
 
-def _job_view(job: Any, user: str, project: str, attained: float) -> JobView:
+def _job_view(job: Any, user: tuple[str, str], project: str, attained: float) -> JobView:
+    """`user`: the owner's name and Unix account."""
     return JobView(
         id=job.id,
         name=job.name,
-        user=user,
+        user=user[0],
         project=project,
         gpus=job.gpus,
         gpu_share=None if job.gpu_share_milli == 1000 else job.gpu_share_milli / 1000,
@@ -207,6 +208,7 @@ def _job_view(job: Any, user: str, project: str, attained: float) -> JobView:
         attained_gpu_s=attained,
         only_nodes=None if job.only_nodes is None else frozenset(job.only_nodes),
         exclude_nodes=frozenset(job.exclude_nodes) if job.exclude_nodes else frozenset(),
+        unix_user=user[1],
     )
 
 
@@ -226,7 +228,10 @@ def read_snapshot(
     # Nothing remembered yet (the first cycle of this process): read everything.
     memory = quick_from if quick_from is not None and quick_from.ready else None
     quick = memory is not None
-    users = dict(session.execute(select(User.id, User.name)).all())
+    users = {
+        uid: (name, unix_user)
+        for uid, name, unix_user in session.execute(select(User.id, User.name, User.unix_user))
+    }
     projects = list(session.scalars(select(Project)))
     project_names = {p.id: p.name for p in projects}
 
@@ -247,6 +252,7 @@ def read_snapshot(
             heartbeat_at=n.last_heartbeat_at,
             gpus=tuple(_gpu_view(g) for g in n.gpus),
             maintenance_at=n.maintenance_at,
+            unusable_accounts=tuple(sorted((n.unusable_accounts or {}).items())),
         )
         for n in nodes
     )
@@ -364,7 +370,7 @@ def read_snapshot(
         )
     ):
         if started is not None and finished is not None:
-            history[(users[user_id], name)].append((finished - started).total_seconds())
+            history[(users[user_id][0], name)].append((finished - started).total_seconds())
 
     snapshot = Snapshot(
         nodes=node_views,

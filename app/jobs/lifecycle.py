@@ -56,8 +56,10 @@ def transition(
         job.exit_code = None
         job.started_at = None
         job.scheduled_at = None
+        job.lost_until = None
     elif to is JobStatus.SCHEDULED:
         job.scheduled_at = now
+        job.cpu_s = job.memory_peak_mb = None  # the new attempt's, as its nodes report them
         job.pending_reason = job.pending_message = None
         job.queue_position = None
         job.estimated_start_at = None
@@ -126,16 +128,13 @@ def note(session: Session, *, job: Job, actor: str, reason: str) -> None:
 
 
 def settle_interrupted(session: Session, *, job: Job, actor: str) -> None:
-    """After PREEMPTED or LOST: back to the queue while retries remain, else FAILED; but
+    """After PREEMPTED or LOST: back to the queue, without spending a retry; but
     CANCELLED if a cancel was asked for meanwhile.
 
-    A preemption is the scheduler's choice (a requeue its owner's), not the job's fault, so
-    it costs no retry.
+    A preemption is the scheduler's choice (a requeue its owner's), a lost node the node's
+    failure (Slurm requeues a batch job on node failure): neither is the job's fault.
     """
-    status = JobStatus(job.status)
-    if job.cancel_requested_at is not None and (
-        status is JobStatus.PREEMPTED or retries_left(job) > 0
-    ):
+    if job.cancel_requested_at is not None:
         # Cancelled while it was being stopped for another reason (preempted, requeued,
         # its node lost): the cancel wins; it must not come back.
         transition(session, job=job, to=JobStatus.PENDING, actor=actor, reason="")
@@ -147,26 +146,8 @@ def settle_interrupted(session: Session, *, job: Job, actor: str) -> None:
             reason="cancelled by user while it was being stopped",
         )
         return
-    if status is JobStatus.PREEMPTED:
-        # Why it was stopped (preempted for job N, requeued by its owner) is the event
-        # before; either way it costs no retry.
-        transition(
-            session, job=job, to=JobStatus.PENDING, actor=actor, reason="requeued: no retry spent"
-        )
-    elif status in RETRYABLE:
-        if retries_left(job) > 0:
-            transition(
-                session,
-                job=job,
-                to=JobStatus.PENDING,
-                actor=actor,
-                reason=f"retry {job.failures + 1} of {job.retries}",
-            )
-        elif status is JobStatus.LOST:
-            transition(
-                session,
-                job=job,
-                to=JobStatus.FAILED,
-                actor=actor,
-                reason="lost and no retries left",
-            )
+    # Why it was stopped (preempted for job N, requeued by its owner, its node lost) is the
+    # event before.
+    transition(
+        session, job=job, to=JobStatus.PENDING, actor=actor, reason="requeued: no retry spent"
+    )

@@ -6,6 +6,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     Enum,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -79,6 +80,13 @@ class Job(Base):
     queue_position: Mapped[int | None] = mapped_column(Integer)
     estimated_start_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     exit_code: Mapped[int | None] = mapped_column(Integer)
+    # What the current attempt's processes used on its nodes (their fence's CPU time, the
+    # peak memory of the biggest node's), for seff; None: not measured.
+    cpu_s: Mapped[float | None] = mapped_column(Float)
+    memory_peak_mb: Mapped[int | None] = mapped_column(Integer)
+    # A LOST attempt goes back to the queue at this time, when its node's watchdog has
+    # surely ended its processes (its grace period): never two attempts at once.
+    lost_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # Who held this pending job (gpusched hold), and since when: no cycle considers it
     # until released.
     held_by: Mapped[str | None] = mapped_column(String(64))

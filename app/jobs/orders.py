@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.auth.models import User
 from app.jobs.models import Allocation, Job
 from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.models import Gpu, Node
@@ -67,6 +68,14 @@ def run_orders(session: Session, *, jobs: Sequence[Job]) -> list[RunJob]:
     if not jobs:
         return []
     attempts = {job.id: job.attempt for job in jobs}
+    # Each job runs as its owner's Unix account (as they map it now).
+    accounts: dict[int, str] = dict(
+        session.execute(
+            select(Job.id, User.unix_user).join(User, User.id == Job.user_id).where(
+                Job.id.in_(attempts)
+            )
+        ).all()
+    )
     rows = session.execute(
         select(
             Allocation.job_id,
@@ -86,10 +95,16 @@ def run_orders(session: Session, *, jobs: Sequence[Job]) -> list[RunJob]:
     for job_id, attempt, node, hostname, index, share, rank in rows:
         if attempt == attempts[job_id]:
             per_job.setdefault(job_id, []).append((node, hostname, index, share, rank))
-    return [order for job in jobs for order in _run_orders(job, per_job.get(job.id, []))]
+    return [
+        order
+        for job in jobs
+        for order in _run_orders(job, per_job.get(job.id, []), accounts[job.id])
+    ]
 
 
-def _run_orders(job: Job, rows: list[tuple[str, str | None, int | None, int, int]]) -> list[RunJob]:
+def _run_orders(
+    job: Job, rows: list[tuple[str, str | None, int | None, int, int]], unix_user: str
+) -> list[RunJob]:
     if not rows:
         return []
     ranks: dict[int, tuple[str, str, list[int]]] = {}
@@ -121,6 +136,7 @@ def _run_orders(job: Job, rows: list[tuple[str, str | None, int | None, int, int
             world_size=per_node * len(nodes) if per_node else len(nodes),
             node_rank=rank,
             nproc_per_node=per_node or 1,
+            unix_user=unix_user,
         )
         for rank, (node, _host, gpus) in enumerate(nodes)
     ]

@@ -6,19 +6,31 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
 
+from app.db import utcnow
 from app.jobs.allocations import release
 from app.jobs.lifecycle import note, settle_interrupted, transition, will_retry
 from app.jobs.models import Allocation, Job
 from app.jobs.orders import NOTHING, AfterCommit, placed_on, stop_orders
 from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.models import Node
-from app.wire import Finished, RefusalReason, Started
+from app.wire import Finished, RefusalReason, Started, StopJob
 
 log = logging.getLogger("gpusched.reports")
+
+# An agent's watchdog SIGKILLs what is left of an attempt at the end of its grace period
+# and gives it this long to die (workers/agent/runner.py _KILL_WAIT_S).
+WATCHDOG_KILL_S = 5.0
+# For a node whose agent did not say (an agent from before it did).
+DEFAULT_GRACE_S = 30.0
+DEFAULT_INTERVAL_S = 5.0
+# The result an agent reports for a run it refused because the owner's Unix account
+# cannot be used on its node: no attempt ran; the job waits for another node.
+REFUSED = "REFUSED"
 
 RESULTS = {
     "SUCCEEDED": JobStatus.SUCCEEDED,
@@ -95,9 +107,12 @@ def job_finished(*, session: Session, report: Finished) -> Applied:
     job, why, refused = _current(session, report)
     if job is None:
         return Applied(False, why, refused)
+    if report.result == REFUSED:
+        return _refused(session, job=job, report=report)
     actor = f"agent:{report.node}"
     result = RESULTS[report.result]
     message = report.message
+    _add_usage(job, report)
     if job.status is JobStatus.SCHEDULED and result is not JobStatus.LOST:
         # Keep the history whole: an agent reports a job that ends at once by its end
         # alone (with the pid), and a finish report can overtake a start report.
@@ -143,6 +158,43 @@ def job_finished(*, session: Session, report: Finished) -> Applied:
     return Applied(True, "", after=AfterCommit.of(stops, cycle=True))
 
 
+def _add_usage(job: Job, report: Finished) -> None:
+    """The attempt's CPU time (summed over its nodes) and peak memory (its biggest node's),
+    as the node's fence measured them."""
+    if report.cpu_s is not None:
+        job.cpu_s = (job.cpu_s or 0.0) + report.cpu_s
+    if report.memory_peak_mb is not None:
+        job.memory_peak_mb = max(job.memory_peak_mb or 0, report.memory_peak_mb)
+
+
+def _refused(session: Session, *, job: Job, report: Finished) -> Applied:
+    """A node refused to run the attempt: its owner's Unix account cannot be used there.
+    Nothing ran, so no retry is spent; the node is marked as lacking the account at once
+    (its heartbeats keep saying so until it has it), so the next cycle places the job on
+    another node, or says why it waits."""
+    node = session.scalar(select(Node).where(Node.name == report.node).with_for_update())
+    if node is not None and report.account:
+        node.unusable_accounts = {
+            **(node.unusable_accounts or {}),
+            report.account: report.account_reason or "unusable",
+        }
+    stops: list[StopJob] = []
+    if job.nodes > 1:
+        placed = stop_orders(session, {job.id: job.attempt}, reason="cancel")
+        stops = [stop for stop in placed if stop.node != report.node]
+    release(session, job_id=job.id, attempt=job.attempt)
+    actor = f"agent:{report.node}"
+    message = report.message or f"refused by node {report.node}"
+    if job.cancel_requested_at is not None:
+        transition(session, job=job, to=JobStatus.CANCELLED, actor=actor, reason=message)
+    elif job.status is JobStatus.RUNNING:  # a gang that started on its other nodes
+        transition(session, job=job, to=JobStatus.PREEMPTED, actor=actor, reason=message)
+        settle_interrupted(session, job=job, actor="scheduler")
+    else:
+        transition(session, job=job, to=JobStatus.PENDING, actor=actor, reason=message)
+    return Applied(True, "", after=AfterCommit.of(stops, cycle=True))
+
+
 def _release_node(session: Session, *, job: Job, node: str) -> tuple[int, int]:
     """Release a gang's GPUs on one node; returns how many were released and on how many
     other nodes it still holds some."""
@@ -162,21 +214,60 @@ def _release_node(session: Session, *, job: Job, node: str) -> tuple[int, int]:
     return released, left or 0
 
 
-def mark_lost(*, session: Session, job: Job, reason: str) -> None:
-    """The node holding this attempt is gone: release, and requeue while retries remain.
-    An attempt that never started there ran nothing: back to the queue without spending a
-    retry (as Slurm requeues a job whose node fails at launch), unless it was cancelled."""
+def dead_by(job: Job, node: Node, *, since: datetime | None = None) -> datetime:
+    """When an attempt on a node whose agent died (at the latest one heartbeat period
+    after `since`, its last heartbeat by default) has surely ended: its watchdog gives it
+    its grace period, then SIGKILL."""
+    grace = job.grace_s if job.grace_s is not None else node.grace_s
+    seconds = (
+        (node.interval_s or DEFAULT_INTERVAL_S)
+        + (DEFAULT_GRACE_S if grace is None else grace)
+        + WATCHDOG_KILL_S
+    )
+    start = since or node.last_heartbeat_at or utcnow()
+    return start + timedelta(seconds=seconds)
+
+
+def mark_lost(
+    *, session: Session, job: Job, reason: str, ended_by: datetime, now: datetime
+) -> None:
+    """The node holding this attempt is gone: release its GPUs and put the job back in the
+    queue without spending a retry (the node's failure, not the job's: Slurm requeues a
+    batch job on node failure), unless it was cancelled. Its processes may still be
+    ending there (its watchdog gives them their grace period) until `ended_by`: it stays
+    LOST until then (app/cycle/reconcile.py requeues it), so that two attempts of a job
+    never run at once."""
     release(session, job_id=job.id, attempt=job.attempt)
-    if job.status == JobStatus.SCHEDULED:
-        cancelled = job.cancel_requested_at is not None
-        transition(
-            session,
-            job=job,
-            to=JobStatus.CANCELLED if cancelled else JobStatus.PENDING,
-            actor="scheduler",
-            reason=f"{reason} before it started"
-            + ("" if cancelled else ": back in the queue, no retry spent"),
-        )
+    started = job.status is JobStatus.RUNNING
+    where = reason if started else f"{reason} before it started"
+    if job.cancel_requested_at is not None and not started:
+        transition(session, job=job, to=JobStatus.CANCELLED, actor="scheduler", reason=where)
         return
-    transition(session, job=job, to=JobStatus.LOST, actor="scheduler", reason=reason)
+    if ended_by <= now:
+        if started:
+            transition(session, job=job, to=JobStatus.LOST, actor="scheduler", reason=reason)
+            settle_interrupted(session, job=job, actor="scheduler")
+        else:
+            transition(
+                session,
+                job=job,
+                to=JobStatus.PENDING,
+                actor="scheduler",
+                reason=f"{where}: back in the queue, no retry spent",
+            )
+        return
+    job.lost_until = ended_by
+    transition(
+        session,
+        job=job,
+        to=JobStatus.LOST,
+        actor="scheduler",
+        reason=f"{where}: back in the queue at {ended_by:%H:%M:%S} UTC, no retry spent, once its "
+        "node's watchdog has surely ended it (its grace period)",
+    )
+
+
+def requeue_lost(session: Session, *, job: Job) -> None:
+    """A LOST attempt whose processes are surely gone: back to the queue (or CANCELLED)."""
+    job.lost_until = None
     settle_interrupted(session, job=job, actor="scheduler")

@@ -20,8 +20,10 @@ class JobStatus(StrEnum):
 
 S = JobStatus
 
-# PREEMPTED and LOST are way stations: the job goes back to PENDING while retries
-# remain, or ends as FAILED. FAILED may go back to PENDING for a retry.
+# PREEMPTED and LOST are way stations: the job goes back to PENDING without spending a
+# retry (a preemption is the scheduler's choice, a lost node the node's failure, as Slurm
+# requeues a batch job on node failure), unless a cancel came meanwhile. FAILED may go
+# back to PENDING for a retry.
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
     S.PENDING: frozenset({S.SCHEDULED, S.CANCELLED}),
     # SCHEDULED -> PENDING: the dispatch could not be delivered and the allocation was undone.
@@ -38,7 +40,7 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
 ACTIVE = frozenset({S.SCHEDULED, S.RUNNING})
 FINISHED = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT})
 # A job in these states may come back to PENDING; "retries" bounds how often it does.
-RETRYABLE = frozenset({S.FAILED, S.LOST})
+RETRYABLE = frozenset({S.FAILED})
 
 # The pending reason of a job that no scheduling cycle has ranked yet (just submitted, or
 # back in the queue); quick cycles look for it (app/cycle/snapshot.py).

@@ -17,7 +17,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from app.db import Base, JSONType, UTCDateTime, utcnow
+from app.db import Base, JSONType, NullableJSON, UTCDateTime, utcnow
 
 
 class NodeState(StrEnum):
@@ -43,6 +43,19 @@ class Node(Base):
     # whose time limit ends by then (app/scheduling/cycle.py), from then on none.
     maintenance_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     health_message: Mapped[str] = mapped_column(String(255), default="")
+    # How its agent fences each job: "cgroup v2", "cgroup v1" or "subreaper only".
+    isolation: Mapped[str] = mapped_column(String(32), default="")
+    # Single-user: every job there runs as this account (its agent is not root); None:
+    # each job runs as its owner's.
+    jobs_run_as: Mapped[str | None] = mapped_column(String(64))
+    # Owners' Unix accounts it cannot run jobs as (account -> why, from its agent): their
+    # jobs are placed elsewhere, and wait with that reason if nowhere else will do.
+    unusable_accounts: Mapped[dict[str, str] | None] = mapped_column(NullableJSON, default=dict)
+    # The grace period its agent gives jobs that ask for none: how long its watchdog may
+    # take to end a lost attempt (app/jobs/reports.py).
+    grace_s: Mapped[float | None] = mapped_column(Float)
+    # Its agent's heartbeat period: it died at most this long after its last heartbeat.
+    interval_s: Mapped[float | None] = mapped_column(Float)
     # When its agent last registered (started).
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -44,6 +44,18 @@ class NodeOut(BaseModel):
         "whose time limit ends by then"
     )
     health_message: str
+    isolation: str = Field(
+        description='how its agent fences each job\'s processes: "cgroup v2", "cgroup v1" or '
+        '"subreaper only" (empty: an agent from before it said)'
+    )
+    jobs_run_as: str | None = Field(
+        description="single-user: every job there runs as this account (its agent is not "
+        "root); null: each job runs as its owner's Unix account"
+    )
+    unusable_accounts: dict[str, str] = Field(
+        description="owners' Unix accounts its agent cannot run jobs as, and why: their "
+        "jobs are placed on other nodes meanwhile"
+    )
     registered_at: datetime = Field(description="when its agent last registered (started)")
     last_heartbeat_at: datetime | None
     removed_at: datetime | None = Field(

@@ -48,6 +48,10 @@ def register_node(*, session: Session, report: Register) -> Node:
     node.state = NodeState.READY
     node.removed_at = None  # an agent registering a removed node brings it back
     node.health_message = report.message
+    node.isolation = report.isolation or ""
+    node.jobs_run_as = report.jobs_run_as
+    node.unusable_accounts = {}  # a new agent: its heartbeats say which it cannot use
+    node.grace_s = report.grace_s
     node.last_heartbeat_at = now
     by_index = {g.index: g for g in node.gpus}
     seen = set()
@@ -82,6 +86,7 @@ def ingest_heartbeat(
     if node is None:
         return None  # not registered yet; the agent re-registers on its next start
     node.last_heartbeat_at = now
+    node.unusable_accounts = dict(heartbeat.unusable_accounts)
     if node.state is not NodeState.READY:
         # A removed node's agent runs after all (as a kubelet re-creates its deleted Node).
         removed = " after it was removed" if node.removed_at is not None else ""
@@ -90,6 +95,7 @@ def ingest_heartbeat(
         node.health_message = f"heartbeats resumed{removed}"
     by_index = {g.index: g for g in node.gpus}
     interval = int(heartbeat.interval_s)
+    node.interval_s = heartbeat.interval_s
     for reading in heartbeat.gpus:
         gpu = by_index.get(reading.index)
         if gpu is None:

@@ -41,6 +41,10 @@ class JobFacts:
     gpu_memory_mb: int | None
     started_at: datetime | None
     finished_at: datetime | None
+    # The last attempt's CPU time and peak host memory, from its nodes' fences (None:
+    # still running, or not measured).
+    cpu_s: float | None = None
+    memory_peak_mb: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +282,11 @@ def compute(
         )
     if job.live:
         notes.append("the job is still running: figures so far")
+    wall_s = (
+        (job.finished_at - job.started_at).total_seconds()
+        if job.started_at is not None and job.finished_at is not None
+        else None
+    )
     if any(g.share < 1 for g in per_gpu):
         notes.append(
             "on a shared GPU utilisation and memory are the whole GPU's; energy is scaled by share"
@@ -310,6 +319,9 @@ def compute(
         cost=_sum_present(g.cost for g in per_gpu) if tariff is not None else None,
         cost_at_peak=_sum_present(g.cost_at_peak for g in per_gpu) if tariff is not None else None,
         idle_gpus=sum(1 for g in per_gpu if g.idle),
+        cpu_s=job.cpu_s,
+        cpu_cores_avg=job.cpu_s / wall_s if job.cpu_s is not None and wall_s else None,
+        host_memory_peak_mb=job.memory_peak_mb,
         wasted_gpu_hours=hours * (1 - avg_util / 100) if avg_util is not None else 0.0,
         per_gpu=per_gpu,
         flags=flags,

@@ -59,6 +59,20 @@ class JobEfficiency(BaseModel):
     cost: float | None = Field(default=None, description="None when no tariff is configured")
     cost_at_peak: float | None = None
     idle_gpus: int
+    cpu_s: float | None = Field(
+        default=None,
+        description="CPU time of every process of its last attempt (its nodes' fences: "
+        "cgroup, or the supervisor's reaped children), as seff's CPU Utilized; null while "
+        "it runs or when not measured",
+    )
+    cpu_cores_avg: float | None = Field(
+        default=None, description="cpu_s over its last attempt's run time: cores kept busy"
+    )
+    host_memory_peak_mb: int | None = Field(
+        default=None,
+        description="peak host memory of its last attempt (its biggest node's), as seff's "
+        "Memory Utilized",
+    )
     wasted_gpu_hours: float = Field(description="gpu_hours * (1 - avg_util_pct / 100)")
     per_gpu: list[GpuEfficiency]
     flags: list[Flag]

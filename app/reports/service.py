@@ -88,6 +88,8 @@ def _facts(job: Job, *, user: str, project: str) -> JobFacts:
         gpu_memory_mb=job.gpu_memory_mb,
         started_at=job.started_at,
         finished_at=job.finished_at,
+        cpu_s=job.cpu_s,
+        memory_peak_mb=job.memory_peak_mb,
     )
 
 

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from app.scheduling import filters as F
 from app.scheduling import scorers
-from app.scheduling.filters import node_choice
+from app.scheduling.filters import account, node_choice
 from app.scheduling.queue import attained, las_level, order_jobs
 from app.scheduling.state import (
     Choice,
@@ -130,6 +130,8 @@ class Cycle:
         self._barred_by_choice: dict[
             tuple[frozenset[str] | None, frozenset[str]], frozenset[str]
         ] = {}
+        # Owners' accounts some node cannot run jobs as (filters/account.py).
+        self.lacking = account.lacking(self.snap.nodes)
         node_filters = F.NODE_FILTERS
         gpu_filters = F.GPU_FILTERS
         peers_cache: dict[tuple[int, ...], frozenset[int]] = {}
@@ -334,6 +336,12 @@ class Cycle:
                     self._pend(job, pos, ReasonKind.NEVER_FITS, why)
                     continue
                 barred = barred | by_choice
+            if self.lacking and job.unix_user in self.lacking:
+                by_account = account.barred(job, self.lacking)
+                if len(barred | by_account) == len(self.nodes):
+                    self._pend(job, pos, ReasonKind.NO_ACCOUNT, account.reason(job, self.lacking))
+                    continue
+                barred = barred | by_account
             shape = (job.gpus, job.nodes, job.gpu_share, job.gpu_memory_mb, job.gpu_model, barred)
             known = shapes.get(shape)
             if known is None:
@@ -1077,6 +1085,8 @@ class Cycle:
                 note += self._priority_note(job, req)
             if job.only_nodes is not None or job.exclude_nodes:
                 note += node_choice.note(job)
+            if self.lacking and job.unix_user in self.lacking:
+                note += account.note(job, self.lacking)
             if req.barred:
                 mkey = (id(req), job.max_runtime_s)
                 if mkey not in maintenance:

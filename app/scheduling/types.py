@@ -55,6 +55,8 @@ class NodeView:
     # Maintenance (Slurm's maint reservation): drained from then on; until then it takes
     # only jobs whose time limit ends by then.
     maintenance_at: datetime | None = None
+    # Owners' Unix accounts its agent cannot run jobs as: (account, why) pairs.
+    unusable_accounts: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,8 @@ class JobView:
     # The user's choice of nodes: only these (any of them; None: any node), never those.
     only_nodes: frozenset[str] | None = None
     exclude_nodes: frozenset[str] = frozenset()
+    # The owner's Unix account, which the job runs as (None: not known, any node will do).
+    unix_user: str | None = None
 
     @property
     def share_milli(self) -> int:
@@ -199,6 +203,7 @@ class ReasonKind(enum.Enum):
     GPU_MEMORY = "gpu_memory"
     PRIORITY = "priority"
     MAINTENANCE = "maintenance"
+    NO_ACCOUNT = "no_account"
 
 
 class Placement(NamedTuple):

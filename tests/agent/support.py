@@ -3,6 +3,7 @@ without GPUs, and the orders the scheduler would send it (app.wire messages)."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from pathlib import Path
@@ -10,6 +11,14 @@ from typing import Any
 
 from app.wire import Finished, Report, RunJob, SetTimeLimit, StopJob
 from workers.agent.service import Agent, AgentSettings
+
+
+def installation_of(tmp_path: Path) -> str:
+    """An installation id of the test's own."""
+    return "t" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:16]
+
+
+RUN_AS_ROOT = {"unix_user": "root"}  # what a run_job names when the job is root's
 
 
 class RecordingReporter:
@@ -30,10 +39,14 @@ class RecordingReporter:
         return [r for r in self.reports if isinstance(r, kind)]
 
 
-def agent_without_gpus(tmp_path: Path, reporter: RecordingReporter) -> Agent:
-    """An agent on node "n1" that runs processes; nothing samples or attaches GPUs."""
+def agent_without_gpus(tmp_path: Path, reporter: RecordingReporter, **settings: Any) -> Agent:
+    """An agent on node "n1" that runs processes; nothing samples or attaches GPUs. Its
+    installation is the test's own (tmp_path's name), so that agents of tests running at
+    once on this host never see each other's jobs; a test's second agent is its first
+    restarted."""
+    settings.setdefault("installation", installation_of(tmp_path))
     return Agent(
-        settings=AgentSettings(name="n1", grace_s=1.0),
+        settings=AgentSettings(name="n1", grace_s=1.0, uid0_accounts="root", **settings),
         backend=None,  # type: ignore[arg-type]
         reporter=reporter,
         log_dir=tmp_path / "logs",
@@ -44,7 +57,7 @@ def agent_without_gpus(tmp_path: Path, reporter: RecordingReporter) -> Agent:
 
 def run_order(**fields: Any) -> RunJob:
     """A run_job for node n1, with the fields given."""
-    return RunJob(**{"node": "n1", "master_port": 29500, **fields})
+    return RunJob(**{"node": "n1", "master_port": 29500, **RUN_AS_ROOT, **fields})
 
 
 def run(agent: Agent, *, sent_at: float | None = None, **fields: Any) -> str:

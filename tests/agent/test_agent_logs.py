@@ -6,14 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.wire import attempt_log_path
-from tests.agent.support import RecordingReporter, run
+from tests.agent.support import RecordingReporter, installation_of, run
 from tests.support.wait import WAIT_S
 from workers.agent.service import Agent, AgentSettings
 
 
 def _agent(tmp_path: Path, name: str, reporter: RecordingReporter) -> Agent:
     return Agent(
-        settings=AgentSettings(name=name, grace_s=1.0),
+        settings=AgentSettings(
+            name=name, grace_s=1.0, installation=installation_of(tmp_path), uid0_accounts="root"
+        ),
         backend=None,  # type: ignore[arg-type]
         reporter=reporter,
         log_dir=tmp_path / "logs",  # shared, as the data directory is

@@ -342,3 +342,40 @@ def test_importing_the_agent_package_does_not_load_nvml() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo_root
     )
     assert result.stdout.strip() == "False"
+
+
+class FakeCuda:
+    """libcuda's primary context, as the PID probe uses it: retaining it puts `pid` (as the
+    driver names it) in GPU 0's process list."""
+
+    def __init__(self, gpu: FakeGpu, pid: int, *, init: int = 0) -> None:
+        self.gpu, self.pid, self.init, self.retained = gpu, pid, init, 0
+
+    def cuInit(self, flags: int) -> int:
+        return self.init
+
+    def cuDeviceGet(self, device: object, ordinal: int) -> int:
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, context: object, device: object) -> int:
+        self.retained += 1
+        self.gpu.processes.append((self.pid, 300))
+        return 0
+
+    def cuDevicePrimaryCtxRelease(self, device: object) -> int:
+        self.retained -= 1
+        self.gpu.processes.remove((self.pid, 300))
+        return 0
+
+
+def test_the_pid_probe_asks_whether_nvml_lists_our_own_cuda_context() -> None:
+    import os
+
+    fake = two_gpus()
+    backend = NvmlGpuBackend(nvml=fake, hostname="n")
+    ours = FakeCuda(fake.gpus[0], os.getpid())
+    assert backend.reports_local_pids(cuda=ours) is True
+    assert ours.retained == 0 and (os.getpid(), 300) not in fake.gpus[0].processes
+    host = FakeCuda(fake.gpus[0], 4_000_000)  # what an untranslating driver says
+    assert backend.reports_local_pids(cuda=host) is False
+    assert backend.reports_local_pids(cuda=FakeCuda(fake.gpus[0], 1, init=100)) is None

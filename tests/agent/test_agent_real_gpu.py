@@ -1,6 +1,7 @@
 """On a machine with NVIDIA GPUs, through the real NVML: the backend reads each GPU, and
-the agent tells its own jobs' CUDA processes from foreign ones, which is what the
-scheduler's foreign-load filter and free-memory readings rest on.
+the agent tells its own jobs' CUDA processes from foreign ones (torchrun's workers, in
+sessions of their own, included), which is what the scheduler's foreign-load filter and
+free-memory readings rest on; and a job can open only the GPUs it was given.
 
 Skipped where NVML does not work (CI has no GPU). The CUDA processes need PyTorch with
 CUDA in this interpreter; run with `pytest --noconftest tests/agent/test_agent_real_gpu.py`
@@ -19,7 +20,8 @@ from typing import Any
 import pytest
 
 from app.wire import GpuReading, attempt_log_path
-from tests.agent.support import RecordingReporter, run, stop
+from tests.agent.support import RecordingReporter, installation_of, run, stop
+from workers.agent.fence import host_pid_namespace_problem, in_host_pid_namespace
 from workers.agent.gpu_backend import BackendUnavailable
 from workers.agent.nvml_backend import NvmlGpuBackend
 from workers.agent.service import Agent, AgentSettings
@@ -80,14 +82,7 @@ def test_a_jobs_cuda_process_is_told_from_a_foreign_one(
     foreign = subprocess.Popen(
         [sys.executable, "-c", CUDA_HOLDER, "1024", "60"], stdout=subprocess.PIPE, text=True
     )
-    agent = Agent(
-        settings=AgentSettings(name="gpu-node", grace_s=1.0),
-        backend=backend,
-        reporter=RecordingReporter(),
-        log_dir=tmp_path / "logs",
-        log_cap_bytes=100_000,
-        state_dir=tmp_path / "state",
-    )
+    agent = _agent(backend, tmp_path)
     try:
         assert foreign.stdout is not None and foreign.stdout.readline().strip() == "holding"
         command = [sys.executable, "-c", CUDA_HOLDER, "2048", "60"]
@@ -119,3 +114,116 @@ def test_a_jobs_cuda_process_is_told_from_a_foreign_one(
 
 def _text(path: Path) -> str:
     return path.read_text() if path.exists() else ""
+
+
+def _agent(backend: NvmlGpuBackend, tmp_path: Path) -> Agent:
+    return Agent(
+        settings=AgentSettings(
+            name="gpu-node", grace_s=1.0, installation=installation_of(tmp_path),
+            uid0_accounts="root",
+        ),
+        backend=backend,
+        reporter=RecordingReporter(),
+        log_dir=tmp_path / "logs",
+        log_cap_bytes=100_000,
+        state_dir=tmp_path / "state",
+    )  # fmt: skip
+
+
+def _needs_torch() -> None:
+    if subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
+                      capture_output=True).returncode:  # fmt: skip
+        pytest.skip("no PyTorch with CUDA in this interpreter to start GPU processes")
+
+
+# Each torchrun worker holds argv[1] MiB on the job's GPU (both share GPU 0 here).
+WORKER = (
+    "import os, sys, time, torch; "
+    "x = torch.empty(int(sys.argv[1]) * 2**20, dtype=torch.uint8, device='cuda'); "
+    "torch.cuda.synchronize(); "
+    "print('worker', os.environ['LOCAL_RANK'], os.getpid(), os.getsid(0), flush=True); "
+    "time.sleep(60)"
+)
+
+
+def test_nvml_speaks_this_pid_namespace_or_the_agent_refuses(backend: NvmlGpuBackend) -> None:
+    answer = backend.reports_local_pids()
+    host = in_host_pid_namespace()
+    print(f"\nin the host's PID namespace: {host}; NVML lists our own CUDA context: {answer}")
+    problem = host_pid_namespace_problem("nvml", local_pids=backend.reports_local_pids)
+    assert (problem is None) == (host or bool(answer)), problem
+
+
+def test_torchrun_workers_are_attributed_to_their_job(
+    backend: NvmlGpuBackend, tmp_path: Path
+) -> None:
+    _needs_torch()
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.replace("; ", "\n"))
+    agent = _agent(backend, tmp_path)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node", "2", str(script), "1024"]  # fmt: skip
+    try:
+        assert agent.run_job({"job_id": 8, "attempt": 1, "gpu_indices": [0], **RUN_AS_ROOT,
+                              "command": torchrun, "workdir": str(tmp_path)}) == "started"  # fmt: skip
+        log = attempt_log_path(tmp_path / "logs", 8, 1, 0)
+        workers = _until(
+            "both workers to hold their memory",
+            lambda: (
+                (
+                    w := [
+                        line.split()
+                        for line in _text(log).splitlines()
+                        if line.startswith("worker ")
+                    ]
+                )
+                and len(w) == 2
+                and w
+            ),
+            timeout=120,
+        )
+        pids = {int(w[2]) for w in workers}
+        sessions = {int(w[3]) for w in workers}
+        print(f"\ntorchrun workers {pids}, sessions {sessions}; agent's job pid "
+              f"{agent._running[(8, 1)].process.pid}")  # fmt: skip
+
+        def attributed() -> dict[str, Any] | None:
+            gpu = agent.heartbeat(backend.sample())["gpus"][0]
+            seen = {p["pid"]: p["job_id"] for p in gpu["processes"]}
+            return gpu if pids <= set(seen) else None
+
+        gpu = _until("the workers in NVML's list", attributed, timeout=30)
+        print(f"GPU 0 with a 2-worker torchrun job: {gpu}")
+        owners = {p["pid"]: p["job_id"] for p in gpu["processes"]}
+        assert all(owners[pid] == 8 for pid in pids), owners
+        assert gpu["foreign_memory_mb"] < 1024  # their 2 GiB are the job's, not foreign
+    finally:
+        agent.stop_job({"job_id": 8, "attempt": 1, "reason": "cancel", "grace_s": 0})
+        _until("the job to end", lambda: agent.running_count() == 0, timeout=30)
+
+
+PROBE = (
+    "import os, torch; fd = None\n"
+    "try: fd = os.open('/dev/nvidia0', os.O_RDWR)\n"
+    "except OSError as e: print('open', e.errno)\n"
+    "else: print('open ok')\n"
+    "print('cuda', torch.cuda.is_available() and torch.cuda.device_count())"
+)
+
+
+def test_a_job_can_open_only_the_gpus_it_was_given(backend: NvmlGpuBackend, tmp_path: Path) -> None:
+    _needs_torch()
+    agent = _agent(backend, tmp_path)
+    if not agent.fence.fences_devices or not agent.gpu_devices:
+        pytest.skip(f"{agent.fence.isolation}: no device fence on this host")
+    print(f"\nfence {agent.fence.isolation}; GPU device files {agent.gpu_devices}")
+    for job_id, gpus in ((9, [0]), (10, [])):  # its GPU; none (a CPU job)
+        assert agent.run_job({"job_id": job_id, "attempt": 1, "gpu_indices": gpus,
+                              **RUN_AS_ROOT, "command": [sys.executable, "-c", PROBE]}) == "started"  # fmt: skip
+        _until(f"job {job_id} to end", lambda: agent.running_count() == 0, timeout=60)
+    given = _text(attempt_log_path(tmp_path / "logs", 9, 1, 0))
+    denied = _text(attempt_log_path(tmp_path / "logs", 10, 1, 0))
+    print(f"given GPU 0: {given!r}\ngiven none: {denied!r}")
+    assert "open ok" in given and "cuda 1" in given
+    assert "open 1" in denied  # EPERM: the devices fence, not the driver
+    assert "cuda 1" not in denied

@@ -6,34 +6,50 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from tests.agent.support import installation_of
 from tests.support.wait import WAIT_S, wait_until
+from workers.agent import accounts
+from workers.agent.fence import Fence, choose_fence
 from workers.agent.runner import (
     JobLaunch,
     LaunchError,
-    LeftoverProcess,
     Outcome,
     RunningProcess,
     classify,
     distributed_env,
-    find_leftover_processes,
     job_environment,
-    kill_process_groups,
-    leftover_graces,
-    process_group_alive,
     start_job,
+    stop_groups,
 )
+
+_fence: list[Fence] = []
+
+
+@pytest.fixture(autouse=True)
+def fence(tmp_path: Path) -> Iterator[Fence]:
+    """The strongest fence this host has, of an installation of the test's own; whatever
+    a test leaves in it is ended at teardown."""
+    made = choose_fence(installation_of(tmp_path), "n1")
+    _fence[:] = [made]
+    yield made
+    stop_groups([(group, 0.0) for group in made.find()])
+    for group in made.find():
+        group.remove()
+
+
+def start(spec: JobLaunch) -> RunningProcess:
+    return start_job(spec, fence=_fence[0])
 
 
 def launch(tmp_path: Path, command: list[str] | str, **overrides: object) -> JobLaunch:
     fields: dict[str, object] = {
         "command": command,
         "workdir": tmp_path,
-        "job_id": "job-1",
+        "job_id": 1,
         "attempt": 1,
         "log_path": tmp_path / "logs" / "job-1" / "attempt-1.log",
         "grace_s": 2.0,
@@ -43,7 +59,7 @@ def launch(tmp_path: Path, command: list[str] | str, **overrides: object) -> Job
 
 
 def run_to_end(spec: JobLaunch) -> tuple[Outcome, str]:
-    running = start_job(spec)
+    running = start(spec)
     outcome = running.wait(WAIT_S)
     assert outcome is not None, "job did not finish in time"
     return outcome, Path(spec.log_path).read_text()
@@ -169,7 +185,7 @@ def test_inconsistent_gang_is_a_launch_error(
     tmp_path: Path, overrides: dict[str, object], message: str
 ) -> None:
     with pytest.raises(LaunchError, match=message):
-        start_job(launch(tmp_path, "true", gpu_indices=(0, 1, 2, 3), **overrides))
+        start(launch(tmp_path, "true", gpu_indices=(0, 1, 2, 3), **overrides))
 
 
 # -- launch errors ---------------------------------------------------------------
@@ -178,32 +194,43 @@ def test_inconsistent_gang_is_a_launch_error(
 def test_missing_workdir_is_a_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-dir"
     with pytest.raises(LaunchError, match=r"no-such-dir.*does not exist"):
-        start_job(launch(tmp_path, "true", workdir=missing))
+        start(launch(tmp_path, "true", workdir=missing))
 
 
 def test_missing_executable_is_a_launch_error_and_logged(tmp_path: Path) -> None:
     spec = launch(tmp_path, ["/nonexistent/bin/train"])
     with pytest.raises(LaunchError, match="cannot start"):
-        start_job(spec)
+        start(spec)
     assert "cannot start" in Path(spec.log_path).read_text()
 
 
-def test_unknown_user_is_a_launch_error(tmp_path: Path) -> None:
-    with pytest.raises(LaunchError, match="unknown user"):
-        start_job(launch(tmp_path, "true", run_as_user="no-such-user-gpusched"))
+def test_an_unknown_account_or_uid_0_is_unusable() -> None:
+    with pytest.raises(accounts.AccountUnusable, match="no such account"):
+        accounts.resolve("no-such-user-gpusched")
+    with pytest.raises(accounts.AccountUnusable, match="uid 0"):
+        accounts.resolve("root")
+    assert accounts.resolve("root", uid0_allowed={"root"}).uid == 0
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
-def test_run_as_user_drops_to_that_user(tmp_path: Path) -> None:
+def test_the_job_runs_as_its_account_with_its_groups_home_and_umask_077(tmp_path: Path) -> None:
     spec = launch(
-        tmp_path, 'echo "$(id -u):$(id -g):$(id -G):$HOME:$USER"', run_as_user="nobody", workdir="/"
+        tmp_path,
+        'echo "$(id -u):$(id -g):$(id -G):$HOME:$USER:$(umask)"',
+        account=accounts.resolve("nobody"),
+        workdir="/",
     )
-    outcome, log = run_to_end(spec)
+    outcome, _ = run_to_end(spec)
     assert outcome.exit_code == 0
-    uid, gid, groups, home, user = log.strip().split(":")
+    log = Path(spec.log_path)
+    uid, gid, groups, home, user, umask = log.read_text().strip().split(":")
     assert (uid, gid, user) == ("65534", "65534", "nobody")
     assert "0" not in groups.split()  # root's groups are gone
     assert home == "/nonexistent"
+    assert umask == "0077"
+    # Its log is its own, and nobody else's.
+    info = log.stat()
+    assert (info.st_uid, info.st_mode & 0o777) == (65534, 0o600)
 
 
 # -- exits, signals, termination ---------------------------------------------------
@@ -221,7 +248,7 @@ def test_exit_code_is_propagated(tmp_path: Path, code: int, result: str) -> None
 def test_killed_by_someone_else_is_failed_with_the_signal(
     tmp_path: Path, reap: list[RunningProcess]
 ) -> None:
-    running = start_job(launch(tmp_path, ["sleep", "30"]))
+    running = start(launch(tmp_path, ["sleep", "30"]))
     reap.append(running)
     os.kill(running.pid, signal.SIGKILL)  # e.g. the kernel OOM killer
     outcome = running.wait(WAIT_S)
@@ -236,7 +263,7 @@ def test_timeout_sends_sigterm_then_sigkill_to_a_child_that_ignores_sigterm(
 ) -> None:
     spec = launch(tmp_path, 'trap "" TERM; sleep 30', max_runtime_s=0.3, grace_s=0.3)
     started = time.monotonic()
-    running = start_job(spec)
+    running = start(spec)
     outcome = running.wait(WAIT_S)
     elapsed = time.monotonic() - started
     assert outcome is not None
@@ -247,13 +274,13 @@ def test_timeout_sends_sigterm_then_sigkill_to_a_child_that_ignores_sigterm(
     assert 0.5 <= elapsed < 29.0  # limit + grace at least; the 30 s sleep was cut short
     log = Path(spec.log_path).read_text()
     assert "SIGTERM" in log and "SIGKILL" in log
-    assert wait_until(lambda: not process_group_alive(running.pgid))  # reaped, not only signalled
+    assert wait_until(lambda: not running.pids())  # every process of the job is gone
 
 
 def test_cancel_of_a_job_that_honours_sigterm_does_not_wait_for_the_grace(
     tmp_path: Path,
 ) -> None:
-    running = start_job(launch(tmp_path, ["sleep", "30"], grace_s=20.0))
+    running = start(launch(tmp_path, ["sleep", "30"], grace_s=20.0))
     started = time.monotonic()
     outcome = running.terminate("cancel", timeout_s=WAIT_S)
     assert outcome is not None
@@ -266,7 +293,7 @@ def test_terminating_again_with_a_shorter_grace_kills_sooner_never_later(
     tmp_path: Path,
 ) -> None:
     spec = launch(tmp_path, 'trap "" TERM; echo ready; sleep 60 & wait', grace_s=60.0)
-    running = start_job(spec)
+    running = start(spec)
     assert wait_until(lambda: "ready" in Path(spec.log_path).read_text())
     assert running.terminate("cancel", wait=False) is None
     assert wait_until(lambda: "sending SIGTERM" in Path(spec.log_path).read_text())
@@ -287,7 +314,7 @@ def test_preempted_job_that_checkpoints_and_exits_zero_is_still_preempted(
     tmp_path: Path,
 ) -> None:
     spec = launch(tmp_path, 'trap "echo checkpointed; exit 0" TERM; echo ready; sleep 30 & wait')
-    running = start_job(spec)
+    running = start(spec)
     assert wait_until(lambda: "ready" in Path(spec.log_path).read_text())
     outcome = running.terminate("preempt", timeout_s=WAIT_S)
     assert outcome is not None
@@ -298,16 +325,16 @@ def test_preempted_job_that_checkpoints_and_exits_zero_is_still_preempted(
     assert running.terminate("cancel", timeout_s=WAIT_S) == outcome
 
 
-def test_terminate_kills_the_whole_process_group_including_grandchildren(
+def test_terminate_kills_every_process_of_the_job_including_grandchildren(
     tmp_path: Path,
 ) -> None:
     # A subshell that ignores SIGTERM and its own child (a grandchild of ours).
     command = '(trap "" TERM; sleep 60 & wait) & sleep 60 & echo ready; wait'
     spec = launch(tmp_path, command)
-    running = start_job(spec)
+    running = start(spec)
     assert wait_until(lambda: "ready" in Path(spec.log_path).read_text())
-    assert wait_until(lambda: len(group_members(running.pgid)) >= 4)  # sh, subshell, 2 sleeps
-    members = group_members(running.pgid)
+    assert wait_until(lambda: len(running.pids()) >= 4)  # sh, subshell, 2 sleeps
+    members = running.pids()
     started = time.monotonic()
     outcome = running.terminate("cancel", grace_s=0.5, timeout_s=WAIT_S)
     assert outcome is not None
@@ -315,8 +342,7 @@ def test_terminate_kills_the_whole_process_group_including_grandchildren(
     # still got its grace period before the SIGKILL.
     assert 0.5 <= time.monotonic() - started < 30.0  # the grace at least; not the 60 s sleeps
     assert "SIGKILL" in Path(spec.log_path).read_text()
-    assert wait_until(lambda: not process_group_alive(running.pgid))  # reaped, not only signalled
-    assert all(not alive(pid) for pid in members)
+    assert wait_until(lambda: all(not alive(pid) for pid in members))
 
 
 def test_max_runtime_leaves_a_fast_job_alone(tmp_path: Path) -> None:
@@ -359,7 +385,7 @@ def test_stdout_and_stderr_stream_into_the_log_while_running(
     tmp_path: Path, reap: list[RunningProcess]
 ) -> None:
     spec = launch(tmp_path, "echo out; echo err >&2; sleep 30")
-    running = start_job(spec)
+    running = start(spec)
     reap.append(running)
     assert wait_until(lambda: {"out", "err"} <= set(Path(spec.log_path).read_text().split()))
     assert running.poll() is None
@@ -368,41 +394,35 @@ def test_stdout_and_stderr_stream_into_the_log_while_running(
 # -- leftovers after an agent restart --------------------------------------------------
 
 
-def test_find_and_kill_leftover_processes(tmp_path: Path, reap: list[RunningProcess]) -> None:
-    running = start_job(launch(tmp_path, ["sleep", "30"], job_id="job-777", attempt=2))
+def test_leftover_attempts_are_found_by_their_group_and_stopped(
+    tmp_path: Path, fence: Fence, reap: list[RunningProcess]
+) -> None:
+    running = start(launch(tmp_path, ["sleep", "30"], job_id=777, attempt=2))
     reap.append(running)
-    assert wait_until(lambda: any(p.pid == running.pid for p in find_leftover_processes()))
-    mine = [p for p in find_leftover_processes() if p.pid == running.pid]
-    assert len(mine) == 1
-    assert (mine[0].job_id, mine[0].attempt, mine[0].pgid) == ("job-777", 2, running.pgid)
-    assert mine[0].grace_s == 2.0  # the launch's, read back from GPUSCHED_GRACE_S
-    assert all(p.pid != os.getpid() for p in find_leftover_processes())
+    [found] = fence.find()
+    assert (found.key.job_id, found.key.attempt) == (777, 2)
+    assert running.pid in found.pids()
+    assert os.getpid() not in found.pids()
 
-    assert kill_process_groups({running.pgid: 2.0})
+    assert stop_groups([(found, 2.0)])
     outcome = running.wait(WAIT_S)
     assert outcome is not None and outcome.signal == signal.SIGTERM
-    assert all(p.pid != running.pid for p in find_leftover_processes())
-
-
-def test_kill_process_group_refuses_our_own_group() -> None:
-    with pytest.raises(ValueError, match="refusing"):
-        kill_process_groups({os.getpgrp(): 0.1})
+    assert fence.find() == []
 
 
 def test_leftover_groups_are_stopped_at_once_each_with_its_own_grace(
-    tmp_path: Path, reap: list[RunningProcess]
+    tmp_path: Path, fence: Fence, reap: list[RunningProcess]
 ) -> None:
-    # Both jobs checkpoint for 1 s on SIGTERM. The first asked for 3 s of grace and
-    # finishes its checkpoint; the second has none of its own, gets the default 0.3 s and
-    # is killed mid-checkpoint. Stopped one after the other, the second would have
-    # waited for the first's whole checkpoint before its SIGTERM.
+    # Both jobs checkpoint for 1 s on SIGTERM. The first is given 3 s of grace and
+    # finishes its checkpoint; the second 0.3 s and is killed mid-checkpoint. Stopped one
+    # after the other, the second would have waited for the first's whole checkpoint
+    # before its SIGTERM.
     checkpoint = (
         "trap 'sleep 1; echo saved > ckpt-$GPUSCHED_JOB_ID; exit 0' TERM; echo ready; "
         "sleep 30 & wait"
     )
     patient, hasty = (
-        start_job(launch(tmp_path, checkpoint, job_id=i, grace_s=g, log_path=tmp_path / i))
-        for i, g in (("71", 3.0), ("72", 0.3))
+        start(launch(tmp_path, checkpoint, job_id=i, log_path=tmp_path / str(i))) for i in (71, 72)
     )
     reap.extend([patient, hasty])
 
@@ -411,14 +431,9 @@ def test_leftover_groups_are_stopped_at_once_each_with_its_own_grace(
         return (tmp_path / log).exists() and "ready" in (tmp_path / log).read_text()
 
     assert wait_until(lambda: ready("71") and ready("72"))
-    assert wait_until(lambda: len(_ours(patient, hasty)) == 2)
-    leftovers = _ours(patient, hasty)
-    leftovers = [replace(p, grace_s=None) if p.job_id == "72" else p for p in leftovers]
-
-    graces = leftover_graces(leftovers, default_s=0.3)
-    assert graces == {patient.pgid: 3.0, hasty.pgid: 0.3}
+    groups = {g.key.job_id: g for g in fence.find()}
     started = time.monotonic()
-    assert kill_process_groups(graces)
+    assert stop_groups([(groups[71], 3.0), (groups[72], 0.3)])
     # About 1 s (the patient one's checkpoint); never more than the longest grace plus
     # the time SIGKILL is given to take (runner._KILL_WAIT_S).
     assert time.monotonic() - started < 3.0 + 5.0
@@ -426,11 +441,6 @@ def test_leftover_groups_are_stopped_at_once_each_with_its_own_grace(
     assert not (tmp_path / "ckpt-72").exists()
     hasty_outcome = hasty.wait(WAIT_S)
     assert hasty_outcome is not None and hasty_outcome.signal == signal.SIGKILL
-
-
-def _ours(*running: RunningProcess) -> list[LeftoverProcess]:
-    pids = {r.pid for r in running}
-    return [p for p in find_leftover_processes() if p.pid in pids]
 
 
 def test_classify_table() -> None:
@@ -459,21 +469,6 @@ def test_classify_table() -> None:
 # -- helpers -----------------------------------------------------------------------------
 
 
-def group_members(pgid: int) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_bytes()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            members.append(int(entry.name))
-    return members
-
-
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_bytes()
@@ -486,7 +481,7 @@ def test_unwritable_log_path_is_a_launch_error(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     with pytest.raises(LaunchError, match="cannot create log file"):
-        start_job(launch(tmp_path, "true", log_path=blocker / "attempt-1.log"))
+        start(launch(tmp_path, "true", log_path=blocker / "attempt-1.log"))
 
 
 def test_a_time_limit_moved_while_running_is_the_one_enforced(
@@ -494,7 +489,7 @@ def test_a_time_limit_moved_while_running_is_the_one_enforced(
 ) -> None:
     # scontrol update TimeLimit= on a running job: extended, it outlives its first limit;
     # shortened to a time already past, it ends at once, as a timeout.
-    running = start_job(launch(tmp_path, ["sleep", "30"], max_runtime_s=0.5, grace_s=0.2))
+    running = start(launch(tmp_path, ["sleep", "30"], max_runtime_s=0.5, grace_s=0.2))
     reap.append(running)
     running.set_time_limit(60)
     assert running.wait(1.5) is None

@@ -45,8 +45,8 @@ def test_a_stop_that_arrives_while_the_job_starts_is_applied(
     agent = agent_without_gpus(tmp_path, reports)
     start = service.start_job
 
-    def start_then_stop(launch):  # type: ignore[no-untyped-def]
-        process = start(launch)
+    def start_then_stop(launch, **kwargs):  # type: ignore[no-untyped-def]
+        process = start(launch, **kwargs)
         assert stop(agent, **STOP, reason="requeue", grace_s=0) == "remembered"
         return process
 
@@ -90,8 +90,8 @@ def test_a_job_starting_as_the_agent_stops_is_stopped(
     agent.backend = _NoGpus()  # type: ignore[assignment]
     start = service.start_job
 
-    def start_then_stop(launch):  # type: ignore[no-untyped-def]
-        process = start(launch)
+    def start_then_stop(launch, **kwargs):  # type: ignore[no-untyped-def]
+        process = start(launch, **kwargs)
         agent.stop()  # nothing was running yet: it returns at once
         return process
 
@@ -122,8 +122,8 @@ def test_a_time_limit_change_reaches_a_job_before_while_and_after_it_starts(
     # While it starts (after run_job took it, before it is recorded as running).
     start = service.start_job
 
-    def start_then_change(launch):  # type: ignore[no-untyped-def]
-        process = start(launch)
+    def start_then_change(launch, **kwargs):  # type: ignore[no-untyped-def]
+        process = start(launch, **kwargs)
         assert set_limit(agent, job_id=7, attempt=2, max_runtime_s=60) == "remembered"
         return process
 

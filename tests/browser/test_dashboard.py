@@ -1160,3 +1160,43 @@ def test_endpoints_that_are_not_deployed_yet_degrade_gracefully(
     dash.go(f"#/jobs/{job['id']}")
     _expect_text(page, ".chart-legend", "not available")
     dash.assert_clean()
+
+
+def test_an_admin_maps_a_user_to_a_unix_account_and_nodes_say_whose_jobs_run(
+    dash: Dashboard, stack: Stack
+) -> None:
+    dash.console.allow(422, r"/api/v1/users$")
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go("#/users")
+    page.wait_for_selector("#users-table")
+    page.fill("#u-name", "ulla")
+    page.fill("#u-projects", "ml")
+    page.fill("#u-unix_user", "-rf")
+    page.click("#create-user")
+    _expect_text(page, "#err-u-unix_user", "is not a Unix account name")
+    page.fill("#u-unix_user", "ulla_k")
+    page.click("#create-user")
+    page.wait_for_selector("#token-value")
+    row = "tr[data-user='ulla']"
+    field = page.locator(f"{row} [data-unix-user]")
+    field.wait_for()
+    assert field.input_value() == "ulla_k"
+    field.fill("ulla.k")
+    field.press("Enter")
+    # The row is drawn again from the server's answer once the change is stored.
+    page.wait_for_function(
+        "() => document.querySelector(\"tr[data-user='ulla'] [data-unix-user]\")?.value === 'ulla.k'"
+        " && !document.activeElement?.dataset?.unixUser"
+    )
+    users = {u["name"]: u for u in stack.request("GET", "/api/v1/users")}
+    assert users["ulla"]["unix_user"] == "ulla.k"
+    dash.shot("users-unix-account")
+
+    dash.go("#/nodes")
+    meta = page.locator("[data-isolation='sim-1']")
+    meta.wait_for()
+    node = stack.request("GET", "/api/v1/nodes/sim-1")
+    assert f"isolation: {node['isolation']}" in meta.inner_text()
+    assert "jobs run as their owners' Unix accounts" in meta.inner_text()  # `up` as root
+    dash.assert_clean()

@@ -106,9 +106,10 @@ def test_users_lists_roles_projects_and_working_tokens(cli: Cli) -> None:
     result = cli.raw(["admin", "users"])
     assert result.exit_code == 0, result.stderr
     rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if "│" in line}
-    assert [c.strip() for c in rows["admin"].split("│")[2:5]] == ["admin", "default", "1"]
-    assert [c.strip() for c in rows["alice"].split("│")[2:5]] == ["user", "ml", "0"]
-    assert [c.strip() for c in rows["bob"].split("│")[2:5]] == ["user", "cv", "2"]
+    # ROLE, PROJECTS, UNIX USER (the account its jobs run as), ACTIVE TOKENS
+    assert [c.strip() for c in rows["admin"].split("│")[2:6]] == ["admin", "default", "admin", "1"]
+    assert [c.strip() for c in rows["alice"].split("│")[2:6]] == ["user", "ml", "alice", "0"]
+    assert [c.strip() for c in rows["bob"].split("│")[2:6]] == ["user", "cv", "bob", "2"]
 
 
 def test_admin_changes_are_in_the_audit_trail(cli: Cli) -> None:
@@ -128,7 +129,7 @@ def test_admin_changes_are_in_the_audit_trail(cli: Cli) -> None:
         ("token.revoke", "bob", {"tokens": 1}),
         ("user.add_to_project", "alice", {"projects": {"from": ["ml"], "to": ["cv", "ml"]}}),
         ("token.create", "carol", {"label": "laptop"}),
-        ("user.create", "carol", {"projects": ["ml"], "admin": False}),
+        ("user.create", "carol", {"projects": ["ml"], "admin": False, "unix_user": "carol"}),
     ]
     # The database-side commands name the OS user and host; API changes the API user.
     assert events[0]["actor"] == "admin"
@@ -171,3 +172,25 @@ def test_node_key_prints_the_key_the_scheduler_checks_that_node_with(cli: Cli) -
     assert cli.raw(["admin", "node-key", "gpu-8"]).stdout != result.stdout  # each node its own
     empty = cli.raw(["admin", "node-key", ""])
     assert empty.exit_code == 2 and "node name" in empty.stderr
+
+
+def test_a_users_jobs_run_as_the_unix_account_it_is_mapped_to(cli: Cli) -> None:
+    made = cli.raw(["admin", "create-user", "erin", "-p", "ml", "--unix-user", "erin_l"])
+    assert made.exit_code == 0, made.stderr
+    assert "its jobs run as Unix account 'erin_l'" in made.stderr
+    default = cli.raw(["admin", "create-user", "fred", "-p", "ml"])
+    assert "its jobs run as Unix account 'fred'" in default.stderr
+
+    changed = cli.raw(["admin", "set-unix-user", "fred", "fred.k"])
+    assert changed.exit_code == 0, changed.stderr
+    assert changed.stdout.strip() == "'fred''s jobs now run as Unix account 'fred.k'"
+    listed = cli.raw(["admin", "users"]).stdout
+    assert "erin_l" in listed and "fred.k" in listed
+
+    for bad in (["create-user", "gil", "-p", "ml", "--unix-user", "-rf"],
+                ["set-unix-user", "fred", "a b"], ["set-unix-user", "fred", "x" * 65]):  # fmt: skip
+        refused = cli.raw(["admin", *bad])
+        assert refused.exit_code == 2, refused.output
+        assert "--unix-user" in refused.stderr and "not a Unix account name" in refused.stderr
+    missing = cli.raw(["admin", "set-unix-user", "nobody", "x"])
+    assert missing.exit_code == 1 and "nobody" in missing.stderr

@@ -261,3 +261,26 @@ def test_quota_grants_a_projects_users_a_higher_priority(cli: Cli) -> None:
     assert denied.exit_code == 1 and "admin role required" in denied.stderr
     beyond = cli("quota", "ml", "--max-priority", "1001", user="admin")
     assert beyond.exit_code == 2 and "--max-priority" in beyond.stderr
+
+
+def test_nodes_say_how_jobs_are_fenced_and_whose_account_they_run_as(cli: Cli) -> None:
+    from app.nodes.telemetry import register_node
+    from app.wire import Register
+
+    with cli.factory.begin() as session:
+        register_node(
+            session=session, report=Register(node="gpu-a", isolation="cgroup v1")
+        )
+        register_node(
+            session=session,
+            report=Register(node="laptop", isolation="subreaper only", jobs_run_as="carol"),
+        )
+        node = session.scalars(select(Node).where(Node.name == "gpu-a")).one()
+        node.unusable_accounts = {"dave": "no such account on this node"}
+    result = cli("nodes")
+    assert result.exit_code == 0, result.stderr
+    flat = " ".join(result.stdout.split())
+    for text in ("ISOLATION", "JOBS RUN AS", "cgroup v1", "subreaper only",
+                 "single-user: jobs run as carol", "each its owner's",
+                 "cannot run jobs as dave (no such account on this node)"):  # fmt: skip
+        assert text in flat, (text, result.stdout)

@@ -133,3 +133,17 @@ def test_an_install_without_migrations_says_how_to_install(
         assert "no migrations/ directory" in result.stderr
         assert "pip install -e ." in result.stderr
     assert served == []
+
+
+def test_migrate_makes_a_private_database_and_says_the_installation_id(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    env = {**CLEAN_ENV, "GPUSCHED_DATA_DIR": str(data_dir)}  # the SQLite file, in it
+    result = runner.invoke(cli_app, ["migrate"], env=env)
+    assert result.exit_code == 0, result.output
+    database = data_dir / "gpusched.db"
+    assert stat.S_IMODE(database.stat().st_mode) == 0o600
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("installation id: ")]
+    again = runner.invoke(cli_app, ["migrate"], env=env)
+    assert line in again.stdout  # kept in the database: the same on every start
+    assert len(line.split()[-1]) == 32

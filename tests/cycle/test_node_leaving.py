@@ -1,18 +1,19 @@
-"""A node that goes away before its jobs started: they ran nothing there, so they go back
-to the queue without spending a retry. An agent that stops on purpose says so ("leaving"),
+"""A node that goes away: its jobs go back to the queue without spending a retry, once
+whatever of them ran there has surely ended. An agent that stops on purpose says so ("leaving"),
 and its node takes no job from then on, not only after the heartbeat timeout."""
 
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
 
-from app.cycle.reconcile import SilenceJudge, node_left, reconcile
+from app.cycle.reconcile import SilenceJudge, node_left, reconcile, requeue_lost_on
 from app.db import utcnow
 from app.jobs.models import Job
+from app.jobs.reports import WATCHDOG_KILL_S, mark_lost
 from app.jobs.states import JobStatus
 from app.nodes.models import Node
 from app.wire import Finished, Leaving
@@ -47,15 +48,24 @@ def _node(api: Any) -> Node:
         return node
 
 
-def test_a_job_whose_node_went_silent_before_it_started_is_requeued_without_a_retry(api) -> None:
+def test_the_jobs_of_a_silent_node_go_back_to_the_queue_once_surely_ended_there(api) -> None:
+    # Its agent died after its last heartbeat; its watchdog gives each job its grace
+    # period, then SIGKILL. Until then a new attempt elsewhere could run beside the old
+    # one: they wait LOST, and then go back to the queue, no retry spent (Slurm requeues
+    # a batch job on node failure), started or not.
     add_node(api, gpus=2)
     waiting, running = _scheduled(api), _scheduled(api)  # retries: 0
     _started(api, running)
-    silent_since = utcnow() + timedelta(seconds=HEARTBEAT_TIMEOUT_S + 1)
+    with api.factory.begin() as session:
+        session.execute(update(Node).values(grace_s=60.0, interval_s=2.0))
+        heartbeat = session.scalars(select(Node.last_heartbeat_at)).one()
+    surely_ended = heartbeat + timedelta(seconds=2 + 60 + WATCHDOG_KILL_S)
+    silent_since = heartbeat + timedelta(seconds=HEARTBEAT_TIMEOUT_S + 1)
     judge = SilenceJudge(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
-    with api.factory() as session:  # a judge trusts silence only after a timeout of service
-        for now in (silent_since - timedelta(seconds=HEARTBEAT_TIMEOUT_S), silent_since):
-            repairs = reconcile(
+
+    def judge_at(now: datetime) -> Any:
+        with api.factory() as session:
+            return reconcile(
                 session=session,
                 now=now,
                 heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
@@ -63,13 +73,44 @@ def test_a_job_whose_node_went_silent_before_it_started_is_requeued_without_a_re
                 silence=judge,
             )
 
+    judge_at(silent_since - timedelta(seconds=HEARTBEAT_TIMEOUT_S))  # a judge trusts
+    repairs = judge_at(silent_since)  # silence only after a timeout of service
     assert repairs.lost_nodes == ["n1"]
-    assert get_job(api, waiting)["status"] == "PENDING"
+    assert [get_job(api, j)["status"] for j in (waiting, running)] == ["LOST", "LOST"]
     assert job_events(api, waiting)[-1]["reason"] == (
-        "node n1 stopped responding before it started: back in the queue, no retry spent"
+        f"node n1 stopped responding before it started: back in the queue at "
+        f"{surely_ended:%H:%M:%S} UTC, no retry spent, once its node's watchdog has surely "
+        "ended it (its grace period)"
     )
-    # The one that had started may have run part of its work: LOST, no retry left.
-    assert [e["to_status"] for e in job_events(api, running)][-2:] == ["LOST", "FAILED"]
+    assert judge_at(surely_ended - timedelta(seconds=1)).requeued == []
+    assert judge_at(surely_ended).requeued == [waiting, running]
+    for job_id in (waiting, running):
+        assert get_job(api, job_id)["status"] == "PENDING"
+        assert [e["to_status"] for e in job_events(api, job_id)][-2:] == ["LOST", "PENDING"]
+        with api.factory() as session:
+            assert session.get_one(Job, job_id).failures == 0
+
+
+def test_a_node_whose_agent_comes_back_requeues_its_lost_jobs_at_once(api) -> None:
+    # The restarted agent ended what was left of them before it registered.
+    add_node(api, gpus=1)
+    running = _scheduled(api)
+    _started(api, running)
+    with api.factory() as session:
+        node = session.scalars(select(Node)).one()
+        job = session.get_one(Job, running)
+        mark_lost(
+            session=session,
+            job=job,
+            reason="node n1 stopped responding",
+            ended_by=utcnow() + timedelta(hours=1),
+            now=utcnow(),
+        )
+        session.commit()
+        assert job.status is JobStatus.LOST
+        assert requeue_lost_on(session=session, node=node.name) == [running]
+        session.commit()
+    assert get_job(api, running)["status"] == "PENDING"
 
 
 def test_a_leaving_agent_takes_its_node_out_at_once_and_requeues_what_it_had_not_started(

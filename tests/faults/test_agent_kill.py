@@ -1,5 +1,6 @@
-"""kill -9 an agent mid-job: its jobs become LOST, are requeued onto the other agent and
-finish; the restarted agent kills the leftover job process group."""
+"""kill -9 an agent mid-job: its watchdog ends its jobs within their grace period; they
+become LOST, are requeued (no retry spent) onto the other agent once surely ended, and
+finish; a restarted agent finds nothing of them left."""
 
 from __future__ import annotations
 
@@ -68,13 +69,14 @@ def test_agent_sigkill_mid_job(make_stack, record, tmp_path: Path) -> None:
     second = next(e for e in events if e["attempt"] == 2 and e["to_status"] == "SCHEDULED")
     assert not second["reason"].startswith(f"placed on {node}:"), second
     assert (1, "LOST") in steps and steps[-1] == (2, "SUCCEEDED")
-    # SIGKILL gave the agent no chance to stop its job: the process outlives it (known bug,
-    # tests/e2e/test_agent_loss.py) until the agent restarts, finds it, and kills its group.
+    # SIGKILL gave the agent no chance to stop its job; its watchdog did, before the
+    # scheduler requeued it (the attempt stays LOST until its grace period is over).
     outlived = _alive(leftover)
+    assert not outlived
     stack.start_agent(dead)
     stack.wait_nodes_ready([dead], timeout=30)
     poll("the restarted agent to kill the leftover", lambda: not _alive(leftover))
-    assert not [p for p in stack.job_processes(dead) if p.job_id == str(victim["id"])]
+    assert not [g for g in stack.job_processes(dead) if g.key.job_id == victim["id"]]
 
     ids = [victim["id"], *traffic.ids]
     verdict = verify(stack, ids, runs=runs)
@@ -84,11 +86,9 @@ def test_agent_sigkill_mid_job(make_stack, record, tmp_path: Path) -> None:
            f"{len(verdict.reruns)} ran twice (attempt 1 finished orphaned); "
            f"leftover alive until restart: {outlived}")  # fmt: skip
     assert not traffic.server_errors()
-    # A job process outlives its SIGKILLed agent (known bug, see tests/e2e/test_agent_loss):
-    # one that finishes after the agent died cannot be reported, is declared LOST and runs
-    # again. So can one that finished just before the kill, while its agent had yet to send
-    # the report. Either way attempt 1 ran on the killed node and the scheduler declared it
-    # LOST, never saw it finish. Anything else that ran twice is a real duplicate.
+    # A job that finished just before the kill, while its agent had yet to send the report,
+    # is declared LOST and runs again: attempt 1 ran on the killed node and the scheduler
+    # never saw it finish. Anything else that ran twice is a real duplicate.
     starts = {
         (int(j), int(a)): float(t)
         for j, a, kind, t, _n in (line.split() for line in runs.read_text().splitlines())
@@ -134,3 +134,54 @@ def test_a_run_queued_for_a_dead_agent_is_not_started_by_its_successor(
     assert ran == [[str(job["id"]), "2", "s"], [str(job["id"]), "2", "e"]], ran
     log = stack.agent("n1").log.read_text()
     assert "run_job sent before this agent started; ignored" in log
+
+
+def test_agent_sigkill_requeues_a_job_with_no_retries_and_never_runs_two_attempts(
+    make_stack, record, tmp_path: Path
+) -> None:
+    """The default `retries: 0`: a node's failure is not the job's (issue 32). Attempt 1
+    checkpoints on SIGTERM and leaves a `setsid` escape behind; the dead agent's watchdog
+    ends both within the job's grace period, and attempt 2 starts only after that (the
+    scheduler keeps the attempt LOST until then): it checks, as its first act, that
+    nothing of attempt 1 is left."""
+    stack = make_stack()
+    runs = tmp_path / "runs"
+    command = (
+        f'R={runs}; A=$GPUSCHED_ATTEMPT; echo "$A s $(date +%s.%N)" >> $R; '
+        'if [ "$A" = 1 ]; then '
+        f'  setsid env -i sh -c "exec sleep 313" & echo $! > {tmp_path}/escaped; '
+        f"  echo $$ > {tmp_path}/main; "
+        "  trap 'sleep 1; echo \"1 e $(date +%s.%N)\" >> $R; exit 0' TERM; sleep 120 & wait; "
+        "else "
+        f"  for p in $(cat {tmp_path}/escaped {tmp_path}/main); do "
+        '    [ -d /proc/$p ] && grep -q "^State:.*[RSD]" /proc/$p/status && echo "$A alive $p" >> $R; '
+        "  done; "
+        '  sleep 0.5; echo "$A e $(date +%s.%N)" >> $R; '
+        "fi"
+    )
+    job = stack.submit({"command": command, "gpus": 4})  # retries: 0, the default
+    running = stack.wait_status(job["id"], "RUNNING", timeout=30)
+    node = running["allocations"][0]["node"]
+    poll("attempt 1's escape", lambda: (tmp_path / "escaped").exists(), timeout=15)
+    escaped = int((tmp_path / "escaped").read_text())
+    killed_at = time.monotonic()
+    kill9(stack, f"agent-{node}")
+
+    done = stack.wait_status(job["id"], "SUCCEEDED", "FAILED", "CANCELLED", timeout=90)
+    recover = time.monotonic() - killed_at
+    assert done["status"] == "SUCCEEDED" and done["attempt"] == 2, done
+    steps = [(e["attempt"], e["to_status"]) for e in stack.events(job["id"])]
+    assert steps == [
+        (0, "PENDING"), (1, "SCHEDULED"), (1, "RUNNING"), (1, "LOST"), (1, "PENDING"),
+        (2, "SCHEDULED"), (2, "RUNNING"), (2, "SUCCEEDED"),
+    ], steps  # fmt: skip
+    lines = [line.split() for line in runs.read_text().splitlines()]
+    overlaps = [line for line in lines if line[1] == "alive"]
+    times = {(int(a), what): float(t) for a, what, t in lines if what in "se"}
+    assert not overlaps, lines
+    # Attempt 1 had its grace period (it checkpointed), and ended before attempt 2 began.
+    assert times[(1, "e")] < times[(2, "s")], lines
+    assert not _alive(escaped)
+    record("agent kill -9, retries 0 (+setsid escape)", 1, 0, len(overlaps), recover,
+           "requeued, no retry spent; attempt 1 ended "
+           f"{times[(2, 's')] - times[(1, 'e')]:.1f}s before attempt 2")  # fmt: skip

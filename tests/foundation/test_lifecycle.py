@@ -46,14 +46,21 @@ def test_finished_job_cannot_restart(db_session):
     assert job.status == JobStatus.SUCCEEDED
 
 
-def test_lost_job_requeues_while_retries_remain_then_fails(db_session):
-    job = _job(db_session, retries=1)
-    for _ in range(2):
+def test_a_lost_node_costs_the_job_no_retry(db_session):
+    # Slurm requeues a batch job whose node failed: the node's failure, not the job's.
+    job = _job(db_session, retries=0)
+    for _ in range(3):
         transition(db_session, job=job, to=JobStatus.SCHEDULED, actor="t")
         transition(db_session, job=job, to=JobStatus.RUNNING, actor="t")
         transition(db_session, job=job, to=JobStatus.LOST, actor="t")
         settle_interrupted(db_session, job=job, actor="t")
-    assert job.status == JobStatus.FAILED and job.failures == 1
+        assert job.status == JobStatus.PENDING and job.failures == 0
+    # A cancel that came meanwhile wins.
+    transition(db_session, job=job, to=JobStatus.SCHEDULED, actor="t")
+    transition(db_session, job=job, to=JobStatus.LOST, actor="t")
+    job.cancel_requested_at = job.updated_at
+    settle_interrupted(db_session, job=job, actor="t")
+    assert job.status == JobStatus.CANCELLED
 
 
 def test_preemption_costs_no_retry(db_session):

@@ -19,6 +19,7 @@ def test_an_admin_creates_a_user_whose_token_works_at_once(api):
     created = r.json()
     assert created["user"] == {
         "name": "erin", "is_admin": False, "projects": ["ml", "vision"], "active_tokens": 1,
+        "unix_user": "erin",
     }  # fmt: skip
     me = _me(api, created["token"])
     assert me.status_code == 200 and me.json()["projects"] == ["ml", "vision"]
@@ -109,4 +110,26 @@ def test_an_admin_changes_a_users_role_and_the_last_admin_stays(api):
     assert [(e["actor"], e["target"], e["info"]) for e in audit] == [
         ("admin", "admin", {"admin": {"from": True, "to": False}}),
         ("admin", "alice", {"admin": {"from": False, "to": True}}),
+    ]
+
+
+def test_an_admin_sets_the_unix_account_a_users_jobs_run_as(api):
+    admin = api.as_("admin")
+    body = {"name": "gus", "projects": ["ml"], "unix_user": "gus_x"}
+    created = api.client.post("/api/v1/users", json=body, headers=admin)
+    assert created.status_code == 201 and created.json()["user"]["unix_user"] == "gus_x"
+    r = api.client.patch("/api/v1/users/gus", json={"unix_user": "gus.y"}, headers=admin)
+    assert r.status_code == 200 and r.json()["unix_user"] == "gus.y"
+    assert r.json()["is_admin"] is False  # unchanged
+    for bad in ("-x", "a b", "", "x" * 65, "../x"):
+        r = api.client.patch("/api/v1/users/gus", json={"unix_user": bad}, headers=admin)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "unix_user"]
+        r = api.client.post("/api/v1/users", json={**body, "name": "h", "unix_user": bad},
+                            headers=admin)  # fmt: skip
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "unix_user"]
+    plain = api.client.patch("/api/v1/users/gus", json={"unix_user": "z"}, headers=api.as_("bob"))
+    assert plain.status_code == 403
+    audit = api.client.get("/api/v1/audit?action=user.unix_user", headers=admin).json()["items"]
+    assert [(e["target"], e["info"]) for e in audit] == [
+        ("gus", {"unix_user": {"from": "gus_x", "to": "gus.y"}})
     ]

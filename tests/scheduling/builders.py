@@ -34,6 +34,12 @@ class NodeBuilder:
         self._gpus: list[dict[str, Any]] = []
         self._labels: tuple[tuple[str, str], ...] = ()
         self._maintenance_at: datetime | None = None
+        self._unusable: tuple[tuple[str, str], ...] = ()
+
+    def lacks(self, account: str, why: str = "no such account on this node") -> NodeBuilder:
+        """Its agent cannot run jobs as this Unix account."""
+        self._unusable = (*self._unusable, (account, why))
+        return self
 
     def gpus(self, n: int, mem_gb: int = 80, model: str = "A100") -> NodeBuilder:
         for _ in range(n):
@@ -127,6 +133,7 @@ class NodeBuilder:
             heartbeat_at=self._heartbeat,
             gpus=tuple(GpuView(**g) for g in self._gpus),
             maintenance_at=self._maintenance_at,
+            unusable_accounts=self._unusable,
         )
 
 

@@ -136,15 +136,14 @@ def test_a_log_replaced_by_a_symlink_is_not_followed(cluster: Cluster) -> None:
 
 
 def test_a_job_cannot_serve_another_file_as_its_log(cluster: Cluster) -> None:
+    from tests.agent.support import installation_of
+    from workers.agent.fence import choose_fence
     from workers.agent.runner import JobLaunch, start_job
 
     canary = cluster.canaries[0]
     log = cluster.settings.log_dir.resolve() / str(cluster.ml_running_job) / "attempt-1.log"
-    # The job runs as the agent's user (the default): the agent's open fds name its log.
-    swap = (
-        'for f in /proc/$PPID/fd/*; do t=$(readlink "$f"); case "$t" in */attempt-1.log) '
-        f'ln -s {canary} "$t.lnk" && mv -f "$t.lnk" "$t";; esac; done'
-    )
+    # The job runs as the agent's user here (single-user): it may replace its own log.
+    swap = f'ln -s {canary} "{log}.lnk" && mv -f "{log}.lnk" "{log}"'
     process = start_job(
         JobLaunch(
             command=swap,
@@ -153,7 +152,8 @@ def test_a_job_cannot_serve_another_file_as_its_log(cluster: Cluster) -> None:
             attempt=1,
             log_path=log,
             grace_s=1.0,
-        )
+        ),
+        fence=choose_fence(installation_of(cluster.settings.data_dir), "n1"),
     )
     outcome = process.wait(20)
     assert outcome is not None and outcome.exit_code == 0

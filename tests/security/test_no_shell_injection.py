@@ -17,8 +17,9 @@ import pytest
 from app.jobs.models import Job
 from app.jobs.orders import run_orders
 from app.wire import Finished, RunJob, as_dict, dump, parse
-from tests.agent.support import RecordingReporter
+from tests.agent.support import RecordingReporter, installation_of
 from tests.security.conftest import Cluster, running_job
+from workers.agent.fence import choose_fence
 from workers.agent.gpu_backend import NodeInfo, NodeSample
 from workers.agent.runner import JobLaunch, start_job
 from workers.agent.service import Agent, AgentSettings
@@ -60,7 +61,15 @@ def run_through_agent(cluster: Cluster, job_id: int, tmp_path: Path) -> tuple[Fi
     reporter = RecordingReporter()
     log_dir = tmp_path / "agent-logs"
     agent = Agent(
-        settings=AgentSettings(name="n1", grace_s=1.0, sample_interval_s=60),
+        # Single-user (every job as root): what is tested here is what reaches a shell.
+        settings=AgentSettings(
+            name="n1",
+            grace_s=1.0,
+            sample_interval_s=60,
+            installation=installation_of(tmp_path),
+            run_as_user="root",
+            uid0_accounts="root",
+        ),
         backend=NoGpus(),  # type: ignore[arg-type]
         reporter=reporter,
         log_dir=log_dir,
@@ -133,7 +142,8 @@ def test_argv_command_runs_without_a_shell(tmp_path: Path) -> None:
             attempt=1,
             log_path=log_path,
             grace_s=1.0,
-        )
+        ),
+        fence=choose_fence(installation_of(tmp_path), "n1"),
     )
     outcome = process.wait(WAIT_S)
     assert outcome is not None and outcome.exit_code == 0
@@ -155,5 +165,6 @@ def test_env_values_with_nul_are_refused_not_truncated(tmp_path: Path) -> None:
                 attempt=1,
                 log_path=tmp_path / "l.log",
                 env={"A": "x\0; touch CANARY"},
-            )
+            ),
+            fence=choose_fence(installation_of(tmp_path), "n1"),
         )

@@ -1,9 +1,11 @@
-"""Node agent edge pieces: GPU backends (NVML / simulated) and the job runner.
+"""Node agent edge pieces: GPU backends (NVML / simulated), the job runner and the fence
+around each job's processes.
 
 These modules import no SQLAlchemy, Celery or ``app``; the Celery agent
 worker calls them. ``pynvml`` is imported only by ``nvml_backend``.
 """
 
+from workers.agent.fence import Fence, choose_fence
 from workers.agent.gpu_backend import (
     BackendUnavailable,
     GpuBackend,
@@ -20,34 +22,32 @@ from workers.agent.gpu_backend import (
 from workers.agent.runner import (
     JobLaunch,
     LaunchError,
-    LeftoverProcess,
     Outcome,
     RunningProcess,
     classify,
-    find_leftover_processes,
-    kill_process_groups,
     start_job,
+    stop_groups,
 )
 
 __all__ = [
     "BackendUnavailable",
+    "Fence",
     "GpuBackend",
     "GpuProcess",
     "GpuSample",
     "GpuStatic",
     "JobLaunch",
     "LaunchError",
-    "LeftoverProcess",
     "NodeInfo",
     "NodeSample",
     "Outcome",
     "RunningProcess",
     "SimSpec",
+    "choose_fence",
     "classify",
-    "find_leftover_processes",
-    "kill_process_groups",
     "model_memory_mb",
     "open_backend",
     "parse_sim_spec",
     "start_job",
+    "stop_groups",
 ]

@@ -35,6 +35,9 @@ class GpuStatic:
     # Indices of the GPUs on this node reachable over NVLink (directly or via
     # NVSwitch); empty when the GPU has no NVLink or NVML cannot tell.
     nvlink_peers: tuple[int, ...] = ()
+    # N of its device file /dev/nvidiaN (NVML's minor number, not always its index): the
+    # one a job on this GPU may open (workers/agent/fence.py); None: no device file.
+    device_minor: int | None = None
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,13 @@ tested without a GPU, by passing a small fake module that raises the real
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import pynvml
@@ -122,7 +125,7 @@ class NvmlGpuBackend:
             health = _GpuHealth()
             handle = self._call(nvml.nvmlDeviceGetHandleByIndex, index, health=health)
             handles.append(handle)
-            uuid = model = None
+            uuid = model = minor = None
             memory_total_mb = 0
             if handle is not None:
                 uuid = self._call(nvml.nvmlDeviceGetUUID, handle, health=health)
@@ -130,6 +133,8 @@ class NvmlGpuBackend:
                 memory = self._call(nvml.nvmlDeviceGetMemoryInfo, handle, health=health)
                 if memory is not None:
                     memory_total_mb = int(memory.total) // _MIB
+                get_minor = getattr(nvml, "nvmlDeviceGetMinorNumber", None)
+                minor = self._call(get_minor, handle) if get_minor is not None else None
             if not health.healthy:
                 logger.warning("GPU %d unreadable at start-up: %s", index, health.message)
             statics.append(
@@ -140,13 +145,11 @@ class NvmlGpuBackend:
                     uuid=_text(uuid) if uuid is not None else f"GPU-unreadable-{index}",
                     model=_text(model) if model is not None else "unknown",
                     memory_total_mb=memory_total_mb,
+                    device_minor=int(minor) if minor is not None else index,
                 )
             )
         peers = self._nvlink_peers(handles)
-        statics = [
-            GpuStatic(g.index, g.uuid, g.model, g.memory_total_mb, peers.get(g.index, ()))
-            for g in statics
-        ]
+        statics = [replace(g, nvlink_peers=peers.get(g.index, ())) for g in statics]
         info = NodeInfo(
             hostname=self._hostname,
             driver_version=_text(driver) if driver is not None else None,
@@ -286,6 +289,35 @@ class NvmlGpuBackend:
             used_mb = int(used) // _MIB if used is not None else None
             result.append(GpuProcess(pid=int(proc.pid), used_memory_mb=used_mb))
         return result
+
+    def reports_local_pids(self, *, cuda: Any = None) -> bool | None:
+        """Whether NVML names GPU processes by their PID in this process's namespace:
+        open a CUDA context (the driver's libcuda) and look for our own PID in NVML's
+        lists. Recent drivers translate PIDs into the caller's namespace; older ones report
+        the host's (NVIDIA/nvidia-docker#1483). None: cannot tell (no libcuda, no GPU)."""
+        try:
+            lib = cuda if cuda is not None else ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return None
+        device, context = ctypes.c_int(), ctypes.c_void_p()
+        if lib.cuInit(0) != 0 or lib.cuDeviceGet(ctypes.byref(device), 0) != 0:
+            return None
+        if lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) != 0:
+            return None
+        try:
+            seen = {
+                proc.pid
+                for handle in self._handles
+                if handle is not None
+                for proc in self._compute_processes(handle)
+            }
+        except Exception:
+            return None
+        finally:
+            lib.cuDevicePrimaryCtxRelease(device)
+        if not seen:
+            return None
+        return os.getpid() in seen
 
     def _call(self, fn: Callable[..., T], *args: Any, health: _GpuHealth | None = None) -> T | None:
         """Call NVML; on error return None and, unless the error only means

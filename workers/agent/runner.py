@@ -1,4 +1,4 @@
-"""Run one job attempt as a subprocess, with no Celery in sight.
+"""Run one job attempt, with no Celery in sight.
 
 The agent worker calls :func:`start_job` and then waits, polls or terminates
 the returned :class:`RunningProcess`. What this module guarantees:
@@ -6,28 +6,32 @@ the returned :class:`RunningProcess`. What this module guarantees:
 - the job sees exactly its GPUs (``CUDA_VISIBLE_DEVICES``) and the torchrun
   variables of its gang, in a clean environment (the agent's secrets and
   settings do not leak into user code);
-- the job runs in its own process group, so cancel/preempt/timeout reach
-  every process it started: SIGTERM to the group, ``grace_s`` to checkpoint,
-  then SIGKILL to the group;
+- the job runs as the account it is given (uid, gid, groups, HOME, umask 077),
+  started by its own supervisor (workers/agent/supervisor.py) inside its own
+  group of the node's fence (workers/agent/fence.py: a cgroup, or the
+  supervisor's descendants), so cancel/preempt/timeout reach every process it
+  started, ``setsid`` and double forks included: SIGTERM to the group,
+  ``grace_s`` to checkpoint, then SIGKILL to the group;
 - when the main process exits, anything left in its group is killed, so the
-  GPUs the scheduler frees are really free;
-- stdout+stderr go to the attempt's log file through a pump thread with a
-  size cap, so a chatty job can neither block on a full pipe nor fill the disk;
-- every process carries ``GPUSCHED_JOB_ID``/``GPUSCHED_ATTEMPT`` in its
-  environment, so a restarted agent can find and kill leftovers of attempts
-  that are no longer its own (:func:`find_leftover_processes`).
+  GPUs the scheduler frees are really free; the CPU time and peak memory the
+  group used come back in the outcome;
+- stdout+stderr go to the attempt's log file (the job's account's, 0600)
+  through a pump thread with a size cap, so a chatty job can neither block on
+  a full pipe nor fill the disk.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
-import pwd
+import select
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -35,6 +39,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
+
+from workers.agent import supervisor
+from workers.agent.accounts import Account
+from workers.agent.fence import Fence, FenceError, GpuDevice, JobGroup, Usage
 
 logger = logging.getLogger(__name__)
 
@@ -46,20 +54,25 @@ TERMINATE_REASONS: tuple[TerminateReason, ...] = ("cancel", "preempt", "requeue"
 
 JOB_ID_ENV = "GPUSCHED_JOB_ID"
 ATTEMPT_ENV = "GPUSCHED_ATTEMPT"
-# The job's grace period: the job reads how long it has to checkpoint after SIGTERM, and
-# a watchdog or restarted agent that finds the process gives it the same time.
+# The job's grace period: how long it has to checkpoint after SIGTERM.
 GRACE_ENV = "GPUSCHED_GRACE_S"
-# Several agents may share one machine (simulated nodes): each kills only its own leftovers.
+# The node it runs on (for the job's own information: nothing finds jobs by it).
 NODE_ENV = "GPUSCHED_NODE"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_LOG_CAP_BYTES = 64 * 1024 * 1024
-# How long to wait for the log pump to drain after the job's group is gone; a
-# process that escaped the group (setsid) may hold the pipe open forever.
+# How long to wait for the log pump to drain after the job's group is gone (a process
+# in uninterruptible sleep may hold the pipe a while).
 _PUMP_DRAIN_TIMEOUT_S = 5.0
 _SUPERVISOR_POLL_S = 0.05
 # How long a group may take to vanish after SIGKILL before we give up on it.
 _KILL_WAIT_S = 5.0
 _READ_CHUNK = 64 * 1024
+# Files a job's processes create are their owner's alone.
+JOB_UMASK = 0o077
+# How long the supervisor may take to start the job's program (Python's start-up on a
+# busy machine), and to leave once told to.
+_SUPERVISOR_START_S = 60.0
+_SUPERVISOR_EXIT_S = 10.0
 
 
 class LaunchError(ValueError):
@@ -79,7 +92,7 @@ class JobLaunch:
 
     command: Sequence[str] | str  # argv, or a shell string run with /bin/sh -c
     workdir: str | Path
-    job_id: str | int
+    job_id: int
     attempt: int
     log_path: str | Path
     gpu_indices: tuple[int, ...] = ()
@@ -87,7 +100,8 @@ class JobLaunch:
     log_cap_bytes: int = DEFAULT_LOG_CAP_BYTES
     max_runtime_s: float | None = None
     grace_s: float = 30.0
-    run_as_user: str | None = None
+    # The account it runs as (None: the agent's own, without switching).
+    account: Account | None = None
     master_addr: str | None = None
     master_port: int | None = None
     world_size: int | None = None
@@ -110,6 +124,7 @@ class Outcome:
     finished_at: float = 0.0
     log_bytes: int = 0
     log_truncated: bool = False
+    usage: Usage = field(default_factory=Usage)
 
     @property
     def duration_s(self) -> float:
@@ -247,24 +262,6 @@ def job_environment(
     return env
 
 
-def _user_switch(run_as_user: str | None) -> tuple[dict[str, Any], pwd.struct_passwd | None]:
-    """Popen keyword arguments to run as ``run_as_user``, and its passwd entry."""
-    if run_as_user is None:
-        return {}, None
-    try:
-        entry = pwd.getpwnam(run_as_user)
-    except KeyError:
-        raise LaunchError(f"unknown user {run_as_user!r}") from None
-    if os.geteuid() != 0:
-        if entry.pw_uid == os.geteuid():
-            return {}, entry
-        raise LaunchError(f"cannot run as {run_as_user!r}: the agent is not running as root")
-    # The user's own groups, not root's: dropping to a user must not keep
-    # root's supplementary groups (and must keep the user's data groups).
-    groups = [g for g in os.getgrouplist(entry.pw_name, entry.pw_gid) if g != entry.pw_gid]
-    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": groups}, entry
-
-
 # -- log pump -----------------------------------------------------------------
 
 
@@ -339,6 +336,44 @@ class _LogPump(threading.Thread):
         self._at_line_start = data.endswith(b"\n")
 
 
+# -- the supervisor's reports -------------------------------------------------
+
+
+class _StatusPipe:
+    """The supervisor's one-line JSON messages (fd 3 on its side)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = b""
+        self.closed = False
+
+    def read(self, timeout_s: float | None) -> dict[str, Any] | None:
+        """The next message; None when none came within `timeout_s`, or the pipe closed."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            if self.closed:
+                return None
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self._fd], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(self._fd, 4096)
+            if not chunk:
+                self.closed = True
+                continue
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return {}
+        return message if isinstance(message, dict) else {}
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
 # -- running process ----------------------------------------------------------
 
 
@@ -349,19 +384,23 @@ class RunningProcess:
     def __init__(
         self,
         spec: JobLaunch,
-        proc: subprocess.Popen[bytes],
+        *,
+        pid: int,
+        group: JobGroup,
+        supervisor_proc: subprocess.Popen[bytes],
+        status: _StatusPipe,
         pump: _LogPump,
         script_dir: Path | None = None,
     ) -> None:
         self.spec = spec
+        self.group = group
         self._script_dir = script_dir  # removed once the attempt has ended
-        self.pid = proc.pid
-        # start_new_session=True makes the child a session and group leader.
-        self.pgid = proc.pid
+        self.pid = pid  # the job's first process (the supervisor's child)
         self.log_path = Path(spec.log_path)
         self.started_at = time.time()
         self._started_monotonic = time.monotonic()
-        self._proc = proc
+        self._supervisor_proc = supervisor_proc
+        self._status = status
         self._pump = pump
         self._lock = threading.Lock()
         self._reason: TerminateReason | None = None
@@ -383,6 +422,11 @@ class RunningProcess:
     def terminated_reason(self) -> TerminateReason | None:
         return self._reason
 
+    def pids(self) -> set[int]:
+        """Every live process of the attempt, found by its group: whatever session or
+        process group a process put itself in (torchrun's workers), it is the job's."""
+        return self.group.pids()
+
     def poll(self) -> Outcome | None:
         """The outcome if the attempt has finished (process reaped, group
         killed, log drained), else None."""
@@ -401,7 +445,7 @@ class RunningProcess:
         wait: bool = True,
         timeout_s: float | None = None,
     ) -> Outcome | None:
-        """SIGTERM the whole process group now, SIGKILL it ``grace_s`` later
+        """SIGTERM every process of the attempt now, SIGKILL them ``grace_s`` later
         (default: the launch's ``grace_s``) if anything is still alive.
 
         Idempotent: the first reason wins, and terminating a finished attempt
@@ -451,15 +495,14 @@ class RunningProcess:
             self._reason = reason
             self._kill_deadline = time.monotonic() + max(0.0, grace_s)
         logger.info(
-            "job %s attempt %s: SIGTERM to group %d (%s, grace %.1fs)",
+            "job %s attempt %s: SIGTERM to its processes (%s, grace %.1fs)",
             self.spec.job_id,
             self.spec.attempt,
-            self.pgid,
             reason,
             grace_s,
         )
         self._pump.note(f"sending SIGTERM to the job ({reason}); SIGKILL in {grace_s:g}s")
-        _signal_group(self.pgid, signal.SIGTERM)
+        self.group.signal(signal.SIGTERM)
 
     def _kill_if_grace_over(self, now: float) -> bool:
         """SIGKILL the group once the grace period of a termination is over.
@@ -471,64 +514,102 @@ class RunningProcess:
                 return False
             self._killed = True
         self._pump.note("grace period over; sending SIGKILL")
-        _signal_group(self.pgid, signal.SIGKILL)
+        self.group.kill(_KILL_WAIT_S)
         return True
 
-    def _supervise(self) -> None:
-        returncode: int | None = None
-        while returncode is None:
-            try:
-                returncode = self._proc.wait(timeout=_SUPERVISOR_POLL_S)
-            except subprocess.TimeoutExpired:
-                pass
-            else:
-                break
+    def _wait_main(self) -> tuple[int | None, int | None]:
+        """(exit code, signal) of the job's first process, enforcing the time limit and
+        the grace period meanwhile."""
+        while True:
+            message = self._status.read(_SUPERVISOR_POLL_S)
+            if message is not None and "exit" in message:
+                return int(message["exit"]), None
+            if message is not None and "signal" in message:
+                return None, int(message["signal"])
+            if self._status.closed:
+                # The supervisor died before its child did (killed by hand): whatever the
+                # job still runs is stopped below; its exit status is lost.
+                logger.warning("job %s attempt %s: supervisor gone", *self._ident())
+                return None, signal.SIGKILL
             now = time.monotonic()
             deadline = self._runtime_deadline
             if deadline is not None and now >= deadline:
                 self._begin_termination("timeout", self.spec.grace_s)  # once: reason is set
             self._kill_if_grace_over(now)
+
+    def _ident(self) -> tuple[int, int]:
+        return self.spec.job_id, self.spec.attempt
+
+    def _supervise(self) -> None:
+        exit_code, signum = self._wait_main()
         with self._lock:
             self._exited = True
             terminating = self._kill_deadline is not None
         if terminating:
-            # The main process may die at once on SIGTERM (a shell wrapper)
-            # while its children are still checkpointing: they get the rest of
-            # the grace period too.
-            while process_group_alive(self.pgid) and not self._kill_if_grace_over(time.monotonic()):
+            # The main process may die at once on SIGTERM (a shell wrapper) while its
+            # children are still checkpointing: they get the rest of the grace period too.
+            while self.group.alive() and not self._kill_if_grace_over(time.monotonic()):
                 time.sleep(_SUPERVISOR_POLL_S)
-        # Whatever is left in the group would keep holding GPUs the scheduler
-        # is about to hand to someone else. (A job that exits on its own has
-        # finished; its forgotten background processes get no grace.)
-        _signal_group(self.pgid, signal.SIGKILL)
+        # Whatever is left would keep holding GPUs the scheduler is about to hand to
+        # someone else. (A job that exits on its own has finished; its forgotten background
+        # processes get no grace.)
+        if not self.group.kill(_KILL_WAIT_S):
+            logger.warning("job %s attempt %s: processes survive SIGKILL", *self._ident())
+        usage = self._finish_supervisor()
         self._pump.join(_PUMP_DRAIN_TIMEOUT_S)
         if self._pump.is_alive():
-            logger.warning(
-                "job %s attempt %s: log pipe still open after exit (a process left its group)",
-                self.spec.job_id,
-                self.spec.attempt,
-            )
+            logger.warning("job %s attempt %s: log pipe still open after exit", *self._ident())
         _remove(self._script_dir)
         self._outcome = Outcome(
-            exit_code=returncode if returncode >= 0 else None,
-            signal=-returncode if returncode < 0 else None,
+            exit_code=exit_code,
+            signal=signum,
             timed_out=self._reason == "timeout",
             terminated_reason=self._reason,
             started_at=self.started_at,
             finished_at=time.time(),
             log_bytes=self._pump.bytes_written,
             log_truncated=self._pump.truncated,
+            usage=usage,
         )
         self._done.set()
 
+    def _finish_supervisor(self) -> Usage:
+        """Let the supervisor go (it reaps the last of the job) and take what the attempt
+        used: the fence's figures, else the supervisor's getrusage of what it reaped."""
+        with contextlib.suppress(OSError):
+            if self._supervisor_proc.stdin is not None:
+                self._supervisor_proc.stdin.close()
+        reaped: dict[str, Any] = {}
+        deadline = time.monotonic() + _SUPERVISOR_EXIT_S
+        while not self._status.closed and time.monotonic() < deadline:
+            message = self._status.read(max(0.0, deadline - time.monotonic()))
+            if message is not None and "cpu_s" in message:
+                reaped = message
+        self._status.close()
+        try:
+            self._supervisor_proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self._supervisor_proc.kill()
+            self._supervisor_proc.wait()
+        measured = self.group.usage()
+        self.group.remove()
+        cpu = measured.cpu_s
+        peak = measured.memory_peak_mb
+        if cpu is None and isinstance(reaped.get("cpu_s"), int | float):
+            cpu = float(reaped["cpu_s"])
+        if peak is None and isinstance(reaped.get("maxrss_kb"), int):
+            peak = int(reaped["maxrss_kb"]) // 1024  # the biggest process's, not the sum
+        return Usage(cpu_s=cpu, memory_peak_mb=peak)
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
+
+SUPERVISOR_SCRIPT = supervisor.__file__
 
 
-def start_job(spec: JobLaunch) -> RunningProcess:
-    """Start one attempt; raise :class:`LaunchError` if it cannot start."""
+def start_job(
+    spec: JobLaunch, *, fence: Fence, denied_devices: tuple[GpuDevice, ...] = ()
+) -> RunningProcess:
+    """Start one attempt in its own group of `fence` (which may not open `denied_devices`);
+    raise :class:`LaunchError` if it cannot start."""
     workdir = Path(spec.workdir)
     if not workdir.is_dir():
         raise LaunchError(f"workdir {str(workdir)!r} does not exist or is not a directory")
@@ -544,41 +625,35 @@ def start_job(spec: JobLaunch) -> RunningProcess:
         raise LaunchError(f"invalid GPU indices {spec.gpu_indices!r}")
     if spec.max_runtime_s is not None and spec.max_runtime_s <= 0:
         raise LaunchError("max_runtime_s must be positive")
-    user_kwargs, user_entry = _user_switch(spec.run_as_user)
-    env = job_environment(spec, home=user_entry.pw_dir if user_entry is not None else None)
+    account = spec.account
+    env = job_environment(spec, home=account.home if account is not None else None)
+    if account is not None:
+        env.setdefault("USER", account.name)
+        env.setdefault("LOGNAME", account.name)
     script_dir = None
     if spec.script is not None and not isinstance(spec.command, str):
-        script_dir, argv[0] = _write_script(spec, argv[0], user_entry)
-    if user_entry is not None:
-        env.setdefault("USER", user_entry.pw_name)
-        env.setdefault("LOGNAME", user_entry.pw_name)
-
-    log_path = Path(spec.log_path)
+        script_dir, argv[0] = _write_script(spec, argv[0], account)
     try:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = log_path.open("wb")
+        log_file = _open_log(Path(spec.log_path), account)
     except OSError as exc:
         _remove(script_dir)
-        raise LaunchError(f"cannot create log file {str(log_path)!r}: {exc}") from exc
+        raise LaunchError(f"cannot create log file {str(spec.log_path)!r}: {exc}") from exc
     try:
-        proc = subprocess.Popen(
-            argv,
-            cwd=workdir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            **user_kwargs,
-        )
-    except OSError as exc:
-        message = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
-        with contextlib.suppress(OSError):
-            log_file.write(f"[gpusched] {message}\n".encode())
+        group = fence.create(spec.job_id, spec.attempt, denied=denied_devices)
+    except FenceError as exc:
         log_file.close()
         _remove(script_dir)
-        raise LaunchError(message) from exc
+        raise LaunchError(str(exc)) from exc
+    try:
+        proc, status, pid = _start_supervisor(spec, argv, env, group)
+    except LaunchError as exc:
+        with contextlib.suppress(OSError):
+            log_file.write(f"[gpusched] {exc}\n".encode())
+        log_file.close()
+        group.kill(_KILL_WAIT_S)
+        group.remove()
+        _remove(script_dir)
+        raise
     assert proc.stdout is not None
     pump = _LogPump(
         proc.stdout, log_file, spec.log_cap_bytes, name=f"job-{spec.job_id}-{spec.attempt}-log"
@@ -588,26 +663,115 @@ def start_job(spec: JobLaunch) -> RunningProcess:
         "job %s attempt %s started: pid %d, GPUs [%s]",
         spec.job_id,
         spec.attempt,
-        proc.pid,
+        pid,
         env["CUDA_VISIBLE_DEVICES"],
     )
-    return RunningProcess(spec, proc, pump, script_dir)
+    return RunningProcess(
+        spec,
+        pid=pid,
+        group=group,
+        supervisor_proc=proc,
+        status=status,
+        pump=pump,
+        script_dir=script_dir,
+    )
 
 
-def _write_script(
-    spec: JobLaunch, program: str, user: pwd.struct_passwd | None
-) -> tuple[Path, str]:
-    """The script's copy in a directory of its own, readable only by the job's user: its
-    directory and the path to run."""
+def _start_supervisor(
+    spec: JobLaunch, argv: list[str], env: dict[str, str], group: JobGroup
+) -> tuple[subprocess.Popen[bytes], _StatusPipe, int]:
+    """The attempt's supervisor, its status pipe, and the pid of the job's program once it
+    runs (LaunchError with the reason if it could not be started)."""
+    account = spec.account
+    launch = {
+        "argv": argv,
+        "env": env,
+        "cwd": str(spec.workdir),
+        "uid": account.uid if account is not None else None,
+        "gid": account.gid if account is not None else None,
+        "groups": list(account.groups) if account is not None else None,
+        "umask": JOB_UMASK,
+        "cgroups": list(group.join_files()),
+    }
+    status_r, status_w = os.pipe()
+    key = group.key
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                SUPERVISOR_SCRIPT,
+                supervisor.MARKER,
+                key.installation,
+                key.node,
+                str(key.job_id),
+                str(key.attempt),
+                str(status_w),
+            ],
+            cwd="/",
+            env={},  # nothing of the agent's: the job's environment travels in `launch`
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(status_w,),
+            start_new_session=True,  # a terminal's Ctrl-C is for the agent
+            close_fds=True,
+        )
+    except OSError as exc:
+        os.close(status_r)
+        os.close(status_w)
+        raise LaunchError(f"cannot start the job's supervisor: {exc.strerror or exc}") from exc
+    os.close(status_w)
+    status = _StatusPipe(status_r)
+    group.bind(proc.pid)
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(json.dumps(launch).encode() + b"\n")
+        proc.stdin.flush()
+    except OSError:
+        pass  # it died: its status pipe says so below
+    first = status.read(_SUPERVISOR_START_S)
+    if first is not None and "pid" in first:
+        return proc, status, int(first["pid"])
+    status.close()
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    if first is not None and "error" in first:
+        raise LaunchError(str(first["error"]))
+    raise LaunchError(f"the job's supervisor failed to start it (exit code {proc.returncode})")
+
+
+def _open_log(path: Path, account: Account | None) -> IO[bytes]:
+    """The attempt's log, the job's account's alone (0600; in a directory of the agent's,
+    0700): other users' jobs cannot read it; the API serves it to those who may."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        if account is not None and os.geteuid() == 0:
+            os.fchown(fd, account.uid, account.gid)
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "wb")
+
+
+def _write_script(spec: JobLaunch, program: str, account: Account | None) -> tuple[Path, str]:
+    """The script's copy in a directory of its own (0700), readable only by the job's
+    account: its directory and the path to run."""
     assert spec.script is not None
     try:
         directory = Path(tempfile.mkdtemp(prefix=f"gpusched-job-{spec.job_id}-{spec.attempt}-"))
         path = directory / (Path(program).name or "script")
         path.write_text(spec.script, encoding="utf-8")
         path.chmod(0o700)
-        if user is not None and os.geteuid() == 0:
+        if account is not None and os.geteuid() == 0:
             for owned in (directory, path):
-                os.chown(owned, user.pw_uid, user.pw_gid)
+                os.chown(owned, account.uid, account.gid)
     except OSError as exc:
         raise LaunchError(f"cannot write the script's copy: {exc}") from exc
     return directory, str(path)
@@ -618,138 +782,32 @@ def _remove(directory: Path | None) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-# -- leftovers after an agent restart ----------------------------------------
+# -- stopping groups (leftovers after an agent restart, the watchdog) ------------
 
 
-@dataclass(frozen=True)
-class LeftoverProcess:
-    pid: int
-    pgid: int
-    job_id: str
-    attempt: int | None
-    grace_s: float | None = None  # the job's own (GPUSCHED_GRACE_S), if it had one
-
-
-def _read_stat(pid: int, proc_root: Path) -> tuple[str, int] | None:
-    """(state, pgrp) of a process, or None if it is gone."""
-    try:
-        raw = (proc_root / str(pid) / "stat").read_bytes()
-    except OSError:
-        return None
-    # comm may contain spaces and parentheses; the fields after the last ')' do not.
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    if len(fields) < 3:
-        return None
-    return fields[0].decode(), int(fields[2])
-
-
-def _pids(proc_root: Path) -> list[int]:
-    try:
-        return [int(entry.name) for entry in proc_root.iterdir() if entry.name.isdigit()]
-    except OSError:
-        return []
-
-
-def process_group_alive(pgid: int, *, proc_root: str | Path = "/proc") -> bool:
-    """Whether any live (non-zombie) process is in group ``pgid``.
-
-    Zombies do not count: they hold no GPU memory, and in a container whose
-    init does not reap, orphans stay zombies forever."""
-    root = Path(proc_root)
-    for pid in _pids(root):
-        stat = _read_stat(pid, root)
-        if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
-            return True
-    return False
-
-
-def find_leftover_processes(
-    marker_env: str = JOB_ID_ENV,
-    *,
-    attempt_env: str = ATTEMPT_ENV,
-    proc_root: str | Path = "/proc",
-    node: str | None = None,
-) -> list[LeftoverProcess]:
-    """Live processes whose environment carries ``marker_env`` (started by a
-    gpusched agent), with their job id and attempt, sorted by pid.
-
-    Processes we may not read (other users, when not root) are skipped. With
-    ``node``, only processes started by the agent of that node count."""
-    root = Path(proc_root)
-    marker = marker_env.encode() + b"="
-    attempt_marker = attempt_env.encode() + b"="
-    grace_marker = GRACE_ENV.encode() + b"="
-    node_entry = f"{NODE_ENV}={node}".encode() if node is not None else None
-    own_pid = os.getpid()
-    found: list[LeftoverProcess] = []
-    for pid in sorted(_pids(root)):
-        if pid == own_pid:
-            continue
-        try:
-            environ = (root / str(pid) / "environ").read_bytes()
-        except OSError:
-            continue
-        job_id: str | None = None
-        attempt: int | None = None
-        grace_s: float | None = None
-        entries = environ.split(b"\0")
-        if node_entry is not None and node_entry not in entries:
-            continue
-        for entry in entries:
-            if entry.startswith(marker):
-                job_id = entry[len(marker) :].decode(errors="replace")
-            elif entry.startswith(attempt_marker):
-                with contextlib.suppress(ValueError):
-                    attempt = int(entry[len(attempt_marker) :])
-            elif entry.startswith(grace_marker):
-                with contextlib.suppress(ValueError):
-                    grace_s = max(0.0, float(entry[len(grace_marker) :]))
-        if job_id is None:
-            continue
-        stat = _read_stat(pid, root)
-        if stat is None or stat[0] in ("Z", "X"):
-            continue
-        found.append(
-            LeftoverProcess(pid=pid, pgid=stat[1], job_id=job_id, attempt=attempt, grace_s=grace_s)
-        )
-    return found
-
-
-def leftover_graces(leftovers: Sequence[LeftoverProcess], default_s: float) -> dict[int, float]:
-    """Each leftover process group with the grace period its job asked for (else
-    ``default_s``), for :func:`kill_process_groups`."""
-    graces: dict[int, float] = {}
-    for leftover in leftovers:
-        grace = default_s if leftover.grace_s is None else leftover.grace_s
-        graces[leftover.pgid] = max(graces.get(leftover.pgid, 0.0), grace)
-    return graces
-
-
-def kill_process_groups(graces: Mapping[int, float], *, poll_s: float = 0.05) -> bool:
-    """SIGTERM every group in ``graces`` (pgid: grace period) at once, SIGKILL each one
-    still alive when its own grace is over. All at once: one after the other, the last
-    job would wait for the sum of the others' graces before it could even checkpoint.
-    Returns True when no live process is left in any of them."""
-    for pgid in graces:
-        if pgid <= 1 or pgid == os.getpgrp():
-            # Never signal init's group or our own (that would kill the agent).
-            raise ValueError(f"refusing to kill process group {pgid}")
+def stop_groups(groups: Sequence[tuple[JobGroup, float]], *, poll_s: float = 0.05) -> bool:
+    """SIGTERM every group (with its grace period) at once, SIGKILL each one still alive
+    when its own grace is over. All at once: one after the other, the last job would wait
+    for the sum of the others' graces before it could even checkpoint. Returns True when
+    no process is left in any of them."""
     start = time.monotonic()
-    for pgid in graces:
-        _signal_group(pgid, signal.SIGTERM)
-    alive = set(graces)
+    for group, _ in groups:
+        group.signal(signal.SIGTERM)
+    alive = list(groups)
     killed: set[int] = set()
     while alive:
         now = time.monotonic()
-        for pgid in sorted(alive):
-            if not process_group_alive(pgid):
-                alive.discard(pgid)
-            elif pgid in killed:
-                if now >= start + graces[pgid] + _KILL_WAIT_S:
+        for entry in list(alive):
+            group, grace = entry
+            if not group.alive():
+                alive.remove(entry)
+            elif id(group) in killed:
+                if now >= start + grace + _KILL_WAIT_S:
                     return False  # SIGKILL did not take (uninterruptible sleep)
-            elif now >= start + graces[pgid]:
-                _signal_group(pgid, signal.SIGKILL)
-                killed.add(pgid)
+                group.signal(signal.SIGKILL)  # a child forked meanwhile
+            elif now >= start + grace:
+                group.signal(signal.SIGKILL)
+                killed.add(id(group))
         if alive:
             time.sleep(poll_s)
     return True

@@ -5,10 +5,16 @@ It talks to the rest of the system only through Celery messages (app.wire): it c
 heartbeat, started, finished, leaving; a job that ends within _FOLD_START_S is reported
 by "finished" alone). Every report names (job_id, attempt) so the scheduler can ignore
 stale ones.
+
+Each attempt runs in its own group of the node's fence (workers/agent/fence.py), named by
+installation + node + job + attempt: the agent finds its jobs' processes (for GPU
+attribution, for stopping them, as leftovers after a restart) by that group alone, and
+runs each job as its owner's Unix account when it can (workers/agent/accounts.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -44,6 +50,16 @@ from app.wire import (
     dump,
     parse,
 )
+from workers.agent import accounts
+from workers.agent.accounts import Account, AccountUnusable
+from workers.agent.fence import (
+    Fence,
+    GpuDevice,
+    IsolationChoice,
+    choose_fence,
+    denied_devices,
+    host_gpu_devices,
+)
 from workers.agent.gpu_backend import GpuBackend, NodeSample
 from workers.agent.runner import (
     JobLaunch,
@@ -51,10 +67,8 @@ from workers.agent.runner import (
     RunningProcess,
     TerminateReason,
     classify,
-    find_leftover_processes,
-    kill_process_groups,
-    leftover_graces,
     start_job,
+    stop_groups,
     stop_result,
 )
 
@@ -75,7 +89,15 @@ class AgentSettings(BaseSettings):
     gpus: str = "auto"
     sample_interval_s: float = Field(default=5.0, gt=0)
     grace_s: float = Field(default=30.0, ge=0)
+    # Single-user on a root agent: every job runs as this account, not as its owner's.
     run_as_user: str | None = None
+    # Accounts with uid 0 that jobs may run as (comma-separated): none unless named.
+    uid0_accounts: str = ""
+    # The installation's id (its database's): names the fence's groups, so that two
+    # installations on one host never touch each other's jobs. `gpusched up` sets it; an
+    # agent that has none takes it from Redis, where the scheduler publishes it.
+    installation: str = Field(default="", pattern=r"^[A-Za-z0-9_-]{0,64}$")
+    isolation: IsolationChoice = "auto"
     labels: dict[str, str] = Field(default_factory=dict)
     sim_state_file: str | None = None
     address: str = ""
@@ -95,6 +117,10 @@ class _Attempt:
     gpu_indices: tuple[int, ...]
 
 
+class AgentCannotStart(RuntimeError):
+    """The agent cannot do its work on this host (the message says why and what to do)."""
+
+
 class Agent:
     def __init__(
         self,
@@ -105,12 +131,39 @@ class Agent:
         log_dir: Path,
         log_cap_bytes: int,
         state_dir: Path,
+        fence: Fence | None = None,
+        gpu_devices: tuple[GpuDevice, ...] | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
         self.reporter = reporter
         self.log_dir = log_dir
         self.log_cap_bytes = log_cap_bytes
+        if fence is None:
+            if not settings.installation:
+                raise AgentCannotStart("no installation id (GPUSCHED_AGENT_INSTALLATION)")
+            fence = choose_fence(settings.installation, settings.name, settings.isolation)
+        self.fence = fence
+        # The GPUs' device files on this host: a job may open only its own.
+        self.gpu_devices = host_gpu_devices() if gpu_devices is None else gpu_devices
+        self._uid0_allowed = accounts.parse_names(settings.uid0_accounts)
+        # Per-user (None): each job runs as its owner's account. Else single-user: every
+        # job runs as this account (the agent's own when it is not root).
+        self.jobs_run_as: str | None = None
+        self._single_account: Account | None = None
+        if settings.run_as_user is not None:
+            try:
+                self._single_account = accounts.resolve(
+                    settings.run_as_user, uid0_allowed=self._uid0_allowed
+                )
+            except AccountUnusable as exc:
+                raise AgentCannotStart(f"GPUSCHED_AGENT_RUN_AS_USER: {exc}") from None
+            self.jobs_run_as = settings.run_as_user
+        elif os.geteuid() != 0:
+            self.jobs_run_as = accounts.own_user()
+        # Owners' accounts this node cannot run jobs as (account -> why), checked again at
+        # every heartbeat; the scheduler places those owners' jobs elsewhere meanwhile.
+        self._unusable: dict[str, str] = {}
         # One file per finished attempt while it is in `_recent`: an agent killed before its
         # report was applied repeats it after a restart, instead of the attempt being taken
         # for a lost process and run again.
@@ -138,6 +191,7 @@ class Agent:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
+        self._watchdog_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -167,8 +221,11 @@ class Agent:
         while self.running_count() and time.monotonic() < settled:
             time.sleep(0.02)
         self._stop.set()
-        if self._watchdog is not None and self._watchdog.stdin is not None:
-            self._watchdog.stdin.close()  # nothing left to kill: it exits
+        with self._watchdog_lock:
+            if self._watchdog is not None and self._watchdog.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self._watchdog.stdin.close()  # nothing left to kill: it exits
+        if self._watchdog is not None:
             self._watchdog.wait(timeout=10)
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -190,36 +247,51 @@ class Agent:
                 sys.executable,
                 "-m",
                 "workers.agent.watchdog",
+                self.fence.installation,
                 self.settings.name,
+                self.fence.isolation,
                 str(self.settings.grace_s),
             ],
             stdin=subprocess.PIPE,
             start_new_session=True,  # Ctrl-C and group signals aimed at us must not reach it
         )
 
+    def _tell_watchdog(self, line: str) -> None:
+        """Each attempt's start (with its grace period) and end, for the watchdog."""
+        with self._watchdog_lock:
+            pipe = self._watchdog.stdin if self._watchdog is not None else None
+            if pipe is None or pipe.closed:
+                return
+            try:
+                pipe.write(line.encode() + b"\n")
+                pipe.flush()
+            except OSError as exc:  # it died: a restarted agent still ends our leftovers
+                log.warning("watchdog unreachable: %s", exc)
+
     def _kill_leftovers(self) -> None:
-        """Processes of ours that outlived a previous agent cannot be supervised (their exit
-        code would be lost): kill them and report the attempts lost, so they requeue."""
-        leftovers = find_leftover_processes(node=self.settings.name)
-        for leftover in leftovers:
+        """Attempts of ours that outlived a previous agent (their groups in the fence)
+        cannot be supervised (their exit code would be lost): end them and report them
+        lost, so they requeue, before this agent says it is ready."""
+        leftovers = self.fence.find()
+        for group in leftovers:
             log.warning(
-                "killing leftover job %s attempt %s (pgid %d)",
-                leftover.job_id,
-                leftover.attempt,
-                leftover.pgid,
+                "ending leftover job %s attempt %s (%d processes)",
+                group.key.job_id,
+                group.key.attempt,
+                len(group.pids()),
             )
-        kill_process_groups(leftover_graces(leftovers, self.settings.grace_s))
-        for leftover in leftovers:
-            if leftover.job_id is not None and leftover.attempt is not None:
-                self.reporter.report(
-                    Finished(
-                        node=self.settings.name,
-                        job_id=int(leftover.job_id),
-                        attempt=int(leftover.attempt),
-                        result="LOST",
-                        message="agent restarted; the leftover process was killed",
-                    )
+        stop_groups([(group, self.settings.grace_s) for group in leftovers])
+        for group in leftovers:
+            group.remove()
+            self.reporter.report(
+                Finished(
+                    node=self.settings.name,
+                    job_id=int(group.key.job_id),
+                    attempt=int(group.key.attempt),
+                    result="LOST",
+                    message="agent restarted; the attempt's leftover processes were ended",
                 )
+            )
 
     def replay_finished(self) -> None:
         """Report again the attempts a previous agent finished lately (from their files) and
@@ -260,6 +332,11 @@ class Agent:
                 labels=self.settings.labels,
                 agent_version=AGENT_VERSION,
                 backend=info.backend,
+                # How jobs are fenced here, and whose account they run as (None: each its
+                # owner's); the scheduler's default grace for the lost-attempt wait.
+                isolation=self.fence.isolation,
+                jobs_run_as=self.jobs_run_as,
+                grace_s=self.settings.grace_s,
                 message=f"driver {info.driver_version}",
                 gpus=tuple(
                     GpuInfo(
@@ -293,7 +370,7 @@ class Agent:
         """
         with self._lock:
             taken_at = time.time()  # when these lists were true (see heartbeat_taken_at)
-            ours = {a.process.pgid: key for key, a in self._running.items()}
+            attempts = list(self._running.items())
             running = tuple(AttemptRef(job_id=k[0], attempt=k[1]) for k in self._running)
             horizon = time.monotonic() - RECENT_S
             expired = [k for k, v in self._recent.items() if v[0] < horizon]
@@ -302,13 +379,15 @@ class Agent:
             recent = tuple(report for _, report in self._recent.values())
         for done in expired:
             self._finished_path(done).unlink(missing_ok=True)
+        # A GPU process is ours when it is in one of our attempts' groups, whatever session
+        # or process group it made for itself (torchrun's workers).
+        ours = {pid: key for key, a in attempts for pid in a.process.pids() | {a.process.pid}}
         gpus = []
         for gpu in sample.gpus:
             processes = []
             foreign_mem = own_mem = 0
             for proc in gpu.processes:
-                pgid = _pgid(proc.pid)
-                key = ours.get(pgid) if pgid is not None else None
+                key = ours.get(proc.pid)
                 memory = proc.used_memory_mb or 0
                 processes.append(
                     GpuProcessReading(
@@ -352,6 +431,48 @@ class Agent:
             running=running,
             recent=recent,
             taken_at=taken_at,
+            unusable_accounts=self._check_unusable(),
+        )
+
+    def _check_unusable(self) -> dict[str, str]:
+        """The owners' accounts this node still cannot run jobs as (account -> why): one
+        created since (useradd) is usable again."""
+        with self._lock:
+            names = list(self._unusable)
+        still = {}
+        for name in names:
+            try:
+                accounts.resolve(name, uid0_allowed=self._uid0_allowed)
+            except AccountUnusable as exc:
+                still[name] = exc.reason
+        with self._lock:
+            for name in names:
+                if name not in still:
+                    self._unusable.pop(name, None)
+        return still
+
+    def _account(self, order: RunJob) -> Account | None:
+        """The account this run order's job runs as (None: the agent's own); raises
+        AccountUnusable when its owner's cannot be used here."""
+        if self.jobs_run_as is not None:
+            return self._single_account
+        name = order.unix_user
+        if not name:
+            raise LaunchError("the run order names no unix account")
+        try:
+            return accounts.resolve(name, uid0_allowed=self._uid0_allowed)
+        except AccountUnusable as exc:
+            with self._lock:
+                self._unusable[name] = exc.reason
+            raise
+
+    def denied_devices(self, gpu_indices: tuple[int, ...]) -> tuple[GpuDevice, ...]:
+        """The GPU device files a job on `gpu_indices` may not open: every other GPU's."""
+        if not self.gpu_devices:
+            return ()
+        minors = {g.index: g.device_minor for g in self.backend.node_info().gpus}
+        return denied_devices(
+            self.gpu_devices, [m for i in gpu_indices if (m := minors.get(i)) is not None]
         )
 
     # -- jobs ------------------------------------------------------------------------
@@ -380,6 +501,24 @@ class Agent:
             result = stop_result(early[0]) or "CANCELLED"
             self._finished(key, result, None, f"stopped before it started ({early[0]})")
             return "stopped"
+        try:
+            account = self._account(order)
+        except LaunchError as exc:
+            self._finished(key, "FAILED", None, f"could not start: {exc}")
+            return "failed"
+        except AccountUnusable as exc:
+            # Not the job's failure: it goes back to the queue, and the scheduler, told by
+            # this report and our heartbeats, places its owner's jobs elsewhere.
+            message = f"not started: no usable unix account {exc.name!r} on node "
+            self._finished(
+                key,
+                "REFUSED",
+                None,
+                f"{message}{self.settings.name} ({exc.reason})",
+                account=exc.name,
+                account_reason=exc.reason,
+            )
+            return "refused"
         launch = JobLaunch(
             command=order.command,
             script=order.script,
@@ -392,7 +531,7 @@ class Agent:
             log_cap_bytes=self.log_cap_bytes,
             max_runtime_s=limit,
             grace_s=self.settings.grace_s if order.grace_s is None else float(order.grace_s),
-            run_as_user=self.settings.run_as_user,
+            account=account,
             master_addr=order.master_addr,
             master_port=order.master_port,
             world_size=order.world_size,
@@ -400,9 +539,13 @@ class Agent:
             nproc_per_node=order.nproc_per_node,
             node=self.settings.name,
         )
+        self._tell_watchdog(f"start {key[0]} {key[1]} {launch.grace_s:g}")
         try:
-            process = start_job(launch)
+            process = start_job(
+                launch, fence=self.fence, denied_devices=self.denied_devices(launch.gpu_indices)
+            )
         except LaunchError as exc:
+            self._tell_watchdog(f"end {key[0]} {key[1]}")
             self._finished(key, "FAILED", None, f"could not start: {exc}")
             return "failed"
         attach = getattr(self.backend, "attach_job", None)
@@ -485,8 +628,15 @@ class Agent:
         detach = getattr(self.backend, "detach_job", None)
         if detach is not None:
             detach(process.pid)
+        self._tell_watchdog(f"end {key[0]} {key[1]}")
         self._finished(
-            key, classify(outcome), outcome.exit_code, outcome.describe(), pid=process.pid
+            key,
+            classify(outcome),
+            outcome.exit_code,
+            outcome.describe(),
+            pid=process.pid,
+            cpu_s=outcome.usage.cpu_s,
+            memory_peak_mb=outcome.usage.memory_peak_mb,
         )
 
     def _finished(
@@ -497,6 +647,10 @@ class Agent:
         message: str,
         *,
         pid: int | None = None,
+        cpu_s: float | None = None,
+        memory_peak_mb: int | None = None,
+        account: str | None = None,
+        account_reason: str | None = None,
     ) -> None:
         log.info(
             "job %s attempt %s %s: %s",
@@ -514,6 +668,13 @@ class Agent:
             exit_code=exit_code,
             message=message,
             pid=pid,
+            # What the attempt's processes used on this node (its group's CPU time and
+            # peak memory), for seff; None: not measured.
+            cpu_s=cpu_s,
+            memory_peak_mb=memory_peak_mb,
+            # REFUSED: the owner's account cannot be used here.
+            account=account,
+            account_reason=account_reason,
         )
         self._record_finished(key, report)
         with self._lock:
@@ -526,10 +687,3 @@ class Agent:
     def running_count(self) -> int:
         with self._lock:
             return len(self._running)
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except (ProcessLookupError, PermissionError):
-        return None

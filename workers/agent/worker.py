@@ -32,9 +32,11 @@ from app.wire import (
     node_queue,
     note_refused,
     seal,
+    wait_installation,
 )
+from workers.agent.fence import host_pid_namespace_problem
 from workers.agent.gpu_backend import open_backend
-from workers.agent.service import Agent, AgentSettings
+from workers.agent.service import Agent, AgentCannotStart, AgentSettings
 
 log = logging.getLogger("gpusched.agent")
 
@@ -100,6 +102,19 @@ def build_agent(settings: Settings, agent_settings: AgentSettings) -> tuple[Cele
         sim_state_file=agent_settings.sim_state_file,
     )
     log.info("agent %s: %s", agent_settings.name, line)
+    problem = host_pid_namespace_problem(
+        backend.node_info().backend, local_pids=getattr(backend, "reports_local_pids", None)
+    )
+    if problem is not None:
+        backend.close()
+        raise AgentCannotStart(problem)
+    if not agent_settings.installation:
+        import redis
+
+        client = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
+        installation = wait_installation(client)
+        client.close()
+        agent_settings = agent_settings.model_copy(update={"installation": installation})
     agent = Agent(
         settings=agent_settings,
         backend=backend,
@@ -124,6 +139,17 @@ def build_agent(settings: Settings, agent_settings: AgentSettings) -> tuple[Cele
             return agent.stop_job(order)
         assert isinstance(order, SetTimeLimit)
         return agent.set_time_limit(order)
+
+    log.info(
+        "agent %s: installation %s; isolation %s%s; jobs run as %s",
+        agent_settings.name,
+        agent_settings.installation,
+        agent.fence.isolation,
+        ", GPU device files fenced" if agent.fence.fences_devices else "",
+        "their owners' accounts"
+        if agent.jobs_run_as is None
+        else f"{agent.jobs_run_as} (single-user)",
+    )
 
     @celery.task(name=RUN_JOB)
     def run_job(*_args: Any, **fields: Any) -> str:

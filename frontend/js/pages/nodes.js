@@ -142,6 +142,14 @@ export function nodesPage(root, ctx) {
         !node.drained && node.maintenance_at
           ? ` · maintenance from ${fmtDate(node.maintenance_at)}, until then only jobs whose time limit ends by then: ${node.drain_reason}` : "",
         node.health_message && node.state !== "READY" ? ` · ${node.health_message}` : ""),
+      // How its jobs are fenced, and whose account they run as.
+      h("div", { class: "node-meta", dataset: { isolation: node.name } },
+        `isolation: ${node.isolation || "unknown"} · `,
+        node.jobs_run_as === null || node.jobs_run_as === undefined
+          ? "jobs run as their owners' Unix accounts" : `single-user: jobs run as ${node.jobs_run_as}`,
+        Object.keys(node.unusable_accounts || {}).length
+          ? h("span", { class: "field-error", dataset: { unusable: node.name } }, ` · cannot run jobs as ${Object.entries(node.unusable_accounts)
+            .map(([account, why]) => `${account} (${why})`).join(", ")}`) : null),
       h("div", { class: "gpu-grid" }, node.gpus.map((gpu) => gpuTile(node, gpu))));
     cards.set(node.name, card);
     return card;

@@ -9,11 +9,13 @@ const errorBox = (name) => h("div", { class: "field-error", id: `err-u-${name}`,
 export function usersPage(root, ctx) {
   const tokenCard = h("section", { class: "card", id: "new-token", hidden: true });
   const listCard = h("section", { class: "card", id: "users" });
-  const errors = { name: errorBox("name"), projects: errorBox("projects") };
+  const errors = { name: errorBox("name"), projects: errorBox("projects"), unix_user: errorBox("unix_user") };
   const general = h("div", { class: "error-box", hidden: true });
   const name = h("input", { id: "u-name", autocomplete: "off", maxlength: 64, required: true });
   const projects = h("input", { id: "u-projects", autocomplete: "off", placeholder: "ml, vision", required: true });
   const admin = h("input", { type: "checkbox", id: "u-admin" });
+  // The Unix account the user's jobs run as on the nodes (empty: the user's name).
+  const unixUser = h("input", { id: "u-unix_user", autocomplete: "off", maxlength: 64, placeholder: "same as the name" });
 
   // A token is shown once, as by `gpusched admin create-user`: the server keeps its hash only.
   const showToken = (who, token) => {
@@ -37,6 +39,7 @@ export function usersPage(root, ctx) {
         projects: projects.value.split(",").map((p) => p.trim()).filter(Boolean),
         admin: admin.checked,
       };
+      if (unixUser.value.trim()) body.unix_user = unixUser.value.trim();
       try {
         const created = await api("/api/v1/users", { method: "POST", body });
         form.reset();
@@ -52,6 +55,8 @@ export function usersPage(root, ctx) {
     h("div", { class: "field" }, h("label", { for: "u-name" }, "Name"), name, errors.name),
     h("div", { class: "field" }, h("label", { for: "u-projects" }, "Projects"), projects,
       h("div", { class: "help" }, "comma-separated; a new name creates the project"), errors.projects),
+    h("div", { class: "field" }, h("label", { for: "u-unix_user" }, "Unix account"), unixUser,
+      h("div", { class: "help" }, "the account the user's jobs run as on the nodes"), errors.unix_user),
     h("label", { class: "check", style: { alignSelf: "center" } }, admin, "Admin")),
   general,
   h("div", { class: "form-actions" }, h("button", { type: "submit", class: "btn btn-primary btn-sm", id: "create-user" }, "Create user")));
@@ -90,6 +95,20 @@ export function usersPage(root, ctx) {
         if (project) act(`add ${u.name} to ${project}`, `/api/v1/users/${enc}/projects/${encodeURIComponent(project)}`, { method: "PUT" });
       },
     }, joinInput, h("button", { type: "submit", class: "btn btn-ghost btn-sm" }, "Add"));
+    // The account its jobs run as: changed in place (PATCH), as `gpusched admin set-unix-user`.
+    const accountInput = h("input", { class: "inline-input mono", value: u.unix_user, maxlength: 64,
+      "aria-label": `Unix account of ${u.name}`, dataset: { unixUser: u.name } });
+    const account = h("form", {
+      class: "inline-form",
+      onsubmit: (ev) => {
+        ev.preventDefault();
+        const value = accountInput.value.trim();
+        if (value && value !== u.unix_user) {
+          act(`run ${u.name}'s jobs as ${value}`, `/api/v1/users/${enc}`, { method: "PATCH", body: { unix_user: value } },
+            () => toast(`${u.name}'s jobs run as ${value} from now on`));
+        }
+      },
+    }, accountInput, h("button", { type: "submit", class: "btn btn-ghost btn-sm" }, "Set"));
     return h("tr", { dataset: { user: u.name } },
       h("td", {}, h("b", {}, u.name)),
       h("td", { class: "role" }, u.is_admin ? h("span", { class: "badge ok" }, "admin") : "user", " ", roleButton(u, admins)),
@@ -99,6 +118,7 @@ export function usersPage(root, ctx) {
           type: "button", class: "chip-x", "aria-label": `Remove ${u.name} from ${p}`,
           onclick: () => act(`remove ${u.name} from ${p}`, `/api/v1/users/${enc}/projects/${encodeURIComponent(p)}`, { method: "DELETE" }),
         }, "×") : null)), join),
+      h("td", { class: "unix-user" }, account),
       h("td", { class: "num" }, String(u.active_tokens)),
       h("td", { class: "actions" },
         h("button", {
@@ -127,7 +147,7 @@ export function usersPage(root, ctx) {
     clear(listCard, h("h2", {}, "Users and their projects"),
       h("div", { class: "table-wrap" }, cardify(h("table", { id: "users-table" },
         h("thead", {}, h("tr", {}, h("th", {}, "User"), h("th", {}, "Role"), h("th", {}, "Projects"),
-          h("th", { class: "num" }, "Active tokens"), h("th", {}, ""))),
+          h("th", {}, "Unix account"), h("th", { class: "num" }, "Active tokens"), h("th", {}, ""))),
         h("tbody", {}, users.map((u) => row(u, users.filter((x) => x.is_admin).length)))))));
   };
 

@@ -1,0 +1,243 @@
+"""The per-attempt supervisor: the parent of a job's first process, and the child subreaper
+of everything the job starts.
+
+    python -I -S supervisor.py gpusched-supervisor INSTALLATION NODE JOB ATTEMPT STATUS_FD
+
+Run by the agent (workers/agent/runner.py) for every attempt, whatever fence the node has.
+It reads one line of JSON from stdin (argv, env, cwd, the account to run as, the cgroups
+to join), starts the job's first process, and then:
+
+- as a child subreaper (prctl PR_SET_CHILD_SUBREAPER), it inherits every process of the
+  job whose parent dies (a double fork, `setsid ... &`, nohup): they stay its descendants,
+  which is how a node without usable cgroups finds and stops them;
+- its first process writes itself into the attempt's cgroups before it drops to the
+  job's account (a cgroup's procs file is root's to write), so nothing of the job ever
+  runs outside them;
+- it tells the agent on STATUS_FD, one JSON line each: {"pid": N} once the job's program runs
+  (or {"error": "..."} if it could not), {"exit": N} or {"signal": N} when that first
+  process ends, and {"cpu_s", "maxrss_kb"} (its reaped descendants' getrusage) last;
+- it leaves when the job's first process has ended and the agent has closed its stdin
+  (the agent has stopped what was left of the job by then, or died): what is still
+  there gets SIGKILL, is reaped, and the supervisor exits.
+
+Its command line names installation, node, job and attempt, so a restarted agent (or the
+watchdog) finds the supervisors of its own attempts; only those running as the agent's own
+user are believed. Standard library only, no site-packages (-I -S): it starts in a few
+milliseconds and nothing of the agent's environment reaches it or the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import resource
+import select
+import signal
+import sys
+
+MARKER = "gpusched-supervisor"
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+_status_fd = -1  # the agent's pipe (argv[6])
+_POLL_S = 0.5
+
+
+def _say(message: dict[str, object]) -> None:
+    # OSError: the agent is gone; the job's fate is the watchdog's.
+    with contextlib.suppress(OSError):
+        os.write(_status_fd, (json.dumps(message) + "\n").encode())
+
+
+def _start_child(spec: dict[str, object]) -> int:
+    """Fork the job's first process; its pid, after its program has been exec'd (an error
+    exec'ing it is raised here as OSError with the child's message)."""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # the job's first process
+        os.close(read_end)
+        try:
+            _become_job(spec)
+        except BaseException as exc:
+            detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            os.write(
+                write_end, f"{getattr(exc, 'gpusched_step', 'cannot start')}: {detail}".encode()
+            )
+        os._exit(127)
+    os.close(write_end)
+    chunks = []
+    while chunk := os.read(read_end, 4096):
+        chunks.append(chunk)
+    os.close(read_end)
+    if chunks:  # the exec failed: reap the child and say why
+        os.waitpid(pid, 0)
+        raise OSError(b"".join(chunks).decode(errors="replace"))
+    return pid
+
+
+def _step(name: str, exc: BaseException) -> BaseException:
+    exc.gpusched_step = name  # type: ignore[attr-defined]
+    return exc
+
+
+def _become_job(spec: dict[str, object]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # the agent's pipe is the supervisor's, not the job's
+    os.close(null)
+    os.setsid()  # a session of its own: a terminal's Ctrl-C is for the agent, not for jobs
+    me = str(os.getpid()).encode()
+    for procs in spec.get("cgroups") or []:  # type: ignore[attr-defined]
+        try:
+            fd = os.open(str(procs), os.O_WRONLY)
+            try:
+                os.write(fd, me)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise _step(f"cannot join cgroup {procs}", exc) from None
+    uid, gid, groups = spec.get("uid"), spec.get("gid"), spec.get("groups")
+    try:
+        if groups is not None:
+            os.setgroups([int(g) for g in groups])  # type: ignore[attr-defined]
+        if gid is not None:
+            os.setresgid(int(gid), int(gid), int(gid))  # type: ignore[call-overload]
+        if uid is not None:
+            os.setresuid(int(uid), int(uid), int(uid))  # type: ignore[call-overload]
+    except OSError as exc:
+        raise _step("cannot switch to the job's account", exc) from None
+    umask = spec.get("umask")
+    if umask is not None:
+        os.umask(int(umask))  # type: ignore[call-overload]
+    try:
+        os.chdir(str(spec["cwd"]))
+    except OSError as exc:
+        raise _step(f"cannot enter {spec['cwd']!r}", exc) from None
+    argv = [str(a) for a in spec["argv"]]  # type: ignore[attr-defined]
+    env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        raise _step(f"cannot start {argv[0]!r}", exc) from None
+
+
+def _reap(main: int) -> int | None:
+    """Reap every child that has exited; the main one's wait status if it was among them."""
+    status = None
+    while True:
+        try:
+            pid, code = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return status
+        if pid == 0:
+            return status
+        if pid == main:
+            status = code
+
+
+def _children() -> list[int]:
+    """Live processes whose parent is this one (the job's orphans re-parent here)."""
+    me = str(os.getpid()).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                raw = handle.read()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and fields[1] == me and fields[0] not in (b"Z", b"X"):
+            found.append(int(entry))
+    return found
+
+
+def _kill_the_rest() -> None:
+    """SIGKILL whatever of the job is still here, until nothing is: a process forking
+    meanwhile leaves a child, which becomes ours when its parent dies."""
+    while True:
+        _reap(-1)
+        alive = _children()
+        if not alive:
+            try:
+                os.waitpid(-1, 0)  # a child that died between the scan and now
+            except ChildProcessError:
+                return
+            continue
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        select.select([], [], [], 0.01)
+
+
+def main(argv: list[str]) -> int:
+    global _status_fd
+    if len(argv) != 7 or argv[1] != MARKER or not argv[6].isdigit():
+        print("usage: supervisor.py gpusched-supervisor INSTALLATION NODE JOB ATTEMPT STATUS_FD",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    _status_fd = int(argv[6])
+    os.set_inheritable(_status_fd, False)  # the job must not hold (or write to) it
+    # The agent stops jobs; signals aimed at the supervisor (a terminal's Ctrl-C, a
+    # process group's SIGTERM) must not orphan the job.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    # SIGCHLD wakes the select below; the handler itself does nothing.
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        _say({"error": f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}"})
+        return 1
+    line = sys.stdin.buffer.readline()
+    try:
+        spec = json.loads(line)
+        main_pid = _start_child(spec)
+    except (ValueError, KeyError, TypeError) as exc:
+        _say({"error": f"bad launch spec: {exc}"})
+        return 1
+    except OSError as exc:
+        _say({"error": str(exc)})
+        return 1
+    _say({"pid": main_pid})
+    # The log pipe must close when the job's processes are gone, not when we are.
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    stdin = sys.stdin.buffer.fileno()
+    main_status: int | None = None
+    agent_done = False
+    while True:
+        if main_status is None:
+            main_status = _reap(main_pid)
+            if main_status is not None:
+                if os.WIFSIGNALED(main_status):
+                    _say({"signal": os.WTERMSIG(main_status)})
+                else:
+                    _say({"exit": os.WEXITSTATUS(main_status)})
+        else:
+            _reap(-1)
+        if main_status is not None and agent_done:
+            break
+        watched = [wake_r] if agent_done else [wake_r, stdin]
+        ready, _, _ = select.select(watched, [], [], _POLL_S)
+        if wake_r in ready:
+            try:
+                while os.read(wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        if stdin in ready and not os.read(stdin, 4096):
+            agent_done = True  # closed: the agent is done with the attempt, or dead
+    _kill_the_rest()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    _say({"cpu_s": usage.ru_utime + usage.ru_stime, "maxrss_kb": usage.ru_maxrss})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
