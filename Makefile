@@ -30,7 +30,7 @@ run: native
 # server of your own instead. Every test on SQLite (compiled core); the tests that touch a
 # database again on PostgreSQL (with those that need PostgreSQL whatever the backend); the
 # scheduling core's tests again as plain Python; then lint and types.
-test: native test-sqlite test-postgres test-plain-core lint
+test: native lint test-sqlite test-postgres test-plain-core
 
 test-sqlite: native
 	GPUSCHED_TEST_DB=sqlite $(PYTEST) -m "not postgresql"

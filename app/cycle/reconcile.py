@@ -44,9 +44,7 @@ class Repairs:
 
     @property
     def after(self) -> AfterCommit:
-        return AfterCommit.of(
-            [*self.run, *self.stop], cycle=bool(self.lost_jobs or self.requeued)
-        )
+        return AfterCommit.of([*self.run, *self.stop], cycle=bool(self.lost_jobs or self.requeued))
 
 
 def _lose_silent_nodes(

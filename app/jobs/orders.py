@@ -71,9 +71,9 @@ def run_orders(session: Session, *, jobs: Sequence[Job]) -> list[RunJob]:
     # Each job runs as its owner's Unix account (as they map it now).
     accounts: dict[int, str] = dict(
         session.execute(
-            select(Job.id, User.unix_user).join(User, User.id == Job.user_id).where(
-                Job.id.in_(attempts)
-            )
+            select(Job.id, User.unix_user)
+            .join(User, User.id == Job.user_id)
+            .where(Job.id.in_(attempts))
         ).all()
     )
     rows = session.execute(

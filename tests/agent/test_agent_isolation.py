@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.agent.support import RecordingReporter, installation_of
+from app.wire import Finished
+from tests.agent.support import RecordingReporter, installation_of, run, stop
 from tests.agent.test_agent_fence import alive, first_line, wait_until
 from tests.unix_accounts import delete_account, make_account
 from workers.agent.fence import GpuDevice
@@ -61,17 +62,17 @@ def make_agent(
     )
 
 
-def run(
-    job_id: int, command: str | list[str], unix_user: str = "root", **extra: Any
-) -> dict[str, Any]:
-    return {"job_id": job_id, "attempt": 1, "command": command, "gpu_indices": [],
-            "unix_user": unix_user, **extra}  # fmt: skip
+def start(
+    agent: Agent, job_id: int, command: str | list[str], unix_user: str = "root", **extra: Any
+) -> str:
+    if isinstance(command, list):
+        command = tuple(command)
+    fields = {"job_id": job_id, "attempt": 1, "command": command, "unix_user": unix_user}
+    return run(agent, **{**fields, **extra})
 
 
-def finished(reporter: RecordingReporter, job_id: int) -> dict[str, Any] | None:
-    return next(
-        (r for r in reporter.reports if r["kind"] == "finished" and r["job_id"] == job_id), None
-    )
+def finished(reporter: RecordingReporter, job_id: int) -> Finished | None:
+    return next((r for r in reporter.of(Finished) if r.job_id == job_id), None)
 
 
 # -- installations ------------------------------------------------------------------------
@@ -88,18 +89,18 @@ def test_two_installations_with_one_node_name_never_touch_each_others_jobs(
     b2 = make_agent(tmp_path, theirs, b2_reports)
     try:
         # Job 1, attempt 1 on node n1 in both installations: equal names everywhere.
-        assert a.run_job(run(1, f"echo $$ > {tmp_path}/a; sleep 60")) == "started"
-        assert b.run_job(run(1, f"echo $$ > {tmp_path}/b; sleep 60")) == "started"
+        assert start(a, 1, f"echo $$ > {tmp_path}/a; sleep 60") == "started"
+        assert start(b, 1, f"echo $$ > {tmp_path}/b; sleep 60") == "started"
         a_pid, b_pid = int(first_line(tmp_path / "a")), int(first_line(tmp_path / "b"))
         # Installation b's agent restarts (b crashed, its job left over): it ends b's
         # leftover and reports it lost, and never sees a's.
         b2.start()
         assert wait_until(lambda: not alive(b_pid))
         lost = finished(b2_reports, 1)
-        assert lost is not None and lost["result"] == "LOST"
+        assert lost is not None and lost.result == "LOST"
         assert alive(a_pid) and a.running_count() == 1
         # a's agent dies: its watchdog ends a's job, and nothing of b's.
-        assert b2.run_job(run(2, f"echo $$ > {tmp_path}/b2; sleep 60")) == "started"
+        assert start(b2, 2, f"echo $$ > {tmp_path}/b2; sleep 60") == "started"
         b2_pid = int(first_line(tmp_path / "b2"))
         assert a._watchdog is not None and a._watchdog.stdin is not None
         a._watchdog.stdin.close()
@@ -109,7 +110,7 @@ def test_two_installations_with_one_node_name_never_touch_each_others_jobs(
     finally:
         for agent in (a, b, b2):
             for key in list(agent._running):
-                agent.stop_job({"job_id": key[0], "attempt": key[1], "grace_s": 0})
+                stop(agent, job_id=key[0], attempt=key[1], grace_s=0)
             assert wait_until(lambda agent=agent: agent.running_count() == 0)
         b2.stop()
 
@@ -129,7 +130,7 @@ def test_torchrun_workers_in_new_sessions_are_attributed_to_their_job(tmp_path: 
     )
     foreign = subprocess.Popen(["sleep", "60"])
     try:
-        assert agent.run_job(run(7, torchrun, gpu_indices=[0])) == "started"
+        assert start(agent, 7, torchrun, gpu_indices=[0]) == "started"
         assert wait_until(workers_file.exists)
         workers = [int(p) for p in workers_file.read_text().split()]
         assert wait_until(
@@ -141,15 +142,15 @@ def test_torchrun_workers_in_new_sessions_are_attributed_to_their_job(tmp_path: 
             *(GpuProcess(pid, 30_000) for pid in workers),
             GpuProcess(foreign.pid, 1_000),
         )
-        [gpu] = agent.heartbeat(backend.sample())["gpus"]
-        owners = {p["pid"]: p["job_id"] for p in gpu["processes"]}
+        [gpu] = agent.heartbeat(backend.sample()).gpus
+        owners = {p.pid: p.job_id for p in gpu.processes}
         assert owners == {workers[0]: 7, workers[1]: 7, foreign.pid: None}
-        assert gpu["foreign_memory_mb"] == 1_000  # the workers' 60 GB are the job's own
-        assert gpu["foreign_util_pct"] == pytest.approx(90.0 * 1_000 / 61_000)
+        assert gpu.foreign_memory_mb == 1_000  # the workers' 60 GB are the job's own
+        assert gpu.foreign_util_pct == pytest.approx(90.0 * 1_000 / 61_000)
     finally:
         foreign.kill()
         foreign.wait()
-        agent.stop_job({"job_id": 7, "attempt": 1, "grace_s": 0})
+        stop(agent, job_id=7, attempt=1, grace_s=0)
         assert wait_until(lambda: agent.running_count() == 0)
 
 
@@ -165,18 +166,17 @@ def test_a_job_runs_as_its_owners_account_with_its_files_private(
     assert agent.jobs_run_as is None  # root: each job as its owner
     report = 'echo "$(id -un) $(id -u) $HOME $(umask)"; ls -ld "$0"'
     script = f"#!/bin/sh\n{report}\n"
-    payload = run(3, ["train.sh"], alice.name, script=script, workdir="/")
-    assert agent.run_job(payload) == "started"
+    assert start(agent, 3, ["train.sh"], alice.name, script=script, workdir="/") == "started"
     assert wait_until(lambda: finished(reports, 3))
     done = finished(reports, 3)
-    assert done is not None and done["result"] == "SUCCEEDED", done
+    assert done is not None and done.result == "SUCCEEDED", done
     log = tmp_path / agent.settings.installation / "logs" / "3" / "attempt-1.log"
     who, uid, home, umask, *listing = log.read_text().split()
     assert (who, int(uid), home, umask) == (alice.name, alice.uid, alice.home, "0077")
     assert listing[0] == "-rwx------" and listing[2] == alice.name  # its script copy: hers
     info = log.stat()
     assert (info.st_uid, info.st_mode & 0o777) == (alice.uid, 0o600)  # its log: hers alone
-    assert done["cpu_s"] is not None and done["memory_peak_mb"] is not None
+    assert done.cpu_s is not None and done.memory_peak_mb is not None
 
 
 def test_an_account_the_node_lacks_refuses_the_run_until_it_exists(tmp_path: Path) -> None:
@@ -186,19 +186,19 @@ def test_an_account_the_node_lacks_refuses_the_run_until_it_exists(tmp_path: Pat
     reports = RecordingReporter()
     agent = make_agent(tmp_path, installation_of(tmp_path), reports)
     try:
-        assert agent.run_job(run(4, "true", name)) == "refused"
+        assert start(agent, 4, "true", name) == "refused"
         refused = finished(reports, 4)
         assert refused is not None
-        assert (refused["result"], refused["account"]) == ("REFUSED", name)
-        assert refused["account_reason"] == "no such account on this node"
-        assert f"no usable unix account {name!r} on node n1" in refused["message"]
+        assert (refused.result, refused.account) == ("REFUSED", name)
+        assert refused.account_reason == "no such account on this node"
+        assert f"no usable unix account {name!r} on node n1" in refused.message
         beat = agent.heartbeat(NodeSample(time.time(), ()))
-        assert beat["unusable_accounts"] == {name: "no such account on this node"}
+        assert beat.unusable_accounts == {name: "no such account on this node"}
         make_account(name)
-        assert agent.heartbeat(NodeSample(time.time(), ()))["unusable_accounts"] == {}
-        assert agent.run_job({**run(4, "id -un", name), "attempt": 2}) == "started"
-        assert wait_until(lambda: len([r for r in reports.reports if r["kind"] == "finished"]) == 2)
-        assert reports.reports[-1]["result"] == "SUCCEEDED"
+        assert agent.heartbeat(NodeSample(time.time(), ())).unusable_accounts == {}
+        assert start(agent, 4, "id -un", name, attempt=2) == "started"
+        assert wait_until(lambda: len(reports.of(Finished)) == 2)
+        assert reports.of(Finished)[-1].result == "SUCCEEDED"
     finally:
         if name in {p.pw_name for p in pwd.getpwall()}:
             delete_account(name)
@@ -209,11 +209,11 @@ def test_uid_0_only_when_the_settings_name_the_account(tmp_path: Path) -> None:
         pytest.skip("only a root agent runs jobs as their owners")
     reports = RecordingReporter()
     strict = make_agent(tmp_path, installation_of(tmp_path), reports, uid0_accounts="")
-    assert strict.run_job(run(5, "true", "root")) == "refused"
+    assert start(strict, 5, "true", "root") == "refused"
     refused = finished(reports, 5)
-    assert refused is not None and "uid 0" in refused["account_reason"]
+    assert refused is not None and "uid 0" in refused.account_reason
     lenient = make_agent(tmp_path, installation_of(tmp_path / "x"), RecordingReporter())
-    assert lenient.run_job(run(5, "true", "root")) == "started"
+    assert start(lenient, 5, "true", "root") == "started"
     assert wait_until(lambda: lenient.running_count() == 0)
 
 
@@ -222,7 +222,7 @@ def test_single_user_runs_every_job_as_one_account(tmp_path: Path, unix_accounts
     reports = RecordingReporter()
     agent = make_agent(tmp_path, installation_of(tmp_path), reports, run_as_user=carol.name)
     assert agent.jobs_run_as == carol.name
-    assert agent.run_job(run(6, "id -un", "someone-else", workdir="/")) == "started"
+    assert start(agent, 6, "id -un", "someone-else", workdir="/") == "started"
     assert wait_until(lambda: finished(reports, 6))
     log = tmp_path / agent.settings.installation / "logs" / "6" / "attempt-1.log"
     assert log.read_text().strip() == carol.name

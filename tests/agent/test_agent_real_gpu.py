@@ -164,8 +164,8 @@ def test_torchrun_workers_are_attributed_to_their_job(
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc_per_node", "2", str(script), "1024"]  # fmt: skip
     try:
-        assert agent.run_job({"job_id": 8, "attempt": 1, "gpu_indices": [0], **RUN_AS_ROOT,
-                              "command": torchrun, "workdir": str(tmp_path)}) == "started"  # fmt: skip
+        assert run(agent, job_id=8, attempt=1, gpu_indices=(0,), command=tuple(torchrun),
+                   workdir=str(tmp_path)) == "started"  # fmt: skip
         log = attempt_log_path(tmp_path / "logs", 8, 1, 0)
         workers = _until(
             "both workers to hold their memory",
@@ -187,18 +187,18 @@ def test_torchrun_workers_are_attributed_to_their_job(
         print(f"\ntorchrun workers {pids}, sessions {sessions}; agent's job pid "
               f"{agent._running[(8, 1)].process.pid}")  # fmt: skip
 
-        def attributed() -> dict[str, Any] | None:
-            gpu = agent.heartbeat(backend.sample())["gpus"][0]
-            seen = {p["pid"]: p["job_id"] for p in gpu["processes"]}
+        def attributed() -> GpuReading | None:
+            gpu = agent.heartbeat(backend.sample()).gpus[0]
+            seen = {p.pid: p.job_id for p in gpu.processes}
             return gpu if pids <= set(seen) else None
 
         gpu = _until("the workers in NVML's list", attributed, timeout=30)
         print(f"GPU 0 with a 2-worker torchrun job: {gpu}")
-        owners = {p["pid"]: p["job_id"] for p in gpu["processes"]}
+        owners = {p.pid: p.job_id for p in gpu.processes}
         assert all(owners[pid] == 8 for pid in pids), owners
-        assert gpu["foreign_memory_mb"] < 1024  # their 2 GiB are the job's, not foreign
+        assert gpu.foreign_memory_mb < 1024  # their 2 GiB are the job's, not foreign
     finally:
-        agent.stop_job({"job_id": 8, "attempt": 1, "reason": "cancel", "grace_s": 0})
+        stop(agent, job_id=8, attempt=1, grace_s=0)
         _until("the job to end", lambda: agent.running_count() == 0, timeout=30)
 
 
@@ -217,9 +217,9 @@ def test_a_job_can_open_only_the_gpus_it_was_given(backend: NvmlGpuBackend, tmp_
     if not agent.fence.fences_devices or not agent.gpu_devices:
         pytest.skip(f"{agent.fence.isolation}: no device fence on this host")
     print(f"\nfence {agent.fence.isolation}; GPU device files {agent.gpu_devices}")
-    for job_id, gpus in ((9, [0]), (10, [])):  # its GPU; none (a CPU job)
-        assert agent.run_job({"job_id": job_id, "attempt": 1, "gpu_indices": gpus,
-                              **RUN_AS_ROOT, "command": [sys.executable, "-c", PROBE]}) == "started"  # fmt: skip
+    for job_id, gpus in ((9, (0,)), (10, ())):  # its GPU; none (a CPU job)
+        command = (sys.executable, "-c", PROBE)
+        assert run(agent, job_id=job_id, attempt=1, gpu_indices=gpus, command=command) == "started"
         _until(f"job {job_id} to end", lambda: agent.running_count() == 0, timeout=60)
     given = _text(attempt_log_path(tmp_path / "logs", 9, 1, 0))
     denied = _text(attempt_log_path(tmp_path / "logs", 10, 1, 0))

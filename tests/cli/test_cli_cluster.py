@@ -268,9 +268,7 @@ def test_nodes_say_how_jobs_are_fenced_and_whose_account_they_run_as(cli: Cli) -
     from app.wire import Register
 
     with cli.factory.begin() as session:
-        register_node(
-            session=session, report=Register(node="gpu-a", isolation="cgroup v1")
-        )
+        register_node(session=session, report=Register(node="gpu-a", isolation="cgroup v1"))
         register_node(
             session=session,
             report=Register(node="laptop", isolation="subreaper only", jobs_run_as="carol"),

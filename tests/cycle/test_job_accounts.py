@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.cycle.dispatch import run_messages
 from sqlalchemy import select
 
 from app.db import utcnow
 from app.jobs.models import Job
+from app.jobs.orders import run_orders
 from app.jobs.reports import job_finished
 from app.nodes.models import Node
 from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat
+from app.wire import Finished, Heartbeat, RunJob
 from tests.cycle.jobs_api import get_job, job_events, run_one_cycle, submit
 from tests.foundation.builders import ready_node
 
@@ -24,10 +25,10 @@ def _nodes(api: Any, *names: str) -> None:
             session.add(ready_node(name, gpus=1, now=utcnow()))
 
 
-def _placed_on(api: Any, job_id: int) -> tuple[str, dict[str, Any]]:
+def _placed_on(api: Any, job_id: int) -> tuple[str, RunJob]:
     with api.factory() as session:
-        [dispatch] = run_messages(session, job=session.get_one(Job, job_id))
-    return dispatch.node, dispatch.payload
+        [order] = run_orders(session, jobs=[session.get_one(Job, job_id)])
+    return order.node, order
 
 
 def _refuse(api: Any, job_id: int, node: str, account: str) -> None:
@@ -35,15 +36,14 @@ def _refuse(api: Any, job_id: int, node: str, account: str) -> None:
         job = session.get_one(Job, job_id)
         applied = job_finished(
             session=session,
-            payload={
-                "kind": "finished", "node": node, "job_id": job_id, "attempt": job.attempt,
-                "result": "REFUSED", "exit_code": None, "account": account,
-                "account_reason": "no such account on this node",
-                "message": f"not started: no usable unix account {account!r} on node {node} "
+            report=Finished(
+                node=node, job_id=job_id, attempt=job.attempt, result="REFUSED",
+                account=account, account_reason="no such account on this node",
+                message=f"not started: no usable unix account {account!r} on node {node} "
                 "(no such account on this node)",
-            },
+            ),
         )  # fmt: skip
-        assert applied.accepted and applied.gpus_freed
+        assert applied.accepted and applied.after.cycle  # its GPUs are free again
 
 
 def test_the_run_order_names_the_owners_account(api: Any) -> None:
@@ -55,16 +55,16 @@ def test_the_run_order_names_the_owners_account(api: Any) -> None:
         set_unix_user(session=session, user_name="dora", unix_user="dora2", actor="test")
     job = submit(api, user="dora", gpus=1)["id"]
     run_one_cycle(api)
-    _, payload = _placed_on(api, job)
-    assert payload["unix_user"] == "dora2"
+    _, order = _placed_on(api, job)
+    assert order.unix_user == "dora2"
 
 
 def test_a_node_without_the_account_refuses_and_the_job_goes_elsewhere(api: Any) -> None:
     _nodes(api, "n1", "n2")
     job = submit(api, gpus=1)["id"]  # alice's: her account is "alice"
     run_one_cycle(api)
-    first, payload = _placed_on(api, job)
-    assert payload["unix_user"] == "alice"
+    first, order = _placed_on(api, job)
+    assert order.unix_user == "alice"
     _refuse(api, job, first, "alice")
 
     done = get_job(api, job)
@@ -101,14 +101,14 @@ def test_with_no_node_left_the_job_waits_saying_which_node_lacks_what(api: Any) 
     finish_other = job_finished  # the other job ends; its GPU is free again
     with api.factory.begin() as session:
         attempt = session.get_one(Job, other).attempt
-        finish_other(session=session, payload={"node": "n1", "job_id": other, "attempt": attempt,
-                                               "result": "SUCCEEDED"})  # fmt: skip
+        finish_other(session=session, report=Finished(node="n1", job_id=other, attempt=attempt,
+                                                      result="SUCCEEDED"))  # fmt: skip
     # The account is created on n1: its agent's next heartbeat no longer lists it, and the
     # job starts there.
     with api.factory.begin() as session:
         ingest_heartbeat(
             session=session,
-            payload={"node": "n1", "gpus": [], "unusable_accounts": {}},
+            heartbeat=Heartbeat(node="n1", unusable_accounts={}),
             policy=TelemetryPolicy(),
             now=utcnow(),
         )
@@ -124,11 +124,10 @@ def test_what_an_attempt_used_reaches_seff(api: Any) -> None:
         attempt = session.get_one(Job, job).attempt
         job_finished(
             session=session,
-            payload={
-                "kind": "finished", "node": "n1", "job_id": job, "attempt": attempt,
-                "result": "SUCCEEDED", "exit_code": 0, "message": "exit code 0",
-                "cpu_s": 12.5, "memory_peak_mb": 2048,
-            },
+            report=Finished(
+                node="n1", job_id=job, attempt=attempt, result="SUCCEEDED", exit_code=0,
+                message="exit code 0", cpu_s=12.5, memory_peak_mb=2048,
+            ),
         )  # fmt: skip
     report = api.client.get(f"/api/v1/jobs/{job}/efficiency", headers=api.as_("alice")).json()
     assert (report["cpu_s"], report["host_memory_peak_mb"]) == (12.5, 2048)

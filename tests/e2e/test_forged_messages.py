@@ -135,7 +135,12 @@ def test_a_forged_run_order_is_refused_by_the_agent(stack: Stack, work: Path) ->
     node, other = stack.name("n1"), stack.name("n2")
     marker = work / "forged-order-ran"
     order = RunJob(
-        node=node, job_id=999_001, attempt=1, command=("touch", str(marker)), master_port=20001
+        node=node,
+        job_id=999_001,
+        attempt=1,
+        command=("touch", str(marker)),
+        master_port=20001,
+        unix_user="root",
     )
     forgeries = [
         ({"payload": _plain(order)}, "unknown", "unsigned"),  # the old, unsealed form

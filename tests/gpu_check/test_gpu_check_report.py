@@ -201,6 +201,9 @@ def test_device_isolation_is_checked_only_where_the_node_fences_devices() -> Non
         "refused": {"nvidia0": "Operation not permitted"},
     }
     assert results(readings)[isolation] == judge.PASS
+    # A machine without GPU device files (a rehearsal on simulated GPUs) checks nothing.
+    readings["phases"]["isolation"]["result"] = {"opened": [], "refused": {}}
+    assert results(readings)[isolation] == judge.SKIP
 
 
 def test_the_isolation_a_node_reports_is_read_from_its_fields() -> None:

@@ -54,6 +54,7 @@ RUN = RunJob(
     master_port=20219,
     world_size=2,
     nproc_per_node=2,
+    unix_user="alice",
 )
 
 EVERY_MESSAGE: list[Message] = [
@@ -66,6 +67,8 @@ EVERY_MESSAGE: list[Message] = [
         hostname="gpu-1",
         labels={"rack": "a"},
         gpus=(GpuInfo(index=0, uuid="GPU-0", model="H100-80GB", memory_total_mb=81559),),
+        isolation="cgroup v2",
+        grace_s=30.0,
     ),
     Heartbeat(
         node="n1",
@@ -83,9 +86,19 @@ EVERY_MESSAGE: list[Message] = [
         running=(AttemptRef(job_id=8, attempt=1),),
         recent=(FINISHED,),
         taken_at=1_764_000_000.25,
+        unusable_accounts={"dave": "no such account on this node"},
     ),
     Started(node="n1", job_id=7, attempt=2, pid=42),
     FINISHED,
+    Finished(
+        node="n1",
+        job_id=7,
+        attempt=3,
+        result="REFUSED",
+        account="dave",
+        account_reason="no such account on this node",
+        message="not started",
+    ),
     Leaving(node="n1", recent=(FINISHED,), taken_at=1_764_000_000.5),
 ]
 

@@ -167,7 +167,10 @@ class JobGroup:
         return bool(self.pids())
 
     def signal(self, sig: signal.Signals) -> None:
-        for pid in self.pids():
+        # Oldest first, so that a job's main process (its parent) has the signal pending
+        # before its children die of it: a shell waiting on a child that dies first ends
+        # with status 0 before it ever runs its TERM trap.
+        for pid in sorted(self.pids()):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
 
