@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from app.config import Settings
 from app.errors import FieldError, Forbidden
 from app.jobs.schemas import JobCreate
 from app.notifications.hosts import check_url
@@ -133,3 +134,12 @@ def _span(seconds: int) -> str:
     parts = [f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "m"), (secs, "s"))]
     readable = "".join(p for p in parts if not p.startswith("0")) or "0s"
     return f"{seconds} s ({readable})"
+
+
+def runtime_limits(settings: Settings) -> RuntimeLimits:
+    return RuntimeLimits(
+        default_s=settings.default_max_runtime_s,
+        max_s=settings.max_runtime_limit_s,
+        max_grace_s=settings.max_grace_s,
+        notify_hosts=settings.notify_host_set,
+    )
