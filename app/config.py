@@ -63,6 +63,12 @@ class Settings(BaseSettings):
         le=86400,
         description="longest SIGTERM-to-SIGKILL grace period a job may ask for (grace_s)",
     )
+    max_pending_jobs_per_user: int = Field(
+        default=10_000,
+        ge=1,
+        description="jobs (array tasks each) a user may have pending, unless an admin set "
+        "the user's own limit (Slurm's MaxSubmitJobs)",
+    )
     notify_hosts: str = Field(
         default="",
         description="hosts a job's notify_url may name, comma-separated (* for any); "

@@ -27,6 +27,9 @@ class RuntimeLimits:
     max_grace_s: int = 600
     # Hosts a job's notify_url may name (GPUSCHED_NOTIFY_HOSTS; "*": any; none: off).
     notify_hosts: frozenset[str] = frozenset()
+    # Jobs a user may have pending unless the user has a limit of their own (app/jobs/
+    # pending_limits.py): one user cannot bury the others' jobs under a deep queue.
+    max_pending_per_user: int = 10_000
 
     def apply(
         self,
@@ -142,4 +145,5 @@ def runtime_limits(settings: Settings) -> RuntimeLimits:
         max_s=settings.max_runtime_limit_s,
         max_grace_s=settings.max_grace_s,
         notify_hosts=settings.notify_host_set,
+        max_pending_per_user=settings.max_pending_jobs_per_user,
     )

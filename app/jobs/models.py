@@ -34,6 +34,8 @@ class Job(Base):
         Index("ix_job_project_id", "project_id", "id"),
         Index("ix_job_array_id", "array_id"),
         Index("ix_job_batch_id", "batch_id"),
+        # Each submission counts its user's pending jobs (max_pending_jobs).
+        Index("ix_job_user_status", "user_id", "status"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
