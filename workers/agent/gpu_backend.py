@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import re
 import socket
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -56,10 +57,19 @@ class GpuProcess:
     used_memory_mb: int | None
 
 
+# Names of the readings a backend may fail to give (GpuSample.unread): the ones the
+# scheduler decides with, so one that fails leaves the GPU unknown, not free.
+READING_MEMORY = "memory"
+READING_UTILISATION = "utilisation"
+READING_PROCESSES = "processes"
+READING_MIG_MODE = "MIG mode"
+
+
 @dataclass(frozen=True)
 class GpuSample:
     """One reading of one GPU. Any number may be None: the GPU does not support
-    that query, or it is unhealthy and could not be read."""
+    that query, or it is unhealthy and could not be read. ``unread`` says which of
+    the deciding readings (READING_*) failed and why: "could not read" is not 0."""
 
     index: int
     uuid: str
@@ -72,6 +82,9 @@ class GpuSample:
     temperature_c: float | None
     power_w: float | None
     processes: tuple[GpuProcess, ...] = ()
+    unread: Mapping[str, str] = field(default_factory=dict)
+    # MIG mode is on: the GPU is sliced, and the scheduler must not hand it out whole.
+    mig_enabled: bool = False
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ from typing import Any, TypeVar
 import pynvml
 
 from workers.agent.gpu_backend import (
+    READING_MEMORY,
+    READING_PROCESSES,
+    READING_UTILISATION,
     BackendUnavailable,
     GpuProcess,
     GpuSample,
@@ -55,6 +58,10 @@ _VALUE_UNAVAILABLE_CODES: frozenset[int] = frozenset(
 )
 
 
+# The readings the scheduler decides with: unread, the GPU is unknown, not free.
+DECIDING_READINGS = (READING_MEMORY, READING_UTILISATION, READING_PROCESSES)
+
+
 def _text(value: object) -> str:
     """Old bindings return bytes, new ones str."""
     if isinstance(value, bytes):
@@ -73,10 +80,12 @@ def describe_nvml_error(exc: BaseException) -> str:
 
 
 class _GpuHealth:
-    """Collects the first health problem seen while reading one GPU."""
+    """What went wrong while reading one GPU: the first health problem (the GPU is
+    sick) and the deciding readings it could not give, with why (the GPU is unknown)."""
 
     def __init__(self) -> None:
         self.message: str | None = None
+        self.unread: dict[str, str] = {}
 
     @property
     def healthy(self) -> bool:
@@ -247,18 +256,20 @@ class NvmlGpuBackend:
                 return _unreadable(gpu, health.message or "no NVML handle for this GPU")
             self._handles[gpu.index] = handle
 
-        def read(fn: Callable[..., T], *args: Any) -> T | None:
+        def read(fn: Callable[..., T], *args: Any, reading: str | None = None) -> T | None:
             # Once the GPU is known to be broken, further calls only add latency
             # (each can take seconds on a lost GPU) and say nothing new.
             if not health.healthy:
+                if reading is not None:
+                    health.unread[reading] = f"not read after {health.message}"
                 return None
-            return self._call(fn, handle, *args, health=health)
+            return self._call(fn, handle, *args, health=health, reading=reading)
 
-        memory = read(nvml.nvmlDeviceGetMemoryInfo)
-        utilization = read(nvml.nvmlDeviceGetUtilizationRates)
+        memory = read(nvml.nvmlDeviceGetMemoryInfo, reading=READING_MEMORY)
+        utilization = read(nvml.nvmlDeviceGetUtilizationRates, reading=READING_UTILISATION)
         temperature = read(nvml.nvmlDeviceGetTemperature, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
         power_mw = read(nvml.nvmlDeviceGetPowerUsage)
-        processes = read(self._compute_processes)
+        processes = read(self._compute_processes, reading=READING_PROCESSES)
         return GpuSample(
             index=gpu.index,
             uuid=gpu.uuid,
@@ -271,6 +282,7 @@ class NvmlGpuBackend:
             temperature_c=float(temperature) if temperature is not None else None,
             power_w=float(power_mw) / 1000.0 if power_mw is not None else None,
             processes=tuple(processes or ()),
+            unread=dict(health.unread),
         )
 
     def _compute_processes(self, handle: Any) -> list[GpuProcess]:
@@ -319,15 +331,25 @@ class NvmlGpuBackend:
             return None
         return os.getpid() in seen
 
-    def _call(self, fn: Callable[..., T], *args: Any, health: _GpuHealth | None = None) -> T | None:
+    def _call(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        health: _GpuHealth | None = None,
+        reading: str | None = None,
+    ) -> T | None:
         """Call NVML; on error return None and, unless the error only means
-        "value unavailable", record it as the GPU's health problem."""
+        "value unavailable", record it as the GPU's health problem. A deciding
+        `reading` that fails, for whatever reason, is recorded as unread: the
+        scheduler must not take "could not read" for "nothing there"."""
         try:
             return fn(*args)
         except self._nvml.NVMLError as exc:
             code = getattr(exc, "value", None)
+            name = getattr(fn, "__name__", "NVML call")
+            if health is not None and reading is not None:
+                health.unread[reading] = f"{describe_nvml_error(exc)} (in {name})"
             if code not in _VALUE_UNAVAILABLE_CODES and health is not None and health.healthy:
-                name = getattr(fn, "__name__", "NVML call")
                 health.message = f"{describe_nvml_error(exc)} (in {name})"
             return None
 
@@ -369,4 +391,5 @@ def _unreadable(gpu: GpuStatic, message: str) -> GpuSample:
         temperature_c=None,
         power_w=None,
         processes=(),
+        unread=dict.fromkeys(DECIDING_READINGS, message),
     )

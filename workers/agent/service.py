@@ -60,7 +60,15 @@ from workers.agent.fence import (
     denied_devices,
     host_gpu_devices,
 )
-from workers.agent.gpu_backend import GpuBackend, NodeSample
+from workers.agent.gpu_backend import (
+    READING_MEMORY,
+    READING_MIG_MODE,
+    READING_PROCESSES,
+    READING_UTILISATION,
+    GpuBackend,
+    GpuSample,
+    NodeSample,
+)
 from workers.agent.runner import (
     JobLaunch,
     LaunchError,
@@ -105,6 +113,19 @@ class AgentSettings(BaseSettings):
     key_file: Path | None = None
     # Serves this agent's counters (refused orders) for Prometheus; 0: none.
     metrics_port: int = Field(default=0, ge=0, le=65535)
+
+
+def unknown_readings(gpu: GpuSample, *, has_foreign: bool) -> tuple[str, ...]:
+    """The readings the scheduler would decide with that this GPU did not give, each
+    "name: why": free memory and its processes always; its utilisation when a foreign
+    process is there (it is how much that process loads the GPU). Empty on an unhealthy
+    GPU, whose verdict says more. Non-empty: the GPU is unknown, which is not free."""
+    if not gpu.healthy:
+        return ()
+    needed = [READING_MEMORY, READING_PROCESSES, READING_MIG_MODE]
+    if has_foreign:
+        needed.append(READING_UTILISATION)
+    return tuple(f"{name}: {gpu.unread[name]}"[:240] for name in needed if name in gpu.unread)
 
 
 class Reporter(Protocol):
@@ -414,6 +435,8 @@ class Agent:
                     uuid=gpu.uuid,
                     healthy=gpu.healthy,
                     health_message=gpu.health_message,
+                    unknown=unknown_readings(gpu, has_foreign=has_foreign),
+                    mig_enabled=gpu.mig_enabled,
                     util_pct=gpu.util_sm_pct,
                     memory_util_pct=gpu.util_mem_pct,
                     memory_used_mb=gpu.memory_used_mb,
