@@ -59,3 +59,89 @@ def test_temperature_and_power_decide_nothing(tmp_path: Path) -> None:
     fake.fail[("nvmlDeviceGetTemperature", 0)] = nvml_error(NO_PERMISSION)
     agent = agent_without_gpus(tmp_path, RecordingReporter())
     assert agent.heartbeat(NvmlGpuBackend(nvml=fake).sample()).gpus[0].unknown == ()
+
+
+# -- health as NVIDIA's tools judge it ----------------------------------------------------
+
+
+def _health(backend: NvmlGpuBackend, index: int = 0) -> tuple[bool, str | None]:
+    gpu = backend.sample().gpus[index]
+    return gpu.healthy, gpu.health_message
+
+
+def test_a_critical_xid_marks_its_gpu_unhealthy_at_once_and_an_application_xid_does_not() -> None:
+    fake = two_gpus()
+    backend = NvmlGpuBackend(nvml=fake, unhealthy_after=3, healthy_after=2)
+    assert fake.watched == {0, 1}
+    for application_xid in (13, 31, 43, 45, 68, 109):  # the job's own faults
+        fake.xid(1, application_xid)
+    assert [g.healthy for g in backend.sample().gpus] == [True, True]
+
+    fake.xid(1, 79)  # fallen off the bus
+    first, second = backend.sample().gpus
+    assert first.healthy
+    assert not second.healthy and second.health_message is not None
+    assert second.health_message.startswith("XID 79")
+    # Back after healthy_after good readings, not at the next one.
+    assert _health(backend, 1) == (
+        False,
+        f"{second.health_message} (recovering: 1 of 2 good readings)",
+    )
+    assert _health(backend, 1) == (True, None)
+
+
+def test_an_xid_naming_no_gpu_concerns_every_gpu() -> None:
+    fake = two_gpus()
+    backend = NvmlGpuBackend(nvml=fake)
+    fake.xid(None, 48)  # double-bit ECC error
+    assert [g.healthy for g in backend.sample().gpus] == [False, False]
+
+
+def test_remapped_rows_failed_or_pending_make_the_gpu_unhealthy_after_n_readings() -> None:
+    fake = two_gpus()
+    fake.gpus[0].remapped = (0, 3, 0, 1)
+    fake.gpus[1].remapped = (2, 1, 1, 0)
+    backend = NvmlGpuBackend(nvml=fake, unhealthy_after=2)
+    first, second = backend.sample().gpus
+    assert first.healthy and first.health_message is not None
+    assert first.health_message.endswith("(1 of 2 bad readings)")
+    first, second = backend.sample().gpus
+    assert not first.healthy and not second.healthy
+    assert first.health_message is not None and second.health_message is not None
+    assert first.health_message.startswith("row remapping failed (3 rows remapped")
+    assert second.health_message.startswith("row remapping pending: the GPU needs a reset")
+    # Corrected rows alone (remapped, nothing pending) are a GPU doing its job.
+    fake.gpus[1].remapped = (5, 0, 0, 0)
+    assert NvmlGpuBackend(nvml=fake).sample().gpus[1].healthy
+
+
+def test_a_flaky_reading_does_not_flap_the_gpus_health() -> None:
+    fake = two_gpus()
+    backend = NvmlGpuBackend(nvml=fake, unhealthy_after=3, healthy_after=3)
+    lost = ("nvmlDeviceGetMemoryInfo", 0)
+    seen = []
+    for bad in (True, False, True, True, False, True, False):  # never 3 bad in a row
+        if bad:
+            fake.fail[lost] = nvml_error(pynvml.NVML_ERROR_UNKNOWN)
+        else:
+            fake.fail.pop(lost, None)
+        gpu = backend.sample().gpus[0]
+        seen.append(gpu.healthy)
+        # A bad reading is still no reading: the GPU is unknown for that sample.
+        assert bool(gpu.unread) is bad
+    assert seen == [True] * 7
+
+    fake.fail[lost] = nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+    assert [_health(backend)[0] for _ in range(3)] == [True, True, False]
+    del fake.fail[lost]
+    assert [_health(backend)[0] for _ in range(3)] == [False, False, True]
+
+
+def test_the_agent_reports_a_gpu_counting_bad_readings_as_unknown(tmp_path: Path) -> None:
+    fake = two_gpus()
+    fake.fail[("nvmlDeviceGetMemoryInfo", 0)] = nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+    agent = agent_without_gpus(tmp_path, RecordingReporter())
+    first = agent.heartbeat(NvmlGpuBackend(nvml=fake).sample()).gpus[0]
+    # Not yet called unhealthy (one bad reading), and not taken for free either.
+    assert first.healthy
+    assert [u.split(":")[0] for u in first.unknown] == ["memory", "processes"]

@@ -7,6 +7,13 @@ that has fallen off the bus (or needs a reset, or answers garbage) becomes
 for a GPU problem, because one sick GPU must not stop the agent from
 reporting the healthy ones (and from reporting the sick one as sick).
 
+Health is judged as NVIDIA's own tools judge it (k8s-device-plugin, DCGM exporter):
+critical XID events (application XIDs, the job's own faults, ignored), remapped rows
+pending or failed, and NVML calls that fail. A failing reading counts toward
+``unhealthy_after`` consecutive bad ones before the GPU is called unhealthy, and it is
+called healthy again only after ``healthy_after`` good ones (no flapping); an XID is the
+driver's own verdict and marks it unhealthy at once.
+
 The ``pynvml`` module is a constructor parameter so the error handling can be
 tested without a GPU, by passing a small fake module that raises the real
 ``pynvml.NVMLError`` subclasses.
@@ -41,6 +48,16 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _MIB = 1024 * 1024
+
+# XIDs a job's own fault raises (illegal address, MMU fault from the job, reset channel
+# for it...): NVIDIA's k8s-device-plugin ignores these; every other XID is the GPU's.
+APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+# Defaults of the hysteresis: unhealthy after 3 bad readings in a row (15 s at the
+# agent's 5 s), healthy again after 12 good ones (a minute).
+UNHEALTHY_AFTER = 3
+HEALTHY_AFTER = 12
+# Events read per sample at most: a storm must not hold up the readings.
+_MAX_EVENTS_PER_SAMPLE = 256
 
 # Error codes meaning "this particular value is unavailable", not "the GPU is
 # broken": the query is unsupported on this model/driver, or we lack the
@@ -92,6 +109,42 @@ class _GpuHealth:
         return self.message is None
 
 
+class _HealthHysteresis:
+    """One GPU's health over its readings: unhealthy after `unhealthy_after` bad readings
+    in a row (or at once for an XID), healthy again after `healthy_after` good ones."""
+
+    def __init__(self, *, unhealthy_after: int, healthy_after: int) -> None:
+        self.unhealthy_after = max(1, unhealthy_after)
+        self.healthy_after = max(1, healthy_after)
+        self.healthy = True
+        self.bad = self.good = 0
+        self.problem: str | None = None
+
+    def observe(self, problem: str | None, *, at_once: bool = False) -> tuple[bool, str | None]:
+        """The verdict after one more reading (`problem` None: a good one), with what to
+        show: the problem, and how far the count has gone while it is not decided."""
+        if problem is not None:
+            self.good = 0
+            self.bad += 1
+            self.problem = problem
+            if self.healthy and (at_once or self.bad >= self.unhealthy_after):
+                self.healthy = False
+            if self.healthy:
+                return True, f"{problem} ({self.bad} of {self.unhealthy_after} bad readings)"
+            return False, problem
+        self.bad = 0
+        if self.healthy:
+            return True, None
+        self.good += 1
+        if self.good >= self.healthy_after:
+            self.healthy, self.good, self.problem = True, 0, None
+            return True, None
+        return (
+            False,
+            f"{self.problem} (recovering: {self.good} of {self.healthy_after} good readings)",
+        )
+
+
 class NvmlGpuBackend:
     """:class:`~workers.agent.gpu_backend.GpuBackend` over NVML.
 
@@ -105,6 +158,8 @@ class NvmlGpuBackend:
         *,
         hostname: str | None = None,
         clock: Callable[[], float] = time.time,
+        unhealthy_after: int = UNHEALTHY_AFTER,
+        healthy_after: int = HEALTHY_AFTER,
     ) -> None:
         self._nvml = nvml
         self._clock = clock
@@ -116,11 +171,19 @@ class NvmlGpuBackend:
             nvml.nvmlInit()
         except Exception as exc:
             raise BackendUnavailable(describe_nvml_error(exc)) from exc
+        self._events: Any = None
         try:
             self._info, self._handles = self._discover()
         except Exception as exc:
             self._shutdown()
             raise BackendUnavailable(describe_nvml_error(exc)) from exc
+        self._health = {
+            gpu.index: _HealthHysteresis(
+                unhealthy_after=unhealthy_after, healthy_after=healthy_after
+            )
+            for gpu in self._info.gpus
+        }
+        self._events = self._watch_xid_events()
 
     # -- static facts -------------------------------------------------------
 
@@ -235,8 +298,88 @@ class NvmlGpuBackend:
 
     def sample(self) -> NodeSample:
         taken_at = self._clock()
-        samples = tuple(self._sample_gpu(gpu) for gpu in self._info.gpus)
+        xids = self._critical_xids()
+        everywhere = xids.pop(None, [])
+        samples = tuple(
+            self._judge(self._sample_gpu(gpu), [*everywhere, *xids.get(gpu.index, [])])
+            for gpu in self._info.gpus
+        )
         return NodeSample(taken_at=taken_at, gpus=samples)
+
+    def _judge(self, reading: GpuSample, xids: list[int]) -> GpuSample:
+        """The GPU's health after this reading, through its hysteresis."""
+        problem = None if reading.healthy else reading.health_message or "unhealthy"
+        if xids:
+            problem = f"XID {', '.join(str(x) for x in xids)} (critical XID event from the driver)"
+        healthy, message = self._health[reading.index].observe(problem, at_once=bool(xids))
+        return replace(reading, healthy=healthy, health_message=message)
+
+    # -- XID events -----------------------------------------------------------
+
+    def _watch_xid_events(self) -> Any:
+        """An event set with every GPU registered for critical XID events, or None where
+        the driver offers none (then health comes from the readings alone)."""
+        nvml = self._nvml
+        xid_type = getattr(nvml, "nvmlEventTypeXidCriticalError", None)
+        if xid_type is None or not hasattr(nvml, "nvmlEventSetCreate"):
+            return None
+        try:
+            events = nvml.nvmlEventSetCreate()
+        except Exception as exc:
+            logger.info("no XID events on this node: %s", describe_nvml_error(exc))
+            return None
+        watched = 0
+        for gpu in self._info.gpus:
+            handle = self._handles[gpu.index]
+            if handle is None:
+                continue
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, xid_type, events)
+                watched += 1
+            except Exception as exc:
+                logger.info("GPU %d gives no XID events: %s", gpu.index, describe_nvml_error(exc))
+        if watched:
+            return events
+        self._free_events(events)
+        return None
+
+    def _critical_xids(self) -> dict[int | None, list[int]]:
+        """XIDs of the GPU's own faults since the last sample, per GPU index (None: the
+        driver named no GPU, so every one), application XIDs left out."""
+        nvml = self._nvml
+        found: dict[int | None, list[int]] = {}
+        if self._events is None:
+            return found
+        xid_type = int(nvml.nvmlEventTypeXidCriticalError)
+        timeout = getattr(nvml, "NVML_ERROR_TIMEOUT", 10)
+        for _ in range(_MAX_EVENTS_PER_SAMPLE):
+            try:
+                event = nvml.nvmlEventSetWait(self._events, 0)
+            except Exception as exc:
+                if getattr(exc, "value", None) != timeout:
+                    logger.warning("reading XID events: %s", describe_nvml_error(exc))
+                break
+            if not int(event.eventType) & xid_type:
+                continue
+            xid = int(event.eventData)
+            if xid in APPLICATION_XIDS:
+                continue
+            found.setdefault(self._index_of(event.device), []).append(xid)
+        return found
+
+    def _index_of(self, device: Any) -> int | None:
+        if not device:
+            return None
+        uuid = self._call(self._nvml.nvmlDeviceGetUUID, device)
+        if uuid is None:
+            return None
+        return next((g.index for g in self._info.gpus if g.uuid == _text(uuid)), None)
+
+    def _free_events(self, events: Any) -> None:
+        try:
+            self._nvml.nvmlEventSetFree(events)
+        except Exception as exc:  # closing must not fail the agent's shutdown
+            logger.debug("nvmlEventSetFree failed: %s", exc)
 
     def _sample_gpu(self, gpu: GpuStatic) -> GpuSample:
         try:
@@ -270,6 +413,19 @@ class NvmlGpuBackend:
         temperature = read(nvml.nvmlDeviceGetTemperature, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
         power_mw = read(nvml.nvmlDeviceGetPowerUsage)
         processes = read(self._compute_processes, reading=READING_PROCESSES)
+        get_remapped = getattr(nvml, "nvmlDeviceGetRemappedRows", None)
+        remapped = read(get_remapped) if get_remapped is not None else None
+        if remapped is not None and health.healthy:
+            _corrected, uncorrected, pending, failed = remapped
+            if failed:
+                health.message = (
+                    f"row remapping failed ({uncorrected} rows remapped for uncorrectable "
+                    "errors): the GPU needs replacing (nvmlDeviceGetRemappedRows)"
+                )
+            elif pending:
+                health.message = (
+                    "row remapping pending: the GPU needs a reset (nvmlDeviceGetRemappedRows)"
+                )
         return GpuSample(
             index=gpu.index,
             uuid=gpu.uuid,
@@ -362,6 +518,9 @@ class NvmlGpuBackend:
         self._shutdown()
 
     def _shutdown(self) -> None:
+        if self._events is not None:
+            self._free_events(self._events)
+            self._events = None
         try:
             self._nvml.nvmlShutdown()
         except Exception as exc:  # closing must not fail the agent's shutdown
