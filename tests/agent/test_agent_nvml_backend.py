@@ -42,6 +42,11 @@ class FakeGpu:
     # nvmlDeviceGetRemappedRows: rows remapped for correctable / uncorrectable errors, a
     # remapping pending (a reset applies it), a remapping failed.
     remapped: tuple[int, int, int, int] = (0, 0, 0, 0)
+    # Clients of an MPS daemon: NVML lists them only in the MPS query, not as compute.
+    mps_processes: list[tuple[int, int | None]] = field(default_factory=list)
+    graphics_processes: list[tuple[int, int | None]] = field(default_factory=list)
+    # MIG mode now (None: a GPU that cannot do MIG, which answers NOT_SUPPORTED).
+    mig: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class FakeNvml:
     NVML_P2P_CAPS_INDEX_NVLINK = pynvml.NVML_P2P_CAPS_INDEX_NVLINK
     NVML_P2P_STATUS_OK = pynvml.NVML_P2P_STATUS_OK
     NVML_NVLINK_MAX_LINKS = 4
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
 
     def __init__(self, gpus: list[FakeGpu], *, p2p: set[frozenset[int]] | None = None) -> None:
         self.gpus = gpus
@@ -141,6 +147,21 @@ class FakeNvml:
             SimpleNamespace(pid=pid, usedGpuMemory=(mb or 0) * MIB) for pid, mb in gpu.processes
         ]
 
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Handle) -> list[SimpleNamespace]:
+        gpu = self._device("nvmlDeviceGetMPSComputeRunningProcesses", handle)
+        return _processes(gpu.mps_processes)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle) -> list[SimpleNamespace]:
+        gpu = self._device("nvmlDeviceGetGraphicsRunningProcesses", handle)
+        return _processes(gpu.graphics_processes)
+
+    def nvmlDeviceGetMigMode(self, handle: Handle) -> list[int]:
+        gpu = self._device("nvmlDeviceGetMigMode", handle)
+        if gpu.mig is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = int(pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig else pynvml.NVML_DEVICE_MIG_DISABLE)
+        return [mode, mode]
+
     def nvmlDeviceGetRemappedRows(self, handle: Handle) -> tuple[int, int, int, int]:
         return self._device("nvmlDeviceGetRemappedRows", handle).remapped
 
@@ -195,6 +216,13 @@ class FakeNvml:
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Handle, link: int) -> SimpleNamespace:
         return SimpleNamespace(busId=self.gpus[handle.index].nvlinks[link].encode())
+
+
+def _processes(listed: list[tuple[int, int | None]]) -> list[SimpleNamespace]:
+    return [
+        SimpleNamespace(pid=pid, usedGpuMemory=None if mb is None else mb * MIB)
+        for pid, mb in listed
+    ]
 
 
 def two_gpus(**kwargs: Any) -> FakeNvml:

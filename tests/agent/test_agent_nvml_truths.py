@@ -145,3 +145,59 @@ def test_the_agent_reports_a_gpu_counting_bad_readings_as_unknown(tmp_path: Path
     # Not yet called unhealthy (one bad reading), and not taken for free either.
     assert first.healthy
     assert [u.split(":")[0] for u in first.unknown] == ["memory", "processes"]
+
+
+# -- MPS and MIG --------------------------------------------------------------------------
+
+
+def test_mps_clients_and_graphics_processes_are_counted_once_each(tmp_path: Path) -> None:
+    fake = FakeNvml(
+        [
+            FakeGpu(
+                "GPU-mps",
+                processes=[(500, 30)],  # the MPS daemon (nvidia-cuda-mps-server)
+                mps_processes=[(4321, 6000), (4322, None)],  # someone's clients
+                graphics_processes=[(500, 30), (777, 100)],
+            )
+        ]
+    )
+    [gpu] = NvmlGpuBackend(nvml=fake).sample().gpus
+    assert sorted((p.pid, p.used_memory_mb) for p in gpu.processes) == [
+        (500, 30),
+        (777, 100),
+        (4321, 6000),
+        (4322, None),
+    ]
+    agent = agent_without_gpus(tmp_path, RecordingReporter())
+    [reading] = agent.heartbeat(NvmlGpuBackend(nvml=fake).sample()).gpus
+    assert reading.foreign_memory_mb == 6130  # the clients' memory is foreign load
+
+
+def test_a_driver_without_mps_or_graphics_lists_still_reads_compute() -> None:
+    fake = two_gpus()
+    for query in (
+        "nvmlDeviceGetMPSComputeRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses",
+    ):
+        fake.fail[(query, 0)] = nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    first = NvmlGpuBackend(nvml=fake).sample().gpus[0]
+    assert [p.pid for p in first.processes] == [4321, 99] and not first.unread
+    # No permission to list MPS clients hides them: the processes are unknown.
+    fake.fail[("nvmlDeviceGetMPSComputeRunningProcesses", 0)] = nvml_error(NO_PERMISSION)
+    assert "processes" in NvmlGpuBackend(nvml=fake).sample().gpus[0].unread
+
+
+def test_a_mig_enabled_gpu_is_reported_as_such(tmp_path: Path) -> None:
+    fake = FakeNvml(
+        [FakeGpu("GPU-mig", mig=True), FakeGpu("GPU-off", mig=False), FakeGpu("GPU-old")]
+    )
+    # MIG leaves no utilisation for the whole GPU.
+    fake.fail[("nvmlDeviceGetUtilizationRates", 0)] = nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    agent = agent_without_gpus(tmp_path, RecordingReporter())
+    readings = agent.heartbeat(NvmlGpuBackend(nvml=fake).sample()).gpus
+    assert [g.mig_enabled for g in readings] == [True, False, False]
+    assert [g.healthy for g in readings] == [True, True, True]
+    # A mode NVML will not say is not "off".
+    fake.fail[("nvmlDeviceGetMigMode", 2)] = nvml_error(pynvml.NVML_ERROR_UNKNOWN)
+    third = agent.heartbeat(NvmlGpuBackend(nvml=fake).sample()).gpus[2]
+    assert [u.split(":")[0] for u in third.unknown] == ["MIG mode"]

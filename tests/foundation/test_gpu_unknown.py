@@ -55,3 +55,20 @@ def test_a_gpu_nvml_will_not_list_the_processes_of_takes_no_job(api, tmp_path: P
     _beat(api, tmp_path, fake)
     run_one_cycle(api)
     assert get_job(api, job["id"])["status"] == "SCHEDULED"
+
+
+def test_a_mig_enabled_gpu_is_not_handed_out_whole(api, tmp_path: Path) -> None:
+    add_node(api, gpus=1)
+    fake = FakeNvml([FakeGpu("GPU-n1-0", used_mb=0, util_gpu=0, mig=True)])
+    fake.fail[("nvmlDeviceGetUtilizationRates", 0)] = nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    _beat(api, tmp_path, fake)
+    job = submit(api, gpus=1)
+    run_one_cycle(api)
+
+    waiting = get_job(api, job["id"])
+    assert (waiting["status"], waiting["pending_reason"]) == ("PENDING", "gpu_mig")
+    assert waiting["pending_message"] == (
+        "node n1 gpu 0 has MIG enabled: MIG slices are not scheduled"
+    )
+    [gpu] = api.client.get("/api/v1/nodes/n1", headers=api.as_("alice")).json()["gpus"]
+    assert gpu["mig_enabled"] is True

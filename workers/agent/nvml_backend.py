@@ -34,6 +34,7 @@ import pynvml
 
 from workers.agent.gpu_backend import (
     READING_MEMORY,
+    READING_MIG_MODE,
     READING_PROCESSES,
     READING_UTILISATION,
     BackendUnavailable,
@@ -412,7 +413,8 @@ class NvmlGpuBackend:
         utilization = read(nvml.nvmlDeviceGetUtilizationRates, reading=READING_UTILISATION)
         temperature = read(nvml.nvmlDeviceGetTemperature, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
         power_mw = read(nvml.nvmlDeviceGetPowerUsage)
-        processes = read(self._compute_processes, reading=READING_PROCESSES)
+        processes = read(self._processes, reading=READING_PROCESSES)
+        mig_enabled = self._mig_enabled(handle, health) if health.healthy else False
         get_remapped = getattr(nvml, "nvmlDeviceGetRemappedRows", None)
         remapped = read(get_remapped) if get_remapped is not None else None
         if remapped is not None and health.healthy:
@@ -439,18 +441,71 @@ class NvmlGpuBackend:
             power_w=float(power_mw) / 1000.0 if power_mw is not None else None,
             processes=tuple(processes or ()),
             unread=dict(health.unread),
+            mig_enabled=mig_enabled,
         )
 
+    def _mig_enabled(self, handle: Any, health: _GpuHealth) -> bool:
+        """Whether MIG mode is on (now, not pending a reset). A GPU that cannot do MIG
+        says NOT_SUPPORTED: off. Any other failure leaves the mode unknown."""
+        nvml = self._nvml
+        get_mode = getattr(nvml, "nvmlDeviceGetMigMode", None)
+        if get_mode is None:
+            return False
+        try:
+            current, _pending = get_mode(handle)
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) in (
+                getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3),
+                getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13),
+            ):
+                return False
+            health.unread[READING_MIG_MODE] = (
+                f"{describe_nvml_error(exc)} (in nvmlDeviceGetMigMode)"
+            )
+            return False
+        return bool(current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1))
+
+    def _processes(self, handle: Any) -> list[GpuProcess]:
+        """Every process with a context on the GPU: compute, MPS clients (listed apart,
+        and only there) and graphics, one entry per pid. The compute list must answer;
+        the others may be unsupported (older drivers, no MPS daemon), which lists none."""
+        by_pid = {proc.pid: proc for proc in self._compute_processes(handle)}
+        absent = {
+            getattr(self._nvml, "NVML_ERROR_NOT_SUPPORTED", 3),
+            getattr(self._nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13),
+        }
+        for query in (
+            "nvmlDeviceGetMPSComputeRunningProcesses",
+            "nvmlDeviceGetGraphicsRunningProcesses",
+        ):
+            if not hasattr(self._nvml, query):
+                continue
+            try:
+                listed = self._process_list(query, handle)
+            except self._nvml.NVMLError as exc:
+                if getattr(exc, "value", None) in absent:
+                    continue
+                raise
+            for proc in listed:
+                known = by_pid.get(proc.pid)
+                # One process in two lists is one context: its memory counts once.
+                if known is None or (known.used_memory_mb or 0) < (proc.used_memory_mb or 0):
+                    by_pid[proc.pid] = proc
+        return list(by_pid.values())
+
     def _compute_processes(self, handle: Any) -> list[GpuProcess]:
+        return self._process_list("nvmlDeviceGetComputeRunningProcesses", handle)
+
+    def _process_list(self, query: str, handle: Any) -> list[GpuProcess]:
         nvml = self._nvml
         mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
         try:
-            raw = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            raw = getattr(nvml, query)(handle)
         except Exception as exc:
             # Older drivers lack the v3 entry point the unversioned wrapper uses.
             if mismatch is None or not isinstance(exc, mismatch):
                 raise
-            raw = nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
+            raw = getattr(nvml, f"{query}_v2")(handle)
         result = []
         for proc in raw or ():
             used = getattr(proc, "usedGpuMemory", None)

@@ -16,14 +16,14 @@ from app.scheduling.types import GpuView, NodeView, ReasonKind
 def check(node: NodeView, gpu: GpuView, ctx: Context) -> Status:
     if gpu.healthy:
         return OK
-    if gpu.unknown:
-        return unschedulable(
-            ReasonKind.GPU_UNKNOWN,
-            f"node {node.name} gpu {gpu.index} unknown: could not read {'; '.join(gpu.unknown)}",
-        )
     if gpu.mig_enabled:
         return unschedulable(
             ReasonKind.GPU_MIG,
             f"node {node.name} gpu {gpu.index} has MIG enabled: MIG slices are not scheduled",
+        )
+    if gpu.unknown:
+        return unschedulable(
+            ReasonKind.GPU_UNKNOWN,
+            f"node {node.name} gpu {gpu.index} unknown: could not read {'; '.join(gpu.unknown)}",
         )
     return unschedulable(ReasonKind.GPU_UNHEALTHY, f"node {node.name} gpu {gpu.index} unhealthy")
