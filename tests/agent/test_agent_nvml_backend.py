@@ -47,6 +47,10 @@ class FakeGpu:
     graphics_processes: list[tuple[int, int | None]] = field(default_factory=list)
     # MIG mode now (None: a GPU that cannot do MIG, which answers NOT_SUPPORTED).
     mig: bool | None = None
+    # The driver's utilisation samples, (timestamp µs, percent); None: it keeps none.
+    util_samples: list[tuple[int, int]] | None = None
+    # A driver from before nvmlDeviceGetTemperatureV.
+    no_temperature_v: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class FakeNvml:
     NVML_P2P_STATUS_OK = pynvml.NVML_P2P_STATUS_OK
     NVML_NVLINK_MAX_LINKS = 4
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+    NVML_GPU_UTILIZATION_SAMPLES = pynvml.NVML_GPU_UTILIZATION_SAMPLES
 
     def __init__(self, gpus: list[FakeGpu], *, p2p: set[frozenset[int]] | None = None) -> None:
         self.gpus = gpus
@@ -129,6 +134,29 @@ class FakeNvml:
     def nvmlDeviceGetTemperature(self, handle: Handle, sensor: int) -> int:
         assert sensor == pynvml.NVML_TEMPERATURE_GPU
         return self._device("nvmlDeviceGetTemperature", handle).temperature
+
+    def nvmlDeviceGetTemperatureV(self, handle: Handle, sensor: int) -> int:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        gpu = self._device("nvmlDeviceGetTemperatureV", handle)
+        if gpu.no_temperature_v:
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return gpu.temperature
+
+    def nvmlDeviceGetSamples(
+        self, handle: Handle, kind: int, since: int
+    ) -> tuple[int, list[SimpleNamespace]]:
+        assert kind == pynvml.NVML_GPU_UTILIZATION_SAMPLES
+        gpu = self._device("nvmlDeviceGetSamples", handle)
+        if gpu.util_samples is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        # As the driver: samples after `since`, none at all is NOT_FOUND.
+        newer = [(at, v) for at, v in gpu.util_samples if at > since]
+        if not newer:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        value_type = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+        return value_type, [
+            SimpleNamespace(timeStamp=at, sampleValue=SimpleNamespace(uiVal=v)) for at, v in newer
+        ]
 
     def nvmlDeviceGetPowerUsage(self, handle: Handle) -> int:
         return self._device("nvmlDeviceGetPowerUsage", handle).power_mw
@@ -265,6 +293,7 @@ def test_not_supported_query_becomes_none_and_the_gpu_stays_healthy() -> None:
     fake = two_gpus()
     fake.fail[("nvmlDeviceGetPowerUsage", 0)] = nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
     fake.fail[("nvmlDeviceGetTemperature", 0)] = nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+    fake.fail[("nvmlDeviceGetTemperatureV", 0)] = nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
     first, second = NvmlGpuBackend(nvml=fake).sample().gpus
     assert first.healthy
     assert first.power_w is None and first.temperature_c is None

@@ -56,6 +56,7 @@ def test_utilisation_is_needed_only_to_judge_a_foreign_process(tmp_path: Path) -
 def test_temperature_and_power_decide_nothing(tmp_path: Path) -> None:
     fake = two_gpus()
     fake.fail[("nvmlDeviceGetPowerUsage", 0)] = nvml_error(NO_PERMISSION)
+    fake.fail[("nvmlDeviceGetTemperatureV", 0)] = nvml_error(NO_PERMISSION)
     fake.fail[("nvmlDeviceGetTemperature", 0)] = nvml_error(NO_PERMISSION)
     agent = agent_without_gpus(tmp_path, RecordingReporter())
     assert agent.heartbeat(NvmlGpuBackend(nvml=fake).sample()).gpus[0].unknown == ()
@@ -201,3 +202,34 @@ def test_a_mig_enabled_gpu_is_reported_as_such(tmp_path: Path) -> None:
     fake.fail[("nvmlDeviceGetMigMode", 2)] = nvml_error(pynvml.NVML_ERROR_UNKNOWN)
     third = agent.heartbeat(NvmlGpuBackend(nvml=fake).sample()).gpus[2]
     assert [u.split(":")[0] for u in third.unknown] == ["MIG mode"]
+
+
+# -- utilisation samples and the versioned temperature -------------------------------------
+
+
+def test_utilisation_is_the_mean_of_the_samples_since_the_last_reading(tmp_path: Path) -> None:
+    # A bursty foreign process: busy between readings, idle at the instant of each snapshot.
+    gpu = FakeGpu("GPU-0", util_gpu=0, processes=[(4321, 2048)])
+    gpu.util_samples = [(1_000_000, 0), (1_166_000, 90), (1_333_000, 0), (1_500_000, 90)]
+    fake = FakeNvml([gpu])
+    backend = NvmlGpuBackend(nvml=fake)
+    agent = agent_without_gpus(tmp_path, RecordingReporter())
+    [reading] = agent.heartbeat(backend.sample()).gpus
+    assert reading.util_pct == 45.0 and reading.foreign_util_pct == 45.0
+    # The next reading counts only the samples taken since.
+    gpu.util_samples += [(1_666_000, 30), (1_833_000, 10)]
+    assert backend.sample().gpus[0].util_sm_pct == 20.0
+    # None new (or no sampling at all): the snapshot answers.
+    assert backend.sample().gpus[0].util_sm_pct == 0.0
+    gpu.util_samples = None
+    gpu.util_gpu = 12
+    assert backend.sample().gpus[0].util_sm_pct == 12.0
+
+
+def test_temperature_through_the_versioned_call_with_the_old_one_as_fallback() -> None:
+    fake = two_gpus()
+    fake.gpus[1].no_temperature_v = True
+    first, second = NvmlGpuBackend(nvml=fake).sample().gpus
+    assert (first.temperature_c, second.temperature_c) == (61.0, 61.0)
+    assert fake.calls.count("nvmlDeviceGetTemperatureV") == 2
+    assert fake.calls.count("nvmlDeviceGetTemperature") == 1  # only for the old driver

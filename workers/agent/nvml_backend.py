@@ -57,6 +57,16 @@ APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 # agent's 5 s), healthy again after 12 good ones (a minute).
 UNHEALTHY_AFTER = 3
 HEALTHY_AFTER = 12
+# nvmlValueType_t -> the field of c_nvmlValue_t that holds a sample's value.
+_SAMPLE_VALUE_FIELDS = {
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}
 # Events read per sample at most: a storm must not hold up the readings.
 _MAX_EVENTS_PER_SAMPLE = 256
 
@@ -173,6 +183,8 @@ class NvmlGpuBackend:
         except Exception as exc:
             raise BackendUnavailable(describe_nvml_error(exc)) from exc
         self._events: Any = None
+        # Per GPU, the driver's timestamp (µs) of the last utilisation sample read.
+        self._util_seen: dict[int, int] = {}
         try:
             self._info, self._handles = self._discover()
         except Exception as exc:
@@ -411,7 +423,17 @@ class NvmlGpuBackend:
 
         memory = read(nvml.nvmlDeviceGetMemoryInfo, reading=READING_MEMORY)
         utilization = read(nvml.nvmlDeviceGetUtilizationRates, reading=READING_UTILISATION)
-        temperature = read(nvml.nvmlDeviceGetTemperature, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
+        util_sm_pct = float(utilization.gpu) if utilization is not None else None
+        sampled = self._utilisation_since_last(gpu.index, handle) if health.healthy else None
+        if sampled is not None:
+            util_sm_pct = sampled
+            health.unread.pop(READING_UTILISATION, None)
+        sensor = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
+        # The versioned call where the driver has it (the old one goes with CUDA 14).
+        get_temperature_v = getattr(nvml, "nvmlDeviceGetTemperatureV", None)
+        temperature = read(get_temperature_v, sensor) if get_temperature_v is not None else None
+        if temperature is None and hasattr(nvml, "nvmlDeviceGetTemperature"):
+            temperature = read(nvml.nvmlDeviceGetTemperature, sensor)
         power_mw = read(nvml.nvmlDeviceGetPowerUsage)
         processes = read(self._processes, reading=READING_PROCESSES)
         mig_enabled = self._mig_enabled(handle, health) if health.healthy else False
@@ -433,7 +455,7 @@ class NvmlGpuBackend:
             uuid=gpu.uuid,
             healthy=health.healthy,
             health_message=health.message,
-            util_sm_pct=float(utilization.gpu) if utilization is not None else None,
+            util_sm_pct=util_sm_pct,
             util_mem_pct=float(utilization.memory) if utilization is not None else None,
             memory_used_mb=int(memory.used) // _MIB if memory is not None else None,
             memory_free_mb=int(memory.free) // _MIB if memory is not None else None,
@@ -443,6 +465,29 @@ class NvmlGpuBackend:
             unread=dict(health.unread),
             mig_enabled=mig_enabled,
         )
+
+    def _utilisation_since_last(self, index: int, handle: Any) -> float | None:
+        """Mean utilisation over the driver's samples (about 6 a second) taken since the
+        last reading, so a bursty process between two readings is seen; None where the
+        driver keeps no samples or has none new (the snapshot call answers then)."""
+        nvml = self._nvml
+        get_samples = getattr(nvml, "nvmlDeviceGetSamples", None)
+        kind = getattr(nvml, "NVML_GPU_UTILIZATION_SAMPLES", None)
+        if get_samples is None or kind is None:
+            return None
+        since = self._util_seen.get(index, 0)
+        try:
+            value_type, samples = get_samples(handle, kind, since)
+        except Exception:  # NOT_FOUND: none since; NOT_SUPPORTED: no sampling here
+            return None
+        field_name = _SAMPLE_VALUE_FIELDS.get(int(value_type), "uiVal")
+        fresh = [(int(x.timeStamp), getattr(x.sampleValue, field_name)) for x in samples or ()]
+        fresh = [(at, value) for at, value in fresh if at > since]
+        if not fresh:
+            return None
+        self._util_seen[index] = max(at for at, _ in fresh)
+        mean = sum(float(value) for _, value in fresh) / len(fresh)
+        return min(100.0, max(0.0, mean))
 
     def _mig_enabled(self, handle: Any, health: _GpuHealth) -> bool:
         """Whether MIG mode is on (now, not pending a reset). A GPU that cannot do MIG
