@@ -12,6 +12,7 @@ import pynvml
 from tests.agent.support import RecordingReporter, agent_without_gpus
 from tests.agent.test_agent_nvml_backend import FakeGpu, FakeNvml, nvml_error, two_gpus
 from workers.agent.nvml_backend import NvmlGpuBackend
+from workers.agent.sim_backend import SimulatedGpus
 
 NO_PERMISSION = pynvml.NVML_ERROR_NO_PERMISSION
 
@@ -233,3 +234,25 @@ def test_temperature_through_the_versioned_call_with_the_old_one_as_fallback() -
     assert (first.temperature_c, second.temperature_c) == (61.0, 61.0)
     assert fake.calls.count("nvmlDeviceGetTemperatureV") == 2
     assert fake.calls.count("nvmlDeviceGetTemperature") == 1  # only for the old driver
+
+
+# -- CUDA_VISIBLE_DEVICES by UUID --------------------------------------------------------
+
+
+def test_the_agent_gives_a_job_its_gpus_by_nvml_uuid(tmp_path: Path) -> None:
+    agent = agent_without_gpus(tmp_path, RecordingReporter())
+    agent.backend = NvmlGpuBackend(nvml=two_gpus())
+    assert agent.gpu_uuids((1, 0)) == ("GPU-bbbb", "GPU-aaaa")
+    assert agent.gpu_uuids(()) == ()
+    # A GPU unreadable at start-up has no UUID to give: by index, all of them.
+    fake = two_gpus()
+    fake.fail[("nvmlDeviceGetUUID", 1)] = nvml_error(pynvml.NVML_ERROR_UNKNOWN)
+    agent.backend = NvmlGpuBackend(nvml=fake)
+    assert agent.gpu_uuids((0,)) == ("GPU-aaaa",)
+    assert agent.gpu_uuids((0, 1)) == ()
+
+
+def test_simulated_gpus_are_given_by_index(tmp_path: Path) -> None:
+    agent = agent_without_gpus(tmp_path, RecordingReporter())
+    agent.backend = SimulatedGpus(count=2, model="H100-80GB", memory_mb=81559, hostname="n1")
+    assert agent.gpu_uuids((0, 1)) == ()

@@ -63,6 +63,8 @@ READING_MEMORY = "memory"
 READING_UTILISATION = "utilisation"
 READING_PROCESSES = "processes"
 READING_MIG_MODE = "MIG mode"
+# What a GPU unreadable at the agent's start is called instead of its UUID (and index).
+UNREADABLE_UUID = "GPU-unreadable-"
 
 
 @dataclass(frozen=True)

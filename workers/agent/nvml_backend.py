@@ -37,6 +37,7 @@ from workers.agent.gpu_backend import (
     READING_MIG_MODE,
     READING_PROCESSES,
     READING_UTILISATION,
+    UNREADABLE_UUID,
     BackendUnavailable,
     GpuProcess,
     GpuSample,
@@ -227,7 +228,7 @@ class NvmlGpuBackend:
                     index=index,
                     # A placeholder keeps the index reportable (as unhealthy)
                     # instead of making the whole GPU vanish from the node.
-                    uuid=_text(uuid) if uuid is not None else f"GPU-unreadable-{index}",
+                    uuid=_text(uuid) if uuid is not None else f"{UNREADABLE_UUID}{index}",
                     model=_text(model) if model is not None else "unknown",
                     memory_total_mb=memory_total_mb,
                     device_minor=int(minor) if minor is not None else index,

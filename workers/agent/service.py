@@ -65,6 +65,7 @@ from workers.agent.gpu_backend import (
     READING_MIG_MODE,
     READING_PROCESSES,
     READING_UTILISATION,
+    UNREADABLE_UUID,
     GpuBackend,
     GpuSample,
     NodeSample,
@@ -489,6 +490,18 @@ class Agent:
                 self._unusable[name] = exc.reason
             raise
 
+    def gpu_uuids(self, gpu_indices: tuple[int, ...]) -> tuple[str, ...]:
+        """NVML's UUIDs of these GPUs, for CUDA_VISIBLE_DEVICES; empty (by index) unless
+        every one is a real GPU's: simulated GPUs have no CUDA device, and a GPU unreadable
+        at start-up has only a placeholder."""
+        info = self.backend.node_info() if self.backend is not None else None
+        if info is None or info.backend != "nvml":
+            return ()
+        by_index = {gpu.index: gpu.uuid for gpu in info.gpus}
+        uuids = tuple(by_index.get(index, "") for index in gpu_indices)
+        real = all(u.startswith("GPU-") and not u.startswith(UNREADABLE_UUID) for u in uuids)
+        return uuids if real else ()
+
     def denied_devices(self, gpu_indices: tuple[int, ...]) -> tuple[GpuDevice, ...]:
         """The GPU device files a job on `gpu_indices` may not open: every other GPU's."""
         if not self.gpu_devices:
@@ -550,6 +563,7 @@ class Agent:
             attempt=key[1],
             log_path=attempt_log_path(self.log_dir, *key, order.node_rank),
             gpu_indices=order.gpu_indices,
+            gpu_uuids=self.gpu_uuids(order.gpu_indices),
             env=order.env,
             log_cap_bytes=self.log_cap_bytes,
             max_runtime_s=limit,
