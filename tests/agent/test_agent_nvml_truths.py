@@ -11,6 +11,7 @@ import pynvml
 
 from tests.agent.support import RecordingReporter, agent_without_gpus
 from tests.agent.test_agent_nvml_backend import FakeGpu, FakeNvml, nvml_error, two_gpus
+from workers.agent.gpu_backend import open_backend
 from workers.agent.nvml_backend import NvmlGpuBackend
 from workers.agent.sim_backend import SimulatedGpus
 
@@ -90,6 +91,16 @@ def test_a_critical_xid_marks_its_gpu_unhealthy_at_once_and_an_application_xid_d
         f"{second.health_message} (recovering: 1 of 2 good readings)",
     )
     assert _health(backend, 1) == (True, None)
+
+
+def test_the_hysteresis_is_the_agents_setting() -> None:
+    fake = two_gpus()
+    backend, _ = open_backend("nvml", nvml_module=fake, unhealthy_after=1, healthy_after=5)
+    fake.fail[("nvmlDeviceGetMemoryInfo", 0)] = nvml_error(pynvml.NVML_ERROR_UNKNOWN)
+    assert not backend.sample().gpus[0].healthy
+    del fake.fail[("nvmlDeviceGetMemoryInfo", 0)]
+    message = backend.sample().gpus[0].health_message
+    assert message is not None and message.endswith("(recovering: 1 of 5 good readings)")
 
 
 def test_an_xid_naming_no_gpu_concerns_every_gpu() -> None:

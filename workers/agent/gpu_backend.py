@@ -20,7 +20,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 logger = logging.getLogger(__name__)
 
@@ -189,6 +189,8 @@ def open_backend(
     seed: int = 0,
     sim_state_file: str | Path | None = None,
     nvml_module: object | None = None,
+    unhealthy_after: int | None = None,
+    healthy_after: int | None = None,
 ) -> tuple[GpuBackend, str]:
     """Open the GPU backend named by ``spec``; return it with a log line saying
     what was opened and, on a fallback, why.
@@ -200,19 +202,22 @@ def open_backend(
     - ``"sim:..."``: simulated GPUs (see :func:`parse_sim_spec`); a multi-node
       spec gives this agent one node's worth of GPUs.
 
-    ``nvml_module`` replaces the ``pynvml`` module (tests pass a fake).
+    ``nvml_module`` replaces the ``pynvml`` module (tests pass a fake);
+    ``unhealthy_after``/``healthy_after`` set NVML's health hysteresis (None: defaults).
     """
     host = hostname or socket.gethostname()
     normalized = (spec or "auto").strip()
     if normalized.lower() in ("auto", "nvml"):
         # Imported here so a simulated-only agent never loads the NVML bindings.
-        from workers.agent.nvml_backend import NvmlGpuBackend
+        from workers.agent.nvml_backend import HEALTHY_AFTER, UNHEALTHY_AFTER, NvmlGpuBackend
 
+        module: dict[str, Any] = {} if nvml_module is None else {"nvml": nvml_module}
         try:
-            nvml_backend = (
-                NvmlGpuBackend(hostname=host)
-                if nvml_module is None
-                else NvmlGpuBackend(nvml=nvml_module, hostname=host)
+            nvml_backend = NvmlGpuBackend(
+                **module,
+                hostname=host,
+                unhealthy_after=unhealthy_after or UNHEALTHY_AFTER,
+                healthy_after=healthy_after or HEALTHY_AFTER,
             )
         except BackendUnavailable as exc:
             if normalized.lower() == "nvml":

@@ -97,6 +97,10 @@ class AgentSettings(BaseSettings):
     name: str = Field(default_factory=socket.gethostname)
     gpus: str = "auto"
     sample_interval_s: float = Field(default=5.0, gt=0)
+    # NVML health hysteresis: a GPU is called unhealthy after this many bad readings in a
+    # row (an XID event at once), and healthy again after this many good ones.
+    unhealthy_after: int = Field(default=3, ge=1)
+    healthy_after: int = Field(default=12, ge=1)
     grace_s: float = Field(default=30.0, ge=0)
     # Single-user on a root agent: every job runs as this account, not as its owner's.
     run_as_user: str | None = None
