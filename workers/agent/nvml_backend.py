@@ -382,8 +382,13 @@ class NvmlGpuBackend:
         return found
 
     def _index_of(self, device: Any) -> int | None:
+        """The index of the GPU an event names: by its handle, else by its UUID; None
+        when it names none (a NULL device) or one we cannot tell."""
         if not device:
             return None
+        for index, handle in enumerate(self._handles):
+            if handle is not None and _same_device(handle, device):
+                return index
         uuid = self._call(self._nvml.nvmlDeviceGetUUID, device)
         if uuid is None:
             return None
@@ -626,6 +631,19 @@ class NvmlGpuBackend:
             self._nvml.nvmlShutdown()
         except Exception as exc:  # closing must not fail the agent's shutdown
             logger.debug("nvmlShutdown failed: %s", exc)
+
+
+def _same_device(first: Any, second: Any) -> bool:
+    """Two NVML device handles name one GPU: equal, or (ctypes pointers, which compare
+    by identity) pointing at the same address."""
+    if first == second:
+        return True
+    try:
+        return bool(
+            ctypes.cast(first, ctypes.c_void_p).value == ctypes.cast(second, ctypes.c_void_p).value
+        )
+    except (ctypes.ArgumentError, TypeError):
+        return False
 
 
 def _normalize_bus_id(bus_id: object) -> str:
