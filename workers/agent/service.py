@@ -498,8 +498,10 @@ class Agent:
         """NVML's UUIDs of these GPUs, for CUDA_VISIBLE_DEVICES; empty (by index) unless
         every one is a real GPU's: simulated GPUs have no CUDA device, and a GPU unreadable
         at start-up has only a placeholder."""
-        info = self.backend.node_info() if self.backend is not None else None
-        if info is None or info.backend != "nvml":
+        if not gpu_indices or self.backend is None:
+            return ()
+        info = self.backend.node_info()
+        if info.backend != "nvml":
             return ()
         by_index = {gpu.index: gpu.uuid for gpu in info.gpus}
         uuids = tuple(by_index.get(index, "") for index in gpu_indices)
