@@ -49,6 +49,10 @@ def test_a_gpu_nvml_will_not_list_the_processes_of_takes_no_job(api, tmp_path: P
     [gpu] = api.client.get("/api/v1/nodes/n1", headers=api.as_("alice")).json()["gpus"]
     assert gpu["healthy"] and gpu["unknown_readings"][0].startswith("processes: ")
     assert gpu["foreign_since"] is None
+    metrics = api.client.get("/metrics").text
+    assert 'gpusched_gpu_unknown{gpu="0",' in metrics
+    [line] = [x for x in metrics.splitlines() if x.startswith("gpusched_gpu_unknown{")]
+    assert line.endswith(" 1.0")
 
     # Readable again: known, idle, and the job starts.
     del fake.fail[("nvmlDeviceGetComputeRunningProcesses", 0)]
