@@ -77,9 +77,13 @@ def _node_note(node: dict[str, Any]) -> str:
         notes.append(
             "cannot run jobs as " + ", ".join(f"{a} ({why})" for a, why in sorted(unusable.items()))
         )
-    unhealthy = [g["index"] for g in node.get("gpus", []) if not g.get("healthy", True)]
-    if unhealthy:
-        notes.append("unhealthy GPU " + ",".join(str(i) for i in unhealthy))
+    for gpu in node.get("gpus", []):
+        if not gpu.get("healthy", True):
+            notes.append(f"GPU {gpu['index']} unhealthy: {gpu.get('health_message') or '?'}")
+        elif gpu.get("unknown_readings"):
+            notes.append(f"GPU {gpu['index']} unknown: {'; '.join(gpu['unknown_readings'])}")
+        elif gpu.get("mig_enabled"):
+            notes.append(f"GPU {gpu['index']} MIG enabled (not scheduled)")
     busy = [g["index"] for g in node.get("gpus", []) if g.get("foreign_util_pct", 0) > 0]
     if busy:
         notes.append("foreign load on GPU " + ",".join(str(i) for i in busy))

@@ -112,6 +112,7 @@ class QueueMemory:
 
 
 def _gpu_view(gpu: Gpu) -> GpuView:
+    unknown = tuple(gpu.unknown_readings or ())
     return GpuView(
         index=gpu.index,
         uuid=gpu.uuid,
@@ -124,7 +125,11 @@ def _gpu_view(gpu: Gpu) -> GpuView:
         foreign_since=gpu.foreign_since,
         idle_since=gpu.idle_since,
         temperature_c=gpu.temperature_c,
-        healthy=gpu.healthy,
+        # An unknown or MIG-enabled GPU is no more usable than a sick one: every check
+        # that trusts only healthy GPUs leaves it out; `unknown`/`mig_enabled` say why.
+        healthy=gpu.healthy and not unknown and not gpu.mig_enabled,
+        unknown=unknown,
+        mig_enabled=gpu.mig_enabled,
         telemetry_at=gpu.sampled_at,
         allocated_milli=gpu.allocated_milli,
         nvlink_peers=tuple(gpu.nvlink_peers),
