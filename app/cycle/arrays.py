@@ -13,7 +13,7 @@ from collections import defaultdict
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.cycle.snapshot import ELIGIBLE
+from app.cycle.eligibility import ELIGIBLE
 from app.jobs.arrays import admit, throttle_message
 from app.jobs.models import Job
 from app.jobs.states import ACTIVE, ARRAY_LIMIT, NEW_IN_QUEUE

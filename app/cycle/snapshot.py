@@ -10,12 +10,13 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from app.auth.models import User
+from app.cycle.eligibility import ELIGIBLE, NOT_THROTTLED, ClockGates
 from app.jobs.models import Allocation, Job
-from app.jobs.states import ACTIVE, ARRAY_LIMIT, NEW_IN_QUEUE, JobStatus
+from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
 from app.nodes.models import Gpu, Node, NodeState
 from app.projects.models import Project
 from app.scheduling import (
@@ -138,14 +139,6 @@ def _gpu_view(gpu: Gpu) -> GpuView:
 
 # What the core needs of a job; selected as plain columns (no ORM objects) because the
 # queue can hold thousands of jobs and every cycle reads all of them.
-# Pending jobs a cycle may consider: held jobs (gpusched hold) and jobs whose dependencies
-# have not all ended as asked are left out, so no cycle ranks, places or explains them.
-ELIGIBLE = (
-    Job.status == JobStatus.PENDING,
-    Job.held_by.is_(None),
-    Job.dependencies_met.is_(True),
-)
-
 JOB_COLUMNS = (
     Job.id,
     Job.name,
@@ -217,6 +210,23 @@ def _job_view(job: Any, user: tuple[str, str], project: str, attained: float) ->
     )
 
 
+def _project_heads(
+    session: Session, waiting: tuple[ColumnElement[bool], ...], limit: int
+) -> list[Any]:
+    """More jobs can run than one read takes: each project's first job, then each one's
+    second, and so on, up to `limit`, so that one project's deep queue never hides another
+    project's jobs (issue 34). Within a project by priority, then submission, as the
+    queue policies order it; the planner then orders what was read."""
+    head_rank = func.row_number().over(
+        partition_by=Job.project_id, order_by=(Job.priority.desc(), Job.id)
+    )
+    ranked = select(*JOB_COLUMNS, head_rank.label("head_rank")).where(*waiting).subquery()
+    rows = session.execute(
+        select(ranked).order_by(ranked.c.head_rank, ranked.c.id).limit(limit)
+    ).all()
+    return sorted(rows, key=lambda row: row.id)
+
+
 def read_snapshot(
     *,
     session: Session,
@@ -226,10 +236,15 @@ def read_snapshot(
     max_pending: int = 20_000,
     quick_from: QueueMemory | None = None,
     quick_new_limit: int = 500,
+    gates: ClockGates | None = None,
 ) -> SnapshotContext:
     """The whole queue, or with `quick_from` a quick read: the remembered head of the
     queue plus up to `quick_new_limit` jobs new to it that no quick read took in yet (see
-    QueueMemory)."""
+    QueueMemory).
+
+    With `gates`, only jobs the clock lets run now are read (app/cycle/eligibility.py):
+    the others get their reasons without the planner. A full read takes at most
+    `max_pending` jobs; past that, each project's head in turn (see `_project_heads`)."""
     # Nothing remembered yet (the first cycle of this process): read everything.
     memory = quick_from if quick_from is not None and quick_from.ready else None
     quick = memory is not None
@@ -333,12 +348,8 @@ def read_snapshot(
         )
         for j in active_jobs
     )
-    # Array tasks over their array's limit (app/cycle/arrays.py) are left out too.
-    pending_query = (
-        select(*JOB_COLUMNS)
-        .where(*ELIGIBLE, Job.pending_reason.is_distinct_from(ARRAY_LIMIT))
-        .order_by(Job.id)
-    )
+    waiting = (*ELIGIBLE, NOT_THROTTLED, *(gates.runnable() if gates is not None else ()))
+    pending_query = select(*JOB_COLUMNS).where(*waiting).order_by(Job.id)
     asked: tuple[int, ...] = ()
     arrived: tuple[int, ...] = ()
     if memory is not None:
@@ -348,14 +359,16 @@ def read_snapshot(
         known = memory.arrivals_read.union(asked)
         new_ids = session.scalars(
             select(Job.id)
-            .where(*ELIGIBLE, Job.pending_reason == NEW_IN_QUEUE)
+            .where(*waiting, Job.pending_reason == NEW_IN_QUEUE)
             .order_by(Job.id)
             .limit(len(known) + quick_new_limit)
         )
         arrived = tuple(i for i in new_ids if i not in known)[:quick_new_limit]
         pending_jobs = list(session.execute(pending_query.where(Job.id.in_(asked + arrived))))
     else:
-        pending_jobs = list(session.execute(pending_query.limit(max_pending)).all())
+        pending_jobs = list(session.execute(pending_query.limit(max_pending + 1)).all())
+        if len(pending_jobs) > max_pending:
+            pending_jobs = _project_heads(session, waiting, max_pending)
     pending = tuple(
         _job_view(j, users[j.user_id], project_names[j.project_id], attained[j.id])
         for j in pending_jobs

@@ -36,6 +36,9 @@ class Job(Base):
         Index("ix_job_batch_id", "batch_id"),
         # Each submission counts its user's pending jobs (max_pending_jobs).
         Index("ix_job_user_status", "user_id", "status"),
+        # Pending jobs the clock holds back (app/cycle/eligibility.py): new arrivals whose
+        # begin time is ahead, the next begin time, each window's off-peak jobs.
+        Index("ix_job_pending_gate", "status", "schedule_mode", "pending_reason", "begin_at"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
