@@ -31,6 +31,8 @@ from app.scheduling import (
 
 HISTORY_DAYS = 30
 
+__all__ = ["ClockGates", "QueueMemory", "SnapshotContext", "head_depth", "read_snapshot"]
+
 
 @dataclass(frozen=True, slots=True)
 class SnapshotContext:

@@ -10,9 +10,8 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.cycle import lease
-from app.cycle.eligibility import ClockGates
 from app.cycle.settings import ranked_by
-from app.cycle.snapshot import read_snapshot
+from app.cycle.snapshot import ClockGates, read_snapshot
 from app.errors import Conflict
 from app.jobs.schemas import RankAhead, RankOut
 from app.jobs.service import get
