@@ -87,6 +87,25 @@ class ClockGates:
             conditions.append(or_(~self._window_gated(), self._window_open()))
         return tuple(conditions)
 
+    def runnable_by_mode(self) -> tuple[tuple[ColumnElement[bool], ...], ...]:
+        """`runnable()` as one condition per schedule mode, each a range of the index on
+        (status, schedule_mode, begin_at): the database reads the jobs that may run, not
+        every waiting job, however many wait for their begin time."""
+        modes: list[tuple[ColumnElement[bool], ...]] = [
+            (Job.schedule_mode == "now",),
+            (Job.schedule_mode == "at", or_(Job.begin_at.is_(None), Job.begin_at <= self.now)),
+        ]
+        if self.windows is None:
+            modes.append((Job.schedule_mode == "offpeak",))
+        else:
+            modes.append(
+                (
+                    Job.schedule_mode == "offpeak",
+                    or_(~self._window_gated(), self._window_open()),
+                )
+            )
+        return tuple(modes)
+
     def window_closed(self, window: str | None) -> ColumnElement[bool]:
         """Gated jobs of one window (None: jobs naming none)."""
         same = Job.window.is_(None) if window is None else Job.window == window

@@ -7,10 +7,11 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import Subquery, func, select, union_all
 from sqlalchemy.orm import Session, selectinload
 
 from app.auth.models import User
@@ -212,17 +213,16 @@ def _job_view(job: Any, user: tuple[str, str], project: str, attained: float) ->
     )
 
 
-def _project_heads(
-    session: Session, waiting: tuple[ColumnElement[bool], ...], limit: int
-) -> list[Any]:
+def _project_heads(session: Session, runnable: Subquery, limit: int) -> list[Any]:
     """More jobs can run than one read takes: each project's first job, then each one's
     second, and so on, up to `limit`, so that one project's deep queue never hides another
     project's jobs (issue 34). Within a project by priority, then submission, as the
     queue policies order it; the planner then orders what was read."""
     head_rank = func.row_number().over(
-        partition_by=Job.project_id, order_by=(Job.priority.desc(), Job.id)
+        partition_by=runnable.c.project_id,
+        order_by=(runnable.c.priority.desc(), runnable.c.id),
     )
-    ranked = select(*JOB_COLUMNS, head_rank.label("head_rank")).where(*waiting).subquery()
+    ranked = select(runnable, head_rank.label("head_rank")).subquery()
     rows = session.execute(
         select(ranked).order_by(ranked.c.head_rank, ranked.c.id).limit(limit)
     ).all()
@@ -359,18 +359,30 @@ def read_snapshot(
         # New jobs' ids first (one narrow read), then whole rows of the head and of the
         # new jobs not read before: arrivals do not pile up in every quick read.
         known = memory.arrivals_read.union(asked)
-        new_ids = session.scalars(
-            select(Job.id)
-            .where(*waiting, Job.pending_reason == NEW_IN_QUEUE)
-            .order_by(Job.id)
-            .limit(len(known) + quick_new_limit)
+        # All of them, sorted here: ordered by id, the database would walk the whole queue
+        # in id order instead of the new ones by ix_job_pending_reason.
+        new_ids = sorted(
+            session.scalars(select(Job.id).where(*waiting, Job.pending_reason == NEW_IN_QUEUE))
         )
         arrived = tuple(i for i in new_ids if i not in known)[:quick_new_limit]
         pending_jobs = list(session.execute(pending_query.where(Job.id.in_(asked + arrived))))
     else:
-        pending_jobs = list(session.execute(pending_query.limit(max_pending + 1)).all())
+        if gates is None:
+            runnable = select(*JOB_COLUMNS).where(*waiting).subquery()
+        else:
+            runnable = union_all(
+                *(
+                    select(*JOB_COLUMNS).where(*ELIGIBLE, NOT_THROTTLED, *mode)
+                    for mode in gates.runnable_by_mode()
+                )
+            ).subquery()
+        # No ORDER BY: each mode's part is then read by its own index range, not the whole
+        # queue in id order (SQLite would walk ix_job_status_id to avoid the sort).
+        pending_jobs = list(session.execute(select(runnable).limit(max_pending + 1)))
         if len(pending_jobs) > max_pending:
-            pending_jobs = _project_heads(session, waiting, max_pending)
+            pending_jobs = _project_heads(session, runnable, max_pending)
+        else:
+            pending_jobs.sort(key=attrgetter("id"))
     pending = tuple(
         _job_view(j, users[j.user_id], project_names[j.project_id], attained[j.id])
         for j in pending_jobs
