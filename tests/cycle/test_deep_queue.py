@@ -145,3 +145,19 @@ def test_jobs_outside_their_off_peak_window_are_not_read_and_say_when_it_opens(a
     message = f"off-peak window closed, opens at {opens.isoformat(timespec='seconds')}"
     assert _reasons(api, night) == {("window_closed", message, None, opens): DEEP}
     assert report.wake_at == opens
+
+
+def test_a_job_waiting_for_its_begin_time_is_not_ranked_and_its_rank_says_when_it_starts(api):
+    _node(api, gpus=1)
+    submit(api, user="alice", gpus=1)  # runs
+    waiting = submit(api, user="alice", gpus=1)
+    later = submit(api, user="alice", gpus=1,
+                   schedule={"mode": "at", "at": (utcnow() + timedelta(hours=1)).isoformat()})  # fmt: skip
+    run_one_cycle(api)
+
+    # Ranked among the jobs that may run: the one waiting for GPUs is first, alone.
+    assert get_job(api, waiting["id"])["queue_position"] == 1
+    assert get_job(api, later["id"])["queue_position"] is None
+    r = api.client.get(f"/api/v1/jobs/{later['id']}/rank", headers=api.as_("alice"))
+    detail = r.json()["detail"]
+    assert r.status_code == 409 and "not in the queue yet: begin time not reached" in detail
