@@ -3,7 +3,7 @@ window closed), new arrivals, throttled arrays, jobs waiting on dependencies; jo
 for their begin time carry no queue position (no cycle ranks them any more)
 
 Revision ID: 0024
-Revises: 0022
+Revises: 0023
 Create Date: 2026-11-26 15:00:00
 """
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0024"
-down_revision: str | None = "0022"
+down_revision: str | None = "0023"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
