@@ -53,10 +53,10 @@ def _reasons(api, ids: list[int]) -> dict[tuple, int]:
 
 
 def test_a_deep_queue_of_begin_time_jobs_does_not_keep_a_runnable_job_from_idle_gpus(api):
-    _node(api)
     begins = (utcnow() + timedelta(days=1)).replace(microsecond=0)
     tomorrow = insert_jobs(api.factory, user="bob", project="cv", count=DEEP,
                            schedule_mode="at", begin_at=begins)  # fmt: skip
+    _node(api)  # after the slow part: its telemetry is fresh for the cycle
     job = submit(api, user="alice", gpus=1)
 
     run_one_cycle(api)
@@ -71,12 +71,12 @@ def test_a_deep_queue_of_begin_time_jobs_does_not_keep_a_runnable_job_from_idle_
 
 
 def test_a_runnable_job_behind_begin_time_jobs_starts_in_one_quick_cycle(api):
-    _node(api)
     memory = QueueMemory()
     insert_jobs(api.factory, user="bob", project="cv", count=DEEP,
                 schedule_mode="at", begin_at=utcnow() + timedelta(days=1))  # fmt: skip
     assert _cycle(api, memory, full=True).placed == 0
     assert memory.ready
+    _node(api)  # after the slow part: its telemetry is fresh for the quick cycle
 
     job = submit(api, user="alice", gpus=1)
     quick = _cycle(api, memory, full=False)
@@ -100,9 +100,9 @@ def test_a_job_whose_begin_time_comes_is_read_by_the_next_quick_cycle(api):
 
 
 def test_over_the_read_limit_every_project_s_head_is_read_and_placed(api):
-    _node(api)
     # Runnable but waiting: a GPU model no node has (bob could also simply be first).
     deep = insert_jobs(api.factory, user="bob", project="cv", count=DEEP, gpu_model="A100-40GB")
+    _node(api)  # after the slow part: its telemetry is fresh for the cycle
     job = submit(api, user="alice", gpus=1)
 
     run_one_cycle(api)
@@ -134,9 +134,10 @@ def test_jobs_outside_their_off_peak_window_are_not_read_and_say_when_it_opens(a
         headers=api.as_("admin"),
     )  # fmt: skip
     assert r.status_code == 201, r.text
-    _node(api, now=now)
     night = insert_jobs(api.factory, user="bob", project="cv", count=DEEP,
                         schedule_mode="offpeak", window="nightly")  # fmt: skip
+    now = utcnow()  # after the slow part: the node's telemetry is fresh for the cycle
+    _node(api, now=now)
     job = submit(api, user="alice", gpus=1)
 
     report = _cycle(api, QueueMemory(), full=True, now=now)
