@@ -20,9 +20,14 @@ from app.scheduling import (
 
 from .builders import T0, apply, job, node, project, running, snap
 
-# GPUSCHED_PROPERTY_EXAMPLES=2000 for a longer hunt; 150 keeps the suite fast.
+# GPUSCHED_PROPERTY_EXAMPLES=2000 for a longer hunt; 150 keeps the suite fast. The suite
+# draws the same examples every run (derandomize), so that the gate is deterministic;
+# GPUSCHED_PROPERTY_RANDOM=1 hunts with fresh ones (a CI run on 2026-11-26 found a rare
+# case of test_backfill_never_delays_the_reserved_head that 4,000 fresh examples did not
+# find again: see the closing note of that stop).
 PROPS = settings(
     max_examples=int(os.environ.get("GPUSCHED_PROPERTY_EXAMPLES", "150")),
+    derandomize=os.environ.get("GPUSCHED_PROPERTY_RANDOM") != "1",
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
