@@ -13,6 +13,14 @@ from datetime import datetime, timedelta
 from operator import itemgetter
 
 from app.scheduling.cycle_state import CycleState, runtime
+from app.scheduling.filters import (
+    enough_gpus,
+    enough_nodes,
+    gpu_memory,
+    gpu_model,
+    gpu_share,
+    reserved,
+)
 from app.scheduling.state import NodeState, Request, Slot
 from app.scheduling.types import JobView, NodeGpus
 
@@ -97,7 +105,6 @@ def reservation(
     free_now: dict[int, bool] = {}
     count: dict[str, int] = {}
     ok_nodes: dict[str, NodeState] = {}
-    model, memory_mb, milli = req.model, req.memory_mb, req.milli
     for n in nodes:
         if n.blocker is not None or n.name in req.barred:
             continue
@@ -106,20 +113,20 @@ def reservation(
             # Usable, right model, big enough, not held for another job.
             if (
                 s.blocker is not None
-                or (model is not None and s.model != model)
-                or s.total_mem < memory_mb
-                or (s.reserved_for is not None and s.reserved_for != job_id)
+                or not gpu_model.fits(req, s.model)
+                or not gpu_memory.fits(req, s.total_mem)
+                or not reserved.fits(s.reserved_for, job_id)
             ):
                 continue
             sid = id(s)
             milli_at[sid] = s.free_milli
-            m_ok = mem_ok[sid] = s.free_mem >= memory_mb
-            now_ok = free_now[sid] = s.free_milli >= milli and m_ok
+            m_ok = mem_ok[sid] = gpu_memory.fits(req, s.free_mem)
+            now_ok = free_now[sid] = gpu_share.fits(req, s.free_milli) and m_ok
             c += now_ok
         count[n.name] = c
-        if c >= req.gpus:
+        if enough_gpus.fits(req, c):
             ok_nodes[n.name] = n
-    when: datetime | None = now if len(ok_nodes) >= req.nodes else None
+    when: datetime | None = now if enough_nodes.fits(req, len(ok_nodes)) else None
     if when is None:
         for end, placement, freed in sorted(releases, key=itemgetter(0)):
             for name, idxs in placement:
@@ -131,22 +138,22 @@ def reservation(
                     at = milli_at.get(sid)
                     if at is None:
                         continue
-                    before = at >= milli and mem_ok[sid]
+                    before = gpu_share.fits(req, at) and mem_ok[sid]
                     at = milli_at[sid] = at + freed
                     if at >= 1000:
-                        mem_ok[sid] = freed_on.total_mem - freed_on.foreign_mem >= memory_mb
-                    after = at >= milli and mem_ok[sid]
+                        mem_ok[sid] = gpu_memory.fits(req, freed_on.mem_when_empty)
+                    after = gpu_share.fits(req, at) and mem_ok[sid]
                     if after and not before:
                         count[name] += 1
-                        if count[name] >= req.gpus:
+                        if enough_gpus.fits(req, count[name]):
                             ok_nodes[name] = freed_on.node
-            if len(ok_nodes) >= req.nodes:
+            if enough_nodes.fits(req, len(ok_nodes)):
                 when = end
                 break
 
     def fits_then(s: Slot) -> bool:
         sid = id(s)
-        return sid in milli_at and milli_at[sid] >= req.milli and mem_ok[sid]
+        return sid in milli_at and gpu_share.fits(req, milli_at[sid]) and mem_ok[sid]
 
     out: list[tuple[NodeState, list[Slot]]] = []
     if when is not None:

@@ -13,6 +13,7 @@ from datetime import timedelta
 from app.scheduling import filters as F
 from app.scheduling.cycle_state import CycleState, quota_of
 from app.scheduling.filters import node_choice
+from app.scheduling.filters import quota as project_quota
 from app.scheduling.state import HardwareClass, Request, hardware_classes
 from app.scheduling.status import OK, Code, Status
 from app.scheduling.types import JobView, ReasonKind
@@ -72,8 +73,7 @@ def quota_block(cs: CycleState, job: JobView, req: Request) -> str | None:
         return None
     quota = quota_of(cs, job.project)
     used = cs.used_milli.get(job.project, 0)
-    need = req.milli * job.total_gpus
-    if used + need <= quota:
+    if project_quota.fits(req, job, used, quota):
         return None
     return (
         f"project {job.project} would exceed its quota of {quota // 1000} GPUs "

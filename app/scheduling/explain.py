@@ -23,7 +23,17 @@ from app.scheduling.cycle_state import (
     quota_of,
 )
 from app.scheduling.eligibility import maintenance_barred
-from app.scheduling.filters import account, node_choice
+from app.scheduling.filters import (
+    account,
+    enough_gpus,
+    enough_nodes,
+    gpu_memory,
+    gpu_model,
+    gpu_share,
+    node_choice,
+    reserved,
+)
+from app.scheduling.filters import quota as project_quota
 from app.scheduling.state import NodeState, Request, Slot
 from app.scheduling.types import JobView, ReasonKind, RunningJobView
 
@@ -96,7 +106,9 @@ def _maintenance_reason(cs: CycleState, job: JobView, req: Request) -> str | Non
     usable = [n for n in cs.nodes if n.blocker is None]
     for current in (True, False):
         rooms = {n.name for n in usable if _room_for(n, req, now=current)}
-        if len(rooms) >= req.nodes and len(rooms - req.barred) < req.nodes:
+        if enough_nodes.fits(req, len(rooms)) and not enough_nodes.fits(
+            req, len(rooms - req.barred)
+        ):
             break
     else:
         return None
@@ -127,7 +139,8 @@ def _reclaim_note(cs: CycleState, job: JobView, req: Request) -> str:
     """Why a job that fits in its project's quota did not take it back from borrowers
     this cycle: they are too young to preempt (anti-loop guard) or not preemptible.
     Without this, "waiting for GPUs" reads as a broken guarantee."""
-    if not 0 < req.milli * job.total_gpus <= cs.quota_room.get(job.project, 0):
+    room = cs.quota_room.get(job.project, 0)
+    if not (req.milli * job.total_gpus > 0 and project_quota.fits(req, job, 0, room)):
         return ""
     key = (job.project, req.model)
     note = cs.reclaim_notes.get(key)
@@ -206,15 +219,13 @@ def _find_borrowers(cs: CycleState, model: str | None) -> dict[str, tuple[dateti
     return out
 
 
-def _level_histogram(
-    cs: CycleState, key: tuple[int, int, str | None], own: int | None
-) -> list[list[int]]:
+def _level_histogram(cs: CycleState, req: Request, own: int | None) -> list[list[int]]:
     """Per level A..E: how many nodes have exactly k GPUs passing (see _diagnose).
 
+    Reads only the request's share, memory and model (what `_diagnose` keys it by).
     Counted over distinct node profiles (see `_room_profiles`), each weighted by
     how many nodes share it: on a large cluster most nodes look alike.
     """
-    milli, mem, model = key
     size = cs.room_max + 1
     hist = [[0] * size for _ in range(5)]
     h0, h1, h2, h3, h4 = hist
@@ -230,19 +241,23 @@ def _level_histogram(
             free_milli,
             free_mem,
         ), n in profile:
-            if init_milli < milli or total_mem < mem or (model is not None and sl_model != model):
+            if not (
+                gpu_share.fits(req, init_milli)
+                and gpu_memory.fits(req, total_mem)
+                and gpu_model.fits(req, sl_model)
+            ):
                 continue
             c0 += n
             if blocked:
                 continue
             c1 += n
-            if init_mem < mem:
+            if not gpu_memory.fits(req, init_mem):
                 continue
             c2 += n
-            if r is not None and r != own:
+            if not reserved.fits(r, own):
                 continue
             c3 += n
-            if free_milli < milli or free_mem < mem:
+            if not (gpu_share.fits(req, free_milli) and gpu_memory.fits(req, free_mem)):
                 continue
             c4 += n
         h0[c0] += nodes
@@ -273,11 +288,12 @@ def _diagnose(
     key = (req.milli, req.memory_mb, req.model)
     hist = levels.get(key)
     if hist is None:
-        hist = levels[key] = _level_histogram(cs, key, own)
+        hist = levels[key] = _level_histogram(cs, req, own)
 
     def fits(level: int) -> bool:
         # hist[level][k] = nodes with exactly k GPUs passing up to `level`
-        return sum(hist[level][req.gpus :]) >= req.nodes
+        nodes = sum(n for k, n in enumerate(hist[level]) if enough_gpus.fits(req, k))
+        return enough_nodes.fits(req, nodes)
 
     largest = max((k for k, n in enumerate(hist[4]) if n), default=0)
     what = (
@@ -297,7 +313,7 @@ def _diagnose(
         example: dict[ReasonKind, str] = {}
         for room in cs.had_room:
             for sl in room:
-                if sl.blocker is not None and sl.init_free_milli >= req.milli:
+                if sl.blocker is not None and gpu_share.fits(req, sl.init_free_milli):
                     k = sl.blocker.kind or ReasonKind.NODE_NOT_READY
                     blockers[k] += 1
                     example.setdefault(k, sl.blocker.message)
@@ -372,12 +388,12 @@ def _room_for(node: NodeState, req: Request, *, now: bool) -> bool:
         milli, mem = (s.free_milli, s.free_mem) if now else (s.init_free_milli, s.init_free_mem)
         if (
             s.blocker is None
-            and milli >= req.milli
-            and mem >= req.memory_mb
-            and (req.model is None or s.model == req.model)
+            and gpu_share.fits(req, milli)
+            and gpu_memory.fits(req, mem)
+            and gpu_model.fits(req, s.model)
         ):
             fitting += 1
-    return fitting >= req.gpus
+    return enough_gpus.fits(req, fitting)
 
 
 def _minutes(seconds: float) -> str:

@@ -11,39 +11,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import timedelta
 
-from app.scheduling import filters as F
 from app.scheduling.cycle_state import Chosen, CycleState, runtime
+from app.scheduling.filters import enough_gpus, enough_nodes, gpu_model, slot_fits
 from app.scheduling.state import Choice, NodeState, Request, Slot
 from app.scheduling.types import JobView, Placement
 
 
-def choose(node: NodeState, req: Request, allow_reserved: bool) -> list[Slot] | None:
-    """Pick GPUs on one node: NVLink-connected set first, then lowest indices."""
+def choose(node: NodeState, req: Request, holder: int | None) -> list[Slot] | None:
+    """Pick GPUs on one node: NVLink-connected set first, then lowest indices.
+
+    `holder`: the job whose reserved GPUs this job may use (None: none)."""
     g = req.gpus
-    milli, mem, model = req.milli, req.memory_mb, req.model
-    if g == 1 and milli == 1000:
+    if g == 1 and req.milli == 1000:
         # One whole GPU: the lowest free index that passes, no need to list them all.
         for s in node.slots:
-            if (
-                s.blocker is None
-                and s.free_milli == 1000
-                and s.free_mem >= mem
-                and (model is None or s.model == model)
-                and (s.reserved_for is None or allow_reserved)
-            ):
+            if slot_fits(req, s, holder):
                 return [s]
         return None
-    # F.slot_fits inlined: this comprehension is the placement hot loop.
-    elig = [
-        s
-        for s in node.slots
-        if s.blocker is None
-        and s.free_milli >= milli
-        and s.free_mem >= mem
-        and (model is None or s.model == model)
-        and (s.reserved_for is None or allow_reserved)
-    ]
-    if not F.enough_gpus.fits(req, len(elig)):
+    elig = [s for s in node.slots if slot_fits(req, s, holder)]
+    if not enough_gpus.fits(req, len(elig)):
         return None
     if req.milli < 1000:
         # Shared job: the fullest GPU that still has room keeps others whole.
@@ -69,8 +55,9 @@ def candidates(
 ) -> list[tuple[NodeState, list[Slot]]]:
     limit = max(cs.settings.candidate_limit, req.nodes)
     out: list[tuple[NodeState, list[Slot]]] = []
-    model = req.model
     pick = choose
+    # Jobs that end before the backfill head starts may use the GPUs held for it.
+    holder = cs.res_job if allow_reserved else None
     # Each node sits in one bucket; only the reserved and partly shared nodes
     # looked at first can come round again.
     seen: set[str] | None = set() if allow_reserved or req.milli < 1000 else None
@@ -82,7 +69,7 @@ def candidates(
             if n.name in seen:
                 continue
             seen.add(n.name)
-        if model is not None and model not in n.models:
+        if not gpu_model.on_node(req, n.models):
             continue
         # A node's GPU choice (and score) only changes when the node does: most
         # candidates of one job are the candidates of the next job of that shape.
@@ -90,7 +77,7 @@ def candidates(
         if memo is not None and memo.version == n.version:
             c = memo.picked
         else:
-            c = pick(n, req, allow_reserved)
+            c = pick(n, req, holder)
             n.memo[key] = Choice(n.version, c)
         if c is not None:
             out.append((n, c))
@@ -130,14 +117,18 @@ def find(cs: CycleState, req: Request, allow_reserved: bool, key: int) -> Chosen
     if req.gpus == 0:
         ready = [n for n in cs.nodes if n.blocker is None and n.name not in req.barred]
         ready.sort(key=lambda n: (n.gpu_count > 0, n.rank))
-        if len(ready) < req.nodes:
+        if not enough_nodes.fits(req, len(ready)):
             return None
         return [(n, []) for n in ready[: req.nodes]]
     # Cheap exit when no node has enough free GPUs (cluster full for this size).
-    if req.milli == 1000 and not allow_reserved and cs.index.largest_free_block() < req.gpus:
+    if (
+        req.milli == 1000
+        and not allow_reserved
+        and not enough_gpus.fits(req, cs.index.largest_free_block())
+    ):
         return None
     cands = candidates(cs, req, allow_reserved, key)
-    if len(cands) < req.nodes:
+    if not enough_nodes.fits(req, len(cands)):
         return None
     if len(cands) == 1:
         return cands

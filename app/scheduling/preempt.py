@@ -17,6 +17,8 @@ from app.scheduling.cycle_state import (
     protected,
     quota_of,
 )
+from app.scheduling.filters import enough_gpus, enough_nodes, gpu_memory, gpu_model, reserved
+from app.scheduling.filters import quota as project_quota
 from app.scheduling.placement import choose, commit
 from app.scheduling.queue import attained, las_level
 from app.scheduling.state import NodeState, Request, Slot
@@ -100,7 +102,7 @@ def _may_preempt(
     level = las_level(job.attained_gpu_s, cs.settings) if policy == "las" else 0
     quota = quota_of(cs, job.project)
     possible = (
-        (quota > 0 and cs.used_milli.get(job.project, 0) + req.milli * job.total_gpus <= quota)
+        (quota > 0 and project_quota.fits(req, job, cs.used_milli.get(job.project, 0), quota))
         or (policy in ("default", "priority") and job.priority > cs.min_prio)
         or (policy == "las" and level < cs.max_level)
     )
@@ -160,7 +162,7 @@ def _search_preempt(cs: CycleState, job: JobView, req: Request, rules: VictimRul
     for node, pool in _victims_by_node(cs):
         if len(options) >= enough:
             break  # a few alternatives are plenty; scanning every node is not worth it
-        if node.blocker is not None or (req.model is not None and req.model not in node.models):
+        if node.blocker is not None or not gpu_model.on_node(req, node.models):
             continue
         if node.name in req.barred:
             continue
@@ -176,26 +178,26 @@ def _search_preempt(cs: CycleState, job: JobView, req: Request, rules: VictimRul
         if pm is None or pm.version != node.version or pm.own not in (None, job.id):
             useful: list[Slot] = []
             changed = False
-            reserved = False
+            holds_reserved = False
             for sl in node.slots:
                 if sl.unchecked is not None:
                     changed |= check_late(cs, sl)
                 if sl.reserved_for is not None:
-                    reserved = True
+                    holds_reserved = True
                 if (
                     sl.blocker is None
-                    and (sl.reserved_for is None or sl.reserved_for == job.id)
-                    and (req.model is None or sl.model == req.model)
-                    and sl.total_mem >= req.memory_mb
+                    and reserved.fits(sl.reserved_for, job.id)
+                    and gpu_model.fits(req, sl.model)
+                    and gpu_memory.fits(req, sl.total_mem)
                 ):
                     useful.append(sl)
             if changed:
                 cs.index.refresh(node)
             pm = pmemo[mkey] = NodeForPreempt(
-                node.version, job.id if reserved else None, useful, pool
+                node.version, job.id if holds_reserved else None, useful, pool
             )
         useful = pm.useful
-        if len(useful) < req.gpus:
+        if not enough_gpus.fits(req, len(useful)):
             continue  # even stopping every job here leaves too few suitable GPUs
         if pm.hopeless(req):
             continue  # stopping every preemptible job here would not make room
@@ -210,7 +212,7 @@ def _search_preempt(cs: CycleState, job: JobView, req: Request, rules: VictimRul
                 freed[i] = freed.get(i, 0) + v.milli
         # Upper bound first: freeing more never makes a GPU less suitable, so if all
         # candidates together do not make room, no prefix of them does.
-        if fits_after(useful, freed, req) < req.gpus:
+        if not enough_gpus.fits(req, fits_after(useful, freed, req)):
             continue
         cands.sort(key=victim_order)
         freed = {}
@@ -219,12 +221,11 @@ def _search_preempt(cs: CycleState, job: JobView, req: Request, rules: VictimRul
             picked.append(v.run)
             for i in v.idxs:
                 freed[i] = freed.get(i, 0) + v.milli
-            ok = fits_after(useful, freed, req)
-            if ok >= req.gpus:
+            if enough_gpus.fits(req, fits_after(useful, freed, req)):
                 cost = (len(picked), sum(p.job.total_gpus for p in picked), node.rank)
                 options.append((cost, node, list(picked)))
                 break
-    if len(options) < req.nodes:
+    if not enough_nodes.fits(req, len(options)):
         if job.id != cs.res_job:
             cs.no_victims.setdefault(rules, []).append(req)
         return False
@@ -247,13 +248,13 @@ def _search_preempt(cs: CycleState, job: JobView, req: Request, rules: VictimRul
         _release(cs, r, touched)
     chosen: Chosen = []
     for _, node, _ in chosen_opts:
-        c = choose(node, req, allow_reserved=False)
+        c = choose(node, req, None)
         if c is None:
             c = _choose_for_reservation_owner(cs, node, req, job.id)
         if c is None:
             break
         chosen.append((node, c))
-    if len(chosen) < req.nodes:
+    if not enough_nodes.fits(req, len(chosen)):
         # Should not happen; undo so the plan never preempts for nothing.
         for r in victims.values():
             _unrelease(cs, r)
@@ -277,7 +278,7 @@ def _choose_for_reservation_owner(
 ) -> list[Slot] | None:
     if cs.res_job != job_id:
         return None
-    return choose(node, req, allow_reserved=True)
+    return choose(node, req, job_id)
 
 
 def _release(cs: CycleState, r: RunningJobView, touched: set[str]) -> None:
@@ -316,7 +317,7 @@ def victim_rules(cs: CycleState, job: JobView, req: Request) -> VictimRules:
     quota = quota_of(cs, job.project)
     used = cs.used_milli
     borrowing: frozenset[str] = frozenset()
-    if quota > 0 and used.get(job.project, 0) + req.milli * job.total_gpus <= quota:
+    if quota > 0 and project_quota.fits(req, job, used.get(job.project, 0), quota):
         # It may reclaim its quota from projects borrowing beyond theirs right now.
         borrowing = frozenset(
             name

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from app.scheduling.filters import enough_gpus, gpu_memory, gpu_share
 from app.scheduling.state import Request, Slot
 from app.scheduling.types import RunningJobView
 
@@ -68,7 +69,9 @@ class NodeForPreempt:
             for v in self.pool:
                 for i in v.idxs:
                     freed[i] = freed.get(i, 0) + v.milli
-            got = self._hopeless[req] = fits_after(self.useful, freed, req) < req.gpus
+            got = self._hopeless[req] = not enough_gpus.fits(
+                req, fits_after(self.useful, freed, req)
+            )
         return got
 
 
@@ -78,7 +81,7 @@ def fits_after(useful: list[Slot], freed: dict[int, int], req: Request) -> int:
     n = 0
     for s in useful:
         f = freed.get(s.index, 0)
-        if s.free_milli + f >= req.milli and mem_after_release(s, f) >= req.memory_mb:
+        if gpu_share.fits(req, s.free_milli + f) and gpu_memory.fits(req, mem_after_release(s, f)):
             n += 1
     return n
 
@@ -87,5 +90,5 @@ def mem_after_release(s: Slot, milli: int) -> int:
     if milli <= 0:
         return s.free_mem
     if s.free_milli + milli >= 1000:
-        return s.total_mem - s.foreign_mem
+        return s.mem_when_empty
     return s.free_mem
