@@ -238,7 +238,7 @@ def run(cs: CycleState) -> Plan:
     shapes: dict[tuple[int, int, float | None, int | None, str | None, frozenset[str]], Shape] = {}
     # May a job of this runtime use the reserved GPUs? (fixed once the reservation is)
     fits_before_res: dict[int | None, bool] = {}
-    res_time = cs.res_time  # set by _reserve below, once
+    res_time = cs.res_time  # set by reserve below, once
     pending = cs.pending
     maintenance = bool(cs.maintenance)
     for pos, job in enumerate(order, start=1):
