@@ -309,11 +309,8 @@ def _unrelease(cs: CycleState, r: RunningJobView) -> None:
     cs.used_milli[r.job.project] = cs.used_milli.get(r.job.project, 0) + r.held_milli
 
 
-# ------------------------------------------------------------------ 4. explain
-
-
 def victim_rules(cs: CycleState, job: JobView, req: Request) -> VictimRules:
-    """What decides which running jobs `job` may stop (see `_victim_reasons`)."""
+    """What decides which running jobs `job` may stop (see `victim_reasons`)."""
     quota = quota_of(cs, job.project)
     used = cs.used_milli
     borrowing: frozenset[str] = frozenset()
