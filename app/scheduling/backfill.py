@@ -105,6 +105,7 @@ def reservation(
     free_now: dict[int, bool] = {}
     count: dict[str, int] = {}
     ok_nodes: dict[str, NodeState] = {}
+    model, memory_mb, milli, gpus = req.model, req.memory_mb, req.milli, req.gpus
     for n in nodes:
         if n.blocker is not None or n.name in req.barred:
             continue
@@ -113,20 +114,20 @@ def reservation(
             # Usable, right model, big enough, not held for another job.
             if (
                 s.blocker is not None
-                or not gpu_model.fits(req, s.model)
-                or not gpu_memory.fits(req, s.total_mem)
+                or not gpu_model.fits(model, s.model)
+                or not gpu_memory.fits(memory_mb, s.total_mem)
                 or not reserved.fits(s.reserved_for, job_id)
             ):
                 continue
             sid = id(s)
             milli_at[sid] = s.free_milli
-            m_ok = mem_ok[sid] = gpu_memory.fits(req, s.free_mem)
-            now_ok = free_now[sid] = gpu_share.fits(req, s.free_milli) and m_ok
+            m_ok = mem_ok[sid] = gpu_memory.fits(memory_mb, s.free_mem)
+            now_ok = free_now[sid] = gpu_share.fits(milli, s.free_milli) and m_ok
             c += now_ok
         count[n.name] = c
-        if enough_gpus.fits(req, c):
+        if enough_gpus.fits(gpus, c):
             ok_nodes[n.name] = n
-    when: datetime | None = now if enough_nodes.fits(req, len(ok_nodes)) else None
+    when: datetime | None = now if enough_nodes.fits(req.nodes, len(ok_nodes)) else None
     if when is None:
         for end, placement, freed in sorted(releases, key=itemgetter(0)):
             for name, idxs in placement:
@@ -138,22 +139,22 @@ def reservation(
                     at = milli_at.get(sid)
                     if at is None:
                         continue
-                    before = gpu_share.fits(req, at) and mem_ok[sid]
+                    before = gpu_share.fits(milli, at) and mem_ok[sid]
                     at = milli_at[sid] = at + freed
                     if at >= 1000:
-                        mem_ok[sid] = gpu_memory.fits(req, freed_on.mem_when_empty)
-                    after = gpu_share.fits(req, at) and mem_ok[sid]
+                        mem_ok[sid] = gpu_memory.fits(memory_mb, freed_on.mem_when_empty)
+                    after = gpu_share.fits(milli, at) and mem_ok[sid]
                     if after and not before:
                         count[name] += 1
-                        if enough_gpus.fits(req, count[name]):
+                        if enough_gpus.fits(gpus, count[name]):
                             ok_nodes[name] = freed_on.node
-            if enough_nodes.fits(req, len(ok_nodes)):
+            if enough_nodes.fits(req.nodes, len(ok_nodes)):
                 when = end
                 break
 
     def fits_then(s: Slot) -> bool:
         sid = id(s)
-        return sid in milli_at and gpu_share.fits(req, milli_at[sid]) and mem_ok[sid]
+        return sid in milli_at and gpu_share.fits(milli, milli_at[sid]) and mem_ok[sid]
 
     out: list[tuple[NodeState, list[Slot]]] = []
     if when is not None:

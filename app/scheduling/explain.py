@@ -106,8 +106,8 @@ def _maintenance_reason(cs: CycleState, job: JobView, req: Request) -> str | Non
     usable = [n for n in cs.nodes if n.blocker is None]
     for current in (True, False):
         rooms = {n.name for n in usable if _room_for(n, req, now=current)}
-        if enough_nodes.fits(req, len(rooms)) and not enough_nodes.fits(
-            req, len(rooms - req.barred)
+        if enough_nodes.fits(req.nodes, len(rooms)) and not enough_nodes.fits(
+            req.nodes, len(rooms - req.barred)
         ):
             break
     else:
@@ -226,6 +226,7 @@ def _level_histogram(cs: CycleState, req: Request, own: int | None) -> list[list
     Counted over distinct node profiles (see `_room_profiles`), each weighted by
     how many nodes share it: on a large cluster most nodes look alike.
     """
+    milli, mem, model = req.milli, req.memory_mb, req.model
     size = cs.room_max + 1
     hist = [[0] * size for _ in range(5)]
     h0, h1, h2, h3, h4 = hist
@@ -242,22 +243,22 @@ def _level_histogram(cs: CycleState, req: Request, own: int | None) -> list[list
             free_mem,
         ), n in profile:
             if not (
-                gpu_share.fits(req, init_milli)
-                and gpu_memory.fits(req, total_mem)
-                and gpu_model.fits(req, sl_model)
+                gpu_share.fits(milli, init_milli)
+                and gpu_memory.fits(mem, total_mem)
+                and gpu_model.fits(model, sl_model)
             ):
                 continue
             c0 += n
             if blocked:
                 continue
             c1 += n
-            if not gpu_memory.fits(req, init_mem):
+            if not gpu_memory.fits(mem, init_mem):
                 continue
             c2 += n
             if not reserved.fits(r, own):
                 continue
             c3 += n
-            if not (gpu_share.fits(req, free_milli) and gpu_memory.fits(req, free_mem)):
+            if not (gpu_share.fits(milli, free_milli) and gpu_memory.fits(mem, free_mem)):
                 continue
             c4 += n
         h0[c0] += nodes
@@ -292,8 +293,8 @@ def _diagnose(
 
     def fits(level: int) -> bool:
         # hist[level][k] = nodes with exactly k GPUs passing up to `level`
-        nodes = sum(n for k, n in enumerate(hist[level]) if enough_gpus.fits(req, k))
-        return enough_nodes.fits(req, nodes)
+        nodes = sum(n for k, n in enumerate(hist[level]) if enough_gpus.fits(req.gpus, k))
+        return enough_nodes.fits(req.nodes, nodes)
 
     largest = max((k for k, n in enumerate(hist[4]) if n), default=0)
     what = (
@@ -313,7 +314,7 @@ def _diagnose(
         example: dict[ReasonKind, str] = {}
         for room in cs.had_room:
             for sl in room:
-                if sl.blocker is not None and gpu_share.fits(req, sl.init_free_milli):
+                if sl.blocker is not None and gpu_share.fits(req.milli, sl.init_free_milli):
                     k = sl.blocker.kind or ReasonKind.NODE_NOT_READY
                     blockers[k] += 1
                     example.setdefault(k, sl.blocker.message)
@@ -388,12 +389,12 @@ def _room_for(node: NodeState, req: Request, *, now: bool) -> bool:
         milli, mem = (s.free_milli, s.free_mem) if now else (s.init_free_milli, s.init_free_mem)
         if (
             s.blocker is None
-            and gpu_share.fits(req, milli)
-            and gpu_memory.fits(req, mem)
-            and gpu_model.fits(req, s.model)
+            and gpu_share.fits(req.milli, milli)
+            and gpu_memory.fits(req.memory_mb, mem)
+            and gpu_model.fits(req.model, s.model)
         ):
             fitting += 1
-    return enough_gpus.fits(req, fitting)
+    return enough_gpus.fits(req.gpus, fitting)
 
 
 def _minutes(seconds: float) -> str:

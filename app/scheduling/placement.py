@@ -22,14 +22,15 @@ def choose(node: NodeState, req: Request, holder: int | None) -> list[Slot] | No
 
     `holder`: the job whose reserved GPUs this job may use (None: none)."""
     g = req.gpus
-    if g == 1 and req.milli == 1000:
+    milli, mem, model = req.milli, req.memory_mb, req.model  # read once: a tuple's fields
+    if g == 1 and milli == 1000:
         # One whole GPU: the lowest free index that passes, no need to list them all.
         for s in node.slots:
-            if slot_fits(req, s, holder):
+            if slot_fits(milli, mem, model, s, holder):
                 return [s]
         return None
-    elig = [s for s in node.slots if slot_fits(req, s, holder)]
-    if not enough_gpus.fits(req, len(elig)):
+    elig = [s for s in node.slots if slot_fits(milli, mem, model, s, holder)]
+    if not enough_gpus.fits(g, len(elig)):
         return None
     if req.milli < 1000:
         # Shared job: the fullest GPU that still has room keeps others whole.
@@ -56,6 +57,7 @@ def candidates(
     limit = max(cs.settings.candidate_limit, req.nodes)
     out: list[tuple[NodeState, list[Slot]]] = []
     pick = choose
+    model = req.model
     # Jobs that end before the backfill head starts may use the GPUs held for it.
     holder = cs.res_job if allow_reserved else None
     # Each node sits in one bucket; only the reserved and partly shared nodes
@@ -69,7 +71,7 @@ def candidates(
             if n.name in seen:
                 continue
             seen.add(n.name)
-        if not gpu_model.on_node(req, n.models):
+        if not gpu_model.on_node(model, n.models):
             continue
         # A node's GPU choice (and score) only changes when the node does: most
         # candidates of one job are the candidates of the next job of that shape.
@@ -117,18 +119,18 @@ def find(cs: CycleState, req: Request, allow_reserved: bool, key: int) -> Chosen
     if req.gpus == 0:
         ready = [n for n in cs.nodes if n.blocker is None and n.name not in req.barred]
         ready.sort(key=lambda n: (n.gpu_count > 0, n.rank))
-        if not enough_nodes.fits(req, len(ready)):
+        if not enough_nodes.fits(req.nodes, len(ready)):
             return None
         return [(n, []) for n in ready[: req.nodes]]
     # Cheap exit when no node has enough free GPUs (cluster full for this size).
     if (
         req.milli == 1000
         and not allow_reserved
-        and not enough_gpus.fits(req, cs.index.largest_free_block())
+        and not enough_gpus.fits(req.gpus, cs.index.largest_free_block())
     ):
         return None
     cands = candidates(cs, req, allow_reserved, key)
-    if not enough_nodes.fits(req, len(cands)):
+    if not enough_nodes.fits(req.nodes, len(cands)):
         return None
     if len(cands) == 1:
         return cands

@@ -162,7 +162,7 @@ def _search_preempt(cs: CycleState, job: JobView, req: Request, rules: VictimRul
     for node, pool in _victims_by_node(cs):
         if len(options) >= enough:
             break  # a few alternatives are plenty; scanning every node is not worth it
-        if node.blocker is not None or not gpu_model.on_node(req, node.models):
+        if node.blocker is not None or not gpu_model.on_node(req.model, node.models):
             continue
         if node.name in req.barred:
             continue
@@ -179,6 +179,7 @@ def _search_preempt(cs: CycleState, job: JobView, req: Request, rules: VictimRul
             useful: list[Slot] = []
             changed = False
             holds_reserved = False
+            model, memory_mb = req.model, req.memory_mb
             for sl in node.slots:
                 if sl.unchecked is not None:
                     changed |= check_late(cs, sl)
@@ -187,8 +188,8 @@ def _search_preempt(cs: CycleState, job: JobView, req: Request, rules: VictimRul
                 if (
                     sl.blocker is None
                     and reserved.fits(sl.reserved_for, job.id)
-                    and gpu_model.fits(req, sl.model)
-                    and gpu_memory.fits(req, sl.total_mem)
+                    and gpu_model.fits(model, sl.model)
+                    and gpu_memory.fits(memory_mb, sl.total_mem)
                 ):
                     useful.append(sl)
             if changed:
@@ -197,7 +198,7 @@ def _search_preempt(cs: CycleState, job: JobView, req: Request, rules: VictimRul
                 node.version, job.id if holds_reserved else None, useful, pool
             )
         useful = pm.useful
-        if not enough_gpus.fits(req, len(useful)):
+        if not enough_gpus.fits(req.gpus, len(useful)):
             continue  # even stopping every job here leaves too few suitable GPUs
         if pm.hopeless(req):
             continue  # stopping every preemptible job here would not make room
@@ -212,7 +213,7 @@ def _search_preempt(cs: CycleState, job: JobView, req: Request, rules: VictimRul
                 freed[i] = freed.get(i, 0) + v.milli
         # Upper bound first: freeing more never makes a GPU less suitable, so if all
         # candidates together do not make room, no prefix of them does.
-        if not enough_gpus.fits(req, fits_after(useful, freed, req)):
+        if not enough_gpus.fits(req.gpus, fits_after(useful, freed, req)):
             continue
         cands.sort(key=victim_order)
         freed = {}
@@ -221,11 +222,11 @@ def _search_preempt(cs: CycleState, job: JobView, req: Request, rules: VictimRul
             picked.append(v.run)
             for i in v.idxs:
                 freed[i] = freed.get(i, 0) + v.milli
-            if enough_gpus.fits(req, fits_after(useful, freed, req)):
+            if enough_gpus.fits(req.gpus, fits_after(useful, freed, req)):
                 cost = (len(picked), sum(p.job.total_gpus for p in picked), node.rank)
                 options.append((cost, node, list(picked)))
                 break
-    if not enough_nodes.fits(req, len(options)):
+    if not enough_nodes.fits(req.nodes, len(options)):
         if job.id != cs.res_job:
             cs.no_victims.setdefault(rules, []).append(req)
         return False
@@ -254,7 +255,7 @@ def _search_preempt(cs: CycleState, job: JobView, req: Request, rules: VictimRul
         if c is None:
             break
         chosen.append((node, c))
-    if not enough_nodes.fits(req, len(chosen)):
+    if not enough_nodes.fits(req.nodes, len(chosen)):
         # Should not happen; undo so the plan never preempts for nothing.
         for r in victims.values():
             _unrelease(cs, r)
@@ -318,8 +319,8 @@ def victim_rules(cs: CycleState, job: JobView, req: Request) -> VictimRules:
         # It may reclaim its quota from projects borrowing beyond theirs right now.
         borrowing = frozenset(
             name
-            for name, milli in used.items()
-            if milli > quota_of(cs, name) and name != job.project
+            for name, held in used.items()
+            if held > quota_of(cs, name) and name != job.project
         )
     policy = cs.settings.queue_policy
     return VictimRules(

@@ -70,7 +70,7 @@ class NodeForPreempt:
                 for i in v.idxs:
                     freed[i] = freed.get(i, 0) + v.milli
             got = self._hopeless[req] = not enough_gpus.fits(
-                req, fits_after(self.useful, freed, req)
+                req.gpus, fits_after(self.useful, freed, req)
             )
         return got
 
@@ -79,9 +79,12 @@ def fits_after(useful: list[Slot], freed: dict[int, int], req: Request) -> int:
     """GPUs of `useful` (usable, suitable, not reserved for another) that fit `req`
     once `freed` (GPU index -> milli) is released on their node."""
     n = 0
+    milli, memory_mb = req.milli, req.memory_mb
     for s in useful:
         f = freed.get(s.index, 0)
-        if gpu_share.fits(req, s.free_milli + f) and gpu_memory.fits(req, mem_after_release(s, f)):
+        if gpu_share.fits(milli, s.free_milli + f) and gpu_memory.fits(
+            memory_mb, mem_after_release(s, f)
+        ):
             n += 1
     return n
 

@@ -40,21 +40,22 @@ def test_no_module_over_600_lines(path: Path) -> None:
 
 
 def _compares_to(attr: str, path: Path) -> list[int]:
-    """Lines comparing an `X.<attr>` with something other than a constant or another
-    `.<attr>` (comparing two requests, say, is not the rule)."""
+    """Lines comparing a name or field called `attr` (a request's `memory_mb`, say) with
+    something other than a constant or another `attr` (comparing two requests is not
+    the rule)."""
+
+    def named(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == attr) or (
+            isinstance(node, ast.Name) and node.id == attr
+        )
+
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if not isinstance(node, ast.Compare):
             continue
         sides = [node.left, *node.comparators]
-        ours = [s for s in sides if isinstance(s, ast.Attribute) and s.attr == attr]
-        others = [
-            s
-            for s in sides
-            if not (isinstance(s, ast.Attribute) and s.attr == attr)
-            and not isinstance(s, ast.Constant)
-        ]
-        if ours and others:
+        others = [s for s in sides if not named(s) and not isinstance(s, ast.Constant)]
+        if any(named(s) for s in sides) and others:
             found.append(node.lineno)
     return found
 

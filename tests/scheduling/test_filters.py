@@ -251,21 +251,21 @@ def test_slot_filters_memory_share_model() -> None:
 
     ns = NodeState("a", 0, None)
     s = Slot(ns, 0, "A100", 81920, 10_000, 400, None, 40.0, 0.0, frozenset(), 0)
-    assert gpu_memory.fits(Request(1, 1, 300, 10_000, None), s.free_mem)  # exactly the free
-    assert not gpu_memory.fits(Request(1, 1, 300, 10_001, None), s.free_mem)
-    assert gpu_share.fits(Request(1, 1, 400, 0, None), s.free_milli)  # 600 + 400 = 1000
-    assert not gpu_share.fits(Request(1, 1, 401, 0, None), s.free_milli)
-    assert not gpu_share.fits(Request(1, 1, 1000, 0, None), s.free_milli)  # whole GPU: empty
-    assert gpu_model.fits(Request(1, 1, 300, 0, "A100"), s.model)
-    assert not gpu_model.fits(Request(1, 1, 300, 0, "H100"), s.model)
-    assert gpu_model.on_node(Request(1, 1, 300, 0, "A100"), ns.models | {"A100"})
-    assert not gpu_model.on_node(Request(1, 1, 300, 0, "H100"), frozenset({"A100"}))
+    assert gpu_memory.fits(10_000, s.free_mem)  # exactly the free
+    assert not gpu_memory.fits(10_001, s.free_mem)
+    assert gpu_share.fits(400, s.free_milli)  # 600 + 400 = 1000
+    assert not gpu_share.fits(401, s.free_milli)
+    assert not gpu_share.fits(1000, s.free_milli)  # whole GPU: empty
+    assert gpu_model.fits("A100", s.model)
+    assert not gpu_model.fits("H100", s.model)
+    assert gpu_model.on_node("A100", frozenset({"A100"}))
+    assert not gpu_model.on_node("H100", frozenset({"A100"}))
     # All of them together on a usable GPU, and the reservation: held GPUs only for the
     # job they are held for (or one the caller may let use them).
-    assert slot_fits(Request(1, 1, 400, 10_000, "A100"), s, None)
+    assert slot_fits(400, 10_000, "A100", s, None)
     s.reserved_for = 7
-    assert not slot_fits(Request(1, 1, 400, 10_000, "A100"), s, None)
-    assert slot_fits(Request(1, 1, 400, 10_000, "A100"), s, 7)
+    assert not slot_fits(400, 10_000, "A100", s, None)
+    assert slot_fits(400, 10_000, "A100", s, 7)
     assert reserved.fits(None, None) and reserved.fits(7, 7) and not reserved.fits(7, 8)
 
 
@@ -293,6 +293,6 @@ def test_the_planner_asks_the_memory_filter(monkeypatch: pytest.MonkeyPatch) -> 
     )
     before = plan_cycle(s, now=T0)
     assert before.placements == () and before.pending[0].kind is ReasonKind.GPU_MEMORY
-    monkeypatch.setattr(gpu_memory, "fits", lambda req, free_mb: True)
+    monkeypatch.setattr(gpu_memory, "fits", lambda memory_mb, free_mb: True)
     after = plan_cycle(s, now=T0)
     assert [p.job_id for p in after.placements] == [1]

@@ -66,14 +66,17 @@ GPU_FILTERS: tuple[GpuFilter, ...] = (
 NEVER_FILTERS: tuple[NeverFilter, ...] = (gpu_model.never, gpu_memory.never, enough_gpus.never)
 
 
-def slot_fits(req: Request, slot: Slot, holder: int | None) -> bool:
-    """Whether a usable GPU takes the job now: each slot filter's `fits`, cheapest
+def slot_fits(
+    milli: int, memory_mb: int, model: str | None, slot: Slot, holder: int | None
+) -> bool:
+    """Whether a usable GPU takes a job of that share, memory and model (its `Request`'s
+    fields, read once per call by the caller) now: each slot filter's `fits`, cheapest
     first. `holder`: the job whose reserved GPUs the caller may use (None: none)."""
     return (
         slot.blocker is None
-        and gpu_share.fits(req, slot.free_milli)
-        and gpu_memory.fits(req, slot.free_mem)
-        and gpu_model.fits(req, slot.model)
+        and gpu_share.fits(milli, slot.free_milli)
+        and gpu_memory.fits(memory_mb, slot.free_mem)
+        and gpu_model.fits(model, slot.model)
         and reserved.fits(slot.reserved_for, holder)
     )
 

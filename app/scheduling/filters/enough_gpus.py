@@ -14,9 +14,10 @@ from app.scheduling.status import OK, Status, unresolvable
 from app.scheduling.types import ReasonKind
 
 
-def fits(req: Request, suitable_on_node: int) -> bool:
-    """Whether a node with `suitable_on_node` GPUs that fit the job has enough of them."""
-    return suitable_on_node >= req.gpus
+def fits(gpus: int, suitable_on_node: int) -> bool:
+    """Whether a node with `suitable_on_node` GPUs that fit a job has the `gpus` it asks
+    for on each node (`Request.gpus`)."""
+    return suitable_on_node >= gpus
 
 
 def never(req: Request, hardware: tuple[HardwareClass, ...]) -> Status:
@@ -27,20 +28,20 @@ def never(req: Request, hardware: tuple[HardwareClass, ...]) -> Status:
             sum(
                 1
                 for model, mem in hc.gpus
-                if gpu_model.fits(req, model) and gpu_memory.fits(req, mem)
+                if gpu_model.fits(req.model, model) and gpu_memory.fits(req.memory_mb, mem)
             ),
             hc,
         )
         for hc in hardware
     ]
     best, best_hc = max(counts, key=lambda c: c[0])
-    if not fits(req, best):
+    if not fits(req.gpus, best):
         return unresolvable(
             ReasonKind.NEVER_FITS,
             f"no node could ever fit: largest node has {best} GPUs ({best_hc.example})",
         )
-    enough = sum(hc.nodes for c, hc in counts if fits(req, c))
-    if not enough_nodes.fits(req, enough):
+    enough = sum(hc.nodes for c, hc in counts if fits(req.gpus, c))
+    if not enough_nodes.fits(req.nodes, enough):
         return unresolvable(
             ReasonKind.NEVER_FITS,
             f"no placement could ever fit: needs {req.nodes} nodes with {req.gpus} GPUs, "

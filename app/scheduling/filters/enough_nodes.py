@@ -8,9 +8,8 @@ reservation nodes with room by then, the explanation nodes at each level.
 
 from __future__ import annotations
 
-from app.scheduling.state import Request
 
-
-def fits(req: Request, nodes_with_room: int) -> bool:
-    """Whether `nodes_with_room` nodes (each with enough GPUs for it) start the job."""
-    return nodes_with_room >= req.nodes
+def fits(nodes: int, nodes_with_room: int) -> bool:
+    """Whether `nodes_with_room` nodes (each with enough GPUs for it) start a job of
+    `nodes` nodes (`Request.nodes`)."""
+    return nodes_with_room >= nodes

@@ -17,19 +17,19 @@ from app.scheduling.status import OK, Status, unresolvable
 from app.scheduling.types import ReasonKind
 
 
-def fits(req: Request, free_mb: int) -> bool:
-    """Whether `free_mb` MB of GPU memory hold the job's request."""
-    return free_mb >= req.memory_mb
+def fits(memory_mb: int, free_mb: int) -> bool:
+    """Whether `free_mb` MB of GPU memory hold `memory_mb` (a job's `Request.memory_mb`)."""
+    return free_mb >= memory_mb
 
 
 def never(req: Request, hardware: tuple[HardwareClass, ...]) -> Status:
     if req.memory_mb <= 0 or req.gpus == 0:
         return OK
     largest = max(
-        (mem for hc in hardware for model, mem in hc.gpus if gpu_model.fits(req, model)),
+        (mem for hc in hardware for model, mem in hc.gpus if gpu_model.fits(req.model, model)),
         default=0,
     )
-    if fits(req, largest):
+    if fits(req.memory_mb, largest):
         return OK
     return unresolvable(
         ReasonKind.NEVER_FITS,

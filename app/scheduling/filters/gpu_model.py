@@ -14,14 +14,14 @@ from app.scheduling.status import OK, Status, unresolvable
 from app.scheduling.types import ReasonKind
 
 
-def fits(req: Request, model: str) -> bool:
-    """Whether a GPU of `model` is what the job asked for (any model if it named none)."""
-    return req.model is None or model == req.model
+def fits(wanted: str | None, model: str) -> bool:
+    """Whether a GPU of `model` is what a job asked for (`Request.model`; None: any)."""
+    return wanted is None or model == wanted
 
 
-def on_node(req: Request, models: frozenset[str]) -> bool:
+def on_node(wanted: str | None, models: frozenset[str]) -> bool:
     """Whether a node with GPUs of `models` has any GPU `fits` accepts."""
-    return req.model is None or req.model in models
+    return wanted is None or wanted in models
 
 
 def never(req: Request, hardware: tuple[HardwareClass, ...]) -> Status:

@@ -9,9 +9,8 @@ search and the backfill reservation what it would have free once running jobs st
 
 from __future__ import annotations
 
-from app.scheduling.state import Request
 
-
-def fits(req: Request, free_milli: int) -> bool:
-    """Whether `free_milli` thousandths of a GPU hold the job's share."""
-    return free_milli >= req.milli
+def fits(milli: int, free_milli: int) -> bool:
+    """Whether `free_milli` thousandths of a GPU hold a share of `milli` (a job's
+    `Request.milli`)."""
+    return free_milli >= milli
