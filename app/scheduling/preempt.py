@@ -318,9 +318,7 @@ def victim_rules(cs: CycleState, job: JobView, req: Request) -> VictimRules:
     if quota > 0 and project_quota.fits(req, job, used.get(job.project, 0), quota):
         # It may reclaim its quota from projects borrowing beyond theirs right now.
         borrowing = frozenset(
-            name
-            for name, held in used.items()
-            if held > quota_of(cs, name) and name != job.project
+            name for name, held in used.items() if held > quota_of(cs, name) and name != job.project
         )
     policy = cs.settings.queue_policy
     return VictimRules(
