@@ -50,6 +50,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy app workers
+	$(BIN)/lint-imports
 	$(BIN)/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
 
 bench: native

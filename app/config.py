@@ -7,7 +7,6 @@ nothing deeper imports a global instance.
 from __future__ import annotations
 
 import ipaddress
-import json
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -15,9 +14,6 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
-
-from app.jobs.limits import RuntimeLimits
-from app.windows.tariff import Tariff
 
 
 class SettingsError(RuntimeError):
@@ -67,6 +63,12 @@ class Settings(BaseSettings):
         le=86400,
         description="longest SIGTERM-to-SIGKILL grace period a job may ask for (grace_s)",
     )
+    max_pending_jobs_per_user: int = Field(
+        default=10_000,
+        ge=1,
+        description="jobs (array tasks each) a user may have pending, unless an admin set "
+        "the user's own limit (Slurm's MaxSubmitJobs)",
+    )
     notify_hosts: str = Field(
         default="",
         description="hosts a job's notify_url may name, comma-separated (* for any); "
@@ -92,15 +94,6 @@ class Settings(BaseSettings):
         return value
 
     @property
-    def runtime_limits(self) -> RuntimeLimits:
-        return RuntimeLimits(
-            default_s=self.default_max_runtime_s,
-            max_s=self.max_runtime_limit_s,
-            max_grace_s=self.max_grace_s,
-            notify_hosts=self.notify_host_set,
-        )
-
-    @property
     def notify_host_set(self) -> frozenset[str]:
         return frozenset(h.strip().lower() for h in self.notify_hosts.split(",") if h.strip())
 
@@ -117,17 +110,6 @@ class Settings(BaseSettings):
     @property
     def trusted_proxy_list(self) -> list[str]:
         return _split(self.trusted_proxies)
-
-    @field_validator("tariff_file")
-    @classmethod
-    def _tariff_loads(cls, value: Path | None) -> Path | None:
-        if value is not None:
-            load_tariff(value)
-        return value
-
-    @property
-    def tariff(self) -> Tariff | None:
-        return load_tariff(self.tariff_file) if self.tariff_file else None
 
     @field_validator("database_url")
     @classmethod
@@ -195,16 +177,6 @@ def _read_password(path: Path) -> str:
 
 def _split(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
-
-
-def load_tariff(path: Path) -> Tariff:
-    """{"timezone", "default_price_per_kwh", "rules": [{"days", "start", "end", "price_per_kwh"}]}"""
-    try:
-        return Tariff.from_dict(json.loads(path.read_text()))
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path} is not a valid tariff: {exc}") from None
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -24,7 +24,7 @@ API_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: _error("No such resource"),
     409: _error("Conflicts with the current state (e.g. an Idempotency-Key reused)"),
     413: {"content": {"text/plain": {}}, "description": "Body larger than the size limit"},
-    429: _error("Too many failed token checks from this address"),
+    429: _error("Too many failed token checks, or a limit of pending jobs reached"),
     503: _error("Database unavailable; retry later"),
 }
 
@@ -47,6 +47,13 @@ class Forbidden(DomainError):
 
 class Conflict(DomainError):
     status_code = 409
+
+
+class TooMany(DomainError):
+    """A limit on how much one user or project may have (pending jobs): 429, as Kubernetes
+    answers a ResourceQuota on object counts with 403 and Slurm refuses at submit."""
+
+    status_code = 429
 
 
 class FieldError(DomainError):

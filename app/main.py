@@ -35,6 +35,7 @@ from app.projects.router import router as projects_router
 from app.reports.router import router as reports_router
 from app.security_headers import SecurityHeadersMiddleware
 from app.windows.router import router as windows_router
+from app.windows.tariff import tariff_setting
 
 log = logging.getLogger("gpusched.api")
 
@@ -117,7 +118,7 @@ def create_app(
     app.state.settings = settings
     app.state.messenger = messenger
     app.state.inventory = InventoryCache()
-    app.state.tariff = settings.tariff
+    app.state.tariff = tariff_setting(settings)
     app.state.auth_limiter = FailedAuthLimiter(limit=settings.auth_failures_per_minute)
     app.state.metrics_registry = CollectorRegistry()
     app.state.metrics_registry.register(DatabaseCollector(read_session_factory))

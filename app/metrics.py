@@ -139,6 +139,10 @@ def _gpu_families(session: Session) -> Iterator[GaugeMetricFamily]:
     temperature = gauge("gpusched_gpu_temperature_celsius", "Latest GPU temperature")
     allocated = gauge("gpusched_gpu_allocated_ratio", "Part of the GPU allocated to jobs, 0 to 1")
     healthy = gauge("gpusched_gpu_healthy", "1 if the GPU reads healthy, else 0")
+    unknown = gauge(
+        "gpusched_gpu_unknown",
+        "1 if a reading placement decides with (memory, processes) could not be taken",
+    )
     holders = _holders(session)
     for node, gpu in session.execute(
         select(Node.name, Gpu).join(Gpu, Gpu.node_id == Node.id).where(Node.removed_at.is_(None))
@@ -155,7 +159,8 @@ def _gpu_families(session: Session) -> Iterator[GaugeMetricFamily]:
             temperature.add_metric(labels, gpu.temperature_c)
         allocated.add_metric(labels, gpu.allocated_milli / 1000)
         healthy.add_metric(labels, 1.0 if gpu.healthy else 0.0)
-    yield from (util, used, total, power, temperature, allocated, healthy)
+        unknown.add_metric(labels, 1.0 if gpu.unknown_readings else 0.0)
+    yield from (util, used, total, power, temperature, allocated, healthy, unknown)
 
 
 def _undelivered(session: Session) -> GaugeMetricFamily:

@@ -186,6 +186,11 @@ class GpuReading:
     processes: tuple[GpuProcessReading, ...] = ()
     foreign_util_pct: float = 0.0
     foreign_memory_mb: Count = 0
+    # Readings it could not give that the scheduler decides with ("processes: why"): an
+    # unknown GPU is not schedulable (it is not free either).
+    unknown: tuple[str, ...] = ()
+    # MIG mode is on: sliced, so it is not handed out as a whole GPU.
+    mig_enabled: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

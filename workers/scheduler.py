@@ -34,6 +34,7 @@ from app.cycle.wakeup import WakeUps
 from app.db import utcnow
 from app.installation.service import installation_id
 from app.jobs import reports
+from app.jobs.limits import runtime_limits
 from app.messaging import (
     COMPACT_TELEMETRY,
     CYCLE_PENDING_KEY,
@@ -284,7 +285,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
     def fire_batches() -> dict[str, int]:
         # Reads every enabled schedule from the database each time: API changes apply at
         # once; the unique (schedule, fire time) row makes repeats and rival beats harmless.
-        report = fire_due(factory=runtime.factory, limits=settings.runtime_limits, now=utcnow())
+        report = fire_due(factory=runtime.factory, limits=runtime_limits(settings), now=utcnow())
         runtime.messenger.send(report.after)
         return {"firings": len(report.firings), "jobs": len(report.submitted_jobs)}
 

@@ -21,6 +21,9 @@ class User(Base):
     # Where a job of theirs that asks for notifications (notify_on) without a URL of its
     # own sends them, as Slurm mails the submitting user by default.
     notify_url: Mapped[str | None] = mapped_column(String(2048))
+    # How many jobs (array tasks each) the user may have pending, as Slurm's MaxSubmitJobs
+    # for a user association; None: the cluster's GPUSCHED_MAX_PENDING_JOBS_PER_USER.
+    max_pending_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     tokens: Mapped[list[ApiToken]] = relationship(back_populates="user")
 

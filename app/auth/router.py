@@ -69,6 +69,10 @@ class UserOut(BaseModel):
     projects: list[str]
     active_tokens: int = Field(description="tokens neither revoked nor expired")
     unix_user: str = Field(description="the Unix account the user's jobs run as")
+    max_pending_jobs: int | None = Field(
+        description="jobs (array tasks each) the user may have pending; null: the cluster's "
+        "default (GPUSCHED_MAX_PENDING_JOBS_PER_USER)"
+    )
 
 
 class UserCreate(BaseModel):
@@ -84,6 +88,13 @@ class UserUpdate(RequestBody):
     )
     unix_user: UnixUser | None = Field(
         default=None, description="the Unix account the user's jobs run as from now on"
+    )
+    max_pending_jobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000_000,
+        description="jobs (array tasks each) the user may have pending from now on; null: "
+        "the cluster's default. Jobs already pending stay",
     )
 
 
@@ -189,10 +200,12 @@ def create_user(
 @router.patch("/users/{name}", response_model=UserOut)
 def update_user(name: UserPath, body: UserUpdate, session: SessionDep, admin: AdminUser) -> UserOut:
     """Make a user an admin or a plain user, as `sacctmgr modify user ... set adminlevel=`,
-    and set the Unix account their jobs run as; idempotent. The last admin stays one (409).
+    set the Unix account their jobs run as, and how many jobs they may have pending
+    (`sacctmgr modify user ... set MaxSubmitJobs=`); idempotent. The last admin stays one (409).
     Other API processes see a role change within the token cache time (admin)."""
-    if body.admin is None and body.unix_user is None:
-        raise FieldError("admin", "give admin, unix_user or both")
+    sets_limit = "max_pending_jobs" in body.model_fields_set  # null: back to the default
+    if body.admin is None and body.unix_user is None and not sets_limit:
+        raise FieldError("admin", "give admin, unix_user, max_pending_jobs or several")
     with _refusals():
         if body.admin is not None:
             service.set_admin(
@@ -201,6 +214,10 @@ def update_user(name: UserPath, body: UserUpdate, session: SessionDep, admin: Ad
         if body.unix_user is not None:
             service.set_unix_user(
                 session=session, user_name=name, unix_user=body.unix_user, actor=admin.name
+            )
+        if sets_limit:
+            service.set_max_pending_jobs(
+                session=session, user_name=name, limit=body.max_pending_jobs, actor=admin.name
             )
     session.commit()
     return _user(session, name)

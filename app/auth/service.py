@@ -192,6 +192,7 @@ class UserSummary:
     projects: list[str]
     active_tokens: int  # neither revoked nor expired
     unix_user: str
+    max_pending_jobs: int | None  # None: the cluster's default
 
 
 def list_users(*, session: Session, now: datetime) -> list[UserSummary]:
@@ -226,6 +227,7 @@ def _summary(session: Session, user: User, *, now: datetime) -> UserSummary:
         projects=projects,
         active_tokens=active,
         unix_user=user.unix_user,
+        max_pending_jobs=user.max_pending_jobs,
     )
 
 
@@ -282,6 +284,25 @@ def set_unix_user(*, session: Session, user_name: str, unix_user: str, actor: st
         info=changes({"unix_user": user.unix_user}, {"unix_user": unix_user}),
     )
     user.unix_user = unix_user
+    return True
+
+
+def set_max_pending_jobs(
+    *, session: Session, user_name: str, limit: int | None, actor: str
+) -> bool:
+    """How many jobs the user may have pending from now on (None: the cluster's default);
+    jobs already pending stay. Returns whether that changed anything."""
+    user = find_user(session=session, name=user_name)
+    if user.max_pending_jobs == limit:
+        return False
+    record(
+        session=session,
+        actor=actor,
+        action="user.limits",
+        target=user_name,
+        info=changes({"max_pending_jobs": user.max_pending_jobs}, {"max_pending_jobs": limit}),
+    )
+    user.max_pending_jobs = limit
     return True
 
 

@@ -10,6 +10,7 @@ from app.batches import service
 from app.batches.schemas import BatchIn, BatchOut, FiringOut
 from app.db import utcnow
 from app.deps import CurrentUser, MessengerDep, SessionDep, SettingsDep
+from app.jobs.limits import runtime_limits
 from app.paging import PageDep, with_total
 
 router = APIRouter(prefix="/api/v1/batches", tags=["batches"])
@@ -47,7 +48,7 @@ def create_batch(
             session=session,
             principal=principal,
             body=body,
-            limits=settings.runtime_limits,
+            limits=runtime_limits(settings),
             now=utcnow(),
         )
 
@@ -68,7 +69,7 @@ def replace_batch(
             principal=principal,
             name=name,
             body=body,
-            limits=settings.runtime_limits,
+            limits=runtime_limits(settings),
             now=utcnow(),
         )
 
@@ -110,7 +111,7 @@ def run_batch(
         session=session,
         principal=principal,
         name=name,
-        limits=settings.runtime_limits,
+        limits=runtime_limits(settings),
         now=utcnow(),
     )
     messenger.send(changed.after)

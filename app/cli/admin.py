@@ -21,10 +21,19 @@ from app.auth.service import (
     list_users,
     revoke_tokens,
     set_admin,
+    set_max_pending_jobs,
     set_unix_user,
 )
 from app.auth.service import create_user as create
-from app.cli.client import EXIT_REJECTED, EXIT_USAGE, CliError, add_row, console, make_table
+from app.cli.client import (
+    EXIT_REJECTED,
+    EXIT_USAGE,
+    CliError,
+    add_row,
+    console,
+    count_or_none,
+    make_table,
+)
 from app.cli.server import database, load_settings_or_exit, session_scope
 from app.db import make_session_factory, utcnow
 from app.errors import FieldError
@@ -132,6 +141,33 @@ def set_unix_user_command(
     typer.echo(f"{name!r}'s jobs {'now' if changed else 'already'} run as Unix account {account!r}")
 
 
+@admin_app.command("limits")
+def limits_command(
+    name: UserName,
+    max_pending: Annotated[
+        str,
+        typer.Option(
+            "--max-pending",
+            help="Jobs (array tasks each) the user may have pending, as Slurm's "
+            "MaxSubmitJobs, or default (GPUSCHED_MAX_PENDING_JOBS_PER_USER)",
+            show_default=False,
+        ),
+    ],
+) -> None:
+    """Set how many jobs a user may have pending (jobs already pending stay)."""
+    limit = count_or_none(max_pending, "--max-pending", none_word="default")
+    settings = load_settings_or_exit()
+    try:
+        with session_scope(settings) as session:
+            set_max_pending_jobs(session=session, user_name=name, limit=limit, actor=_actor())
+    except LookupError as exc:
+        raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
+    most = (
+        f"{settings.max_pending_jobs_per_user:,} (the default)" if limit is None else f"{limit:,}"
+    )
+    typer.echo(f"{name!r} may have at most {most} jobs pending")
+
+
 @admin_app.command("create-token")
 def create_token(
     name: UserName,
@@ -191,12 +227,14 @@ def users() -> None:
     """List users: role, projects, the Unix account their jobs run as, and how many tokens
     still work."""
     settings = load_settings_or_exit()
-    table = make_table("USER", "ROLE", "PROJECTS", "UNIX USER", "ACTIVE TOKENS")
+    table = make_table("USER", "ROLE", "PROJECTS", "UNIX USER", "MAX PENDING", "ACTIVE TOKENS")
+    default = f"{settings.max_pending_jobs_per_user:,} (default)"
     with session_scope(settings) as session:
         for user in list_users(session=session, now=utcnow()):
             role = "admin" if user.is_admin else "user"
             projects = ", ".join(user.projects)
-            add_row(table, user.name, role, projects, user.unix_user, user.active_tokens)
+            most = default if user.max_pending_jobs is None else f"{user.max_pending_jobs:,}"
+            add_row(table, user.name, role, projects, user.unix_user, most, user.active_tokens)
     console().print(table)
 
 

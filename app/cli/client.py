@@ -353,6 +353,20 @@ def parse_at(value: str, now: datetime | None = None) -> datetime:
     return today if today > now else today + timedelta(days=1)
 
 
+def count_or_none(value: str, option: str, *, none_word: str = "none") -> int | None:
+    """A count an option gives (`--max-pending 500`), or None for `none_word`."""
+    if value.strip().lower() == none_word:
+        return None
+    try:
+        count = int(value.replace(",", "").replace("_", ""))
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise CliError(f"{option}: expected a count (0 or more) or {none_word}, got {value!r}",
+                       EXIT_USAGE)  # fmt: skip
+    return count
+
+
 def human_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     if seconds < 60:

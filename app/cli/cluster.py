@@ -18,6 +18,7 @@ from app.cli.client import (
     add_row,
     age,
     console,
+    count_or_none,
     human_duration,
     make_table,
     parse_at,
@@ -76,9 +77,13 @@ def _node_note(node: dict[str, Any]) -> str:
         notes.append(
             "cannot run jobs as " + ", ".join(f"{a} ({why})" for a, why in sorted(unusable.items()))
         )
-    unhealthy = [g["index"] for g in node.get("gpus", []) if not g.get("healthy", True)]
-    if unhealthy:
-        notes.append("unhealthy GPU " + ",".join(str(i) for i in unhealthy))
+    for gpu in node.get("gpus", []):
+        if not gpu.get("healthy", True):
+            notes.append(f"GPU {gpu['index']} unhealthy: {gpu.get('health_message') or '?'}")
+        elif gpu.get("unknown_readings"):
+            notes.append(f"GPU {gpu['index']} unknown: {'; '.join(gpu['unknown_readings'])}")
+        elif gpu.get("mig_enabled"):
+            notes.append(f"GPU {gpu['index']} MIG enabled (not scheduled)")
     busy = [g["index"] for g in node.get("gpus", []) if g.get("foreign_util_pct", 0) > 0]
     if busy:
         notes.append("foreign load on GPU " + ",".join(str(i) for i in busy))
@@ -193,22 +198,32 @@ def quota(
             show_default=False,
         ),
     ] = None,
+    max_pending: Annotated[
+        str | None,
+        typer.Option(
+            "--max-pending",
+            help="Jobs (array tasks each) its users may have pending together, as Slurm's "
+            "GrpSubmitJobs, or none (no limit of its own)",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Set a project's guaranteed GPUs, fair-share weight, longest job time limit and the
-    highest priority its users may give (admin).
+    """Set a project's guaranteed GPUs, fair-share weight, longest job time limit, the
+    highest priority its users may give and how many jobs they may have pending (admin).
 
     Others may borrow its idle guaranteed GPUs; preemptible borrowers are requeued for it.
 
     Applies from the next cycle; after a cut, its jobs above the quota count as borrowed.
     A time limit applies to jobs submitted or changed from then on.
     """
-    if gpus is None and weight is None and max_runtime is None and max_priority is None:
+    asked = (gpus, weight, max_runtime, max_priority, max_pending)
+    if all(value is None for value in asked):
         raise CliError(
-            "give --gpus, --weight, --max-runtime or --max-priority (`gpusched queues "
-            "--json` shows the current values)",
+            "give --gpus, --weight, --max-runtime, --max-priority or --max-pending "
+            "(`gpusched queues --json` shows the current values)",
             EXIT_USAGE,
         )
     given = (("gpu_quota", gpus), ("weight", weight), ("max_priority", max_priority))
@@ -216,6 +231,8 @@ def quota(
     if max_runtime is not None:
         cleared = max_runtime.strip().lower() == "none"
         body["max_runtime_s"] = None if cleared else parse_duration(max_runtime, "--max-runtime")
+    if max_pending is not None:
+        body["max_pending_jobs"] = count_or_none(max_pending, "--max-pending")
     client = ApiClient.from_options(url, token)
     result = client.patch(f"{PROJECTS}/{quote(project, safe='')}", json=body)
     if gpus:
@@ -228,10 +245,12 @@ def quota(
     limit = f", jobs at most {human_duration(longest)}" if longest else ""
     highest = result["max_priority"]
     priority = f", users give priority up to {highest}" if highest else ""
+    most = result["max_pending_jobs"]
+    pending = f" of at most {most:,}" if most is not None else ""
     typer.echo(
         f"project {result['project']}: {guarantee}, fair-share weight {result['weight']:g}"
         f"{limit}{priority} ({result['gpus_in_use']:g} GPUs in use, {result['pending']} "
-        "jobs pending)"
+        f"jobs pending{pending})"
     )
 
 

@@ -25,8 +25,12 @@ from app.migrate import upgrade
 
 
 def load_settings_or_exit(**overrides: object) -> Settings:
+    from app.windows.tariff import tariff_setting
+
     try:
-        return load_settings(**overrides)
+        settings = load_settings(**overrides)
+        tariff_setting(settings)  # an unusable tariff file stops the command here
+        return settings
     except SettingsError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
 

@@ -13,17 +13,26 @@ from collections import defaultdict
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.cycle.snapshot import ELIGIBLE
+from app.cycle.eligibility import ELIGIBLE
 from app.jobs.arrays import admit, throttle_message
 from app.jobs.models import Job
-from app.jobs.states import ACTIVE, ARRAY_LIMIT, NEW_IN_QUEUE
+from app.jobs.states import ACTIVE, ARRAY_LIMIT, NEW_IN_QUEUE, JobStatus
 
 
 def settle_array_limits(session: Session) -> None:
     """Flushes, does not commit."""
+    # The throttled arrays first, by index (ix_job_pending_array_limit): the cycle runs
+    # this every time, and most of a deep queue is no throttled array's.
+    arrays = session.scalars(
+        select(Job.array_id)
+        .distinct()
+        .where(Job.status == JobStatus.PENDING, Job.array_max_running.is_not(None))
+    ).all()
+    if not arrays:
+        return
     waiting = session.scalars(
         select(Job)
-        .where(*ELIGIBLE, Job.array_max_running.is_not(None))
+        .where(*ELIGIBLE, Job.array_max_running.is_not(None), Job.array_id.in_(arrays))
         .order_by(Job.id)
         .with_for_update()
     ).all()

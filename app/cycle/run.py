@@ -1,7 +1,8 @@
 """One live scheduling cycle, phases numbered as in DESIGN.md:
 
-0. dependencies  jobs whose dependencies have all succeeded join the queue, and job
-   arrays let in as many tasks as their limit allows (one write)
+0. dependencies  jobs whose dependencies have all succeeded join the queue, job
+   arrays let in as many tasks as their limit allows, and jobs the clock holds back
+   (begin time ahead, off-peak window closed) get their reasons (one write)
 1. snapshot  read queue, nodes, GPUs, telemetry and usage (one read transaction)
 2. plan      the pure core decides (no I/O)
 3. apply     one transaction re-verifies and writes allocations and pending reasons
@@ -24,6 +25,7 @@ from app.cycle import lease
 from app.cycle.apply import apply_plan
 from app.cycle.arrays import settle_array_limits
 from app.cycle.dependencies import settle_dependencies
+from app.cycle.eligibility import ClockGates, settle_clock_gates
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory, read_snapshot
 from app.messaging import Sender
@@ -97,26 +99,32 @@ def run_cycle(
         if token is None:
             return CycleReport(ran=False)
         try:
-            # 0. dependencies
-            awaited_starts = settle_dependencies(session, now=now)
-            settle_array_limits(session)
-            session.commit()
-            # 1. snapshot
             specs = window_specs(session=session)
-            ctx = read_snapshot(
-                session=session,
-                now=now,
-                half_life_s=settings.fair_share_half_life_s,
-                windows=(windows or SchedulerWindows()).around(specs, now=now),
-                quick_from=None if all_positions else memory,
-            )
-            session.rollback()  # end the read transaction before the pure phase
-            # 2. plan
-            plan_started = time.perf_counter()
+            openings = (windows or SchedulerWindows()).around(specs, now=now)
             policy = settings.policy_settings()
             rules = window_rules(specs)
             if rules.outside_fraction is not None:
                 policy = replace(policy, offpeak_outside_fraction=rules.outside_fraction)
+            gates = ClockGates(
+                now=now, windows=openings, outside_fraction=policy.offpeak_outside_fraction
+            )
+            # 0. dependencies, array limits, then the jobs the clock holds back
+            awaited_starts = settle_dependencies(session, now=now)
+            settle_array_limits(session)
+            gated_until = settle_clock_gates(session, gates=gates)
+            session.commit()
+            # 1. snapshot
+            ctx = read_snapshot(
+                session=session,
+                now=now,
+                half_life_s=settings.fair_share_half_life_s,
+                windows=openings,
+                quick_from=None if all_positions else memory,
+                gates=gates,
+            )
+            session.rollback()  # end the read transaction before the pure phase
+            # 2. plan
+            plan_started = time.perf_counter()
             with gc_paused():
                 plan = plan_cycle(ctx.snapshot, now=now, settings=policy)
             closing = window_close_preemptions(
@@ -131,6 +139,7 @@ def run_cycle(
             kind = "quick" if ctx.quick else "full"
             PLAN_SECONDS.labels(kind).observe(plan_ms / 1000)
             wake_times = (
+                gated_until,
                 next_wakeup(plan.pending, now=now),
                 next_window_stop(
                     ctx.snapshot.running,

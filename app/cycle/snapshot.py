@@ -7,15 +7,17 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Subquery, func, select, union_all
 from sqlalchemy.orm import Session, selectinload
 
 from app.auth.models import User
+from app.cycle.eligibility import ELIGIBLE, NOT_THROTTLED, ClockGates
 from app.jobs.models import Allocation, Job
-from app.jobs.states import ACTIVE, ARRAY_LIMIT, NEW_IN_QUEUE, JobStatus
+from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
 from app.nodes.models import Gpu, Node, NodeState
 from app.projects.models import Project
 from app.scheduling import (
@@ -29,6 +31,8 @@ from app.scheduling import (
 )
 
 HISTORY_DAYS = 30
+
+__all__ = ["ClockGates", "QueueMemory", "SnapshotContext", "head_depth", "read_snapshot"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,7 @@ class QueueMemory:
 
 
 def _gpu_view(gpu: Gpu) -> GpuView:
+    unknown = tuple(gpu.unknown_readings or ())
     return GpuView(
         index=gpu.index,
         uuid=gpu.uuid,
@@ -124,7 +129,11 @@ def _gpu_view(gpu: Gpu) -> GpuView:
         foreign_since=gpu.foreign_since,
         idle_since=gpu.idle_since,
         temperature_c=gpu.temperature_c,
-        healthy=gpu.healthy,
+        # An unknown or MIG-enabled GPU is no more usable than a sick one: every check
+        # that trusts only healthy GPUs leaves it out; `unknown`/`mig_enabled` say why.
+        healthy=gpu.healthy and not unknown and not gpu.mig_enabled,
+        unknown=unknown,
+        mig_enabled=gpu.mig_enabled,
         telemetry_at=gpu.sampled_at,
         allocated_milli=gpu.allocated_milli,
         nvlink_peers=tuple(gpu.nvlink_peers),
@@ -133,14 +142,6 @@ def _gpu_view(gpu: Gpu) -> GpuView:
 
 # What the core needs of a job; selected as plain columns (no ORM objects) because the
 # queue can hold thousands of jobs and every cycle reads all of them.
-# Pending jobs a cycle may consider: held jobs (gpusched hold) and jobs whose dependencies
-# have not all ended as asked are left out, so no cycle ranks, places or explains them.
-ELIGIBLE = (
-    Job.status == JobStatus.PENDING,
-    Job.held_by.is_(None),
-    Job.dependencies_met.is_(True),
-)
-
 JOB_COLUMNS = (
     Job.id,
     Job.name,
@@ -212,6 +213,22 @@ def _job_view(job: Any, user: tuple[str, str], project: str, attained: float) ->
     )
 
 
+def _project_heads(session: Session, runnable: Subquery, limit: int) -> list[Any]:
+    """More jobs can run than one read takes: each project's first job, then each one's
+    second, and so on, up to `limit`, so that one project's deep queue never hides another
+    project's jobs (issue 34). Within a project by priority, then submission, as the
+    queue policies order it; the planner then orders what was read."""
+    head_rank = func.row_number().over(
+        partition_by=runnable.c.project_id,
+        order_by=(runnable.c.priority.desc(), runnable.c.id),
+    )
+    ranked = select(runnable, head_rank.label("head_rank")).subquery()
+    rows = session.execute(
+        select(ranked).order_by(ranked.c.head_rank, ranked.c.id).limit(limit)
+    ).all()
+    return sorted(rows, key=lambda row: row.id)
+
+
 def read_snapshot(
     *,
     session: Session,
@@ -221,10 +238,15 @@ def read_snapshot(
     max_pending: int = 20_000,
     quick_from: QueueMemory | None = None,
     quick_new_limit: int = 500,
+    gates: ClockGates | None = None,
 ) -> SnapshotContext:
     """The whole queue, or with `quick_from` a quick read: the remembered head of the
     queue plus up to `quick_new_limit` jobs new to it that no quick read took in yet (see
-    QueueMemory)."""
+    QueueMemory).
+
+    With `gates`, only jobs the clock lets run now are read (app/cycle/eligibility.py):
+    the others get their reasons without the planner. A full read takes at most
+    `max_pending` jobs; past that, each project's head in turn (see `_project_heads`)."""
     # Nothing remembered yet (the first cycle of this process): read everything.
     memory = quick_from if quick_from is not None and quick_from.ready else None
     quick = memory is not None
@@ -328,12 +350,8 @@ def read_snapshot(
         )
         for j in active_jobs
     )
-    # Array tasks over their array's limit (app/cycle/arrays.py) are left out too.
-    pending_query = (
-        select(*JOB_COLUMNS)
-        .where(*ELIGIBLE, Job.pending_reason.is_distinct_from(ARRAY_LIMIT))
-        .order_by(Job.id)
-    )
+    waiting = (*ELIGIBLE, NOT_THROTTLED, *(gates.runnable() if gates is not None else ()))
+    pending_query = select(*JOB_COLUMNS).where(*waiting).order_by(Job.id)
     asked: tuple[int, ...] = ()
     arrived: tuple[int, ...] = ()
     if memory is not None:
@@ -341,16 +359,30 @@ def read_snapshot(
         # New jobs' ids first (one narrow read), then whole rows of the head and of the
         # new jobs not read before: arrivals do not pile up in every quick read.
         known = memory.arrivals_read.union(asked)
-        new_ids = session.scalars(
-            select(Job.id)
-            .where(*ELIGIBLE, Job.pending_reason == NEW_IN_QUEUE)
-            .order_by(Job.id)
-            .limit(len(known) + quick_new_limit)
+        # All of them, sorted here: ordered by id, the database would walk the whole queue
+        # in id order instead of the new ones by ix_job_pending_reason.
+        new_ids = sorted(
+            session.scalars(select(Job.id).where(*waiting, Job.pending_reason == NEW_IN_QUEUE))
         )
         arrived = tuple(i for i in new_ids if i not in known)[:quick_new_limit]
         pending_jobs = list(session.execute(pending_query.where(Job.id.in_(asked + arrived))))
     else:
-        pending_jobs = list(session.execute(pending_query.limit(max_pending)).all())
+        if gates is None:
+            runnable = select(*JOB_COLUMNS).where(*waiting).subquery()
+        else:
+            runnable = union_all(
+                *(
+                    select(*JOB_COLUMNS).where(*ELIGIBLE, NOT_THROTTLED, *mode)
+                    for mode in gates.runnable_by_mode()
+                )
+            ).subquery()
+        # No ORDER BY: each mode's part is then read by its own index range, not the whole
+        # queue in id order (SQLite would walk ix_job_status_id to avoid the sort).
+        pending_jobs = list(session.execute(select(runnable).limit(max_pending + 1)))
+        if len(pending_jobs) > max_pending:
+            pending_jobs = _project_heads(session, runnable, max_pending)
+        else:
+            pending_jobs.sort(key=attrgetter("id"))
     pending = tuple(
         _job_view(j, users[j.user_id], project_names[j.project_id], attained[j.id])
         for j in pending_jobs

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from app.config import Settings
 from app.errors import FieldError, Forbidden
 from app.jobs.schemas import JobCreate
 from app.notifications.hosts import check_url
@@ -26,6 +27,9 @@ class RuntimeLimits:
     max_grace_s: int = 600
     # Hosts a job's notify_url may name (GPUSCHED_NOTIFY_HOSTS; "*": any; none: off).
     notify_hosts: frozenset[str] = frozenset()
+    # Jobs a user may have pending unless the user has a limit of their own (app/jobs/
+    # pending_limits.py): one user cannot bury the others' jobs under a deep queue.
+    max_pending_per_user: int = 10_000
 
     def apply(
         self,
@@ -133,3 +137,13 @@ def _span(seconds: int) -> str:
     parts = [f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "m"), (secs, "s"))]
     readable = "".join(p for p in parts if not p.startswith("0")) or "0s"
     return f"{seconds} s ({readable})"
+
+
+def runtime_limits(settings: Settings) -> RuntimeLimits:
+    return RuntimeLimits(
+        default_s=settings.default_max_runtime_s,
+        max_s=settings.max_runtime_limit_s,
+        max_grace_s=settings.max_grace_s,
+        notify_hosts=settings.notify_host_set,
+        max_pending_per_user=settings.max_pending_jobs_per_user,
+    )

@@ -34,6 +34,22 @@ class Job(Base):
         Index("ix_job_project_id", "project_id", "id"),
         Index("ix_job_array_id", "array_id"),
         Index("ix_job_batch_id", "batch_id"),
+        # Each submission counts its user's pending jobs (max_pending_jobs).
+        Index("ix_job_user_status", "user_id", "status"),
+        # A deep queue is read by range, not row by row (app/cycle/eligibility.py): the
+        # jobs that may run now by schedule mode and begin time; the new arrivals, and the
+        # jobs waiting for their begin time, by reason; the throttled arrays' tasks.
+        Index("ix_job_pending_mode", "status", "schedule_mode", "begin_at"),
+        Index("ix_job_pending_reason", "status", "pending_reason", "schedule_mode", "begin_at"),
+        Index("ix_job_pending_array_limit", "status", "array_max_running"),
+        # Jobs waiting on their dependencies, few among many (app/cycle/dependencies.py);
+        # partial, so that no query of eligible jobs mistakes it for theirs.
+        Index(
+            "ix_job_waiting_dependencies",
+            "status",
+            sqlite_where=text("dependencies_met IS 0"),
+            postgresql_where=text("dependencies_met IS false"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal
 from app.cycle import lease
 from app.cycle.settings import ranked_by
-from app.cycle.snapshot import read_snapshot
+from app.cycle.snapshot import ClockGates, read_snapshot
 from app.errors import Conflict
 from app.jobs.schemas import RankAhead, RankOut
 from app.jobs.service import get
@@ -30,7 +30,10 @@ def rank(*, session: Session, principal: Principal, job_id: int, now: datetime) 
     if stored is None:
         raise Conflict("the scheduler has not ranked the queue yet: is it running?")
     policy, half_life_s = ranked_by(stored)
-    snapshot = read_snapshot(session=session, now=now, half_life_s=half_life_s).snapshot
+    # Ranked among the jobs the cycle ranks: a job whose begin time is ahead is not yet.
+    snapshot = read_snapshot(
+        session=session, now=now, half_life_s=half_life_s, gates=ClockGates(now=now)
+    ).snapshot
     session.rollback()  # end the read transaction
     order = order_jobs(
         snapshot.pending,
@@ -41,7 +44,7 @@ def rank(*, session: Session, principal: Principal, job_id: int, now: datetime) 
         now=now,
     )
     found = rank_of(order, job_id, settings=policy, history=snapshot.runtime_history, now=now)
-    if found is None:  # waits for its dependencies, or for its array's limit
+    if found is None:  # waits for its dependencies, its array's limit or its begin time
         raise Conflict(f"job {job_id} is not in the queue yet: {job.pending_message}")
     return RankOut(
         job_id=job_id,

@@ -22,6 +22,7 @@ from app.db import utcnow
 from app.deps import CurrentUser, InventoryDep, MessengerDep, SessionDep, SettingsDep
 from app.errors import FieldError
 from app.jobs import service
+from app.jobs.limits import runtime_limits
 from app.jobs.logs import MAX_TAIL_LINES, follow, read_tail, resolve_attempt
 from app.jobs.ranking import rank
 from app.jobs.schemas import (
@@ -78,7 +79,7 @@ def submit_job(
         session=session,
         principal=principal,
         spec=spec,
-        limits=settings.runtime_limits,
+        limits=runtime_limits(settings),
         idempotency_key=idempotency_key,
         inventory=inventory,
     )
@@ -316,7 +317,7 @@ def update_jobs(
         principal=principal,
         selection=selection,
         changes=changes,
-        limits=settings.runtime_limits,
+        limits=runtime_limits(settings),
     )
     messenger.send(updated.after)
     return updated.value
@@ -341,7 +342,7 @@ def update_job(
         principal=principal,
         job_id=job_id,
         changes=changes,
-        limits=settings.runtime_limits,
+        limits=runtime_limits(settings),
     )
     unsent = messenger.send(updated.after)
     if any(isinstance(order, SetTimeLimit) for order in unsent):

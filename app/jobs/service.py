@@ -36,6 +36,7 @@ from app.jobs.lifecycle import note, transition
 from app.jobs.limits import ProjectTimeLimit, RuntimeLimits, check_priority
 from app.jobs.models import Allocation, Job, JobEvent
 from app.jobs.orders import AfterCommit, Changed, stop_orders, time_limit_orders
+from app.jobs.pending_limits import check_pending_limits
 from app.jobs.schemas import (
     AllocationOut,
     ArrayOut,
@@ -363,8 +364,15 @@ def create_job(
         waits_for = _dependencies_left(
             session=session, principal=principal, ids=depends_on, kind=spec.dependency
         )
-    now = utcnow()
     indices: tuple[int | None, ...] = (None,) if spec.array is None else spec.array.task_indices
+    check_pending_limits(
+        session=session,
+        user_id=principal.user_id,
+        project_id=project_id,
+        adding=len(indices),
+        user_default=limits.max_pending_per_user,
+    )
+    now = utcnow()
     tasks = [
         Job(
             name=name,

@@ -92,6 +92,11 @@ class Gpu(Base):
     allocated_milli: Mapped[int] = mapped_column(Integer, default=0)
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)
     health_message: Mapped[str] = mapped_column(String(255), default="")
+    # The deciding readings its agent could not take ("processes: why"): not empty, the
+    # GPU is unknown, and unknown is not free (nothing is placed on it).
+    unknown_readings: Mapped[list[str] | None] = mapped_column(NullableJSON, default=list)
+    # MIG mode is on: sliced, so never handed out as a whole GPU.
+    mig_enabled: Mapped[bool] = mapped_column(Boolean, default=False)
     # Latest reading (None until the first sample arrives).
     sampled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     util_pct: Mapped[float | None] = mapped_column(Float)

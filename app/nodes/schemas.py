@@ -17,6 +17,13 @@ class GpuOut(BaseModel):
     nvlink_peers: list[int]
     healthy: bool
     health_message: str
+    unknown_readings: list[str] = Field(
+        description="readings its agent could not take that placement decides with "
+        '("processes: why"); not empty: the GPU is unknown, and nothing is placed on it'
+    )
+    mig_enabled: bool = Field(
+        description="MIG mode is on: the GPU is sliced and not handed out as a whole GPU"
+    )
     allocated: float = Field(description="fraction of the GPU allocated to our jobs (0..1)")
     sampled_at: datetime | None
     util_pct: float | None

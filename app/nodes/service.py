@@ -25,6 +25,8 @@ def _gpu_out(gpu: Gpu) -> GpuOut:
         nvlink_peers=gpu.nvlink_peers,
         healthy=gpu.healthy,
         health_message=gpu.health_message,
+        unknown_readings=list(gpu.unknown_readings or ()),
+        mig_enabled=gpu.mig_enabled,
         allocated=gpu.allocated_milli / 1000,
         sampled_at=gpu.sampled_at,
         util_pct=gpu.util_pct,

@@ -102,6 +102,8 @@ def ingest_heartbeat(
             continue
         gpu.healthy = reading.healthy
         gpu.health_message = reading.health_message or ""
+        gpu.unknown_readings = list(reading.unknown)
+        gpu.mig_enabled = reading.mig_enabled
         gpu.sampled_at = now
         gpu.util_pct = reading.util_pct
         gpu.memory_util_pct = reading.memory_util_pct
@@ -117,6 +119,9 @@ def ingest_heartbeat(
         )
         if busy:
             gpu.foreign_since = gpu.foreign_since or now
+            gpu.idle_since = None
+        elif reading.unknown:
+            # Not seen idle: the stability window starts again once it is read.
             gpu.idle_since = None
         else:
             gpu.idle_since = gpu.idle_since or now

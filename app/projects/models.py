@@ -26,6 +26,9 @@ class Project(Base):
     # The highest priority its users may give their jobs (0: only lower it, as Slurm's
     # nice); an admin sets it, and admins give any priority.
     max_priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # How many jobs the project's users may have pending together (Slurm's GrpSubmitJobs
+    # on an account); None: no limit of the project's own.
+    max_pending_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # Fair-share usage as the scheduler's last full cycle ranked by it: GPU-seconds, each
     # decayed by how long ago it was used (GPUSCHED_SCHEDULER_FAIR_SHARE_HALF_LIFE_S).
     usage_gpu_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")

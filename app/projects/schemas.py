@@ -36,6 +36,10 @@ class QueueOut(BaseModel):
         description="the highest priority its users may give their jobs (0: they may only "
         "lower it); admins give any"
     )
+    max_pending_jobs: int | None = Field(
+        description="jobs (array tasks each) its users may have pending together; null: no "
+        "limit of the project's own"
+    )
 
 
 class ProjectUpdate(RequestBody):
@@ -76,15 +80,29 @@ class ProjectUpdate(RequestBody):
         "submitted keep theirs",
     )
 
+    max_pending_jobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000_000,
+        description="jobs (array tasks each) its users may have pending together, as "
+        "Slurm's GrpSubmitJobs; null: no limit of its own. Jobs already pending stay",
+    )
+
     @model_validator(mode="after")
     def _changes_something(self) -> ProjectUpdate:
-        sets_time_limit = "max_runtime_s" in self.model_fields_set  # null clears it
+        clears = self.model_fields_set & _CLEARED_BY_NULL
         given = (self.gpu_quota, self.weight, self.max_priority)
-        if all(value is None for value in given) and not sets_time_limit:
-            raise ValueError("give gpu_quota, weight, max_runtime_s, max_priority or several")
+        if all(value is None for value in given) and not clears:
+            raise ValueError(
+                "give gpu_quota, weight, max_runtime_s, max_priority, max_pending_jobs or several"
+            )
         return self
 
     def changes(self) -> dict[str, int | float | None]:
-        """What to set: the fields sent with a value, and max_runtime_s also as null."""
+        """What to set: the fields sent with a value, and those a null clears."""
         sent = self.model_dump(exclude_unset=True)
-        return {k: v for k, v in sent.items() if v is not None or k == "max_runtime_s"}
+        return {k: v for k, v in sent.items() if v is not None or k in _CLEARED_BY_NULL}
+
+
+# Fields where null means "none of the project's own" rather than "unchanged".
+_CLEARED_BY_NULL = frozenset({"max_runtime_s", "max_pending_jobs"})

@@ -89,6 +89,7 @@ def _queue_rows(session: Session, rows: list[Project]) -> list[QueueOut]:
             usage_at=p.usage_at,
             max_runtime_s=p.max_runtime_s,
             max_priority=p.max_priority,
+            max_pending_jobs=p.max_pending_jobs,
         )
         for p in rows
     ]

@@ -38,7 +38,13 @@ class GpuView:
     foreign_since: datetime | None = None
     idle_since: datetime | None = None
     temperature_c: float | None = None
+    # False also when it is unknown or MIG-enabled (the two fields below say so), so
+    # that every check trusting only healthy GPUs leaves it out.
     healthy: bool = True
+    # Deciding readings its agent could not take ("processes: why"): not free, unknown.
+    unknown: tuple[str, ...] = ()
+    # MIG mode on: sliced, never handed out whole.
+    mig_enabled: bool = False
     telemetry_at: datetime | None = None
     allocated_milli: int = 0
     nvlink_peers: tuple[int, ...] = ()
@@ -199,6 +205,8 @@ class ReasonKind(enum.Enum):
     NODE_NOT_READY = "node_not_ready"
     TELEMETRY_STALE = "telemetry_stale"
     GPU_UNHEALTHY = "gpu_unhealthy"
+    GPU_UNKNOWN = "gpu_unknown"
+    GPU_MIG = "gpu_mig"
     GPU_MODEL_UNAVAILABLE = "gpu_model_unavailable"
     GPU_MEMORY = "gpu_memory"
     PRIORITY = "priority"

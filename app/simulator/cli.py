@@ -10,14 +10,13 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from app.config import load_tariff
 from app.scheduling import QUEUE_POLICIES, PolicySettings
 from app.simulator.energy import DEFAULT_GPU_WATTS
 from app.simulator.engine import DEFAULT_PREEMPTION_COST_S, SIM_EPOCH, SimResult, simulate
 from app.simulator.trace import TraceJob, mark_offpeak, mark_preemptible, read_trace
 from app.windows.calendar import WindowSpec
 from app.windows.schemas import WindowIn
-from app.windows.tariff import Tariff
+from app.windows.tariff import Tariff, load_tariff
 
 
 def _hours(s: float) -> str:

@@ -20,13 +20,16 @@ a price change is charged exactly.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
+from app.config import Settings, SettingsError
 from app.windows.calendar import (
     ALL_DAYS,
     WEEKDAYS,
@@ -210,3 +213,24 @@ def cost_of_energy(
         cost_at_peak=total_wh / 1000.0 * tariff.max_price_per_kwh,
         skipped_s=skipped,
     )
+
+
+def load_tariff(path: Path) -> Tariff:
+    """{"timezone", "default_price_per_kwh", "rules": [{"days", "start", "end", "price_per_kwh"}]}"""
+    try:
+        return Tariff.from_dict(json.loads(path.read_text()))
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a valid tariff: {exc}") from None
+
+
+def tariff_setting(settings: Settings) -> Tariff | None:
+    """The tariff GPUSCHED_TARIFF_FILE names, or None; an unusable file is a settings error
+    (the CLI checks it before it starts anything)."""
+    if settings.tariff_file is None:
+        return None
+    try:
+        return load_tariff(settings.tariff_file)
+    except ValueError as exc:
+        raise SettingsError(f"GPUSCHED_TARIFF_FILE: {exc}") from None

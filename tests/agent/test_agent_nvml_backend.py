@@ -39,6 +39,18 @@ class FakeGpu:
     processes: list[tuple[int, int | None]] = field(default_factory=list)
     bus_id: str = ""
     nvlinks: list[str] = field(default_factory=list)  # remote bus id per active link
+    # nvmlDeviceGetRemappedRows: rows remapped for correctable / uncorrectable errors, a
+    # remapping pending (a reset applies it), a remapping failed.
+    remapped: tuple[int, int, int, int] = (0, 0, 0, 0)
+    # Clients of an MPS daemon: NVML lists them only in the MPS query, not as compute.
+    mps_processes: list[tuple[int, int | None]] = field(default_factory=list)
+    graphics_processes: list[tuple[int, int | None]] = field(default_factory=list)
+    # MIG mode now (None: a GPU that cannot do MIG, which answers NOT_SUPPORTED).
+    mig: bool | None = None
+    # The driver's utilisation samples, (timestamp µs, percent); None: it keeps none.
+    util_samples: list[tuple[int, int]] | None = None
+    # A driver from before nvmlDeviceGetTemperatureV.
+    no_temperature_v: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,14 +60,20 @@ class Handle:
 
 class FakeNvml:
     """The slice of pynvml the backend uses. ``fail[(function, gpu_index)]``
-    (or ``fail[(function, None)]`` for non-device calls) is raised instead."""
+    (or ``fail[(function, None)]`` for non-device calls) is raised instead.
+    ``xid(gpu_index, xid)`` is a critical XID event the driver queues for the next
+    nvmlEventSetWait (``gpu_index`` None: an event naming no GPU)."""
 
     NVMLError = pynvml.NVMLError
+    NVML_ERROR_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
     NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
     NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
     NVML_P2P_CAPS_INDEX_NVLINK = pynvml.NVML_P2P_CAPS_INDEX_NVLINK
     NVML_P2P_STATUS_OK = pynvml.NVML_P2P_STATUS_OK
     NVML_NVLINK_MAX_LINKS = 4
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+    NVML_GPU_UTILIZATION_SAMPLES = pynvml.NVML_GPU_UTILIZATION_SAMPLES
 
     def __init__(self, gpus: list[FakeGpu], *, p2p: set[frozenset[int]] | None = None) -> None:
         self.gpus = gpus
@@ -63,6 +81,9 @@ class FakeNvml:
         self.fail: dict[tuple[str, int | None], BaseException] = {}
         self.calls: list[str] = []
         self.shutdowns = 0
+        self.events: list[SimpleNamespace] = []
+        self.watched: set[int] = set()  # GPUs registered for XID events
+        self.event_sets_freed = 0
 
     def _check(self, function: str, index: int | None = None) -> None:
         self.calls.append(function)
@@ -114,6 +135,29 @@ class FakeNvml:
         assert sensor == pynvml.NVML_TEMPERATURE_GPU
         return self._device("nvmlDeviceGetTemperature", handle).temperature
 
+    def nvmlDeviceGetTemperatureV(self, handle: Handle, sensor: int) -> int:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        gpu = self._device("nvmlDeviceGetTemperatureV", handle)
+        if gpu.no_temperature_v:
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return gpu.temperature
+
+    def nvmlDeviceGetSamples(
+        self, handle: Handle, kind: int, since: int
+    ) -> tuple[int, list[SimpleNamespace]]:
+        assert kind == pynvml.NVML_GPU_UTILIZATION_SAMPLES
+        gpu = self._device("nvmlDeviceGetSamples", handle)
+        if gpu.util_samples is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        # As the driver: samples after `since`, none at all is NOT_FOUND.
+        newer = [(at, v) for at, v in gpu.util_samples if at > since]
+        if not newer:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        value_type = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+        return value_type, [
+            SimpleNamespace(timeStamp=at, sampleValue=SimpleNamespace(uiVal=v)) for at, v in newer
+        ]
+
     def nvmlDeviceGetPowerUsage(self, handle: Handle) -> int:
         return self._device("nvmlDeviceGetPowerUsage", handle).power_mw
 
@@ -130,6 +174,54 @@ class FakeNvml:
         return [
             SimpleNamespace(pid=pid, usedGpuMemory=(mb or 0) * MIB) for pid, mb in gpu.processes
         ]
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Handle) -> list[SimpleNamespace]:
+        gpu = self._device("nvmlDeviceGetMPSComputeRunningProcesses", handle)
+        return _processes(gpu.mps_processes)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle) -> list[SimpleNamespace]:
+        gpu = self._device("nvmlDeviceGetGraphicsRunningProcesses", handle)
+        return _processes(gpu.graphics_processes)
+
+    def nvmlDeviceGetMigMode(self, handle: Handle) -> list[int]:
+        gpu = self._device("nvmlDeviceGetMigMode", handle)
+        if gpu.mig is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = int(pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig else pynvml.NVML_DEVICE_MIG_DISABLE)
+        return [mode, mode]
+
+    def nvmlDeviceGetRemappedRows(self, handle: Handle) -> tuple[int, int, int, int]:
+        return self._device("nvmlDeviceGetRemappedRows", handle).remapped
+
+    # -- events: only critical XIDs, as the backend registers for
+
+    def xid(self, index: int | None, xid: int) -> None:
+        device = None if index is None else Handle(index)
+        if index is None or index in self.watched:
+            self.events.append(
+                SimpleNamespace(
+                    device=device, eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid
+                )
+            )
+
+    def nvmlEventSetCreate(self) -> str:
+        self._check("nvmlEventSetCreate")
+        return "event-set"
+
+    def nvmlDeviceRegisterEvents(self, handle: Handle, types: int, event_set: str) -> None:
+        assert event_set == "event-set" and types & pynvml.nvmlEventTypeXidCriticalError
+        self._check("nvmlDeviceRegisterEvents", handle.index)
+        self.watched.add(handle.index)
+
+    def nvmlEventSetWait(self, event_set: str, timeout_ms: int) -> SimpleNamespace:
+        assert event_set == "event-set" and timeout_ms == 0  # never blocks the sampling
+        self._check("nvmlEventSetWait")
+        if not self.events:
+            raise nvml_error(pynvml.NVML_ERROR_TIMEOUT)
+        return self.events.pop(0)
+
+    def nvmlEventSetFree(self, event_set: str) -> None:
+        self.event_sets_freed += 1
 
     def nvmlDeviceGetP2PStatus(self, first: Handle, second: Handle, capability: int) -> int:
         assert capability == pynvml.NVML_P2P_CAPS_INDEX_NVLINK
@@ -152,6 +244,13 @@ class FakeNvml:
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Handle, link: int) -> SimpleNamespace:
         return SimpleNamespace(busId=self.gpus[handle.index].nvlinks[link].encode())
+
+
+def _processes(listed: list[tuple[int, int | None]]) -> list[SimpleNamespace]:
+    return [
+        SimpleNamespace(pid=pid, usedGpuMemory=None if mb is None else mb * MIB)
+        for pid, mb in listed
+    ]
 
 
 def two_gpus(**kwargs: Any) -> FakeNvml:
@@ -194,6 +293,7 @@ def test_not_supported_query_becomes_none_and_the_gpu_stays_healthy() -> None:
     fake = two_gpus()
     fake.fail[("nvmlDeviceGetPowerUsage", 0)] = nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
     fake.fail[("nvmlDeviceGetTemperature", 0)] = nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+    fake.fail[("nvmlDeviceGetTemperatureV", 0)] = nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
     first, second = NvmlGpuBackend(nvml=fake).sample().gpus
     assert first.healthy
     assert first.power_w is None and first.temperature_c is None
@@ -203,7 +303,7 @@ def test_not_supported_query_becomes_none_and_the_gpu_stays_healthy() -> None:
 
 def test_gpu_lost_marks_only_that_gpu_unhealthy_and_sample_does_not_raise() -> None:
     fake = two_gpus()
-    backend = NvmlGpuBackend(nvml=fake)
+    backend = NvmlGpuBackend(nvml=fake, unhealthy_after=1, healthy_after=1)
     fake.fail[("nvmlDeviceGetMemoryInfo", 1)] = nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
     fake.calls.clear()
     first, second = backend.sample().gpus
@@ -224,7 +324,7 @@ def test_gpu_lost_at_start_up_keeps_its_index_and_reports_unhealthy() -> None:
     fake = two_gpus()
     lost = nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
     fake.fail[("nvmlDeviceGetHandleByIndex", 1)] = lost
-    backend = NvmlGpuBackend(nvml=fake)
+    backend = NvmlGpuBackend(nvml=fake, unhealthy_after=1)
     assert [g.uuid for g in backend.node_info().gpus] == ["GPU-aaaa", "GPU-unreadable-1"]
     reading = backend.sample().gpus[1]
     assert not reading.healthy
@@ -233,7 +333,7 @@ def test_gpu_lost_at_start_up_keeps_its_index_and_reports_unhealthy() -> None:
 
 def test_unexpected_exception_is_reported_as_unhealthy_not_raised() -> None:
     fake = two_gpus()
-    backend = NvmlGpuBackend(nvml=fake)
+    backend = NvmlGpuBackend(nvml=fake, unhealthy_after=1)
     fake.fail[("nvmlDeviceGetUtilizationRates", 0)] = RuntimeError("driver returned garbage")
     first, second = backend.sample().gpus
     assert not first.healthy
@@ -309,6 +409,7 @@ def test_close_is_idempotent() -> None:
     backend.close()
     backend.close()
     assert fake.shutdowns == 1
+    assert fake.event_sets_freed == 1  # the XID event set goes with it
 
 
 def test_real_pynvml_on_a_machine_without_gpus() -> None:

@@ -69,6 +69,30 @@ def test_nvml_reads_every_gpu(backend: NvmlGpuBackend) -> None:
         assert live.memory_used_mb + live.memory_free_mb <= static.memory_total_mb + 1
         assert live.temperature_c is not None and 0 < live.temperature_c < 120
         assert live.power_w is not None and live.power_w > 0
+        assert not live.unread, live.unread  # every reading placement decides with
+        assert not live.mig_enabled  # the check machines run whole GPUs
+
+
+def test_the_newer_nvml_calls_answer_here(backend: NvmlGpuBackend) -> None:
+    """What issue 39's backend relies on, against the real driver: the versioned
+    temperature, utilisation samples, remapped rows, MIG mode and XID events."""
+    import pynvml
+
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    sensor = pynvml.NVML_TEMPERATURE_GPU
+    versioned = pynvml.nvmlDeviceGetTemperatureV(handle, sensor)
+    assert abs(versioned - pynvml.nvmlDeviceGetTemperature(handle, sensor)) <= 3
+    value_type, samples = pynvml.nvmlDeviceGetSamples(
+        handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0
+    )
+    print(f"\n{len(samples)} utilisation samples, value type {value_type}")
+    assert samples and all(0 <= s.sampleValue.uiVal <= 100 for s in samples)  # percent
+    corrected, uncorrected, pending, failed = pynvml.nvmlDeviceGetRemappedRows(handle)
+    assert not pending and not failed, (corrected, uncorrected)
+    current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    assert current == pynvml.NVML_DEVICE_MIG_DISABLE
+    assert backend._events is not None  # registered for critical XID events
+    assert backend._critical_xids() == {}  # none on a healthy GPU
 
 
 def test_a_jobs_cuda_process_is_told_from_a_foreign_one(

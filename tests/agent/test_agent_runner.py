@@ -90,6 +90,16 @@ def test_cuda_visible_devices_is_exactly_the_allocated_indices(tmp_path: Path) -
     assert classify(outcome) == "SUCCEEDED"
 
 
+def test_cuda_visible_devices_names_the_gpus_by_uuid_when_given(tmp_path: Path) -> None:
+    spec = launch(
+        tmp_path,
+        'printf "[%s %s]" "$CUDA_VISIBLE_DEVICES" "$CUDA_DEVICE_ORDER"',
+        gpu_indices=(1, 3),
+        gpu_uuids=("GPU-bbbb", "GPU-dddd"),
+    )
+    assert run_to_end(spec)[1] == "[GPU-bbbb,GPU-dddd PCI_BUS_ID]"
+
+
 def test_cuda_visible_devices_is_empty_not_unset_without_gpus(tmp_path: Path) -> None:
     # Unset would let CUDA see every GPU on the node; empty means none.
     _, log = run_to_end(launch(tmp_path, 'printf "[%s]" "${CUDA_VISIBLE_DEVICES-unset}"'))

@@ -1191,6 +1191,17 @@ def test_an_admin_maps_a_user_to_a_unix_account_and_nodes_say_whose_jobs_run(
     )
     users = {u["name"]: u for u in stack.request("GET", "/api/v1/users")}
     assert users["ulla"]["unix_user"] == "ulla.k"
+    # Her pending-job limit: empty is the cluster's default.
+    limit = page.locator(f"{row} [data-max-pending]")
+    assert limit.input_value() == "" and limit.get_attribute("placeholder") == "default"
+    limit.fill("250")
+    limit.press("Enter")
+    page.wait_for_function(
+        "() => document.querySelector(\"tr[data-user='ulla'] [data-max-pending]\")?.value === '250'"
+        " && !document.activeElement?.dataset?.maxPending"
+    )
+    users = {u["name"]: u for u in stack.request("GET", "/api/v1/users")}
+    assert users["ulla"]["max_pending_jobs"] == 250
     dash.shot("users-unix-account")
 
     dash.go("#/nodes")

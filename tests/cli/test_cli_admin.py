@@ -106,10 +106,19 @@ def test_users_lists_roles_projects_and_working_tokens(cli: Cli) -> None:
     result = cli.raw(["admin", "users"])
     assert result.exit_code == 0, result.stderr
     rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if "│" in line}
-    # ROLE, PROJECTS, UNIX USER (the account its jobs run as), ACTIVE TOKENS
-    assert [c.strip() for c in rows["admin"].split("│")[2:6]] == ["admin", "default", "admin", "1"]
-    assert [c.strip() for c in rows["alice"].split("│")[2:6]] == ["user", "ml", "alice", "0"]
-    assert [c.strip() for c in rows["bob"].split("│")[2:6]] == ["user", "cv", "bob", "2"]
+    # ROLE, PROJECTS, UNIX USER (the account its jobs run as), MAX PENDING, ACTIVE TOKENS
+    default = "10,000 (default)"
+    assert [c.strip() for c in rows["admin"].split("│")[2:7]] == [
+        "admin", "default", "admin", default, "1"
+    ]  # fmt: skip
+    assert [c.strip() for c in rows["alice"].split("│")[2:7]] == [
+        "user",
+        "ml",
+        "alice",
+        default,
+        "0",
+    ]
+    assert [c.strip() for c in rows["bob"].split("│")[2:7]] == ["user", "cv", "bob", default, "2"]
 
 
 def test_admin_changes_are_in_the_audit_trail(cli: Cli) -> None:
@@ -194,3 +203,32 @@ def test_a_users_jobs_run_as_the_unix_account_it_is_mapped_to(cli: Cli) -> None:
         assert "--unix-user" in refused.stderr and "not a Unix account name" in refused.stderr
     missing = cli.raw(["admin", "set-unix-user", "nobody", "x"])
     assert missing.exit_code == 1 and "nobody" in missing.stderr
+
+
+def test_admin_limits_sets_how_many_jobs_a_user_may_have_pending(cli: Cli) -> None:
+    raised = cli.raw(["admin", "limits", "alice", "--max-pending", "20,000"])
+    assert raised.exit_code == 0, raised.stderr
+    assert raised.stdout.strip() == "'alice' may have at most 20,000 jobs pending"
+    listed = cli.raw(["admin", "users"]).stdout
+    assert "20,000" in listed and "10,000 (default)" in listed  # alice's; the others'
+    back = cli.raw(["admin", "limits", "alice", "--max-pending", "default"])
+    assert back.stdout.strip() == "'alice' may have at most 10,000 (the default) jobs pending"
+    bad = cli.raw(["admin", "limits", "alice", "--max-pending", "lots"])
+    assert bad.exit_code == 2 and "--max-pending: expected a count" in bad.stderr
+    missing = cli.raw(["admin", "limits", "nobody", "--max-pending", "5"])
+    assert missing.exit_code == 1 and "nobody" in missing.stderr
+
+
+def test_quota_max_pending_caps_a_projects_pending_jobs(cli: Cli) -> None:
+    capped = cli("quota", "ml", "--max-pending", "1", user="admin")
+    assert capped.exit_code == 0, capped.stderr
+    assert "jobs pending of at most 1)" in capped.stdout
+    assert cli("submit", "--", "true").exit_code == 0
+    refused = cli("submit", "--", "true")
+    assert refused.exit_code == 1
+    assert "project ml may have at most 1 jobs pending and has 1" in " ".join(
+        refused.stderr.split()
+    )
+    cleared = cli("quota", "ml", "--max-pending", "none", user="admin")
+    assert "of at most" not in cleared.stdout
+    assert cli("submit", "--", "true").exit_code == 0

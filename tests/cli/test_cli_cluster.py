@@ -211,7 +211,9 @@ def test_quota_sets_guarantee_and_weight(cli: Cli) -> None:
 
     nothing = cli("quota", "ml", user="admin")
     assert nothing.exit_code == 2
-    assert "give --gpus, --weight, --max-runtime or --max-priority" in nothing.stderr
+    assert "give --gpus, --weight, --max-runtime, --max-priority or --max-pending" in (
+        " ".join(nothing.stderr.split())
+    )
     negative = cli("quota", "ml", "--gpus", "-1", user="admin")
     assert negative.exit_code == 2 and "--gpus" in negative.stderr
     zero = cli("quota", "ml", "--weight", "0", user="admin")
@@ -281,4 +283,25 @@ def test_nodes_say_how_jobs_are_fenced_and_whose_account_they_run_as(cli: Cli) -
     for text in ("ISOLATION", "JOBS RUN AS", "cgroup v1", "subreaper only",
                  "single-user: jobs run as carol", "each its owner's",
                  "cannot run jobs as dave (no such account on this node)"):  # fmt: skip
+        assert text in flat, (text, result.stdout)
+
+
+def test_nodes_say_why_a_gpu_takes_no_jobs(cli: Cli) -> None:
+    _add_node(cli, "gpu-a", 3)
+    with cli.factory.begin() as session:
+        sick, unknown, sliced = session.scalars(select(Gpu).order_by(Gpu.index)).all()
+        sick.healthy, sick.health_message = False, "XID 79"
+        unknown.unknown_readings = ["processes: NoPermission"]
+        sliced.mig_enabled = True
+    result = cli("nodes")
+    assert result.exit_code == 0, result.stderr
+    flat = " ".join(result.stdout.split())
+    notes = json.loads(cli("nodes", "--json").stdout)[0]["gpus"]
+    assert [(g["healthy"], g["unknown_readings"], g["mig_enabled"]) for g in notes] == [
+        (False, [], False),
+        (True, ["processes: NoPermission"], False),
+        (True, [], True),
+    ]
+    for text in ("GPU 0 unhealthy: XID 79", "GPU 1 unknown: processes: NoPermission",
+                 "GPU 2 MIG enabled"):  # fmt: skip
         assert text in flat, (text, result.stdout)

@@ -45,11 +45,15 @@ def test_admin_sets_quota_and_weight_and_queues_show_them(api):
 
 def test_bad_changes_are_refused_with_the_field_and_nothing_changes(api):
     for body, field, words in (
-        ({}, "body", "give gpu_quota, weight, max_runtime_s, max_priority or several"),
+        (
+            {},
+            "body",
+            "give gpu_quota, weight, max_runtime_s, max_priority, max_pending_jobs or several",
+        ),
         (
             {"gpu_quota": None},
             "body",
-            "give gpu_quota, weight, max_runtime_s, max_priority or several",
+            "give gpu_quota, weight, max_runtime_s, max_priority, max_pending_jobs or several",
         ),
         ({"gpu_quota": -1}, "gpu_quota", "greater than or equal to 0"),
         ({"gpu_quota": 2.5}, "gpu_quota", "integer"),

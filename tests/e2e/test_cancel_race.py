@@ -74,7 +74,7 @@ def test_cancel_racing_a_placement_does_not_leak_the_gpu(factory: sessionmaker[S
         )
         assert placed.placed == 1
         # ... and then the cancel goes on.
-        out = service.cancel(session=api_session, principal=principal, job_id=job_id)
+        out = service.cancel(session=api_session, principal=principal, job_id=job_id).value
 
     with factory() as session:
         job = session.get(Job, job_id)

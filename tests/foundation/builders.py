@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, insert, select
 
+from app.auth.models import User
 from app.auth.service import create_user
 from app.db import utcnow
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job
-from app.jobs.states import JobStatus
+from app.jobs.states import NEW_IN_QUEUE, JobStatus
 from app.nodes.models import Gpu, Node, NodeState
+from app.projects.models import Project
 
 
 def ready_node(name: str, *, gpus: int, now: datetime, idle_since: datetime | None = None) -> Node:
@@ -70,3 +72,31 @@ def add_user(factory, name: str, projects: list[str], *, admin: bool = False) ->
         )
         session.commit()
     return token
+
+
+def insert_jobs(factory, *, user: str, project: str, count: int, **columns) -> list[int]:
+    """`count` pending jobs of `user` in `project` as a submission leaves them (NEW),
+    written in one bulk INSERT: a deep queue in seconds, where the API would take minutes.
+    `columns`: the same for every job (schedule_mode="at", begin_at=..., gpu_model=...).
+    Returns their ids, in order."""
+    with factory.begin() as session:
+        user_id = session.scalar(select(User.id).where(User.name == user))
+        project_id = session.scalar(select(Project.id).where(Project.name == project))
+        before = session.scalar(select(func.max(Job.id))) or 0
+        session.execute(
+            insert(Job),
+            [
+                {
+                    "name": f"task-{i}",
+                    "user_id": user_id,
+                    "project_id": project_id,
+                    "command": ["train"],
+                    "status": JobStatus.PENDING,
+                    "pending_reason": NEW_IN_QUEUE,
+                    "pending_message": "submitted; waiting for the next scheduling cycle",
+                    **columns,
+                }
+                for i in range(count)
+            ],
+        )
+        return list(session.scalars(select(Job.id).where(Job.id > before).order_by(Job.id)))

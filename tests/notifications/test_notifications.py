@@ -14,6 +14,7 @@ from sqlalchemy import select
 from app.config import Settings
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
+from app.jobs.limits import runtime_limits
 from app.jobs.models import Job
 from app.jobs.reports import job_started
 from app.jobs.states import JobStatus
@@ -158,7 +159,7 @@ def test_a_url_the_server_would_not_notify_is_refused_naming_the_field(api) -> N
 
 
 def test_notifications_are_off_unless_an_admin_allows_hosts(tmp_path: Path) -> None:
-    off = Settings(data_dir=tmp_path).runtime_limits
+    off = runtime_limits(Settings(data_dir=tmp_path))
     from app.errors import FieldError
     from app.jobs.schemas import JobCreate
 

@@ -205,8 +205,9 @@ def test_energy_is_priced_by_the_tariff_and_at_peak():
 
 def test_unusable_tariff_file_is_a_settings_error(tmp_path):
     from app.config import SettingsError, load_settings
+    from app.windows.tariff import tariff_setting
 
     bad = tmp_path / "tariff.json"
     bad.write_text('{"timezone": "Nowhere/Land", "default_price_per_kwh": 0.1}')
     with pytest.raises(SettingsError, match="GPUSCHED_TARIFF_FILE"):
-        load_settings(tariff_file=bad)
+        tariff_setting(load_settings(tariff_file=bad))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -153,6 +154,18 @@ def test_gpu_healthy() -> None:
     assert gpu_healthy.check(n, n.gpus[0], CTX).ok
     st = gpu_healthy.check(n, n.gpus[1], CTX)
     assert st.kind is ReasonKind.GPU_UNHEALTHY
+
+
+def test_an_unknown_or_mig_enabled_gpu_is_refused_with_its_own_reason() -> None:
+    n = node("a").gpus(1).build()
+    unknown = replace(n.gpus[0], healthy=False, unknown=("processes: no permission",))
+    st = gpu_healthy.check(n, unknown, CTX)
+    assert (st.kind, st.message) == (
+        ReasonKind.GPU_UNKNOWN,
+        "node a gpu 0 unknown: could not read processes: no permission",
+    )
+    mig = replace(n.gpus[0], healthy=False, mig_enabled=True)
+    assert gpu_healthy.check(n, mig, CTX).kind is ReasonKind.GPU_MIG
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 import re
 import socket
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +57,21 @@ class GpuProcess:
     used_memory_mb: int | None
 
 
+# Names of the readings a backend may fail to give (GpuSample.unread): the ones the
+# scheduler decides with, so one that fails leaves the GPU unknown, not free.
+READING_MEMORY = "memory"
+READING_UTILISATION = "utilisation"
+READING_PROCESSES = "processes"
+READING_MIG_MODE = "MIG mode"
+# What a GPU unreadable at the agent's start is called instead of its UUID (and index).
+UNREADABLE_UUID = "GPU-unreadable-"
+
+
 @dataclass(frozen=True)
 class GpuSample:
     """One reading of one GPU. Any number may be None: the GPU does not support
-    that query, or it is unhealthy and could not be read."""
+    that query, or it is unhealthy and could not be read. ``unread`` says which of
+    the deciding readings (READING_*) failed and why: "could not read" is not 0."""
 
     index: int
     uuid: str
@@ -72,6 +84,9 @@ class GpuSample:
     temperature_c: float | None
     power_w: float | None
     processes: tuple[GpuProcess, ...] = ()
+    unread: Mapping[str, str] = field(default_factory=dict)
+    # MIG mode is on: the GPU is sliced, and the scheduler must not hand it out whole.
+    mig_enabled: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,6 +189,8 @@ def open_backend(
     seed: int = 0,
     sim_state_file: str | Path | None = None,
     nvml_module: object | None = None,
+    unhealthy_after: int | None = None,
+    healthy_after: int | None = None,
 ) -> tuple[GpuBackend, str]:
     """Open the GPU backend named by ``spec``; return it with a log line saying
     what was opened and, on a fallback, why.
@@ -185,19 +202,22 @@ def open_backend(
     - ``"sim:..."``: simulated GPUs (see :func:`parse_sim_spec`); a multi-node
       spec gives this agent one node's worth of GPUs.
 
-    ``nvml_module`` replaces the ``pynvml`` module (tests pass a fake).
+    ``nvml_module`` replaces the ``pynvml`` module (tests pass a fake);
+    ``unhealthy_after``/``healthy_after`` set NVML's health hysteresis (None: defaults).
     """
     host = hostname or socket.gethostname()
     normalized = (spec or "auto").strip()
     if normalized.lower() in ("auto", "nvml"):
         # Imported here so a simulated-only agent never loads the NVML bindings.
-        from workers.agent.nvml_backend import NvmlGpuBackend
+        from workers.agent.nvml_backend import HEALTHY_AFTER, UNHEALTHY_AFTER, NvmlGpuBackend
 
+        module: dict[str, Any] = {} if nvml_module is None else {"nvml": nvml_module}
         try:
-            nvml_backend = (
-                NvmlGpuBackend(hostname=host)
-                if nvml_module is None
-                else NvmlGpuBackend(nvml=nvml_module, hostname=host)
+            nvml_backend = NvmlGpuBackend(
+                **module,
+                hostname=host,
+                unhealthy_after=unhealthy_after or UNHEALTHY_AFTER,
+                healthy_after=healthy_after or HEALTHY_AFTER,
             )
         except BackendUnavailable as exc:
             if normalized.lower() == "nvml":

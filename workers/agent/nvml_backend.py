@@ -7,6 +7,13 @@ that has fallen off the bus (or needs a reset, or answers garbage) becomes
 for a GPU problem, because one sick GPU must not stop the agent from
 reporting the healthy ones (and from reporting the sick one as sick).
 
+Health is judged as NVIDIA's own tools judge it (k8s-device-plugin, DCGM exporter):
+critical XID events (application XIDs, the job's own faults, ignored), remapped rows
+pending or failed, and NVML calls that fail. A failing reading counts toward
+``unhealthy_after`` consecutive bad ones before the GPU is called unhealthy, and it is
+called healthy again only after ``healthy_after`` good ones (no flapping); an XID is the
+driver's own verdict and marks it unhealthy at once.
+
 The ``pynvml`` module is a constructor parameter so the error handling can be
 tested without a GPU, by passing a small fake module that raises the real
 ``pynvml.NVMLError`` subclasses.
@@ -26,6 +33,11 @@ from typing import Any, TypeVar
 import pynvml
 
 from workers.agent.gpu_backend import (
+    READING_MEMORY,
+    READING_MIG_MODE,
+    READING_PROCESSES,
+    READING_UTILISATION,
+    UNREADABLE_UUID,
     BackendUnavailable,
     GpuProcess,
     GpuSample,
@@ -38,6 +50,26 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _MIB = 1024 * 1024
+
+# XIDs a job's own fault raises (illegal address, MMU fault from the job, reset channel
+# for it...): NVIDIA's k8s-device-plugin ignores these; every other XID is the GPU's.
+APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+# Defaults of the hysteresis: unhealthy after 3 bad readings in a row (15 s at the
+# agent's 5 s), healthy again after 12 good ones (a minute).
+UNHEALTHY_AFTER = 3
+HEALTHY_AFTER = 12
+# nvmlValueType_t -> the field of c_nvmlValue_t that holds a sample's value.
+_SAMPLE_VALUE_FIELDS = {
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}
+# Events read per sample at most: a storm must not hold up the readings.
+_MAX_EVENTS_PER_SAMPLE = 256
 
 # Error codes meaning "this particular value is unavailable", not "the GPU is
 # broken": the query is unsupported on this model/driver, or we lack the
@@ -53,6 +85,10 @@ _VALUE_UNAVAILABLE_CODES: frozenset[int] = frozenset(
         pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
     }
 )
+
+
+# The readings the scheduler decides with: unread, the GPU is unknown, not free.
+DECIDING_READINGS = (READING_MEMORY, READING_UTILISATION, READING_PROCESSES)
 
 
 def _text(value: object) -> str:
@@ -73,14 +109,52 @@ def describe_nvml_error(exc: BaseException) -> str:
 
 
 class _GpuHealth:
-    """Collects the first health problem seen while reading one GPU."""
+    """What went wrong while reading one GPU: the first health problem (the GPU is
+    sick) and the deciding readings it could not give, with why (the GPU is unknown)."""
 
     def __init__(self) -> None:
         self.message: str | None = None
+        self.unread: dict[str, str] = {}
 
     @property
     def healthy(self) -> bool:
         return self.message is None
+
+
+class _HealthHysteresis:
+    """One GPU's health over its readings: unhealthy after `unhealthy_after` bad readings
+    in a row (or at once for an XID), healthy again after `healthy_after` good ones."""
+
+    def __init__(self, *, unhealthy_after: int, healthy_after: int) -> None:
+        self.unhealthy_after = max(1, unhealthy_after)
+        self.healthy_after = max(1, healthy_after)
+        self.healthy = True
+        self.bad = self.good = 0
+        self.problem: str | None = None
+
+    def observe(self, problem: str | None, *, at_once: bool = False) -> tuple[bool, str | None]:
+        """The verdict after one more reading (`problem` None: a good one), with what to
+        show: the problem, and how far the count has gone while it is not decided."""
+        if problem is not None:
+            self.good = 0
+            self.bad += 1
+            self.problem = problem
+            if self.healthy and (at_once or self.bad >= self.unhealthy_after):
+                self.healthy = False
+            if self.healthy:
+                return True, f"{problem} ({self.bad} of {self.unhealthy_after} bad readings)"
+            return False, problem
+        self.bad = 0
+        if self.healthy:
+            return True, None
+        self.good += 1
+        if self.good >= self.healthy_after:
+            self.healthy, self.good, self.problem = True, 0, None
+            return True, None
+        return (
+            False,
+            f"{self.problem} (recovering: {self.good} of {self.healthy_after} good readings)",
+        )
 
 
 class NvmlGpuBackend:
@@ -96,6 +170,8 @@ class NvmlGpuBackend:
         *,
         hostname: str | None = None,
         clock: Callable[[], float] = time.time,
+        unhealthy_after: int = UNHEALTHY_AFTER,
+        healthy_after: int = HEALTHY_AFTER,
     ) -> None:
         self._nvml = nvml
         self._clock = clock
@@ -107,11 +183,21 @@ class NvmlGpuBackend:
             nvml.nvmlInit()
         except Exception as exc:
             raise BackendUnavailable(describe_nvml_error(exc)) from exc
+        self._events: Any = None
+        # Per GPU, the driver's timestamp (µs) of the last utilisation sample read.
+        self._util_seen: dict[int, int] = {}
         try:
             self._info, self._handles = self._discover()
         except Exception as exc:
             self._shutdown()
             raise BackendUnavailable(describe_nvml_error(exc)) from exc
+        self._health = {
+            gpu.index: _HealthHysteresis(
+                unhealthy_after=unhealthy_after, healthy_after=healthy_after
+            )
+            for gpu in self._info.gpus
+        }
+        self._events = self._watch_xid_events()
 
     # -- static facts -------------------------------------------------------
 
@@ -142,7 +228,7 @@ class NvmlGpuBackend:
                     index=index,
                     # A placeholder keeps the index reportable (as unhealthy)
                     # instead of making the whole GPU vanish from the node.
-                    uuid=_text(uuid) if uuid is not None else f"GPU-unreadable-{index}",
+                    uuid=_text(uuid) if uuid is not None else f"{UNREADABLE_UUID}{index}",
                     model=_text(model) if model is not None else "unknown",
                     memory_total_mb=memory_total_mb,
                     device_minor=int(minor) if minor is not None else index,
@@ -226,8 +312,93 @@ class NvmlGpuBackend:
 
     def sample(self) -> NodeSample:
         taken_at = self._clock()
-        samples = tuple(self._sample_gpu(gpu) for gpu in self._info.gpus)
+        xids = self._critical_xids()
+        everywhere = xids.pop(None, [])
+        samples = tuple(
+            self._judge(self._sample_gpu(gpu), [*everywhere, *xids.get(gpu.index, [])])
+            for gpu in self._info.gpus
+        )
         return NodeSample(taken_at=taken_at, gpus=samples)
+
+    def _judge(self, reading: GpuSample, xids: list[int]) -> GpuSample:
+        """The GPU's health after this reading, through its hysteresis."""
+        problem = None if reading.healthy else reading.health_message or "unhealthy"
+        if xids:
+            problem = f"XID {', '.join(str(x) for x in xids)} (critical XID event from the driver)"
+        healthy, message = self._health[reading.index].observe(problem, at_once=bool(xids))
+        return replace(reading, healthy=healthy, health_message=message)
+
+    # -- XID events -----------------------------------------------------------
+
+    def _watch_xid_events(self) -> Any:
+        """An event set with every GPU registered for critical XID events, or None where
+        the driver offers none (then health comes from the readings alone)."""
+        nvml = self._nvml
+        xid_type = getattr(nvml, "nvmlEventTypeXidCriticalError", None)
+        if xid_type is None or not hasattr(nvml, "nvmlEventSetCreate"):
+            return None
+        try:
+            events = nvml.nvmlEventSetCreate()
+        except Exception as exc:
+            logger.info("no XID events on this node: %s", describe_nvml_error(exc))
+            return None
+        watched = 0
+        for gpu in self._info.gpus:
+            handle = self._handles[gpu.index]
+            if handle is None:
+                continue
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, xid_type, events)
+                watched += 1
+            except Exception as exc:
+                logger.info("GPU %d gives no XID events: %s", gpu.index, describe_nvml_error(exc))
+        if watched:
+            return events
+        self._free_events(events)
+        return None
+
+    def _critical_xids(self) -> dict[int | None, list[int]]:
+        """XIDs of the GPU's own faults since the last sample, per GPU index (None: the
+        driver named no GPU, so every one), application XIDs left out."""
+        nvml = self._nvml
+        found: dict[int | None, list[int]] = {}
+        if self._events is None:
+            return found
+        xid_type = int(nvml.nvmlEventTypeXidCriticalError)
+        timeout = getattr(nvml, "NVML_ERROR_TIMEOUT", 10)
+        for _ in range(_MAX_EVENTS_PER_SAMPLE):
+            try:
+                event = nvml.nvmlEventSetWait(self._events, 0)
+            except Exception as exc:
+                if getattr(exc, "value", None) != timeout:
+                    logger.warning("reading XID events: %s", describe_nvml_error(exc))
+                break
+            if not int(event.eventType) & xid_type:
+                continue
+            xid = int(event.eventData)
+            if xid in APPLICATION_XIDS:
+                continue
+            found.setdefault(self._index_of(event.device), []).append(xid)
+        return found
+
+    def _index_of(self, device: Any) -> int | None:
+        """The index of the GPU an event names: by its handle, else by its UUID; None
+        when it names none (a NULL device) or one we cannot tell."""
+        if not device:
+            return None
+        for index, handle in enumerate(self._handles):
+            if handle is not None and _same_device(handle, device):
+                return index
+        uuid = self._call(self._nvml.nvmlDeviceGetUUID, device)
+        if uuid is None:
+            return None
+        return next((g.index for g in self._info.gpus if g.uuid == _text(uuid)), None)
+
+    def _free_events(self, events: Any) -> None:
+        try:
+            self._nvml.nvmlEventSetFree(events)
+        except Exception as exc:  # closing must not fail the agent's shutdown
+            logger.debug("nvmlEventSetFree failed: %s", exc)
 
     def _sample_gpu(self, gpu: GpuStatic) -> GpuSample:
         try:
@@ -247,42 +418,145 @@ class NvmlGpuBackend:
                 return _unreadable(gpu, health.message or "no NVML handle for this GPU")
             self._handles[gpu.index] = handle
 
-        def read(fn: Callable[..., T], *args: Any) -> T | None:
+        def read(fn: Callable[..., T], *args: Any, reading: str | None = None) -> T | None:
             # Once the GPU is known to be broken, further calls only add latency
             # (each can take seconds on a lost GPU) and say nothing new.
             if not health.healthy:
+                if reading is not None:
+                    health.unread[reading] = f"not read after {health.message}"
                 return None
-            return self._call(fn, handle, *args, health=health)
+            return self._call(fn, handle, *args, health=health, reading=reading)
 
-        memory = read(nvml.nvmlDeviceGetMemoryInfo)
-        utilization = read(nvml.nvmlDeviceGetUtilizationRates)
-        temperature = read(nvml.nvmlDeviceGetTemperature, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
+        memory = read(nvml.nvmlDeviceGetMemoryInfo, reading=READING_MEMORY)
+        utilization = read(nvml.nvmlDeviceGetUtilizationRates, reading=READING_UTILISATION)
+        util_sm_pct = float(utilization.gpu) if utilization is not None else None
+        sampled = self._utilisation_since_last(gpu.index, handle) if health.healthy else None
+        if sampled is not None:
+            util_sm_pct = sampled
+            health.unread.pop(READING_UTILISATION, None)
+        sensor = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
+        # The versioned call where the driver has it (the old one goes with CUDA 14).
+        get_temperature_v = getattr(nvml, "nvmlDeviceGetTemperatureV", None)
+        temperature = read(get_temperature_v, sensor) if get_temperature_v is not None else None
+        if temperature is None and hasattr(nvml, "nvmlDeviceGetTemperature"):
+            temperature = read(nvml.nvmlDeviceGetTemperature, sensor)
         power_mw = read(nvml.nvmlDeviceGetPowerUsage)
-        processes = read(self._compute_processes)
+        processes = read(self._processes, reading=READING_PROCESSES)
+        mig_enabled = self._mig_enabled(handle, health) if health.healthy else False
+        get_remapped = getattr(nvml, "nvmlDeviceGetRemappedRows", None)
+        remapped = read(get_remapped) if get_remapped is not None else None
+        if remapped is not None and health.healthy:
+            _corrected, uncorrected, pending, failed = remapped
+            if failed:
+                health.message = (
+                    f"row remapping failed ({uncorrected} rows remapped for uncorrectable "
+                    "errors): the GPU needs replacing (nvmlDeviceGetRemappedRows)"
+                )
+            elif pending:
+                health.message = (
+                    "row remapping pending: the GPU needs a reset (nvmlDeviceGetRemappedRows)"
+                )
         return GpuSample(
             index=gpu.index,
             uuid=gpu.uuid,
             healthy=health.healthy,
             health_message=health.message,
-            util_sm_pct=float(utilization.gpu) if utilization is not None else None,
+            util_sm_pct=util_sm_pct,
             util_mem_pct=float(utilization.memory) if utilization is not None else None,
             memory_used_mb=int(memory.used) // _MIB if memory is not None else None,
             memory_free_mb=int(memory.free) // _MIB if memory is not None else None,
             temperature_c=float(temperature) if temperature is not None else None,
             power_w=float(power_mw) / 1000.0 if power_mw is not None else None,
             processes=tuple(processes or ()),
+            unread=dict(health.unread),
+            mig_enabled=mig_enabled,
         )
 
+    def _utilisation_since_last(self, index: int, handle: Any) -> float | None:
+        """Mean utilisation over the driver's samples (about 6 a second) taken since the
+        last reading, so a bursty process between two readings is seen; None where the
+        driver keeps no samples or has none new (the snapshot call answers then)."""
+        nvml = self._nvml
+        get_samples = getattr(nvml, "nvmlDeviceGetSamples", None)
+        kind = getattr(nvml, "NVML_GPU_UTILIZATION_SAMPLES", None)
+        if get_samples is None or kind is None:
+            return None
+        since = self._util_seen.get(index, 0)
+        try:
+            value_type, samples = get_samples(handle, kind, since)
+        except Exception:  # NOT_FOUND: none since; NOT_SUPPORTED: no sampling here
+            return None
+        field_name = _SAMPLE_VALUE_FIELDS.get(int(value_type), "uiVal")
+        fresh = [(int(x.timeStamp), getattr(x.sampleValue, field_name)) for x in samples or ()]
+        fresh = [(at, value) for at, value in fresh if at > since]
+        if not fresh:
+            return None
+        self._util_seen[index] = max(at for at, _ in fresh)
+        mean = sum(float(value) for _, value in fresh) / len(fresh)
+        return min(100.0, max(0.0, mean))
+
+    def _mig_enabled(self, handle: Any, health: _GpuHealth) -> bool:
+        """Whether MIG mode is on (now, not pending a reset). A GPU that cannot do MIG
+        says NOT_SUPPORTED: off. Any other failure leaves the mode unknown."""
+        nvml = self._nvml
+        get_mode = getattr(nvml, "nvmlDeviceGetMigMode", None)
+        if get_mode is None:
+            return False
+        try:
+            current, _pending = get_mode(handle)
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) in (
+                getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3),
+                getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13),
+            ):
+                return False
+            health.unread[READING_MIG_MODE] = (
+                f"{describe_nvml_error(exc)} (in nvmlDeviceGetMigMode)"
+            )
+            return False
+        return bool(current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1))
+
+    def _processes(self, handle: Any) -> list[GpuProcess]:
+        """Every process with a context on the GPU: compute, MPS clients (listed apart,
+        and only there) and graphics, one entry per pid. The compute list must answer;
+        the others may be unsupported (older drivers, no MPS daemon), which lists none."""
+        by_pid = {proc.pid: proc for proc in self._compute_processes(handle)}
+        absent = {
+            getattr(self._nvml, "NVML_ERROR_NOT_SUPPORTED", 3),
+            getattr(self._nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13),
+        }
+        for query in (
+            "nvmlDeviceGetMPSComputeRunningProcesses",
+            "nvmlDeviceGetGraphicsRunningProcesses",
+        ):
+            if not hasattr(self._nvml, query):
+                continue
+            try:
+                listed = self._process_list(query, handle)
+            except self._nvml.NVMLError as exc:
+                if getattr(exc, "value", None) in absent:
+                    continue
+                raise
+            for proc in listed:
+                known = by_pid.get(proc.pid)
+                # One process in two lists is one context: its memory counts once.
+                if known is None or (known.used_memory_mb or 0) < (proc.used_memory_mb or 0):
+                    by_pid[proc.pid] = proc
+        return list(by_pid.values())
+
     def _compute_processes(self, handle: Any) -> list[GpuProcess]:
+        return self._process_list("nvmlDeviceGetComputeRunningProcesses", handle)
+
+    def _process_list(self, query: str, handle: Any) -> list[GpuProcess]:
         nvml = self._nvml
         mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
         try:
-            raw = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            raw = getattr(nvml, query)(handle)
         except Exception as exc:
             # Older drivers lack the v3 entry point the unversioned wrapper uses.
             if mismatch is None or not isinstance(exc, mismatch):
                 raise
-            raw = nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
+            raw = getattr(nvml, f"{query}_v2")(handle)
         result = []
         for proc in raw or ():
             used = getattr(proc, "usedGpuMemory", None)
@@ -319,15 +593,25 @@ class NvmlGpuBackend:
             return None
         return os.getpid() in seen
 
-    def _call(self, fn: Callable[..., T], *args: Any, health: _GpuHealth | None = None) -> T | None:
+    def _call(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        health: _GpuHealth | None = None,
+        reading: str | None = None,
+    ) -> T | None:
         """Call NVML; on error return None and, unless the error only means
-        "value unavailable", record it as the GPU's health problem."""
+        "value unavailable", record it as the GPU's health problem. A deciding
+        `reading` that fails, for whatever reason, is recorded as unread: the
+        scheduler must not take "could not read" for "nothing there"."""
         try:
             return fn(*args)
         except self._nvml.NVMLError as exc:
             code = getattr(exc, "value", None)
+            name = getattr(fn, "__name__", "NVML call")
+            if health is not None and reading is not None:
+                health.unread[reading] = f"{describe_nvml_error(exc)} (in {name})"
             if code not in _VALUE_UNAVAILABLE_CODES and health is not None and health.healthy:
-                name = getattr(fn, "__name__", "NVML call")
                 health.message = f"{describe_nvml_error(exc)} (in {name})"
             return None
 
@@ -340,10 +624,26 @@ class NvmlGpuBackend:
         self._shutdown()
 
     def _shutdown(self) -> None:
+        if self._events is not None:
+            self._free_events(self._events)
+            self._events = None
         try:
             self._nvml.nvmlShutdown()
         except Exception as exc:  # closing must not fail the agent's shutdown
             logger.debug("nvmlShutdown failed: %s", exc)
+
+
+def _same_device(first: Any, second: Any) -> bool:
+    """Two NVML device handles name one GPU: equal, or (ctypes pointers, which compare
+    by identity) pointing at the same address."""
+    if first == second:
+        return True
+    try:
+        return bool(
+            ctypes.cast(first, ctypes.c_void_p).value == ctypes.cast(second, ctypes.c_void_p).value
+        )
+    except (ctypes.ArgumentError, TypeError):
+        return False
 
 
 def _normalize_bus_id(bus_id: object) -> str:
@@ -369,4 +669,5 @@ def _unreadable(gpu: GpuStatic, message: str) -> GpuSample:
         temperature_c=None,
         power_w=None,
         processes=(),
+        unread=dict.fromkeys(DECIDING_READINGS, message),
     )

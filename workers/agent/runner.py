@@ -96,6 +96,9 @@ class JobLaunch:
     attempt: int
     log_path: str | Path
     gpu_indices: tuple[int, ...] = ()
+    # The same GPUs by NVML's UUID, which CUDA_VISIBLE_DEVICES names when given: an index
+    # can name another GPU after a reboot or once a GPU has gone. Empty: by index.
+    gpu_uuids: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     log_cap_bytes: int = DEFAULT_LOG_CAP_BYTES
     max_runtime_s: float | None = None
@@ -247,10 +250,11 @@ def job_environment(
     env.update({key: str(value) for key, value in spec.env.items()})
     env.update(
         {
-            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices),
+            "CUDA_VISIBLE_DEVICES": ",".join(spec.gpu_uuids or map(str, spec.gpu_indices)),
             # CUDA numbers GPUs fastest-first by default; NVML (and so the
-            # scheduler) numbers them by PCI bus. Without this the job could
-            # land on GPUs other than the ones it was given.
+            # scheduler) numbers them by PCI bus. Without this a job given indices could
+            # land on GPUs other than its own; with UUIDs it keeps the job's own ordinals
+            # in bus order, as the indices it was given.
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             JOB_ID_ENV: str(spec.job_id),
             ATTEMPT_ENV: str(spec.attempt),

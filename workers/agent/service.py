@@ -60,7 +60,16 @@ from workers.agent.fence import (
     denied_devices,
     host_gpu_devices,
 )
-from workers.agent.gpu_backend import GpuBackend, NodeSample
+from workers.agent.gpu_backend import (
+    READING_MEMORY,
+    READING_MIG_MODE,
+    READING_PROCESSES,
+    READING_UTILISATION,
+    UNREADABLE_UUID,
+    GpuBackend,
+    GpuSample,
+    NodeSample,
+)
 from workers.agent.runner import (
     JobLaunch,
     LaunchError,
@@ -88,6 +97,10 @@ class AgentSettings(BaseSettings):
     name: str = Field(default_factory=socket.gethostname)
     gpus: str = "auto"
     sample_interval_s: float = Field(default=5.0, gt=0)
+    # NVML health hysteresis: a GPU is called unhealthy after this many bad readings in a
+    # row (an XID event at once), and healthy again after this many good ones.
+    unhealthy_after: int = Field(default=3, ge=1)
+    healthy_after: int = Field(default=12, ge=1)
     grace_s: float = Field(default=30.0, ge=0)
     # Single-user on a root agent: every job runs as this account, not as its owner's.
     run_as_user: str | None = None
@@ -105,6 +118,19 @@ class AgentSettings(BaseSettings):
     key_file: Path | None = None
     # Serves this agent's counters (refused orders) for Prometheus; 0: none.
     metrics_port: int = Field(default=0, ge=0, le=65535)
+
+
+def unknown_readings(gpu: GpuSample, *, has_foreign: bool) -> tuple[str, ...]:
+    """The readings the scheduler would decide with that this GPU did not give, each
+    "name: why": free memory and its processes always; its utilisation when a foreign
+    process is there (it is how much that process loads the GPU). Empty on an unhealthy
+    GPU, whose verdict says more. Non-empty: the GPU is unknown, which is not free."""
+    if not gpu.healthy:
+        return ()
+    needed = [READING_MEMORY, READING_PROCESSES, READING_MIG_MODE]
+    if has_foreign:
+        needed.append(READING_UTILISATION)
+    return tuple(f"{name}: {gpu.unread[name]}"[:240] for name in needed if name in gpu.unread)
 
 
 class Reporter(Protocol):
@@ -414,6 +440,8 @@ class Agent:
                     uuid=gpu.uuid,
                     healthy=gpu.healthy,
                     health_message=gpu.health_message,
+                    unknown=unknown_readings(gpu, has_foreign=has_foreign),
+                    mig_enabled=gpu.mig_enabled,
                     util_pct=gpu.util_sm_pct,
                     memory_util_pct=gpu.util_mem_pct,
                     memory_used_mb=gpu.memory_used_mb,
@@ -465,6 +493,20 @@ class Agent:
             with self._lock:
                 self._unusable[name] = exc.reason
             raise
+
+    def gpu_uuids(self, gpu_indices: tuple[int, ...]) -> tuple[str, ...]:
+        """NVML's UUIDs of these GPUs, for CUDA_VISIBLE_DEVICES; empty (by index) unless
+        every one is a real GPU's: simulated GPUs have no CUDA device, and a GPU unreadable
+        at start-up has only a placeholder."""
+        if not gpu_indices or self.backend is None:
+            return ()
+        info = self.backend.node_info()
+        if info.backend != "nvml":
+            return ()
+        by_index = {gpu.index: gpu.uuid for gpu in info.gpus}
+        uuids = tuple(by_index.get(index, "") for index in gpu_indices)
+        real = all(u.startswith("GPU-") and not u.startswith(UNREADABLE_UUID) for u in uuids)
+        return uuids if real else ()
 
     def denied_devices(self, gpu_indices: tuple[int, ...]) -> tuple[GpuDevice, ...]:
         """The GPU device files a job on `gpu_indices` may not open: every other GPU's."""
@@ -527,6 +569,7 @@ class Agent:
             attempt=key[1],
             log_path=attempt_log_path(self.log_dir, *key, order.node_rank),
             gpu_indices=order.gpu_indices,
+            gpu_uuids=self.gpu_uuids(order.gpu_indices),
             env=order.env,
             log_cap_bytes=self.log_cap_bytes,
             max_runtime_s=limit,

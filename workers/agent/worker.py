@@ -100,6 +100,8 @@ def build_agent(settings: Settings, agent_settings: AgentSettings) -> tuple[Cele
         agent_settings.gpus,
         hostname=agent_settings.name,
         sim_state_file=agent_settings.sim_state_file,
+        unhealthy_after=agent_settings.unhealthy_after,
+        healthy_after=agent_settings.healthy_after,
     )
     log.info("agent %s: %s", agent_settings.name, line)
     problem = host_pid_namespace_problem(

@@ -31,6 +31,11 @@ function gpuTile(node, gpu) {
       h("span", { class: hot ? "hot" : "" }, "Temp ", h("b", {}, gpu.temperature_c === null ? "—" : `${fmtNum(gpu.temperature_c)} °C`)),
       h("span", {}, "Power ", h("b", {}, gpu.power_w === null ? "—" : `${fmtNum(gpu.power_w)} W`))),
     !gpu.healthy ? h("div", { class: "field-error" }, gpu.health_message || "unhealthy") : null,
+    gpu.healthy && gpu.health_message ? h("div", { class: "sub" }, gpu.health_message) : null,
+    (gpu.unknown_readings || []).length ? h("div", { class: "field-error", dataset: { unknown: "1" } },
+      `unknown, takes no jobs: could not read ${gpu.unknown_readings.join("; ")}`) : null,
+    gpu.mig_enabled ? h("div", { class: "field-error", dataset: { mig: "1" } },
+      "MIG enabled: slices are not scheduled, so it takes no jobs") : null,
     foreignProcs.length ? h("div", { class: "field-error", dataset: { foreign: "1" } },
       `⚠ ${foreignProcs.length} foreign process${foreignProcs.length > 1 ? "es" : ""}: ${fmtNum(gpu.foreign_util_pct)}% · ${fmtMem(gpu.foreign_memory_mb)}`) : null,
     gpu.processes.length ? h("div", { class: "procs" }, gpu.processes.map((p) => {

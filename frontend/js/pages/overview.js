@@ -26,6 +26,8 @@ const BAND = "rgba(16, 185, 129, 0.13)";
 /** One of busy / foreign / idle / down for a GPU (exclusive, in that precedence after down). */
 export function gpuState(node, gpu) {
   if (!gpu.healthy || node.state !== "READY") return "down";
+  // Unknown (a deciding reading failed) and MIG-sliced GPUs take no jobs: not idle.
+  if ((gpu.unknown_readings || []).length || gpu.mig_enabled) return "down";
   if (gpu.allocated > 0) return "busy";
   if ((gpu.foreign_util_pct || 0) > 0 || (gpu.foreign_memory_mb || 0) > 0) return "foreign";
   return "idle";

@@ -109,6 +109,23 @@ export function usersPage(root, ctx) {
         }
       },
     }, accountInput, h("button", { type: "submit", class: "btn btn-ghost btn-sm" }, "Set"));
+    // How many jobs the user may have pending (empty: the cluster's default), as
+    // `gpusched admin limits USER --max-pending N`.
+    const pendingInput = h("input", { class: "inline-input num", type: "number", min: 0, step: 1,
+      value: u.max_pending_jobs ?? "", placeholder: "default",
+      "aria-label": `Most jobs ${u.name} may have pending`, dataset: { maxPending: u.name } });
+    const pending = h("form", {
+      class: "inline-form",
+      onsubmit: (ev) => {
+        ev.preventDefault();
+        const raw = pendingInput.value.trim();
+        const limit = raw === "" ? null : Number(raw);
+        if (limit !== (u.max_pending_jobs ?? null)) {
+          act(`set ${u.name}'s pending-job limit`, `/api/v1/users/${enc}`, { method: "PATCH", body: { max_pending_jobs: limit } },
+            () => toast(limit === null ? `${u.name} has the cluster's default limit` : `${u.name} may have ${limit} jobs pending`));
+        }
+      },
+    }, pendingInput, h("button", { type: "submit", class: "btn btn-ghost btn-sm" }, "Set"));
     return h("tr", { dataset: { user: u.name } },
       h("td", {}, h("b", {}, u.name)),
       h("td", { class: "role" }, u.is_admin ? h("span", { class: "badge ok" }, "admin") : "user", " ", roleButton(u, admins)),
@@ -119,6 +136,7 @@ export function usersPage(root, ctx) {
           onclick: () => act(`remove ${u.name} from ${p}`, `/api/v1/users/${enc}/projects/${encodeURIComponent(p)}`, { method: "DELETE" }),
         }, "×") : null)), join),
       h("td", { class: "unix-user" }, account),
+      h("td", { class: "max-pending" }, pending),
       h("td", { class: "num" }, String(u.active_tokens)),
       h("td", { class: "actions" },
         h("button", {
@@ -147,7 +165,7 @@ export function usersPage(root, ctx) {
     clear(listCard, h("h2", {}, "Users and their projects"),
       h("div", { class: "table-wrap" }, cardify(h("table", { id: "users-table" },
         h("thead", {}, h("tr", {}, h("th", {}, "User"), h("th", {}, "Role"), h("th", {}, "Projects"),
-          h("th", {}, "Unix account"), h("th", { class: "num" }, "Active tokens"), h("th", {}, ""))),
+          h("th", {}, "Unix account"), h("th", {}, "Max pending jobs"), h("th", { class: "num" }, "Active tokens"), h("th", {}, ""))),
         h("tbody", {}, users.map((u) => row(u, users.filter((x) => x.is_admin).length)))))));
   };
 

@@ -1,0 +1,120 @@
+"""How many jobs a user, and a project, may have pending (Slurm's MaxSubmitJobs and
+GrpSubmitJobs): over the limit a submission is refused whole with a 429 that gives the
+limit and the count; an array counts as its tasks; an admin sets the limits (API, CLI),
+audited. Real API, both database backends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.config import Settings
+from app.db import utcnow
+from tests.cycle.jobs_api import run_one_cycle
+from tests.foundation.builders import ready_node
+
+JOBS = "/api/v1/jobs"
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_url: str) -> Settings:
+    # A small cluster default, so that the test need not submit 10,000 jobs.
+    return Settings(
+        data_dir=tmp_path / "data",
+        database_url=database_url,
+        token_cache_s=0,
+        max_pending_jobs_per_user=5,
+    )
+
+
+def _submit(api: Any, user: str = "alice", **body: Any) -> Any:
+    return api.client.post(JOBS, json={"command": ["train"], **body}, headers=api.as_(user))
+
+
+def _pending(api: Any, user: str) -> int:
+    r = api.client.get(JOBS, params={"status": "PENDING", "limit": 100}, headers=api.as_(user))
+    assert r.status_code == 200, r.text
+    return len(r.json()["items"])
+
+
+def _admin_patch(api: Any, path: str, body: dict[str, Any]) -> Any:
+    r = api.client.patch(path, json=body, headers=api.as_("admin"))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_user_over_the_default_limit_gets_429_with_the_limit_and_the_count(api: Any) -> None:
+    assert _submit(api, array={"indices": "0-3"}).status_code == 201  # 4 tasks
+    assert _submit(api).status_code == 201  # 5: the limit
+    refused = _submit(api)
+    assert refused.status_code == 429, refused.text
+    detail = refused.json()["detail"]
+    assert detail.startswith("user alice may have at most 5 jobs pending and has 5")
+    assert "gpusched admin limits alice --max-pending N" in detail
+    # Another user is not held back by alice's queue.
+    assert _submit(api, user="bob").status_code == 201
+    assert _pending(api, "alice") == 5
+
+
+def test_an_array_counts_as_its_tasks_and_is_refused_whole(api: Any) -> None:
+    assert _submit(api, array={"indices": "0-2"}).status_code == 201
+    refused = _submit(api, array={"indices": "0-2"})
+    assert refused.status_code == 429
+    assert "this submission of 3 jobs would pass that" in refused.json()["detail"]
+    assert _pending(api, "alice") == 3  # none of the refused array's tasks was kept
+    assert _submit(api, array={"indices": "0-1"}).status_code == 201
+
+
+def test_an_admin_raises_a_users_limit_and_sets_it_back_to_the_default(api: Any) -> None:
+    for _ in range(5):
+        assert _submit(api).status_code == 201
+    assert _submit(api).status_code == 429
+    user = _admin_patch(api, "/api/v1/users/alice", {"max_pending_jobs": 7})
+    assert user["max_pending_jobs"] == 7
+    assert _submit(api, array={"indices": "0-1"}).status_code == 201
+    assert _submit(api).status_code == 429
+    assert _admin_patch(api, "/api/v1/users/alice", {"max_pending_jobs": None}) == {
+        **user,
+        "max_pending_jobs": None,
+    }
+    assert _submit(api).status_code == 429  # 7 pending, the default is 5 again
+    events = api.client.get("/api/v1/audit", headers=api.as_("admin")).json()["items"]
+    assert any(e["action"] == "user.limits" and e["target"] == "alice" for e in events)
+    # Only an admin sets limits.
+    own = api.client.patch(
+        "/api/v1/users/alice", json={"max_pending_jobs": 100}, headers=api.as_("alice")
+    )
+    assert own.status_code == 403
+
+
+def test_a_project_limit_counts_all_its_users_jobs(api: Any) -> None:
+    api.add_user("carol", ["ml"])
+    queue = _admin_patch(api, "/api/v1/projects/ml", {"max_pending_jobs": 3})
+    assert queue["max_pending_jobs"] == 3
+    assert _submit(api, array={"indices": "0-1"}).status_code == 201
+    assert _submit(api, user="carol").status_code == 201
+    refused = _submit(api, user="carol")
+    assert refused.status_code == 429
+    assert refused.json()["detail"].startswith(
+        "project ml may have at most 3 jobs pending and has 3"
+    )
+    assert "gpusched quota ml --max-pending N" in refused.json()["detail"]
+    assert _submit(api, user="bob").status_code == 201  # project cv has no limit
+    assert (
+        _admin_patch(api, "/api/v1/projects/ml", {"max_pending_jobs": None})["max_pending_jobs"]
+        is None
+    )
+    assert _submit(api, user="carol").status_code == 201
+
+
+def test_a_job_that_starts_makes_room(api: Any) -> None:
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=2, now=utcnow()))
+    for _ in range(5):
+        assert _submit(api, gpus=1).status_code == 201
+    assert _submit(api, gpus=1).status_code == 429
+    run_one_cycle(api)  # two of them start: two places free
+    assert _pending(api, "alice") == 3
+    assert _submit(api, array={"indices": "0-1"}, gpus=1).status_code == 201
