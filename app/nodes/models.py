@@ -40,7 +40,7 @@ class Node(Base):
     drained: Mapped[bool] = mapped_column(Boolean, default=False)
     drain_reason: Mapped[str] = mapped_column(String(255), default="")
     # A drain that begins later (gpusched drain --at): until then the node takes only jobs
-    # whose time limit ends by then (app/scheduling/cycle.py), from then on none.
+    # whose time limit ends by then (app/scheduling/eligibility.py), from then on none.
     maintenance_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     health_message: Mapped[str] = mapped_column(String(255), default="")
     # How its agent fences each job: "cgroup v2", "cgroup v1" or "subreaper only".

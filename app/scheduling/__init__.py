@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from app.scheduling.cycle import Cycle, reservation
+from app.scheduling import planner
+from app.scheduling.backfill import reservation, reserve
 from app.scheduling.queue import las_level, order_jobs
 from app.scheduling.state import Request
 from app.scheduling.status import Code, Context, Status
@@ -50,7 +51,7 @@ def plan_cycle(
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware (UTC)")
     ctx = Context(now=now, settings=settings or PolicySettings(), windows=snapshot.windows)
-    return Cycle(snapshot, ctx, seed).run()
+    return planner.plan(snapshot, ctx, seed)
 
 
 def estimate_start(
@@ -66,10 +67,9 @@ def estimate_start(
     never ends). Used by the backfill property test and by "when will it run?" UIs.
     """
     ctx = Context(now=now, settings=settings or PolicySettings(), windows=snapshot.windows)
-    cycle = Cycle(snapshot, ctx, 0)
-    req = Request.of(job)
-    cycle._reserve(job, req)
-    return cycle.res_time if cycle.res_job is not None else None
+    cs = planner.build(snapshot, ctx, 0)
+    reserve(cs, job, Request.of(job))
+    return cs.res_time if cs.res_job is not None else None
 
 
 __all__ = [

@@ -127,6 +127,11 @@ class Slot:
         return cool
 
     @property
+    def mem_when_empty(self) -> int:
+        """Free memory once none of our jobs is left on it: all but the foreign use."""
+        return self.total_mem - self.foreign_mem
+
+    @property
     def usable(self) -> bool:
         return self.blocker is None
 

@@ -27,9 +27,9 @@ def built() -> Path:
 
 
 def _loaded_from(root: Path, **env: str) -> Path:
-    """Where a fresh interpreter, importing `app` from `root`, loads the cycle module."""
+    """Where a fresh interpreter, importing `app` from `root`, loads the planner module."""
     done = subprocess.run(
-        [sys.executable, "-c", "import app.scheduling.cycle as c; print(c.__file__)"],
+        [sys.executable, "-c", "import app.scheduling.planner as c; print(c.__file__)"],
         cwd=root,
         env={**os.environ, "GPUSCHED_NATIVE": "1", "PYTHONPATH": str(root), **env},
         capture_output=True,
@@ -42,7 +42,7 @@ def _loaded_from(root: Path, **env: str) -> Path:
 def test_the_build_of_the_current_source_is_used(built: Path) -> None:
     assert built == compiled_core.BUILD_ROOT / compiled_core.source_digest()
     assert _loaded_from(REPO).is_relative_to(built)
-    assert _loaded_from(REPO, GPUSCHED_NATIVE="0") == REPO / "app" / "scheduling" / "cycle.py"
+    assert _loaded_from(REPO, GPUSCHED_NATIVE="0") == REPO / "app" / "scheduling" / "planner.py"
 
 
 def _copy(built: Path, root: Path) -> Path:
@@ -60,11 +60,11 @@ def test_an_edited_source_runs_as_plain_python(built: Path, tmp_path: Path) -> N
 
     with (tmp_path / "app" / "scheduling" / "queue.py").open("a") as f:
         f.write("\n# edited after the build\n")
-    assert _loaded_from(tmp_path) == tmp_path / "app" / "scheduling" / "cycle.py"
+    assert _loaded_from(tmp_path) == tmp_path / "app" / "scheduling" / "planner.py"
 
 
 def test_a_damaged_build_gives_way_to_the_source(built: Path, tmp_path: Path) -> None:
     copy = _copy(built, tmp_path)
     library = next(copy.glob(f"{compiled_core.GROUP}__mypyc.*"))
     library.write_bytes(b"not a shared library")
-    assert _loaded_from(tmp_path) == tmp_path / "app" / "scheduling" / "cycle.py"
+    assert _loaded_from(tmp_path) == tmp_path / "app" / "scheduling" / "planner.py"

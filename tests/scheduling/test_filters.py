@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from app import compiled_core
 from app.scheduling import PolicySettings, ReasonKind, WindowInterval
 from app.scheduling.filters import (
     GPU_FILTERS,
@@ -258,22 +259,53 @@ def test_never_fits(req: Request, code: Code, kind: ReasonKind | None, msg: str)
 
 
 def test_slot_filters_memory_share_model() -> None:
+    from app.scheduling.filters import gpu_share, reserved, slot_fits
     from app.scheduling.state import NodeState, Slot
 
     ns = NodeState("a", 0, None)
     s = Slot(ns, 0, "A100", 81920, 10_000, 400, None, 40.0, 0.0, frozenset(), 0)
-    assert gpu_memory.fits(Request(1, 1, 300, 10_000, None), s)  # exactly the free memory
-    assert not gpu_memory.fits(Request(1, 1, 300, 10_001, None), s)
-    from app.scheduling.filters import gpu_share
-
-    assert gpu_share.fits(Request(1, 1, 400, 0, None), s)  # 600 + 400 = 1000
-    assert not gpu_share.fits(Request(1, 1, 401, 0, None), s)
-    assert not gpu_share.fits(Request(1, 1, 1000, 0, None), s)  # whole GPU needs it empty
-    assert gpu_model.fits(Request(1, 1, 300, 0, "A100"), s)
-    assert not gpu_model.fits(Request(1, 1, 300, 0, "H100"), s)
+    assert gpu_memory.fits(10_000, s.free_mem)  # exactly the free
+    assert not gpu_memory.fits(10_001, s.free_mem)
+    assert gpu_share.fits(400, s.free_milli)  # 600 + 400 = 1000
+    assert not gpu_share.fits(401, s.free_milli)
+    assert not gpu_share.fits(1000, s.free_milli)  # whole GPU: empty
+    assert gpu_model.fits("A100", s.model)
+    assert not gpu_model.fits("H100", s.model)
+    assert gpu_model.on_node("A100", frozenset({"A100"}))
+    assert not gpu_model.on_node("H100", frozenset({"A100"}))
+    # All of them together on a usable GPU, and the reservation: held GPUs only for the
+    # job they are held for (or one the caller may let use them).
+    assert slot_fits(400, 10_000, "A100", s, None)
+    s.reserved_for = 7
+    assert not slot_fits(400, 10_000, "A100", s, None)
+    assert slot_fits(400, 10_000, "A100", s, 7)
+    assert reserved.fits(None, None) and reserved.fits(7, 7) and not reserved.fits(7, 8)
 
 
 def test_stale_telemetry_age_is_relative_to_now() -> None:
     later = Context(now=T0 + timedelta(seconds=31), settings=PolicySettings(), windows=())
     n = node("a").gpus(1).build()
     assert not telemetry_fresh.check(n, n.gpus[0], later).ok
+
+
+@pytest.mark.skipif(
+    compiled_core.in_use(), reason="compiled calls do not look the module's names up"
+)
+def test_the_planner_asks_the_memory_filter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu_memory.fits is the scheduler's memory test, not a copy of it: loosen the
+    filter and the plan follows (plain Python, where a call looks the function up in
+    its module; `make test-plain-core` runs it)."""
+    from app.scheduling import plan_cycle
+
+    from .builders import snap
+
+    # 10 GB free on each GPU; the job asks 20 GB per GPU.
+    s = snap(
+        [node("a").gpus(2, mem_gb=80).used_mem(0, 70 * 1024).used_mem(1, 70 * 1024)],
+        pending=[job(1, gpus=1, gpu_memory_mb=20 * 1024)],
+    )
+    before = plan_cycle(s, now=T0)
+    assert before.placements == () and before.pending[0].kind is ReasonKind.GPU_MEMORY
+    monkeypatch.setattr(gpu_memory, "fits", lambda memory_mb, free_mb: True)
+    after = plan_cycle(s, now=T0)
+    assert [p.job_id for p in after.placements] == [1]

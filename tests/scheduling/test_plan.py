@@ -13,8 +13,8 @@ from app.scheduling import (
     Snapshot,
     estimate_start,
     plan_cycle,
+    planner,
 )
-from app.scheduling.cycle import Cycle
 from app.scheduling.status import Context
 
 from .builders import T0, at, job, node, project, running, snap, window
@@ -571,8 +571,8 @@ def test_a_search_dominated_by_a_failed_one_is_not_run() -> None:
     ]
     s = snap([node("a").gpus(4)], pending=pending, running=rs)
     ctx = Context(now=T0, settings=PolicySettings(queue_policy="priority"), windows=())
-    cycle = Cycle(s, ctx, 0)
-    p = cycle.run()
+    cycle = planner.build(s, ctx, 0)
+    p = planner.run(cycle)
     assert (cycle.preempt_attempts, cycle.victim_scans) == (3, 2)
     assert [(x.victim_job_id, x.for_job_id) for x in p.preemptions] == [(20, 3)]
     assert p == plan(s, queue_policy="priority")  # the same plan as the plain cycle

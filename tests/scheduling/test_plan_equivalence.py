@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from app.scheduling import GpuView, NodeView, PolicySettings, Snapshot
-from app.scheduling.cycle import Cycle
+from app.scheduling import GpuView, NodeView, PolicySettings, Snapshot, planner
 from app.scheduling.filters import GPU_FILTERS, NODE_FILTERS
 from app.scheduling.status import OK, Context
 from bench.cycle import NOW
@@ -76,7 +75,7 @@ def test_prechecks_agree_with_filters_at_the_limits(delta: float, limit: float) 
             ),
         ),
     )
-    cycle = Cycle(Snapshot(nodes=nodes), ctx, 0)
+    cycle = planner.build(Snapshot(nodes=nodes), ctx, 0)
     for nv, ns in zip(nodes, cycle.nodes, strict=True):
         want_node = next((st for f in NODE_FILTERS if (st := f(nv, ctx)) is not OK), None)
         assert ns.blocker == want_node

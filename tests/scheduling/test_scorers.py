@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.scheduling import PolicySettings, plan_cycle
-from app.scheduling.cycle import Cycle
+from app.scheduling import PolicySettings, plan_cycle, planner
+from app.scheduling.cycle_state import CycleState
+from app.scheduling.placement import choose
 from app.scheduling.scorers import best_fit, thermal, topology
 from app.scheduling.state import NodeState, Request
 from app.scheduling.status import Context
@@ -13,12 +14,12 @@ from app.scheduling.status import Context
 from .builders import T0, job, node, snap
 
 
-def _state(*builders) -> Cycle:  # type: ignore[no-untyped-def]
+def _state(*builders) -> CycleState:  # type: ignore[no-untyped-def]
     s = snap(list(builders))
-    return Cycle(s, Context(now=T0, settings=PolicySettings()), 0)
+    return planner.build(s, Context(now=T0, settings=PolicySettings()), 0)
 
 
-def _node(c: Cycle, name: str) -> NodeState:
+def _node(c: CycleState, name: str) -> NodeState:
     return c.node_by_name[name]
 
 
@@ -39,7 +40,7 @@ def test_best_fit(builder, gpus: int, expected: float) -> None:  # type: ignore[
     c = _state(builder)
     n = _node(c, "a")
     req = Request(gpus, 1, 1000, 0, None)
-    chosen = c._choose(n, req, False)
+    chosen = choose(n, req, False)
     assert chosen is not None
     assert best_fit.score(req, n, chosen) == pytest.approx(expected)
 
@@ -50,7 +51,7 @@ def test_best_fit_shared_gpu() -> None:
     c = _state(node("a").gpus(2).alloc(0, 600))
     n = _node(c, "a")
     req = Request(1, 1, 400, 0, None)
-    chosen = c._choose(n, req, False)
+    chosen = choose(n, req, False)
     assert chosen is not None and [s.index for s in chosen] == [0]
     assert best_fit.score(req, n, chosen) == pytest.approx(0.5)
 

@@ -9,8 +9,18 @@ The order is fixed here and nowhere else:
    (stable for the window). A GPU failing these is left out of the free index.
 4. NEVER_FILTERS (once per job shape, cached): model exists, memory exists,
    enough GPUs per node / enough nodes. Separates "can never fit" from "not now".
-5. SLOT_FILTERS (per job x candidate GPU while placing): model, free memory
-   from telemetry, room for the share. enough_gpus.fits then counts per node.
+5. Slot filters (per job x GPU while placing; `slot_fits` runs them on a usable GPU):
+   gpu_share (room for the share), gpu_memory (free memory from telemetry),
+   gpu_model, reserved (not held for another job). enough_gpus.fits then counts per
+   node, enough_nodes.fits the nodes of a gang.
+6. quota.fits (per job, against its project's use): within the quota, for the
+   quota check without borrowing and for reclaiming borrowed GPUs.
+
+Each of these modules holds its rule once: its `fits` is the one test that placement,
+the victim search (preempt.py), the backfill reservation (backfill.py) and the
+pending-reason ladder (explain.py) all call, each passing the quantity it asks about
+(free now, free once running jobs stop, total). To change how a job's GPU memory is
+checked, edit `gpu_memory.py`; nothing else repeats it.
 
 Node and GPU filters also offer a precheck bound (`fresh_after`, `idle_before`):
 the cycle compares a timestamp with it and runs the filters themselves only
@@ -34,6 +44,7 @@ from app.scheduling.filters import (
     heartbeat_fresh,
     node_ready,
     offpeak_window,
+    reserved,
     telemetry_fresh,
 )
 from app.scheduling.state import HardwareClass, Request, Slot
@@ -44,7 +55,6 @@ JobFilter = Callable[[JobView, Context], Status]
 NodeFilter = Callable[[NodeView, Context], Status]
 GpuFilter = Callable[[NodeView, GpuView, Context], Status]
 NeverFilter = Callable[[Request, tuple[HardwareClass, ...]], Status]
-SlotFilter = Callable[[Request, Slot], bool]
 
 JOB_FILTERS: tuple[JobFilter, ...] = (begin_time.check, offpeak_window.check)
 NODE_FILTERS: tuple[NodeFilter, ...] = (node_ready.check, heartbeat_fresh.check)
@@ -54,15 +64,20 @@ GPU_FILTERS: tuple[GpuFilter, ...] = (
     foreign_load.check,
 )
 NEVER_FILTERS: tuple[NeverFilter, ...] = (gpu_model.never, gpu_memory.never, enough_gpus.never)
-SLOT_FILTERS: tuple[SlotFilter, ...] = (gpu_model.fits, gpu_memory.fits, gpu_share.fits)
 
 
-def slot_fits(req: Request, slot: Slot) -> bool:
-    """All SLOT_FILTERS, inlined: this runs in the placement hot loop."""
+def slot_fits(
+    milli: int, memory_mb: int, model: str | None, slot: Slot, holder: int | None
+) -> bool:
+    """Whether a usable GPU takes a job of that share, memory and model (its `Request`'s
+    fields, read once per call by the caller) now: each slot filter's `fits`, cheapest
+    first. `holder`: the job whose reserved GPUs the caller may use (None: none)."""
     return (
-        slot.free_milli >= req.milli
-        and slot.free_mem >= req.memory_mb
-        and (req.model is None or slot.model == req.model)
+        slot.blocker is None
+        and gpu_share.fits(milli, slot.free_milli)
+        and gpu_memory.fits(memory_mb, slot.free_mem)
+        and gpu_model.fits(model, slot.model)
+        and reserved.fits(slot.reserved_for, holder)
     )
 
 
@@ -71,6 +86,5 @@ __all__ = [
     "JOB_FILTERS",
     "NEVER_FILTERS",
     "NODE_FILTERS",
-    "SLOT_FILTERS",
     "slot_fits",
 ]

@@ -1,19 +1,27 @@
 """Job x GPU filter: the GPU is the model the job asked for.
 
-`never` answers once per job shape whether any GPU of that model exists at all
-(a job for a model the cluster lacks must say so, not wait forever); `fits` is
-the per-GPU test used while placing.
+`fits` is the one model test of the scheduler (placement, the victim search, the
+backfill reservation, the explanation); `on_node` is the same rule asked of a node's
+set of models, to pass over a node without looking at its GPUs. `never` answers once
+per job shape whether any GPU of that model exists at all (a job for a model the
+cluster lacks must say so, not wait forever).
 """
 
 from __future__ import annotations
 
-from app.scheduling.state import HardwareClass, Request, Slot
+from app.scheduling.state import HardwareClass, Request
 from app.scheduling.status import OK, Status, unresolvable
 from app.scheduling.types import ReasonKind
 
 
-def fits(req: Request, slot: Slot) -> bool:
-    return req.model is None or slot.model == req.model
+def fits(wanted: str | None, model: str) -> bool:
+    """Whether a GPU of `model` is what a job asked for (`Request.model`; None: any)."""
+    return wanted is None or model == wanted
+
+
+def on_node(wanted: str | None, models: frozenset[str]) -> bool:
+    """Whether a node with GPUs of `models` has any GPU `fits` accepts."""
+    return wanted is None or wanted in models
 
 
 def never(req: Request, hardware: tuple[HardwareClass, ...]) -> Status:
