@@ -269,22 +269,33 @@ def set_admin(*, session: Session, user_name: str, is_admin: bool, actor: str) -
     return True
 
 
-def set_unix_user(*, session: Session, user_name: str, unix_user: str, actor: str) -> bool:
-    """The Unix account the user's jobs run as from now on (jobs already running keep
-    theirs); returns whether that changed anything."""
-    check_unix_user(unix_user)
+def _set_user_field(
+    *, session: Session, user_name: str, field: str, value: object, action: str, actor: str
+) -> bool:
+    """Set one of a user's fields, audited; returns whether that changed anything."""
     user = find_user(session=session, name=user_name)
-    if user.unix_user == unix_user:
+    before = getattr(user, field)
+    if before == value:
         return False
     record(
         session=session,
         actor=actor,
-        action="user.unix_user",
+        action=action,
         target=user_name,
-        info=changes({"unix_user": user.unix_user}, {"unix_user": unix_user}),
+        info=changes({field: before}, {field: value}),
     )
-    user.unix_user = unix_user
+    setattr(user, field, value)
     return True
+
+
+def set_unix_user(*, session: Session, user_name: str, unix_user: str, actor: str) -> bool:
+    """The Unix account the user's jobs run as from now on (jobs already running keep
+    theirs); returns whether that changed anything."""
+    check_unix_user(unix_user)
+    return _set_user_field(
+        session=session, user_name=user_name, field="unix_user", value=unix_user,
+        action="user.unix_user", actor=actor,
+    )  # fmt: skip
 
 
 def set_max_pending_jobs(
@@ -292,18 +303,10 @@ def set_max_pending_jobs(
 ) -> bool:
     """How many jobs the user may have pending from now on (None: the cluster's default);
     jobs already pending stay. Returns whether that changed anything."""
-    user = find_user(session=session, name=user_name)
-    if user.max_pending_jobs == limit:
-        return False
-    record(
-        session=session,
-        actor=actor,
-        action="user.limits",
-        target=user_name,
-        info=changes({"max_pending_jobs": user.max_pending_jobs}, {"max_pending_jobs": limit}),
-    )
-    user.max_pending_jobs = limit
-    return True
+    return _set_user_field(
+        session=session, user_name=user_name, field="max_pending_jobs", value=limit,
+        action="user.limits", actor=actor,
+    )  # fmt: skip
 
 
 def revoke_tokens(*, session: Session, user_name: str, actor: str) -> int:

@@ -23,44 +23,31 @@ def _pending(session: Session, *where: ColumnElement[bool]) -> int:
     return session.scalar(query) or 0
 
 
-def _over(what: str, *, limit: int, pending: int, adding: int, who_raises: str) -> TooMany:
-    jobs = "job" if adding == 1 else f"{adding} jobs"
-    return TooMany(
-        f"{what} may have at most {limit:,} jobs pending and has {pending:,}: this "
-        f"submission of {jobs} would pass that; wait for some to start, cancel some, or "
-        f"ask an admin to raise it ({who_raises})"
-    )
-
-
 def check_pending_limits(
     *, session: Session, user_id: int, project_id: int, adding: int, user_default: int
 ) -> None:
     """A 429 unless `adding` more pending jobs keep the user and the project within
     their limits (the user's own, else `user_default`; the project's, if it has one)."""
-    name, own_limit = session.execute(
+    user, user_limit = session.execute(
         select(User.name, User.max_pending_jobs).where(User.id == user_id)
     ).one()
-    limit = own_limit if own_limit is not None else user_default
-    pending = _pending(session, Job.user_id == user_id)
-    if pending + adding > limit:
-        raise _over(
-            f"user {name}",
-            limit=limit,
-            pending=pending,
-            adding=adding,
-            who_raises=f"gpusched admin limits {name} --max-pending N",
-        )
     project, project_limit = session.execute(
         select(Project.name, Project.max_pending_jobs).where(Project.id == project_id)
     ).one()
-    if project_limit is None:
-        return
-    pending = _pending(session, Job.project_id == project_id)
-    if pending + adding > project_limit:
-        raise _over(
-            f"project {project}",
-            limit=project_limit,
-            pending=pending,
-            adding=adding,
-            who_raises=f"gpusched quota {project} --max-pending N",
-        )
+    checks = (
+        (f"user {user}", user_default if user_limit is None else user_limit,
+         Job.user_id == user_id, f"gpusched admin limits {user} --max-pending N"),
+        (f"project {project}", project_limit,
+         Job.project_id == project_id, f"gpusched quota {project} --max-pending N"),
+    )  # fmt: skip
+    for what, limit, whose, who_raises in checks:
+        if limit is None:
+            continue  # the project has no limit of its own
+        pending = _pending(session, whose)
+        if pending + adding > limit:
+            jobs = "job" if adding == 1 else f"{adding} jobs"
+            raise TooMany(
+                f"{what} may have at most {limit:,} jobs pending and has {pending:,}: this "
+                f"submission of {jobs} would pass that; wait for some to start, cancel "
+                f"some, or ask an admin to raise it ({who_raises})"
+            )
