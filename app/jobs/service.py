@@ -64,7 +64,7 @@ from app.notifications.deliveries import NotificationOut, deliveries
 from app.paging import Page, count
 from app.projects.models import Project
 from app.text import escape_controls
-from app.windows.service import require_window
+from app.windows.service import require_long_enough_opening, require_window
 from app.wire import StopReason
 
 MAX_PAGE = 500
@@ -318,8 +318,26 @@ def check_submission(
     check_can_ever_fit(session=session, spec=spec, inventory=inventory)
     if spec.schedule.mode == "offpeak":
         require_window(session=session, name=spec.schedule.window, field=("schedule", "window"))
+        _refuse_if_never_in_window(
+            session, spec=spec, window=spec.schedule.window, preemptible=spec.preemptible
+        )
     _check_singleton(spec)
     return CheckedSubmission(spec=spec, project_id=project_id, project_name=project_name)
+
+
+def _refuse_if_never_in_window(
+    session: Session, *, spec: JobCreate, window: str | None, preemptible: bool
+) -> None:
+    """An off-peak job that is not preemptible and lasts (its estimate, else its time limit)
+    longer than every opening of its window(s) would never start: a 422 on that field."""
+    require_long_enough_opening(
+        session=session,
+        name=window,
+        runtime_s=spec.estimated_runtime_s or spec.max_runtime_s,
+        preemptible=preemptible,
+        field="estimated_runtime_s" if spec.estimated_runtime_s else "max_runtime_s",
+        now=utcnow(),
+    )
 
 
 def _check_priority(
@@ -1039,6 +1057,10 @@ def _update_locked(
             current=job.priority,
         )
     check_can_ever_fit(session=session, spec=spec)
+    if job.schedule_mode == "offpeak":
+        _refuse_if_never_in_window(
+            session, spec=spec, window=job.window, preemptible=job.preemptible
+        )
     rewired = None
     if "depends_on" in sent or "dependency" in sent:  # checked (and may refuse) first
         rewired = _rewire_dependencies(session=session, principal=principal, job=job, spec=spec)
