@@ -13,9 +13,8 @@ from datetime import timedelta
 
 from app.scheduling import filters as F
 from app.scheduling.cycle_state import CycleState, quota_of
-from app.scheduling.filters import node_choice
+from app.scheduling.filters import node_choice, running_limit
 from app.scheduling.filters import quota as project_quota
-from app.scheduling.filters import running_limit
 from app.scheduling.filters.running_limit import NO_LIMITS, Limits
 from app.scheduling.state import HardwareClass, Request, hardware_classes
 from app.scheduling.status import OK, Code, Status

@@ -99,8 +99,7 @@ def test_shared_gpus_count_their_share() -> None:
     p = plan(s, queue_policy="fifo")
     assert placed(p) == [1, 2]
     assert p.reasons()[3].message == (
-        "project default may use 1 GPU at once (1 in use, this job needs 0.5; "
-        "a limit an admin set)"
+        "project default may use 1 GPU at once (1 in use, this job needs 0.5; a limit an admin set)"
     )
 
 
