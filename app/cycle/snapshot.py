@@ -27,6 +27,7 @@ from app.scheduling import (
     ProjectView,
     RunningJobView,
     Snapshot,
+    UserView,
     WindowInterval,
 )
 
@@ -254,6 +255,15 @@ def read_snapshot(
         uid: (name, unix_user)
         for uid, name, unix_user in session.execute(select(User.id, User.name, User.unix_user))
     }
+    # Only users with a running limit of their own (filters/running_limit.py).
+    limited_users = tuple(
+        UserView(name=name, max_running_jobs=jobs, max_gpus=gpus)
+        for name, jobs, gpus in session.execute(
+            select(User.name, User.max_running_jobs, User.max_gpus)
+            .where(User.max_running_jobs.is_not(None) | User.max_gpus.is_not(None))
+            .order_by(User.name)
+        )
+    )
     projects = list(session.scalars(select(Project)))
     project_names = {p.id: p.name for p in projects}
 
@@ -410,10 +420,16 @@ def read_snapshot(
         running=running,
         projects=tuple(
             ProjectView(
-                name=p.name, quota_gpus=p.gpu_quota, weight=p.weight, usage_gpu_s=usage[p.id]
+                name=p.name,
+                quota_gpus=p.gpu_quota,
+                weight=p.weight,
+                usage_gpu_s=usage[p.id],
+                max_running_jobs=p.max_running_jobs,
+                max_gpus=p.max_gpus,
             )
             for p in projects
         ),
+        users=limited_users,
         windows=windows,
         runtime_history=(
             memory.history

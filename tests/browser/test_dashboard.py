@@ -1209,6 +1209,18 @@ def test_an_admin_maps_a_user_to_a_unix_account_and_nodes_say_whose_jobs_run(
     )
     users = {u["name"]: u for u in stack.request("GET", "/api/v1/users")}
     assert users["ulla"]["max_pending_jobs"] == 250
+    # Her running limits (jobs at once, GPUs in use): empty is none.
+    for key, attr, value in (("maxRunning", "max-running", "2"), ("maxGpus", "max-gpus", "4")):
+        limit = page.locator(f"{row} [data-{attr}]")
+        assert limit.input_value() == "" and limit.get_attribute("placeholder") == "none"
+        limit.fill(value)
+        limit.press("Enter")
+        page.wait_for_function(
+            f"() => document.querySelector(\"tr[data-user='ulla'] [data-{attr}]\")?.value === "
+            f"'{value}' && !document.activeElement?.dataset?.{key}"
+        )
+    users = {u["name"]: u for u in stack.request("GET", "/api/v1/users")}
+    assert (users["ulla"]["max_running_jobs"], users["ulla"]["max_gpus"]) == (2, 4)
     dash.shot("users-unix-account")
 
     dash.go("#/nodes")
