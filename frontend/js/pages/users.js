@@ -147,9 +147,11 @@ export function usersPage(root, ctx) {
           onclick: () => act(`remove ${u.name} from ${p}`, `/api/v1/users/${enc}/projects/${encodeURIComponent(p)}`, { method: "DELETE" }),
         }, "×") : null)), join),
       h("td", { class: "unix-user" }, account),
-      h("td", { class: "max-pending" }, pending),
-      h("td", { class: "max-running" }, running),
-      h("td", { class: "max-gpus" }, gpus),
+      // One column for the three limits, a line each: the row's actions stay in view.
+      h("td", { class: "limits" },
+        h("div", { class: "limit-line max-pending" }, h("span", { class: "muted" }, "pending"), pending),
+        h("div", { class: "limit-line max-running" }, h("span", { class: "muted" }, "running"), running),
+        h("div", { class: "limit-line max-gpus" }, h("span", { class: "muted" }, "GPUs"), gpus)),
       h("td", { class: "num" }, String(u.active_tokens)),
       h("td", { class: "actions" },
         h("button", {
@@ -178,7 +180,7 @@ export function usersPage(root, ctx) {
     clear(listCard, h("h2", {}, "Users and their projects"),
       h("div", { class: "table-wrap" }, cardify(h("table", { id: "users-table" },
         h("thead", {}, h("tr", {}, h("th", {}, "User"), h("th", {}, "Role"), h("th", {}, "Projects"),
-          h("th", {}, "Unix account"), h("th", {}, "Max pending jobs"), h("th", {}, "Max running jobs"), h("th", {}, "Max GPUs"),
+          h("th", {}, "Unix account"), h("th", {}, "Limits"),
           h("th", { class: "num" }, "Active tokens"), h("th", {}, ""))),
         h("tbody", {}, users.map((u) => row(u, users.filter((x) => x.is_admin).length)))))));
   };
