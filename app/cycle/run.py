@@ -84,9 +84,9 @@ def run_cycle(
     memory: QueueMemory | None = None,
     windows: SchedulerWindows | None = None,
 ) -> CycleReport:
-    """One cycle. `all_positions=False` rewrites queue positions only near the head of the
-    queue (the scheduler worker asks for a full refresh every few seconds); with it, a
-    `memory` that a full cycle filled makes this a quick cycle (see QueueMemory)."""
+    """One cycle. With `all_positions=False`, a `memory` that a full cycle filled makes
+    this a quick cycle (see QueueMemory), which re-ranks only the head of the queue (the
+    scheduler worker asks for a full cycle every few seconds)."""
     started = time.perf_counter()
     with factory() as session:
         token = lease.acquire(
@@ -152,9 +152,7 @@ def run_cycle(
             if memory is not None:
                 memory.remember(ctx, plan.queue_order)
             # 3. apply
-            applied = apply_plan(
-                session, ctx=ctx, plan=plan, token=token, now=now, all_positions=all_positions
-            )
+            applied = apply_plan(session, ctx=ctx, plan=plan, token=token, now=now)
         finally:
             lease.release(session, holder=holder, token=token, now=now)
     if applied.lease_lost:
