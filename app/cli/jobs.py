@@ -970,10 +970,12 @@ def _job_details(job: dict[str, Any], rank: dict[str, Any] | None = None) -> Tab
         rows.append(("pending message", job.get("pending_message") or ""))
     if job.get("queue_position") is not None:
         rows.append(("queue position", job["queue_position"]))
-    if rank is not None:  # as sprio: why the jobs ahead go first
-        rows.append(("ranked now", f"{rank['message']} (policy {rank['policy']})"))
+    if rank is not None:  # as sprio: why the jobs ahead go first, at the last full cycle
+        rows.append(("queue rank", f"{rank['message']} (policy {rank['policy']})"))
     if job.get("estimated_start_at"):
         rows.append(("estimated start", job["estimated_start_at"]))
+    elif job.get("estimate_note"):  # a waiting job: why it has none
+        rows.append(("estimated start", job["estimate_note"]))
     if job.get("exit_code") is not None:
         rows.append(("exit code", job["exit_code"]))
     if job.get("labels"):

@@ -36,6 +36,8 @@ class Applied:
     dispatches: list[RunJob] = field(default_factory=list)
     stops: list[StopJob] = field(default_factory=list)
     lease_lost: bool = False
+    # The jobs left waiting, in queue order (position i + 1).
+    waiting: list[int] = field(default_factory=list)
 
     @property
     def after(self) -> AfterCommit:
@@ -128,7 +130,8 @@ def apply_plan(
         run_orders(session, jobs=[job for p, job in placed if not p.after_preemption_of])
     )
     applied.dispatches.extend(released_gates(session))
-    _store_reasons(session, ctx=ctx, plan=plan, placed=set(applied.placed))
+    waiting = _store_reasons(session, ctx=ctx, plan=plan, placed=set(applied.placed))
+    applied.waiting.extend(r.job_id for r in waiting)
     if not ctx.quick:  # a quick read reuses the usage of the last full one
         _store_usage(session, usage=ctx.usage, now=now)
     session.commit()
@@ -243,7 +246,7 @@ HEAD_POSITIONS = 100
 
 def _store_reasons(
     session: Session, *, ctx: SnapshotContext, plan: Plan, placed: set[int]
-) -> None:
+) -> list[PendingReason]:
     """Write each waiting job's reason, position and estimated start; only rows that changed.
 
     Positions are counted among the jobs still waiting: the plan numbers the whole queue,
@@ -252,6 +255,7 @@ def _store_reasons(
     it gives the head's jobs the places they had, compacted and in its own order (they
     stay ahead of every job it did not read), and arrivals their reason but no place:
     where they stand among the jobs it did not read is unknown until the next full cycle.
+    Returns the waiting jobs, in queue order.
     """
     waiting = sorted(
         (r for r in plan.pending if r.job_id not in placed), key=attrgetter("queue_position")
@@ -287,6 +291,7 @@ def _store_reasons(
         session.execute(update(Job), changes)
     if ctx.unread:
         _forget_positions(session, ranked=positions.keys() | placed)
+    return waiting
 
 
 def _head_positions(

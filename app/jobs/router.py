@@ -229,8 +229,10 @@ def get_job_events(
 def get_job_rank(job_id: JobId, session: SessionDep, principal: CurrentUser) -> RankOut:
     """Where a waiting job is in the queue and why, as Slurm's sprio: the jobs ahead of it
     counted by the rule of the queue policy that puts each first (a higher priority,
-    another project's fair-share turn, a smaller expected GPU-time, ...). A 409 for a job
-    that is not ranked (placed, ended, held, or waiting for its dependencies)."""
+    another project's fair-share turn, a smaller expected GPU-time, ...), as the last full
+    cycle ranked them. A job that arrived since: `ranked` false and when it will be. A 409
+    for a job outside the ranking (placed, ended, held, waiting for its dependencies or
+    its begin time)."""
     return rank(session=session, principal=principal, job_id=job_id, now=utcnow())
 
 

@@ -32,6 +32,7 @@ from app.jobs.dependencies import (
     load_namesakes,
     singleton_wait,
 )
+from app.jobs.estimates import estimate_note
 from app.jobs.lifecycle import note, transition
 from app.jobs.limits import ProjectTimeLimit, RuntimeLimits, check_priority
 from app.jobs.models import Allocation, Job, JobEvent
@@ -1317,13 +1318,15 @@ def _to_out(
     # stored reason is the last cycle's (or one a cycle wrote as it was held): not shown.
     waiting = job.status == JobStatus.PENDING
     held = waiting and job.held_by is not None
-    reason, message, position, start = None, None, None, None
+    reason, message, position, start, note = None, None, None, None, None
     if held:
         reason = HELD
         message = f"held by {job.held_by}: gpusched release {job.id} lets it be scheduled"
+        note = "no estimate: held jobs are not in line"
     elif waiting:
         reason, message = job.pending_reason, job.pending_message
         position, start = job.queue_position, job.estimated_start_at
+        note = estimate_note(reason=reason, message=message, position=position, start=start)
     return JobOut(
         id=job.id,
         name=job.name,
@@ -1357,6 +1360,7 @@ def _to_out(
         pending_message=message,
         queue_position=position,
         estimated_start_at=start,
+        estimate_note=note,
         # A running job has a holder only when requeued with hold: it comes back held.
         held_by=job.held_by if held or job.status in ACTIVE else None,
         only_nodes=job.only_nodes,

@@ -942,6 +942,10 @@ def test_show_prints_a_waiting_jobs_rank(cli: Cli) -> None:
     shown = cli("show", str(ids[1]))
     assert shown.exit_code == 0, shown.stderr
     shown_text = " ".join(shown.stdout.split())
-    assert "ranked now 2 of 2 waiting; ahead of it: 1 by submitted earlier" in shown_text
+    assert "queue rank 2 of 2 waiting; ahead of it: 1 by submitted earlier" in shown_text
     as_json = json.loads(cli("show", "--json", str(ids[1])).stdout)
     assert as_json["rank"]["position"] == 2
+    # Submitted after the full cycle: not ranked yet, and said so (not a 409, nothing shown).
+    late = json.loads(cli("submit", "--json", "--", "true").stdout)["id"]
+    shown = " ".join(cli("show", str(late)).stdout.split())
+    assert "queue rank not ranked yet: the scheduler's next full cycle ranks it" in shown

@@ -18,6 +18,7 @@ from sqlalchemy import select
 from app.cycle.run import run_cycle
 from app.cycle.snapshot import QueueMemory
 from app.db import utcnow
+from app.jobs.estimates import NOT_RANKED, RESERVED_FOR_THE_FIRST
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
@@ -105,3 +106,29 @@ def test_quick_cycles_keep_positions_unique_and_ordered_as_jobs_start(api):
     in_order = [i for i, _ in sorted(rows, key=lambda row: row[1])]
     assert in_order == [i for i in memory.order if i in dict(rows)]
     assert min(p for _, p in rows) == 1  # the next in line is first, not second
+
+
+def test_every_waiting_job_has_an_estimated_start_or_says_why_none(api):
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=1, now=utcnow()))
+    running = submit(api, user="alice", gpus=1, estimated_runtime_s=3600)["id"]
+    _cycle(api, QueueMemory(), full=True)  # it takes the only GPU, for an hour
+    first = submit(api, user="alice", gpus=1)["id"]
+    second = submit(api, user="alice", gpus=1)["id"]
+    after = submit(api, user="alice", gpus=1, depends_on=[running])["id"]
+    held = submit(api, user="alice", gpus=1, hold=True)["id"]
+    _cycle(api, QueueMemory(), full=True)
+    arrival = submit(api, user="bob", gpus=1)["id"]
+
+    shown = {i: get_job(api, i) for i in (first, second, after, held, arrival)}
+    # The first in line has GPUs reserved: a start, as the running job's estimate says.
+    assert shown[first]["estimated_start_at"] is not None
+    assert shown[first]["estimate_note"] is None
+    notes = {i: shown[i]["estimate_note"] for i in (second, after, held, arrival)}
+    assert notes == {
+        second: RESERVED_FOR_THE_FIRST,
+        after: "no estimate: it is not in line until its dependencies end",
+        held: "no estimate: held jobs are not in line",
+        arrival: NOT_RANKED,
+    }
+    assert all(shown[i]["estimated_start_at"] is None for i in notes)
