@@ -457,3 +457,29 @@ class RankOut(BaseModel):
     next_ranking_at: datetime | None = Field(
         None, description="when the scheduler means to rank the queue again"
     )
+
+
+# A bulk action's answer lists at most this many ids; GET /jobs with the same filters
+# lists the jobs themselves, page by page.
+BULK_IDS_SHOWN = 1000
+
+
+class BulkOut(BaseModel):
+    """What a bulk action did (POST /jobs/cancel, /hold, /release; PATCH /jobs): how many
+    jobs, and their ids, not the jobs themselves: 20,000 job objects were 20 MB."""
+
+    count: int = Field(description="jobs acted on (0: nothing matched)")
+    ids: list[int] = Field(description=f"their ids in id order, the first {BULK_IDS_SHOWN}")
+    more: int = Field(description="jobs acted on beyond those listed in ids")
+    stopping: int = Field(
+        0, description="cancel: placed or running jobs asked to stop (the others ended at once)"
+    )
+
+    @classmethod
+    def of(cls, ids: list[int], *, stopping: int = 0) -> BulkOut:
+        return cls(
+            count=len(ids),
+            ids=ids[:BULK_IDS_SHOWN],
+            more=max(0, len(ids) - BULK_IDS_SHOWN),
+            stopping=stopping,
+        )

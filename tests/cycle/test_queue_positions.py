@@ -132,3 +132,31 @@ def test_every_waiting_job_has_an_estimated_start_or_says_why_none(api):
         arrival: NOT_RANKED,
     }
     assert all(shown[i]["estimated_start_at"] is None for i in notes)
+
+
+def test_the_queue_lists_jobs_that_may_run_apart_from_those_that_cannot_yet(api):
+    """GET /queue?eligible=true: the jobs that may run, in line; false: held, dependent
+    and begin-time jobs (the Queue page's two sections, issue 42 point 5)."""
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=1, now=utcnow()))
+    running = submit(api, user="alice", gpus=1)["id"]
+    _cycle(api, QueueMemory(), full=True)  # it takes the only GPU
+    tomorrow = insert_jobs(api.factory, user="bob", project="cv", count=3,
+                           schedule_mode="at", begin_at=utcnow() + timedelta(days=1))  # fmt: skip
+    first = submit(api, user="alice", gpus=1)["id"]
+    held = submit(api, user="alice", gpus=1, hold=True)["id"]
+    after = submit(api, user="alice", gpus=1, depends_on=[running])["id"]
+    second = submit(api, user="bob", gpus=1)["id"]
+    _cycle(api, QueueMemory(), full=True)
+
+    def queue(**params) -> list[int]:
+        r = api.client.get("/api/v1/queue", params=params, headers=api.as_("admin"))
+        assert r.status_code == 200, r.text
+        assert r.json()["total"] == len(r.json()["items"])
+        return [j["id"] for j in r.json()["items"]]
+
+    now = queue(eligible=True)
+    assert sorted(now) == sorted([first, second])
+    assert [get_job(api, i)["queue_position"] for i in now] == [1, 2]
+    assert sorted(queue(eligible=False)) == sorted([*tomorrow, held, after])
+    assert sorted(queue()) == sorted([*now, *tomorrow, held, after])

@@ -296,8 +296,8 @@ export function jobPage(root, ctx, { match }) {
       try {
         let changed = `Job ${jobId} changed`;
         if (Object.keys(jobChanges).length && allTasks?.checked) {
-          const tasks = await api("/api/v1/jobs", { method: "PATCH", body: jobChanges, query: { array: job.array.id } });
-          changed = `${tasks.length} pending task${tasks.length === 1 ? "" : "s"} of array ${job.array.id} changed`;
+          const done = await api("/api/v1/jobs", { method: "PATCH", body: jobChanges, query: { array: job.array.id } });
+          changed = `${done.count} pending task${done.count === 1 ? "" : "s"} of array ${job.array.id} changed`;
         } else if (Object.keys(jobChanges).length) {
           await api(`/api/v1/jobs/${jobId}`, { method: "PATCH", body: jobChanges });
         }

@@ -58,10 +58,11 @@ export function cancelArrayButton(job, onDone) {
     label: "Cancel array", dataset: { cancelArray: id }, aria: `Cancel every task of array ${id}`, danger: true,
     onConfirm: async () => {
       try {
-        const tasks = await api("/api/v1/jobs/cancel", { method: "POST", query: { array: id } });
-        const stopping = tasks.filter((t) => t.status !== "CANCELLED").length;
-        const cancelled = tasks.length - stopping;
-        toast(tasks.length
+        // Counts and ids, not the tasks themselves (an array may have 100,000).
+        const done = await api("/api/v1/jobs/cancel", { method: "POST", query: { array: id } });
+        const stopping = done.stopping;
+        const cancelled = done.count - stopping;
+        toast(done.count
           ? `Array ${id}: ${cancelled} task${cancelled === 1 ? "" : "s"} cancelled, ${stopping} stopping`
           : `Array ${id} has no task left to cancel`);
       } catch (err) {
