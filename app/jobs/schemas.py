@@ -441,7 +441,7 @@ class RankOut(BaseModel):
     job_id: int
     policy: str = Field(description="the queue policy the scheduler ranks with")
     position: int | None = Field(description="1: the next job the scheduler considers")
-    waiting: int = Field(description="jobs the last full cycle ranked, this one included")
+    waiting: int = Field(description="jobs the last full cycle ranked (this one, if ranked)")
     ahead: list[RankAhead] = Field(
         description="the jobs ahead, counted by the rule that puts each first"
     )

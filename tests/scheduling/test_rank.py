@@ -114,7 +114,7 @@ def _mixed_queue() -> list:
                 priority=(0, 0, 0, 5, -1)[i % 5],
                 gpus=1 + i % 4,
                 submitted_at=T0 - timedelta(hours=(i * 7) % 60),
-                estimated_runtime_s=None if i % 4 == 0 else float(600 * (i % 9 + 1)),
+                estimated_runtime_s=None if i % 4 == 0 else 600 * (i % 9 + 1),
                 max_runtime_s=None if i % 8 else 7200,
                 name=f"t{i % 6}",
                 attained_gpu_s=float((i * 911) % 20_000),
