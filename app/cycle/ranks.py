@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from app.cycle.models import QueueRanking
 from app.scheduling import JobView
-from app.scheduling.rank import RankColumns, rank_columns
+from app.scheduling.rank import AHEAD_RULES, RankColumns, rank_columns
 from app.scheduling.types import PolicySettings
 
 ROW = "queue"
@@ -42,7 +42,12 @@ def encode(columns: RankColumns, ids: Sequence[int]) -> dict[str, Any]:
     sources: dict[str, int] = {}
     return {
         "ids": list(ids),
-        "ahead": {rule: counts for rule, counts in columns.ahead.items() if any(counts)},
+        # "earlier" is what the other rules leave of the jobs ahead: not stored.
+        "ahead": {
+            rule: counts
+            for rule, counts in columns.ahead.items()
+            if rule != "earlier" and any(counts)
+        },
         "size": [round(size, 1) for size in columns.expected_gpu_s],
         "from": [sources.setdefault(text, len(sources)) for text in columns.expected_from],
         "sources": list(sources),
@@ -67,12 +72,18 @@ def store(
         "ranking": ranked_by.ranking,
         "ranks": encode(columns, [j.id for j in order]),
     }
-    row = session.get(QueueRanking, ROW)
-    if row is None:
-        session.add(QueueRanking(name=ROW, **values))
-    elif row.ranked_at <= now:
-        for key, value in values.items():
-            setattr(row, key, value)
+    # By statement, not through the ORM: loading the row would decode the old ranks.
+    replaced = session.execute(
+        update(QueueRanking)
+        .where(QueueRanking.name == ROW, QueueRanking.ranked_at <= now)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    if replaced.rowcount:  # type: ignore[attr-defined]
+        return
+    stored_at = session.scalar(select(QueueRanking.ranked_at).where(QueueRanking.name == ROW))
+    if stored_at is None:  # the first ranks (a later cycle's are kept)
+        session.execute(insert(QueueRanking).values(name=ROW, **values))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +110,12 @@ class StoredRanking:
         if i is None:
             return None
         columns = self.ranks
+        by_rule = {rule: counts[i] for rule, counts in columns["ahead"].items() if counts[i]}
+        by_rule["earlier"] = i - sum(by_rule.values())
         return StoredRank(
             position=i + 1,
             waiting=len(self.index),
-            ahead=tuple(
-                (rule, counts[i]) for rule, counts in columns["ahead"].items() if counts[i]
-            ),
+            ahead=tuple((rule, by_rule[rule]) for rule, _ in AHEAD_RULES if by_rule.get(rule)),
             expected_gpu_s=columns["size"][i],
             expected_from=columns["sources"][columns["from"][i]],
             starving=i in self.starving,
