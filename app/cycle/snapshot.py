@@ -55,6 +55,8 @@ class SnapshotContext:
     # the jobs new to the queue it read besides.
     asked: tuple[int, ...] = ()
     arrived: tuple[int, ...] = ()
+    # A full read over its limit: some waiting jobs were not read (nor ranked).
+    unread: bool = False
 
 
 def head_depth(nodes: tuple[NodeView, ...]) -> int:
@@ -364,6 +366,7 @@ def read_snapshot(
     pending_query = select(*JOB_COLUMNS).where(*waiting).order_by(Job.id)
     asked: tuple[int, ...] = ()
     arrived: tuple[int, ...] = ()
+    unread = False
     if memory is not None:
         asked = tuple(memory.head(head_depth(node_views)))
         # New jobs' ids first (one narrow read), then whole rows of the head and of the
@@ -389,7 +392,8 @@ def read_snapshot(
         # No ORDER BY: each mode's part is then read by its own index range, not the whole
         # queue in id order (SQLite would walk ix_job_status_id to avoid the sort).
         pending_jobs = list(session.execute(select(runnable).limit(max_pending + 1)))
-        if len(pending_jobs) > max_pending:
+        unread = len(pending_jobs) > max_pending
+        if unread:
             pending_jobs = _project_heads(session, runnable, max_pending)
         else:
             pending_jobs.sort(key=attrgetter("id"))
@@ -452,4 +456,5 @@ def read_snapshot(
         quick=quick,
         asked=asked,
         arrived=arrived,
+        unread=unread,
     )
