@@ -2,7 +2,7 @@
 GET /api/v1/jobs/{id}/rank (issue 42 point 3)
 
 Revision ID: 0027
-Revises: 0025
+Revises: 0026
 Create Date: 2026-11-26 20:00:00
 """
 
@@ -14,9 +14,7 @@ from alembic import op
 import app.db
 
 revision: str = "0027"
-# 0026 (per-user running limits) is another branch's; whichever merges second revises
-# the other's number here.
-down_revision: str | None = "0025"
+down_revision: str | None = "0026"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
