@@ -196,10 +196,14 @@ class FakeNvml:
     c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
 
     def nvmlDeviceGetGpuFabricInfo(self, handle: Handle, info: Any) -> int:
+        assert type(info).__name__ == "CArgObject", "pass ctypes.byref(info)"
         fabric = self._device("nvmlDeviceGetGpuFabricInfo", handle).fabric
         if fabric is None:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        info.state, info.status = fabric
+        # The real call writes through a pointer: a structure passed by value crashes the
+        # process (seen on an H200), so only a ctypes.byref is taken here.
+        target = info._obj
+        target.state, target.status = fabric
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetRemappedRows(self, handle: Handle) -> tuple[int, int, int, int]:

@@ -491,7 +491,7 @@ class NvmlGpuBackend:
             return None
         info = info_type()
         try:
-            get_fabric(handle, info)
+            get_fabric(handle, ctypes.byref(info))  # by reference: by value, NVML segfaults
         except Exception:  # NOT_SUPPORTED, FUNCTION_NOT_FOUND: no fabric to wait for
             return None
         state = int(info.state)
