@@ -153,6 +153,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                     all_positions=full,
                     memory=queue_memory,
                     windows=scheduler_windows,
+                    full_every_s=FULL_POSITIONS_EVERY_S,
                 )
                 placed += report.placed
                 if full and report.ran:

@@ -24,6 +24,11 @@ class User(Base):
     # How many jobs (array tasks each) the user may have pending, as Slurm's MaxSubmitJobs
     # for a user association; None: the cluster's GPUSCHED_MAX_PENDING_JOBS_PER_USER.
     max_pending_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # How many jobs the user may run at once and how many GPUs they may use, as Slurm's
+    # MaxJobs and MaxTRES=gres/gpu for a user association; None: no limit. Over one, a
+    # job waits (pending reason running_limit); it is not refused.
+    max_running_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     tokens: Mapped[list[ApiToken]] = relationship(back_populates="user")
 

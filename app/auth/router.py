@@ -73,6 +73,16 @@ class UserOut(BaseModel):
         description="jobs (array tasks each) the user may have pending; null: the cluster's "
         "default (GPUSCHED_MAX_PENDING_JOBS_PER_USER)"
     )
+    max_running_jobs: int | None = Field(
+        default=None,
+        description="jobs the user may run at once (more wait, reason running_limit); "
+        "null: no limit of their own",
+    )
+    max_gpus: int | None = Field(
+        default=None,
+        description="GPUs the user's running jobs may use (more wait, reason "
+        "running_limit); null: no limit of their own",
+    )
 
 
 class UserCreate(BaseModel):
@@ -95,6 +105,21 @@ class UserUpdate(RequestBody):
         le=10_000_000,
         description="jobs (array tasks each) the user may have pending from now on; null: "
         "the cluster's default. Jobs already pending stay",
+    )
+    max_running_jobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000_000,
+        description="jobs the user may run at once from now on, as Slurm's MaxJobs; a job "
+        "over it waits (pending reason running_limit); null: no limit. Running jobs go on",
+    )
+    max_gpus: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000_000,
+        description="GPUs the user's running jobs may use from now on, as Slurm's "
+        "MaxTRES=gres/gpu (a shared job counts its share); a job over it waits; null: no "
+        "limit. Running jobs go on",
     )
 
 
@@ -197,15 +222,28 @@ def create_user(
     return TokenOut(user=_user(session, body.name), token=token)
 
 
+# The running limits PATCH sets, each by its audited setter.
+_RUNNING_LIMITS = {
+    "max_running_jobs": service.set_max_running_jobs,
+    "max_gpus": service.set_max_gpus,
+}
+
+
 @router.patch("/users/{name}", response_model=UserOut)
 def update_user(name: UserPath, body: UserUpdate, session: SessionDep, admin: AdminUser) -> UserOut:
     """Make a user an admin or a plain user, as `sacctmgr modify user ... set adminlevel=`,
-    set the Unix account their jobs run as, and how many jobs they may have pending
-    (`sacctmgr modify user ... set MaxSubmitJobs=`); idempotent. The last admin stays one (409).
+    set the Unix account their jobs run as, how many jobs they may have pending
+    (`sacctmgr modify user ... set MaxSubmitJobs=`), run at once (MaxJobs) and how many
+    GPUs they may use (MaxTRES=gres/gpu); idempotent. The last admin stays one (409).
     Other API processes see a role change within the token cache time (admin)."""
     sets_limit = "max_pending_jobs" in body.model_fields_set  # null: back to the default
-    if body.admin is None and body.unix_user is None and not sets_limit:
-        raise FieldError("admin", "give admin, unix_user, max_pending_jobs or several")
+    # null: no limit
+    limits = {f: getattr(body, f) for f in _RUNNING_LIMITS if f in body.model_fields_set}
+    if body.admin is None and body.unix_user is None and not sets_limit and not limits:
+        raise FieldError(
+            "admin",
+            "give admin, unix_user, max_pending_jobs, max_running_jobs, max_gpus or several",
+        )
     with _refusals():
         if body.admin is not None:
             service.set_admin(
@@ -219,6 +257,8 @@ def update_user(name: UserPath, body: UserUpdate, session: SessionDep, admin: Ad
             service.set_max_pending_jobs(
                 session=session, user_name=name, limit=body.max_pending_jobs, actor=admin.name
             )
+        for field, limit in limits.items():
+            _RUNNING_LIMITS[field](session=session, user_name=name, limit=limit, actor=admin.name)
     session.commit()
     return _user(session, name)
 

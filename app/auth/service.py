@@ -193,6 +193,8 @@ class UserSummary:
     active_tokens: int  # neither revoked nor expired
     unix_user: str
     max_pending_jobs: int | None  # None: the cluster's default
+    max_running_jobs: int | None  # None: no limit
+    max_gpus: int | None  # None: no limit
 
 
 def list_users(*, session: Session, now: datetime) -> list[UserSummary]:
@@ -228,6 +230,8 @@ def _summary(session: Session, user: User, *, now: datetime) -> UserSummary:
         active_tokens=active,
         unix_user=user.unix_user,
         max_pending_jobs=user.max_pending_jobs,
+        max_running_jobs=user.max_running_jobs,
+        max_gpus=user.max_gpus,
     )
 
 
@@ -305,6 +309,26 @@ def set_max_pending_jobs(
     jobs already pending stay. Returns whether that changed anything."""
     return _set_user_field(
         session=session, user_name=user_name, field="max_pending_jobs", value=limit,
+        action="user.limits", actor=actor,
+    )  # fmt: skip
+
+
+def set_max_running_jobs(
+    *, session: Session, user_name: str, limit: int | None, actor: str
+) -> bool:
+    """How many jobs the user may run at once from now on (None: no limit); more wait,
+    jobs already running go on. Returns whether that changed anything."""
+    return _set_user_field(
+        session=session, user_name=user_name, field="max_running_jobs", value=limit,
+        action="user.limits", actor=actor,
+    )  # fmt: skip
+
+
+def set_max_gpus(*, session: Session, user_name: str, limit: int | None, actor: str) -> bool:
+    """How many GPUs the user's running jobs may use from now on (None: no limit); more
+    wait, jobs already running go on. Returns whether that changed anything."""
+    return _set_user_field(
+        session=session, user_name=user_name, field="max_gpus", value=limit,
         action="user.limits", actor=actor,
     )  # fmt: skip
 

@@ -21,7 +21,9 @@ from app.auth.service import (
     list_users,
     revoke_tokens,
     set_admin,
+    set_max_gpus,
     set_max_pending_jobs,
+    set_max_running_jobs,
     set_unix_user,
 )
 from app.auth.service import create_user as create
@@ -145,27 +147,63 @@ def set_unix_user_command(
 def limits_command(
     name: UserName,
     max_pending: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--max-pending",
             help="Jobs (array tasks each) the user may have pending, as Slurm's "
             "MaxSubmitJobs, or default (GPUSCHED_MAX_PENDING_JOBS_PER_USER)",
             show_default=False,
         ),
-    ],
+    ] = None,
+    max_running: Annotated[
+        str | None,
+        typer.Option(
+            "--max-running",
+            help="Jobs the user may run at once, as Slurm's MaxJobs (more wait), or none "
+            "(no limit)",
+            show_default=False,
+        ),
+    ] = None,
+    max_gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--max-gpus",
+            help="GPUs the user's running jobs may use, as Slurm's MaxTRES=gres/gpu (more "
+            "wait), or none (no limit)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Set how many jobs a user may have pending (jobs already pending stay)."""
-    limit = count_or_none(max_pending, "--max-pending", none_word="default")
+    """Set how many jobs a user may have pending (jobs already pending stay), run at once
+    and how many GPUs they may use (running jobs go on; the next ones wait)."""
+    if max_pending is None and max_running is None and max_gpus is None:
+        raise CliError("give --max-pending, --max-running, --max-gpus or several", EXIT_USAGE)
+    pending = (
+        None if max_pending is None else count_or_none(max_pending, "--max-pending", none_word="default")
+    )  # fmt: skip
+    running = None if max_running is None else count_or_none(max_running, "--max-running")
+    gpus = None if max_gpus is None else count_or_none(max_gpus, "--max-gpus")
     settings = load_settings_or_exit()
     try:
         with session_scope(settings) as session:
-            set_max_pending_jobs(session=session, user_name=name, limit=limit, actor=_actor())
+            if max_pending is not None:
+                set_max_pending_jobs(session=session, user_name=name, limit=pending, actor=_actor())
+            if max_running is not None:
+                set_max_running_jobs(session=session, user_name=name, limit=running, actor=_actor())
+            if max_gpus is not None:
+                set_max_gpus(session=session, user_name=name, limit=gpus, actor=_actor())
     except LookupError as exc:
         raise CliError(str(exc.args[0]), EXIT_REJECTED) from None
-    most = (
-        f"{settings.max_pending_jobs_per_user:,} (the default)" if limit is None else f"{limit:,}"
-    )
-    typer.echo(f"{name!r} may have at most {most} jobs pending")
+    if max_pending is not None:
+        default = f"{settings.max_pending_jobs_per_user:,} (the default)"
+        most = default if pending is None else f"{pending:,}"
+        typer.echo(f"{name!r} may have at most {most} jobs pending")
+    if max_running is not None:
+        most = "any number of" if running is None else f"at most {running:,}"
+        typer.echo(f"{name!r} may run {most} jobs at once")
+    if max_gpus is not None:
+        most = "any number of" if gpus is None else f"at most {gpus:,}"
+        typer.echo(f"{name!r}'s running jobs may use {most} GPUs")
 
 
 @admin_app.command("create-token")
@@ -224,17 +262,25 @@ def remove_from_project(name: UserName, project: ProjectOption) -> None:
 
 @admin_app.command("users")
 def users() -> None:
-    """List users: role, projects, the Unix account their jobs run as, and how many tokens
-    still work."""
+    """List users: role, projects, the Unix account their jobs run as, their limits (-: none)
+    and how many tokens still work."""
     settings = load_settings_or_exit()
-    table = make_table("USER", "ROLE", "PROJECTS", "UNIX USER", "MAX PENDING", "ACTIVE TOKENS")
+    table = make_table(
+        "USER", "ROLE", "PROJECTS", "UNIX USER", "MAX PENDING", "MAX RUNNING", "MAX GPUS",
+        "ACTIVE TOKENS",
+    )  # fmt: skip
     default = f"{settings.max_pending_jobs_per_user:,} (default)"
     with session_scope(settings) as session:
         for user in list_users(session=session, now=utcnow()):
             role = "admin" if user.is_admin else "user"
             projects = ", ".join(user.projects)
             most = default if user.max_pending_jobs is None else f"{user.max_pending_jobs:,}"
-            add_row(table, user.name, role, projects, user.unix_user, most, user.active_tokens)
+            running = "-" if user.max_running_jobs is None else f"{user.max_running_jobs:,}"
+            gpus = "-" if user.max_gpus is None else f"{user.max_gpus:,}"
+            add_row(
+                table, user.name, role, projects, user.unix_user, most, running, gpus,
+                user.active_tokens,
+            )  # fmt: skip
     console().print(table)
 
 

@@ -207,23 +207,42 @@ def quota(
             show_default=False,
         ),
     ] = None,
+    max_running: Annotated[
+        str | None,
+        typer.Option(
+            "--max-running",
+            help="Jobs its users may run at once together, as Slurm's GrpJobs (more wait), "
+            "or none (no limit of its own)",
+            show_default=False,
+        ),
+    ] = None,
+    max_gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--max-gpus",
+            help="GPUs its users' running jobs may use together, as Slurm's "
+            "GrpTRES=gres/gpu (more wait), or none (no limit of its own)",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
     """Set a project's guaranteed GPUs, fair-share weight, longest job time limit, the
-    highest priority its users may give and how many jobs they may have pending (admin).
+    highest priority its users may give, how many jobs they may have pending and run at
+    once and how many GPUs they may use together (admin).
 
     Others may borrow its idle guaranteed GPUs; preemptible borrowers are requeued for it.
 
     Applies from the next cycle; after a cut, its jobs above the quota count as borrowed.
     A time limit applies to jobs submitted or changed from then on.
     """
-    asked = (gpus, weight, max_runtime, max_priority, max_pending)
+    asked = (gpus, weight, max_runtime, max_priority, max_pending, max_running, max_gpus)
     if all(value is None for value in asked):
         raise CliError(
-            "give --gpus, --weight, --max-runtime, --max-priority or --max-pending "
-            "(`gpusched queues --json` shows the current values)",
+            "give --gpus, --weight, --max-runtime, --max-priority, --max-pending, "
+            "--max-running or --max-gpus (`gpusched queues --json` shows the current values)",
             EXIT_USAGE,
         )
     given = (("gpu_quota", gpus), ("weight", weight), ("max_priority", max_priority))
@@ -233,6 +252,10 @@ def quota(
         body["max_runtime_s"] = None if cleared else parse_duration(max_runtime, "--max-runtime")
     if max_pending is not None:
         body["max_pending_jobs"] = count_or_none(max_pending, "--max-pending")
+    if max_running is not None:
+        body["max_running_jobs"] = count_or_none(max_running, "--max-running")
+    if max_gpus is not None:
+        body["max_gpus"] = count_or_none(max_gpus, "--max-gpus")
     client = ApiClient.from_options(url, token)
     result = client.patch(f"{PROJECTS}/{quote(project, safe='')}", json=body)
     if gpus:
@@ -247,10 +270,14 @@ def quota(
     priority = f", users give priority up to {highest}" if highest else ""
     most = result["max_pending_jobs"]
     pending = f" of at most {most:,}" if most is not None else ""
+    at_once = result.get("max_running_jobs")
+    running = f", at most {at_once:,} jobs running at once" if at_once is not None else ""
+    most_gpus = result.get("max_gpus")
+    gpu_cap = f" of at most {most_gpus:,}" if most_gpus is not None else ""
     typer.echo(
         f"project {result['project']}: {guarantee}, fair-share weight {result['weight']:g}"
-        f"{limit}{priority} ({result['gpus_in_use']:g} GPUs in use, {result['pending']} "
-        f"jobs pending{pending})"
+        f"{limit}{priority}{running} ({result['gpus_in_use']:g} GPUs in use{gpu_cap}, "
+        f"{result['pending']} jobs pending{pending})"
     )
 
 

@@ -970,10 +970,12 @@ def _job_details(job: dict[str, Any], rank: dict[str, Any] | None = None) -> Tab
         rows.append(("pending message", job.get("pending_message") or ""))
     if job.get("queue_position") is not None:
         rows.append(("queue position", job["queue_position"]))
-    if rank is not None:  # as sprio: why the jobs ahead go first
-        rows.append(("ranked now", f"{rank['message']} (policy {rank['policy']})"))
+    if rank is not None:  # as sprio: why the jobs ahead go first, at the last full cycle
+        rows.append(("queue rank", f"{rank['message']} (policy {rank['policy']})"))
     if job.get("estimated_start_at"):
         rows.append(("estimated start", job["estimated_start_at"]))
+    elif job.get("estimate_note"):  # a waiting job: why it has none
+        rows.append(("estimated start", job["estimate_note"]))
     if job.get("exit_code") is not None:
         rows.append(("exit code", job["exit_code"]))
     if job.get("labels"):
@@ -1158,7 +1160,6 @@ def cancel(
         job_ids,
         selection,
         id_line=_cancel_id_line,
-        line=_cancel_line,
         nothing="no jobs match",
         client=client,
         as_json=as_json,
@@ -1187,7 +1188,6 @@ def hold(
         job_ids,
         selection,
         id_line=_hold_line,
-        line=_hold_line,
         nothing="no pending jobs match",
         client=ApiClient.from_options(url, token),
         as_json=as_json,
@@ -1214,7 +1214,6 @@ def release(
         job_ids,
         selection,
         id_line=_hold_line,
-        line=_hold_line,
         nothing="no held jobs match",
         client=ApiClient.from_options(url, token),
         as_json=as_json,
@@ -1259,25 +1258,40 @@ def _by_ids_or_selection(
     selection: dict[str, Any] | None,
     *,
     id_line: Callable[[dict[str, Any]], str],
-    line: Callable[[dict[str, Any]], str],
     nothing: str,
     client: ApiClient,
     as_json: bool,
     params: dict[str, Any] | None = None,
 ) -> None:
     """POST /jobs/ID/`action` for each job named, or, for a `selection`, /jobs/`action`
-    once: one transaction for them all (as scancel -u alice). Its answer is one line per
-    job acted on, in id order (the list with --json); none: `nothing` on stderr, exit 0."""
+    once: one transaction for them all (as scancel -u alice). Its answer is how many and
+    which (the API's counts and ids with --json), on one line; none: `nothing` on stderr,
+    exit 0."""
     if selection is None:
         _each_job(job_ids or [], action, id_line, client=client, as_json=as_json, params=params)
         return
-    jobs = client.post(f"{JOBS}/{action}", params=selection | (params or {}))
+    done = client.post(f"{JOBS}/{action}", params=selection | (params or {}))
     if as_json:
-        print_json(jobs)
-    elif not jobs:
+        print_json(done)
+    elif not done["count"]:
         typer.echo(nothing, err=True)
-    for job in [] if as_json else jobs:
-        typer.echo(line(job))
+    else:
+        typer.echo(_bulk_line(BULK_DONE[action], done))
+
+
+# What each bulk action did, as its one line says it.
+BULK_DONE = {"cancel": "cancelled", "hold": "held", "release": "released", "update": "updated"}
+
+
+def _bulk_line(done: str, answer: dict[str, Any]) -> str:
+    """ "cancelled 3 jobs: 12-14 (1 still stopping)": the API lists the first ids only."""
+    count = answer["count"]
+    line = f"{done} {count} job{'s' if count != 1 else ''}: {_id_ranges(answer['ids'])}"
+    if answer["more"]:
+        line += f" and {answer['more']} more"
+    if answer.get("stopping"):
+        line += f" ({answer['stopping']} still stopping: cancel requested)"
+    return line
 
 
 def update(
@@ -1412,15 +1426,16 @@ def update(
     answer: Any = None
     if changes and selection is not None:
         answer = client.patch(JOBS, params=selection, json=changes)
-        lines += [_updated_line(job) for job in answer]
-        if not answer:
+        if answer["count"]:
+            lines.append(_bulk_line(BULK_DONE["update"], answer))
+        else:
             typer.echo("no pending jobs match", err=True)
     elif changes:
         answer = client.patch(f"{JOBS}/{job_id}", json=changes)
         lines.append(_updated_line(answer))
     if array_limit is not None:
         job = client.patch(f"{JOBS}/{limit_of}/array", json={"max_running": limit})
-        if not isinstance(answer, list):  # --json: a selection's jobs, or the job as it is now
+        if answer is None or "count" not in answer:  # --json: a selection's counts, or the job
             answer = job
         at_once = f"at most {limit} at once" if limit else "no limit"
         lines.append(f"updated array {job['array']['id']}: {at_once}")

@@ -23,7 +23,7 @@ from app.jobs.orders import AfterCommit, released_gates, run_orders, stop_orders
 from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
 from app.nodes.models import Node, NodeState
 from app.projects.models import Project
-from app.scheduling import Placement, Plan, Preemption
+from app.scheduling import PendingReason, Placement, Plan, Preemption
 from app.wire import RunJob, StopJob
 
 log = logging.getLogger("gpusched.cycle")
@@ -36,6 +36,8 @@ class Applied:
     dispatches: list[RunJob] = field(default_factory=list)
     stops: list[StopJob] = field(default_factory=list)
     lease_lost: bool = False
+    # The jobs left waiting, in queue order (position i + 1).
+    waiting: list[int] = field(default_factory=list)
 
     @property
     def after(self) -> AfterCommit:
@@ -102,7 +104,6 @@ def apply_plan(
     plan: Plan,
     token: int,
     now: datetime,
-    all_positions: bool = True,
 ) -> Applied:
     applied = Applied()
     if not lease.still_held(session, token=token):
@@ -129,9 +130,8 @@ def apply_plan(
         run_orders(session, jobs=[job for p, job in placed if not p.after_preemption_of])
     )
     applied.dispatches.extend(released_gates(session))
-    _store_reasons(
-        session, ctx=ctx, plan=plan, placed=set(applied.placed), all_positions=all_positions
-    )
+    waiting = _store_reasons(session, ctx=ctx, plan=plan, placed=set(applied.placed))
+    applied.waiting.extend(r.job_id for r in waiting)
     if not ctx.quick:  # a quick read reuses the usage of the last full one
         _store_usage(session, usage=ctx.usage, now=now)
     session.commit()
@@ -238,35 +238,45 @@ def _schedule(
     return verified
 
 
-# Positions of the first jobs in the queue are rewritten every cycle; those further back
-# only when their reason changes or the caller asks for a full refresh (placing one job
-# shifts every position behind it, and thousands of rows per cycle cost more than the plan).
+# A quick read writes the reasons of the arrivals it ranked among the first this many
+# jobs it read; the others keep NEW until the next full cycle (a burst of submissions
+# must not cost a quick cycle thousands of writes).
 HEAD_POSITIONS = 100
 
 
 def _store_reasons(
-    session: Session, *, ctx: SnapshotContext, plan: Plan, placed: set[int], all_positions: bool
-) -> None:
+    session: Session, *, ctx: SnapshotContext, plan: Plan, placed: set[int]
+) -> list[PendingReason]:
     """Write each waiting job's reason, position and estimated start; only rows that changed.
 
     Positions are counted among the jobs still waiting: the plan numbers the whole queue,
-    and a job whose predecessors were just placed is first in line, not third."""
-    changes = []
+    and a job whose predecessors were just placed is first in line, not third. A full read
+    numbers every job it ranked 1 to N. A quick read saw only the head and the arrivals:
+    it gives the head's jobs the places they had, compacted and in its own order (they
+    stay ahead of every job it did not read), and arrivals their reason but no place:
+    where they stand among the jobs it did not read is unknown until the next full cycle.
+    Returns the waiting jobs, in queue order.
+    """
     waiting = sorted(
         (r for r in plan.pending if r.job_id not in placed), key=attrgetter("queue_position")
     )
-    for position, reason in enumerate(waiting, start=1):
-        new = (reason.kind.value, reason.message[:512], position, reason.estimated_start)
-        old = ctx.pending_reasons.get(reason.job_id)
+    reasons = ctx.pending_reasons
+    if ctx.quick:
+        positions = _head_positions(waiting, reasons)
+    else:
+        positions = {r.job_id: place for place, r in enumerate(waiting, start=1)}
+    changes = []
+    for read_as, reason in enumerate(waiting, start=1):
+        old = reasons.get(reason.job_id)
+        if ctx.quick and read_as > HEAD_POSITIONS and old is not None and old[0] == NEW_IN_QUEUE:
+            continue
+        new = (
+            reason.kind.value,
+            reason.message[:512],
+            positions.get(reason.job_id),
+            reason.estimated_start,
+        )
         if old == new:
-            continue
-        position_only = old is not None and old[:2] == new[:2] and old[3] == new[3]
-        if position_only and not all_positions and position > HEAD_POSITIONS:
-            continue
-        # Ranked only among the jobs a quick read saw, a new job's place behind the head
-        # is unknown until the next full cycle; until then it stays NEW (and is read again).
-        new_behind_head = old is not None and old[0] == NEW_IN_QUEUE
-        if ctx.quick and new_behind_head and position > HEAD_POSITIONS:
             continue
         changes.append(
             {
@@ -279,3 +289,31 @@ def _store_reasons(
         )
     if changes:
         session.execute(update(Job), changes)
+    if ctx.unread:
+        _forget_positions(session, ranked=positions.keys() | placed)
+    return waiting
+
+
+def _head_positions(
+    waiting: list[PendingReason],
+    reasons: dict[int, tuple[str | None, str | None, int | None, datetime | None]],
+) -> dict[int, int]:
+    """A quick read's jobs that a full cycle ranked (they have a place), numbered 1 to k
+    in this plan's order. Safe against the jobs it did not read: every position grows
+    along the remembered order, whose head it read, so theirs are all greater than k."""
+    ranked = [r.job_id for r in waiting if (old := reasons.get(r.job_id)) and old[2] is not None]
+    return {job_id: place for place, job_id in enumerate(ranked, start=1)}
+
+
+def _forget_positions(session: Session, *, ranked: set[int]) -> None:
+    """A full read over its limit left jobs out (see read_snapshot): a place that a
+    cycle gave one of them before is no longer its place. They are not ranked now."""
+    stale = [
+        job_id
+        for job_id in session.scalars(
+            select(Job.id).where(Job.status == JobStatus.PENDING, Job.queue_position.is_not(None))
+        )
+        if job_id not in ranked
+    ]
+    if stale:
+        session.execute(update(Job), [{"id": job_id, "queue_position": None} for job_id in stale])

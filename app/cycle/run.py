@@ -7,6 +7,8 @@
 2. plan      the pure core decides (no I/O)
 3. apply     one transaction re-verifies and writes allocations and pending reasons
 4. dispatch  after commit, run_job / stop_job messages go to the nodes' queues
+5. ranks     a full cycle stores why each waiting job is where it is in the queue
+             (app/cycle/ranks.py), off the path from plan to dispatch
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.cycle import lease
+from app.cycle import lease, ranks
 from app.cycle.apply import apply_plan
 from app.cycle.arrays import settle_array_limits
 from app.cycle.dependencies import settle_dependencies
 from app.cycle.eligibility import ClockGates, settle_clock_gates
+from app.cycle.ranks import RankedBy
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory, read_snapshot
 from app.messaging import Sender
@@ -83,10 +87,12 @@ def run_cycle(
     all_positions: bool = True,
     memory: QueueMemory | None = None,
     windows: SchedulerWindows | None = None,
+    full_every_s: float | None = None,
 ) -> CycleReport:
-    """One cycle. `all_positions=False` rewrites queue positions only near the head of the
-    queue (the scheduler worker asks for a full refresh every few seconds); with it, a
-    `memory` that a full cycle filled makes this a quick cycle (see QueueMemory)."""
+    """One cycle. With `all_positions=False`, a `memory` that a full cycle filled makes
+    this a quick cycle (see QueueMemory), which re-ranks only the head of the queue (the
+    scheduler worker asks for a full cycle every few seconds: `full_every_s`, stored with
+    the ranks a full cycle keeps for GET /jobs/{id}/rank)."""
     started = time.perf_counter()
     with factory() as session:
         token = lease.acquire(
@@ -152,9 +158,7 @@ def run_cycle(
             if memory is not None:
                 memory.remember(ctx, plan.queue_order)
             # 3. apply
-            applied = apply_plan(
-                session, ctx=ctx, plan=plan, token=token, now=now, all_positions=all_positions
-            )
+            applied = apply_plan(session, ctx=ctx, plan=plan, token=token, now=now)
         finally:
             lease.release(session, holder=holder, token=token, now=now)
     if applied.lease_lost:
@@ -164,6 +168,24 @@ def run_cycle(
         wake_at = now  # a job waiting `after` one placed now may start: cycle again
     # 4. dispatch (after commit; reconciliation re-sends anything lost on the way)
     messenger.send(applied.after)
+    if not ctx.quick:  # 5. what this full cycle ranked, for GET /jobs/{id}/rank
+        views = {j.id: j for j in ctx.snapshot.pending}
+        with factory() as session:
+            ranks.store(
+                session,
+                order=[views[i] for i in applied.waiting],
+                ranked_by=RankedBy(
+                    policy=policy,
+                    ranking=settings.ranking(),
+                    next_at=None if full_every_s is None else now + timedelta(seconds=full_every_s),
+                ),
+                history=ctx.snapshot.runtime_history,
+                now=now,
+            )
+            try:
+                session.commit()
+            except IntegrityError:  # another scheduler stored the first ranks meanwhile
+                session.rollback()
     CYCLE_SECONDS.labels(kind).observe(time.perf_counter() - started)
     PLACEMENTS.inc(len(applied.placed))
     report = CycleReport(

@@ -27,6 +27,7 @@ from app.scheduling import (
     ProjectView,
     RunningJobView,
     Snapshot,
+    UserView,
     WindowInterval,
 )
 
@@ -54,6 +55,8 @@ class SnapshotContext:
     # the jobs new to the queue it read besides.
     asked: tuple[int, ...] = ()
     arrived: tuple[int, ...] = ()
+    # A full read over its limit: some waiting jobs were not read (nor ranked).
+    unread: bool = False
 
 
 def head_depth(nodes: tuple[NodeView, ...]) -> int:
@@ -254,6 +257,15 @@ def read_snapshot(
         uid: (name, unix_user)
         for uid, name, unix_user in session.execute(select(User.id, User.name, User.unix_user))
     }
+    # Only users with a running limit of their own (filters/running_limit.py).
+    limited_users = tuple(
+        UserView(name=name, max_running_jobs=jobs, max_gpus=gpus)
+        for name, jobs, gpus in session.execute(
+            select(User.name, User.max_running_jobs, User.max_gpus)
+            .where(User.max_running_jobs.is_not(None) | User.max_gpus.is_not(None))
+            .order_by(User.name)
+        )
+    )
     projects = list(session.scalars(select(Project)))
     project_names = {p.id: p.name for p in projects}
 
@@ -354,6 +366,7 @@ def read_snapshot(
     pending_query = select(*JOB_COLUMNS).where(*waiting).order_by(Job.id)
     asked: tuple[int, ...] = ()
     arrived: tuple[int, ...] = ()
+    unread = False
     if memory is not None:
         asked = tuple(memory.head(head_depth(node_views)))
         # New jobs' ids first (one narrow read), then whole rows of the head and of the
@@ -379,7 +392,8 @@ def read_snapshot(
         # No ORDER BY: each mode's part is then read by its own index range, not the whole
         # queue in id order (SQLite would walk ix_job_status_id to avoid the sort).
         pending_jobs = list(session.execute(select(runnable).limit(max_pending + 1)))
-        if len(pending_jobs) > max_pending:
+        unread = len(pending_jobs) > max_pending
+        if unread:
             pending_jobs = _project_heads(session, runnable, max_pending)
         else:
             pending_jobs.sort(key=attrgetter("id"))
@@ -410,10 +424,16 @@ def read_snapshot(
         running=running,
         projects=tuple(
             ProjectView(
-                name=p.name, quota_gpus=p.gpu_quota, weight=p.weight, usage_gpu_s=usage[p.id]
+                name=p.name,
+                quota_gpus=p.gpu_quota,
+                weight=p.weight,
+                usage_gpu_s=usage[p.id],
+                max_running_jobs=p.max_running_jobs,
+                max_gpus=p.max_gpus,
             )
             for p in projects
         ),
+        users=limited_users,
         windows=windows,
         runtime_history=(
             memory.history
@@ -436,4 +456,5 @@ def read_snapshot(
         quick=quick,
         asked=asked,
         arrived=arrived,
+        unread=unread,
     )

@@ -52,8 +52,8 @@ class RuntimeLimits:
         if spec.grace_s is not None and spec.grace_s > self.max_grace_s and "grace_s" not in kept:
             raise FieldError(
                 "grace_s",
-                f"{_span(spec.grace_s)} is above this cluster's longest grace period, "
-                f"{_span(self.max_grace_s)}",
+                f"{readable_span(spec.grace_s)} is above this cluster's longest grace period, "
+                f"{readable_span(self.max_grace_s)}",
             )
         if "max_runtime_s" in kept:
             limit, given = spec.max_runtime_s, "its max_runtime_s"
@@ -65,10 +65,14 @@ class RuntimeLimits:
                 (m for m in (self.max_s, project.max_s if project else None) if m is not None),
                 default=None,
             )
-            room = f" up to {_span(longest)}" if longest is not None and longest > limit else ""
+            room = (
+                f" up to {readable_span(longest)}"
+                if longest is not None and longest > limit
+                else ""
+            )
             raise FieldError(
                 "estimated_runtime_s",
-                f"{_span(estimate)} is longer than the job's time limit, {_span(limit)}"
+                f"{readable_span(estimate)} is longer than the job's time limit, {readable_span(limit)}"
                 f" ({given}): it would be stopped first; set max_runtime_s{room}",
             )
         if limit == spec.max_runtime_s:
@@ -83,13 +87,13 @@ class RuntimeLimits:
         if asked is not None and self.max_s is not None and asked > self.max_s:
             raise FieldError(
                 "max_runtime_s",
-                f"{_span(asked)} is above this cluster's longest time limit, {_span(self.max_s)}",
+                f"{readable_span(asked)} is above this cluster's longest time limit, {readable_span(self.max_s)}",
             )
         if asked is not None and project is not None and asked > project.max_s:
             raise FieldError(
                 "max_runtime_s",
-                f"{_span(asked)} is above the longest time limit of project {project.name}, "
-                f"{_span(project.max_s)}",
+                f"{readable_span(asked)} is above the longest time limit of project {project.name}, "
+                f"{readable_span(project.max_s)}",
             )
         limit = asked if asked is not None else self.default_s or self.max_s
         given = "its max_runtime_s" if asked is not None else "the cluster's default"
@@ -129,7 +133,7 @@ def check_priority(
     )
 
 
-def _span(seconds: int) -> str:
+def readable_span(seconds: int) -> str:
     """'604800 s (7d)': the exact value the API takes, and one a person reads."""
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)

@@ -27,6 +27,7 @@ from app.jobs.logs import MAX_TAIL_LINES, follow, read_tail, resolve_attempt
 from app.jobs.ranking import rank
 from app.jobs.schemas import (
     ArrayUpdate,
+    BulkOut,
     JobCreate,
     JobEventOut,
     JobOut,
@@ -155,18 +156,19 @@ def list_jobs(
     )
 
 
-@router.post("/cancel", response_model=list[JobOut])
+@router.post("/cancel", response_model=BulkOut)
 def cancel_jobs(
     session: SessionDep,
     principal: CurrentUser,
     messenger: MessengerDep,
     selection: SelectionDep,
     grace_s: GraceQuery = None,
-) -> list[JobOut]:
+) -> BulkOut:
     """Cancel every job the filters select that has not ended, in one request, as
     `scancel -u alice -t PENDING` or `scancel` of an array id (`?array=12`): pending jobs
     end at once, running ones are stopped as by a cancel of each. At least one filter is
-    required. Returns the jobs acted on (none: nothing matched)."""
+    required. Returns how many jobs were acted on and their ids (count 0: nothing
+    matched), how many of them are stopping."""
     cancelled = service.cancel_selected(
         session=session, principal=principal, selection=selection, grace_s=grace_s
     )
@@ -174,21 +176,21 @@ def cancel_jobs(
     return cancelled.value
 
 
-@router.post("/hold", response_model=list[JobOut])
-def hold_jobs(session: SessionDep, principal: CurrentUser, selection: SelectionDep) -> list[JobOut]:
+@router.post("/hold", response_model=BulkOut)
+def hold_jobs(session: SessionDep, principal: CurrentUser, selection: SelectionDep) -> BulkOut:
     """Hold every pending job the filters select, in one request, as `scontrol hold` of an
-    array id (`?array=12`). At least one filter is required. Returns them (none: nothing
-    pending matched)."""
+    array id (`?array=12`). At least one filter is required. Returns how many and their
+    ids (count 0: nothing pending matched)."""
     return service.hold_selected(session=session, principal=principal, selection=selection)
 
 
-@router.post("/release", response_model=list[JobOut])
+@router.post("/release", response_model=BulkOut)
 def release_jobs(
     session: SessionDep, principal: CurrentUser, messenger: MessengerDep, selection: SelectionDep
-) -> list[JobOut]:
+) -> BulkOut:
     """Release every held job the filters select, in one request. A hold placed by an
     admin only an admin releases: if the selection holds one, nothing is released (403).
-    Returns the jobs released."""
+    Returns how many were released and their ids."""
     released = service.release_selected(session=session, principal=principal, selection=selection)
     messenger.send(released.after)
     return released.value
@@ -229,8 +231,10 @@ def get_job_events(
 def get_job_rank(job_id: JobId, session: SessionDep, principal: CurrentUser) -> RankOut:
     """Where a waiting job is in the queue and why, as Slurm's sprio: the jobs ahead of it
     counted by the rule of the queue policy that puts each first (a higher priority,
-    another project's fair-share turn, a smaller expected GPU-time, ...). A 409 for a job
-    that is not ranked (placed, ended, held, or waiting for its dependencies)."""
+    another project's fair-share turn, a smaller expected GPU-time, ...), as the last full
+    cycle ranked them. A job that arrived since: `ranked` false and when it will be. A 409
+    for a job outside the ranking (placed, ended, held, waiting for its dependencies or
+    its begin time)."""
     return rank(session=session, principal=principal, job_id=job_id, now=utcnow())
 
 
@@ -299,7 +303,7 @@ def release_job(
     return released.value
 
 
-@router.patch("", response_model=list[JobOut])
+@router.patch("", response_model=BulkOut)
 def update_jobs(
     changes: JobUpdate,
     session: SessionDep,
@@ -307,11 +311,12 @@ def update_jobs(
     messenger: MessengerDep,
     settings: SettingsDep,
     selection: SelectionDep,
-) -> list[JobOut]:
+) -> BulkOut:
     """Change every pending job the filters select, in one request, as `scontrol update` of
     an array id (`?array=12`) changes all its pending tasks. All or nothing: a change
     refused for one job is a 422 naming it, and changes none. At least one filter is
-    required. Returns the jobs changed (none: nothing pending matched)."""
+    required. Returns how many were changed and their ids (count 0: nothing pending
+    matched)."""
     updated = service.update_selected(
         session=session,
         principal=principal,

@@ -369,8 +369,13 @@ class JobOut(BaseModel):
     attempt: int
     pending_reason: str | None
     pending_message: str | None
-    queue_position: int | None
+    queue_position: int | None = Field(
+        description="place in line at the last full cycle (1: next); null: not ranked"
+    )
     estimated_start_at: datetime | None
+    estimate_note: str | None = Field(
+        None, description="a waiting job without an estimated start: why none is given"
+    )
     held_by: str | None = Field(
         description="who held this pending job (release to run it); on a running job "
         "requeued with hold, who will hold it once it is back"
@@ -429,17 +434,52 @@ class RankAhead(BaseModel):
 
 
 class RankOut(BaseModel):
-    """Where a waiting job is in the queue and why (GET /jobs/{id}/rank), as sprio."""
+    """Where a waiting job is in the queue and why (GET /jobs/{id}/rank), as sprio: as the
+    last full cycle ranked it (`ranked_at`). A job that arrived since is not ranked yet
+    (`ranked` false, no position): `next_ranking_at` says when it will be."""
 
     job_id: int
     policy: str = Field(description="the queue policy the scheduler ranks with")
-    position: int = Field(description="1: the next job the scheduler considers")
-    waiting: int = Field(description="jobs in the queue, this one included")
+    position: int | None = Field(description="1: the next job the scheduler considers")
+    waiting: int = Field(description="jobs the last full cycle ranked (this one, if ranked)")
     ahead: list[RankAhead] = Field(
         description="the jobs ahead, counted by the rule that puts each first"
     )
-    expected_gpu_s: float = Field(description="its size for short-first order: runtime x GPUs")
-    expected_from: str = Field(description="where that runtime comes from")
+    expected_gpu_s: float | None = Field(
+        description="its size for short-first order: runtime x GPUs"
+    )
+    expected_from: str | None = Field(description="where that runtime comes from")
     waited_s: float
     starving: bool = Field(description="waited past the starvation guard: served first in its tier")
     message: str
+    ranked: bool = Field(True, description="false: not ranked yet by a full cycle")
+    ranked_at: datetime | None = Field(None, description="when the full cycle ranked the queue")
+    next_ranking_at: datetime | None = Field(
+        None, description="when the scheduler means to rank the queue again"
+    )
+
+
+# A bulk action's answer lists at most this many ids; GET /jobs with the same filters
+# lists the jobs themselves, page by page.
+BULK_IDS_SHOWN = 1000
+
+
+class BulkOut(BaseModel):
+    """What a bulk action did (POST /jobs/cancel, /hold, /release; PATCH /jobs): how many
+    jobs, and their ids, not the jobs themselves: 20,000 job objects were 20 MB."""
+
+    count: int = Field(description="jobs acted on (0: nothing matched)")
+    ids: list[int] = Field(description=f"their ids in id order, the first {BULK_IDS_SHOWN}")
+    more: int = Field(description="jobs acted on beyond those listed in ids")
+    stopping: int = Field(
+        0, description="cancel: placed or running jobs asked to stop (the others ended at once)"
+    )
+
+    @classmethod
+    def of(cls, ids: list[int], *, stopping: int = 0) -> BulkOut:
+        return cls(
+            count=len(ids),
+            ids=ids[:BULK_IDS_SHOWN],
+            more=max(0, len(ids) - BULK_IDS_SHOWN),
+            stopping=stopping,
+        )

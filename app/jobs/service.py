@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement, Select, func, select
+from sqlalchemy import ColumnElement, Select, and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -32,6 +32,7 @@ from app.jobs.dependencies import (
     load_namesakes,
     singleton_wait,
 )
+from app.jobs.estimates import estimate_note
 from app.jobs.lifecycle import note, transition
 from app.jobs.limits import ProjectTimeLimit, RuntimeLimits, check_priority
 from app.jobs.models import Allocation, Job, JobEvent
@@ -40,6 +41,7 @@ from app.jobs.pending_limits import check_pending_limits
 from app.jobs.schemas import (
     AllocationOut,
     ArrayOut,
+    BulkOut,
     JobCreate,
     JobEventOut,
     JobOut,
@@ -64,7 +66,7 @@ from app.notifications.deliveries import NotificationOut, deliveries
 from app.paging import Page, count
 from app.projects.models import Project
 from app.text import escape_controls
-from app.windows.service import require_window
+from app.windows.service import require_long_enough_opening, require_window
 from app.wire import StopReason
 
 MAX_PAGE = 500
@@ -318,8 +320,26 @@ def check_submission(
     check_can_ever_fit(session=session, spec=spec, inventory=inventory)
     if spec.schedule.mode == "offpeak":
         require_window(session=session, name=spec.schedule.window, field=("schedule", "window"))
+        _refuse_if_never_in_window(
+            session, spec=spec, window=spec.schedule.window, preemptible=spec.preemptible
+        )
     _check_singleton(spec)
     return CheckedSubmission(spec=spec, project_id=project_id, project_name=project_name)
+
+
+def _refuse_if_never_in_window(
+    session: Session, *, spec: JobCreate, window: str | None, preemptible: bool
+) -> None:
+    """An off-peak job that is not preemptible and lasts (its estimate, else its time limit)
+    longer than every opening of its window(s) would never start: a 422 on that field."""
+    require_long_enough_opening(
+        session=session,
+        name=window,
+        runtime_s=spec.estimated_runtime_s or spec.max_runtime_s,
+        preemptible=preemptible,
+        field="estimated_runtime_s" if spec.estimated_runtime_s else "max_runtime_s",
+        now=utcnow(),
+    )
 
 
 def _check_priority(
@@ -694,6 +714,25 @@ def list_jobs(
     )
 
 
+# Waiting jobs that cannot run yet whatever the GPUs do: held, waiting for their
+# dependencies, their array's limit, their begin time or their off-peak window (the gate's
+# reason carries no position; the core's "does not fit before the close" has one).
+_LATER_REASONS = (DEPENDENCY, ARRAY_LIMIT, "begin_time")
+NOT_YET_ELIGIBLE = or_(
+    Job.held_by.is_not(None),
+    Job.dependencies_met.is_(False),
+    Job.pending_reason.in_(_LATER_REASONS),
+    and_(Job.pending_reason == "window_closed", Job.queue_position.is_(None)),
+)
+# Its complement, without NOT over nullable columns (NOT NULL is not true).
+ELIGIBLE_NOW = and_(
+    Job.held_by.is_(None),
+    Job.dependencies_met.is_(True),
+    or_(Job.pending_reason.is_(None), Job.pending_reason.not_in(_LATER_REASONS)),
+    or_(Job.pending_reason.is_distinct_from("window_closed"), Job.queue_position.is_not(None)),
+)
+
+
 def pending_in_order(
     *,
     session: Session,
@@ -701,10 +740,15 @@ def pending_in_order(
     filters: JobSelection = JobSelection(),
     offset: int = 0,
     limit: int = 50,
+    eligible: bool | None = None,
 ) -> PendingPage:
     """Waiting jobs in the order the last cycle would serve them (queue position), held
-    jobs last. `filters`' statuses are not used: these are the pending jobs."""
+    jobs last. `filters`' statuses are not used: these are the pending jobs. `eligible`:
+    only those that may run now (True) or only those that cannot yet (False: held,
+    dependencies, begin time, window, array limit), as Slurm lists them apart."""
     query = replace(filters, statuses=(JobStatus.PENDING,)).where(select(Job), principal)
+    if eligible is not None:
+        query = query.where(ELIGIBLE_NOW if eligible else NOT_YET_ELIGIBLE)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     jobs = session.scalars(
         query.order_by(
@@ -740,10 +784,10 @@ def cancel_selected(
     principal: Principal,
     selection: JobSelection,
     grace_s: int | None = None,
-) -> Changed[list[JobOut]]:
+) -> Changed[BulkOut]:
     """Cancel every job the selection names that has not ended, in one transaction, as
-    `scancel -u alice -t PENDING` or `scancel` of an array id. Returns the jobs acted on,
-    and the stops of those placed."""
+    `scancel -u alice -t PENDING` or `scancel` of an array id. Returns how many and which
+    (those placed are stopping), and the stops of those placed."""
     where = (Job.status.not_in(FINISHED),)
     jobs = _lock_selected(
         session, principal=principal, selection=selection, verb="cancel", where=where
@@ -751,8 +795,13 @@ def cancel_selected(
     for job in jobs:
         cancel_locked(session, job=job, actor=principal.name, grace_s=grace_s)
     after = _stops(session, jobs, reason="cancel", grace_s=grace_s)
+    done = BulkOut.of(
+        [job.id for job in jobs],
+        stopping=sum(job.status is not JobStatus.CANCELLED for job in jobs),
+    )
     session.commit()
-    return Changed(_outs(session, jobs, viewer=principal), after)
+    session.expunge_all()  # thousands of rows: not kept past the answer
+    return Changed(done, after)
 
 
 def _stops(
@@ -889,19 +938,19 @@ def hold(*, session: Session, principal: Principal, job_id: int) -> JobOut:
     return _outs(session, [job], viewer=principal)[0]
 
 
-def hold_selected(
-    *, session: Session, principal: Principal, selection: JobSelection
-) -> list[JobOut]:
+def hold_selected(*, session: Session, principal: Principal, selection: JobSelection) -> BulkOut:
     """Hold every pending job the selection names, in one transaction, as `scontrol hold`
-    of an array id. Jobs not pending are not selected. Returns them all, held."""
+    of an array id. Jobs not pending are not selected. Returns how many and which."""
     where = (Job.status == JobStatus.PENDING,)
     jobs = _lock_selected(
         session, principal=principal, selection=selection, verb="hold", where=where
     )
     for job in jobs:
         _hold_one(session, job=job, actor=principal.name)
+    done = BulkOut.of([job.id for job in jobs])
     session.commit()
-    return _outs(session, jobs, viewer=principal)
+    session.expunge_all()
+    return done
 
 
 def _hold_one(session: Session, *, job: Job, actor: str) -> None:
@@ -927,10 +976,10 @@ def release(*, session: Session, principal: Principal, job_id: int) -> Changed[J
 
 def release_selected(
     *, session: Session, principal: Principal, selection: JobSelection
-) -> Changed[list[JobOut]]:
+) -> Changed[BulkOut]:
     """Release every held job the selection names, in one transaction (`scontrol release`
     of an array id). If an admin held any of them and the caller is not one, none is
-    released: the 403 names them. Returns the jobs released."""
+    released: the 403 names them. Returns how many and which were released."""
     where = (Job.status == JobStatus.PENDING, Job.held_by.is_not(None))
     jobs = _lock_selected(
         session, principal=principal, selection=selection, verb="release", where=where
@@ -943,8 +992,10 @@ def release_selected(
         )
     for job in jobs:
         _release_one(session, job=job, actor=principal.name)
+    done = BulkOut.of([job.id for job in jobs])
     session.commit()
-    return Changed(_outs(session, jobs, viewer=principal), AfterCommit(cycle=bool(jobs)))
+    session.expunge_all()
+    return Changed(done, AfterCommit(cycle=bool(jobs)))
 
 
 def _held_by_admin(session: Session, *, principal: Principal, jobs: list[Job]) -> list[Job]:
@@ -999,10 +1050,10 @@ def update_selected(
     selection: JobSelection,
     changes: JobUpdate,
     limits: RuntimeLimits,
-) -> Changed[list[JobOut]]:
+) -> Changed[BulkOut]:
     """Change every pending job the selection names, in one transaction, as `scontrol
     update` of an array id changes all its pending tasks. All or nothing: a change refused
-    for one job changes none, and the error names that job. Returns them all."""
+    for one job changes none, and the error names that job. Returns how many and which."""
     where = (Job.status == JobStatus.PENDING,)
     jobs = _lock_selected(
         session, principal=principal, selection=selection, verb="change", where=where
@@ -1014,8 +1065,10 @@ def update_selected(
             raise FieldError(
                 exc.field, f"job {job.id}: {exc.message}", location=exc.location
             ) from None
+    done = BulkOut.of([job.id for job in jobs])
     session.commit()
-    return Changed(_outs(session, jobs, viewer=principal), AfterCommit(cycle=bool(jobs)))
+    session.expunge_all()
+    return Changed(done, AfterCommit(cycle=bool(jobs)))
 
 
 def _update_locked(
@@ -1039,6 +1092,10 @@ def _update_locked(
             current=job.priority,
         )
     check_can_ever_fit(session=session, spec=spec)
+    if job.schedule_mode == "offpeak":
+        _refuse_if_never_in_window(
+            session, spec=spec, window=job.window, preemptible=job.preemptible
+        )
     rewired = None
     if "depends_on" in sent or "dependency" in sent:  # checked (and may refuse) first
         rewired = _rewire_dependencies(session=session, principal=principal, job=job, spec=spec)
@@ -1317,13 +1374,15 @@ def _to_out(
     # stored reason is the last cycle's (or one a cycle wrote as it was held): not shown.
     waiting = job.status == JobStatus.PENDING
     held = waiting and job.held_by is not None
-    reason, message, position, start = None, None, None, None
+    reason, message, position, start, note = None, None, None, None, None
     if held:
         reason = HELD
         message = f"held by {job.held_by}: gpusched release {job.id} lets it be scheduled"
+        note = "no estimate: held jobs are not in line"
     elif waiting:
         reason, message = job.pending_reason, job.pending_message
         position, start = job.queue_position, job.estimated_start_at
+        note = estimate_note(reason=reason, message=message, position=position, start=start)
     return JobOut(
         id=job.id,
         name=job.name,
@@ -1357,6 +1416,7 @@ def _to_out(
         pending_message=message,
         queue_position=position,
         estimated_start_at=start,
+        estimate_note=note,
         # A running job has a holder only when requeued with hold: it comes back held.
         held_by=job.held_by if held or job.status in ACTIVE else None,
         only_nodes=job.only_nodes,

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, selectinload
 from app.db import utcnow
 from app.errors import FieldError
 from app.nodes.models import Gpu, GpuSample, Node, NodeState
-from app.wire import Heartbeat, Register, as_dict
+from app.wire import GpuInfo, Heartbeat, Register, as_dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,26 +53,42 @@ def register_node(*, session: Session, report: Register) -> Node:
     node.unusable_accounts = {}  # a new agent: its heartbeats say which it cannot use
     node.grace_s = report.grace_s
     node.last_heartbeat_at = now
-    by_index = {g.index: g for g in node.gpus}
-    seen = set()
-    for info in report.gpus:
-        gpu = by_index.get(info.index)
-        if gpu is None:
-            gpu = Gpu(index=info.index, allocated_milli=0)
+    _match_gpus_by_uuid(session=session, node=node, reported=report.gpus)
+    session.flush()
+    return node
+
+
+def _match_gpus_by_uuid(*, session: Session, node: Node, reported: tuple[GpuInfo, ...]) -> None:
+    """A GPU's row follows its UUID; its index is where NVML lists it on this boot. NVML's
+    order is not kept across reboots, and a GPU that falls off the bus shifts the ones after
+    it: matched by index, the next GPU would take over the lost one's row, allocations and
+    history. A GPU no longer reported keeps its row (allocations point at it), marked
+    unhealthy, with an index after the reported ones."""
+    by_uuid = {gpu.uuid: gpu for gpu in node.gpus}
+    reported_uuids = {info.uuid for info in reported}
+    lost = [gpu for gpu in node.gpus if gpu.uuid not in reported_uuids]
+    after = max((info.index for info in reported), default=-1) + 1
+    index_of = {gpu.uuid: after + n for n, gpu in enumerate(sorted(lost, key=lambda g: g.id))}
+    index_of.update((info.uuid, info.index) for info in reported)
+    if any(gpu.index != index_of[gpu.uuid] for gpu in node.gpus):
+        # Indices are unique per node: move every row aside before renumbering.
+        for gpu in node.gpus:
+            gpu.index = -1 - gpu.index
+        session.flush()
+    for info in reported:
+        gpu = by_uuid.get(info.uuid) or Gpu(uuid=info.uuid, allocated_milli=0)
+        if gpu.id is None:
             node.gpus.append(gpu)
-        gpu.uuid = info.uuid
         gpu.model = info.model
         gpu.memory_total_mb = info.memory_total_mb
         gpu.nvlink_peers = list(info.nvlink_peers)
         gpu.healthy = True
         gpu.health_message = ""
-        seen.add(info.index)
-    for index, gpu in by_index.items():
-        if index not in seen:
-            gpu.healthy = False
-            gpu.health_message = "GPU no longer reported by the agent"
-    session.flush()
-    return node
+    for gpu in lost:
+        gpu.healthy = False
+        gpu.health_message = f"GPU {gpu.uuid} is no longer reported by the agent"
+    for gpu in node.gpus:
+        gpu.index = index_of[gpu.uuid]
 
 
 def ingest_heartbeat(
@@ -93,11 +109,14 @@ def ingest_heartbeat(
         node.state = NodeState.READY
         node.removed_at = None
         node.health_message = f"heartbeats resumed{removed}"
+    by_uuid = {g.uuid: g for g in node.gpus}
     by_index = {g.index: g for g in node.gpus}
     interval = int(heartbeat.interval_s)
     node.interval_s = heartbeat.interval_s
     for reading in heartbeat.gpus:
-        gpu = by_index.get(reading.index)
+        # By UUID (the index may name another GPU since a GPU was lost); an agent that
+        # sends no UUID is matched by index.
+        gpu = by_uuid.get(reading.uuid) if reading.uuid else by_index.get(reading.index)
         if gpu is None:
             continue
         gpu.healthy = reading.healthy

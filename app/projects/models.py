@@ -29,6 +29,10 @@ class Project(Base):
     # How many jobs the project's users may have pending together (Slurm's GrpSubmitJobs
     # on an account); None: no limit of the project's own.
     max_pending_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # How many jobs its users may run at once together and how many GPUs they may use
+    # (Slurm's GrpJobs and GrpTRES=gres/gpu); None: no limit of the project's own.
+    max_running_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # Fair-share usage as the scheduler's last full cycle ranked by it: GPU-seconds, each
     # decayed by how long ago it was used (GPUSCHED_SCHEDULER_FAIR_SHARE_HALF_LIFE_S).
     usage_gpu_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")

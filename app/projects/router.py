@@ -41,9 +41,21 @@ def pending_queue(
     filters: FiltersDep,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    eligible: Annotated[
+        bool | None,
+        Query(
+            description="true: only jobs that may run now; false: only those that cannot "
+            "yet (held, dependencies, begin time, off-peak window, array limit); none: all"
+        ),
+    ] = None,
 ) -> PendingPage:
     """Pending jobs in scheduling order, with position, reason and estimated start; the
     filters (`project`, `user`, `name`, `label`, `array`) as in GET /jobs, as squeue's."""
     return jobs_service.pending_in_order(
-        session=session, principal=principal, filters=filters, offset=offset, limit=limit
+        session=session,
+        principal=principal,
+        filters=filters,
+        offset=offset,
+        limit=limit,
+        eligible=eligible,
     )

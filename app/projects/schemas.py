@@ -40,6 +40,16 @@ class QueueOut(BaseModel):
         description="jobs (array tasks each) its users may have pending together; null: no "
         "limit of the project's own"
     )
+    max_running_jobs: int | None = Field(
+        default=None,
+        description="jobs its users may run at once together (more wait, reason "
+        "running_limit); null: no limit of the project's own",
+    )
+    max_gpus: int | None = Field(
+        default=None,
+        description="GPUs its users' running jobs may use together (more wait, reason "
+        "running_limit); null: no limit of the project's own",
+    )
 
 
 class ProjectUpdate(RequestBody):
@@ -88,13 +98,32 @@ class ProjectUpdate(RequestBody):
         "Slurm's GrpSubmitJobs; null: no limit of its own. Jobs already pending stay",
     )
 
+    max_running_jobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000_000,
+        description="jobs its users may run at once together, as Slurm's GrpJobs; a job "
+        "over it waits (pending reason running_limit); null: no limit of its own. Jobs "
+        "already running go on",
+    )
+
+    max_gpus: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000_000,
+        description="GPUs its users' running jobs may use together, as Slurm's "
+        "GrpTRES=gres/gpu (a shared job counts its share); a job over it waits; null: no "
+        "limit of its own. Jobs already running go on",
+    )
+
     @model_validator(mode="after")
     def _changes_something(self) -> ProjectUpdate:
         clears = self.model_fields_set & _CLEARED_BY_NULL
         given = (self.gpu_quota, self.weight, self.max_priority)
         if all(value is None for value in given) and not clears:
             raise ValueError(
-                "give gpu_quota, weight, max_runtime_s, max_priority, max_pending_jobs or several"
+                "give gpu_quota, weight, max_runtime_s, max_priority, max_pending_jobs, "
+                "max_running_jobs, max_gpus or several"
             )
         return self
 
@@ -105,4 +134,4 @@ class ProjectUpdate(RequestBody):
 
 
 # Fields where null means "none of the project's own" rather than "unchanged".
-_CLEARED_BY_NULL = frozenset({"max_runtime_s", "max_pending_jobs"})
+_CLEARED_BY_NULL = frozenset({"max_runtime_s", "max_pending_jobs", "max_running_jobs", "max_gpus"})

@@ -90,6 +90,8 @@ def _queue_rows(session: Session, rows: list[Project]) -> list[QueueOut]:
             max_runtime_s=p.max_runtime_s,
             max_priority=p.max_priority,
             max_pending_jobs=p.max_pending_jobs,
+            max_running_jobs=p.max_running_jobs,
+            max_gpus=p.max_gpus,
         )
         for p in rows
     ]

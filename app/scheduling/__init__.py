@@ -31,6 +31,7 @@ from app.scheduling.types import (
     RunningJobView,
     ScheduleMode,
     Snapshot,
+    UserView,
     WindowInterval,
 )
 from app.scheduling.usage import decay_usage, predict_runtime
@@ -91,6 +92,7 @@ __all__ = [
     "ScheduleMode",
     "Snapshot",
     "Status",
+    "UserView",
     "WindowInterval",
     "decay_usage",
     "estimate_start",

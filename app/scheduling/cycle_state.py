@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from app.scheduling import filters as F
+from app.scheduling.filters.running_limit import Limits
 from app.scheduling.scorers import Scorer
 from app.scheduling.state import HardwareClass, NodeIndex, NodeState, Request, Slot
 from app.scheduling.status import OK, Context, Status
@@ -62,6 +63,16 @@ class CycleState:
     offpeak_running_milli: int
     # The GPU filters' precheck bounds for check_late: None when they must always run.
     gpu_bounds: tuple[datetime | None, datetime | None, float] | None
+    # Running limits (filters/running_limit.py) of the users and projects that have
+    # some; empty when none has (then nothing below is counted).
+    user_limits: dict[str, Limits]
+    project_limits: dict[str, Limits]
+    # What each user and project runs: jobs, and GPUs in thousandths; the snapshot's
+    # running jobs plus those placed this cycle (placement.commit).
+    user_jobs: dict[str, int]
+    user_milli: dict[str, int]
+    project_jobs: dict[str, int]
+    project_milli: dict[str, int]
 
     # ---- the plan so far
     placements: list[Placement] = field(default_factory=list)

@@ -1,7 +1,8 @@
 """Phase 3, before placement: may this job be placed at all, and where not.
 
 The job filters (begin time, off-peak window, with the off-peak budget), the
-can-never-fit verdict per job shape, the quota check without borrowing, and the nodes
+can-never-fit verdict per job shape, the quota check without borrowing, the running
+limits of its user and project, and the nodes
 a job may not use: those going into maintenance before its time limit ends and those
 its own node choice leaves out. Each answer is cached per cycle in the `CycleState`.
 """
@@ -12,11 +13,12 @@ from datetime import timedelta
 
 from app.scheduling import filters as F
 from app.scheduling.cycle_state import CycleState, quota_of
-from app.scheduling.filters import node_choice
+from app.scheduling.filters import node_choice, running_limit
 from app.scheduling.filters import quota as project_quota
+from app.scheduling.filters.running_limit import NO_LIMITS, Limits
 from app.scheduling.state import HardwareClass, Request, hardware_classes
 from app.scheduling.status import OK, Code, Status
-from app.scheduling.types import JobView, ReasonKind
+from app.scheduling.types import JobView, ReasonKind, RunningJobView, Snapshot
 
 
 def hardware(cs: CycleState) -> tuple[HardwareClass, ...]:
@@ -79,6 +81,72 @@ def quota_block(cs: CycleState, job: JobView, req: Request) -> str | None:
         f"project {job.project} would exceed its quota of {quota // 1000} GPUs "
         f"(using {used / 1000:g}, borrowing disabled)"
     )
+
+
+def running_limits(snapshot: Snapshot) -> tuple[dict[str, Limits], dict[str, Limits]]:
+    """The users' and the projects' running limits, only of those that have some."""
+    users = {
+        u.name: (u.max_running_jobs, u.max_gpus)
+        for u in snapshot.users
+        if (u.max_running_jobs, u.max_gpus) != NO_LIMITS
+    }
+    projects = {
+        p.name: (p.max_running_jobs, p.max_gpus)
+        for p in snapshot.projects
+        if (p.max_running_jobs, p.max_gpus) != NO_LIMITS
+    }
+    return users, projects
+
+
+def count_running(
+    running: tuple[RunningJobView, ...],
+) -> tuple[dict[str, int], dict[str, int], dict[str, int], dict[str, int]]:
+    """Per user and per project: running jobs and the GPUs they hold (thousandths)."""
+    user_jobs: dict[str, int] = {}
+    user_milli: dict[str, int] = {}
+    project_jobs: dict[str, int] = {}
+    project_milli: dict[str, int] = {}
+    for r in running:
+        user, project, held = r.job.user, r.job.project, r.held_milli
+        user_jobs[user] = user_jobs.get(user, 0) + 1
+        user_milli[user] = user_milli.get(user, 0) + held
+        project_jobs[project] = project_jobs.get(project, 0) + 1
+        project_milli[project] = project_milli.get(project, 0) + held
+    return user_jobs, user_milli, project_jobs, project_milli
+
+
+def count_placed(cs: CycleState, job: JobView, need_milli: int) -> None:
+    """A job placed this cycle counts against its user's and its project's limits."""
+    user, project = job.user, job.project
+    cs.user_jobs[user] = cs.user_jobs.get(user, 0) + 1
+    cs.user_milli[user] = cs.user_milli.get(user, 0) + need_milli
+    cs.project_jobs[project] = cs.project_jobs.get(project, 0) + 1
+    cs.project_milli[project] = cs.project_milli.get(project, 0) + need_milli
+
+
+def limit_block(cs: CycleState, job: JobView, req: Request) -> str | None:
+    """Why the job's user or project may not run one more job like it now (the user's
+    limit first, as Slurm checks the user association before the account's); None if
+    both may."""
+    need = req.milli * job.total_gpus
+    user, project = job.user, job.project
+    limits = cs.user_limits.get(user)
+    if limits is not None:
+        why = running_limit.block(
+            f"user {user}", limits, cs.user_jobs.get(user, 0), cs.user_milli.get(user, 0), need
+        )
+        if why is not None:
+            return why
+    limits = cs.project_limits.get(project)
+    if limits is not None:
+        return running_limit.block(
+            f"project {project}",
+            limits,
+            cs.project_jobs.get(project, 0),
+            cs.project_milli.get(project, 0),
+            need,
+        )
+    return None
 
 
 def maintenance_barred(cs: CycleState, job: JobView) -> frozenset[str]:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 from app.scheduling.cycle_state import Chosen, CycleState, runtime
+from app.scheduling.eligibility import count_placed
 from app.scheduling.filters import enough_gpus, enough_nodes, gpu_model, slot_fits
 from app.scheduling.state import Choice, NodeState, Request, Slot
 from app.scheduling.types import JobView, Placement
@@ -161,6 +162,8 @@ def commit(
         cs.index.refresh(node)
     need = req.milli * job.total_gpus
     cs.used_milli[job.project] = cs.used_milli.get(job.project, 0) + need
+    if cs.user_limits or cs.project_limits:
+        count_placed(cs, job, need)
     if job.schedule_mode == "offpeak":
         cs.offpeak_running_milli += need
     placed = tuple([(n.name, tuple([s.index for s in p])) for n, p in chosen])

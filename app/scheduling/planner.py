@@ -7,7 +7,7 @@ explicitly; phases numbered as in the logs and the docs:
               and unusable GPUs are left out of the free-capacity index.
 2. order    : the queue policy gives every pending job a position (queue.py).
 3. place    : (here, the run loop) walk the queue; job filters, can-never-fit
-              check, quota (eligibility.py), then placement on the best-scored
+              check, quota, running limits (eligibility.py), then placement on the best-scored
               candidate nodes (placement.py). The first job that cannot start gets
               a backfill reservation (EASY, backfill.py); later jobs may use
               reserved GPUs only if they end before it. Blocked jobs may preempt
@@ -175,6 +175,12 @@ def build(snapshot: Snapshot, ctx: Context, seed: int) -> CycleState:
         nodes.append(ns)
         if blocker is None and nv.maintenance_at is not None:
             maintenance.append((nv.name, nv.maintenance_at))
+    user_limits, project_limits = eligibility.running_limits(snapshot)
+    counts: tuple[dict[str, int], dict[str, int], dict[str, int], dict[str, int]] = (
+        eligibility.count_running(snapshot.running)
+        if user_limits or project_limits
+        else ({}, {}, {}, {})
+    )
     return CycleState(
         snap=snapshot,
         ctx=ctx,
@@ -196,6 +202,12 @@ def build(snapshot: Snapshot, ctx: Context, seed: int) -> CycleState:
         offpeak_running_milli=offpeak_milli,
         # For check_late: None when the GPU filters must always run.
         gpu_bounds=(tel_after, idle_before, foreign_below) if prechecks else None,
+        user_limits=user_limits,
+        project_limits=project_limits,
+        user_jobs=counts[0],
+        user_milli=counts[1],
+        project_jobs=counts[2],
+        project_milli=counts[3],
     )
 
 
@@ -229,6 +241,7 @@ def run(cs: CycleState) -> Plan:
     backfill = cs.settings.backfill
     explaining = cs.settings.explain
     borrowing = cs.settings.borrowing
+    limited = bool(cs.user_limits or cs.project_limits)
     # Once no GPU has any room left and nothing can be preempted, the rest of the
     # queue only needs its reason: skip the placement machinery for it.
     exhausted = False
@@ -292,6 +305,13 @@ def run(cs: CycleState) -> Plan:
             q = eligibility.quota_block(cs, job, req)
             if q is not None:
                 pend(cs, job, pos, ReasonKind.QUOTA, q)
+                continue
+        if limited:
+            # Held back by its own limit: it neither places, preempts nor takes the
+            # backfill reservation, so it holds back no other job either.
+            why = eligibility.limit_block(cs, job, req)
+            if why is not None:
+                pend(cs, job, pos, ReasonKind.RUNNING_LIMIT, why)
                 continue
         if strict_blocker is not None:
             if not explaining:

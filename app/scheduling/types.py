@@ -133,6 +133,20 @@ class ProjectView:
     quota_gpus: int = 0
     weight: float = 1.0
     usage_gpu_s: float = 0.0
+    # What its users may run together, as Slurm's GrpJobs and GrpTRES=gres/gpu on an
+    # account (filters/running_limit.py); None: no limit.
+    max_running_jobs: int | None = None
+    max_gpus: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UserView:
+    """A user with a limit of their own (Slurm's MaxJobs and MaxTRES=gres/gpu on a user
+    association): a user not in the snapshot has none."""
+
+    name: str
+    max_running_jobs: int | None = None
+    max_gpus: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +165,8 @@ class Snapshot:
     running: tuple[RunningJobView, ...] = ()
     projects: tuple[ProjectView, ...] = ()
     windows: tuple[WindowInterval, ...] = ()
+    # Users with running limits of their own (only those: the rest have none).
+    users: tuple[UserView, ...] = ()
     # (user, job name) -> past runtimes in seconds, for `predict_runtime`.
     runtime_history: Mapping[tuple[str, str], tuple[float, ...]] = field(
         default_factory=lambda: MappingProxyType({})
@@ -221,6 +237,7 @@ class ReasonKind(enum.Enum):
     PRIORITY = "priority"
     MAINTENANCE = "maintenance"
     NO_ACCOUNT = "no_account"
+    RUNNING_LIMIT = "running_limit"
 
 
 class Placement(NamedTuple):

@@ -553,6 +553,18 @@ def schedule_ready(
     return False, why, nxt.opens_at
 
 
+def longest_opening_s(spec: WindowSpec, *, now: datetime) -> float:
+    """Real seconds of `spec`'s longest single opening over the year from `now` (a daily
+    range is an hour longer or shorter across a DST change); every opening of a cron
+    window lasts `duration_s`. A non-preemptible job longer than this never fits."""
+    if spec.cron is not None:
+        assert spec.duration_s is not None
+        return float(spec.duration_s)
+    start = now.astimezone(UTC)
+    openings = _daily_raw(spec, start, start + timedelta(days=366))
+    return max((iv.duration_s for iv in openings), default=0.0)
+
+
 def fits_in_window(
     interval: Interval | None,
     now: datetime,

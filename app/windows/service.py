@@ -12,9 +12,10 @@ from sqlalchemy.orm import Session
 from app.audit.service import changes, record
 from app.batches.models import BatchSchedule
 from app.errors import Conflict, FieldError, NotFound
+from app.jobs.limits import readable_span
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
-from app.windows.calendar import UpcomingWindow, WindowSpec, upcoming
+from app.windows.calendar import UpcomingWindow, WindowSpec, longest_opening_s, upcoming
 from app.windows.models import Window
 from app.windows.schemas import WindowIn, WindowOut
 
@@ -173,4 +174,32 @@ def require_window(*, session: Session, name: str | None, field: str | tuple[str
     defined = session.scalars(select(Window.name).order_by(Window.name)).all()
     raise FieldError(
         field, f"no off-peak window named {name!r}; defined: {', '.join(defined) or 'none'}"
+    )
+
+
+def require_long_enough_opening(
+    *,
+    session: Session,
+    name: str | None,
+    runtime_s: int | None,
+    preemptible: bool,
+    field: str,
+    now: datetime,
+) -> None:
+    """A non-preemptible off-peak job starts only if it ends before its window closes
+    (calendar.fits_in_window, with its estimate, else its time limit): one longer than every
+    opening of the windows it may use would wait for ever, so it is refused, naming the
+    longest. Call after require_window (the window exists)."""
+    if preemptible or runtime_s is None:
+        return
+    specs = [spec for spec in window_specs(session=session) if name in (None, spec.name)]
+    longest, window = max(((longest_opening_s(s, now=now), s.name) for s in specs), default=(0, ""))
+    if runtime_s <= longest:
+        return
+    raise FieldError(
+        field,
+        f"{readable_span(runtime_s)} is longer than the longest opening of off-peak window "
+        f"{window!r}, {readable_span(int(longest))}: a job that is not preemptible must end "
+        "before its window closes, so it would never start; shorten it, make it preemptible "
+        "(stopped at the close, resumed at the next opening), or run it now",
     )

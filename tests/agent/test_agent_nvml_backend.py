@@ -51,6 +51,9 @@ class FakeGpu:
     util_samples: list[tuple[int, int]] | None = None
     # A driver from before nvmlDeviceGetTemperatureV.
     no_temperature_v: bool = False
+    # nvmlDeviceGetGpuFabricInfo: (state, status) on an NVSwitch system; None: no fabric
+    # (the call answers NOT_SUPPORTED, as on PCIe GPUs).
+    fabric: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,19 @@ class FakeNvml:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         mode = int(pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig else pynvml.NVML_DEVICE_MIG_DISABLE)
         return [mode, mode]
+
+    c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Handle, info: Any) -> int:
+        assert type(info).__name__ == "CArgObject", "pass ctypes.byref(info)"
+        fabric = self._device("nvmlDeviceGetGpuFabricInfo", handle).fabric
+        if fabric is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        # The real call writes through a pointer: a structure passed by value crashes the
+        # process (seen on an H200), so only a ctypes.byref is taken here.
+        target = info._obj
+        target.state, target.status = fabric
+        return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetRemappedRows(self, handle: Handle) -> tuple[int, int, int, int]:
         return self._device("nvmlDeviceGetRemappedRows", handle).remapped

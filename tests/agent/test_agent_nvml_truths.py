@@ -128,6 +128,25 @@ def test_remapped_rows_failed_or_pending_make_the_gpu_unhealthy_after_n_readings
     assert NvmlGpuBackend(nvml=fake).sample().gpus[1].healthy
 
 
+def test_an_nvlink_fabric_not_registered_makes_the_gpu_unhealthy() -> None:
+    """HGX H100/H200: CUDA cannot use a GPU before the fabric manager has registered it."""
+    fake = FakeNvml([FakeGpu(uuid=f"GPU-{n}") for n in range(4)])
+    fake.gpus[0].fabric = (pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, pynvml.NVML_SUCCESS)
+    fake.gpus[1].fabric = (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_ERROR_UNKNOWN)
+    fake.gpus[2].fabric = (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS)
+    # gpus[3]: no fabric (PCIe), the call is not supported.
+    backend = NvmlGpuBackend(nvml=fake, unhealthy_after=1)
+    training, failed, registered, pcie = backend.sample().gpus
+    assert not training.healthy and not failed.healthy
+    assert training.health_message is not None and failed.health_message is not None
+    assert training.health_message.startswith("NVLink fabric registration in progress")
+    assert failed.health_message.startswith("NVLink fabric registration failed (")
+    assert registered.healthy and pcie.healthy
+    # Once the fabric manager is done, the GPU is healthy again (after M good readings).
+    fake.gpus[0].fabric = (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS)
+    assert NvmlGpuBackend(nvml=fake).sample().gpus[0].healthy
+
+
 def test_a_flaky_reading_does_not_flap_the_gpus_health() -> None:
     fake = two_gpus()
     backend = NvmlGpuBackend(nvml=fake, unhealthy_after=3, healthy_after=3)

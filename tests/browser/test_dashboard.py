@@ -401,16 +401,17 @@ def test_an_array_shows_its_tasks_and_why_the_rest_wait(dash: Dashboard, stack: 
     dash.login(stack.admin_token)
     try:
         dash.go("#/queue")
-        # Task 0 runs; the others wait outside the queue for its one slot.
-        _expect_text(page, "#pending-table td", r"^sweep\[2\]$")
-        _expect_text(page, "#pending-table .reason", "array limit")
+        # Task 0 runs; the others wait outside the queue for its one slot: not yet
+        # eligible, in their own section below the jobs that may run.
+        _expect_text(page, "#later-table td", r"^sweep\[2\]$")
+        _expect_text(page, "#later-table .reason", "array limit")
         dash.shot("queue-array-desktop")
         # Hold and release from the queue, as scontrol hold/release.
         last = first["id"] + 2
-        page.click(f'#pending-table [data-hold="{last}"]')
-        _expect_text(page, f'#pending-table tr[data-job="{last}"] .reason', "^held")
-        page.click(f'#pending-table [data-release="{last}"]')
-        _expect_text(page, f'#pending-table tr[data-job="{last}"] .reason', "^array limit")
+        page.click(f'#later-table [data-hold="{last}"]')
+        _expect_text(page, f'#later-table tr[data-job="{last}"] .reason', "^held")
+        page.click(f'#later-table [data-release="{last}"]')
+        _expect_text(page, f'#later-table tr[data-job="{last}"] .reason', "^array limit")
         dash.go(f"#/jobs/{first['id'] + 1}")
         _expect_text(page, "h1", r"^sweep\[1\]")
         _expect_text(
@@ -731,13 +732,16 @@ def test_queue_paginates_on_the_server(dash: Dashboard, stack: Stack) -> None:
     page = dash.page
     dash.login(stack.admin_token)
     dash.go("#/queue")
-    page.wait_for_selector("#pending-range")
-    assert page.locator("#pending-table tbody tr").count() == 50
-    page.click("#pending-next")
-    _expect_text(page, "#pending-range", r"^51\u2013")
-    assert 1 <= page.locator("#pending-table tbody tr").count() <= 50
+    # Begin-time jobs cannot run yet: they page in their own section, after the jobs that
+    # may run (none here).
+    page.wait_for_selector("#later-range")
+    _expect_text(page, "#pending-total", r"^\(0\)$")
+    assert page.locator("#later-table tbody tr").count() == 50
+    page.click("#later-next")
+    _expect_text(page, "#later-range", r"^51\u2013")
+    assert 1 <= page.locator("#later-table tbody tr").count() <= 50
     # Cancel from the queue: the button asks for a second click, then the row goes.
-    first = page.locator("#pending-table tbody tr").first
+    first = page.locator("#later-table tbody tr").first
     victim = first.get_attribute("data-job")
     first.locator("[data-cancel]").click()
     _expect_text(page, f"tr[data-job='{victim}'] [data-cancel]", "Confirm")
@@ -747,9 +751,9 @@ def test_queue_paginates_on_the_server(dash: Dashboard, stack: Stack) -> None:
     # Filter by name, as squeue --name: one job of the 60, and the filter is in the URL.
     page.fill("#filter-name", "later-7")
     page.press("#filter-name", "Enter")
-    _expect_text(page, "#pending-total", r"^\(1\)$")
-    assert page.locator("#pending-table tbody tr").count() == 1
-    assert page.locator(f"#pending-table tr[data-job='{ids[7]}']").count() == 1
+    _expect_text(page, "#later-total", r"^\(1\)$")
+    assert page.locator("#later-table tbody tr").count() == 1
+    assert page.locator(f"#later-table tr[data-job='{ids[7]}']").count() == 1
     assert "name=later-7" in page.evaluate("window.location.hash")
     dash.shot("queue-filtered-by-name")
     page.fill("#filter-name", "")
@@ -1209,6 +1213,18 @@ def test_an_admin_maps_a_user_to_a_unix_account_and_nodes_say_whose_jobs_run(
     )
     users = {u["name"]: u for u in stack.request("GET", "/api/v1/users")}
     assert users["ulla"]["max_pending_jobs"] == 250
+    # Her running limits (jobs at once, GPUs in use): empty is none.
+    for key, attr, value in (("maxRunning", "max-running", "2"), ("maxGpus", "max-gpus", "4")):
+        limit = page.locator(f"{row} [data-{attr}]")
+        assert limit.input_value() == "" and limit.get_attribute("placeholder") == "none"
+        limit.fill(value)
+        limit.press("Enter")
+        page.wait_for_function(
+            f"() => document.querySelector(\"tr[data-user='ulla'] [data-{attr}]\")?.value === "
+            f"'{value}' && !document.activeElement?.dataset?.{key}"
+        )
+    users = {u["name"]: u for u in stack.request("GET", "/api/v1/users")}
+    assert (users["ulla"]["max_running_jobs"], users["ulla"]["max_gpus"]) == (2, 4)
     dash.shot("users-unix-account")
 
     dash.go("#/nodes")

@@ -106,19 +106,18 @@ def test_users_lists_roles_projects_and_working_tokens(cli: Cli) -> None:
     result = cli.raw(["admin", "users"])
     assert result.exit_code == 0, result.stderr
     rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if "│" in line}
-    # ROLE, PROJECTS, UNIX USER (the account its jobs run as), MAX PENDING, ACTIVE TOKENS
+    # ROLE, PROJECTS, UNIX USER (the account its jobs run as), MAX PENDING, MAX RUNNING,
+    # MAX GPUS (-: no limit), ACTIVE TOKENS
     default = "10,000 (default)"
-    assert [c.strip() for c in rows["admin"].split("│")[2:7]] == [
-        "admin", "default", "admin", default, "1"
+    assert [c.strip() for c in rows["admin"].split("│")[2:9]] == [
+        "admin", "default", "admin", default, "-", "-", "1"
     ]  # fmt: skip
-    assert [c.strip() for c in rows["alice"].split("│")[2:7]] == [
-        "user",
-        "ml",
-        "alice",
-        default,
-        "0",
-    ]
-    assert [c.strip() for c in rows["bob"].split("│")[2:7]] == ["user", "cv", "bob", default, "2"]
+    assert [c.strip() for c in rows["alice"].split("│")[2:9]] == [
+        "user", "ml", "alice", default, "-", "-", "0"
+    ]  # fmt: skip
+    assert [c.strip() for c in rows["bob"].split("│")[2:9]] == [
+        "user", "cv", "bob", default, "-", "-", "2"
+    ]  # fmt: skip
 
 
 def test_admin_changes_are_in_the_audit_trail(cli: Cli) -> None:
@@ -232,3 +231,49 @@ def test_quota_max_pending_caps_a_projects_pending_jobs(cli: Cli) -> None:
     cleared = cli("quota", "ml", "--max-pending", "none", user="admin")
     assert "of at most" not in cleared.stdout
     assert cli("submit", "--", "true").exit_code == 0
+
+
+def test_admin_limits_sets_how_many_jobs_a_user_may_run_and_gpus_use(cli: Cli) -> None:
+    set_ = cli.raw(["admin", "limits", "alice", "--max-running", "2", "--max-gpus", "1,000"])
+    assert set_.exit_code == 0, set_.stderr
+    assert set_.stdout.splitlines() == [
+        "'alice' may run at most 2 jobs at once",
+        "'alice''s running jobs may use at most 1,000 GPUs",
+    ]
+    rows = {
+        line.split("│")[1].strip(): line
+        for line in cli.raw(["admin", "users"]).stdout.splitlines()
+        if "│" in line
+    }
+    # MAX PENDING, MAX RUNNING, MAX GPUS
+    assert [c.strip() for c in rows["alice"].split("│")[5:8]] == ["10,000 (default)", "2", "1,000"]
+    cleared = cli.raw(["admin", "limits", "alice", "--max-running", "none"])
+    assert cleared.stdout.strip() == "'alice' may run any number of jobs at once"
+    rows = {
+        line.split("│")[1].strip(): line
+        for line in cli.raw(["admin", "users"]).stdout.splitlines()
+        if "│" in line
+    }
+    assert [c.strip() for c in rows["alice"].split("│")[6:8]] == ["-", "1,000"]
+    for option in ("--max-running", "--max-gpus"):
+        bad = cli.raw(["admin", "limits", "alice", option, "-1"])
+        assert bad.exit_code == 2 and f"{option}: expected a count" in bad.stderr
+    nothing = cli.raw(["admin", "limits", "alice"])
+    assert nothing.exit_code == 2 and "--max-running" in nothing.stderr
+    missing = cli.raw(["admin", "limits", "nobody", "--max-gpus", "5"])
+    assert missing.exit_code == 1 and "nobody" in missing.stderr
+
+
+def test_quota_max_running_and_max_gpus_limit_a_projects_running_jobs(cli: Cli) -> None:
+    capped = cli("quota", "ml", "--max-running", "3", "--max-gpus", "4", user="admin")
+    assert capped.exit_code == 0, capped.stderr
+    out = " ".join(capped.stdout.split())
+    assert ", at most 3 jobs running at once (" in out and "GPUs in use of at most 4," in out
+    shown = json.loads(cli("quota", "ml", "--weight", "1", "--json", user="admin").stdout)
+    assert (shown["max_running_jobs"], shown["max_gpus"]) == (3, 4)
+    cleared = cli("quota", "ml", "--max-running", "none", "--max-gpus", "none", user="admin")
+    assert "at most" not in cleared.stdout
+    bad = cli("quota", "ml", "--max-gpus", "-2", user="admin")
+    assert bad.exit_code == 2 and "--max-gpus: expected a count" in bad.stderr
+    refused = cli("quota", "ml", "--max-running", "1")  # alice is not an admin
+    assert refused.exit_code != 0

@@ -211,8 +211,9 @@ def test_quota_sets_guarantee_and_weight(cli: Cli) -> None:
 
     nothing = cli("quota", "ml", user="admin")
     assert nothing.exit_code == 2
-    assert "give --gpus, --weight, --max-runtime, --max-priority or --max-pending" in (
-        " ".join(nothing.stderr.split())
+    assert (
+        "give --gpus, --weight, --max-runtime, --max-priority, --max-pending, --max-running "
+        "or --max-gpus" in " ".join(nothing.stderr.split())
     )
     negative = cli("quota", "ml", "--gpus", "-1", user="admin")
     assert negative.exit_code == 2 and "--gpus" in negative.stderr

@@ -166,21 +166,20 @@ def test_an_array_is_held_and_released_in_one_request(api):
 
     r = _bulk(api, "hold", array=first)
     assert r.status_code == 200, r.text
-    held = r.json()
     # Only the pending tasks are held (a placed task cannot be), in id order.
-    assert [(j["id"], j["held_by"], j["pending_reason"]) for j in held] == [
-        (t, "alice", "held") for t in tasks[1:]
-    ]
+    assert r.json() == {"count": 3, "ids": tasks[1:], "more": 0, "stopping": 0}
+    held = [get_job(api, t) for t in tasks[1:]]
+    assert [(j["held_by"], j["pending_reason"]) for j in held] == [("alice", "held")] * 3
     assert get_job(api, own)["held_by"] is None
-    assert [j["id"] for j in _bulk(api, "hold", array=first).json()] == tasks[1:]  # idempotent
+    assert _bulk(api, "hold", array=first).json()["ids"] == tasks[1:]  # idempotent
     assert [e["reason"] for e in job_events(api, tasks[1])] == ["submitted", "held by alice"]
 
     r = _bulk(api, "release", array=first)
     assert r.status_code == 200, r.text
-    assert [(j["id"], j["held_by"], j["pending_reason"]) for j in r.json()] == [
-        (t, None, "NEW") for t in tasks[1:]
-    ]
-    assert _bulk(api, "release", array=first).json() == []  # none is held any more
+    assert r.json()["ids"] == tasks[1:]
+    released = [get_job(api, t) for t in tasks[1:]]
+    assert [(j["held_by"], j["pending_reason"]) for j in released] == [(None, "NEW")] * 3
+    assert _bulk(api, "release", array=first).json()["count"] == 0  # none is held any more
     assert [e["reason"] for e in job_events(api, tasks[1])][-1] == "released by alice"
 
 
@@ -189,19 +188,20 @@ def test_a_bulk_hold_takes_only_what_its_filters_and_the_callers_projects_select
     run_b = _submit(api, labels={"run": "b"})
     bobs = _submit(api, user="bob")
     r = _bulk(api, "hold", label="run=a")
-    assert [j["id"] for j in r.json()] == runs_a
+    assert r.json()["ids"] == runs_a
     assert get_job(api, run_b)["held_by"] is None
     # Bob may not touch project ml: his selection of alice's jobs is empty.
-    assert _bulk(api, "hold", "bob", user="alice").json() == []
-    assert _bulk(api, "release", "bob", project="ml").json() == []
+    assert _bulk(api, "hold", "bob", user="alice").json()["count"] == 0
+    assert _bulk(api, "release", "bob", project="ml").json()["count"] == 0
     assert all(get_job(api, j)["held_by"] == "alice" for j in runs_a)
     # An admin's selection spans projects.
     r = _bulk(api, "hold", "admin", status="PENDING")
-    assert [(j["id"], j["held_by"]) for j in r.json()] == [
-        (runs_a[0], "alice"),
-        (runs_a[1], "alice"),
-        (run_b, "admin"),
-        (bobs, "admin"),
+    assert r.json()["ids"] == [*runs_a, run_b, bobs]
+    assert [get_job(api, j)["held_by"] for j in r.json()["ids"]] == [
+        "alice",
+        "alice",
+        "admin",
+        "admin",
     ]
 
 
@@ -217,7 +217,7 @@ def test_a_bulk_release_of_an_admins_hold_releases_nothing(api):
     )
     assert get_job(api, mine)["held_by"] == "alice"  # all or nothing
     r = _bulk(api, "release", "admin", user="alice")
-    assert [j["id"] for j in r.json()] == [mine, admins]
+    assert r.json()["ids"] == [mine, admins]
 
 
 def test_a_bulk_hold_or_release_must_say_which_jobs(api):

@@ -48,12 +48,14 @@ def test_bad_changes_are_refused_with_the_field_and_nothing_changes(api):
         (
             {},
             "body",
-            "give gpu_quota, weight, max_runtime_s, max_priority, max_pending_jobs or several",
+            "give gpu_quota, weight, max_runtime_s, max_priority, max_pending_jobs, "
+            "max_running_jobs, max_gpus or several",
         ),
         (
             {"gpu_quota": None},
             "body",
-            "give gpu_quota, weight, max_runtime_s, max_priority, max_pending_jobs or several",
+            "give gpu_quota, weight, max_runtime_s, max_priority, max_pending_jobs, "
+            "max_running_jobs, max_gpus or several",
         ),
         ({"gpu_quota": -1}, "gpu_quota", "greater than or equal to 0"),
         ({"gpu_quota": 2.5}, "gpu_quota", "integer"),

@@ -1,10 +1,15 @@
-"""GET /api/v1/jobs/{id}/rank (as sprio): a waiting job's place and why, by the queue
-policy the cycle stored on its lease."""
+"""GET /api/v1/jobs/{id}/rank (as sprio): a waiting job's place and why, as the last full
+cycle ranked it (issue 42 point 3: not the whole queue read and ranked again per request)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from app.cycle import lease
-from tests.cycle.jobs_api import add_node, grant_priority, run_one_cycle, submit
+from app.cycle.run import run_cycle
+from app.db import utcnow
+from app.messaging import NullMessenger
+from tests.cycle.jobs_api import SETTINGS, add_node, grant_priority, run_one_cycle, submit
 
 
 def _rank(api, job: int, user: str = "alice"):
@@ -23,6 +28,7 @@ def test_a_waiting_jobs_rank_counts_the_jobs_ahead_by_rule(api):
     submit(api, name="short", estimated_runtime_s=60)
     submit(api, name="long", estimated_runtime_s=36000)
     submit(api, user="bob", name="other-project")
+    run_one_cycle(api)  # ranks them
     with api.factory() as session:
         assert lease.ranking(session) == {
             "policy": "default", "starvation_after_s": 86400.0, "fair_share_half_life_s": 604800.0,
@@ -56,3 +62,41 @@ def test_a_job_that_is_not_ranked_says_why(api):
         r = _rank(api, job)
         assert r.status_code == 409 and r.json()["detail"].startswith(why), r.text
     assert _rank(api, 999).status_code == 404
+
+
+def test_a_rank_is_what_the_last_full_cycle_ranked_and_an_arrival_says_when_it_will_be(api):
+    add_node(api, 1)
+    submit(api, name="running")
+    asked = submit(api, name="asked")["id"]
+    now = utcnow()
+    run_cycle(factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="t",
+              now=now, full_every_s=5.0)  # fmt: skip
+    grant_priority(api)
+    arrival = submit(api, name="urgent", priority=5)["id"]
+
+    # Not read again per request: the urgent arrival is not ahead of it until ranked.
+    rank = _rank(api, asked).json()
+    assert (rank["position"], rank["waiting"], rank["ranked"]) == (1, 1, True)
+    r = _rank(api, arrival)
+    assert r.status_code == 200, r.text
+    late = r.json()
+    assert (late["ranked"], late["position"], late["ahead"]) == (False, None, [])
+    assert late["next_ranking_at"] is not None
+    assert late["message"].startswith("not ranked yet: the next full cycle ranks it, within ")
+
+    run_one_cycle(api)  # the next full cycle
+    assert _rank(api, arrival).json()["position"] == 1
+    moved = _rank(api, asked).json()
+    assert (moved["position"], moved["ahead"][0]["rule"]) == (2, "priority")
+
+
+def test_an_arrival_after_a_late_full_cycle_is_ranked_by_the_next_one(api):
+    add_node(api, 1)
+    submit(api, name="running")
+    long_ago = utcnow() - timedelta(minutes=5)
+    run_cycle(factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="t",
+              now=long_ago, full_every_s=5.0)  # fmt: skip
+    arrival = submit(api, name="new")["id"]
+    late = _rank(api, arrival).json()
+    assert (late["ranked"], late["next_ranking_at"]) == (False, None)
+    assert late["message"] == "not ranked yet: the scheduler's next full cycle ranks it"

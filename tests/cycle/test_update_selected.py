@@ -30,9 +30,8 @@ def test_an_arrays_pending_tasks_are_changed_and_its_placed_one_is_not(api):
 
     r = _patch(api, {"array": array}, priority=5, depends_on=[prep["id"]])
     assert r.status_code == 200, r.text
-    changed = r.json()
-    assert [j["id"] for j in changed] == [array + 1, array + 2]
-    for job in changed:
+    assert r.json() == {"count": 2, "ids": [array + 1, array + 2], "more": 0, "stopping": 0}
+    for job in (get_job(api, array + 1), get_job(api, array + 2)):
         assert (job["priority"], job["depends_on"], job["pending_reason"]) == (
             5,
             [prep["id"]],
@@ -69,9 +68,9 @@ def test_a_selection_is_required_and_reaches_only_the_callers_pending_jobs(api):
     r = _patch(api, {}, priority=1)
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == ["query", "status"]
-    assert _patch(api, {"user": "alice"}, user="bob", priority=1).json() == []
+    assert _patch(api, {"user": "alice"}, user="bob", priority=1).json()["count"] == 0
     assert get_job(api, job)["priority"] == 0
     r = _patch(api, {"user": "alice"}, priority=1001)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "priority"]
-    changed = _patch(api, {"user": "alice"}, priority=-1).json()
-    assert [(j["id"], j["priority"]) for j in changed] == [(job, -1)]
+    assert _patch(api, {"user": "alice"}, priority=-1).json()["ids"] == [job]
+    assert get_job(api, job)["priority"] == -1

@@ -20,7 +20,7 @@ def test_an_admin_creates_a_user_whose_token_works_at_once(api):
     assert created["user"] == {
         "name": "erin", "is_admin": False, "projects": ["ml", "vision"], "active_tokens": 1,
         "unix_user": "erin",
-        "max_pending_jobs": None,
+        "max_pending_jobs": None, "max_running_jobs": None, "max_gpus": None,
     }  # fmt: skip
     me = _me(api, created["token"])
     assert me.status_code == 200 and me.json()["projects"] == ["ml", "vision"]

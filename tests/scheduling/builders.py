@@ -15,6 +15,7 @@ from app.scheduling import (
     ProjectView,
     RunningJobView,
     Snapshot,
+    UserView,
     WindowInterval,
 )
 
@@ -177,6 +178,7 @@ def snap(
     projects: Sequence[ProjectView] = (),
     windows: Sequence[WindowInterval] = (),
     history: dict[tuple[str, str], tuple[float, ...]] | None = None,
+    users: Sequence[UserView] = (),
 ) -> Snapshot:
     """Build a snapshot; GPU allocated_milli is derived from the running jobs."""
     built = [n.build() if isinstance(n, NodeBuilder) else n for n in nodes]
@@ -199,6 +201,7 @@ def snap(
         running=tuple(running),
         projects=tuple(projects),
         windows=tuple(windows),
+        users=tuple(users),
         runtime_history=history or {},
     )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.scheduling.queue import order_jobs
-from app.scheduling.rank import rank_of
+from app.scheduling.rank import rank_all, rank_of
 from tests.scheduling.builders import T0, job, project, settings
 
 HOUR = 3600.0
@@ -96,3 +96,41 @@ def test_where_the_expected_size_comes_from(kw, history, expected, source):
 
 def test_a_job_not_in_the_order_has_no_rank():
     assert _rank("fifo", [job(1)], 9) is None
+
+
+def _mixed_queue() -> list:
+    """Jobs that every rule puts ahead of some other: priorities, starving ones, three
+    projects, sizes from history, estimates and limits, service received."""
+    jobs = []
+    for i in range(1, 121):
+        jobs.append(
+            job(
+                i,
+                project=("ml", "cv", "ab")[i % 3],
+                priority=(0, 0, 0, 5, -1)[i % 5],
+                gpus=1 + i % 4,
+                submitted_at=T0 - timedelta(hours=(i * 7) % 60),
+                estimated_runtime_s=None if i % 4 == 0 else 600 * (i % 9 + 1),
+                max_runtime_s=None if i % 8 else 7200,
+                name=f"t{i % 6}",
+                attained_gpu_s=float((i * 911) % 20_000),
+            )
+        )
+    return jobs
+
+
+@pytest.mark.parametrize("policy", ["default", "fifo", "priority", "fair-share", "sjf", "las"])
+def test_ranks_of_a_whole_queue_at_once_are_each_job_s_own_rank(policy):
+    """What a full cycle stores for GET /jobs/{id}/rank (rank_all) is what rank_of says
+    of each job alone: the same counts by the same rules."""
+    policy_settings = settings(queue_policy=policy, las_thresholds_gpu_s=(3600.0, 10_000.0))
+    history = {("user", "t1"): (300.0, 900.0), ("user", "t2"): (40_000.0,)}
+    order = order_jobs(
+        _mixed_queue(), settings=policy_settings, projects=PROJECTS, running=(),
+        history=history, now=T0,
+    )  # fmt: skip
+    everyone = rank_all(order, settings=policy_settings, history=history, now=T0)
+
+    each = [rank_of(order, j.id, settings=policy_settings, history=history, now=T0) for j in order]
+    assert everyone == each
+    assert len({r.ahead for r in everyone}) > 10  # the rules at work, not all "earlier"

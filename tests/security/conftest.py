@@ -12,19 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app.auth.models import ApiToken, User
 from app.auth.service import issue_token, revoke_tokens
 from app.config import Settings
-from app.cycle import lease
+from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
 from app.jobs.allocations import GpuClaim, allocate
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
-from app.nodes.models import Gpu, NodeState
+from app.messaging import NullMessenger
+from app.nodes.models import Gpu, Node, NodeState
 from tests.conftest import Api
 from tests.foundation.builders import add_node
 
@@ -51,7 +52,6 @@ ML_JOB = {
 }
 LOG_TEXT = f"step 1 loss 2.0 {ML_MARKER}\nstep 2 loss 1.5\n"
 CANARY_TEXT = "CANARY-SECRET-must-never-be-served"
-RANKING = SchedulerSettings().ranking()
 
 
 @dataclass
@@ -135,10 +135,25 @@ def cluster(api: Api, settings: Settings) -> Cluster:
     r = api.client.post("/api/v1/batches", json=BATCH, headers=api.as_("alice"))
     assert r.status_code == 201, r.text
     api.add_user(world.member, ["ml", "cv"])
-    with api.factory() as session:  # as a cycle leaves it: the queue can be ranked
-        lease.acquire(session, holder="test", now=utcnow(), ttl_s=0, ranking=RANKING)
+    _rank_without_placing(api)
     world.canaries = plant_canaries(settings)
     return world
+
+
+def _rank_without_placing(api: Api) -> None:
+    """One full cycle with the nodes drained, as a scheduler leaves the queue: its waiting
+    jobs ranked (GET /jobs/{id}/rank answers from that), none placed."""
+    with api.factory.begin() as session:
+        session.execute(update(Node).values(drained=True))
+    run_cycle(
+        factory=api.factory,
+        messenger=NullMessenger(),
+        settings=SchedulerSettings(),
+        holder="test",
+        now=utcnow(),
+    )
+    with api.factory.begin() as session:
+        session.execute(update(Node).values(drained=False))
 
 
 def expired_token(api: Api, user: str = "alice") -> str:

@@ -13,6 +13,7 @@ the seeded attempt never ends.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -83,9 +84,17 @@ def _real_path_parameters(cluster: Cluster, path: str) -> dict[str, Any]:
     return values
 
 
+@functools.cache
+def _loaded_schema() -> Any:
+    """Loaded once per process, not per operation: loading (parsing the document and
+    resolving its references) was half of each operation's time, and every app these tests
+    build serves the same document."""
+    return schemathesis.openapi.from_asgi("/openapi.json", build_app())
+
+
 def fuzz(cluster: Cluster, method: str, path: str) -> list[Finding]:
-    app = cluster.api.client.app
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    schema = _loaded_schema()
+    schema.app = cluster.api.client.app  # calls go to this test's freshly seeded app
     operation = schema[path][method]
     label = f"{method} {path}"
     real = _real_path_parameters(cluster, path)

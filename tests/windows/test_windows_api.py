@@ -154,3 +154,40 @@ def test_off_peak_work_needs_some_window(api):
     )
     api.client.post(f"/api/v1/jobs/{job_id}/cancel", headers=api.as_("alice"))
     assert api.client.delete("/api/v1/windows/night", headers=admin).status_code == 204
+
+
+def test_a_non_preemptible_off_peak_job_longer_than_every_opening_is_refused(api):
+    """It could never start (it must end before the close): refused at submission and on
+    a change, naming the longest opening; preemptible or short enough, it is accepted."""
+    api.client.post("/api/v1/windows", json=NIGHT, headers=api.as_("admin"))  # 8 h, Berlin
+    hourly = {"name": "hourly", "timezone": "UTC", "cron": "0 * * * *", "duration_s": 1800}
+    api.client.post("/api/v1/windows", json=hourly, headers=api.as_("admin"))
+    ten_hours = {
+        "command": "train",
+        "gpus": 1,
+        "max_runtime_s": 36000,
+        "schedule": {"mode": "offpeak"},  # any window: the longest is night's
+    }
+    r = api.client.post("/api/v1/jobs", json=ten_hours, headers=api.as_("alice"))
+    assert r.status_code == 422, r.text
+    [error] = r.json()["detail"]
+    assert error["loc"] == ["body", "max_runtime_s"]
+    # Across the autumn DST change, a night is one hour longer: 9 h is its longest.
+    assert error["msg"].startswith(
+        "36000 s (10h) is longer than the longest opening of off-peak window 'night', "
+        "32400 s (9h): a job that is not preemptible must end before its window closes"
+    )
+    # The estimate decides when there is one; the window named is the one judged.
+    estimated = {**ten_hours, "estimated_runtime_s": 3600, "schedule": {"mode": "offpeak", "window": "hourly"}}  # fmt: skip
+    r = api.client.post("/api/v1/jobs", json=estimated, headers=api.as_("alice"))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "estimated_runtime_s"]
+    assert "window 'hourly', 1800 s (30m)" in r.json()["detail"][0]["msg"]
+
+    for fits in ({**ten_hours, "preemptible": True}, {**ten_hours, "max_runtime_s": 7 * 3600}):
+        r = api.client.post("/api/v1/jobs", json=fits, headers=api.as_("alice"))
+        assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    r = api.client.patch(
+        f"/api/v1/jobs/{job_id}", json={"max_runtime_s": 36000}, headers=api.as_("alice")
+    )
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "max_runtime_s"]

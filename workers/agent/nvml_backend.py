@@ -9,7 +9,8 @@ reporting the healthy ones (and from reporting the sick one as sick).
 
 Health is judged as NVIDIA's own tools judge it (k8s-device-plugin, DCGM exporter):
 critical XID events (application XIDs, the job's own faults, ignored), remapped rows
-pending or failed, and NVML calls that fail. A failing reading counts toward
+pending or failed, the NVLink fabric's registration where NVSwitch exists, and NVML calls
+that fail. A failing reading counts toward
 ``unhealthy_after`` consecutive bad ones before the GPU is called unhealthy, and it is
 called healthy again only after ``healthy_after`` good ones (no flapping); an XID is the
 driver's own verdict and marks it unhealthy at once.
@@ -50,6 +51,8 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _MIB = 1024 * 1024
+# nvmlGpuFabricState_t (nvml.h): a GPU on an NVSwitch fabric is usable once COMPLETED.
+_FABRIC_STATE_NOT_SUPPORTED, _FABRIC_STATE_NOT_STARTED, _FABRIC_STATE_COMPLETED = 0, 1, 3
 
 # XIDs a job's own fault raises (illegal address, MMU fault from the job, reset channel
 # for it...): NVIDIA's k8s-device-plugin ignores these; every other XID is the GPU's.
@@ -456,6 +459,10 @@ class NvmlGpuBackend:
                 health.message = (
                     "row remapping pending: the GPU needs a reset (nvmlDeviceGetRemappedRows)"
                 )
+        if health.healthy:
+            fabric_problem = self._fabric_problem(handle)
+            if fabric_problem is not None:
+                health.message = fabric_problem
         return GpuSample(
             index=gpu.index,
             uuid=gpu.uuid,
@@ -471,6 +478,38 @@ class NvmlGpuBackend:
             unread=dict(health.unread),
             mig_enabled=mig_enabled,
         )
+
+    def _fabric_problem(self, handle: Any) -> str | None:
+        """On NVSwitch systems (HGX H100/H200) a GPU is usable by CUDA only once the fabric
+        manager has trained its fabric and registered it; before that, or when that failed,
+        CUDA fails to start on it. GPUs without a fabric (PCIe, or a driver without the
+        call) answer NOT_SUPPORTED, or report the state NOT_SUPPORTED: nothing to judge."""
+        nvml = self._nvml
+        get_fabric = getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None)
+        info_type = getattr(nvml, "c_nvmlGpuFabricInfo_t", None)
+        if get_fabric is None or info_type is None:
+            return None
+        info = info_type()
+        try:
+            get_fabric(handle, ctypes.byref(info))  # by reference: by value, NVML segfaults
+        except Exception:  # NOT_SUPPORTED, FUNCTION_NOT_FOUND: no fabric to wait for
+            return None
+        state = int(info.state)
+        if state == _FABRIC_STATE_NOT_SUPPORTED:
+            return None
+        if state != _FABRIC_STATE_COMPLETED:
+            stage = "not started" if state == _FABRIC_STATE_NOT_STARTED else "in progress"
+            return (
+                f"NVLink fabric registration {stage}: CUDA cannot use the GPU until the "
+                "fabric manager completes it (nvmlDeviceGetGpuFabricInfo)"
+            )
+        if int(info.status) != 0:  # NVML_SUCCESS
+            why = describe_nvml_error(nvml.NVMLError(int(info.status)))
+            return (
+                f"NVLink fabric registration failed ({why}): check nvidia-fabricmanager "
+                "(nvmlDeviceGetGpuFabricInfo)"
+            )
+        return None
 
     def _utilisation_since_last(self, index: int, handle: Any) -> float | None:
         """Mean utilisation over the driver's samples (about 6 a second) taken since the

@@ -68,6 +68,7 @@ from workers.agent.gpu_backend import (
     UNREADABLE_UUID,
     GpuBackend,
     GpuSample,
+    NodeInfo,
     NodeSample,
 )
 from workers.agent.runner import (
@@ -131,6 +132,20 @@ def unknown_readings(gpu: GpuSample, *, has_foreign: bool) -> tuple[str, ...]:
     if has_foreign:
         needed.append(READING_UTILISATION)
     return tuple(f"{name}: {gpu.unread[name]}"[:240] for name in needed if name in gpu.unread)
+
+
+def gpu_infos(info: NodeInfo) -> tuple[GpuInfo, ...]:
+    """The node's GPUs as registration tells the scheduler (which keys them by UUID)."""
+    return tuple(
+        GpuInfo(
+            index=g.index,
+            uuid=g.uuid,
+            model=g.model,
+            memory_total_mb=g.memory_total_mb,
+            nvlink_peers=tuple(g.nvlink_peers),
+        )
+        for g in info.gpus
+    )
 
 
 class Reporter(Protocol):
@@ -364,16 +379,7 @@ class Agent:
                 jobs_run_as=self.jobs_run_as,
                 grace_s=self.settings.grace_s,
                 message=f"driver {info.driver_version}",
-                gpus=tuple(
-                    GpuInfo(
-                        index=g.index,
-                        uuid=g.uuid,
-                        model=g.model,
-                        memory_total_mb=g.memory_total_mb,
-                        nvlink_peers=tuple(g.nvlink_peers),
-                    )
-                    for g in info.gpus
-                ),
+                gpus=gpu_infos(info),
             )
         )
 

@@ -15,6 +15,9 @@ The order is fixed here and nowhere else:
    node, enough_nodes.fits the nodes of a gang.
 6. quota.fits (per job, against its project's use): within the quota, for the
    quota check without borrowing and for reclaiming borrowed GPUs.
+7. running_limit.fits (per job, against what its user and its project run, jobs and
+   GPUs, counting this cycle's placements): over a limit the job waits (RUNNING_LIMIT)
+   before placement, so it neither places, preempts nor takes the backfill reservation.
 
 Each of these modules holds its rule once: its `fits` is the one test that placement,
 the victim search (preempt.py), the backfill reservation (backfill.py) and the

@@ -28,9 +28,9 @@ function envText(env) {
     Object.entries(env).map(([k, v]) => (v === null ? `${k}=…` : `${k}=${v}`)).join(", "));
 }
 
-// Waiting jobs the scheduler does not rank (yet): their dependencies, their array's
-// limit, or no cycle has seen them.
-const NOT_RANKED = new Set(["dependency", "array_limit", "NEW"]);
+// Waiting jobs the scheduler does not rank: their dependencies or their array's limit
+// hold them back. A new one is asked for: its rank says when the next full cycle ranks it.
+const NOT_RANKED = new Set(["dependency", "array_limit", "begin_time"]);
 
 // How one webhook message's delivery went (GET /jobs/{id}/notifications).
 function deliveryText(n) {
@@ -162,9 +162,11 @@ export function jobPage(root, ctx, { match }) {
         job.status === "PENDING" && job.pending_reason ? ["Waiting", h("span", { id: "job-reason" },
           h("span", { class: "badge warn" }, reasonLabel(job.pending_reason)), " ", job.pending_message || "")] : null,
         job.queue_position ? ["Queue position", String(job.queue_position)] : null,
-        rank ? ["Ahead of it", h("span", { id: "job-rank" }, rank.ahead.length
+        rank && !rank.ranked ? ["Ahead of it", h("span", { id: "job-rank" }, rank.message)] : null,
+        rank && rank.ranked ? ["Ahead of it", h("span", { id: "job-rank" }, rank.ahead.length
           ? rank.ahead.map((a) => `${a.jobs} by ${a.text}`).join("; ")
-          : "nobody: first in line", h("span", { class: "muted" }, ` (${rank.position} of ${rank.waiting} now, policy ${rank.policy})`))] : null,
+          : "nobody: first in line", h("span", { class: "muted", title: `ranked ${fmtDateSec(rank.ranked_at)}` },
+          ` (${rank.position} of ${rank.waiting} at the last full cycle, policy ${rank.policy})`))] : null,
         job.estimated_start_at ? ["Estimated start", `${fmtDate(job.estimated_start_at)} (${fmtIn(job.estimated_start_at)})`] : null,
         ["Project", job.project],
         ["User", job.user],
@@ -224,8 +226,8 @@ export function jobPage(root, ctx, { match }) {
       throw err;
     }
     efficiency = await optional(`/api/v1/jobs/${jobId}/efficiency`, {}, null);
-    // Why the jobs ahead go first (as sprio): computed by the server on demand, so asked
-    // again only when the position moved or every 10 s. Not for jobs outside the ranking.
+    // Why the jobs ahead go first (as sprio), as the last full cycle ranked them: asked
+    // again when the position moved or every 10 s. Not for jobs outside the ranking.
     const ranked = job.status === "PENDING" && !job.held_by && !NOT_RANKED.has(job.pending_reason);
     if (!ranked) rank = null;
     else if (!rank || rankFor !== job.queue_position || Date.now() - rankAt > 10_000) {
@@ -294,8 +296,8 @@ export function jobPage(root, ctx, { match }) {
       try {
         let changed = `Job ${jobId} changed`;
         if (Object.keys(jobChanges).length && allTasks?.checked) {
-          const tasks = await api("/api/v1/jobs", { method: "PATCH", body: jobChanges, query: { array: job.array.id } });
-          changed = `${tasks.length} pending task${tasks.length === 1 ? "" : "s"} of array ${job.array.id} changed`;
+          const done = await api("/api/v1/jobs", { method: "PATCH", body: jobChanges, query: { array: job.array.id } });
+          changed = `${done.count} pending task${done.count === 1 ? "" : "s"} of array ${job.array.id} changed`;
         } else if (Object.keys(jobChanges).length) {
           await api(`/api/v1/jobs/${jobId}`, { method: "PATCH", body: jobChanges });
         }

@@ -58,10 +58,11 @@ export function cancelArrayButton(job, onDone) {
     label: "Cancel array", dataset: { cancelArray: id }, aria: `Cancel every task of array ${id}`, danger: true,
     onConfirm: async () => {
       try {
-        const tasks = await api("/api/v1/jobs/cancel", { method: "POST", query: { array: id } });
-        const stopping = tasks.filter((t) => t.status !== "CANCELLED").length;
-        const cancelled = tasks.length - stopping;
-        toast(tasks.length
+        // Counts and ids, not the tasks themselves (an array may have 100,000).
+        const done = await api("/api/v1/jobs/cancel", { method: "POST", query: { array: id } });
+        const stopping = done.stopping;
+        const cancelled = done.count - stopping;
+        toast(done.count
           ? `Array ${id}: ${cancelled} task${cancelled === 1 ? "" : "s"} cancelled, ${stopping} stopping`
           : `Array ${id} has no task left to cancel`);
       } catch (err) {
@@ -146,8 +147,8 @@ export function holdArrayButton(job, onDone) {
     onclick: async () => {
       btn.disabled = true;
       try {
-        const tasks = await api(`/api/v1/jobs/${action}`, { method: "POST", query: { array: id } });
-        const n = tasks.length;
+        const done = await api(`/api/v1/jobs/${action}`, { method: "POST", query: { array: id } });
+        const n = done.count;
         toast(n
           ? `Array ${id}: ${n} task${n === 1 ? "" : "s"} ${action === "hold" ? "held" : "released"}`
           : `Array ${id} has no ${action === "hold" ? "pending" : "held"} task`);
@@ -158,6 +159,17 @@ export function holdArrayButton(job, onDone) {
     },
   }, label);
   return btn;
+}
+
+// Its estimated start, or why none can be given (the API's estimate_note), shown short
+// with the whole note on hover.
+function estimateCell(job) {
+  if (job.estimated_start_at) {
+    return h("td", { class: "hide-sm est", title: fmtDate(job.estimated_start_at) }, fmtIn(job.estimated_start_at));
+  }
+  const note = job.estimate_note || "";
+  const short = note.startsWith("no estimate yet") ? "next cycle" : "—";
+  return h("td", { class: "hide-sm est", title: note || undefined }, short);
 }
 
 function jobLink(job) {
@@ -171,6 +183,7 @@ export function queuePage(root, ctx, { params }) {
     user: params.get("user") || "",
     name: params.get("name") || "",
     offset: Math.max(0, Number(params.get("offset")) || 0),
+    laterOffset: Math.max(0, Number(params.get("later_offset")) || 0),
     cursors: [null], // cursor stack for the active list; last = current page
   };
   const projectSelect = h("select", { id: "filter-project" }, h("option", { value: "" }, "All projects"));
@@ -181,7 +194,12 @@ export function queuePage(root, ctx, { params }) {
   // As squeue -u / --name: exact names, applied on Enter or leaving the field.
   const userInput = h("input", { id: "filter-user", type: "search", placeholder: "any", value: state.user, autocomplete: "off" });
   const nameInput = h("input", { id: "filter-name", type: "search", placeholder: "any", value: state.name, autocomplete: "off" });
+  // Waiting jobs in two sections, as Slurm keeps jobs that are not yet eligible out of
+  // its passes: first those that may run now, in line; then those that cannot yet (held,
+  // waiting for dependencies, a begin time, a window or their array's limit), which
+  // would otherwise fill the first pages of a deep queue.
   const pendingCard = h("section", { class: "card", id: "pending" });
+  const laterCard = h("section", { class: "card", id: "later" });
   const activeCard = h("section", { class: "card", id: "active" });
   root.append(
     h("div", { class: "page-head" }, h("h1", {}, "Queue"),
@@ -192,6 +210,7 @@ export function queuePage(root, ctx, { params }) {
       h("div", { class: "field" }, h("label", { for: "filter-user" }, "User"), userInput),
       h("div", { class: "field" }, h("label", { for: "filter-name" }, "Job name"), nameInput))),
     pendingCard,
+    laterCard,
     activeCard,
   );
 
@@ -214,12 +233,14 @@ export function queuePage(root, ctx, { params }) {
     if (state.user) q.set("user", state.user);
     if (state.name) q.set("name", state.name);
     if (state.offset) q.set("offset", state.offset);
+    if (state.laterOffset) q.set("later_offset", state.laterOffset);
     const next = `#/queue${q.toString() ? `?${q}` : ""}`;
     if (window.location.hash !== next) history.replaceState(null, "", next);
   };
   const onFilter = (control, key) => control.addEventListener("change", () => {
     state[key] = control.value.trim();
     state.offset = 0;
+    state.laterOffset = 0;
     state.cursors = [null];
     syncHash();
     refreshAll();
@@ -230,81 +251,97 @@ export function queuePage(root, ctx, { params }) {
   onFilter(nameInput, "name");
   const filters = () => ({ project: state.project, user: state.user, name: state.name });
 
-  let pendingSeq = 0;
-  const refreshPending = async () => {
-    if (state.status && state.status !== "PENDING") {
-      pendingCard.hidden = true;
-      return;
-    }
-    pendingCard.hidden = false;
-    const seq = ++pendingSeq;
-    const page = await api("/api/v1/queue", {
-      query: { offset: state.offset, limit: PAGE, ...filters() },
-    });
-    if (seq !== pendingSeq) return; // a newer request (filter change) won
-    if (state.offset && state.offset >= page.total && page.total > 0) {
-      state.offset = Math.floor((page.total - 1) / PAGE) * PAGE;
+  // One section of waiting jobs: `id` names its card and its parts (#pending-table, ...),
+  // `offsetKey` its page in `state`, `eligible` the API's filter.
+  const waitingSection = ({ card, id, offsetKey, eligible, title, note, empty }) => {
+    let seq = 0;
+    const refresh = async () => {
+      if (state.status && state.status !== "PENDING") {
+        card.hidden = true;
+        return;
+      }
+      const mine = ++seq;
+      const page = await api("/api/v1/queue", {
+        query: { offset: state[offsetKey], limit: PAGE, eligible, ...filters() },
+      });
+      if (mine !== seq) return; // a newer request (filter change) won
+      if (state[offsetKey] && state[offsetKey] >= page.total && page.total > 0) {
+        state[offsetKey] = Math.floor((page.total - 1) / PAGE) * PAGE;
+        syncHash();
+        return refresh();
+      }
+      // The second section only when it has jobs; the first always (it says "none").
+      card.hidden = !eligible && page.total === 0;
+      render(page);
+    };
+
+    const turnPage = (fromTop) => {
       syncHash();
-      return refreshPending();
-    }
-    renderPending(page);
-  };
+      refresh().catch((err) => toast(err.message, "error"));
+      if (!fromTop) card.scrollIntoView({ block: "start" });
+    };
 
-  const turnPage = (fromTop) => {
-    syncHash();
-    refreshPending().catch((err) => toast(err.message, "error"));
-    if (!fromTop) pendingCard.scrollIntoView({ block: "start" });
+    const render = (page) => {
+      if (card.querySelector(".armed")) return; // do not redraw under a pending click
+      const offset = state[offsetKey];
+      const from = page.total ? offset + 1 : 0;
+      const to = offset + page.items.length;
+      // The same pager above and below the table; only the top one carries ids.
+      const pager = (top) => h("div", { class: top ? "pager pager-top" : "pager" },
+        h("span", { class: "small muted", id: top ? `${id}-range` : null },
+          `${fmtNum(from)}–${fmtNum(to)} of ${fmtNum(page.total)}`),
+        h("div", { class: "btns" },
+          h("button", {
+            type: "button", class: "btn btn-sm", id: top ? `${id}-prev` : null, disabled: offset === 0,
+            onclick: () => { state[offsetKey] = Math.max(0, offset - PAGE); turnPage(top); },
+          }, "← Previous"),
+          h("button", {
+            type: "button", class: "btn btn-sm", id: top ? `${id}-next` : null, disabled: to >= page.total,
+            onclick: () => { state[offsetKey] = offset + PAGE; turnPage(top); },
+          }, "Next →")));
+      clear(card,
+        h("div", { class: "card-head" },
+          h("div", {},
+            h("h2", {}, `${title} `, h("span", { class: "muted", id: `${id}-total` }, `(${fmtNum(page.total)})`)),
+            h("div", { class: "small muted" }, note)),
+          page.total > PAGE ? pager(true) : null),
+        page.items.length
+          ? h("div", { class: "table-wrap" }, cardify(h("table", { id: `${id}-table` },
+            h("thead", {}, h("tr", {},
+              h("th", { class: "num" }, "Pos"), h("th", {}, "Job"), h("th", {}, "Name"),
+              h("th", { class: "hide-sm" }, "Project"), h("th", { class: "hide-sm" }, "User"),
+              h("th", {}, "Request"), h("th", { class: "num hide-sm" }, "Prio"),
+              h("th", {}, "Reason"), h("th", { class: "hide-sm" }, "Est. start"),
+              h("th", { class: "hide-sm" }, "Submitted"), h("th", {}, ""))),
+            h("tbody", {}, page.items.map((job) => h("tr", { dataset: { job: job.id } },
+              h("td", { class: "num" }, job.queue_position ?? "—"),
+              h("td", {}, jobLink(job)),
+              h("td", {}, jobName(job)),
+              h("td", { class: "hide-sm" }, job.project),
+              h("td", { class: "hide-sm" }, job.user),
+              h("td", {}, gpuRequest(job)),
+              h("td", { class: "num hide-sm" }, job.priority),
+              h("td", { class: "reason wide" },
+                job.pending_reason ? h("span", { class: "badge warn" }, reasonLabel(job.pending_reason)) : "—",
+                job.pending_message ? h("div", { class: "reason-msg" }, job.pending_message) : null),
+              estimateCell(job),
+              h("td", { class: "hide-sm" }, fmtAgo(job.created_at)),
+              h("td", { class: "actions" }, holdButton(job, refreshAll), cancelButton(job, refreshAll))))))))
+          : h("div", { class: "empty" }, state.user || state.name ? `${empty} match the filters.` : `${empty}.`),
+        page.total > PAGE ? pager(false) : null);
+    };
+    return refresh;
   };
-
-  const renderPending = (page) => {
-    if (pendingCard.querySelector(".armed")) return; // do not redraw under a pending click
-    const from = page.total ? state.offset + 1 : 0;
-    const to = state.offset + page.items.length;
-    // The same pager above and below the table; only the top one carries ids.
-    const pager = (top) => h("div", { class: top ? "pager pager-top" : "pager" },
-      h("span", { class: "small muted", id: top ? "pending-range" : null },
-        `${fmtNum(from)}–${fmtNum(to)} of ${fmtNum(page.total)}`),
-      h("div", { class: "btns" },
-        h("button", {
-          type: "button", class: "btn btn-sm", id: top ? "pending-prev" : null, disabled: state.offset === 0,
-          onclick: () => { state.offset = Math.max(0, state.offset - PAGE); turnPage(top); },
-        }, "← Previous"),
-        h("button", {
-          type: "button", class: "btn btn-sm", id: top ? "pending-next" : null, disabled: to >= page.total,
-          onclick: () => { state.offset += PAGE; turnPage(top); },
-        }, "Next →")));
-    clear(pendingCard,
-      h("div", { class: "card-head" },
-        h("div", {},
-          h("h2", {}, "Pending ", h("span", { class: "muted", id: "pending-total" }, `(${fmtNum(page.total)})`)),
-          h("div", { class: "small muted" }, "in scheduling order")),
-        page.total > PAGE ? pager(true) : null),
-      page.items.length
-        ? h("div", { class: "table-wrap" }, cardify(h("table", { id: "pending-table" },
-          h("thead", {}, h("tr", {},
-            h("th", { class: "num" }, "Pos"), h("th", {}, "Job"), h("th", {}, "Name"),
-            h("th", { class: "hide-sm" }, "Project"), h("th", { class: "hide-sm" }, "User"),
-            h("th", {}, "Request"), h("th", { class: "num hide-sm" }, "Prio"),
-            h("th", {}, "Reason"), h("th", { class: "hide-sm" }, "Est. start"),
-            h("th", { class: "hide-sm" }, "Submitted"), h("th", {}, ""))),
-          h("tbody", {}, page.items.map((job) => h("tr", { dataset: { job: job.id } },
-            h("td", { class: "num" }, job.queue_position ?? "—"),
-            h("td", {}, jobLink(job)),
-            h("td", {}, jobName(job)),
-            h("td", { class: "hide-sm" }, job.project),
-            h("td", { class: "hide-sm" }, job.user),
-            h("td", {}, gpuRequest(job)),
-            h("td", { class: "num hide-sm" }, job.priority),
-            h("td", { class: "reason wide" },
-              job.pending_reason ? h("span", { class: "badge warn" }, reasonLabel(job.pending_reason)) : "—",
-              job.pending_message ? h("div", { class: "reason-msg" }, job.pending_message) : null),
-            h("td", { class: "hide-sm", title: fmtDate(job.estimated_start_at) },
-              job.estimated_start_at ? fmtIn(job.estimated_start_at) : "—"),
-            h("td", { class: "hide-sm" }, fmtAgo(job.created_at)),
-            h("td", { class: "actions" }, holdButton(job, refreshAll), cancelButton(job, refreshAll))))))))
-        : h("div", { class: "empty" }, state.user || state.name ? "No pending jobs match the filters." : "No pending jobs."),
-      page.total > PAGE ? pager(false) : null);
-  };
+  const refreshRunnable = waitingSection({
+    card: pendingCard, id: "pending", offsetKey: "offset", eligible: true,
+    title: "Pending", note: "may run now, in scheduling order", empty: "No pending jobs that may run now",
+  });
+  const refreshLater = waitingSection({
+    card: laterCard, id: "later", offsetKey: "laterOffset", eligible: false,
+    title: "Not yet eligible", note: "held, waiting for dependencies, a begin time, a window or their array's limit",
+    empty: "No jobs waiting for something else",
+  });
+  const refreshPending = () => Promise.all([refreshRunnable(), refreshLater()]);
 
   let activeSeq = 0;
   const refreshActive = async () => {

@@ -109,23 +109,34 @@ export function usersPage(root, ctx) {
         }
       },
     }, accountInput, h("button", { type: "submit", class: "btn btn-ghost btn-sm" }, "Set"));
-    // How many jobs the user may have pending (empty: the cluster's default), as
-    // `gpusched admin limits USER --max-pending N`.
-    const pendingInput = h("input", { class: "inline-input num", type: "number", min: 0, step: 1,
-      value: u.max_pending_jobs ?? "", placeholder: "default",
-      "aria-label": `Most jobs ${u.name} may have pending`, dataset: { maxPending: u.name } });
-    const pending = h("form", {
-      class: "inline-form",
-      onsubmit: (ev) => {
-        ev.preventDefault();
-        const raw = pendingInput.value.trim();
-        const limit = raw === "" ? null : Number(raw);
-        if (limit !== (u.max_pending_jobs ?? null)) {
-          act(`set ${u.name}'s pending-job limit`, `/api/v1/users/${enc}`, { method: "PATCH", body: { max_pending_jobs: limit } },
-            () => toast(limit === null ? `${u.name} has the cluster's default limit` : `${u.name} may have ${limit} jobs pending`));
-        }
-      },
-    }, pendingInput, h("button", { type: "submit", class: "btn btn-ghost btn-sm" }, "Set"));
+    // A limit of the user's, changed in place (PATCH; empty: `blank`), as
+    // `gpusched admin limits USER --max-pending N` (--max-running, --max-gpus).
+    const limitForm = (field, key, aria, blank, what, said) => {
+      const input = h("input", { class: "inline-input num limit", type: "number", min: 0, step: 1,
+        value: u[field] ?? "", placeholder: blank, "aria-label": aria, dataset: { [key]: u.name } });
+      return h("form", {
+        class: "inline-form",
+        onsubmit: (ev) => {
+          ev.preventDefault();
+          const raw = input.value.trim();
+          const limit = raw === "" ? null : Number(raw);
+          if (limit !== (u[field] ?? null)) {
+            act(`set ${u.name}'s ${what}`, `/api/v1/users/${enc}`, { method: "PATCH", body: { [field]: limit } },
+              () => toast(said(limit)));
+          }
+        },
+      }, input, h("button", { type: "submit", class: "btn btn-ghost btn-sm" }, "Set"));
+    };
+    const pending = limitForm("max_pending_jobs", "maxPending", `Most jobs ${u.name} may have pending`,
+      "default", "pending-job limit",
+      (n) => n === null ? `${u.name} has the cluster's default limit` : `${u.name} may have ${n} jobs pending`);
+    // Running limits (Slurm's MaxJobs, MaxTRES=gres/gpu): over them a job waits; empty: none.
+    const running = limitForm("max_running_jobs", "maxRunning", `Most jobs ${u.name} may run at once`,
+      "none", "running-job limit",
+      (n) => n === null ? `${u.name} may run any number of jobs` : `${u.name} may run ${n} jobs at once`);
+    const gpus = limitForm("max_gpus", "maxGpus", `Most GPUs ${u.name}'s running jobs may use`,
+      "none", "GPU limit",
+      (n) => n === null ? `${u.name} may use any number of GPUs` : `${u.name} may use ${n} GPUs at once`);
     return h("tr", { dataset: { user: u.name } },
       h("td", {}, h("b", {}, u.name)),
       h("td", { class: "role" }, u.is_admin ? h("span", { class: "badge ok" }, "admin") : "user", " ", roleButton(u, admins)),
@@ -136,7 +147,11 @@ export function usersPage(root, ctx) {
           onclick: () => act(`remove ${u.name} from ${p}`, `/api/v1/users/${enc}/projects/${encodeURIComponent(p)}`, { method: "DELETE" }),
         }, "×") : null)), join),
       h("td", { class: "unix-user" }, account),
-      h("td", { class: "max-pending" }, pending),
+      // One column for the three limits, a line each: the row's actions stay in view.
+      h("td", { class: "limits" },
+        h("div", { class: "limit-line max-pending" }, h("span", { class: "muted" }, "pending"), pending),
+        h("div", { class: "limit-line max-running" }, h("span", { class: "muted" }, "running"), running),
+        h("div", { class: "limit-line max-gpus" }, h("span", { class: "muted" }, "GPUs"), gpus)),
       h("td", { class: "num" }, String(u.active_tokens)),
       h("td", { class: "actions" },
         h("button", {
@@ -165,7 +180,8 @@ export function usersPage(root, ctx) {
     clear(listCard, h("h2", {}, "Users and their projects"),
       h("div", { class: "table-wrap" }, cardify(h("table", { id: "users-table" },
         h("thead", {}, h("tr", {}, h("th", {}, "User"), h("th", {}, "Role"), h("th", {}, "Projects"),
-          h("th", {}, "Unix account"), h("th", {}, "Max pending jobs"), h("th", { class: "num" }, "Active tokens"), h("th", {}, ""))),
+          h("th", {}, "Unix account"), h("th", {}, "Limits"),
+          h("th", { class: "num" }, "Active tokens"), h("th", {}, ""))),
         h("tbody", {}, users.map((u) => row(u, users.filter((x) => x.is_admin).length)))))));
   };
 

@@ -1,0 +1,153 @@
+"""What a full cycle ranked, kept for GET /api/v1/jobs/{id}/rank (issue 42 point 3).
+
+The full cycle has the queue in its policy's order already; counting why each job's
+predecessors go first is one pass over it (`rank_all`). Stored in one row, column by
+column (20,000 jobs: a few hundred kB of JSON), the API answers a job's rank by looking
+it up, instead of reading and ranking the whole queue per request, as it did (0.6 s at
+20,000 waiting). The API keeps the decoded row until a newer full cycle replaces it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.orm import Session
+
+from app.cycle.models import QueueRanking
+from app.scheduling import JobView
+from app.scheduling.rank import AHEAD_RULES, RankColumns, rank_columns
+from app.scheduling.types import PolicySettings
+
+ROW = "queue"
+
+
+@dataclass(frozen=True, slots=True)
+class RankedBy:
+    """How the full cycle ranks: its order's settings, as stored on the lease (the
+    `ranking` dict), and when the scheduler means to rank again."""
+
+    policy: PolicySettings
+    ranking: dict[str, Any]
+    next_at: datetime | None = None
+
+
+def encode(columns: RankColumns, ids: Sequence[int]) -> dict[str, Any]:
+    """Columns, one entry per job in queue order: position = index + 1. Rules no job is
+    ahead by are left out; each runtime's source is written once."""
+    sources: dict[str, int] = {}
+    return {
+        "ids": list(ids),
+        # "earlier" is what the other rules leave of the jobs ahead: not stored.
+        "ahead": {
+            rule: counts
+            for rule, counts in columns.ahead.items()
+            if rule != "earlier" and any(counts)
+        },
+        "size": [round(size, 1) for size in columns.expected_gpu_s],
+        "from": [sources.setdefault(text, len(sources)) for text in columns.expected_from],
+        "sources": list(sources),
+        "starving": [i for i, starving in enumerate(columns.starving) if starving],
+    }
+
+
+def store(
+    session: Session,
+    *,
+    order: Sequence[JobView],
+    ranked_by: RankedBy,
+    history: Mapping[tuple[str, str], tuple[float, ...]],
+    now: datetime,
+) -> None:
+    """Rank `order` (the waiting jobs, in the policy's order) and replace the stored row,
+    unless a later cycle's is there already. Executes, does not commit."""
+    columns = rank_columns(order, settings=ranked_by.policy, history=history, now=now)
+    values: dict[str, Any] = {
+        "ranked_at": now,
+        "next_at": ranked_by.next_at,
+        "ranking": ranked_by.ranking,
+        "ranks": encode(columns, [j.id for j in order]),
+    }
+    # By statement, not through the ORM: loading the row would decode the old ranks.
+    replaced = session.execute(
+        update(QueueRanking)
+        .where(QueueRanking.name == ROW, QueueRanking.ranked_at <= now)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    if replaced.rowcount:  # type: ignore[attr-defined]
+        return
+    stored_at = session.scalar(select(QueueRanking.ranked_at).where(QueueRanking.name == ROW))
+    if stored_at is None:  # the first ranks (a later cycle's are kept)
+        session.execute(insert(QueueRanking).values(name=ROW, **values))
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRank:
+    position: int
+    waiting: int
+    ahead: tuple[tuple[str, int], ...]
+    expected_gpu_s: float
+    expected_from: str
+    starving: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRanking:
+    ranked_at: datetime
+    next_at: datetime | None
+    ranking: dict[str, Any]
+    ranks: dict[str, Any]
+    index: dict[int, int]
+    starving: frozenset[int]
+
+    def find(self, job_id: int) -> StoredRank | None:
+        i = self.index.get(job_id)
+        if i is None:
+            return None
+        columns = self.ranks
+        by_rule = {rule: counts[i] for rule, counts in columns["ahead"].items() if counts[i]}
+        by_rule["earlier"] = i - sum(by_rule.values())
+        return StoredRank(
+            position=i + 1,
+            waiting=len(self.index),
+            ahead=tuple((rule, by_rule[rule]) for rule, _ in AHEAD_RULES if by_rule.get(rule)),
+            expected_gpu_s=columns["size"][i],
+            expected_from=columns["sources"][columns["from"][i]],
+            starving=i in self.starving,
+        )
+
+
+_cached: list[StoredRanking] = []
+_lock = threading.Lock()
+
+
+def last(session: Session) -> StoredRanking | None:
+    """The last full cycle's ranking; decoded once per full cycle in this process (a
+    request reads one timestamp while it is current)."""
+    ranked_at = session.scalar(select(QueueRanking.ranked_at).where(QueueRanking.name == ROW))
+    if ranked_at is None:
+        return None
+    with _lock:
+        if _cached and _cached[0].ranked_at == ranked_at:
+            return _cached[0]
+    row = session.get(QueueRanking, ROW)
+    if row is None:
+        return None
+    ranks = row.ranks
+    stored = StoredRanking(
+        ranked_at=row.ranked_at,
+        next_at=row.next_at,
+        ranking=row.ranking,
+        ranks=ranks,
+        index={job_id: i for i, job_id in enumerate(ranks["ids"])},
+        starving=frozenset(ranks["starving"]),
+    )
+    session.expunge(row)  # the JSON lives on in the cache, not in the session
+    with _lock:
+        _cached[:] = [stored]
+    return stored

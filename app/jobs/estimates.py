@@ -1,0 +1,72 @@
+"""Why a waiting job shows no estimated start (issue 42 point 2): every waiting job that
+may run has an estimated start or a reason why none can be given.
+
+The cycle estimates a start only where it knows one: the begin time, the window's
+opening, and the first job in line that cannot start now, for which backfill reserves
+GPUs (as Slurm's `StartTime` of the top job). The others' estimate would need the whole
+queue simulated forward; instead they say which of these cases they are in.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from app.jobs.states import ARRAY_LIMIT, DEPENDENCY, NEW_IN_QUEUE
+from app.scheduling.types import ReasonKind
+
+_CANNOT_START = frozenset(
+    {
+        ReasonKind.NEVER_FITS.value,
+        ReasonKind.GPU_MODEL_UNAVAILABLE.value,
+        ReasonKind.NO_ACCOUNT.value,
+    }
+)
+_NODES_UNUSABLE = frozenset(
+    {
+        ReasonKind.NODE_NOT_READY.value,
+        ReasonKind.TELEMETRY_STALE.value,
+        ReasonKind.GPU_UNHEALTHY.value,
+        ReasonKind.GPU_UNKNOWN.value,
+        ReasonKind.GPU_MIG.value,
+        ReasonKind.FOREIGN_PROCESS.value,
+        ReasonKind.MAINTENANCE.value,
+    }
+)
+# The backfill head's reason when the GPUs it waits for have no known end.
+UNKNOWN_END = "start time unknown"
+
+NOT_RANKED = "no estimate yet: the next full scheduling cycle ranks it and estimates"
+RESERVED_FOR_THE_FIRST = (
+    "no estimate: the scheduler reserves GPUs, and estimates a start, only for the first "
+    "job in line that cannot start now; jobs behind it start as running jobs end"
+)
+
+
+def estimate_note(
+    *,
+    reason: str | None,
+    message: str | None,
+    position: int | None,
+    start: datetime | None,
+) -> str | None:
+    """Why a waiting, unheld job has no estimated start; None when it has one."""
+    if start is not None:
+        return None
+    if reason == DEPENDENCY:
+        return "no estimate: it is not in line until its dependencies end"
+    if reason == ARRAY_LIMIT:
+        return "no estimate: it is not in line until tasks of its array end"
+    if reason == NEW_IN_QUEUE or position is None:
+        return NOT_RANKED
+    if reason in _CANNOT_START:
+        return "no estimate: no node of the cluster can run it as it is (see the reason)"
+    if reason == ReasonKind.QUOTA.value:
+        return "no estimate: it waits until its project's jobs free quota"
+    if reason in _NODES_UNUSABLE:
+        return "no estimate: it waits for nodes or GPUs to become usable (see the reason)"
+    if message is not None and UNKNOWN_END in message:
+        return (
+            "no estimate: the GPUs reserved for it are held by running jobs with neither "
+            "a runtime estimate nor a time limit"
+        )
+    return RESERVED_FOR_THE_FIRST

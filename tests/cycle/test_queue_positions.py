@@ -1,0 +1,162 @@
+"""Queue positions are unique and in the policy's order among the jobs the last full cycle
+ranked; a job no full cycle ranked yet has none (issue 42 point 2).
+
+As the issue found them: bob's array tasks wait for tomorrow, and jobs of two projects
+arrive one at a time, each followed by the quick cycle its submission triggers. A quick
+cycle ranks only the head of the queue and the arrivals: the numbers it gave them were
+counted among those alone, so arrivals repeated the head's last numbers (position 97,
+eighty-eight times) until a full cycle came.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+from sqlalchemy import select
+
+from app.cycle.run import run_cycle
+from app.cycle.snapshot import QueueMemory
+from app.db import utcnow
+from app.jobs.estimates import NOT_RANKED, RESERVED_FOR_THE_FIRST
+from app.jobs.models import Job
+from app.jobs.states import JobStatus
+from app.messaging import NullMessenger
+from tests.cycle.jobs_api import SETTINGS, get_job, submit
+from tests.foundation.builders import insert_jobs, ready_node
+
+
+def _cycle(api, memory: QueueMemory, *, full: bool):
+    return run_cycle(factory=api.factory, messenger=NullMessenger(), settings=SETTINGS,
+                     holder="t", now=utcnow(), all_positions=full, memory=memory)  # fmt: skip
+
+
+def _waiting(api) -> list[tuple[int, int | None, str | None]]:
+    """(id, position, reason) of every waiting job."""
+    with api.factory() as session:
+        rows = session.execute(
+            select(Job.id, Job.queue_position, Job.pending_reason)
+            .where(Job.status == JobStatus.PENDING)
+            .order_by(Job.id)
+        ).all()
+    return [tuple(row) for row in rows]
+
+
+def _repeated(rows) -> dict[int, int]:
+    counts = Counter(position for _, position, _ in rows if position is not None)
+    return {position: n for position, n in counts.items() if n > 1}
+
+
+def _busy_cluster(api) -> QueueMemory:
+    """One GPU, taken; bob's 300 tasks begin tomorrow; a full cycle has ranked the queue."""
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=1, now=utcnow()))
+    submit(api, user="alice", gpus=1)  # takes the only GPU
+    insert_jobs(api.factory, user="bob", project="cv", count=300,
+                schedule_mode="at", begin_at=utcnow() + timedelta(days=1))  # fmt: skip
+    memory = QueueMemory()
+    _cycle(api, memory, full=True)
+    assert memory.ready
+    return memory
+
+
+def test_arrivals_ranked_by_quick_cycles_never_repeat_a_position(api):
+    memory = _busy_cluster(api)
+    # More arrivals than a quick cycle's head (64 + 4 per GPU), alternating projects.
+    for i in range(90):
+        submit(api, user="alice" if i % 2 else "bob", gpus=1, name=f"a{i}")
+        _cycle(api, memory, full=False)
+
+    rows = _waiting(api)
+    assert _repeated(rows) == {}
+    # Not ranked by a full cycle yet: no number, but why it waits.
+    unranked = {i: why for i, position, why in rows if position is None and why != "begin_time"}
+    assert len(unranked) == 90
+    assert set(unranked.values()) == {"waiting_for_gpus"}
+
+
+def test_a_full_cycle_numbers_the_waiting_jobs_one_to_n_in_policy_order(api):
+    memory = _busy_cluster(api)
+    for i in range(90):
+        submit(api, user="alice" if i % 2 else "bob", gpus=1, name=f"a{i}")
+        _cycle(api, memory, full=False)
+
+    _cycle(api, memory, full=True)
+
+    ranked = [(i, p) for i, p, why in _waiting(api) if why != "begin_time"]
+    positions = {i: p for i, p in ranked}
+    assert sorted(positions.values()) == list(range(1, len(ranked) + 1))
+    assert sorted(positions, key=positions.__getitem__) == memory.order
+
+
+def test_quick_cycles_keep_positions_unique_and_ordered_as_jobs_start(api):
+    memory = _busy_cluster(api)
+    for i in range(90):
+        submit(api, user="alice" if i % 2 else "bob", gpus=1, name=f"a{i}")
+    _cycle(api, memory, full=True)
+    first = memory.order[0]
+    # A second GPU: the first in line starts in a quick cycle, the others move up.
+    with api.factory.begin() as session:
+        session.add(ready_node("n2", gpus=1, now=utcnow()))
+    assert _cycle(api, memory, full=False).placed == 1
+
+    assert get_job(api, first)["status"] == "SCHEDULED"
+    rows = [(i, p) for i, p, why in _waiting(api) if p is not None]
+    assert _repeated([(i, p, None) for i, p in rows]) == {}
+    in_order = [i for i, _ in sorted(rows, key=lambda row: row[1])]
+    assert in_order == [i for i in memory.order if i in dict(rows)]
+    assert min(p for _, p in rows) == 1  # the next in line is first, not second
+
+
+def test_every_waiting_job_has_an_estimated_start_or_says_why_none(api):
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=1, now=utcnow()))
+    running = submit(api, user="alice", gpus=1, estimated_runtime_s=3600)["id"]
+    _cycle(api, QueueMemory(), full=True)  # it takes the only GPU, for an hour
+    first = submit(api, user="alice", gpus=1)["id"]
+    second = submit(api, user="alice", gpus=1)["id"]
+    after = submit(api, user="alice", gpus=1, depends_on=[running])["id"]
+    held = submit(api, user="alice", gpus=1, hold=True)["id"]
+    _cycle(api, QueueMemory(), full=True)
+    arrival = submit(api, user="bob", gpus=1)["id"]
+
+    shown = {i: get_job(api, i) for i in (first, second, after, held, arrival)}
+    # The first in line has GPUs reserved: a start, as the running job's estimate says.
+    assert shown[first]["estimated_start_at"] is not None
+    assert shown[first]["estimate_note"] is None
+    notes = {i: shown[i]["estimate_note"] for i in (second, after, held, arrival)}
+    assert notes == {
+        second: RESERVED_FOR_THE_FIRST,
+        after: "no estimate: it is not in line until its dependencies end",
+        held: "no estimate: held jobs are not in line",
+        arrival: NOT_RANKED,
+    }
+    assert all(shown[i]["estimated_start_at"] is None for i in notes)
+
+
+def test_the_queue_lists_jobs_that_may_run_apart_from_those_that_cannot_yet(api):
+    """GET /queue?eligible=true: the jobs that may run, in line; false: held, dependent
+    and begin-time jobs (the Queue page's two sections, issue 42 point 5)."""
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=1, now=utcnow()))
+    running = submit(api, user="alice", gpus=1)["id"]
+    _cycle(api, QueueMemory(), full=True)  # it takes the only GPU
+    tomorrow = insert_jobs(api.factory, user="bob", project="cv", count=3,
+                           schedule_mode="at", begin_at=utcnow() + timedelta(days=1))  # fmt: skip
+    first = submit(api, user="alice", gpus=1)["id"]
+    held = submit(api, user="alice", gpus=1, hold=True)["id"]
+    after = submit(api, user="alice", gpus=1, depends_on=[running])["id"]
+    second = submit(api, user="bob", gpus=1)["id"]
+    _cycle(api, QueueMemory(), full=True)
+
+    def queue(**params) -> list[int]:
+        r = api.client.get("/api/v1/queue", params=params, headers=api.as_("admin"))
+        assert r.status_code == 200, r.text
+        assert r.json()["total"] == len(r.json()["items"])
+        return [j["id"] for j in r.json()["items"]]
+
+    now = queue(eligible=True)
+    assert sorted(now) == sorted([first, second])
+    assert [get_job(api, i)["queue_position"] for i in now] == [1, 2]
+    assert sorted(queue(eligible=False)) == sorted([*tomorrow, held, after])
+    assert sorted(queue()) == sorted([*now, *tomorrow, held, after])
