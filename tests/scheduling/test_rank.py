@@ -3,6 +3,8 @@ the policy that puts it first. The order is the core's own (`order_jobs`)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from app.scheduling.queue import order_jobs
