@@ -49,8 +49,8 @@ def simulate(
     ] = None,
     starvation_after: Annotated[
         str,
-        typer.Option(help="Default policy: a job waiting this long goes first (24h; 0 = never)"),
-    ] = "24h",
+        typer.Option(help="Default policy: a job waiting this long goes first (0 = never)"),
+    ] = "0",
     exact_runtimes: Annotated[
         bool,
         typer.Option(

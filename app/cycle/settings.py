@@ -29,10 +29,11 @@ class SchedulerSettings(BaseSettings):
     min_run_before_preempt_s: float = Field(default=600.0, ge=0)
     fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0)
     starvation_after_s: float = Field(
-        default=86400.0,
+        default=0.0,
         ge=0,
         le=3650 * 86400.0,
-        description="default policy: waited this long, goes first; 0 = never",
+        description="default policy: waited this long, goes first in submit order; 0 = never "
+        "(the default: waits are bounded relative to each job's size, see docs/scheduling.md)",
     )
     lease_ttl_s: float = Field(default=30.0, gt=0)
     heartbeat_timeout_s: float = Field(default=30.0, gt=0)

@@ -232,6 +232,7 @@ def run(cs: CycleState) -> Plan:
     may_preempt_any = preemption and (
         cs.quota_any
         or policy == "las"
+        or (policy == "default" and cs.max_level > 0)
         or (
             policy in ("default", "priority")
             and max((j.priority for j in jobs), default=0) > cs.min_prio

@@ -2,7 +2,7 @@
 
 Which running jobs a job may stop (`victim_rules`, `victim_reasons`): those of projects
 borrowing beyond their quota while it is within its own, those of lower priority, or,
-under LAS, those in a later queue; never non-preemptible ones nor ones younger than
+under LAS and the default, those in a later LAS queue; never non-preemptible ones nor ones younger than
 `min_run_before_preempt_s` (the anti-loop guard). The search (`try_preempt`) looks for
 the cheapest victim sets on a few nodes, releases them and places the job with
 placement.choose/commit. At most MAX_PREEMPT_SEARCHES searches a cycle.
@@ -20,7 +20,7 @@ from app.scheduling.cycle_state import (
 from app.scheduling.filters import enough_gpus, enough_nodes, gpu_memory, gpu_model, reserved
 from app.scheduling.filters import quota as project_quota
 from app.scheduling.placement import choose, commit
-from app.scheduling.queue import attained, las_level
+from app.scheduling.queue import attained, las_level, queue_level
 from app.scheduling.state import NodeState, Request, Slot
 from app.scheduling.types import JobView, Preemption, RunningJobView
 from app.scheduling.victims import (
@@ -36,6 +36,19 @@ from app.scheduling.victims import (
 MAX_PREEMPT_SEARCHES = 16
 # Victim sets compared per search beyond the nodes needed.
 _PREEMPT_OPTIONS = 3
+# Policies whose queues are LAS levels, where a job in an earlier queue may stop a
+# preemptible job in a later one (the default only among equal or lower priorities).
+_LEVELLED = frozenset({"las", "default"})
+
+
+def pending_level(cs: CycleState, job: JobView) -> int:
+    """The LAS queue a pending job is in under the cycle's policy (0 for the others)."""
+    policy = cs.settings.queue_policy
+    if policy == "las":
+        return las_level(job.attained_gpu_s, cs.settings)
+    if policy == "default":
+        return queue_level(job, cs.now, cs.settings)
+    return 0
 
 
 def later_may_preempt(cs: CycleState, job: JobView) -> bool:
@@ -59,7 +72,7 @@ def victim_pool(cs: CycleState) -> list[RunningJobView]:
         cs.pool_by_node = None
         cs.min_prio = min((r.job.priority for r in pool), default=0)
         cs.las_levels = {}
-        if cs.settings.queue_policy == "las":
+        if cs.settings.queue_policy in _LEVELLED:
             cs.las_levels = {
                 r.job.id: las_level(attained(r.job, cs.now, r.started_at, r.share), cs.settings)
                 for r in pool
@@ -93,18 +106,15 @@ def _may_preempt(
     policy = cs.settings.queue_policy
     if policy == "las" and cs.max_level == 0 and not cs.quota_any:
         return None  # every running job is still in the first LAS queue
-    if (
-        not cs.quota_any
-        and policy != "las"
-        and (policy not in ("default", "priority") or job.priority <= cs.min_prio)
-    ):
+    by_priority = policy in ("default", "priority") and job.priority > cs.min_prio
+    if not cs.quota_any and not by_priority and not (policy in _LEVELLED and cs.max_level):
         return None
-    level = las_level(job.attained_gpu_s, cs.settings) if policy == "las" else 0
+    level = pending_level(cs, job)
     quota = quota_of(cs, job.project)
     possible = (
         (quota > 0 and project_quota.fits(req, job, cs.used_milli.get(job.project, 0), quota))
-        or (policy in ("default", "priority") and job.priority > cs.min_prio)
-        or (policy == "las" and level < cs.max_level)
+        or by_priority
+        or (policy in _LEVELLED and level < cs.max_level)
     )
     if not possible:
         return None
@@ -324,7 +334,7 @@ def victim_rules(cs: CycleState, job: JobView, req: Request) -> VictimRules:
     return VictimRules(
         borrowing,
         job.priority if policy in ("default", "priority") else None,
-        las_level(job.attained_gpu_s, cs.settings) if policy == "las" else None,
+        pending_level(cs, job) if policy in _LEVELLED else None,
     )
 
 
@@ -351,7 +361,7 @@ def victim_reasons(cs: CycleState, rules: VictimRules) -> dict[int, str]:
             out[rid] = "quota"
         elif above is not None and priority < above:
             out[rid] = "priority"
-        elif mine is not None and levels[rid] > mine:
+        elif mine is not None and levels[rid] > mine and (above is None or priority <= above):
             out[rid] = "las"
     return out
 
@@ -364,5 +374,5 @@ def _why(cs: CycleState, rule: str, job: JobView, r: RunningJobView) -> str:
         )
     if rule == "priority":
         return f"priority: job {job.id} (priority {job.priority}) > {r.job.priority}"
-    mine = las_level(job.attained_gpu_s, cs.settings)
+    mine = pending_level(cs, job)
     return f"las: job {job.id} attained less service (queue {mine} < {cs.las_levels[r.job.id]})"

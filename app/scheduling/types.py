@@ -190,8 +190,17 @@ class PolicySettings:
     # Fair share: each queued or running GPU is charged this many seconds when ordering.
     fair_share_horizon_s: float = 3600.0
     # Default policy: a job pending this long goes first in its priority tier, in submit
-    # order, ahead of fair share and short-first (Slurm's PriorityMaxAge). 0 = never.
-    starvation_after_s: float = 86400.0
+    # order, ahead of everything else (Slurm's PriorityMaxAge). 0 = never, the default:
+    # an absolute wait makes an overloaded cluster FIFO (issue 41); the two knobs below
+    # bound waits relative to each job's own size instead.
+    starvation_after_s: float = 0.0
+    # Default policy, inside a LAS queue: deadline = submitted + this x expected
+    # remaining GPU-seconds (queue.deadline). 0 = FIFO; larger = closer to short-first.
+    # 1000 chosen from bench/results/default_frontier.md (0.1-2 lost up to 5x to sjf).
+    short_first_factor: float = 1000.0
+    # Default policy: a job preempted into a later LAS queue returns to the first once
+    # it has waited this many times the run time it got (Tiresias' PROMOTE_KNOB). 0 = never.
+    promote_after_service: float = 4.0
     # LAS (Tiresias-style discretised queues) thresholds on attained GPU-seconds.
     las_thresholds_gpu_s: tuple[float, ...] = (3600.0, 36000.0)
     weight_best_fit: float = 1.0

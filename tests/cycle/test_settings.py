@@ -13,8 +13,10 @@ def test_starvation_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyP
     assert SchedulerSettings().policy_settings().starvation_after_s == 7200.0
 
 
-def test_starvation_limit_defaults_to_a_day_and_zero_turns_it_off() -> None:
-    assert SchedulerSettings().policy_settings().starvation_after_s == 86400.0
+def test_the_absolute_starvation_limit_is_off_by_default() -> None:
+    # An absolute wait turns an overloaded cluster into FIFO (issue 41): off unless set.
+    assert SchedulerSettings().policy_settings().starvation_after_s == 0.0
+    assert SchedulerSettings(starvation_after_s=86400).policy_settings().starvation_after_s == 86400
     assert SchedulerSettings(starvation_after_s=0).policy_settings().starvation_after_s == 0.0
 
 

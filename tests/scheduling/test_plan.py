@@ -441,7 +441,9 @@ def test_no_reclaim_when_victims_are_protected(
         running=_borrowed_cluster(started_ago_s, preemptible),
         projects=[project("p", quota=4), project("q", quota=quota_q)],
     )
-    p = plan(s)
+    # One LAS queue: q's jobs ran 2 h, and the default's LAS rule would stop them for
+    # job 1 (a fresh job) whatever the quotas say; only the quota rule is under test.
+    p = plan(s, las_thresholds_gpu_s=())
     assert p.preemptions == ()
     assert p.placements == ()
     assert reason(p, 1).message == "waiting for 2 GPUs (largest free block 0)" + note
@@ -502,7 +504,8 @@ def test_project_above_quota_cannot_reclaim() -> None:
         running=_borrowed_cluster(),
         projects=[project("p", quota=1), project("q", quota=0)],
     )
-    assert plan(s).preemptions == ()
+    # One LAS queue, so that only the quota rule could stop q's jobs (see above).
+    assert plan(s, las_thresholds_gpu_s=()).preemptions == ()
 
 
 def test_priority_preemption_only_of_lower_priority() -> None:

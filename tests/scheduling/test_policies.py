@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -102,66 +103,122 @@ def _waited(hours: float) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("jobs", "expected"),
     [
-        # One project: shortest expected GPU-time first. 2 = 1 GPU x 1 h, 1 = 8 GPUs x 1 h.
+        # One project: earliest deadline = submitted + 0.25 x expected GPU-time. 2 = 1 GPU
+        # x 1 h (15 min), 1 = 8 GPUs x 1 h (2 h): 2 first though submitted later.
         ([job(1, gpus=8, estimated_runtime_s=3600), job(2, estimated_runtime_s=3600)], [2, 1]),
-        # Aging, limit 24 h: job 1 (8 GPUs x 10 h, waited 18 h) has key 80 x (1 - 18/24) =
-        # 20 GPU-h; job 2 (1 GPU x 30 h, fresh) has 30 GPU-h -> 1 first.
+        # Job 1 (8 GPUs x 10 h = 80 GPU-h) waited 24 h: deadline -24 h + 20 h = -4 h, before
+        # job 2's (1 GPU x 1 h, fresh: +15 min) -> 1 first.
         (
             [
-                job(1, gpus=8, estimated_runtime_s=36_000, **_waited(18)),
-                job(2, estimated_runtime_s=108_000, **_waited(0)),
+                job(1, gpus=8, estimated_runtime_s=36_000, **_waited(24)),
+                job(2, estimated_runtime_s=3600, **_waited(0)),
             ],
             [1, 2],
         ),
-        # Same job 1 after 6 h only: 80 x 0.75 = 60 GPU-h > 30 -> 2 first.
+        # The same job 1 after 18 h only: -18 h + 20 h = +2 h, after job 2 -> 2 first.
         (
             [
-                job(1, gpus=8, estimated_runtime_s=36_000, **_waited(6)),
-                job(2, estimated_runtime_s=108_000, **_waited(0)),
+                job(1, gpus=8, estimated_runtime_s=36_000, **_waited(18)),
+                job(2, estimated_runtime_s=3600, **_waited(0)),
             ],
             [2, 1],
         ),
-        # Starving (waited >= 24 h) goes first in submit order, whatever its size:
-        # 1 and 3 starve (3 submitted earlier), then 2.
+        # What a job already ran counts off its size: job 1 (1 GPU x 10 h, 9.5 h done,
+        # in LAS queue 1 but promoted: waited 40 h >= 4 x 9.5 h) has 30 min left.
         (
             [
-                job(1, gpus=8, estimated_runtime_s=36_000, **_waited(25)),
-                job(2, estimated_runtime_s=60, **_waited(1)),
-                job(3, gpus=4, **_waited(30)),
+                job(
+                    1,
+                    estimated_runtime_s=36_000,
+                    attained_gpu_s=34_200,
+                    last_preempted_at=T0 - timedelta(hours=40),
+                    **_waited(50),
+                ),
+                job(2, estimated_runtime_s=7200, **_waited(0)),
             ],
-            [3, 1, 2],
+            [1, 2],
         ),
         # Equal expected size (no estimate, no history: default 24 h): FIFO.
         ([job(1), job(2), job(3)], [1, 2, 3]),
     ],
 )
-def test_default_is_short_first_with_aging_in_a_project(
-    jobs: list[JobView], expected: list[int]
-) -> None:
-    assert _order("default", jobs) == expected
+def test_default_orders_by_deadline_in_a_project(jobs: list[JobView], expected: list[int]) -> None:
+    assert _order("default", jobs, short_first_factor=0.25, promote_after_service=4) == expected
+
+
+def test_default_factor_zero_is_fifo_in_a_queue() -> None:
+    jobs = [job(1, gpus=8, estimated_runtime_s=36_000), job(2, estimated_runtime_s=60)]
+    assert _order("default", jobs, short_first_factor=0) == [1, 2]
+
+
+def _preempted(id: int, attained: float, hours_ago: float) -> JobView:
+    return job(
+        id,
+        attained_gpu_s=attained,
+        last_preempted_at=T0 - timedelta(hours=hours_ago),
+        estimated_runtime_s=60,
+        **_waited(100),
+    )
+
+
+def test_default_las_queues_and_promotion_relative_to_service() -> None:
+    # Job 1 ran 2 GPU-h (LAS queue 1), preempted 7 h ago: behind the fresh, longer job 2.
+    # At 8 h (4 x its 2 h of service) it is promoted to queue 0, and its earlier
+    # deadline puts it first.
+    fresh = job(2, estimated_runtime_s=36_000, **_waited(0))
+    knobs = {"short_first_factor": 0.25, "promote_after_service": 4}
+    assert _order("default", [_preempted(1, 7200, 7), fresh], **knobs) == [2, 1]
+    assert _order("default", [_preempted(1, 7200, 8), fresh], **knobs) == [1, 2]
+    # Service counts per GPU: 4 GPUs x 2 h is 2 h of service too.
+    four = replace(_preempted(1, 4 * 7200, 8), gpus=4)
+    assert _order("default", [four, fresh], **knobs) == [1, 2]
+    # 0: never promoted.
+    assert _order("default", [_preempted(1, 7200, 800), fresh], promote_after_service=0) == [
+        2,
+        1,
+    ]
+
+
+def test_default_absolute_guard_is_off_unless_set() -> None:
+    # A job pending 10 days (1 GPU x 24 h by default) against a fresh short one: the
+    # deadline decides by default; the optional absolute guard puts the old job first.
+    old, short = job(1, **_waited(240)), job(2, estimated_runtime_s=60, **_waited(0))
+    projects = [project("a", usage=0)]
+    assert PolicySettings().starvation_after_s == 0
+    assert _order("default", [old, short], projects, short_first_factor=100) == [2, 1]
+    assert _order(
+        "default", [old, short], projects, short_first_factor=100, starvation_after_s=86400
+    ) == [1, 2]
 
 
 def test_default_starving_job_goes_ahead_of_fair_share() -> None:
     # a used 100 GPU-h, b nothing: fair share puts b's fresh job first, unless a's job
-    # has waited the starvation limit.
+    # has waited the (optional) absolute starvation limit.
     projects = [project("a", usage=360_000), project("b", usage=0)]
     fresh_b = job(2, project="b", **_waited(0))
-    assert _order("default", [job(1, project="a", **_waited(23)), fresh_b], projects) == [2, 1]
-    assert _order("default", [job(1, project="a", **_waited(24)), fresh_b], projects) == [1, 2]
-    # Off (0): fair share decides however long a job waited.
+    day = {"starvation_after_s": 86400}
+    assert _order("default", [job(1, project="a", **_waited(23)), fresh_b], projects, **day) == [
+        2,
+        1,
+    ]
+    assert _order("default", [job(1, project="a", **_waited(24)), fresh_b], projects, **day) == [
+        1,
+        2,
+    ]
+    # Off (0, the default): fair share decides however long a job waited.
     starving_a = job(1, project="a", **_waited(240))
-    assert _order("default", [starving_a, fresh_b], projects, starvation_after_s=0) == [2, 1]
+    assert _order("default", [starving_a, fresh_b], projects) == [2, 1]
 
 
 def test_default_limit_longer_than_time_itself_means_never() -> None:
     # No date arithmetic overflow; nobody starves, so size decides (job 2 is shorter).
-    jobs = [job(1, gpus=8, **_waited(10_000)), job(2, **_waited(0))]
+    jobs = [job(1, gpus=8, **_waited(1)), job(2, **_waited(0))]
     assert _order("default", jobs, starvation_after_s=1e300) == [2, 1]
 
 
 def test_default_priority_tier_beats_starvation() -> None:
     jobs = [job(1, **_waited(48)), job(2, priority=1, **_waited(0))]
-    assert _order("default", jobs) == [2, 1]
+    assert _order("default", jobs, starvation_after_s=86400) == [2, 1]
 
 
 def test_default_predicts_runtime_from_history() -> None:

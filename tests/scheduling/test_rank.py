@@ -25,21 +25,19 @@ def _rank(policy: str, jobs, asked: int, **kw):
 
 # Job 9 (ml, priority 0, 1 GPU, 2 h estimate, waited ~1 h) against one other job each.
 ASKED = job(9, project="ml", estimated_runtime_s=7200)
-OLD = T0 - timedelta(days=2)
 
 
 @pytest.mark.parametrize(
     ("policy", "other", "because"),
     [
         ("default", job(1, priority=5), "priority"),
-        ("default", job(1, project="ml", submitted_at=OLD, estimated_runtime_s=99 * 3600), "starving"),
+        # (No "starving" case: the default's absolute guard is off unless set, issue 41.)
         # Another project's turn comes first here (ml and the other start even: cv's usage
         # only matters against ml's own charge).
         ("default", job(1, project="ab", estimated_runtime_s=99 * 3600), "fair_share"),
         ("default", job(1, project="ml", estimated_runtime_s=3600), "shorter"),  # 1 < 2 GPU-h
         # Ahead by its waiting alone (the default's key shrinks as a job waits): earlier.
         ("default", job(1, project="ml", estimated_runtime_s=7200), "earlier"),
-        ("default", job(1, project="ml", estimated_runtime_s=9000, submitted_at=T0 - timedelta(hours=20)), "earlier"),
         ("fifo", job(1, priority=-5), "earlier"),
         ("priority", job(1, priority=1), "priority"),
         ("priority", job(1), "earlier"),

@@ -253,13 +253,26 @@ STARVING = [
 ]
 
 
+# None preemptible: the hand-computed values are for the order alone (the default preempts
+# the blocker for later LAS-queue-0 arrivals otherwise).
 @pytest.mark.parametrize(("limit", "avg"), [("24h", 63_007.5), ("1d", 63_007.5), ("0", 62_760)])
 def test_cli_starvation_after(tmp_path: Path, limit: str, avg: float) -> None:
     trace = tmp_path / "t.csv"
     rows = ["job_id,user,vc,jobname,gpu_num,gpu_milli,submit_time,duration"]
     rows += [f"{j.job_id},u,v,{j.jobname},1,1000,{j.submit_time},{j.duration}" for j in STARVING]
     trace.write_text("\n".join(rows) + "\n")
-    args = ["simulate", "--trace", str(trace), "--nodes", "1", "--gpus-per-node", "1", "--json"]
+    args = [
+        "simulate",
+        "--trace",
+        str(trace),
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "1",
+        "--json",
+        "--preemptible-fraction",
+        "0",
+    ]
     result = CliRunner().invoke(app, [*args, "--starvation-after", limit])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["avg_jct_s"] == pytest.approx(avg)

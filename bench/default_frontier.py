@@ -1,0 +1,141 @@
+"""The default policy's knobs against the goal of issue 41: avg JCT against p99 JCT.
+
+    .venv/bin/python bench/default_frontier.py [--only philly_0e4a51.csv ...]
+        [--factors 0 0.25 1] [--promote 0 4] [--fractions 1 0.5 0] [--jobs 2]
+
+For every trace and shape of `scheduling_quality.py --goal` (each charged the same
+preemption cost), runs fifo, sjf and las once, then the default with each pair of
+knobs (`short_first_factor` x `promote_after_service`) and prints, per pair, how
+many of the goal's checks hold, the geometric mean of avg JCT over the best of
+fifo/sjf/las, the worst such ratio, and the geometric mean of p99 over fifo's: the
+frontier from which docs/scheduling.md chooses the default's knobs. Tune on some
+traces (`--only`) and check the choice on the others. Writes
+bench/results/default_frontier.md (`--out` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.scheduling import PolicySettings  # noqa: E402
+from app.simulator import DEFAULT_PREEMPTION_COST_S, mark_preemptible, read_trace, simulate  # noqa: E402
+from bench.scheduling_quality import GOAL_FRACTIONS, GOAL_REFERENCES, goal_shapes, verdict  # noqa: E402
+
+Metrics = tuple[float, float, float, float]  # avg JCT, p99 JCT, utilisation, makespan
+
+
+def _run(args: tuple[Path, int, int, float, str, float, float, float]) -> Metrics:
+    path, nodes, shape_i, fraction, policy, factor, promote, cost = args
+    jobs = read_trace(path)
+    shape = goal_shapes(jobs, nodes)[shape_i]
+    marked = mark_preemptible(jobs, fraction=fraction, seed=0)
+    settings = replace(PolicySettings(), short_first_factor=factor, promote_after_service=promote)
+    r = simulate(
+        marked,
+        nodes=shape.nodes,
+        gpus_per_node=8,
+        policy=policy,
+        time_scale=shape.time_scale,
+        settings=settings,
+        preemption_cost_s=cost,
+    )
+    return r.avg_jct_s, r.p99_jct_s, r.utilization, r.makespan_s
+
+
+class _R:
+    """Just what `verdict` reads of a SimResult."""
+
+    def __init__(self, m: Metrics) -> None:
+        self.avg_jct_s, self.p99_jct_s, self.utilization, self.makespan_s = m
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--traces-dir", type=Path, default=ROOT / ".." / "shared" / "traces")
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--factors", nargs="+", type=float, default=[0.0, 0.25, 1.0])
+    ap.add_argument("--promote", nargs="+", type=float, default=[0.0, 4.0])
+    ap.add_argument("--fractions", nargs="+", type=float, default=list(GOAL_FRACTIONS))
+    ap.add_argument("--preemption-cost", type=float, default=DEFAULT_PREEMPTION_COST_S)
+    ap.add_argument("--jobs", type=int, default=2, help="replays in parallel")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "default_frontier.md")
+    args = ap.parse_args(argv)
+    files = sorted(args.traces_dir.glob("*.csv"))
+    if args.only:
+        files = [f for f in files if f.name in args.only]
+    knobs = list(itertools.product(args.factors, args.promote))
+    cases = []
+    for f in files:
+        for i, _ in enumerate(goal_shapes(read_trace(f), args.nodes)):
+            for frac in args.fractions:
+                cases.append((f, i, frac))
+    tasks = []
+    for f, i, frac in cases:
+        for p in GOAL_REFERENCES:
+            tasks.append((f, args.nodes, i, frac, p, 0.0, 0.0, args.preemption_cost))
+        for factor, promote in knobs:
+            tasks.append((f, args.nodes, i, frac, "default", factor, promote, args.preemption_cost))
+    with ProcessPoolExecutor(args.jobs) as pool:
+        got = dict(zip(tasks, pool.map(_run, tasks), strict=True))
+    lines = [
+        f"Traces: {', '.join(f.stem for f in files)}; fractions preemptible "
+        f"{', '.join(f'{x:g}' for x in args.fractions)}; {args.preemption_cost:g} s per "
+        "preemption. Per pair of knobs: goal checks held, geometric mean and worst of "
+        "default avg JCT / best of fifo, sjf, las, and geometric mean of default p99 / "
+        "fifo p99.",
+        "",
+        "| short_first_factor | promote_after_service | checks | avg / best (geo) "
+        "| avg / best (worst) | p99 / fifo p99 (geo) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    detail = [
+        "",
+        "| trace | shape | preemptible | knobs | avg / best | p99 / fifo |",
+        "| --- | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for factor, promote in knobs:
+        held = total = 0
+        ratios: list[float] = []
+        tails: list[float] = []
+        for f, i, frac in cases:
+            res = {
+                p: _R(got[(f, args.nodes, i, frac, p, 0.0, 0.0, args.preemption_cost)])
+                for p in GOAL_REFERENCES
+            }
+            res["default"] = _R(
+                got[(f, args.nodes, i, frac, "default", factor, promote, args.preemption_cost)]
+            )
+            v = verdict(res)  # type: ignore[arg-type]
+            held += sum(v.holds)
+            total += 3
+            ratios.append(v.avg_ratio)
+            tails.append(v.p99_vs_fifo)
+            detail.append(
+                f"| {f.stem} | {i} | {frac:.0%} | {factor:g}/{promote:g} | {v.avg_ratio:.2f} "
+                f"| {v.p99_vs_fifo:.2f} |"
+            )
+        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        tail = math.exp(sum(map(math.log, tails)) / len(tails))
+        lines.append(
+            f"| {factor:g} | {promote:g} | {held} / {total} | {geo:.3f} | {max(ratios):.2f} "
+            f"| {tail:.3f} |"
+        )
+        print(lines[-1], flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines + detail) + "\n")
+
+
+if __name__ == "__main__":
+    main()
