@@ -30,8 +30,6 @@ def start_up(
         GPUSCHED_DATA_DIR=str(data_dir),
         GPUSCHED_PORT=str(port),
         PYTHONUNBUFFERED="1",
-        # The tests run as root, and so does the admin's account (its jobs run as root).
-        GPUSCHED_AGENT_UID0_ACCOUNTS="root",
         **(env or {}),
     )
     log = data_dir / "up.log"

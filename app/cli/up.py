@@ -29,6 +29,7 @@ from app.cli.server import (
     bootstrap_admin,
     database,
     ensure_data_dir,
+    invoking_account,
     load_settings_or_exit,
     migrate_or_exit,
     private_files,
@@ -240,6 +241,11 @@ def up(
         # publish it otherwise).
         "GPUSCHED_AGENT_INSTALLATION": installation,
     }
+    if os.geteuid() == 0 and admin_account == invoking_account() == "root":
+        # Started by root itself (a fresh machine, a container): its admin's jobs run as root,
+        # as slurmd runs root's. Otherwise the README's first command runs no job there.
+        # Only this account: other users keep their own (an admin maps them).
+        env.setdefault("GPUSCHED_AGENT_UID0_ACCOUNTS", admin_account)
     # A laptop demo should start jobs within seconds of the agents coming up.
     env.setdefault("GPUSCHED_SCHEDULER_STABILITY_WINDOW_S", "5")
     env.setdefault("GPUSCHED_AGENT_SAMPLE_INTERVAL_S", "2")

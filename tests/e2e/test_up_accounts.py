@@ -123,8 +123,9 @@ def test_up_as_root_runs_each_job_as_its_owners_account(
         assert made.returncode == 0, made.stderr
         hers = {"Authorization": f"Bearer {made.stdout.strip()}"}
         assert up.run("id -un; id -u", hers).split() == [alice.name, str(alice.uid)]
-        # The admin's account is root's (the tests run as root), which these stacks allow
-        # by name (GPUSCHED_AGENT_UID0_ACCOUNTS=root, tests/up_process.py).
+        # The admin's account is root's (the tests run as root): a stack root started runs
+        # its admin's jobs as root, with no setting (the README's `make run` as root).
+        assert "admin's: root" in up.log.read_text()
         assert up.run("id -u").split() == ["0"]
         [node] = up.get("/api/v1/nodes")
         assert node["isolation"] in ("cgroup v1", "cgroup v2"), node
