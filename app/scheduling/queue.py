@@ -195,9 +195,10 @@ def deadline(job: JobView, predicted: float | None, settings: PolicySettings) ->
     submit time plus `short_first_factor` x its expected remaining GPU-time.
 
     A job submitted later goes ahead only while it is expected to be shorter by more
-    than the time between the two submissions over the factor: with 0.25, a fresh 1-GPU
-    1 h job goes before an 8-GPU 10 h job (80 GPU-h) for the first 20 h that job waits,
-    not after. A later arrival's deadline is never before its own submit time, so once
+    than the time between the two submissions over the factor: a fresh 1-GPU 1 h job goes
+    before an 8-GPU 10 h job (80 GPU-h) until that job has waited 79 GPU-h x the factor:
+    20 h with 0.25; with the default 1000, about 9 years, so short-first in practice (the
+    bound is real but long; docs/scheduling.md). A later arrival's deadline is never before its own submit time, so once
     the clock passes a job's deadline nothing submitted from then on goes ahead of it.
     """
     size = expected_gpu_s(job, predicted, settings) - job.attained_gpu_s
