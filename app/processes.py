@@ -16,9 +16,9 @@ PR_SET_CHILD_SUBREAPER = 36
 _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
 
 
-def die_with_parent() -> None:
-    """Have this process get SIGTERM when its parent dies (a `preexec_fn`, or called in a
-    forked child).
+def die_with_parent(parent_pid: int) -> None:
+    """Have this process get SIGTERM when its parent `parent_pid` dies (a `preexec_fn`,
+    or called in a forked child; the pid is the parent's, taken before the fork).
 
     `gpusched up`'s children run in sessions of their own (so that Ctrl-C reaches only
     `up`, which stops them in order), and Celery's embedded beat runs in a child of the
@@ -28,6 +28,10 @@ def die_with_parent() -> None:
     """
     if _prctl is not None:
         _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        # A parent that died between the fork and the line above sends nothing: this
+        # process was already reparented (a loaded machine widens that window).
+        if os.getppid() != parent_pid:
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 class CrashBudget:

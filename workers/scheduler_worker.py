@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+from functools import partial
 
 from celery.signals import beat_embedded_init
 from prometheus_client import start_http_server
@@ -73,9 +75,9 @@ def run_scheduler_worker(
         argv += ["--beat", "--schedule", str(schedule_file)]
         # The embedded beat runs in a child process; a worker killed outright would leave
         # it firing cycles (and a restarted worker would start a second one).
-        beat_embedded_init.connect(_beat_dies_with_worker, weak=False)
+        beat_embedded_init.connect(partial(_beat_dies_with_worker, os.getpid()), weak=False)
     celery.worker_main(argv)
 
 
-def _beat_dies_with_worker(**_: object) -> None:
-    die_with_parent()
+def _beat_dies_with_worker(worker_pid: int, **_: object) -> None:
+    die_with_parent(worker_pid)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -362,7 +363,9 @@ def up(
 
 def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     # Own process groups: Ctrl-C reaches only `up`, which stops children in order.
-    return subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=die_with_parent)
+    return subprocess.Popen(
+        argv, env=env, start_new_session=True, preexec_fn=partial(die_with_parent, os.getpid())
+    )
 
 
 def _stop_stages(
