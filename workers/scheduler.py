@@ -70,6 +70,11 @@ log = logging.getLogger("gpusched.scheduler")
 FULL_POSITIONS_EVERY_S = 5.0
 
 
+# deadlock_detected, serialization_failure: the transaction may simply be run again.
+RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
+HEARTBEAT_TRIES = 3
+
+
 def handle_heartbeat(
     *,
     session: Session,
@@ -81,24 +86,36 @@ def handle_heartbeat(
     """Store a heartbeat's readings and reconcile the node's attempts with it (committed);
     None when the database failed and the heartbeat was dropped.
 
-    Dropped, not retried: a heartbeat is a snapshot. Applied late, it would judge attempts
-    started since against its old list of running ones and declare them lost; the next
-    heartbeat, seconds away, is current.
+    Dropped, not retried later: a heartbeat is a snapshot. Applied late, it would judge
+    attempts started since against its old list of running ones and declare them lost;
+    the next heartbeat, seconds away, is current. Only a deadlock's victim is run again,
+    at once.
     """
-    try:
-        ingest_heartbeat(session=session, heartbeat=heartbeat, policy=telemetry, now=now)
-        repairs = reconcile_node_attempts(
-            session=session,
-            heartbeat=heartbeat,
-            taken_at=heartbeat_taken_at(heartbeat.taken_at, received_at=now),
-            grace_s=grace_s,
-        )
-        session.commit()
-    except OperationalError as exc:
-        session.rollback()
-        log.warning("heartbeat from %s dropped: %s", heartbeat.node, exc)
-        return None
-    return repairs
+    tries = 1
+    while True:
+        try:
+            ingest_heartbeat(session=session, heartbeat=heartbeat, policy=telemetry, now=now)
+            repairs = reconcile_node_attempts(
+                session=session,
+                heartbeat=heartbeat,
+                taken_at=heartbeat_taken_at(heartbeat.taken_at, received_at=now),
+                grace_s=grace_s,
+            )
+            session.commit()
+            return repairs
+        except OperationalError as exc:
+            session.rollback()
+            # The victim of a deadlock (a cycle's apply locked the same rows): PostgreSQL
+            # rolled it back so that it can be run again at once, still current. Dropped,
+            # its node would look silent and its jobs be declared lost.
+            if (
+                getattr(exc.orig, "sqlstate", None) in RETRYABLE_SQLSTATES
+                and tries < HEARTBEAT_TRIES
+            ):
+                tries += 1
+                continue
+            log.warning("heartbeat from %s dropped: %s", heartbeat.node, exc)
+            return None
 
 
 def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Celery:

@@ -10,11 +10,15 @@ became schedulable. This is the minimal reproduction (runs on both backends).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
+from psycopg.errors import DeadlockDetected
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+import workers.scheduler
 from app.auth.service import create_user
 from app.cycle.reconcile import reconcile_node_attempts
 from app.cycle.run import run_cycle
@@ -24,6 +28,7 @@ from app.jobs import reports
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
+from app.nodes.models import Node
 from app.nodes.telemetry import TelemetryPolicy
 from app.projects.models import Project
 from app.wire import AttemptRef, Heartbeat, Started, StopJob
@@ -153,3 +158,37 @@ def test_the_scheduler_judges_a_late_heartbeat_by_when_it_was_taken(
     with factory() as session:
         job = session.get(Job, job_id)
         assert job is not None and job.status is JobStatus.RUNNING
+
+
+def test_a_heartbeat_that_loses_a_deadlock_is_stored_on_its_second_try(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under load, PostgreSQL picked the heartbeat as a deadlock's victim (a cycle's apply
+    # held the same rows); dropped, its node looked silent and its jobs ran twice.
+    job_id, started_at = _started_job(factory)
+    real_ingest = workers.scheduler.ingest_heartbeat
+    calls = []
+
+    def first_one_deadlocks(**kwargs: Any) -> None:
+        calls.append(kwargs["heartbeat"].node)
+        real_ingest(**kwargs)  # its writes are rolled back with the deadlock
+        if len(calls) == 1:
+            raise OperationalError("UPDATE gpu", {}, DeadlockDetected("deadlock detected"))
+
+    monkeypatch.setattr(workers.scheduler, "ingest_heartbeat", first_one_deadlocks)
+    received = started_at + timedelta(seconds=5)
+    with factory() as session:
+        repairs = handle_heartbeat(
+            session=session,
+            heartbeat=Heartbeat(node="n1", running=(AttemptRef(job_id=job_id, attempt=1),)),
+            telemetry=TelemetryPolicy(),
+            grace_s=15,
+            now=received,
+        )
+
+    assert calls == ["n1", "n1"]
+    assert repairs is not None and repairs.lost == []
+    with factory() as session:
+        node = session.scalar(select(Node).where(Node.name == "n1"))
+        assert node is not None and node.last_heartbeat_at is not None
+        assert node.last_heartbeat_at.replace(tzinfo=None) == received.replace(tzinfo=None)
