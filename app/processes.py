@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -32,6 +34,11 @@ def die_with_parent(parent_pid: int) -> None:
         # process was already reparented (a loaded machine widens that window).
         if os.getppid() != parent_pid:
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def dies_with_this_process() -> Callable[[], None]:
+    """A `preexec_fn` for subprocess.Popen: the child gets SIGTERM when this process dies."""
+    return partial(die_with_parent, os.getpid())
 
 
 class CrashBudget:

@@ -291,7 +291,7 @@ class Stack:
         return env
 
     def _spawn(self, label: str, argv: list[str], extra_env: dict[str, str] | None = None) -> Proc:
-        from app.processes import die_with_parent
+        from app.processes import dies_with_this_process
 
         log = self.proc_log_dir / f"{label}.log"
         proc = Proc(label=label, argv=argv, log=log, extra_env=dict(extra_env or {}))
@@ -305,7 +305,7 @@ class Stack:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 # A killed test run must not leave a stack behind to steal the next one's work.
-                preexec_fn=die_with_parent,
+                preexec_fn=dies_with_this_process(),
             )
         self.procs[label] = proc
         return proc

@@ -526,7 +526,7 @@ class GpuCheckRun:
             self.start_thread(self.smi_apps, "smi-apps")
 
     def start_stack(self) -> None:
-        from app.processes import die_with_parent
+        from app.processes import dies_with_this_process
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # A rehearsal's simulated node has a name of its own: an agent that starts ends the
@@ -538,7 +538,7 @@ class GpuCheckRun:
         self.say(f"starting gpusched up {' '.join(args)} on port {self.port}")
         self.up = subprocess.Popen(
             [*self.cli, "up", *args], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=die_with_parent,
+            start_new_session=True, preexec_fn=dies_with_this_process(),
         )  # fmt: skip
         self.track({self.up.pid})
 

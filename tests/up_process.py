@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.processes import die_with_parent
+from app.processes import dies_with_this_process
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,6 +41,6 @@ def start_up(
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=die_with_parent,  # stopped as on Ctrl-C if the test run is killed
+            preexec_fn=dies_with_this_process(),  # stopped as on Ctrl-C if the test run is killed
         )
     return proc, own, log

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,7 +41,7 @@ from app.nodes.keys import installation_secret, node_key
 from app.processes import (
     CrashBudget,
     become_subreaper,
-    die_with_parent,
+    dies_with_this_process,
     reap_exited_orphans,
     reap_orphans,
 )
@@ -364,7 +363,7 @@ def up(
 def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     # Own process groups: Ctrl-C reaches only `up`, which stops children in order.
     return subprocess.Popen(
-        argv, env=env, start_new_session=True, preexec_fn=partial(die_with_parent, os.getpid())
+        argv, env=env, start_new_session=True, preexec_fn=dies_with_this_process()
     )
 
 

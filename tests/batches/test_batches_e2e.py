@@ -21,7 +21,7 @@ import pytest
 
 from app.auth.service import Principal
 from app.db import utcnow
-from app.processes import die_with_parent
+from app.processes import dies_with_this_process
 from tests.batches.conftest import World
 from tests.support.wait import poll
 
@@ -63,7 +63,7 @@ def test_two_beats_submit_one_batch_per_minute(
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # its own group: stopped with its beat below
-                    preexec_fn=die_with_parent,  # and if this test run is killed
+                    preexec_fn=dies_with_this_process(),  # and if this test run is killed
                 )
             procs.append((proc, log))
 

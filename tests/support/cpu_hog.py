@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from app.processes import die_with_parent
+from app.processes import dies_with_this_process
 
 _SPIN = "while True: pass"
 
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     if not command:
         parser.error("a command to run is required")
     hogs = [
-        subprocess.Popen([sys.executable, "-c", _SPIN], preexec_fn=die_with_parent)
+        subprocess.Popen([sys.executable, "-c", _SPIN], preexec_fn=dies_with_this_process())
         for _ in range((os.cpu_count() or 1) * args.per_core)
     ]
     started = time.monotonic()
