@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session, selectinload
 
 from app.auth.models import User
 from app.cycle.eligibility import ELIGIBLE, NOT_THROTTLED, ClockGates
-from app.jobs.models import Allocation, Job
+from app.jobs.models import Job
 from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
-from app.nodes.models import Gpu, Node, NodeState
+from app.nodes.models import Allocation, Gpu, Node, NodeState
 from app.projects.models import Project
 from app.scheduling import (
     GpuView,

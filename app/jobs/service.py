@@ -35,7 +35,7 @@ from app.jobs.dependencies import (
 from app.jobs.estimates import estimate_note
 from app.jobs.lifecycle import note, transition
 from app.jobs.limits import ProjectTimeLimit, RuntimeLimits, check_priority
-from app.jobs.models import Allocation, Job, JobEvent
+from app.jobs.models import Job, JobEvent
 from app.jobs.orders import AfterCommit, Changed, stop_orders, time_limit_orders
 from app.jobs.pending_limits import check_pending_limits
 from app.jobs.schemas import (
@@ -61,7 +61,7 @@ from app.jobs.states import (
     JobStatus,
 )
 from app.nodes.inventory import Inventory, InventoryCache, read_inventory
-from app.nodes.models import Gpu, Node
+from app.nodes.models import Allocation, Gpu, Node
 from app.notifications.deliveries import NotificationOut, deliveries
 from app.paging import Page, count
 from app.projects.models import Project

@@ -15,10 +15,10 @@ from app.auth.models import User
 from app.auth.service import Principal
 from app.db import utcnow
 from app.errors import FieldError, Forbidden, NotFound
-from app.jobs.models import Allocation, Job
+from app.jobs.models import Job
 from app.jobs.service import _visible_job
 from app.jobs.states import ACTIVE
-from app.nodes.models import Gpu, Node
+from app.nodes.models import Allocation, Gpu, Node
 from app.nodes.telemetry import job_series
 from app.projects.models import Project
 from app.reports.efficiency import Held, JobFacts, Reading, compute

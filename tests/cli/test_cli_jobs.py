@@ -412,7 +412,7 @@ def test_cancel_the_jobs_a_filter_selects(cli: Cli) -> None:
 
 
 def test_show_prints_queue_position_and_allocations(cli: Cli) -> None:
-    from app.jobs.models import Allocation
+    from app.nodes.models import Allocation
     from tests.cli.test_cli_cluster import _add_node
 
     _add_node(cli, "gpu-a", 2)

@@ -23,9 +23,9 @@ from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
 from app.jobs import service
-from app.jobs.models import Allocation, Job
+from app.jobs.models import Job
 from app.messaging import NullMessenger
-from app.nodes.models import Gpu
+from app.nodes.models import Allocation, Gpu
 from app.projects.models import Project
 from tests.foundation.builders import ready_node
 

@@ -18,13 +18,13 @@ from fastapi import (
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from app.api.deps import CurrentUser, InventoryDep, MessengerDep, SessionDep, SettingsDep
+from app.cycle.job_rank import rank
 from app.db import utcnow
-from app.deps import CurrentUser, InventoryDep, MessengerDep, SessionDep, SettingsDep
 from app.errors import FieldError
 from app.jobs import service
 from app.jobs.limits import runtime_limits
 from app.jobs.logs import MAX_TAIL_LINES, follow, read_tail, resolve_attempt
-from app.jobs.ranking import rank
 from app.jobs.schemas import (
     ArrayUpdate,
     BulkOut,

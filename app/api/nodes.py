@@ -5,8 +5,8 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Response
 
+from app.api.deps import AdminUser, CurrentUser, InventoryDep, MessengerDep, SessionDep
 from app.db import utcnow
-from app.deps import AdminUser, CurrentUser, InventoryDep, MessengerDep, SessionDep
 from app.errors import FieldError
 from app.jobs import service as jobs_service
 from app.jobs.schemas import JobOut
