@@ -39,14 +39,8 @@ from app.main import create_app
 from app.messaging import NullMessenger
 from app.migrate import upgrade
 from app.projects.models import Project
-from bench.common import (
-    bench_args,
-    create_pg_database,
-    drop_pg_database,
-    machine_info,
-    print_table,
-    write_results,
-)
+from bench.common import bench_args, machine_info, print_table, write_results
+from tests.support.servers import create_pg_database, drop_pg_database
 
 GOAL_MS = 50.0
 

@@ -37,8 +37,8 @@ from app.migrate import upgrade
 from app.nodes.models import Allocation, Node
 from app.projects.models import Project
 from app.wire import Finished
-from bench.common import create_pg_database, drop_pg_database
 from tests.foundation.builders import ready_node
+from tests.support.servers import create_pg_database, drop_pg_database
 
 pytestmark = [
     pytest.mark.e2e,
