@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session
 from app.db import after_commit, utcnow
 from app.jobs.models import Job, JobEvent
 from app.jobs.outbox import queue_for
-from app.jobs.states import ALLOWED, FINISHED, NEW_IN_QUEUE, RETRYABLE, JobStatus
+from app.jobs.states import ALLOWED, FINISHED, RETRYABLE, JobStatus
+from app.scheduling.types import ReasonKind
 
 WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400)
 # Observed once per job, when it first starts, by the process that records the start
@@ -61,7 +62,7 @@ def transition(
         job.failures += 1
     if to is JobStatus.PENDING:
         # Back in the queue: say why until the next cycle gives the real pending reason.
-        job.pending_reason = NEW_IN_QUEUE
+        job.pending_reason = ReasonKind.NEW.value
         job.pending_message = f"{reason}; waiting for the next scheduling cycle"
         job.preempt_requested_at = None
         job.exit_code = None

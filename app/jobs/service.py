@@ -50,21 +50,13 @@ from app.jobs.schemas import (
     PendingPage,
     ScheduleSpec,
 )
-from app.jobs.states import (
-    ACTIVE,
-    ARRAY_LIMIT,
-    DEPENDENCY,
-    FINISHED,
-    HELD,
-    NEW_IN_QUEUE,
-    SINGLETON,
-    JobStatus,
-)
+from app.jobs.states import ACTIVE, FINISHED, SINGLETON, JobStatus
 from app.nodes.inventory import Inventory, InventoryCache, read_inventory
 from app.nodes.models import Allocation, Gpu, Node
 from app.notifications.deliveries import NotificationOut, deliveries
 from app.paging import Page, count
 from app.projects.models import Project
+from app.scheduling.types import ReasonKind
 from app.text import escape_controls
 from app.windows.service import require_long_enough_opening, require_window
 from app.wire import StopReason
@@ -431,7 +423,7 @@ def create_job(
             batch_id=batch_id,
             status=JobStatus.PENDING,
             attempt=0,
-            pending_reason=NEW_IN_QUEUE if waits_for is None else DEPENDENCY,
+            pending_reason=(ReasonKind.NEW if waits_for is None else ReasonKind.DEPENDENCY).value,
             pending_message=waits_for or "waiting for the next scheduling cycle",
             created_at=now,
             updated_at=now,
@@ -717,7 +709,11 @@ def list_jobs(
 # Waiting jobs that cannot run yet whatever the GPUs do: held, waiting for their
 # dependencies, their array's limit, their begin time or their off-peak window (the gate's
 # reason carries no position; the core's "does not fit before the close" has one).
-_LATER_REASONS = (DEPENDENCY, ARRAY_LIMIT, "begin_time")
+_LATER_REASONS = (
+    ReasonKind.DEPENDENCY.value,
+    ReasonKind.ARRAY_LIMIT.value,
+    ReasonKind.BEGIN_TIME.value,
+)
 NOT_YET_ELIGIBLE = or_(
     Job.held_by.is_not(None),
     Job.dependencies_met.is_(False),
@@ -1215,7 +1211,7 @@ def _rewire_dependencies(
     job.depends_on, job.dependency_kind = ids, spec.dependency
     job.dependencies_met = waits_for is None
     if waits_for is not None:
-        job.pending_reason, job.pending_message = DEPENDENCY, waits_for
+        job.pending_reason, job.pending_message = ReasonKind.DEPENDENCY.value, waits_for
     return f"dependency {before} -> {after}"
 
 
@@ -1267,7 +1263,10 @@ def change_array_limit(
     if old != max_running:
         for task in tasks:
             task.array_max_running = max_running
-            if task.status is JobStatus.PENDING and task.pending_reason == ARRAY_LIMIT:
+            if (
+                task.status is JobStatus.PENDING
+                and task.pending_reason == ReasonKind.ARRAY_LIMIT.value
+            ):
                 _back_in_line(task, why="its array's limit changed")
         limits = " -> ".join("none" if n is None else str(n) for n in (old, max_running))
         note(
@@ -1284,7 +1283,7 @@ def _back_in_line(job: Job, *, why: str) -> None:
     """Ranked anew, as a new arrival (the next quick cycle looks for NEW); a job still
     waiting on its dependencies keeps that reason, which stays true."""
     if job.dependencies_met:
-        job.pending_reason = NEW_IN_QUEUE
+        job.pending_reason = ReasonKind.NEW.value
         job.pending_message = f"{why}; waiting for the next scheduling cycle"
     job.queue_position = job.estimated_start_at = None
 
@@ -1376,7 +1375,7 @@ def _to_out(
     held = waiting and job.held_by is not None
     reason, message, position, start, note = None, None, None, None, None
     if held:
-        reason = HELD
+        reason = ReasonKind.HELD.value
         message = f"held by {job.held_by}: gpusched release {job.id} lets it be scheduled"
         note = "no estimate: held jobs are not in line"
     elif waiting:
@@ -1412,7 +1411,7 @@ def _to_out(
         ),
         labels=job.labels,
         attempt=job.attempt,
-        pending_reason=reason,
+        pending_reason=None if reason is None else ReasonKind(reason),
         pending_message=message,
         queue_position=position,
         estimated_start_at=start,

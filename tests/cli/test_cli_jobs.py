@@ -20,6 +20,7 @@ from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
 from app.nodes.models import Node
+from app.scheduling.types import ReasonKind
 from tests.cli.harness import Cli
 
 
@@ -422,7 +423,7 @@ def test_show_prints_queue_position_and_allocations(cli: Cli) -> None:
         job = session.get(Job, waiting["id"])
         assert job is not None
         job.queue_position = 3
-        job.pending_reason = "INSUFFICIENT_GPUS"
+        job.pending_reason = ReasonKind.WAITING_FOR_GPUS.value
         job.pending_message = "needs 1 free GPU; none free"
         running = session.get(Job, placed["id"])
         assert running is not None
@@ -439,7 +440,7 @@ def test_show_prints_queue_position_and_allocations(cli: Cli) -> None:
 
     out = cli("show", str(waiting["id"])).stdout
     assert "queue position" in out and "3" in out
-    assert "INSUFFICIENT_GPUS" in out and "needs 1 free GPU; none free" in out
+    assert "waiting_for_gpus" in out and "needs 1 free GPU; none free" in out
 
     result = cli("show", str(placed["id"]))
     assert result.exit_code == 0, result.stderr
