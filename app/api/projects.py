@@ -6,8 +6,7 @@ from fastapi import APIRouter, Query, Response
 
 from app.api.deps import AdminUser, CurrentUser, SessionDep
 from app.api.jobs import FiltersDep
-from app.jobs import project_queues
-from app.jobs import service as jobs_service
+from app.jobs import project_queues, queries
 from app.jobs.schemas import PendingPage
 from app.paging import PageDep, cut
 from app.projects.schemas import ProjectUpdate, QueueOut
@@ -51,7 +50,7 @@ def pending_queue(
 ) -> PendingPage:
     """Pending jobs in scheduling order, with position, reason and estimated start; the
     filters (`project`, `user`, `name`, `label`, `array`) as in GET /jobs, as squeue's."""
-    return jobs_service.pending_in_order(
+    return queries.pending_in_order(
         session=session,
         principal=principal,
         filters=filters,

@@ -12,8 +12,8 @@ from app.auth.service import Principal
 from app.cycle import ranks
 from app.errors import Conflict
 from app.jobs.models import Job
+from app.jobs.queries import get
 from app.jobs.schemas import RankAhead, RankOut
-from app.jobs.service import get
 from app.jobs.states import JobStatus
 from app.scheduling.rank import AHEAD_TEXT, Rank
 from app.scheduling.types import ReasonKind
