@@ -15,7 +15,8 @@ from rich.console import Console
 from sqlalchemy import select
 
 from app.cli.client import CliError, parse_at
-from app.cli.jobs import jobs_table, parse_slurm_time
+from app.cli.jobs.options import parse_slurm_time
+from app.cli.jobs.views import jobs_table
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
@@ -798,7 +799,7 @@ def _end(cli: Cli, job_id: int, status: JobStatus, exit_code: int | None = None)
 def test_wait_returns_when_the_jobs_end_with_their_exit_status(
     cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.cli.jobs as jobs_cli
+    import app.cli.jobs.submit as jobs_cli
 
     ends: list[tuple[int, JobStatus, int | None]] = []
 
@@ -838,7 +839,7 @@ def test_wait_returns_when_the_jobs_end_with_their_exit_status(
 
 
 def test_submit_an_array_and_wait_for_every_task(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    import app.cli.jobs as jobs_cli
+    import app.cli.jobs.submit as jobs_cli
 
     def meanwhile(seconds: float) -> None:  # the tasks end while the CLI waits
         _end(cli, 1, JobStatus.SUCCEEDED, 0)
@@ -857,7 +858,7 @@ def test_submit_an_array_and_wait_for_every_task(cli: Cli, monkeypatch: pytest.M
 def test_wait_rides_out_an_api_restart_but_not_an_api_that_never_answered(
     cli: Cli, refused_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import app.cli.jobs as jobs_cli
+    import app.cli.jobs.submit as jobs_cli
     from app.cli.client import ApiClient, Unreachable
 
     job_id = _submit_json(cli, "--", "true")["id"]
@@ -873,7 +874,7 @@ def test_wait_rides_out_an_api_restart_but_not_an_api_that_never_answered(
             _end(cli, job_id, JobStatus.SUCCEEDED, 0)
 
     monkeypatch.setattr(jobs_cli, "_pause", meanwhile)
-    assert jobs_cli._wait_for(client, [job_id], as_json=False) == 0
+    assert jobs_cli.wait_for(client, [job_id], as_json=False) == 0
     out = capsys.readouterr()
     assert out.out == f"job {job_id} (true): SUCCEEDED (exit 0)\n"
     assert out.err.count("still waiting") == 1 and "cannot reach gpusched" in out.err
@@ -881,7 +882,7 @@ def test_wait_rides_out_an_api_restart_but_not_an_api_that_never_answered(
 
     never = ApiClient(base_url=refused_url, token=cli.tokens["alice"])
     with pytest.raises(Unreachable):
-        jobs_cli._wait_for(never, [job_id], as_json=False)
+        jobs_cli.wait_for(never, [job_id], as_json=False)
 
 
 def test_requeue_a_running_job_back_held(cli: Cli) -> None:
