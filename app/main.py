@@ -13,28 +13,28 @@ from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from app.audit.router import router as audit_router
-from app.auth.router import router as auth_router
+from app.api.audit import router as audit_router
+from app.api.auth import router as auth_router
+from app.api.batches import router as batches_router
+from app.api.estimator import router as estimator_router
+from app.api.health import router as health_router
+from app.api.jobs import router as jobs_router
+from app.api.nodes import router as nodes_router
+from app.api.nodes import utilization_router
+from app.api.projects import router as projects_router
+from app.api.reports import router as reports_router
+from app.api.windows import router as windows_router
 from app.auth.service import FailedAuthLimiter
-from app.batches.router import router as batches_router
 from app.config import Settings
 from app.db import make_engine, make_read_session_factory, make_session_factory
 from app.errors import API_ERROR_RESPONSES, DomainError, FieldError
-from app.estimator.router import router as estimator_router
 from app.etag import ETagMiddleware
 from app.frontend import mount_frontend
-from app.health.router import router as health_router
-from app.jobs.router import router as jobs_router
 from app.messaging import Messenger, NullMessenger, Sender, create_celery
 from app.metrics import DatabaseCollector
 from app.nodes.inventory import InventoryCache
 from app.nodes.keys import NodeKeys
-from app.nodes.router import router as nodes_router
-from app.nodes.router import utilization_router
-from app.projects.router import router as projects_router
-from app.reports.router import router as reports_router
 from app.security_headers import SecurityHeadersMiddleware
-from app.windows.router import router as windows_router
 from app.windows.tariff import tariff_setting
 
 log = logging.getLogger("gpusched.api")

@@ -26,21 +26,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.auth.models import User
 from app.db import utcnow
-from app.jobs.models import Allocation, Job
-from app.nodes.models import Gpu, Node
+from app.jobs.models import Job
+from app.nodes.models import Allocation, Gpu, Node
 from app.notifications.deliveries import delivery_state
 from app.notifications.models import Notification
 from app.projects.models import Project
-
-WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400)
-# Observed once per job, when it first starts, by the process that records the start
-# (app/jobs/lifecycle.py, after the commit): a counter-like histogram whose rate() is the
-# wait of the jobs that started in the range, not a sliding window recomputed per scrape.
-QUEUE_WAIT_SECONDS = Histogram(
-    "gpusched_queue_wait_seconds",
-    "Time a job waited in the queue before its first start (held or not yet eligible: not counted)",
-    buckets=WAIT_BUCKETS,
-)
 
 # kind: "full" (the whole queue read and ranked) or "quick" (the head of the queue only).
 CYCLE_SECONDS = Histogram(

@@ -6,8 +6,8 @@ from app.batches.models import BatchFiring, BatchSchedule
 from app.cycle.models import SchedulerLease
 from app.db import Base
 from app.installation.models import Installation
-from app.jobs.models import Allocation, Job, JobEvent
-from app.nodes.models import ClusterSecret, Gpu, GpuSample, Node
+from app.jobs.models import Job, JobEvent
+from app.nodes.models import Allocation, ClusterSecret, Gpu, GpuSample, Node
 from app.notifications.models import Notification
 from app.projects.models import Project, ProjectMember
 from app.windows.models import Window

@@ -20,8 +20,9 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from app.audit.models import AuditEvent
 from app.batches.models import BatchFiring
-from app.jobs.models import Allocation, Job, JobEvent
+from app.jobs.models import Job, JobEvent
 from app.jobs.states import FINISHED
+from app.nodes.models import Allocation
 from app.notifications.models import Notification
 from app.wire import job_log_dir
 

@@ -43,3 +43,13 @@ def escape_controls(text: str) -> str:
     if not any(is_control(char) for char in text):
         return text
     return "".join(repr(char)[1:-1] if is_control(char) else char for char in text)
+
+
+def readable_span(seconds: int) -> str:
+    """'604800 s (7d)': the exact value the API takes, and one a person reads."""
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "m"), (secs, "s"))]
+    readable = "".join(p for p in parts if not p.startswith("0")) or "0s"
+    return f"{seconds} s ({readable})"

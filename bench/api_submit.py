@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import create_pg_database, drop_pg_database, free_port  # noqa: E402
+from tests.support.servers import create_pg_database, drop_pg_database, free_port  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:

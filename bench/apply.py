@@ -34,15 +34,8 @@ from app.main import create_app
 from app.messaging import NullMessenger
 from app.migrate import upgrade
 from app.nodes.models import Gpu, Node, NodeState
-from bench.common import (
-    bench_args,
-    create_pg_database,
-    drop_pg_database,
-    machine_info,
-    print_table,
-    wipe_tables,
-    write_results,
-)
+from bench.common import bench_args, machine_info, print_table, write_results
+from tests.support.servers import create_pg_database, drop_pg_database, wipe_tables
 
 SIZES = (8, 64, 256)
 GPUS_PER_NODE = 8

@@ -3,7 +3,7 @@
     .venv/bin/python bench/drain.py [--db postgresql|sqlite] [--jobs 1000] [--clients 4]
 
 Starts a private Redis, the API, the scheduler (a cycle and a reports worker, as `gpusched
-up`) and two agents with 4 simulated GPUs each (bench/common.py, shared with tests/e2e), submits `--jobs` 1-GPU jobs running `true` from
+up`) and two agents with 4 simulated GPUs each (tests/support/stack.py, shared with tests/e2e), submits `--jobs` 1-GPU jobs running `true` from
 `--clients` concurrent API clients, and waits until every job has finished. Reported:
 
 - drain rate     jobs / (last job's finished_at - start of the first POST)
@@ -35,7 +35,6 @@ from sqlalchemy import func, select
 
 from bench.common import (
     ROOT,
-    Stack,
     bench_args,
     bench_env,
     machine_info,
@@ -43,6 +42,7 @@ from bench.common import (
     print_table,
     write_results,
 )
+from tests.support.stack import Stack
 
 SLURM_JOBS_PER_S = 54.0
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")

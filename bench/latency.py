@@ -3,7 +3,7 @@
     .venv/bin/python bench/latency.py [--db postgresql|sqlite] [--jobs 100] [--warmup 5]
 
 Starts a private Redis, the API, the scheduler and one agent with 4 simulated GPUs (the
-helpers in bench/common.py, shared with tests/e2e). Then, one job at a time on the idle
+helpers in tests/support/stack.py, shared with tests/e2e). Then, one job at a time on the idle
 cluster, it submits a 1-GPU job (`sleep 0.2`) and waits until it has finished. Latency is
 measured from the start of the POST to the `at` of the job's RUNNING event (written when
 the scheduler handles the agent's "started" report, i.e. after the subprocess exists).
@@ -24,15 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import select
 
-from bench.common import (
-    Stack,
-    bench_args,
-    bench_env,
-    machine_info,
-    print_table,
-    summarize,
-    write_results,
-)
+from bench.common import bench_args, bench_env, machine_info, print_table, summarize, write_results
+from tests.support.stack import Stack
 
 GOAL_P50_S = 0.3
 GOAL_P99_S = 1.0

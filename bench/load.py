@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/load.py [--jobs 10000] [--clients 64] [--db postgresql|sqlite]
 
-Starts the real stack (bench/common.py: private Redis, API, scheduler, agents) with
+Starts the real stack (tests/support/stack.py: private Redis, API, scheduler, agents) with
 `--nodes` simulated nodes of `--gpus-per-node` GPUs, then `--clients` asyncio+httpx clients
 submit `--jobs` jobs running `true` (half with 1 whole GPU, half with gpu_share 0.25), each
 with its own Idempotency-Key. After the burst, `--resend-pct` percent of the requests are
@@ -33,16 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from bench.common import (
-    ROOT,
-    Stack,
-    bench_args,
-    bench_env,
-    free_port,
-    machine_info,
-    print_table,
-    summarize,
-)
+from bench.common import ROOT, bench_args, bench_env, machine_info, print_table, summarize
+from tests.support.servers import free_port
+from tests.support.stack import Stack
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
 

@@ -34,19 +34,14 @@ from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import make_engine, make_session_factory, utcnow
 from app.jobs.models import Job
-from app.jobs.states import NEW_IN_QUEUE, JobStatus
+from app.jobs.states import JobStatus
 from app.main import create_app
 from app.messaging import NullMessenger
 from app.migrate import upgrade
 from app.projects.models import Project
-from bench.common import (
-    bench_args,
-    create_pg_database,
-    drop_pg_database,
-    machine_info,
-    print_table,
-    write_results,
-)
+from app.scheduling.types import ReasonKind
+from bench.common import bench_args, machine_info, print_table, write_results
+from tests.support.servers import create_pg_database, drop_pg_database
 
 GOAL_MS = 50.0
 
@@ -73,7 +68,7 @@ def _queue(factory: Any, waiting: int) -> str:
                 "priority": (0, 0, 0, 1)[i % 4],
                 "estimated_runtime_s": None if i % 5 == 0 else 600 * (1 + i % 11),
                 "status": JobStatus.PENDING,
-                "pending_reason": NEW_IN_QUEUE,
+                "pending_reason": ReasonKind.NEW.value,
                 "pending_message": "submitted; waiting for the next scheduling cycle",
             }
             for i in range(waiting)

@@ -32,15 +32,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (
-    Stack,
-    bench_args,
-    bench_env,
-    machine_info,
-    print_table,
-    summarize,
-    write_results,
-)
+from bench.common import bench_args, bench_env, machine_info, print_table, summarize, write_results
+from tests.support.stack import Stack
 
 GOAL_P50_S = 0.5
 SLURM_S = {"backfill": (11.6, 0.7), "begin time": (56.0, 0.8)}

@@ -28,9 +28,14 @@ from app.config import Settings
 from app.db import make_engine, make_session_factory
 from app.main import create_app
 from app.migrate import upgrade
-from bench.common import create_pg_database, drop_pg_database, wipe_tables
 from tests.foundation.builders import add_user
-from tests.support.servers import pg_url, stop_session_server
+from tests.support.servers import (
+    create_pg_database,
+    drop_pg_database,
+    pg_url,
+    stop_session_server,
+    wipe_tables,
+)
 from tests.unix_accounts import unix_accounts  # noqa: F401 - a session fixture for all
 
 BACKEND = os.environ.get("GPUSCHED_TEST_DB", "sqlite")

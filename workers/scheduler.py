@@ -35,6 +35,7 @@ from app.db import utcnow
 from app.installation.service import installation_id
 from app.jobs import reports
 from app.jobs.limits import runtime_limits
+from app.jobs.webhooks import NOTIFY_INTERVAL_S, send_due
 from app.messaging import (
     COMPACT_TELEMETRY,
     CYCLE_PENDING_KEY,
@@ -47,7 +48,6 @@ from app.messaging import (
 )
 from app.metrics import REPORT_SECONDS
 from app.nodes.telemetry import TelemetryPolicy, compact_telemetry, ingest_heartbeat, register_node
-from app.notifications.sender import NOTIFY_INTERVAL_S, send_due
 from app.retention import purge_history
 from app.windows.timeline import SchedulerWindows
 from app.wire import (

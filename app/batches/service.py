@@ -40,12 +40,13 @@ from app.auth.service import Principal, principal_for
 from app.batches.models import BatchFiring, BatchSchedule
 from app.batches.schemas import BatchIn, BatchOut, FiringOut
 from app.errors import Conflict, DomainError, FieldError, Forbidden, NotFound
+from app.jobs.control import cancel_locked
 from app.jobs.limits import RuntimeLimits
 from app.jobs.models import Job
 from app.jobs.orders import AfterCommit, Changed, stop_orders
 from app.jobs.schemas import JobCreate
-from app.jobs.service import cancel_locked, check_submission, create_job
 from app.jobs.states import FINISHED
+from app.jobs.submission import check_submission, create_job
 from app.paging import Page, count
 from app.projects.models import Project
 from app.windows.calendar import resolve_local, validate_timezone

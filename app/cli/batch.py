@@ -22,7 +22,7 @@ from app.cli.client import (
     make_table,
     print_json,
 )
-from app.cli.jobs import (
+from app.cli.jobs.options import (
     JOB_PANEL,
     EnvOption,
     EstimatedRuntimeOption,

@@ -25,7 +25,7 @@ from app.cli.client import (
     parse_time,
     print_json,
 )
-from app.cli.jobs import parse_duration
+from app.cli.jobs.options import parse_duration
 
 NODES = "/api/v1/nodes"
 QUEUES = "/api/v1/queues"

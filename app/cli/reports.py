@@ -20,7 +20,7 @@ from app.cli.client import (
     make_table,
     print_json,
 )
-from app.cli.jobs import parse_duration
+from app.cli.jobs.options import parse_duration
 
 ESTIMATE = "/api/v1/estimate"
 USAGE = "/api/v1/reports/usage"

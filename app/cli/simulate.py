@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from app.cli.client import EXIT_USAGE, CliError
-from app.cli.jobs import parse_duration
+from app.cli.jobs.options import parse_duration
 from app.simulator.energy import DEFAULT_GPU_WATTS
 from app.simulator.engine import DEFAULT_PREEMPTION_COST_S
 

@@ -21,7 +21,7 @@ from app.cli.client import (
     make_table,
     print_json,
 )
-from app.cli.jobs import parse_duration
+from app.cli.jobs.options import parse_duration
 
 WINDOWS = "/api/v1/windows"
 # Openings are looked up this far ahead: a weekly window always has one.

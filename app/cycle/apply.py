@@ -20,10 +20,11 @@ from app.jobs.allocations import GpuClaim, allocate_many, release
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job, JobEvent
 from app.jobs.orders import AfterCommit, released_gates, run_orders, stop_orders
-from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
+from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.models import Node, NodeState
 from app.projects.models import Project
 from app.scheduling import PendingReason, Placement, Plan, Preemption
+from app.scheduling.types import ReasonKind
 from app.wire import RunJob, StopJob
 
 log = logging.getLogger("gpusched.cycle")
@@ -268,7 +269,12 @@ def _store_reasons(
     changes = []
     for read_as, reason in enumerate(waiting, start=1):
         old = reasons.get(reason.job_id)
-        if ctx.quick and read_as > HEAD_POSITIONS and old is not None and old[0] == NEW_IN_QUEUE:
+        if (
+            ctx.quick
+            and read_as > HEAD_POSITIONS
+            and old is not None
+            and old[0] == ReasonKind.NEW.value
+        ):
             continue
         new = (
             reason.kind.value,

@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session
 from app.cycle.eligibility import ELIGIBLE
 from app.jobs.arrays import admit, throttle_message
 from app.jobs.models import Job
-from app.jobs.states import ACTIVE, ARRAY_LIMIT, NEW_IN_QUEUE, JobStatus
+from app.jobs.states import ACTIVE, JobStatus
+from app.scheduling.types import ReasonKind
 
 
 def settle_array_limits(session: Session) -> None:
@@ -56,11 +57,11 @@ def settle_array_limits(session: Session) -> None:
         let_in, keep_out = set(admitted), set(throttled)
         message = throttle_message(array_id=array_id, max_running=limit or 0)
         for job in tasks:
-            if job.id in let_in and job.pending_reason == ARRAY_LIMIT:
+            if job.id in let_in and job.pending_reason == ReasonKind.ARRAY_LIMIT.value:
                 # A new arrival for this cycle's snapshot, which ranks it.
-                job.pending_reason = NEW_IN_QUEUE
+                job.pending_reason = ReasonKind.NEW.value
                 job.pending_message = "its array has a free slot; waiting for the next cycle"
-            elif job.id in keep_out and job.pending_reason != ARRAY_LIMIT:
-                job.pending_reason, job.pending_message = ARRAY_LIMIT, message
+            elif job.id in keep_out and job.pending_reason != ReasonKind.ARRAY_LIMIT.value:
+                job.pending_reason, job.pending_message = ReasonKind.ARRAY_LIMIT.value, message
                 job.queue_position = job.estimated_start_at = None
     session.flush()

@@ -24,7 +24,8 @@ from app.jobs.dependencies import (
 )
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job
-from app.jobs.states import AFTER_START, DEPENDENCY, NEW_IN_QUEUE, SINGLETON, JobStatus
+from app.jobs.states import AFTER_START, SINGLETON, JobStatus
+from app.scheduling.types import ReasonKind
 
 
 def settle_dependencies(session: Session, *, now: datetime) -> frozenset[int]:
@@ -71,13 +72,16 @@ def settle_dependencies(session: Session, *, now: datetime) -> frozenset[int]:
             job.dependencies_met = True
             _ineligible_until(job, eligible_at)
             # A new arrival for the next quick cycle, which ranks it.
-            job.pending_reason = NEW_IN_QUEUE
+            job.pending_reason = ReasonKind.NEW.value
             job.pending_message = "dependencies met; waiting for the next scheduling cycle"
         else:
             if job.dependency_kind == AFTER_START:
                 awaited_starts.update(job.depends_on)
             if job.pending_message != verdict.message:
-                job.pending_reason, job.pending_message = DEPENDENCY, verdict.message
+                job.pending_reason, job.pending_message = (
+                    ReasonKind.DEPENDENCY.value,
+                    verdict.message,
+                )
     session.flush()
     return frozenset(awaited_starts)
 

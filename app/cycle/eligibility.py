@@ -23,7 +23,7 @@ from sqlalchemy import ColumnElement, and_, false, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.jobs.models import Job
-from app.jobs.states import ARRAY_LIMIT, NEW_IN_QUEUE, JobStatus
+from app.jobs.states import JobStatus
 from app.scheduling.filters import begin_time, offpeak_window
 from app.scheduling.status import Context
 from app.scheduling.types import JobView, PolicySettings, ReasonKind, WindowInterval
@@ -37,7 +37,7 @@ ELIGIBLE = (
 )
 # Array tasks over their array's limit (app/cycle/arrays.py) are left out too; they keep
 # that reason, which no gate below overwrites.
-NOT_THROTTLED = Job.pending_reason.is_distinct_from(ARRAY_LIMIT)
+NOT_THROTTLED = Job.pending_reason.is_distinct_from(ReasonKind.ARRAY_LIMIT.value)
 
 BEGIN_TIME = ReasonKind.BEGIN_TIME.value
 WINDOW_CLOSED = ReasonKind.WINDOW_CLOSED.value
@@ -140,7 +140,7 @@ def settle_clock_gates(session: Session, *, gates: ClockGates) -> datetime | Non
     waiting = (*ELIGIBLE, NOT_THROTTLED)
     # Begin time ahead: the message names the job's own begin time. One UPDATE per begin
     # time among the new arrivals (an array's tasks share theirs).
-    arrived = and_(*waiting, Job.pending_reason == NEW_IN_QUEUE, gates.begin_ahead())
+    arrived = and_(*waiting, Job.pending_reason == ReasonKind.NEW.value, gates.begin_ahead())
     for begin_at in session.scalars(select(Job.begin_at).distinct().where(arrived)).all():
         if begin_at is None:  # not selected (begin_ahead); for the type checker
             continue
@@ -165,7 +165,7 @@ def settle_clock_gates(session: Session, *, gates: ClockGates) -> datetime | Non
             Job.begin_at <= gates.now,
         )
         .values(
-            pending_reason=NEW_IN_QUEUE,
+            pending_reason=ReasonKind.NEW.value,
             pending_message="begin time reached; waiting for the next scheduling cycle",
             estimated_start_at=None,
         )
@@ -225,7 +225,7 @@ def settle_clock_gates(session: Session, *, gates: ClockGates) -> datetime | Non
             *gates.runnable(),
         )
         .values(
-            pending_reason=NEW_IN_QUEUE,
+            pending_reason=ReasonKind.NEW.value,
             pending_message="off-peak window open; waiting for the next scheduling cycle",
             estimated_start_at=None,
         )

@@ -22,11 +22,11 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app.jobs import reports
-from app.jobs.models import Allocation, Job
+from app.jobs.models import Job
 from app.jobs.orders import AfterCommit, released_gates, run_orders, stop_orders
 from app.jobs.reports import dead_by, mark_lost, requeue_lost
 from app.jobs.states import ACTIVE, JobStatus
-from app.nodes.models import Node, NodeState
+from app.nodes.models import Allocation, Node, NodeState
 from app.wire import Heartbeat, Leaving, RefusalReason, RunJob, Started, StopJob
 
 log = logging.getLogger("gpusched.reconcile")

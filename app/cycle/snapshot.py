@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session, selectinload
 
 from app.auth.models import User
 from app.cycle.eligibility import ELIGIBLE, NOT_THROTTLED, ClockGates
-from app.jobs.models import Allocation, Job
-from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
-from app.nodes.models import Gpu, Node, NodeState
+from app.jobs.models import Job
+from app.jobs.states import ACTIVE, JobStatus
+from app.nodes.models import Allocation, Gpu, Node, NodeState
 from app.projects.models import Project
 from app.scheduling import (
     GpuView,
@@ -30,6 +30,7 @@ from app.scheduling import (
     UserView,
     WindowInterval,
 )
+from app.scheduling.types import ReasonKind
 
 HISTORY_DAYS = 30
 
@@ -375,7 +376,9 @@ def read_snapshot(
         # All of them, sorted here: ordered by id, the database would walk the whole queue
         # in id order instead of the new ones by ix_job_pending_reason.
         new_ids = sorted(
-            session.scalars(select(Job.id).where(*waiting, Job.pending_reason == NEW_IN_QUEUE))
+            session.scalars(
+                select(Job.id).where(*waiting, Job.pending_reason == ReasonKind.NEW.value)
+            )
         )
         arrived = tuple(i for i in new_ids if i not in known)[:quick_new_limit]
         pending_jobs = list(session.execute(pending_query.where(Job.id.in_(asked + arrived))))

@@ -15,8 +15,8 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from app.db import utcnow
-from app.jobs.models import Allocation, Job
-from app.nodes.models import Gpu
+from app.jobs.models import Job
+from app.nodes.models import Allocation, Gpu
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ placed, or one submitted before it as a singleton has not ended, so that such jo
 at a time in submit order (a cron line that must not overlap its previous run).
 
 The rules (`judge`, `singleton_wait`) are pure; `load_dependencies` and `load_namesakes`
-are the reads that feed them, shared by submission (app/jobs/service.py) and the cycle
+are the reads that feed them, shared by submission (app/jobs/submission.py) and the cycle
 (app/cycle/dependencies.py).
 """
 

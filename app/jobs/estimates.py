@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from app.jobs.states import ARRAY_LIMIT, DEPENDENCY, NEW_IN_QUEUE
 from app.scheduling.types import ReasonKind
 
 _CANNOT_START = frozenset(
@@ -52,11 +51,11 @@ def estimate_note(
     """Why a waiting, unheld job has no estimated start; None when it has one."""
     if start is not None:
         return None
-    if reason == DEPENDENCY:
+    if reason == ReasonKind.DEPENDENCY.value:
         return "no estimate: it is not in line until its dependencies end"
-    if reason == ARRAY_LIMIT:
+    if reason == ReasonKind.ARRAY_LIMIT.value:
         return "no estimate: it is not in line until tasks of its array end"
-    if reason == NEW_IN_QUEUE or position is None:
+    if reason == ReasonKind.NEW.value or position is None:
         return NOT_RANKED
     if reason in _CANNOT_START:
         return "no estimate: no node of the cluster can run it as it is (see the reason)"

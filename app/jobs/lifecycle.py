@@ -8,14 +8,26 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from prometheus_client import Histogram
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
 from app.db import after_commit, utcnow
 from app.jobs.models import Job, JobEvent
-from app.jobs.states import ALLOWED, FINISHED, NEW_IN_QUEUE, RETRYABLE, JobStatus
-from app.metrics import QUEUE_WAIT_SECONDS
-from app.notifications.outbox import queue_for
+from app.jobs.outbox import queue_for
+from app.jobs.states import ALLOWED, FINISHED, RETRYABLE, JobStatus
+from app.scheduling.types import ReasonKind
+
+WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400)
+# Observed once per job, when it first starts, by the process that records the start
+# (transition, after the commit): a counter-like histogram whose rate() is the wait of
+# the jobs that started in the range, not a sliding window recomputed per scrape. The
+# other metrics are in app/metrics.py, above the domains.
+QUEUE_WAIT_SECONDS = Histogram(
+    "gpusched_queue_wait_seconds",
+    "Time a job waited in the queue before its first start (held or not yet eligible: not counted)",
+    buckets=WAIT_BUCKETS,
+)
 
 
 class IllegalTransition(ValueError):
@@ -50,7 +62,7 @@ def transition(
         job.failures += 1
     if to is JobStatus.PENDING:
         # Back in the queue: say why until the next cycle gives the real pending reason.
-        job.pending_reason = NEW_IN_QUEUE
+        job.pending_reason = ReasonKind.NEW.value
         job.pending_message = f"{reason}; waiting for the next scheduling cycle"
         job.preempt_requested_at = None
         job.exit_code = None

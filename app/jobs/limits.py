@@ -16,6 +16,7 @@ from app.config import Settings
 from app.errors import FieldError, Forbidden
 from app.jobs.schemas import JobCreate
 from app.notifications.hosts import check_url
+from app.text import readable_span
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,16 +132,6 @@ def check_priority(
         f"or raises the project's maximum for its users (gpusched quota {project} "
         "--max-priority N); you may lower it"
     )
-
-
-def readable_span(seconds: int) -> str:
-    """'604800 s (7d)': the exact value the API takes, and one a person reads."""
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "m"), (secs, "s"))]
-    readable = "".join(p for p in parts if not p.startswith("0")) or "0s"
-    return f"{seconds} s ({readable})"
 
 
 def runtime_limits(settings: Settings) -> RuntimeLimits:

@@ -171,35 +171,3 @@ class JobEvent(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
 
     job: Mapped[Job] = relationship(back_populates="events")
-
-
-class Allocation(Base):
-    """The GPUs (or, for a CPU-only job, the node) one attempt of a job holds.
-
-    An allocation is active until released_at is set. A partial unique index makes two
-    active whole-GPU allocations of one GPU impossible; shared allocations are bounded
-    by gpu.allocated_milli's check constraint.
-    """
-
-    __tablename__ = "allocation"
-    __table_args__ = (
-        Index(
-            "uq_allocation_active_whole_gpu",
-            "gpu_id",
-            unique=True,
-            postgresql_where=text("released_at IS NULL AND share_milli = 1000"),
-            sqlite_where=text("released_at IS NULL AND share_milli = 1000"),
-        ),
-        Index("ix_allocation_job_attempt", "job_id", "attempt"),
-        CheckConstraint("share_milli > 0 AND share_milli <= 1000", name="share_range"),
-    )
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
-    attempt: Mapped[int] = mapped_column(Integer)
-    node_id: Mapped[int] = mapped_column(ForeignKey("node.id"))
-    gpu_id: Mapped[int | None] = mapped_column(ForeignKey("gpu.id"))
-    share_milli: Mapped[int] = mapped_column(Integer, default=1000)
-    rank: Mapped[int] = mapped_column(Integer, default=0)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -16,9 +16,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.auth.models import User
-from app.jobs.models import Allocation, Job
+from app.jobs.models import Job
 from app.jobs.states import ACTIVE, JobStatus
-from app.nodes.models import Gpu, Node
+from app.nodes.models import Allocation, Gpu, Node
 from app.wire import Order, RunJob, SetTimeLimit, StopJob, StopReason
 
 T = TypeVar("T")

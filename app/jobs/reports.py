@@ -14,10 +14,10 @@ from sqlalchemy.orm import Session
 from app.db import utcnow
 from app.jobs.allocations import release
 from app.jobs.lifecycle import note, settle_interrupted, transition, will_retry
-from app.jobs.models import Allocation, Job
+from app.jobs.models import Job
 from app.jobs.orders import NOTHING, AfterCommit, placed_on, stop_orders
 from app.jobs.states import ACTIVE, JobStatus
-from app.nodes.models import Node
+from app.nodes.models import Allocation, Node
 from app.wire import Finished, RefusalReason, Started, StopJob
 
 log = logging.getLogger("gpusched.reports")

@@ -17,6 +17,7 @@ from app.estimator.schemas import EstimateRequest
 from app.jobs.arrays import parse_indices
 from app.jobs.states import DependencyKind
 from app.request_body import RequestBody
+from app.scheduling.types import ReasonKind
 from app.text import check_name, check_no_controls
 from app.timeutil import checked_utc
 
@@ -367,7 +368,9 @@ class JobOut(BaseModel):
     schedule: ScheduleSpec
     labels: dict[str, str]
     attempt: int
-    pending_reason: str | None
+    pending_reason: ReasonKind | None = Field(
+        description="why it waits (null: it does not); pending_message says it in words"
+    )
     pending_message: str | None
     queue_position: int | None = Field(
         description="place in line at the last full cycle (1: next); null: not ranked"

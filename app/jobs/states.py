@@ -42,17 +42,6 @@ FINISHED = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT})
 # A job in these states may come back to PENDING; "retries" bounds how often it does.
 RETRYABLE = frozenset({S.FAILED})
 
-# The pending reason of a job that no scheduling cycle has ranked yet (just submitted, or
-# back in the queue); quick cycles look for it (app/cycle/snapshot.py).
-NEW_IN_QUEUE = "NEW"
-# The pending reason of a held job (gpusched hold): no cycle considers it until released.
-HELD = "held"
-# The pending reason of a job whose dependencies (depends_on) have not all succeeded yet:
-# no cycle considers it until they have (app/cycle/dependencies.py).
-DEPENDENCY = "dependency"
-# The pending reason of an array task kept out of the queue because its array already has
-# as many tasks running as it allows (max_running, app/cycle/arrays.py).
-ARRAY_LIMIT = "array_limit"
 # How the jobs a job depends on must end (sbatch --dependency): succeed, end in any way,
 # or end without success; or only start (after); or singleton: one job of a user's of the
 # same name at a time (app/jobs/dependencies.py).

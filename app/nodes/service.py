@@ -11,8 +11,7 @@ from app.audit.service import record
 from app.auth.service import Principal
 from app.db import utcnow
 from app.errors import Conflict, NotFound
-from app.jobs.models import Allocation
-from app.nodes.models import Gpu, Node, NodeState
+from app.nodes.models import Allocation, Gpu, Node, NodeState
 from app.nodes.schemas import GpuOut, NodeOut
 
 

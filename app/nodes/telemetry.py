@@ -322,7 +322,7 @@ def job_series(
     *, session: Session, job_id: int, since: datetime, until: datetime
 ) -> list[dict[str, Any]]:
     """Per-sample readings of the GPUs the job held, while it held them (all attempts)."""
-    from app.jobs.models import Allocation
+    from app.nodes.models import Allocation
 
     windows = session.execute(
         select(Allocation.gpu_id, Allocation.created_at, Allocation.released_at).where(

@@ -15,10 +15,10 @@ from app.auth.models import User
 from app.auth.service import Principal
 from app.db import utcnow
 from app.errors import FieldError, Forbidden, NotFound
-from app.jobs.models import Allocation, Job
-from app.jobs.service import _visible_job
+from app.jobs.models import Job
+from app.jobs.queries import visible_job
 from app.jobs.states import ACTIVE
-from app.nodes.models import Gpu, Node
+from app.nodes.models import Allocation, Gpu, Node
 from app.nodes.telemetry import job_series
 from app.projects.models import Project
 from app.reports.efficiency import Held, JobFacts, Reading, compute
@@ -127,7 +127,7 @@ def job_efficiency(
     tariff: Tariff | None = None,
 ) -> JobEfficiency:
     """The job's whole life so far (same visibility as GET /api/v1/jobs/{id})."""
-    job = _visible_job(session=session, principal=principal, job_id=job_id)
+    job = visible_job(session=session, principal=principal, job_id=job_id)
     user = session.scalar(select(User.name).where(User.id == job.user_id)) or ""
     project = session.scalar(select(Project.name).where(Project.id == job.project_id)) or ""
     return _efficiency(session, job, user=user, project=project, now=now or utcnow(), tariff=tariff)

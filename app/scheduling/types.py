@@ -220,6 +220,20 @@ class PolicySettings:
 
 
 class ReasonKind(enum.Enum):
+    """Why a job waits: a job's `pending_reason`, published in the API's schema. The plan
+    gives all but the first four, which the job domain and the live loop set outside it."""
+
+    # No scheduling cycle has ranked it yet (just submitted, or back in the queue); quick
+    # cycles look for it (app/cycle/snapshot.py).
+    NEW = "NEW"
+    # Held (gpusched hold): no cycle considers it until released.
+    HELD = "held"
+    # Its dependencies (depends_on) have not all succeeded yet: no cycle considers it
+    # until they have (app/cycle/dependencies.py).
+    DEPENDENCY = "dependency"
+    # An array task kept out of the queue because its array already has as many tasks
+    # running as it allows (max_running, app/cycle/arrays.py).
+    ARRAY_LIMIT = "array_limit"
     WAITING_FOR_GPUS = "waiting_for_gpus"
     FOREIGN_PROCESS = "foreign_process"
     QUOTA = "quota"

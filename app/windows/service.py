@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.audit.service import changes, record
-from app.batches.models import BatchSchedule
 from app.errors import Conflict, FieldError, NotFound
-from app.jobs.limits import readable_span
-from app.jobs.models import Job
-from app.jobs.states import JobStatus
+from app.text import readable_span
 from app.windows.calendar import UpcomingWindow, WindowSpec, longest_opening_s, upcoming
 from app.windows.models import Window
 from app.windows.schemas import WindowIn, WindowOut
@@ -79,10 +78,12 @@ def create_window(*, session: Session, actor: str, body: WindowIn) -> WindowOut:
     return _out(row)
 
 
-def replace_window(*, session: Session, actor: str, name: str, body: WindowIn) -> WindowOut:
+def replace_window(
+    *, session: Session, actor: str, name: str, body: WindowIn, users_of: UsersOf
+) -> WindowOut:
     row = _row(session, name)
     if body.name != name:
-        _refuse_if_in_use(session, name, "renamed")
+        _refuse_if_in_use(session, users_of, name, "renamed")
     if changed := changes(_settings(_out(row)), _settings(body)):
         record(session=session, actor=actor, action="window.replace", target=name, info=changed)
     _fill(row, body)
@@ -94,57 +95,56 @@ def replace_window(*, session: Session, actor: str, name: str, body: WindowIn) -
     return _out(row)
 
 
-def delete_window(*, session: Session, actor: str, name: str) -> None:
+def delete_window(*, session: Session, actor: str, name: str, users_of: UsersOf) -> None:
     row = _row(session, name)
     only = session.scalar(select(func.count()).select_from(Window)) == 1
-    _refuse_if_in_use(session, name, "deleted", only=only)
+    _refuse_if_in_use(session, users_of, name, "deleted", only=only)
     info = _settings(_out(row))
     record(session=session, actor=actor, action="window.delete", target=name, info=info)
     session.delete(row)
     session.commit()
 
 
-def _refuse_if_in_use(session: Session, name: str, action: str, *, only: bool = False) -> None:
+@dataclass(frozen=True)
+class WindowUsers:
+    """What uses a window: pending jobs (their ids, at most 11) and batches (their names),
+    each with the window it names (None: none, so it uses the only window)."""
+
+    jobs: Sequence[tuple[int, str | None]] = ()
+    batches: Sequence[tuple[str, str | None]] = ()
+
+
+# Who uses window `name` (with `only`, also the off-peak work that names no window). The
+# domains above answer it (app/batches/window_users.py): windows know no jobs or batches.
+UsersOf = Callable[[Session, str, bool], WindowUsers]
+
+
+def _refuse_if_in_use(
+    session: Session, users_of: UsersOf, name: str, action: str, *, only: bool = False
+) -> None:
     """Pending jobs and batches bound to a window would wait forever without it ("no
     opening scheduled"), as Slurm refuses to delete a reservation that jobs use. The
     `only` window is also used by every off-peak job and batch that names no window."""
-    job_uses = Job.window == name
-    batch_uses = BatchSchedule.window == name
-    if only:
-        job_uses = or_(job_uses, and_(Job.window.is_(None), Job.schedule_mode == "offpeak"))
-        batch_uses = or_(
-            batch_uses, and_(BatchSchedule.window.is_(None), BatchSchedule.target == "offpeak")
-        )
-    job_rows = session.execute(
-        select(Job.id, Job.window)
-        .where(job_uses, Job.status == JobStatus.PENDING)
-        .order_by(Job.id)
-        .limit(11)
-    ).all()
-    batch_rows = session.execute(
-        select(BatchSchedule.name, BatchSchedule.window)
-        .where(batch_uses)
-        .order_by(BatchSchedule.name)
-    ).all()
-    jobs = [row[0] for row in job_rows]
-    batches = [row[0] for row in batch_rows]
+    users = users_of(session, name, only)
+    jobs = [row[0] for row in users.jobs]
+    batches = [row[0] for row in users.batches]
     if not jobs and not batches:
         return
-    users, hints = [], []
+    users_text, hints = [], []
     if jobs:
         ids = ", ".join(str(i) for i in jobs[:10]) + (", ..." if len(jobs) > 10 else "")
-        users.append(f"pending job{'s' if len(jobs) > 1 else ''} {ids}")
+        users_text.append(f"pending job{'s' if len(jobs) > 1 else ''} {ids}")
         hints.append("let the jobs start or cancel them")
     if batches:
-        users.append(f"batch{'es' if len(batches) > 1 else ''} {', '.join(batches)}")
+        users_text.append(f"batch{'es' if len(batches) > 1 else ''} {', '.join(batches)}")
         hints.append("delete the batches or give them another window")
     verb = "uses" if len(jobs) + len(batches) == 1 else "use"
-    unnamed = any(row[1] is None for row in (*job_rows, *batch_rows))
+    unnamed = any(row[1] is None for row in (*users.jobs, *users.batches))
     only_note = (
         " (the only window, so off-peak work that names none waits for it)" if unnamed else ""
     )
     raise Conflict(
-        f"window {name!r} cannot be {action}: {' and '.join(users)} {verb} it{only_note};"
+        f"window {name!r} cannot be {action}: {' and '.join(users_text)} {verb} it{only_note};"
         f" first {', and '.join(hints)}"
     )
 

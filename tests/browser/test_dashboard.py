@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from bench.common import poll
 from tests.browser.conftest import Dashboard, Stack
 from tests.notifications.receiver import Receiver
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.browser
 

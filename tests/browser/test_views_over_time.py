@@ -169,10 +169,10 @@ def test_a_job_requeued_as_its_agent_stopped_is_not_shown_preempted(
 
     from app.db import make_engine, make_session_factory
     from app.jobs.lifecycle import transition
-    from app.jobs.models import Allocation, Job
+    from app.jobs.models import Job
     from app.jobs.reports import job_finished
     from app.jobs.states import JobStatus
-    from app.nodes.models import Node
+    from app.nodes.models import Allocation, Node
     from app.wire import Finished
 
     job = stack.request(

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from app.cli.client import ApiClient, ApiError, CliError, default_url, format_error
-from app.cli.jobs import parse_duration
+from app.cli.jobs.options import parse_duration
 from app.config import Settings
 
 

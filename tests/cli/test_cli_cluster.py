@@ -148,8 +148,9 @@ def test_drain_at_plans_a_maintenance(cli: Cli) -> None:
 
 def test_drain_with_requeue_moves_the_running_jobs_elsewhere(cli: Cli) -> None:
     from app.jobs.lifecycle import transition
-    from app.jobs.models import Allocation, Job
+    from app.jobs.models import Job
     from app.jobs.states import JobStatus
+    from app.nodes.models import Allocation
 
     _add_node(cli, "gpu-a", 1)
     empty = cli("drain", "gpu-a", "--requeue", user="admin")

@@ -15,11 +15,13 @@ from rich.console import Console
 from sqlalchemy import select
 
 from app.cli.client import CliError, parse_at
-from app.cli.jobs import jobs_table, parse_slurm_time
+from app.cli.jobs.options import parse_slurm_time
+from app.cli.jobs.views import jobs_table
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
 from app.nodes.models import Node
+from app.scheduling.types import ReasonKind
 from tests.cli.harness import Cli
 
 
@@ -412,7 +414,7 @@ def test_cancel_the_jobs_a_filter_selects(cli: Cli) -> None:
 
 
 def test_show_prints_queue_position_and_allocations(cli: Cli) -> None:
-    from app.jobs.models import Allocation
+    from app.nodes.models import Allocation
     from tests.cli.test_cli_cluster import _add_node
 
     _add_node(cli, "gpu-a", 2)
@@ -422,7 +424,7 @@ def test_show_prints_queue_position_and_allocations(cli: Cli) -> None:
         job = session.get(Job, waiting["id"])
         assert job is not None
         job.queue_position = 3
-        job.pending_reason = "INSUFFICIENT_GPUS"
+        job.pending_reason = ReasonKind.WAITING_FOR_GPUS.value
         job.pending_message = "needs 1 free GPU; none free"
         running = session.get(Job, placed["id"])
         assert running is not None
@@ -439,7 +441,7 @@ def test_show_prints_queue_position_and_allocations(cli: Cli) -> None:
 
     out = cli("show", str(waiting["id"])).stdout
     assert "queue position" in out and "3" in out
-    assert "INSUFFICIENT_GPUS" in out and "needs 1 free GPU; none free" in out
+    assert "waiting_for_gpus" in out and "needs 1 free GPU; none free" in out
 
     result = cli("show", str(placed["id"]))
     assert result.exit_code == 0, result.stderr
@@ -797,7 +799,7 @@ def _end(cli: Cli, job_id: int, status: JobStatus, exit_code: int | None = None)
 def test_wait_returns_when_the_jobs_end_with_their_exit_status(
     cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.cli.jobs as jobs_cli
+    import app.cli.jobs.submit as jobs_cli
 
     ends: list[tuple[int, JobStatus, int | None]] = []
 
@@ -837,7 +839,7 @@ def test_wait_returns_when_the_jobs_end_with_their_exit_status(
 
 
 def test_submit_an_array_and_wait_for_every_task(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    import app.cli.jobs as jobs_cli
+    import app.cli.jobs.submit as jobs_cli
 
     def meanwhile(seconds: float) -> None:  # the tasks end while the CLI waits
         _end(cli, 1, JobStatus.SUCCEEDED, 0)
@@ -856,7 +858,7 @@ def test_submit_an_array_and_wait_for_every_task(cli: Cli, monkeypatch: pytest.M
 def test_wait_rides_out_an_api_restart_but_not_an_api_that_never_answered(
     cli: Cli, refused_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import app.cli.jobs as jobs_cli
+    import app.cli.jobs.submit as jobs_cli
     from app.cli.client import ApiClient, Unreachable
 
     job_id = _submit_json(cli, "--", "true")["id"]
@@ -872,7 +874,7 @@ def test_wait_rides_out_an_api_restart_but_not_an_api_that_never_answered(
             _end(cli, job_id, JobStatus.SUCCEEDED, 0)
 
     monkeypatch.setattr(jobs_cli, "_pause", meanwhile)
-    assert jobs_cli._wait_for(client, [job_id], as_json=False) == 0
+    assert jobs_cli.wait_for(client, [job_id], as_json=False) == 0
     out = capsys.readouterr()
     assert out.out == f"job {job_id} (true): SUCCEEDED (exit 0)\n"
     assert out.err.count("still waiting") == 1 and "cannot reach gpusched" in out.err
@@ -880,7 +882,7 @@ def test_wait_rides_out_an_api_restart_but_not_an_api_that_never_answered(
 
     never = ApiClient(base_url=refused_url, token=cli.tokens["alice"])
     with pytest.raises(Unreachable):
-        jobs_cli._wait_for(never, [job_id], as_json=False)
+        jobs_cli.wait_for(never, [job_id], as_json=False)
 
 
 def test_requeue_a_running_job_back_held(cli: Cli) -> None:

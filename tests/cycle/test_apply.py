@@ -13,12 +13,12 @@ from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
 from app.jobs.allocations import release
 from app.jobs.lifecycle import settle_interrupted, transition
-from app.jobs.models import Allocation, Job
+from app.jobs.models import Job
 from app.jobs.orders import released_gates
 from app.jobs.reports import job_finished
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
-from app.nodes.models import Gpu
+from app.nodes.models import Allocation, Gpu
 from app.scheduling import Placement, Plan, Preemption
 from app.wire import Finished
 from tests.foundation.builders import add_node

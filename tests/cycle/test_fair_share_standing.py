@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import update
 
 from app.db import utcnow
-from app.jobs.models import Allocation
+from app.nodes.models import Allocation
 from tests.cycle.jobs_api import add_node, finish, run_one_cycle, submit
 
 HALF_LIFE_H = 7 * 24  # the scheduler's default, GPUSCHED_SCHEDULER_FAIR_SHARE_HALF_LIFE_S

@@ -9,8 +9,7 @@ from typing import Any
 from sqlalchemy import select
 
 from app.db import utcnow
-from app.jobs.models import Allocation
-from app.nodes.models import Gpu, Node
+from app.nodes.models import Allocation, Gpu, Node
 from app.wire import StopJob
 from tests.cycle.jobs_api import get_job, job_events, report_end, run_one_cycle, submit
 from tests.foundation.builders import ready_node

@@ -8,9 +8,10 @@ from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
 from app.jobs.lifecycle import transition
-from app.jobs.models import Allocation, Job
+from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
+from app.nodes.models import Allocation
 from tests.foundation.builders import ready_node
 
 SETTINGS = SchedulerSettings(stability_window_s=0, min_run_before_preempt_s=0)

@@ -10,9 +10,9 @@ from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory, read_snapshot
 from app.db import utcnow
 from app.jobs.models import Job
-from app.jobs.states import NEW_IN_QUEUE
 from app.messaging import NullMessenger
 from app.projects.models import Project
+from app.scheduling.types import ReasonKind
 from tests.cycle.jobs_api import finish
 from tests.foundation.builders import ready_node
 
@@ -71,7 +71,7 @@ def test_quick_cycles_read_the_head_and_place_new_jobs(api):
 
     first = _cycle(api, memory, full=False)  # nothing remembered yet: a full read
     assert (first.placed, first.pending, memory.ready) == (1, 79, True)
-    assert NEW_IN_QUEUE not in {_reason(api, j) for j in queued[1:]}
+    assert ReasonKind.NEW.value not in {_reason(api, j) for j in queued[1:]}
     depth = 64 + 4 * 1  # per GPU
 
     # Between full cycles: only the head (the placed job, gone now, and 67 waiting ones)
@@ -79,7 +79,7 @@ def test_quick_cycles_read_the_head_and_place_new_jobs(api):
     arrival = _submit(api)
     quick = _cycle(api, memory, full=False)
     assert (quick.placed, quick.pending) == (0, depth - 1 + 1)
-    assert _reason(api, arrival) not in (None, NEW_IN_QUEUE)  # ranked near the head
+    assert _reason(api, arrival) not in (None, ReasonKind.NEW.value)  # ranked near the head
     assert queued[0] not in memory.order  # no longer pending: forgotten
 
     # A full cycle reads everything again.
@@ -124,7 +124,7 @@ def test_a_quick_cycle_reads_an_arrival_once_then_finds_it_in_the_remembered_ord
     # The head (the 16 placed ones are gone) and every arrival.
     assert first.pending == depth - 16 + 30
     # Ranked 113th to 142nd, past the 100 positions a quick cycle rewrites: still NEW.
-    assert {_reason(api, a) for a in arrivals} == {NEW_IN_QUEUE}
+    assert {_reason(api, a) for a in arrivals} == {ReasonKind.NEW.value}
 
     second = _cycle(api, memory, full=False)
     # Only the head: the arrivals that fell behind it wait there, as older jobs do.
@@ -149,5 +149,5 @@ def test_an_arrival_that_started_and_came_back_is_read_again(api):
     assert _cycle(api, memory, full=False).placed == 1  # the arrival starts
     _cycle(api, memory, full=False)  # asks for it, finds it gone: forgotten
     finish(api, arrival, "PREEMPTED")  # back in the queue, NEW again
-    assert _reason(api, arrival) == NEW_IN_QUEUE
+    assert _reason(api, arrival) == ReasonKind.NEW.value
     assert _cycle(api, memory, full=False).placed == 1

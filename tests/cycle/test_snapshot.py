@@ -9,8 +9,8 @@ from sqlalchemy import select
 
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
-from app.jobs.models import Allocation, Job
-from app.nodes.models import Gpu
+from app.jobs.models import Job
+from app.nodes.models import Allocation, Gpu
 from tests.foundation.builders import add_node
 
 HALF_LIFE_S = 3600.0

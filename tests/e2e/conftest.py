@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from bench.common import Stack
+from tests.support.stack import Stack
 
 BACKEND = os.environ.get("GPUSCHED_TEST_DB", "sqlite")
 

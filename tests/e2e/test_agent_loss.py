@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import Stack, poll
+from tests.support.stack import Stack
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.e2e
 

@@ -1,7 +1,7 @@
 """Cancelling a job while the scheduler places it must not leak its GPUs.
 
 Found end-to-end (a GPU stayed allocated to a CANCELLED job for good, so later jobs never
-got it): `app.jobs.service.cancel` reads the job without a row lock. When a cycle places
+got it): `app.jobs.control.cancel` reads the job without a row lock. When a cycle places
 the job between that read and the cancel's commit, the cancel still takes the "pending"
 path and writes CANCELLED over SCHEDULED. The placement's allocation stays active, the
 agent's CANCELLED report is then ignored ("already CANCELLED"), and the GPU is never freed.
@@ -22,10 +22,10 @@ from app.auth.service import Principal, create_user
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
-from app.jobs import service
-from app.jobs.models import Allocation, Job
+from app.jobs import control
+from app.jobs.models import Job
 from app.messaging import NullMessenger
-from app.nodes.models import Gpu
+from app.nodes.models import Allocation, Gpu
 from app.projects.models import Project
 from tests.foundation.builders import ready_node
 
@@ -74,7 +74,7 @@ def test_cancel_racing_a_placement_does_not_leak_the_gpu(factory: sessionmaker[S
         )
         assert placed.placed == 1
         # ... and then the cancel goes on.
-        out = service.cancel(session=api_session, principal=principal, job_id=job_id).value
+        out = control.cancel(session=api_session, principal=principal, job_id=job_id).value
 
     with factory() as session:
         job = session.get(Job, job_id)

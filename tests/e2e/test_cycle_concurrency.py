@@ -30,15 +30,15 @@ from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import make_engine, make_session_factory, utcnow
 from app.jobs import reports
-from app.jobs.models import Allocation, Job
+from app.jobs.models import Job
 from app.jobs.states import ACTIVE, JobStatus
 from app.messaging import NullMessenger
 from app.migrate import upgrade
-from app.nodes.models import Node
+from app.nodes.models import Allocation, Node
 from app.projects.models import Project
 from app.wire import Finished
-from bench.common import create_pg_database, drop_pg_database
 from tests.foundation.builders import ready_node
+from tests.support.servers import create_pg_database, drop_pg_database
 
 pytestmark = [
     pytest.mark.e2e,

@@ -30,7 +30,9 @@ from app.wire import (
     node_queue,
     seal,
 )
-from bench.common import Stack, free_port, poll
+from tests.support.servers import free_port
+from tests.support.stack import Stack
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.e2e
 

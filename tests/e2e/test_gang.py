@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.common import Stack, poll
+from tests.support.stack import Stack
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.common import Stack, poll
+from tests.support.stack import Stack
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.e2e
 

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.common import Stack, poll
 from tests.notifications.receiver import Receiver
+from tests.support.stack import Stack
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.e2e
 

@@ -24,8 +24,9 @@ from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
 from app.jobs import reports
-from app.jobs.models import Allocation, Job, JobEvent
+from app.jobs.models import Job, JobEvent
 from app.messaging import NullMessenger
+from app.nodes.models import Allocation
 from app.projects.models import Project
 from app.wire import Finished, Started
 from tests.foundation.builders import ready_node

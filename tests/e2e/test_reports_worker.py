@@ -7,7 +7,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import Stack, free_port
+from tests.support.servers import free_port
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from bench.common import Stack
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.e2e
 

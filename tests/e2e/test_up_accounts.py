@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.common import free_port
 from tests.e2e.test_up_shutdown import _processes_of
+from tests.support.servers import free_port
 from tests.up_process import REPO, start_up
 
 pytestmark = pytest.mark.e2e

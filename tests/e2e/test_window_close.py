@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import Stack
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.e2e
 

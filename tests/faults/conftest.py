@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from bench.common import Stack
 from tests.faults.support import FAULT_ENV
 from tests.support.servers import PrivatePostgres, pg_url
+from tests.support.stack import Stack
 
 
 @dataclass

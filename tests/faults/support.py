@@ -21,7 +21,8 @@ from typing import Any
 
 import httpx
 
-from bench.common import Proc, Stack, poll
+from tests.support.stack import Proc, Stack
+from tests.support.wait import poll
 
 ACTIVE_STATUSES = ("PENDING", "SCHEDULED", "RUNNING", "LOST", "PREEMPTED")
 # What ends one attempt in the job's event history.
@@ -29,7 +30,7 @@ ATTEMPT_ENDS = frozenset(
     {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT", "PREEMPTED", "LOST", "PENDING"}
 )
 
-# Settings every fault stack uses on top of the e2e ones (bench.common.tune_env):
+# Settings every fault stack uses on top of the e2e ones (tests.support.stack.tune_env):
 # a short dispatch timeout so reconciliation re-sends lost run_job messages in test
 # time, a short lease so a killed scheduler's lease expires quickly, and no metrics
 # servers (two schedulers, and other suites' stacks, would fight over ports 9101/9102).

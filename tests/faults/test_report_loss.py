@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import Stack, poll
 from tests.faults.support import (
     kill9,
     redis_restart,
     wait_status_alive,
 )
+from tests.support.stack import Stack
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import poll
 from tests.faults.support import (
     finished_but_stuck,
     kill9,
@@ -20,6 +19,7 @@ from tests.faults.support import (
     verify,
     wait_settled,
 )
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.e2e
 

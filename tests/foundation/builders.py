@@ -11,9 +11,10 @@ from app.auth.service import create_user
 from app.db import utcnow
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job
-from app.jobs.states import NEW_IN_QUEUE, JobStatus
+from app.jobs.states import JobStatus
 from app.nodes.models import Gpu, Node, NodeState
 from app.projects.models import Project
+from app.scheduling.types import ReasonKind
 
 
 def ready_node(name: str, *, gpus: int, now: datetime, idle_since: datetime | None = None) -> Node:
@@ -92,7 +93,7 @@ def insert_jobs(factory, *, user: str, project: str, count: int, **columns) -> l
                     "project_id": project_id,
                     "command": ["train"],
                     "status": JobStatus.PENDING,
-                    "pending_reason": NEW_IN_QUEUE,
+                    "pending_reason": ReasonKind.NEW.value,
                     "pending_message": "submitted; waiting for the next scheduling cycle",
                     **columns,
                 }

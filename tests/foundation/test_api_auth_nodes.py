@@ -179,3 +179,17 @@ def test_repeated_failed_token_checks_are_rate_limited(settings, session_factory
     limited = client.get("/api/v1/jobs", headers=bad)
     assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
     assert client.get("/healthz").status_code == 200  # health needs no token, never limited
+
+
+def test_the_pending_reasons_are_one_enum_in_the_schema(api):
+    """Every reason a job waits for is a ReasonKind, and the API's schema lists them, so a
+    client knows the vocabulary (the dashboard, the CLI) without reading the code."""
+    from app.scheduling.types import ReasonKind
+
+    schemas = api.client.get("/openapi.json").json()["components"]["schemas"]
+    assert schemas["ReasonKind"]["enum"] == [kind.value for kind in ReasonKind]
+    reason = schemas["JobOut"]["properties"]["pending_reason"]
+    assert {"$ref": "#/components/schemas/ReasonKind"} in reason["anyOf"]
+    assert {"held", "dependency", "array_limit", "NEW", "waiting_for_gpus"} <= set(
+        schemas["ReasonKind"]["enum"]
+    )

@@ -20,7 +20,7 @@ def test_downgrade_to_base_and_back(database_url, tmp_path):
         url = f"sqlite:///{tmp_path / 'mig.db'}"
         scratch = make_engine(url)
     else:
-        from bench.common import create_pg_database
+        from tests.support.servers import create_pg_database
 
         name, url = create_pg_database("gpusched_mig")
         scratch = make_engine(url)
@@ -34,6 +34,6 @@ def test_downgrade_to_base_and_back(database_url, tmp_path):
     finally:
         scratch.dispose()
         if not database_url.startswith("sqlite"):
-            from bench.common import drop_pg_database
+            from tests.support.servers import drop_pg_database
 
             drop_pg_database(name)

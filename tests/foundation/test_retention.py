@@ -16,8 +16,9 @@ from app.batches.models import BatchFiring
 from app.config import Settings
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
-from app.jobs.models import Allocation, Job, JobEvent
+from app.jobs.models import Job, JobEvent
 from app.messaging import PURGE_HISTORY
+from app.nodes.models import Allocation
 from app.retention import purge_history
 from tests.cycle.jobs_api import add_node, finish, get_job, run_one_cycle, submit
 from workers.scheduler import build_scheduler_app

@@ -16,12 +16,12 @@ from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
 from app.jobs.limits import runtime_limits
 from app.jobs.models import Job
+from app.jobs.outbox import event_for
 from app.jobs.reports import job_started
 from app.jobs.states import JobStatus
+from app.jobs.webhooks import MAX_ATTEMPTS, send_due
 from app.messaging import SEND_NOTIFICATIONS
 from app.notifications.models import Notification
-from app.notifications.outbox import event_for
-from app.notifications.sender import MAX_ATTEMPTS, send_due
 from app.wire import Started
 from tests.batches.test_batches_cli import batch
 from tests.cli.conftest import Cli

@@ -19,9 +19,9 @@ import pytest
 from sqlalchemy import select
 
 from app.db import utcnow
+from app.jobs.webhooks import send_due
 from app.notifications import hosts
 from app.notifications.models import Notification
-from app.notifications.sender import send_due
 from tests.cycle.jobs_api import job_events, submit
 from tests.notifications.receiver import Receiver
 

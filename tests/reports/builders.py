@@ -11,9 +11,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.auth.models import User
-from app.jobs.models import Allocation, Job
+from app.jobs.models import Job
 from app.jobs.states import JobStatus
-from app.nodes.models import Gpu, GpuSample, Node, NodeState
+from app.nodes.models import Allocation, Gpu, GpuSample, Node, NodeState
 from app.projects.models import Project
 
 Value = float | Callable[[int, int], float | None] | None  # constant, or f(gpu_position, i)

@@ -12,9 +12,9 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute, Mount, Route
 
+from app.api.deps import get_principal, require_admin
 from app.config import Settings
 from app.db import make_engine, make_session_factory
-from app.deps import get_principal, require_admin
 from app.main import create_app
 
 # Public on purpose: probes, metrics scrapes, the API description and the dashboard's files.

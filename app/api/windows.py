@@ -4,8 +4,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
+from app.api.deps import AdminUser, CurrentUser, SessionDep
+from app.batches.window_users import window_users
 from app.db import utcnow
-from app.deps import AdminUser, CurrentUser, SessionDep
 from app.paging import PageDep, cut
 from app.windows import service
 from app.windows.schemas import UpcomingWindow, WindowIn, WindowOut
@@ -43,10 +44,12 @@ def get_window(name: str, session: SessionDep, _: CurrentUser) -> WindowOut:
 
 @router.put("/{name}", response_model=WindowOut)
 def replace_window(name: str, body: WindowIn, session: SessionDep, admin: AdminUser) -> WindowOut:
-    return service.replace_window(session=session, actor=admin.name, name=name, body=body)
+    return service.replace_window(
+        session=session, actor=admin.name, name=name, body=body, users_of=window_users
+    )
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_window(name: str, session: SessionDep, admin: AdminUser) -> Response:
-    service.delete_window(session=session, actor=admin.name, name=name)
+    service.delete_window(session=session, actor=admin.name, name=name, users_of=window_users)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -4,9 +4,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from app.api.deps import AdminUser, SessionDep
 from app.audit import service
 from app.audit.schemas import AuditPage
-from app.deps import AdminUser, SessionDep
 
 router = APIRouter(prefix="/api/v1", tags=["audit"])
 
