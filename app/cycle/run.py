@@ -38,7 +38,7 @@ from app.scheduling import plan_cycle
 from app.scheduling.wakeup import next_wakeup
 from app.scheduling.window_close import next_window_stop, window_close_preemptions
 from app.windows.calendar import window_rules
-from app.windows.service import window_specs
+from app.windows.service import settle_never_in_window, window_specs
 from app.windows.timeline import SchedulerWindows
 
 log = logging.getLogger("gpusched.cycle")
@@ -117,6 +117,7 @@ def run_cycle(
             # 0. dependencies, array limits, then the jobs the clock holds back
             awaited_starts = settle_dependencies(session, now=now)
             settle_array_limits(session)
+            settle_never_in_window(session=session, specs=specs, now=now)
             gated_until = settle_clock_gates(session, gates=gates)
             session.commit()
             # 1. snapshot

@@ -56,6 +56,8 @@ def estimate_note(
         return "no estimate: it is not in line until its dependencies end"
     if reason == ARRAY_LIMIT:
         return "no estimate: it is not in line until tasks of its array end"
+    if reason == ReasonKind.NEVER_IN_WINDOW.value:
+        return "no estimate: no opening of its off-peak window is long enough (see the reason)"
     if reason == NEW_IN_QUEUE or position is None:
         return NOT_RANKED
     if reason in _CANNOT_START:

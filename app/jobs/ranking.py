@@ -19,9 +19,16 @@ from app.scheduling.rank import AHEAD_TEXT, Rank
 from app.scheduling.types import ReasonKind
 
 # Waiting, but outside the ranking until something else happens: its dependencies end,
-# its array's tasks end, its begin time comes or its off-peak window opens.
+# its array's tasks end, its begin time comes or its off-peak window opens (or, for one
+# no opening is long enough for, the window or the job changes).
 NOT_RANKABLE = frozenset(
-    {DEPENDENCY, ARRAY_LIMIT, ReasonKind.BEGIN_TIME.value, ReasonKind.WINDOW_CLOSED.value}
+    {
+        DEPENDENCY,
+        ARRAY_LIMIT,
+        ReasonKind.BEGIN_TIME.value,
+        ReasonKind.WINDOW_CLOSED.value,
+        ReasonKind.NEVER_IN_WINDOW.value,
+    }
 )
 
 

@@ -717,7 +717,7 @@ def list_jobs(
 # Waiting jobs that cannot run yet whatever the GPUs do: held, waiting for their
 # dependencies, their array's limit, their begin time or their off-peak window (the gate's
 # reason carries no position; the core's "does not fit before the close" has one).
-_LATER_REASONS = (DEPENDENCY, ARRAY_LIMIT, "begin_time")
+_LATER_REASONS = (DEPENDENCY, ARRAY_LIMIT, "begin_time", "never_in_window")
 NOT_YET_ELIGIBLE = or_(
     Job.held_by.is_not(None),
     Job.dependencies_met.is_(False),

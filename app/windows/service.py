@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.audit.service import changes, record
 from app.batches.models import BatchSchedule
+from app.db import utcnow
 from app.errors import Conflict, FieldError, NotFound
+from app.jobs.lifecycle import note
 from app.jobs.limits import readable_span
 from app.jobs.models import Job
-from app.jobs.states import JobStatus
+from app.jobs.states import ARRAY_LIMIT, NEW_IN_QUEUE, JobStatus
+from app.scheduling.types import ReasonKind
 from app.windows.calendar import UpcomingWindow, WindowSpec, longest_opening_s, upcoming
 from app.windows.models import Window
 from app.windows.schemas import WindowIn, WindowOut
@@ -72,6 +76,10 @@ def create_window(*, session: Session, actor: str, body: WindowIn) -> WindowOut:
     info = _settings(body)
     record(session=session, actor=actor, action="window.create", target=body.name, info=info)
     try:
+        session.flush()
+        settle_never_in_window(
+            session=session, specs=window_specs(session=session), now=utcnow(), actor=actor
+        )
         session.commit()
     except IntegrityError:
         session.rollback()
@@ -87,6 +95,10 @@ def replace_window(*, session: Session, actor: str, name: str, body: WindowIn) -
         record(session=session, actor=actor, action="window.replace", target=name, info=changed)
     _fill(row, body)
     try:
+        session.flush()
+        settle_never_in_window(
+            session=session, specs=window_specs(session=session), now=utcnow(), actor=actor
+        )
         session.commit()
     except IntegrityError:
         session.rollback()
@@ -101,6 +113,10 @@ def delete_window(*, session: Session, actor: str, name: str) -> None:
     info = _settings(_out(row))
     record(session=session, actor=actor, action="window.delete", target=name, info=info)
     session.delete(row)
+    session.flush()
+    settle_never_in_window(
+        session=session, specs=window_specs(session=session), now=utcnow(), actor=actor
+    )
     session.commit()
 
 
@@ -202,4 +218,95 @@ def require_long_enough_opening(
         f"{window!r}, {readable_span(int(longest))}: a job that is not preemptible must end "
         "before its window closes, so it would never start; shorten it, make it preemptible "
         "(stopped at the close, resumed at the next opening), or run it now",
+    )
+
+
+NEVER_IN_WINDOW = ReasonKind.NEVER_IN_WINDOW.value
+
+
+def settle_never_in_window(
+    *, session: Session, specs: list[WindowSpec], now: datetime, actor: str = "scheduler"
+) -> None:
+    """After a window change, an off-peak job that is not preemptible and lasts (estimate,
+    else time limit) longer than every opening of its window(s) can never start, as at
+    submission (require_long_enough_opening). It is not cancelled: it keeps waiting, as
+    Slurm leaves such a job pending with a reason, with the typed reason NEVER_IN_WINDOW
+    naming the longest opening and its runtime, and an event in its history; no cycle
+    considers it (app/cycle/eligibility.py) until a window or the job changes (a change
+    puts it back in line; a wider window here). Run by the window service on every change
+    and by each scheduling cycle (a job released from a hold, or whose dependencies ended,
+    is judged again). Executes, does not commit."""
+    runtime = func.coalesce(Job.estimated_runtime_s, Job.max_runtime_s)
+    judged = (
+        Job.status == JobStatus.PENDING,
+        Job.schedule_mode == "offpeak",
+        Job.preemptible.is_(False),
+        Job.held_by.is_(None),
+        Job.dependencies_met.is_(True),
+        Job.pending_reason.is_distinct_from(ARRAY_LIMIT),
+    )
+    windows = session.scalars(select(Job.window).distinct().where(*judged)).all()
+    if not windows:
+        return
+    day = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    longest = {spec.name: (_longest_opening_s(spec, day), spec.name) for spec in specs}
+    for window in windows:
+        if window is None and longest:
+            longest_s, name = max(longest.values())
+        elif window in longest:
+            longest_s, name = longest[window]
+        else:  # no window to judge by (deleting one in use is refused)
+            continue
+        same = Job.window.is_(None) if window is None else Job.window == window
+        session.execute(
+            update(Job)
+            .where(
+                *judged,
+                same,
+                Job.pending_reason == NEVER_IN_WINDOW,
+                or_(runtime.is_(None), runtime <= longest_s),
+            )
+            .values(
+                pending_reason=NEW_IN_QUEUE,
+                pending_message=(
+                    "an opening of its off-peak window is long enough again; waiting for the "
+                    "next scheduling cycle"
+                ),
+                queue_position=None,
+                estimated_start_at=None,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        impossible = select(Job).where(
+            *judged, same, runtime > longest_s, Job.pending_reason.is_distinct_from(NEVER_IN_WINDOW)
+        )
+        for job in session.scalars(impossible).all():
+            message = _never_in_window_message(job, window=window, name=name, longest_s=longest_s)
+            job.pending_reason = NEVER_IN_WINDOW
+            job.pending_message = message[:512]
+            job.queue_position = None
+            job.estimated_start_at = None
+            note(session, job=job, actor=actor, reason=message[:512])
+
+
+@lru_cache(maxsize=128)
+def _longest_opening_s(spec: WindowSpec, day: datetime) -> float:
+    """longest_opening_s from the start of `day` (UTC): a daily window's year of openings
+    takes about 17 ms to walk, too long for every cycle; the answer moves once a day."""
+    return longest_opening_s(spec, now=day)
+
+
+def _never_in_window_message(job: Job, *, window: str | None, name: str, longest_s: float) -> str:
+    if job.estimated_runtime_s:
+        what, runtime_s = "runtime estimate", job.estimated_runtime_s
+    else:
+        what, runtime_s = "time limit", job.max_runtime_s or 0
+    which = f"off-peak window {name!r}" if window is not None else "any off-peak window"
+    longest = f"the longest, {name!r}'s," if window is None else "its longest"
+    return (
+        f"never starts: no opening of {which} is long enough since the windows changed:"
+        f" {longest} is {readable_span(int(longest_s))}, the job's {what}"
+        f" {readable_span(runtime_s)}, and a job that is not preemptible must end before"
+        " its window closes; shorten it or make it preemptible (gpusched update), or cancel"
+        " it"
     )
