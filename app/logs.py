@@ -10,8 +10,6 @@ import os
 import warnings
 from datetime import UTC, datetime
 
-from celery.exceptions import SecurityWarning
-
 CONTEXT_FIELDS = ("job_id", "attempt", "node")
 
 
@@ -53,6 +51,8 @@ def celery_options() -> list[str]:
     """A Celery worker's `worker_main` argv start: its global --quiet (no banner) when
     quiet, then the worker command; add `--loglevel` from `log_level_name()` after it."""
     if quiet():
+        from celery.exceptions import SecurityWarning  # not for every CLI start
+
         # Its "running the worker with superuser privileges" warning: an agent runs as root
         # by design (jobs run as their owners), and `up` says whose accounts jobs use.
         warnings.filterwarnings("ignore", category=SecurityWarning)
