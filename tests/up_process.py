@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.processes import dies_with_this_process
+from tests.support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,6 +30,12 @@ def start_up(
     own.update(
         GPUSCHED_DATA_DIR=str(data_dir),
         GPUSCHED_PORT=str(port),
+        # Not the default 9101/9102: `up` refuses to start on a taken port, and stacks run
+        # side by side (one per test worker).
+        GPUSCHED_SCHEDULER_METRICS_PORT=str(free_port()),
+        GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT=str(free_port()),
+        # Where `up` saves the CLI's URL and token: not the developer's ~/.config.
+        XDG_CONFIG_HOME=str(data_dir / "xdg-config"),
         PYTHONUNBUFFERED="1",
         **(env or {}),
     )

@@ -12,7 +12,7 @@ from prometheus_client import start_http_server
 from app import compiled_core
 from app.config import Settings
 from app.cycle.settings import SchedulerSettings
-from app.logs import configure_logging
+from app.logs import celery_options, configure_logging, log_level_name
 from app.messaging import SCHEDULER_QUEUE
 from app.processes import die_with_parent
 from app.wire import REPORTS_QUEUE
@@ -53,7 +53,7 @@ def run_scheduler_worker(
         except OSError as exc:  # e.g. a second scheduler on this host: run without metrics
             log.warning("%s metrics not served on port %d: %s", role, port, exc)
     argv = [
-        "worker",
+        *celery_options(),
         "--queues",
         queues,
         # Threads: reports are handled while a cycle runs; cycles themselves serialise on a
@@ -68,7 +68,7 @@ def run_scheduler_worker(
         "--without-mingle",
         "--without-heartbeat",
         "--loglevel",
-        "INFO",
+        log_level_name().upper(),
     ]
     if beat and work != "reports":
         schedule_file = settings.data_dir.resolve() / "celerybeat-schedule"

@@ -3,10 +3,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
+from sqlalchemy.orm import Session
 
 from app.api.deps import AdminUser, CurrentUser, SessionDep
 from app.batches.window_users import window_users
 from app.db import utcnow
+from app.jobs.never_in_window import settle_never_in_window
 from app.paging import PageDep, cut
 from app.windows import service
 from app.windows.schemas import UpcomingWindow, WindowIn, WindowOut
@@ -34,7 +36,9 @@ def upcoming_windows(
 
 @router.post("", response_model=WindowOut, status_code=status.HTTP_201_CREATED)
 def create_window(body: WindowIn, session: SessionDep, admin: AdminUser) -> WindowOut:
-    return service.create_window(session=session, actor=admin.name, body=body)
+    created = service.create_window(session=session, actor=admin.name, body=body)
+    _judge_waiting_jobs(session, actor=admin.name)
+    return created
 
 
 @router.get("/{name}", response_model=WindowOut)
@@ -44,12 +48,23 @@ def get_window(name: str, session: SessionDep, _: CurrentUser) -> WindowOut:
 
 @router.put("/{name}", response_model=WindowOut)
 def replace_window(name: str, body: WindowIn, session: SessionDep, admin: AdminUser) -> WindowOut:
-    return service.replace_window(
+    replaced = service.replace_window(
         session=session, actor=admin.name, name=name, body=body, users_of=window_users
     )
+    _judge_waiting_jobs(session, actor=admin.name)
+    return replaced
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_window(name: str, session: SessionDep, admin: AdminUser) -> Response:
     service.delete_window(session=session, actor=admin.name, name=name, users_of=window_users)
+    _judge_waiting_jobs(session, actor=admin.name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def _judge_waiting_jobs(session: Session, *, actor: str) -> None:
+    """Waiting off-peak jobs that the changed windows leave no opening long enough for are
+    marked at once (each cycle would, too: this is for the admin who looks right after)."""
+    specs = service.window_specs(session=session)
+    settle_never_in_window(session=session, specs=specs, now=utcnow(), actor=actor)
+    session.commit()

@@ -8,11 +8,12 @@ stderr and exits with its code, so no traceback reaches the user.
 
 from __future__ import annotations
 
-from typing import Any
+from importlib import metadata
+from typing import Annotated, Any
 
 import typer
 from sqlalchemy.exc import DBAPIError
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
 
 from app.cli import (
     admin,
@@ -65,6 +66,46 @@ app = typer.Typer(
     # Locals can hold API tokens; never print them in a traceback.
     pretty_exceptions_show_locals=False,
 )
+
+_typed = TyperOption.display_type_rich
+
+
+def _no_type_for_flags(self: TyperOption, ctx: Any) -> str | None:
+    """A flag takes no value: --help shows none (Typer's `<bool>` beside every flag reads as
+    if one were expected)."""
+    return None if self.is_flag else _typed(self, ctx)
+
+
+TyperOption.display_type_rich = _no_type_for_flags  # type: ignore[method-assign]
+
+
+def version() -> str:
+    try:
+        return metadata.version("gpusched")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed: pip install .)"
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"gpusched {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print gpusched's version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """GPU cluster scheduler: run the server, submit and inspect jobs, manage the cluster."""
+
 
 server.register(app)
 jobs.register(app)

@@ -43,8 +43,9 @@ from app.nodes.keys import installation_secret, node_key
 from app.text import check_name
 
 admin_app = typer.Typer(
-    help="Users, their projects and tokens (direct database access; run where the database"
-    " is reachable).",
+    help="Users, their projects and tokens (direct database access: the database of "
+    "GPUSCHED_DATABASE_URL, else gpusched.db in GPUSCHED_DATA_DIR, default ./.gpusched; run "
+    "where `gpusched up` or the server runs).",
     no_args_is_help=True,
 )
 
@@ -332,7 +333,7 @@ def print_node_key(
     if not 1 <= len(name) <= 128:
         raise CliError(f"node name {name!r}: must be 1 to 128 characters", EXIT_USAGE)
     settings = load_settings_or_exit()
-    with database(settings) as engine:
+    with database(settings, existing=True) as engine:
         secret = installation_secret(make_session_factory(engine))
     typer.echo(node_key(secret, name).hex())
 

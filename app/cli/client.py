@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
+from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
@@ -29,6 +30,10 @@ EXIT_USAGE = 2
 
 URL_ENV = "GPUSCHED_URL"
 TOKEN_ENV = "GPUSCHED_TOKEN"
+# The CLI's own files, found from any directory: $XDG_CONFIG_HOME/gpusched (default
+# ~/.config/gpusched), as kubectl's ~/.kube/config. `gpusched up` writes them.
+TOKEN_FILE = "token"
+URL_FILE = "url"
 
 
 class CliError(Exception):
@@ -69,7 +74,8 @@ UrlOption = Annotated[
         "--url",
         envvar=URL_ENV,
         show_envvar=True,
-        help="gpusched API base URL (default: http://HOST:PORT from GPUSCHED_HOST/GPUSCHED_PORT)",
+        help="gpusched API base URL (default: http://HOST:PORT from GPUSCHED_HOST/"
+        "GPUSCHED_PORT, else the url file in ~/.config/gpusched, else http://127.0.0.1:8000)",
         rich_help_panel="Connection",
     ),
 ]
@@ -79,7 +85,8 @@ TokenOption = Annotated[
         "--token",
         envvar=TOKEN_ENV,
         show_envvar=True,
-        help="API token (default: the admin token file in the data dir, when readable)",
+        help="API token (default: the token file in ~/.config/gpusched, else the admin "
+        "token file in the data dir)",
         rich_help_panel="Connection",
     ),
 ]
@@ -108,29 +115,89 @@ def default_url(settings: Settings) -> str:
     return f"http://{host}:{settings.port}"
 
 
+def config_dir() -> Path:
+    """$XDG_CONFIG_HOME/gpusched, or ~/.config/gpusched (the XDG base directory spec: a
+    relative XDG_CONFIG_HOME is ignored)."""
+    base = os.environ.get("XDG_CONFIG_HOME", "")
+    root = Path(base) if base and Path(base).is_absolute() else Path.home() / ".config"
+    return root / "gpusched"
+
+
+def _read_stored(path: Path) -> str:
+    """A stored token or URL, stripped; "" when the file is absent."""
+    try:
+        return path.read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return ""
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}", EXIT_USAGE) from None
+
+
 def resolve_url(url: str | None) -> str:
+    """--url or GPUSCHED_URL; else GPUSCHED_HOST/GPUSCHED_PORT when either is set; else the
+    URL stored in the config dir (`gpusched up` saves it); else the default host and port."""
     if url:
         return url.rstrip("/")
-    return default_url(settings_or_exit())
+    settings = settings_or_exit()
+    if not {"GPUSCHED_HOST", "GPUSCHED_PORT"} & os.environ.keys():
+        stored = _read_stored(config_dir() / URL_FILE)
+        if stored:
+            return stored.rstrip("/")
+    return default_url(settings)
 
 
 def resolve_token(token: str | None) -> str:
+    """--token or GPUSCHED_TOKEN; else the token file in the config dir (from any
+    directory); else, as before, the admin token file in the data dir."""
     if token:
         return token.strip()
-    path = settings_or_exit().admin_token_file
-    try:
-        stored = path.read_text().strip()
-    except FileNotFoundError:
-        stored = ""
-    except OSError as exc:
-        raise CliError(f"cannot read token file {path}: {exc.strerror}", EXIT_USAGE) from None
+    in_config = config_dir() / TOKEN_FILE
+    stored = _read_stored(in_config)
+    if stored:
+        return stored
+    in_data_dir = settings_or_exit().admin_token_file
+    stored = _read_stored(in_data_dir)
     if not stored:
         raise CliError(
-            f"no API token: pass --token, set {TOKEN_ENV}, or run where the admin token "
-            f"file {path} exists",
+            f"no API token: pass --token, set {TOKEN_ENV}, or save it in {in_config} "
+            f"(`gpusched up` does; the admin token file {in_data_dir.absolute()} is read too)",
             EXIT_USAGE,
         )
     return stored
+
+
+def write_secret(path: Path, content: str) -> None:
+    """Write a file only its owner can read (0600), even if it existed with looser bits."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(handle.fileno(), 0o600)
+        handle.write(content)
+
+
+def save_client_config(*, url: str, token: str | None, token_file: Path) -> str:
+    """Where the CLI finds the server and a token from any directory: `url` always (the
+    stack just started), the token when it is new, or when none is stored yet, from
+    `token_file` (a token of someone's own is kept). Returns the line that says where,
+    or why not (a config dir that cannot be written is no reason to stop)."""
+    folder = config_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (folder / URL_FILE).write_text(url + "\n")
+        stored = folder / TOKEN_FILE
+        if token is None and not _read_stored(stored):
+            token = _read_stored(token_file) or None
+        if token is not None:
+            write_secret(stored, token + "\n")
+        elif not _read_stored(stored):
+            return f"CLI: server URL saved in {folder / URL_FILE}"
+    except (OSError, CliError) as exc:
+        why = exc.message if isinstance(exc, CliError) else exc.strerror
+        return f"CLI: could not save the URL and token in {folder}: {why}"
+    return (
+        f"CLI: URL and token saved in {folder}/ (mode 0600): `gpusched` finds them from "
+        "any directory"
+    )
 
 
 def format_error(response: httpx.Response) -> str:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.audit.service import local_actor
 from app.auth.service import ensure_bootstrap_admin
-from app.cli.client import EXIT_USAGE, CliError
+from app.cli.client import EXIT_USAGE, CliError, write_secret
 from app.config import Settings, SettingsError, load_settings
 from app.db import make_engine, make_session_factory, transaction
 from app.installation.service import installation_id
@@ -65,20 +65,42 @@ def ensure_data_dir(path: Path) -> None:
         raise CliError(f"cannot create data dir {path}: {exc.strerror}", EXIT_USAGE) from None
 
 
-def write_secret(path: Path, content: str) -> None:
-    """Write a file only its owner can read (0600), even if it existed with looser bits."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(path, flags, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        os.fchmod(handle.fileno(), 0o600)
-        handle.write(content)
+def where_database(settings: Settings) -> str:
+    """Which database the settings chose and how to choose another: for the commands that
+    open it directly (`gpusched admin`), which may run in another directory than the server
+    and so, by default, on another SQLite file."""
+    if settings.database_url:
+        chosen = "GPUSCHED_DATABASE_URL's"
+    else:
+        folder = settings.data_dir
+        relative = "" if folder.is_absolute() else f", relative to {Path.cwd()}"
+        chosen = f"the SQLite file in the data dir {folder}{relative}"
+    return (
+        f"({chosen}); run the command where `gpusched up` or `gpusched server` runs, or "
+        "point at the database with GPUSCHED_DATA_DIR=DIR (its gpusched.db) or "
+        "GPUSCHED_DATABASE_URL=URL"
+    )
+
+
+def _missing_sqlite_file(url: str) -> Path | None:
+    parsed = make_url(url)
+    name = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not name or name == ":memory:":
+        return None
+    path = Path(name)
+    return None if path.exists() else path.resolve()
 
 
 @contextmanager
-def database(settings: Settings) -> Iterator[Engine]:
+def database(settings: Settings, *, existing: bool = False) -> Iterator[Engine]:
     """An engine for the configured database; an unreachable or unusable database becomes a
-    one-line CliError (exit 2) instead of a traceback."""
+    one-line CliError (exit 2) instead of a traceback. `existing`: the database must be
+    there already (no empty SQLite file is made), and a failure says which database was
+    opened and how to point at another."""
     url = settings.effective_database_url
+    where = f" {where_database(settings)}" if existing else ""
+    if existing and (missing := _missing_sqlite_file(url)) is not None:
+        raise CliError(f"no database at {missing}{where}", EXIT_USAGE)
     engine = make_engine(url)
     try:
         yield engine
@@ -88,7 +110,7 @@ def database(settings: Settings) -> Iterator[Engine]:
         if isinstance(exc, ProgrammingError) or "no such table" in reason:
             hint = " — has `gpusched migrate` been run?"
         raise CliError(
-            f"cannot use the database at {safe_url(url)}: {reason}{hint}", EXIT_USAGE
+            f"cannot use the database at {safe_url(url)}: {reason}{hint}{where}", EXIT_USAGE
         ) from None
     finally:
         engine.dispose()
@@ -96,8 +118,12 @@ def database(settings: Settings) -> Iterator[Engine]:
 
 @contextmanager
 def session_scope(settings: Settings) -> Iterator[Session]:
-    """One transaction against the configured database (admin commands)."""
-    with database(settings) as engine, transaction(make_session_factory(engine)) as session:
+    """One transaction against the configured database, which must exist (admin
+    commands)."""
+    with (
+        database(settings, existing=True) as engine,
+        transaction(make_session_factory(engine)) as session,
+    ):
         yield session
 
 

@@ -8,9 +8,12 @@ GPUSCHED_REDIS_URL is unset). Ctrl-C stops everything.
 
 from __future__ import annotations
 
+import enum
+import errno
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,12 +21,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
+import httpx
 import typer
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.auth.models import User
-from app.cli.client import EXIT_USAGE, CliError
+from app.cli.client import EXIT_USAGE, CliError, default_url, save_client_config, write_secret
 from app.cli.server import (
     announce_token,
     bootstrap_admin,
@@ -33,10 +38,12 @@ from app.cli.server import (
     load_settings_or_exit,
     migrate_or_exit,
     private_files,
-    write_secret,
 )
+from app.config import Settings
+from app.cycle.settings import SchedulerSettings
 from app.db import make_session_factory, transaction
 from app.installation.service import installation_id
+from app.logs import log_level_name
 from app.nodes.keys import installation_secret, node_key
 from app.processes import (
     CrashBudget,
@@ -202,13 +209,32 @@ def up(
             "(systemd's StartLimitIntervalSec)",
         ),
     ] = RESTART_WINDOW_S,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Show the processes' INFO lines (Celery's banners and a line per task); "
+            "the same as --log-level info",
+        ),
+    ] = False,
+    log_level: Annotated[
+        LogLevel | None,
+        typer.Option(
+            help="How much the processes log (default warning, or GPUSCHED_LOG_LEVEL's)",
+            case_sensitive=False,
+        ),
+    ] = None,
 ) -> None:
-    """Start API, dashboard, scheduler and agents; print the URL and admin token.
+    """Start API, dashboard, scheduler and agents; print the URL and admin token last.
 
     A process that exits is restarted, as a supervisor would, unless it exited more than
     --max-restarts times within --restart-window: then the stack stops and says why."""
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings_or_exit(**overrides)
+    # Before anything starts: a port taken is an error naming the setting that moves it.
+    check_ports_free(settings, _scheduler_settings())
+    level = _children_log_level(log_level, verbose=verbose)
     private_files()
     ensure_data_dir(settings.data_dir)
     data_dir = settings.data_dir.resolve()
@@ -240,6 +266,7 @@ def up(
         # The agents name each job's fence by it (they would wait for the scheduler to
         # publish it otherwise).
         "GPUSCHED_AGENT_INSTALLATION": installation,
+        "GPUSCHED_LOG_LEVEL": level,
     }
     if os.geteuid() == 0 and admin_account == invoking_account() == "root":
         # Started by root itself (a fresh machine, a container): its admin's jobs run as root,
@@ -251,7 +278,7 @@ def up(
     env.setdefault("GPUSCHED_AGENT_SAMPLE_INTERVAL_S", "2")
     cli = [sys.executable, "-m", "app.cli"]
     commands = [
-        ("api", [*cli, "server", "--log-level", "warning"]),
+        ("api", [*cli, "server", "--log-level", level]),
         ("scheduler", [*cli, "scheduler", "--only", "cycle"]),
         # Agents' reports in a process of their own: they do not compete with the cycle
         # for one interpreter lock (bench/drain.py; docs/benchmarks.md).
@@ -278,15 +305,25 @@ def up(
     try:
         for label, argv in commands:
             children.append((label, _spawn(argv, env)))
-        url = f"http://{settings.host}:{settings.port}"
-        typer.echo(f"\ngpusched is starting: dashboard {url}/  API docs {url}/docs")
-        typer.echo(f"nodes: {', '.join(f'{n} ({s})' for n, s in agents)}")
+        url = default_url(settings)
+        saved = save_client_config(url=url, token=token, token_file=settings.admin_token_file)
+        typer.echo(f"gpusched is starting (nodes: {', '.join(f'{n} ({s})' for n, s in agents)})")
         typer.echo(whose_jobs(env, admin_account))
-        if token is not None:
-            announce_token(token, settings.admin_token_file)
-        else:
-            typer.echo(f"admin token: in {settings.admin_token_file.resolve()} (mode 0600)")
-        typer.echo("Press Ctrl-C to stop.\n")
+
+        def announce() -> None:
+            """Last, once the API answers: the lines a first start is for stay on screen
+            (the processes log warnings only, unless -v)."""
+            typer.echo("")
+            if token is not None:
+                announce_token(token, settings.admin_token_file)
+            else:
+                typer.echo(f"admin token: in {settings.admin_token_file.resolve()} (mode 0600)")
+            typer.echo(saved)
+            typer.echo(f"dashboard: {url}/   API docs: {url}/docs")
+            typer.echo("Press Ctrl-C to stop.\n")
+
+        announce_by = time.monotonic() + ANNOUNCE_WAIT_S
+        announced = False
         # A worker can exit when Redis goes away for a moment, Redis itself when killed;
         # bring each back, as a process supervisor would, but give up on one that keeps
         # dying (exits long ago are forgotten).
@@ -316,6 +353,9 @@ def up(
                 why = f"the private Redis could not be restarted: {exc}"
 
         while not stopping:
+            if not announced and (_answers(url) or time.monotonic() > announce_by):
+                announce()
+                announced = True
             for i, (label, child) in enumerate(children):
                 if child.poll() is None or stopping:
                     continue
@@ -378,3 +418,91 @@ def _stop_stages(
 
 def register(app: typer.Typer) -> None:
     app.command("up", rich_help_panel="Service")(up)
+
+
+# How long `up` waits for the API to answer before it prints the URL and token anyway.
+ANNOUNCE_WAIT_S = 60.0
+
+
+class LogLevel(enum.StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+def _children_log_level(asked: LogLevel | None, *, verbose: bool) -> str:
+    """--log-level, else info with -v, else GPUSCHED_LOG_LEVEL when set, else warning: a
+    first start shows its URL and token, not Celery's banners and a line per task."""
+    if asked is not None:
+        return asked.value
+    if verbose:
+        return "info"
+    if os.environ.get("GPUSCHED_LOG_LEVEL"):
+        return log_level_name()
+    return "warning"
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=0.5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _scheduler_settings() -> SchedulerSettings:
+    try:
+        return SchedulerSettings()
+    except ValidationError as exc:
+        raise CliError(f"unusable GPUSCHED_SCHEDULER_* setting: {exc}", EXIT_USAGE) from None
+
+
+def check_ports_free(settings: Settings, scheduler: SchedulerSettings) -> None:
+    """The ports `up`'s processes listen on, tried before any of them starts: one taken
+    (another stack, a service of the machine) is an error naming the port, what wanted it
+    and the setting that moves it, not a warning in a child's log or a crash loop. The
+    private Redis takes a free port of its own."""
+    wanted = [
+        (settings.port, "the API and dashboard", "--port or GPUSCHED_PORT"),
+        (
+            scheduler.metrics_port,
+            "the scheduler's metrics",
+            "GPUSCHED_SCHEDULER_METRICS_PORT (0: no metrics server)",
+        ),
+        (
+            scheduler.reports_metrics_port,
+            "the reports worker's metrics",
+            "GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT (0: no metrics server)",
+        ),
+    ]
+    seen: dict[int, str] = {}
+    for port, what, setting in wanted:
+        if not port:
+            continue
+        if port in seen:
+            raise CliError(
+                f"port {port} is wanted by both {seen[port]} and {what}: set {setting} to "
+                "another port",
+                EXIT_USAGE,
+            )
+        seen[port] = what
+        problem = port_problem(settings.host, port)
+        if problem:
+            raise CliError(
+                f"port {port} on {settings.host} ({what}) cannot be used: {problem}; stop "
+                f"what uses it or set {setting} to another port",
+                EXIT_USAGE,
+            )
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on host:port (None: it could), found by binding it
+    as uvicorn and prometheus_client do (SO_REUSEADDR: a port in TIME_WAIT is free)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return "it is already in use" if exc.errno == errno.EADDRINUSE else str(exc.strerror)
+    return None

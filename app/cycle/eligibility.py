@@ -36,8 +36,12 @@ ELIGIBLE = (
     Job.dependencies_met.is_(True),
 )
 # Array tasks over their array's limit (app/cycle/arrays.py) are left out too; they keep
-# that reason, which no gate below overwrites.
-NOT_THROTTLED = Job.pending_reason.is_distinct_from(ReasonKind.ARRAY_LIMIT.value)
+# that reason, which no gate below overwrites. So are off-peak jobs no opening of their
+# window is long enough for (app/jobs/never_in_window.py).
+NOT_THROTTLED = and_(
+    Job.pending_reason.is_distinct_from(ReasonKind.ARRAY_LIMIT.value),
+    Job.pending_reason.is_distinct_from(ReasonKind.NEVER_IN_WINDOW.value),
+)
 
 BEGIN_TIME = ReasonKind.BEGIN_TIME.value
 WINDOW_CLOSED = ReasonKind.WINDOW_CLOSED.value

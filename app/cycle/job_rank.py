@@ -19,13 +19,15 @@ from app.scheduling.rank import AHEAD_TEXT, Rank
 from app.scheduling.types import ReasonKind
 
 # Waiting, but outside the ranking until something else happens: its dependencies end,
-# its array's tasks end, its begin time comes or its off-peak window opens.
+# its array's tasks end, its begin time comes or its off-peak window opens (or, for one
+# no opening is long enough for, the window or the job changes).
 NOT_RANKABLE = frozenset(
     {
         ReasonKind.DEPENDENCY.value,
         ReasonKind.ARRAY_LIMIT.value,
         ReasonKind.BEGIN_TIME.value,
         ReasonKind.WINDOW_CLOSED.value,
+        ReasonKind.NEVER_IN_WINDOW.value,
     }
 )
 

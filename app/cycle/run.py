@@ -32,6 +32,7 @@ from app.cycle.eligibility import ClockGates, settle_clock_gates
 from app.cycle.ranks import RankedBy
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory, read_snapshot
+from app.jobs.never_in_window import settle_never_in_window
 from app.messaging import Sender
 from app.metrics import CYCLE_SECONDS, PLACEMENTS, PLAN_SECONDS
 from app.scheduling import plan_cycle
@@ -117,6 +118,7 @@ def run_cycle(
             # 0. dependencies, array limits, then the jobs the clock holds back
             awaited_starts = settle_dependencies(session, now=now)
             settle_array_limits(session)
+            settle_never_in_window(session=session, specs=specs, now=now)
             gated_until = settle_clock_gates(session, gates=gates)
             session.commit()
             # 1. snapshot

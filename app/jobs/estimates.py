@@ -55,6 +55,8 @@ def estimate_note(
         return "no estimate: it is not in line until its dependencies end"
     if reason == ReasonKind.ARRAY_LIMIT.value:
         return "no estimate: it is not in line until tasks of its array end"
+    if reason == ReasonKind.NEVER_IN_WINDOW.value:
+        return "no estimate: no opening of its off-peak window is long enough (see the reason)"
     if reason == ReasonKind.NEW.value or position is None:
         return NOT_RANKED
     if reason in _CANNOT_START:

@@ -150,6 +150,7 @@ _LATER_REASONS = (
     ReasonKind.DEPENDENCY.value,
     ReasonKind.ARRAY_LIMIT.value,
     ReasonKind.BEGIN_TIME.value,
+    ReasonKind.NEVER_IN_WINDOW.value,
 )
 
 

@@ -252,6 +252,10 @@ class ReasonKind(enum.Enum):
     MAINTENANCE = "maintenance"
     NO_ACCOUNT = "no_account"
     RUNNING_LIMIT = "running_limit"
+    # Set outside the planner (app/windows/service.py): an off-peak job that is not
+    # preemptible and lasts longer than every opening of its window(s), after a window
+    # change; it waits, out of every cycle, until a window or the job changes.
+    NEVER_IN_WINDOW = "never_in_window"
 
 
 class Placement(NamedTuple):

@@ -35,6 +35,8 @@ class Cli:
             "GPUSCHED_TOKEN_TTL_DAYS": None,
             "GPUSCHED_DATA_DIR": str(self.settings.data_dir),
             "GPUSCHED_DATABASE_URL": self.database_url,
+            # The CLI's token and URL files (~/.config/gpusched): the test's own.
+            "XDG_CONFIG_HOME": str(self.settings.data_dir.parent / "xdg-config"),
             "COLUMNS": "200",  # rich tables: no truncated cells
         }
         env.update(extra)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.cli.harness import Cli
 
 
@@ -61,12 +63,16 @@ def test_create_token_and_revoke(cli: Cli) -> None:
 
 
 def test_admin_on_an_unmigrated_database_says_so(cli: Cli, tmp_path: Path) -> None:
+    """And which database it opened, and how to point at another."""
+    empty = tmp_path / "empty.db"
+    empty.touch()  # a database with no tables (one missing altogether: below)
     result = cli.raw(
-        ["admin", "create-user", "eve", "-p", "ml"],
-        GPUSCHED_DATABASE_URL=f"sqlite:///{tmp_path / 'empty.db'}",
+        ["admin", "create-user", "eve", "-p", "ml"], GPUSCHED_DATABASE_URL=f"sqlite:///{empty}"
     )
     assert result.exit_code == 2
     assert "gpusched migrate" in result.stderr and "Traceback" not in result.output
+    assert result.stderr.startswith(f"error: cannot use the database at sqlite:///{empty}: ")
+    assert "(GPUSCHED_DATABASE_URL's); run the command where `gpusched up`" in result.stderr
 
 
 def test_add_to_and_remove_from_projects(cli: Cli) -> None:
@@ -277,3 +283,34 @@ def test_quota_max_running_and_max_gpus_limit_a_projects_running_jobs(cli: Cli) 
     assert bad.exit_code == 2 and "--max-gpus: expected a count" in bad.stderr
     refused = cli("quota", "ml", "--max-running", "1")  # alice is not an admin
     assert refused.exit_code != 0
+
+
+def test_admin_from_another_directory_names_the_database_and_how_to_choose(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run where no database is (the SQLite default is relative to the current directory):
+    it says which file it looked for and how to point at the right one, and makes none."""
+    monkeypatch.chdir(tmp_path)
+    result = cli.raw(["admin", "users"], GPUSCHED_DATABASE_URL=None, GPUSCHED_DATA_DIR=None)
+    assert result.exit_code == 2
+    missing = tmp_path / ".gpusched" / "gpusched.db"
+    assert result.stderr == (
+        f"error: no database at {missing} (the SQLite file in the data dir .gpusched, relative"
+        f" to {tmp_path}); run the command where `gpusched up` or `gpusched server` runs, or"
+        " point at the database with GPUSCHED_DATA_DIR=DIR (its gpusched.db) or"
+        " GPUSCHED_DATABASE_URL=URL\n"
+    )
+    assert not missing.exists()
+    # Pointed at it, it works from there.
+    assert cli.raw(["admin", "users"]).exit_code == 0
+
+
+def test_the_cli_finds_server_and_token_in_the_config_dir(cli: Cli) -> None:
+    """Neither --url nor --token nor GPUSCHED_*: `gpusched up` saved them for the CLI."""
+    folder = cli.settings.data_dir.parent / "xdg-config" / "gpusched"
+    folder.mkdir(parents=True)
+    (folder / "url").write_text(cli.url + "\n")
+    (folder / "token").write_text(cli.tokens["alice"] + "\n")
+    result = cli.raw(["me", "--json"], GPUSCHED_DATA_DIR="/nonexistent")
+    assert result.exit_code == 0, result.output
+    assert '"name": "alice"' in result.stdout

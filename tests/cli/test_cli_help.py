@@ -1,7 +1,11 @@
-"""`gpusched --help`: each command's summary reads as one paragraph."""
+"""`gpusched --help`: each command's summary reads as one paragraph, flags without a type;
+`gpusched --version`."""
 
 from __future__ import annotations
 
+from importlib import metadata
+
+import pytest
 from typer.testing import CliRunner
 
 from app.cli import app as cli_app
@@ -17,3 +21,23 @@ def test_the_command_list_joins_each_summary_into_one_paragraph() -> None:
     assert "with the estimated start and why each waits (as squeue --start)." in lines["queue"]
     # Still in their panels.
     assert "╭─ Jobs " in result.output and "╭─ Cluster " in result.output
+
+
+def test_version_prints_the_installed_version() -> None:
+    result = CliRunner().invoke(cli_app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"gpusched {metadata.version('gpusched')}\n"
+
+
+@pytest.mark.parametrize("command", [[], ["jobs"], ["submit"], ["scheduler"], ["up"]])
+def test_flags_show_no_type_in_help(command: list[str]) -> None:
+    """A flag takes no value: no `<bool>` beside it; options that take one keep theirs."""
+    result = CliRunner().invoke(
+        cli_app, [*command, "--help"], env={"COLUMNS": "250"}, terminal_width=250
+    )
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.output
+    help_line = next(line for line in result.output.splitlines() if "--help" in line)
+    assert "<" not in help_line
+    if command == ["jobs"]:
+        assert "<int>" in result.output or "<text>" in result.output or "<str>" in result.output

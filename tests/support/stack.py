@@ -277,7 +277,7 @@ class Stack:
 
     def start_agent(self, name: str, spec: str | None = None) -> Proc:
         """Start (or restart) a node's agent, with its key where it looks, as `up` does."""
-        from app.cli.server import write_secret
+        from app.cli.client import write_secret
 
         name = self.name(name)
         spec = spec or self.agent_specs[name]

@@ -17,6 +17,7 @@ from celery import Celery, signals
 from prometheus_client import start_http_server
 
 from app.config import Settings
+from app.logs import celery_options, log_level_name
 from app.wire import (
     AGENT_REPORT,
     RUN_JOB,
@@ -188,7 +189,7 @@ def run_agent_worker(settings: Settings, agent_settings: AgentSettings) -> None:
 
     celery.worker_main(
         [
-            "worker",
+            *celery_options(),
             "--queues",
             node_queue(agent_settings.name),
             "--pool",
@@ -201,6 +202,6 @@ def run_agent_worker(settings: Settings, agent_settings: AgentSettings) -> None:
             "--without-mingle",
             "--without-heartbeat",
             "--loglevel",
-            "INFO",
+            log_level_name().upper(),
         ]
     )

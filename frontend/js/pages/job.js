@@ -29,8 +29,9 @@ function envText(env) {
 }
 
 // Waiting jobs the scheduler does not rank: their dependencies or their array's limit
-// hold them back. A new one is asked for: its rank says when the next full cycle ranks it.
-const NOT_RANKED = new Set(["dependency", "array_limit", "begin_time"]);
+// hold them back, or no opening of their off-peak window is long enough. A new one is
+// asked for: its rank says when the next full cycle ranks it.
+const NOT_RANKED = new Set(["dependency", "array_limit", "begin_time", "never_in_window"]);
 
 // How one webhook message's delivery went (GET /jobs/{id}/notifications).
 function deliveryText(n) {
