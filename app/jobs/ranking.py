@@ -50,6 +50,7 @@ def rank(*, session: Session, principal: Principal, job_id: int, now: datetime) 
         expected_from=found.expected_from,
         waited_s=waited_s,
         starving=found.starving,
+        las_queue=found.las_queue,
     ).message
     return RankOut(
         job_id=job_id,
@@ -61,6 +62,7 @@ def rank(*, session: Session, principal: Principal, job_id: int, now: datetime) 
         expected_from=found.expected_from,
         waited_s=waited_s,
         starving=found.starving,
+        las_queue=found.las_queue,
         message=message,
         ranked=True,
         ranked_at=stored.ranked_at,
