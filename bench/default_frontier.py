@@ -2,13 +2,16 @@
 
     .venv/bin/python bench/default_frontier.py [--only philly_0e4a51.csv ...]
         [--factors 0 0.25 1] [--promote 0 4] [--fractions 1 0.5 0] [--jobs 2]
+        [--set promoted_may_preempt=1 --set preempt_remaining_cost=0 ...]
 
 For every trace and shape of `scheduling_quality.py --goal` (each charged the same
 preemption cost), runs fifo, sjf and las once, then the default with each pair of
 knobs (`short_first_factor` x `promote_after_service`) and prints, per pair, how
 many of the goal's checks hold, the geometric mean of avg JCT over the best of
 fifo/sjf/las, the worst such ratio, and the geometric mean of p99 over fifo's: the
-frontier from which docs/scheduling.md chooses the default's knobs. Tune on some
+frontier from which docs/scheduling.md chooses the default's knobs. With `--set`, each
+`--set KEY=VALUE[,KEY=VALUE]` is one row instead: those PolicySettings fields changed
+from the defaults (booleans as 0/1), e.g. the preemption-cost knobs. Tune on some
 traces (`--only`) and check the choice on the others. Writes
 bench/results/default_frontier.md (`--out` to change).
 """
@@ -30,15 +33,21 @@ from app.scheduling import PolicySettings  # noqa: E402
 from app.simulator import DEFAULT_PREEMPTION_COST_S, mark_preemptible, read_trace, simulate  # noqa: E402
 from bench.scheduling_quality import GOAL_FRACTIONS, GOAL_REFERENCES, goal_shapes, verdict  # noqa: E402
 
-Metrics = tuple[float, float, float, float]  # avg JCT, p99 JCT, utilisation, makespan
+# avg JCT, p99 JCT, utilisation, makespan, preemptions
+Metrics = tuple[float, float, float, float, float]
 
 
-def _run(args: tuple[Path, int, int, float, str, float, float, float]) -> Metrics:
-    path, nodes, shape_i, fraction, policy, factor, promote, cost = args
+Knobs = tuple[tuple[str, float], ...]  # PolicySettings fields changed, as (name, value)
+
+
+def _run(args: tuple[Path, int, int, float, str, Knobs, float]) -> Metrics:
+    path, nodes, shape_i, fraction, policy, knobs, cost = args
     jobs = read_trace(path)
     shape = goal_shapes(jobs, nodes)[shape_i]
     marked = mark_preemptible(jobs, fraction=fraction, seed=0)
-    settings = replace(PolicySettings(), short_first_factor=factor, promote_after_service=promote)
+    defaults = PolicySettings()
+    changed = {k: type(getattr(defaults, k))(v) for k, v in knobs}
+    settings = replace(defaults, **changed)
     r = simulate(
         marked,
         nodes=shape.nodes,
@@ -48,14 +57,14 @@ def _run(args: tuple[Path, int, int, float, str, float, float, float]) -> Metric
         settings=settings,
         preemption_cost_s=cost,
     )
-    return r.avg_jct_s, r.p99_jct_s, r.utilization, r.makespan_s
+    return r.avg_jct_s, r.p99_jct_s, r.utilization, r.makespan_s, float(r.preemptions)
 
 
 class _R:
     """Just what `verdict` reads of a SimResult."""
 
     def __init__(self, m: Metrics) -> None:
-        self.avg_jct_s, self.p99_jct_s, self.utilization, self.makespan_s = m
+        self.avg_jct_s, self.p99_jct_s, self.utilization, self.makespan_s, _ = m
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,23 +79,32 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fractions", nargs="+", type=float, default=list(GOAL_FRACTIONS))
     ap.add_argument("--preemption-cost", type=float, default=DEFAULT_PREEMPTION_COST_S)
     ap.add_argument("--jobs", type=int, default=2, help="replays in parallel")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "default_frontier.md")
     args = ap.parse_args(argv)
     files = sorted(args.traces_dir.glob("*.csv"))
     if args.only:
         files = [f for f in files if f.name in args.only]
-    knobs = list(itertools.product(args.factors, args.promote))
+    knobs: list[Knobs] = [
+        (("short_first_factor", f), ("promote_after_service", p))
+        for f, p in itertools.product(args.factors, args.promote)
+    ]
+    if args.set:
+        knobs = [
+            tuple((k, float(v)) for k, v in (kv.split("=", 1) for kv in row.split(",") if kv))
+            for row in args.set
+        ]
     cases = []
     for f in files:
         for i, _ in enumerate(goal_shapes(read_trace(f), args.nodes)):
             for frac in args.fractions:
                 cases.append((f, i, frac))
-    tasks = []
+    tasks: list[tuple[Path, int, int, float, str, Knobs, float]] = []
     for f, i, frac in cases:
         for p in GOAL_REFERENCES:
-            tasks.append((f, args.nodes, i, frac, p, 0.0, 0.0, args.preemption_cost))
-        for factor, promote in knobs:
-            tasks.append((f, args.nodes, i, frac, "default", factor, promote, args.preemption_cost))
+            tasks.append((f, args.nodes, i, frac, p, (), args.preemption_cost))
+        for knob in knobs:
+            tasks.append((f, args.nodes, i, frac, "default", knob, args.preemption_cost))
     with ProcessPoolExecutor(args.jobs) as pool:
         got = dict(zip(tasks, pool.map(_run, tasks), strict=True))
     lines = [
@@ -96,41 +114,43 @@ def main(argv: list[str] | None = None) -> None:
         "default avg JCT / best of fifo, sjf, las, and geometric mean of default p99 / "
         "fifo p99.",
         "",
-        "| short_first_factor | promote_after_service | checks | avg / best (geo) "
-        "| avg / best (worst) | p99 / fifo p99 (geo) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| knobs | checks | avg / best (geo) | avg / best (worst) | p99 / fifo p99 (geo) "
+        "| preemptions |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     detail = [
         "",
         "| trace | shape | preemptible | knobs | avg / best | p99 / fifo |",
         "| --- | ---: | ---: | --- | ---: | ---: |",
     ]
-    for factor, promote in knobs:
+    for knob in knobs:
+        label = ", ".join(f"{k}={v:g}" for k, v in knob) or "defaults"
         held = total = 0
+        preempted = 0
         ratios: list[float] = []
         tails: list[float] = []
         for f, i, frac in cases:
             res = {
-                p: _R(got[(f, args.nodes, i, frac, p, 0.0, 0.0, args.preemption_cost)])
+                p: _R(got[(f, args.nodes, i, frac, p, (), args.preemption_cost)])
                 for p in GOAL_REFERENCES
             }
-            res["default"] = _R(
-                got[(f, args.nodes, i, frac, "default", factor, promote, args.preemption_cost)]
-            )
+            mine = got[(f, args.nodes, i, frac, "default", knob, args.preemption_cost)]
+            res["default"] = _R(mine)
+            preempted += int(mine[4])
             v = verdict(res)  # type: ignore[arg-type]
             held += sum(v.holds)
             total += 3
             ratios.append(v.avg_ratio)
             tails.append(v.p99_vs_fifo)
             detail.append(
-                f"| {f.stem} | {i} | {frac:.0%} | {factor:g}/{promote:g} | {v.avg_ratio:.2f} "
+                f"| {f.stem} | {i} | {frac:.0%} | {label} | {v.avg_ratio:.2f} "
                 f"| {v.p99_vs_fifo:.2f} |"
             )
         geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
         tail = math.exp(sum(map(math.log, tails)) / len(tails))
         lines.append(
-            f"| {factor:g} | {promote:g} | {held} / {total} | {geo:.3f} | {max(ratios):.2f} "
-            f"| {tail:.3f} |"
+            f"| {label} | {held} / {total} | {geo:.3f} | {max(ratios):.2f} | {tail:.3f} "
+            f"| {preempted} |"
         )
         print(lines[-1], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

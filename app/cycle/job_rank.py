@@ -57,6 +57,7 @@ def rank(*, session: Session, principal: Principal, job_id: int, now: datetime) 
         expected_from=found.expected_from,
         waited_s=waited_s,
         starving=found.starving,
+        las_queue=found.las_queue,
     ).message
     return RankOut(
         job_id=job_id,
@@ -68,6 +69,7 @@ def rank(*, session: Session, principal: Principal, job_id: int, now: datetime) 
         expected_from=found.expected_from,
         waited_s=waited_s,
         starving=found.starving,
+        las_queue=found.las_queue,
         message=message,
         ranked=True,
         ranked_at=stored.ranked_at,

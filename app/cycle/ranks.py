@@ -40,7 +40,7 @@ def encode(columns: RankColumns, ids: Sequence[int]) -> dict[str, Any]:
     """Columns, one entry per job in queue order: position = index + 1. Rules no job is
     ahead by are left out; each runtime's source is written once."""
     sources: dict[str, int] = {}
-    return {
+    encoded = {
         "ids": list(ids),
         # "earlier" is what the other rules leave of the jobs ahead: not stored.
         "ahead": {
@@ -53,6 +53,9 @@ def encode(columns: RankColumns, ids: Sequence[int]) -> dict[str, Any]:
         "sources": list(sources),
         "starving": [i for i, starving in enumerate(columns.starving) if starving],
     }
+    if columns.las_queue is not None:
+        encoded["las_queue"] = columns.las_queue  # default and las: each job's LAS queue
+    return encoded
 
 
 def store(
@@ -94,6 +97,7 @@ class StoredRank:
     expected_gpu_s: float
     expected_from: str
     starving: bool
+    las_queue: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +123,7 @@ class StoredRanking:
             expected_gpu_s=columns["size"][i],
             expected_from=columns["sources"][columns["from"][i]],
             starving=i in self.starving,
+            las_queue=columns["las_queue"][i] if "las_queue" in columns else None,
         )
 
 

@@ -454,6 +454,11 @@ class RankOut(BaseModel):
     expected_from: str | None = Field(description="where that runtime comes from")
     waited_s: float
     starving: bool = Field(description="waited past the starvation guard: served first in its tier")
+    las_queue: int | None = Field(
+        None,
+        description="default and las policies: its LAS queue (0: the first, least GPU-time "
+        "received; a job preempted long enough ago is promoted back to 0)",
+    )
     message: str
     ranked: bool = Field(True, description="false: not ranked yet by a full cycle")
     ranked_at: datetime | None = Field(None, description="when the full cycle ranked the queue")

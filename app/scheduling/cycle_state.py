@@ -115,6 +115,8 @@ class CycleState:
     pool_by_node: list[tuple[NodeState, list[VictimHere]]] | None = None
     min_prio: int = 0
     las_levels: dict[int, int] = field(default_factory=dict)
+    # Default policy: each victim's expected run time left (queue.time_left).
+    las_left: dict[int, float] = field(default_factory=dict)
     max_level: int = 0
 
     # ---- explain (explain.py)

@@ -10,6 +10,8 @@ placement.choose/commit. At most MAX_PREEMPT_SEARCHES searches a cycle.
 
 from __future__ import annotations
 
+import math
+
 from app.scheduling.cycle_state import (
     Chosen,
     CycleState,
@@ -20,7 +22,7 @@ from app.scheduling.cycle_state import (
 from app.scheduling.filters import enough_gpus, enough_nodes, gpu_memory, gpu_model, reserved
 from app.scheduling.filters import quota as project_quota
 from app.scheduling.placement import choose, commit
-from app.scheduling.queue import attained, las_level, queue_level
+from app.scheduling.queue import attained, las_level, las_victim, queue_level, time_left
 from app.scheduling.state import NodeState, Request, Slot
 from app.scheduling.types import JobView, Preemption, RunningJobView
 from app.scheduling.victims import (
@@ -47,6 +49,9 @@ def pending_level(cs: CycleState, job: JobView) -> int:
     if policy == "las":
         return las_level(job.attained_gpu_s, cs.settings)
     if policy == "default":
+        if not cs.settings.promoted_may_preempt:
+            # A job promoted back to the first queue goes first on free GPUs only.
+            return las_level(job.attained_gpu_s, cs.settings)
         return queue_level(job, cs.now, cs.settings)
     return 0
 
@@ -72,11 +77,23 @@ def victim_pool(cs: CycleState) -> list[RunningJobView]:
         cs.pool_by_node = None
         cs.min_prio = min((r.job.priority for r in pool), default=0)
         cs.las_levels = {}
-        if cs.settings.queue_policy in _LEVELLED:
+        settings = cs.settings
+        if settings.queue_policy in _LEVELLED:
+            # Under the default, a job the LAS rule may not stop (the preemption would not
+            # pay for its cost, queue.las_victim) counts as in the first queue.
+            costed = settings.queue_policy == "default"
             cs.las_levels = {
-                r.job.id: las_level(attained(r.job, cs.now, r.started_at, r.share), cs.settings)
+                r.job.id: (
+                    las_level(attained(r.job, cs.now, r.started_at, r.share), settings)
+                    if not costed or las_victim(r, cs.now, settings)
+                    else 0
+                )
                 for r in pool
             }
+            if costed and settings.preempt_shorter_only:
+                cs.las_left = {
+                    r.job.id: time_left(r.job, cs.now, r.started_at, r.share) for r in pool
+                }
         cs.max_level = max(cs.las_levels.values(), default=0)
     return pool
 
@@ -331,10 +348,16 @@ def victim_rules(cs: CycleState, job: JobView, req: Request) -> VictimRules:
             name for name, held in used.items() if held > quota_of(cs, name) and name != job.project
         )
     policy = cs.settings.queue_policy
+    longer: float | None = None
+    if policy == "default" and cs.settings.preempt_shorter_only:
+        # Stop a job only for one expected to end sooner (shortest remaining time).
+        left = time_left(job, cs.now, None, 1.0)
+        longer = None if left == math.inf else left
     return VictimRules(
         borrowing,
         job.priority if policy in ("default", "priority") else None,
         pending_level(cs, job) if policy in _LEVELLED else None,
+        longer,
     )
 
 
@@ -350,10 +373,11 @@ def victim_reasons(cs: CycleState, rules: VictimRules) -> dict[int, str]:
     if out is not None:
         return out
     out = cs.reasons_by_rules[rules] = {}
-    borrowing, above, mine = rules
+    borrowing, above, mine, longer = rules
     victim_pool(cs)
     preempted = cs.preempted
     levels = cs.las_levels
+    left = cs.las_left
     for rid, project, priority in cs.pool_keys:
         if rid in preempted:
             continue
@@ -361,7 +385,12 @@ def victim_reasons(cs: CycleState, rules: VictimRules) -> dict[int, str]:
             out[rid] = "quota"
         elif above is not None and priority < above:
             out[rid] = "priority"
-        elif mine is not None and levels[rid] > mine and (above is None or priority <= above):
+        elif (
+            mine is not None
+            and levels[rid] > mine
+            and (above is None or priority <= above)
+            and (longer is None or left.get(rid, math.inf) > longer)
+        ):
             out[rid] = "las"
     return out
 

@@ -6,6 +6,7 @@ broken by submit time, then id), which also gives each job its queue position.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from operator import attrgetter
@@ -315,6 +316,37 @@ def attained(job: JobView, now: datetime, started_at: datetime | None, share: fl
     if started_at is not None:
         extra = max(0.0, (now - started_at).total_seconds()) * job.total_gpus * min(1.0, share)
     return job.attained_gpu_s + extra
+
+
+def las_victim(run: RunningJobView, now: datetime, settings: PolicySettings) -> bool:
+    """Whether stopping `run` for a job of an earlier LAS queue pays for the preemption's
+    cost (`settings.preemption_cost_s` of work it must redo), under the default policy.
+
+    It must have run `preempt_after_cost` x the cost since it started (so no job loses
+    more to preemptions than a fixed part of its run), and it must not be expected to
+    end within `preempt_remaining_cost` x the cost (`time_left`).
+    """
+    cost = settings.preemption_cost_s
+    if _seconds(now - run.started_at) < settings.preempt_after_cost * cost:
+        return False
+    bar = settings.preempt_remaining_cost * cost
+    return bar <= 0 or time_left(run.job, now, run.started_at, run.share) >= bar
+
+
+def time_left(job: JobView, now: datetime, started_at: datetime | None, share: float) -> float:
+    """Expected seconds of run time `job` has left: its estimate (else its limit) less the
+    time it has been served, counting earlier runs (and the current one, started at
+    `started_at`). Infinite for a job with neither, or one that has outrun its estimate
+    (least attained service's premise: one that has run long is likely to run longer)."""
+    expected = job.estimated_runtime_s if job.estimated_runtime_s is not None else job.max_runtime_s
+    if expected is None:
+        return math.inf
+    width = job.total_gpus * min(1.0, share)
+    served = job.attained_gpu_s / width if width > 0 else 0.0
+    if started_at is not None:
+        served += max(0.0, _seconds(now - started_at))
+    left = expected - served
+    return left if left > 0 else math.inf
 
 
 def las(jobs: Iterable[JobView], settings: PolicySettings) -> list[JobView]:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from app.scheduling.queue import expected_gpu_s, las_level, submitted
+from app.scheduling.queue import expected_gpu_s, las_level, queue_level, submitted
 from app.scheduling.types import JobView, PolicySettings
 from app.scheduling.usage import predict_runtime
 
@@ -23,7 +23,7 @@ AHEAD_RULES: tuple[tuple[str, str], ...] = (
     ("starving", "waited past the starvation guard (served first, oldest first)"),
     ("fair_share", "another project's fair-share turn"),
     ("shorter", "a smaller expected GPU-time"),
-    ("less_service", "less GPU-time received so far (las)"),
+    ("less_service", "an earlier LAS queue: less GPU-time received so far, or promoted"),
     ("earlier", "submitted earlier (waited longer)"),
 )
 AHEAD_TEXT = dict(AHEAD_RULES)
@@ -38,14 +38,18 @@ class Rank:
     expected_from: str  # where its runtime comes from
     waited_s: float
     starving: bool  # default policy: waited past the starvation guard
+    # default and las: its LAS queue (0: the first, least GPU-time received); else None
+    las_queue: int | None = None
 
     @property
     def message(self) -> str:
         place = f"{self.position} of {self.waiting} waiting"
+        queue = "" if self.las_queue is None else f"LAS queue {self.las_queue}"
         if not self.ahead:
-            return f"{place}: first in line"
+            return f"{place}: first in line" + (f" ({queue})" if queue else "")
         parts = [f"{n} by {AHEAD_TEXT[rule]}" for rule, n in self.ahead]
-        return f"{place}; ahead of it: " + "; ".join(parts)
+        text = f"{place}; ahead of it: " + "; ".join(parts)
+        return text + (f"; it is in {queue} (0: least GPU-time received)" if queue else "")
 
 
 def rank_of(
@@ -77,7 +81,17 @@ def rank_of(
         expected_from=_expected_from(job, predict_runtime(history, job)),
         waited_s=waited,
         starving=_starving(job, settings, now),
+        las_queue=_las_queue(job, settings, now),
     )
+
+
+def _las_queue(job: JobView, settings: PolicySettings, now: datetime) -> int | None:
+    """The LAS queue the policy puts a waiting job in (the default's counts promotion)."""
+    if settings.queue_policy == "default":
+        return queue_level(job, now, settings)
+    if settings.queue_policy == "las":
+        return las_level(job.attained_gpu_s, settings)
+    return None
 
 
 def _expected_from(job: JobView, predicted: float | None) -> str:
@@ -127,12 +141,14 @@ def _why_ahead(
         return "priority" if other.priority > job.priority else "earlier"
     if policy == "fair-share":
         return "fair_share"
-    # default: priority tiers; in a tier, starving jobs first (FIFO), then fair share
-    # between projects, and each project's jobs short first.
+    # default: priority tiers; in a tier, starving jobs first (FIFO), then the LAS
+    # queues, in each fair share between projects, and each project's jobs short first.
     if other.priority != job.priority:
         return "priority"
     if _starving(other, settings, now):
         return "starving" if not _starving(job, settings, now) else "earlier"
+    if queue_level(other, now, settings) < queue_level(job, now, settings):
+        return "less_service"
     if other.project != job.project:
         return "fair_share"
     return _by_size(other, size, settings, history)
@@ -155,6 +171,7 @@ class RankColumns:
     expected_gpu_s: list[float]
     expected_from: list[str]
     starving: list[bool]
+    las_queue: list[int] | None = None  # default and las: each job's LAS queue
 
     def rank(self, index: int, waited_s: float) -> Rank:
         return Rank(
@@ -169,6 +186,7 @@ class RankColumns:
             expected_from=self.expected_from[index],
             waited_s=waited_s,
             starving=self.starving[index],
+            las_queue=None if self.las_queue is None else self.las_queue[index],
         )
 
 
@@ -187,13 +205,14 @@ def rank_columns(
     starved_before = now - timedelta(seconds=limit) if limit > 0 else None
     count: Callable[[JobView, float, bool], tuple[int, int, int, int, int]]
     if settings.queue_policy == "default":
-        count = _DefaultCounts()
+        count = _DefaultCounts(settings, now)
     else:
         count = _OneRuleCounts(settings.queue_policy, settings)
     counts: list[tuple[int, int, int, int, int]] = []
     sizes: list[float] = []
     sources: list[str] = []
     starving_flags: list[bool] = []
+    queues: list[int] | None = [] if settings.queue_policy in ("default", "las") else None
     # Jobs of one shape (an array's tasks, a sweep) share their size and its source.
     shapes: dict[tuple[object, ...], tuple[float, str]] = {}
     for job in order:
@@ -211,12 +230,15 @@ def rank_columns(
         sizes.append(size)
         sources.append(known[1])
         starving_flags.append(starving)
+        if queues is not None:
+            level = _las_queue(job, settings, now)
+            queues.append(0 if level is None else level)
     # Transposed once: columns of counts, and the jobs ahead by none of the rules.
     columns = [list(column) for column in zip(*counts, strict=True)] or [[] for _ in COUNTED]
     ahead = dict(zip(COUNTED, columns, strict=True))
     ahead["earlier"] = [i - sum(counted) for i, counted in enumerate(counts)]
     return RankColumns(
-        {rule: ahead[rule] for rule, _ in AHEAD_RULES}, sizes, sources, starving_flags
+        {rule: ahead[rule] for rule, _ in AHEAD_RULES}, sizes, sources, starving_flags, queues
     )
 
 
@@ -278,15 +300,17 @@ class _OneRuleCounts:
 
 class _DefaultCounts:
     """`_why_ahead` of the default policy, counted: other tiers by priority; in the
-    tier, starving jobs (earlier when it starves too), other projects by fair share, its
-    own project by size."""
+    tier, starving jobs (earlier when it starves too), jobs of an earlier LAS queue by
+    less service, other projects in its queue by fair share, its own project by size."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: PolicySettings, now: datetime) -> None:
+        self.settings = settings
+        self.now = now
         self.index = 0
         self.tier: dict[int, int] = {}
         self.starving: dict[int, int] = {}
-        self.calm: dict[int, int] = {}  # not starving, per tier
-        self.own: dict[tuple[int, str], list[float]] = {}  # not starving: sizes, sorted
+        self.calm: dict[tuple[int, int], int] = {}  # not starving, per tier and queue
+        self.own: dict[tuple[int, int, str], list[float]] = {}  # not starving: sizes, sorted
 
     def __call__(self, job: JobView, size: float, starving: bool) -> tuple[int, int, int, int, int]:
         """(priority, starving, fair_share, shorter, less_service), as COUNTED."""
@@ -296,18 +320,21 @@ class _DefaultCounts:
         in_tier = self.tier.get(tier, 0)
         self.tier[tier] = in_tier + 1
         starving_ahead = self.starving.get(tier, 0)
-        calm_ahead = self.calm.get(tier, 0)
-        own = self.own.setdefault((tier, job.project), [])
+        level = 0 if starving else queue_level(job, self.now, self.settings)
+        calm = self.calm
+        earlier_queues = sum(n for (t, q), n in calm.items() if t == tier and q < level)
+        calm_ahead = calm.get((tier, level), 0)
+        own = self.own.setdefault((tier, level, job.project), [])
         counted = (
             index - in_tier,
             0 if starving else starving_ahead,  # a starving job: those are earlier
             calm_ahead - len(own),
             bisect_left(own, size),
-            0,
+            earlier_queues,
         )
         if starving:
             self.starving[tier] = starving_ahead + 1
         else:
-            self.calm[tier] = calm_ahead + 1
+            calm[(tier, level)] = calm_ahead + 1
             insort(own, size)
         return counted

@@ -201,6 +201,22 @@ class PolicySettings:
     # Default policy: a job preempted into a later LAS queue returns to the first once
     # it has waited this many times the run time it got (Tiresias' PROMOTE_KNOB). 0 = never.
     promote_after_service: float = 4.0
+    # Default policy: seconds of work a preemption costs the job it stops (its restart
+    # plus the work since its last checkpoint; the simulator's --preemption-cost). The LAS
+    # rule stops a job only if that pays (queue.las_victim): it has run at least
+    # `preempt_after_cost` x this since it started, and is not expected to end within
+    # `preempt_remaining_cost` x this. 0 for either factor turns that test off.
+    preemption_cost_s: float = 300.0
+    preempt_after_cost: float = 2.0
+    preempt_remaining_cost: float = 1.0
+    # Default policy: whether a job promoted back to the first LAS queue may stop jobs of
+    # a later queue (Tiresias lets it; then promoted jobs take turns stopping each other:
+    # 2-3x the preemptions, docs/scheduling.md). False: it goes first on free GPUs, and
+    # stops only jobs of a later queue than its attained service's.
+    promoted_may_preempt: bool = False
+    # Default policy: the LAS rule stops only jobs expected to run longer than the job
+    # that stops them (both by estimate, else limit; unknown counts as long).
+    preempt_shorter_only: bool = False
     # LAS (Tiresias-style discretised queues) thresholds on attained GPU-seconds.
     las_thresholds_gpu_s: tuple[float, ...] = (3600.0, 36000.0)
     weight_best_fit: float = 1.0

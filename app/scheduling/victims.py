@@ -15,11 +15,14 @@ from app.scheduling.types import RunningJobView
 class VictimRules(NamedTuple):
     """Which running jobs a job may stop: those of `borrowing` projects (quota
     reclaim), those below priority `above`, those in a LAS queue above `las_level`
-    (None: the rule does not apply under this policy)."""
+    (None: the rule does not apply under this policy); under the default with
+    `preempt_shorter_only`, only those of them expected to run longer than
+    `las_longer_than` seconds more (the job's own expected run time; None: any)."""
 
     borrowing: frozenset[str]
     above: int | None
     las_level: int | None
+    las_longer_than: float | None = None
 
 
 class VictimHere(NamedTuple):

@@ -368,6 +368,8 @@ def simulate(
     settings = replace(
         base,
         queue_policy=policy,  # type: ignore[arg-type]
+        # The policy knows what a preemption costs here (the default weighs it).
+        preemption_cost_s=preemption_cost_s,
         telemetry_max_age_s=math.inf,
         stability_window_s=0.0,
         explain=False,

@@ -44,6 +44,10 @@ def test_a_waiting_jobs_rank_counts_the_jobs_ahead_by_rule(api):
     ]
     assert rank["expected_gpu_s"] == 7200 and rank["expected_from"] == "its estimated runtime"
     assert rank["message"].startswith("4 of 5 waiting; ahead of it: 1 by a higher priority")
+    # The default policy's LAS queue is named (nothing has run: the first).
+    assert rank["las_queue"] == 0 and rank["message"].endswith(
+        "it is in LAS queue 0 (0: least GPU-time received)"
+    )
     # Only the job's project's members (and admins) see it.
     assert _rank(api, asked, "bob").status_code == 403
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
 from app.scheduling import (
+    JobView,
     Plan,
     PolicySettings,
     ReasonKind,
+    RunningJobView,
     Snapshot,
     estimate_start,
     plan_cycle,
@@ -642,3 +645,62 @@ def test_cpu_only_gang_needs_ready_nodes() -> None:
     p = plan(s)
     assert p.placements == ()
     assert reason(p, 1).kind is ReasonKind.NODE_NOT_READY
+
+
+def _default_preempts(pending: JobView, rs: list[RunningJobView], **kw) -> list[int]:  # type: ignore[no-untyped-def]
+    s = snap([node("a").gpus(4)], pending=[pending], running=rs)
+    return [x.victim_job_id for x in plan(s, **kw).preemptions]
+
+
+def test_default_stops_a_job_only_where_the_preemption_pays_for_its_cost() -> None:
+    # Job 20 has run 2 h on 4 GPUs (LAS queue 1); new job 1 (queue 0) may stop it.
+    long_run = job(20, gpus=4, preemptible=True)
+    rs = [running(long_run, {"a": (0, 1, 2, 3)}, started_ago_s=7200)]
+    assert _default_preempts(job(1, gpus=4), rs) == [20]
+    # It must have run preempt_after_cost x the cost: 2 x 3700 s > its 2 h.
+    assert _default_preempts(job(1, gpus=4), rs, preemption_cost_s=3700) == []
+    # Expected to end within preempt_remaining_cost x the cost (2 h 5 min estimated,
+    # 5 min left, 300 s cost x 2): not stopped; with 2 h left it is.
+    soon = replace(long_run, estimated_runtime_s=7500)
+    rs_soon = [running(soon, {"a": (0, 1, 2, 3)}, started_ago_s=7200)]
+    assert _default_preempts(job(1, gpus=4), rs_soon, preempt_remaining_cost=2) == []
+    later = replace(long_run, estimated_runtime_s=14_400)
+    rs_later = [running(later, {"a": (0, 1, 2, 3)}, started_ago_s=7200)]
+    assert _default_preempts(job(1, gpus=4), rs_later, preempt_remaining_cost=2) == [20]
+    # A job that outran its estimate counts as long.
+    over = replace(long_run, estimated_runtime_s=3600)
+    rs_over = [running(over, {"a": (0, 1, 2, 3)}, started_ago_s=7200)]
+    assert _default_preempts(job(1, gpus=4), rs_over, preempt_remaining_cost=2) == [20]
+    # Service from earlier runs counts: 9 h 5 min estimated, 7 h served before this
+    # run of 2 h, so 5 min left.
+    served = replace(long_run, estimated_runtime_s=9 * 3600 + 300, attained_gpu_s=4 * 7 * 3600.0)
+    rs_served = [running(served, {"a": (0, 1, 2, 3)}, started_ago_s=7200)]
+    assert _default_preempts(job(1, gpus=4), rs_served, preempt_remaining_cost=2) == []
+    assert _default_preempts(job(1, gpus=4), rs_served) == [20]
+    # The cost guard is the default policy's: las stops the young job regardless.
+    assert _default_preempts(job(1, gpus=4), rs, queue_policy="las", preemption_cost_s=3700) == [20]
+
+
+def test_a_promoted_job_goes_first_but_stops_only_jobs_with_more_service() -> None:
+    # Job 1 ran 2 h on 4 GPUs (queue 1), was preempted 9 h ago: promoted (>= 4 x 2 h).
+    promoted = job(1, gpus=4, attained_gpu_s=4 * 7200.0, last_preempted_at=T0 - timedelta(hours=9))
+    # Job 20 has run 3 h (43,200 GPU-s: queue 2); job 21 1.5 h (21,600: queue 1).
+    more = [running(job(20, gpus=4, preemptible=True), {"a": (0, 1, 2, 3)}, started_ago_s=10_800)]
+    same = [running(job(21, gpus=4, preemptible=True), {"a": (0, 1, 2, 3)}, started_ago_s=5400)]
+    assert _default_preempts(promoted, more) == [20]
+    assert _default_preempts(promoted, same) == []
+    # Tiresias' way (promoted_may_preempt): its promoted queue 0 stops queue 1 too.
+    assert _default_preempts(promoted, same, promoted_may_preempt=True) == [21]
+
+
+def test_default_may_stop_only_jobs_expected_to_run_longer_than_the_newcomer() -> None:
+    # Job 20 has run 2 h of an estimated 4 h (2 h left); job 1 expects 3 h, job 2 1 h.
+    left_2h = job(20, gpus=4, preemptible=True, estimated_runtime_s=4 * 3600)
+    rs = [running(left_2h, {"a": (0, 1, 2, 3)}, started_ago_s=7200)]
+    three_h = job(1, gpus=4, estimated_runtime_s=3 * 3600)
+    one_h = job(2, gpus=4, estimated_runtime_s=3600)
+    assert _default_preempts(three_h, rs) == [20]  # off by default: least service rules
+    assert _default_preempts(three_h, rs, preempt_shorter_only=True) == []
+    assert _default_preempts(one_h, rs, preempt_shorter_only=True) == [20]
+    # A newcomer with no estimate or limit may stop it (unknown: no test).
+    assert _default_preempts(job(3, gpus=4), rs, preempt_shorter_only=True) == [20]

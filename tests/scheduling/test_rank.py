@@ -60,6 +60,30 @@ def test_las_counts_less_service_and_the_job_behind_is_not_counted():
     assert (ranked.position, ranked.ahead) == (2, (("less_service", 1),))
 
 
+def test_the_default_names_the_las_queue_and_counts_jobs_of_earlier_queues():
+    # Job 9 received 5 GPU-h (LAS queue 1; not promoted: it waited 1 h, under 4 x 5 h).
+    # A fresh 99 h job of another project is in queue 0: ahead by less service, not by
+    # fair share or size; a fresh job behind it in its own queue is not counted.
+    served = job(9, project="ml", estimated_runtime_s=7200, attained_gpu_s=5 * HOUR)
+    fresh = job(1, project="ab", estimated_runtime_s=99 * 3600)
+    ranked = _rank("default", [served, fresh, job(2, project="ml", attained_gpu_s=9 * HOUR)], 9)
+    assert ranked is not None
+    assert (ranked.position, ranked.ahead, ranked.las_queue) == (2, (("less_service", 1),), 1)
+    assert ranked.message == (
+        "2 of 3 waiting; ahead of it: 1 by an earlier LAS queue: less GPU-time received so "
+        "far, or promoted; it is in LAS queue 1 (0: least GPU-time received)"
+    )
+    # Promoted (waited 4 x its service since it was preempted): back in queue 0.
+    promoted = job(
+        9, project="ml", attained_gpu_s=HOUR * 1.5, last_preempted_at=T0 - timedelta(hours=7)
+    )
+    first = _rank("default", [promoted], 9)
+    assert first is not None
+    assert (first.las_queue, first.message) == (0, "1 of 1 waiting: first in line (LAS queue 0)")
+    # Policies without LAS queues name none.
+    assert _rank("fifo", [served], 9).las_queue is None  # type: ignore[union-attr]
+
+
 def test_a_mixed_queue_is_summed_per_rule_in_one_message():
     jobs = [
         ASKED,
@@ -73,6 +97,7 @@ def test_a_mixed_queue_is_summed_per_rule_in_one_message():
     assert ranked.ahead == (("priority", 2), ("shorter", 1))
     assert ranked.message == (
         "4 of 5 waiting; ahead of it: 2 by a higher priority; 1 by a smaller expected GPU-time"
+        "; it is in LAS queue 0 (0: least GPU-time received)"
     )
     assert (ranked.expected_gpu_s, ranked.expected_from) == (7200.0, "its estimated runtime")
     assert ranked.waited_s == pytest.approx(HOUR - 9) and not ranked.starving

@@ -205,6 +205,18 @@ def test_read_trace_sorts_by_submit(tmp_path: Path) -> None:
     assert jobs[0] == TRACE[0]
 
 
+def test_jobs_that_can_never_fit_are_named_for_stderr_and_in_the_json(tmp_path: Path) -> None:
+    path = _write(tmp_path)
+    with path.open("a") as fh:
+        fh.write("big,u,v,n,4,1000,5,10\nhuge,u,v,n,9,1000,6,10\n")
+    out = run_simulation_cli(path, 1, 2, "fifo", 1.0, as_json=True)
+    assert out.notes == (
+        "skipped 2 jobs that can never fit 1 x 2 GPUs: big (4 GPUs), huge (9 GPUs)",
+    )
+    payload = json.loads(out.text)
+    assert (payload["skipped"], payload["skipped_jobs"]) == (2, ["big", "huge"])
+
+
 def test_read_trace_rejects_missing_columns(tmp_path: Path) -> None:
     p = tmp_path / "bad.csv"
     p.write_text("job_id,user\n1,u\n")
