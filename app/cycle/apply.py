@@ -5,12 +5,15 @@ the last line of defence."""
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, bindparam, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -265,7 +268,7 @@ def _store_reasons(
         positions = _head_positions(waiting, reasons)
     else:
         positions = {r.job_id: place for place, r in enumerate(waiting, start=1)}
-    changes = []
+    changes: list[tuple[int, str, str, int | None, datetime | None]] = []
     for read_as, reason in enumerate(waiting, start=1):
         old = reasons.get(reason.job_id)
         if ctx.quick and read_as > HEAD_POSITIONS and old is not None and old[0] == NEW_IN_QUEUE:
@@ -278,20 +281,97 @@ def _store_reasons(
         )
         if old == new:
             continue
-        changes.append(
-            {
-                "id": reason.job_id,
-                "pending_reason": new[0],
-                "pending_message": new[1],
-                "queue_position": new[2],
-                "estimated_start_at": new[3],
-            }
-        )
-    if changes:
-        session.execute(update(Job), changes)
+        changes.append((reason.job_id, *new))
+    write_reasons(session, changes)
     if ctx.unread:
         _forget_positions(session, ranked=positions.keys() | placed)
     return waiting
+
+
+# Reasons written row by row (SQLite before UPDATE ... FROM) go in batches of this many.
+_EXECUTEMANY_ROWS = 2000
+
+
+def write_reasons(
+    session: Session, changes: Sequence[tuple[int, str, str, int | None, datetime | None]]
+) -> None:
+    """Write (id, reason, message, position, estimated start) rows in one statement:
+    when a job at the head leaves the queue every position behind it moves, and 20,000
+    UPDATEs by id, one per row, took most of a full cycle (PostgreSQL: seconds; see
+    bench/deep_queue.py). PostgreSQL joins arrays of the values (unnest), SQLite the rows
+    as one JSON array (json_each); an older SQLite gets an executemany."""
+    if not changes:
+        return
+    connection = session.connection()
+    dialect = connection.dialect
+    if dialect.name == "postgresql":
+        ids, reasons, messages, positions, starts = (list(c) for c in zip(*changes, strict=True))
+        connection.execute(
+            text(
+                "UPDATE job SET pending_reason = v.reason, pending_message = v.message, "
+                "queue_position = v.position, estimated_start_at = v.starts "
+                "FROM unnest(CAST(:ids AS integer[]), CAST(:reasons AS varchar[]), "
+                "CAST(:messages AS varchar[]), CAST(:positions AS integer[]), "
+                "CAST(:starts AS timestamptz[])) AS v(id, reason, message, position, starts) "
+                "WHERE job.id = v.id"
+            ),
+            {
+                "ids": ids,
+                "reasons": reasons,
+                "messages": messages,
+                "positions": positions,
+                "starts": starts,
+            },
+        )
+        return
+    table = cast(Table, Job.__table__)
+    if dialect.name == "sqlite" and (dialect.server_version_info or (0,)) >= (3, 33):
+        # As the column's own type writes it (UTC, SQLite's text format).
+        column_type = table.c.estimated_start_at.type.dialect_impl(dialect)
+        as_stored: Callable[[Any], Any] = column_type.bind_processor(dialect) or (
+            lambda value: value
+        )
+        rows = [
+            (job_id, reason, message, position, None if starts is None else as_stored(starts))
+            for job_id, reason, message, position, starts in changes
+        ]
+        connection.execute(
+            text(
+                "UPDATE job SET pending_reason = json_extract(v.value, '$[1]'), "
+                "pending_message = json_extract(v.value, '$[2]'), "
+                "queue_position = json_extract(v.value, '$[3]'), "
+                "estimated_start_at = json_extract(v.value, '$[4]') "
+                "FROM json_each(:rows) AS v WHERE job.id = json_extract(v.value, '$[0]')"
+            ),
+            {"rows": json.dumps(rows)},
+        )
+        return
+    statement = (
+        table.update()
+        .where(table.c.id == bindparam("b_id"))
+        .values(
+            pending_reason=bindparam("b_reason"),
+            pending_message=bindparam("b_message"),
+            queue_position=bindparam("b_position"),
+            estimated_start_at=bindparam("b_starts"),
+        )
+    )
+    for start in range(0, len(changes), _EXECUTEMANY_ROWS):
+        connection.execute(
+            statement,
+            [
+                {
+                    "b_id": job_id,
+                    "b_reason": reason,
+                    "b_message": message,
+                    "b_position": position,
+                    "b_starts": starts,
+                }
+                for job_id, reason, message, position, starts in changes[
+                    start : start + _EXECUTEMANY_ROWS
+                ]
+            ],
+        )
 
 
 def _head_positions(

@@ -135,6 +135,7 @@ def run_cycle(
                 windows=openings,
                 quick_from=None if all_positions else memory,
                 gates=gates,
+                views=None if memory is None else memory.views,
             )
             session.rollback()  # end the read transaction before the pure phase
             # 2. plan
@@ -192,11 +193,14 @@ def run_cycle(
                 ),
                 history=ctx.snapshot.runtime_history,
                 now=now,
+                last=None if memory is None else memory.ranks,
             )
             try:
                 session.commit()
             except IntegrityError:  # another scheduler stored the first ranks meanwhile
                 session.rollback()
+                if memory is not None:
+                    memory.ranks = ranks.LastStored()
     ranks_ms = (time.perf_counter() - ranks_started) * 1000
     CYCLE_SECONDS.labels(kind).observe(time.perf_counter() - started)
     PLACEMENTS.inc(len(applied.placed))
