@@ -282,7 +282,7 @@ def _store_reasons(
         if old == new:
             continue
         changes.append((reason.job_id, *new))
-    write_reasons(session, changes)
+    write_reasons(session, changes=changes)
     if ctx.unread:
         _forget_positions(session, ranked=positions.keys() | placed)
     return waiting
@@ -293,7 +293,7 @@ _EXECUTEMANY_ROWS = 2000
 
 
 def write_reasons(
-    session: Session, changes: Sequence[tuple[int, str, str, int | None, datetime | None]]
+    session: Session, *, changes: Sequence[tuple[int, str, str, int | None, datetime | None]]
 ) -> None:
     """Write (id, reason, message, position, estimated start) rows in one statement:
     when a job at the head leaves the queue every position behind it moves, and 20,000

@@ -119,7 +119,7 @@ def test_reasons_are_written_in_one_statement_as_the_orm_reads_them(api, monkeyp
             monkeypatch.setattr(session.connection().dialect, "server_version_info", (3, 31, 1))
         write_reasons(
             session,
-            [
+            changes=[
                 (jobs[0], "resources", "waiting for 1 GPU", 2, starts),
                 (jobs[2], "priority", 'behind 1 job; it\'s "quoted"', 1, None),
             ],
