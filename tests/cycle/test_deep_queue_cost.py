@@ -124,6 +124,7 @@ def test_reasons_are_written_in_one_statement_as_the_orm_reads_them(api, monkeyp
                 (jobs[2], "priority", 'behind 1 job; it\'s "quoted"', 1, None),
             ],
         )
+        write_reasons(session, changes=[(jobs[1], 3)], columns=("queue_position",))
         session.commit()
     with api.factory() as session:
         rows = {
@@ -137,4 +138,5 @@ def test_reasons_are_written_in_one_statement_as_the_orm_reads_them(api, monkeyp
         }  # fmt: skip
     assert rows[jobs[0]] == ["resources", "waiting for 1 GPU", 2, starts]
     assert rows[jobs[2]] == ["priority", 'behind 1 job; it\'s "quoted"', 1, None]
-    assert rows[jobs[1]][2] is None  # not in the changes: as submitted
+    assert rows[jobs[1]][2] == 3  # only its position: its reason as submitted
+    assert rows[jobs[1]][0] == "NEW"
