@@ -5,12 +5,15 @@ the last line of defence."""
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, bindparam, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -266,7 +269,8 @@ def _store_reasons(
         positions = _head_positions(waiting, reasons)
     else:
         positions = {r.job_id: place for place, r in enumerate(waiting, start=1)}
-    changes = []
+    changes: list[tuple[int, str, str, int | None, datetime | None]] = []
+    moved: list[tuple[int, int | None]] = []  # only the position changed
     for read_as, reason in enumerate(waiting, start=1):
         old = reasons.get(reason.job_id)
         if (
@@ -284,20 +288,102 @@ def _store_reasons(
         )
         if old == new:
             continue
-        changes.append(
-            {
-                "id": reason.job_id,
-                "pending_reason": new[0],
-                "pending_message": new[1],
-                "queue_position": new[2],
-                "estimated_start_at": new[3],
-            }
-        )
-    if changes:
-        session.execute(update(Job), changes)
+        if old is not None and old[0] == new[0] and old[1] == new[1] and old[3] == new[3]:
+            moved.append((reason.job_id, new[2]))
+        else:
+            changes.append((reason.job_id, *new))
+    write_reasons(session, changes=changes)
+    write_reasons(session, changes=moved, columns=("queue_position",))
     if ctx.unread:
         _forget_positions(session, ranked=positions.keys() | placed)
     return waiting
+
+
+# Reasons written row by row (SQLite before UPDATE ... FROM) go in batches of this many.
+_EXECUTEMANY_ROWS = 2000
+REASON_COLUMNS = ("pending_reason", "pending_message", "queue_position", "estimated_start_at")
+# Each column's PostgreSQL array type (for unnest).
+_ARRAY_TYPES = {
+    "pending_reason": "varchar[]",
+    "pending_message": "varchar[]",
+    "queue_position": "integer[]",
+    "estimated_start_at": "timestamptz[]",
+}
+
+
+def write_reasons(
+    session: Session,
+    *,
+    changes: Sequence[tuple[Any, ...]],
+    columns: tuple[str, ...] = REASON_COLUMNS,
+) -> None:
+    """Write rows of (id, *values of `columns`) in one statement: when a job at the head
+    leaves the queue every position behind it moves, and 20,000 UPDATEs by id, one per
+    row, took most of a full cycle (PostgreSQL: seconds; see bench/deep_queue.py).
+    PostgreSQL joins arrays of the values (unnest), SQLite the rows as one JSON array
+    (json_each); an older SQLite gets an executemany. Only `columns` are set: SQLite
+    rewrites the index entries of every column set, changed or not."""
+    if not changes:
+        return
+    connection = session.connection()
+    dialect = connection.dialect
+    names = [f"c{i}" for i in range(len(columns))]
+    if dialect.name == "postgresql":
+        arrays = [list(values) for values in zip(*changes, strict=True)]
+        casts = ", ".join(
+            f"CAST(:{name} AS {_ARRAY_TYPES[column]})"
+            for name, column in zip(names, columns, strict=True)
+        )
+        sets = ", ".join(
+            f"{column} = v.{name}" for name, column in zip(names, columns, strict=True)
+        )
+        connection.execute(
+            text(
+                f"UPDATE job SET {sets} FROM unnest(CAST(:ids AS integer[]), {casts}) "
+                f"AS v(id, {', '.join(names)}) WHERE job.id = v.id"
+            ),
+            {"ids": arrays[0], **dict(zip(names, arrays[1:], strict=True))},
+        )
+        return
+    table = cast(Table, Job.__table__)
+    if dialect.name == "sqlite" and (dialect.server_version_info or (0,)) >= (3, 33):
+        if "estimated_start_at" in columns:
+            # As the column's own type writes it (UTC, SQLite's text format).
+            at = columns.index("estimated_start_at") + 1
+            column_type = table.c.estimated_start_at.type.dialect_impl(dialect)
+            as_stored: Callable[[Any], Any] = column_type.bind_processor(dialect) or (
+                lambda value: value
+            )
+            changes = [
+                (*row[:at], None if row[at] is None else as_stored(row[at]), *row[at + 1 :])
+                for row in changes
+            ]
+        sets = ", ".join(
+            f"{column} = json_extract(v.value, '$[{i}]')" for i, column in enumerate(columns, 1)
+        )
+        connection.execute(
+            text(
+                f"UPDATE job SET {sets} "
+                "FROM json_each(:rows) AS v WHERE job.id = json_extract(v.value, '$[0]')"
+            ),
+            {"rows": json.dumps(changes)},
+        )
+        return
+    statement = (
+        table.update()
+        .where(table.c.id == bindparam("b_id"))
+        .values(
+            {column: bindparam(f"b_{name}") for name, column in zip(names, columns, strict=True)}
+        )
+    )
+    for start in range(0, len(changes), _EXECUTEMANY_ROWS):
+        connection.execute(
+            statement,
+            [
+                {"b_id": row[0], **{f"b_{name}": v for name, v in zip(names, row[1:], strict=True)}}
+                for row in changes[start : start + _EXECUTEMANY_ROWS]
+            ],
+        )
 
 
 def _head_positions(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import insert, select, update
@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.cycle.models import QueueRanking
 from app.scheduling import JobView
+from app.scheduling.queue import submitted
 from app.scheduling.rank import AHEAD_RULES, RankColumns, rank_columns
 from app.scheduling.types import PolicySettings
 
@@ -58,6 +59,45 @@ def encode(columns: RankColumns, ids: Sequence[int]) -> dict[str, Any]:
     return encoded
 
 
+@dataclass
+class LastStored:
+    """What this process stored last, for the next full cycle: when nothing its ranks
+    are made of changed (the same views in the same order, the same policy and runtime
+    history, no job started starving since), the stored ranks are still right, and only
+    their time is written, not 20,000 jobs' ranks computed and encoded again (most of
+    what storing them cost, bench/deep_queue.py)."""
+
+    ranked_at: datetime | None = None
+    order: tuple[JobView, ...] = ()
+    policy: PolicySettings | None = None
+    history: Mapping[tuple[str, str], tuple[float, ...]] | None = None
+
+    def still_right(
+        self,
+        order: Sequence[JobView],
+        policy: PolicySettings,
+        history: Mapping[tuple[str, str], tuple[float, ...]],
+        now: datetime,
+    ) -> bool:
+        if (
+            self.ranked_at is None
+            or policy != self.policy
+            or len(order) != len(self.order)
+            # The snapshot reuses a view while its job is unchanged (ViewCache): identity
+            # is equality here, and costs nothing.
+            or any(a is not b for a, b in zip(order, self.order, strict=True))
+            or history != self.history
+        ):
+            return False
+        limit = policy.starvation_after_s
+        if limit <= 0:
+            return True
+        # A job starts starving at submitted + limit: did any do so since?
+        before = self.ranked_at - timedelta(seconds=limit)
+        after = now - timedelta(seconds=limit)
+        return not any(before < submitted(job) <= after for job in order)
+
+
 def store(
     session: Session,
     *,
@@ -65,9 +105,23 @@ def store(
     ranked_by: RankedBy,
     history: Mapping[tuple[str, str], tuple[float, ...]],
     now: datetime,
+    last: LastStored | None = None,
 ) -> None:
     """Rank `order` (the waiting jobs, in the policy's order) and replace the stored row,
-    unless a later cycle's is there already. Executes, does not commit."""
+    unless a later cycle's is there already. Executes, does not commit. With `last`
+    (this process's previous store, updated here), ranks still right are not computed
+    again: the row gets this cycle's time."""
+    if last is not None and last.still_right(order, ranked_by.policy, history, now):
+        touched = session.execute(
+            update(QueueRanking)
+            # Only the row this process stored: another scheduler's may differ.
+            .where(QueueRanking.name == ROW, QueueRanking.ranked_at == last.ranked_at)
+            .values(ranked_at=now, next_at=ranked_by.next_at, ranking=ranked_by.ranking)
+            .execution_options(synchronize_session=False)
+        )
+        if touched.rowcount:  # type: ignore[attr-defined]
+            last.ranked_at = now
+            return
     columns = rank_columns(order, settings=ranked_by.policy, history=history, now=now)
     values: dict[str, Any] = {
         "ranked_at": now,
@@ -82,11 +136,14 @@ def store(
         .values(**values)
         .execution_options(synchronize_session=False)
     )
-    if replaced.rowcount:  # type: ignore[attr-defined]
-        return
-    stored_at = session.scalar(select(QueueRanking.ranked_at).where(QueueRanking.name == ROW))
-    if stored_at is None:  # the first ranks (a later cycle's are kept)
+    if not replaced.rowcount:  # type: ignore[attr-defined]
+        stored_at = session.scalar(select(QueueRanking.ranked_at).where(QueueRanking.name == ROW))
+        if stored_at is not None:  # a later cycle's are kept
+            return
         session.execute(insert(QueueRanking).values(name=ROW, **values))
+    if last is not None:
+        last.ranked_at, last.order = now, tuple(order)
+        last.policy, last.history = ranked_by.policy, history
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,12 @@ class CycleReport:
     skipped: int = 0
     plan_ms: float = 0.0
     total_ms: float = 0.0
+    # Where a cycle's time went, phase by phase (bench/deep_queue.py prints them): phase 0
+    # (settle), 1 (snapshot), 3 (apply, with its commit) and 5 (ranks, with its commit).
+    settle_ms: float = 0.0
+    snapshot_ms: float = 0.0
+    apply_ms: float = 0.0
+    ranks_ms: float = 0.0
     # When a waiting job's begin time or off-peak window comes, or a running off-peak job
     # must be stopped for its window's close: cycle again then. Now, when this cycle placed
     # a job that jobs waiting with `after` wait for.
@@ -116,12 +122,14 @@ def run_cycle(
                 now=now, windows=openings, outside_fraction=policy.offpeak_outside_fraction
             )
             # 0. dependencies, array limits, then the jobs the clock holds back
+            settle_started = time.perf_counter()
             awaited_starts = settle_dependencies(session, now=now)
             settle_array_limits(session)
             settle_never_in_window(session=session, specs=specs, now=now)
             gated_until = settle_clock_gates(session, gates=gates)
             session.commit()
             # 1. snapshot
+            snapshot_started = time.perf_counter()
             ctx = read_snapshot(
                 session=session,
                 now=now,
@@ -129,6 +137,7 @@ def run_cycle(
                 windows=openings,
                 quick_from=None if all_positions else memory,
                 gates=gates,
+                views=None if memory is None else memory.views,
             )
             session.rollback()  # end the read transaction before the pure phase
             # 2. plan
@@ -160,7 +169,9 @@ def run_cycle(
             if memory is not None:
                 memory.remember(ctx, plan.queue_order)
             # 3. apply
+            apply_started = time.perf_counter()
             applied = apply_plan(session, ctx=ctx, plan=plan, token=token, now=now)
+            apply_ms = (time.perf_counter() - apply_started) * 1000
         finally:
             lease.release(session, holder=holder, token=token, now=now)
     if applied.lease_lost:
@@ -170,6 +181,7 @@ def run_cycle(
         wake_at = now  # a job waiting `after` one placed now may start: cycle again
     # 4. dispatch (after commit; reconciliation re-sends anything lost on the way)
     messenger.send(applied.after)
+    ranks_started = time.perf_counter()
     if not ctx.quick:  # 5. what this full cycle ranked, for GET /jobs/{id}/rank
         views = {j.id: j for j in ctx.snapshot.pending}
         with factory() as session:
@@ -183,11 +195,15 @@ def run_cycle(
                 ),
                 history=ctx.snapshot.runtime_history,
                 now=now,
+                last=None if memory is None else memory.ranks,
             )
             try:
                 session.commit()
             except IntegrityError:  # another scheduler stored the first ranks meanwhile
                 session.rollback()
+                if memory is not None:
+                    memory.ranks = ranks.LastStored()
+    ranks_ms = (time.perf_counter() - ranks_started) * 1000
     CYCLE_SECONDS.labels(kind).observe(time.perf_counter() - started)
     PLACEMENTS.inc(len(applied.placed))
     report = CycleReport(
@@ -199,6 +215,10 @@ def run_cycle(
         plan_ms=plan_ms,
         total_ms=(time.perf_counter() - started) * 1000,
         wake_at=wake_at,
+        settle_ms=(snapshot_started - settle_started) * 1000,
+        snapshot_ms=(plan_started - snapshot_started) * 1000,
+        apply_ms=apply_ms,
+        ranks_ms=ranks_ms,
     )
     if report.placed or report.preempted or report.skipped:
         log.info(

@@ -3,9 +3,9 @@ with the stops they leave to send after the commit."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from sqlalchemy import ColumnElement, select
+from sqlalchemy import ColumnElement, inspect, select
 from sqlalchemy.orm import Session
 
 from app.auth.models import User
@@ -55,19 +55,20 @@ def cancel_selected(
     `scancel -u alice -t PENDING` or `scancel` of an array id. Returns how many and which
     (those placed are stopping), and the stops of those placed."""
     where = (Job.status.not_in(FINISHED),)
-    jobs = lock_selected(
+    ids = lock_selected(
         session, principal=principal, selection=selection, verb="cancel", where=where
     )
-    for job in jobs:
-        cancel_locked(session, job=job, actor=principal.name, grace_s=grace_s)
-    after = _stops(session, jobs, reason="cancel", grace_s=grace_s)
-    done = BulkOut.of(
-        [job.id for job in jobs],
-        stopping=sum(job.status is not JobStatus.CANCELLED for job in jobs),
-    )
+    placed: dict[int, int] = {}
+    stopping = 0
+    for jobs in in_chunks(session, ids):
+        for job in jobs:
+            cancel_locked(session, job=job, actor=principal.name, grace_s=grace_s)
+            if job.status in ACTIVE:
+                placed[job.id] = job.attempt
+            stopping += job.status is not JobStatus.CANCELLED
+    after = AfterCommit.of(stop_orders(session, placed, reason="cancel", grace_s=grace_s))
     session.commit()
-    session.expunge_all()  # thousands of rows: not kept past the answer
-    return Changed(done, after)
+    return Changed(BulkOut.of(ids, stopping=stopping), after)
 
 
 def _stops(
@@ -85,18 +86,42 @@ def lock_selected(
     selection: JobSelection,
     verb: str,
     where: Sequence[ColumnElement[bool]],
-) -> list[Job]:
-    """The rows of a bulk action's jobs, locked in id order (as a cycle's apply locks
-    them). A selection of every job is refused: a forgotten filter must not act on the
-    whole queue."""
+) -> list[int]:
+    """The ids of a bulk action's jobs, their rows locked in id order (as a cycle's apply
+    locks them). A selection of every job is refused: a forgotten filter must not act on
+    the whole queue."""
     if not selection.narrows():
         raise FieldError(
             "status",
             f"select the jobs to {verb} with status, project, user, label, array or name",
             location="query",
         )
-    query = selection.where(select(Job), principal).where(*where)
+    query = selection.where(select(Job.id), principal).where(*where)
     return list(session.scalars(query.order_by(Job.id).with_for_update(of=Job)))
+
+
+# How many jobs a bulk action holds as objects at once.
+BULK_CHUNK = 500
+
+
+def in_chunks(session: Session, ids: Sequence[int]) -> Iterator[list[Job]]:
+    """The jobs of `ids` (locked by the caller), a chunk at a time: what the caller changes
+    in one is written (flushed, in the caller's transaction) before the next is loaded,
+    and the session lets go of the objects. Loading 20,000 jobs and their events at once
+    left the API process 80 MB larger for good (bench/deep_queue.py)."""
+    before = set(session.identity_map.keys())
+    for start in range(0, len(ids), BULK_CHUNK):
+        jobs = list(
+            session.scalars(
+                select(Job).where(Job.id.in_(ids[start : start + BULK_CHUNK])).order_by(Job.id)
+            )
+        )
+        yield jobs
+        session.flush()
+        # The chunk's jobs and what acting on them added (events, notifications).
+        for obj in list(session.identity_map.values()):
+            if inspect(obj).key not in before:
+                session.expunge(obj)
 
 
 def cancel_locked(
@@ -208,15 +233,12 @@ def hold_selected(*, session: Session, principal: Principal, selection: JobSelec
     """Hold every pending job the selection names, in one transaction, as `scontrol hold`
     of an array id. Jobs not pending are not selected. Returns how many and which."""
     where = (Job.status == JobStatus.PENDING,)
-    jobs = lock_selected(
-        session, principal=principal, selection=selection, verb="hold", where=where
-    )
-    for job in jobs:
-        _hold_one(session, job=job, actor=principal.name)
-    done = BulkOut.of([job.id for job in jobs])
+    ids = lock_selected(session, principal=principal, selection=selection, verb="hold", where=where)
+    for jobs in in_chunks(session, ids):
+        for job in jobs:
+            _hold_one(session, job=job, actor=principal.name)
     session.commit()
-    session.expunge_all()
-    return done
+    return BulkOut.of(ids)
 
 
 def _hold_one(session: Session, *, job: Job, actor: str) -> None:
@@ -247,21 +269,20 @@ def release_selected(
     of an array id). If an admin held any of them and the caller is not one, none is
     released: the 403 names them. Returns how many and which were released."""
     where = (Job.status == JobStatus.PENDING, Job.held_by.is_not(None))
-    jobs = lock_selected(
+    ids = lock_selected(
         session, principal=principal, selection=selection, verb="release", where=where
     )
-    if refused := _held_by_admin(session, principal=principal, jobs=jobs):
-        ids = ", ".join(str(job.id) for job in refused)
+    if refused := _held_by_admin_ids(session, principal=principal, ids=ids):
+        listed = ", ".join(map(str, refused))
         raise Forbidden(
-            f"jobs {ids} were held by an admin; only an admin releases them (nothing was "
+            f"jobs {listed} were held by an admin; only an admin releases them (nothing was "
             "released: leave them out of the selection)"
         )
-    for job in jobs:
-        _release_one(session, job=job, actor=principal.name)
-    done = BulkOut.of([job.id for job in jobs])
+    for jobs in in_chunks(session, ids):
+        for job in jobs:
+            _release_one(session, job=job, actor=principal.name)
     session.commit()
-    session.expunge_all()
-    return Changed(done, AfterCommit(cycle=bool(jobs)))
+    return Changed(BulkOut.of(ids), AfterCommit(cycle=bool(ids)))
 
 
 def _held_by_admin(session: Session, *, principal: Principal, jobs: list[Job]) -> list[Job]:
@@ -272,6 +293,27 @@ def _held_by_admin(session: Session, *, principal: Principal, jobs: list[Job]) -
         return []
     admins = set(session.scalars(select(User.name).where(User.name.in_(holders), User.is_admin)))
     return [job for job in jobs if job.held_by in admins]
+
+
+def _held_by_admin_ids(session: Session, *, principal: Principal, ids: list[int]) -> list[int]:
+    """`_held_by_admin` for a bulk release's jobs, by their ids (in id order)."""
+    if principal.is_admin or not ids:
+        return []
+    refused: list[int] = []
+    for start in range(0, len(ids), BULK_CHUNK):
+        refused.extend(
+            session.scalars(
+                select(Job.id)
+                .join(User, User.name == Job.held_by)
+                .where(
+                    Job.id.in_(ids[start : start + BULK_CHUNK]),
+                    User.is_admin,
+                    Job.held_by != principal.name,
+                )
+                .order_by(Job.id)
+            )
+        )
+    return refused
 
 
 def _release_one(session: Session, *, job: Job, actor: str) -> None:

@@ -15,7 +15,7 @@ from app.auth.models import User
 from app.auth.service import Principal
 from app.db import utcnow
 from app.errors import Conflict, FieldError, Forbidden
-from app.jobs.control import back_in_line, lock_selected
+from app.jobs.control import back_in_line, in_chunks, lock_selected
 from app.jobs.dependencies import (
     load_namesakes,
     singleton_wait,
@@ -83,20 +83,21 @@ def update_selected(
     update` of an array id changes all its pending tasks. All or nothing: a change refused
     for one job changes none, and the error names that job. Returns how many and which."""
     where = (Job.status == JobStatus.PENDING,)
-    jobs = lock_selected(
+    ids = lock_selected(
         session, principal=principal, selection=selection, verb="change", where=where
     )
-    for job in jobs:
-        try:
-            _update_locked(session, principal=principal, job=job, changes=changes, limits=limits)
-        except FieldError as exc:
-            raise FieldError(
-                exc.field, f"job {job.id}: {exc.message}", location=exc.location
-            ) from None
-    done = BulkOut.of([job.id for job in jobs])
+    for jobs in in_chunks(session, ids):
+        for job in jobs:
+            try:
+                _update_locked(
+                    session, principal=principal, job=job, changes=changes, limits=limits
+                )
+            except FieldError as exc:
+                raise FieldError(
+                    exc.field, f"job {job.id}: {exc.message}", location=exc.location
+                ) from None
     session.commit()
-    session.expunge_all()
-    return Changed(done, AfterCommit(cycle=bool(jobs)))
+    return Changed(BulkOut.of(ids), AfterCommit(cycle=bool(ids)))
 
 
 def _update_locked(

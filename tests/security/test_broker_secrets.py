@@ -84,7 +84,9 @@ def test_an_agent_reads_its_key_only_from_a_private_file(tmp_path: Path) -> None
             read_node_key(path)
 
 
-def test_the_agent_imports_from_app_only_the_wire_the_settings_logging_and_process_helpers() -> None:
+def test_the_agent_imports_from_app_only_the_wire_the_settings_logging_and_process_helpers() -> (
+    None
+):
     # app.logs: the log format and level, the standard library only.
     allowed = {"app.wire", "app.config", "app.processes", "app.logs"}
     found = set()

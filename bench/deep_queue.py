@@ -1,0 +1,336 @@
+"""A deep queue against the real database: the full cycle's phases, and a bulk cancel's
+memory in the API process (issue 42 point 4).
+
+    .venv/bin/python bench/deep_queue.py [--db postgresql|sqlite] [--waiting 20000]
+        [--repeat 5] [--skip-memory]
+
+Cycle: as the scheduler worker runs it (one QueueMemory across cycles), on 2 nodes x 4
+GPUs, with `waiting` jobs of two projects (1-4 GPUs, priorities and runtimes varied)
+inserted in bulk. Times `run_cycle` as the scheduler runs its full
+cycle every few seconds: the first one (every job NEW), then full cycles with nothing
+changed, then full cycles after one running job ended (one placed, every position behind
+it moves). Each row splits the cycle: phase 0 (dependencies, array limits, clock gates),
+snapshot read, plan, apply (reasons and positions written, committed), rank storage;
+with the count of SQL statements and the bench process's CPU time in the cycle (on a
+shared machine the wall time also counts other processes' turns; on SQLite the database's
+work is in this process, on PostgreSQL the server's is not). Goal: <= 150 ms for a full cycle at 20,000 waiting.
+
+Memory: the API as its own process (uvicorn, one worker), its resident set size read
+from /proc before and after POST /api/v1/jobs/cancel?status=PENDING of the `waiting`
+jobs (and after a second, empty one: what stays). Goal: the RSS after is about the RSS
+before (the API does not keep 20,000 jobs' worth of objects).
+
+Prints tables; writes bench/results/deep_queue-<db>.json.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+from sqlalchemy import event, insert, select
+
+from app.auth.models import User
+from app.auth.service import create_user
+from app.cycle.run import CycleReport, run_cycle
+from app.cycle.settings import SchedulerSettings
+from app.cycle.snapshot import QueueMemory
+from app.db import make_engine, make_session_factory, utcnow
+from app.jobs.allocations import release
+from app.jobs.lifecycle import transition
+from app.jobs.models import Job
+from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
+from app.messaging import NullMessenger
+from app.migrate import upgrade
+from app.nodes.models import Gpu, Node, NodeState
+from app.projects.models import Project
+from bench.common import (
+    bench_args,
+    create_pg_database,
+    drop_pg_database,
+    free_port,
+    machine_info,
+    poll,
+    print_table,
+    write_results,
+)
+
+GOAL_MS = 150.0
+NODES, GPUS_PER_NODE = 2, 4
+SETTINGS = SchedulerSettings(stability_window_s=0)
+
+
+def _cluster(factory: Any) -> None:
+    now = utcnow()
+    with factory() as session:
+        for n in range(NODES):
+            node = Node(name=f"n{n}", hostname="127.0.0.1", state=NodeState.READY)
+            node.last_heartbeat_at = now
+            node.gpus = [
+                Gpu(
+                    index=i,
+                    uuid=f"GPU-n{n}-{i}",
+                    model="H100-80GB",
+                    memory_total_mb=81559,
+                    memory_used_mb=0,
+                    sampled_at=now,
+                    util_pct=0.0,
+                    idle_since=now,
+                )
+                for i in range(GPUS_PER_NODE)
+            ]
+            session.add(node)
+        session.commit()
+
+
+def _queue(factory: Any, waiting: int) -> str:
+    """An admin's token; `waiting` jobs of alice (ml) and bob (cv), inserted in bulk."""
+    with factory() as session:
+        _, token = create_user(
+            session=session, name="alice", projects=["ml"], is_admin=True, ttl_days=0,
+            actor="bench",
+        )  # fmt: skip
+        create_user(session=session, name="bob", projects=["cv"], is_admin=False, ttl_days=0,
+                    actor="bench")  # fmt: skip
+        session.commit()
+        users = {name: uid for name, uid in session.execute(select(User.name, User.id))}
+        projects = {name: pid for name, pid in session.execute(select(Project.name, Project.id))}
+        rows = [
+            {
+                "name": f"task-{i % 50}",
+                "user_id": users["alice" if i % 3 else "bob"],
+                "project_id": projects["ml" if i % 3 else "cv"],
+                "command": ["train"],
+                "gpus": 1 + i % 4,
+                "priority": (0, 0, 0, 1)[i % 4],
+                "estimated_runtime_s": None if i % 5 == 0 else 600 * (1 + i % 11),
+                "status": JobStatus.PENDING,
+                "pending_reason": NEW_IN_QUEUE,
+                "pending_message": "submitted; waiting for the next scheduling cycle",
+            }
+            for i in range(waiting)
+        ]
+        for start in range(0, waiting, 5000):
+            session.execute(insert(Job), rows[start : start + 5000])
+        session.commit()
+    return token
+
+
+def _end_one(factory: Any) -> bool:
+    """The oldest placed job runs and succeeds: its GPUs are free for the next cycle.
+    False: none is placed (the cycles since did not fill the GPUs)."""
+    with factory() as session:
+        job = session.scalar(select(Job).where(Job.status.in_(ACTIVE)).order_by(Job.id).limit(1))
+        if job is None:
+            return False
+        if job.status is JobStatus.SCHEDULED:
+            transition(session, job=job, to=JobStatus.RUNNING, actor="bench")
+        transition(session, job=job, to=JobStatus.SUCCEEDED, actor="bench")
+        release(session, job_id=job.id)
+        session.commit()
+    return True
+
+
+def _cycle(engine: Any, factory: Any, memory: QueueMemory) -> tuple[CycleReport, int, float]:
+    """The cycle's report, its SQL statements and this process's CPU ms in it."""
+    statements = [0]
+
+    def count(*_: Any) -> None:
+        statements[0] += 1
+
+    event.listen(engine, "before_cursor_execute", count)
+    cpu = time.process_time()
+    try:
+        report = run_cycle(
+            factory=factory, messenger=NullMessenger(), settings=SETTINGS, holder="bench",
+            now=utcnow(), full_every_s=5.0, memory=memory,
+        )  # fmt: skip
+    finally:
+        cpu = time.process_time() - cpu
+        event.remove(engine, "before_cursor_execute", count)
+    assert report.ran
+    return report, statements[0], cpu * 1000
+
+
+PHASES = ("total_ms", "settle_ms", "snapshot_ms", "plan_ms", "apply_ms", "ranks_ms")
+
+
+def _row(runs: list[tuple[CycleReport, int, float]]) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        phase: statistics.median(getattr(r, phase) for r, _, _ in runs) for phase in PHASES
+    }
+    row["worst_total_ms"] = max(r.total_ms for r, _, _ in runs)
+    row["cpu_ms"] = statistics.median(cpu for _, _, cpu in runs)
+    row["statements"] = runs[-1][1]
+    row["placed"] = sum(r.placed for r, _, _ in runs)
+    row["pending"] = runs[-1][0].pending
+    row["runs"] = len(runs)
+    return row
+
+
+def cycles(engine: Any, factory: Any, repeat: int) -> dict[str, dict[str, Any]]:
+    # One memory across the cycles, as the scheduler worker keeps one.
+    memory = QueueMemory()
+    results = {"first full cycle (all NEW)": _row([_cycle(engine, factory, memory)])}
+    results["full, nothing changed"] = _row(
+        [_cycle(engine, factory, memory) for _ in range(repeat)]
+    )
+    ended = []
+    for _ in range(3 * repeat):
+        if len(ended) == repeat:
+            break
+        if not _end_one(factory):
+            _cycle(engine, factory, memory)  # every GPU idle: this one places jobs, not timed
+            continue
+        ended.append(_cycle(engine, factory, memory))
+    results["full, one job ended"] = _row(ended)
+    return results
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def _hwm_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM")
+
+
+def memory(url: str, token: str, root: Path) -> dict[str, Any]:
+    """RSS of an API process around a bulk cancel of every waiting job."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "GPUSCHED_DATABASE_URL": url,
+        "GPUSCHED_DATA_DIR": str(root / "data"),
+        "GPUSCHED_TOKEN_CACHE_S": "0",
+    }
+    log = (root / "api.log").open("wb")
+    api = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app.asgi:app", "--port", str(port),
+         "--no-proxy-headers", "--log-level", "warning"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}/api/v1"
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        with httpx.Client(headers=headers, timeout=120) as client:
+            poll("the API answers", lambda: client.get(f"{base}/jobs?limit=1").is_success,
+                 timeout=60)  # fmt: skip
+            for _ in range(20):  # warm: every code path of a list and a page loaded once
+                client.get(f"{base}/jobs?limit=50").raise_for_status()
+                client.get(f"{base}/queue?limit=50")
+            before = _rss_kb(api.pid)
+            started = time.perf_counter()
+            r = client.post(f"{base}/jobs/cancel?status=PENDING")
+            elapsed = time.perf_counter() - started
+            r.raise_for_status()
+            body = r.json()
+            after = _rss_kb(api.pid)
+            peak = _hwm_kb(api.pid)
+            client.post(f"{base}/jobs/cancel?status=PENDING").raise_for_status()
+            for _ in range(20):
+                client.get(f"{base}/jobs?limit=50").raise_for_status()
+            settled = _rss_kb(api.pid)
+    finally:
+        api.terminate()
+        api.wait(timeout=30)
+        log.close()
+    return {
+        "cancelled": body["count"],
+        "answer_bytes": len(r.content),
+        "cancel_s": elapsed,
+        "rss_before_mb": before / 1024,
+        "rss_after_mb": after / 1024,
+        "rss_peak_mb": peak / 1024,
+        "rss_settled_mb": settled / 1024,
+    }
+
+
+def main() -> int:
+    args = bench_args(__doc__.splitlines()[0], waiting=20_000, repeat=5, skip_memory=False)
+    root = Path(tempfile.mkdtemp(prefix="gpusched-deepq-"))
+    pg_name = None
+    if args.db == "postgresql":
+        pg_name, url = create_pg_database("gpusched_bench")
+    else:
+        url = f"sqlite:///{root / 'bench.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    mem: dict[str, Any] = {}
+    try:
+        factory = make_session_factory(engine)
+        _cluster(factory)
+        token = _queue(factory, args.waiting)
+        results = cycles(engine, factory, args.repeat)
+        if not args.skip_memory:
+            mem = memory(url, token, root)
+    finally:
+        engine.dispose()
+        if pg_name:
+            drop_pg_database(pg_name)
+        shutil.rmtree(root, ignore_errors=True)
+
+    head = (
+        f"{'full cycle':<28} {'total':>7} {'worst':>7} {'cpu':>7} {'phase0':>7} {'snapshot':>8} "
+        f"{'plan':>7} {'apply':>7} {'ranks':>7} {'SQL':>5} {'placed':>6}"
+    )
+    print(
+        f"\nfull cycle, {args.waiting} waiting, {NODES * GPUS_PER_NODE} GPUs, {args.db}: "
+        f"median ms of {args.repeat} (goal <= {GOAL_MS:.0f} ms)"
+    )
+    print(head + "\n" + "-" * len(head))
+    for label, r in results.items():
+        print(
+            f"{label:<28} {r['total_ms']:>7.1f} {r['worst_total_ms']:>7.1f} {r['cpu_ms']:>7.1f} "
+            f"{r['settle_ms']:>7.1f} {r['snapshot_ms']:>8.1f} {r['plan_ms']:>7.1f} "
+            f"{r['apply_ms']:>7.1f} {r['ranks_ms']:>7.1f} {r['statements']:>5} {r['placed']:>6}"
+        )
+    if mem:
+        cancelled = (
+            f"{mem['cancelled']} in {mem['cancel_s']:.2f} s, answer {mem['answer_bytes']} bytes"
+        )
+        print_table(
+            [
+                ("jobs cancelled", cancelled),
+                ("API RSS before", f"{mem['rss_before_mb']:.0f} MB"),
+                (
+                    "API RSS after",
+                    f"{mem['rss_after_mb']:.0f} MB (peak {mem['rss_peak_mb']:.0f} MB)",
+                ),
+                ("API RSS after 20 more requests", f"{mem['rss_settled_mb']:.0f} MB"),
+            ],
+            f"bulk cancel of {args.waiting} waiting jobs, API process, {args.db}",
+        )
+    path = write_results(
+        "deep_queue",
+        {
+            "db": args.db,
+            "waiting": args.waiting,
+            "cycle": results,
+            "memory": mem,
+            "load": os.getloadavg()[0],
+            "machine": machine_info(),
+        },
+    )
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
