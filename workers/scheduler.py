@@ -33,7 +33,7 @@ from app.cycle.snapshot import QueueMemory
 from app.cycle.wakeup import WakeUps
 from app.db import utcnow
 from app.installation.service import installation_id
-from app.jobs import reports
+from app.jobs import agent_reports
 from app.jobs.limits import runtime_limits
 from app.jobs.webhooks import NOTIFY_INTERVAL_S, send_due
 from app.messaging import (
@@ -238,9 +238,9 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                 runtime.messenger.send(left.after)
                 return "left"
             if isinstance(report, Started):
-                applied = reports.job_started(session=session, report=report)
+                applied = agent_reports.job_started(session=session, report=report)
             else:
-                applied = reports.job_finished(session=session, report=report)
+                applied = agent_reports.job_finished(session=session, report=report)
             session.commit()
         context = {"job_id": report.job_id, "attempt": report.attempt, "node": report.node}
         if applied.refused:

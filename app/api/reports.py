@@ -9,10 +9,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import Response
 
+from app.accounting import service
+from app.accounting.schemas import JobEfficiency, UsageReport
 from app.api.deps import CurrentUser, SessionDep
 from app.errors import FieldError
-from app.reports import service
-from app.reports.schemas import JobEfficiency, UsageReport
 from app.timeutil import query_time
 
 router = APIRouter(prefix="/api/v1", tags=["reports"])

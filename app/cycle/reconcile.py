@@ -21,10 +21,10 @@ from sqlalchemy import exists, or_, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from app.jobs import reports
+from app.jobs import agent_reports
+from app.jobs.agent_reports import dead_by, mark_lost, requeue_lost
 from app.jobs.models import Job
 from app.jobs.orders import AfterCommit, released_gates, run_orders, stop_orders
-from app.jobs.reports import dead_by, mark_lost, requeue_lost
 from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.models import Allocation, Node, NodeState
 from app.wire import Heartbeat, Leaving, RefusalReason, RunJob, Started, StopJob
@@ -39,7 +39,7 @@ class Repairs:
     requeued: list[int] = field(default_factory=list)  # LOST ones back in the queue
     run: list[RunJob] = field(default_factory=list)
     stop: list[StopJob] = field(default_factory=list)
-    # A report a leaving node carried that was not believed (see reports.Applied.refused).
+    # A report a leaving node carried that was not believed (see agent_reports.Applied.refused).
     refused: list[RefusalReason] = field(default_factory=list)
 
     @property
@@ -85,7 +85,7 @@ def node_left(*, session: Session, leaving: Leaving, now: datetime) -> Repairs:
     repairs = Repairs()
     name = leaving.node
     for report in leaving.recent:
-        applied = reports.job_finished(session=session, report=report)
+        applied = agent_reports.job_finished(session=session, report=report)
         repairs.stop.extend(applied.after.of_type(StopJob))
         if applied.refused:
             repairs.refused.append(applied.refused)
@@ -313,12 +313,12 @@ def reconcile_node_attempts(
     settled = taken_at - timedelta(seconds=grace_s)
     for key, job in here.items():
         if key in results:
-            applied = reports.job_finished(session=session, report=results[key])
+            applied = agent_reports.job_finished(session=session, report=results[key])
             if applied.accepted:
                 repairs.finished.append(job.id)
                 repairs.stops.extend(applied.after.of_type(StopJob))
         elif key in reported:
-            reports.job_started(
+            agent_reports.job_started(
                 session=session, report=Started(node=node, job_id=key[0], attempt=key[1])
             )
         elif (

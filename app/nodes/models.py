@@ -53,7 +53,7 @@ class Node(Base):
     # jobs are placed elsewhere, and wait with that reason if nowhere else will do.
     unusable_accounts: Mapped[dict[str, str] | None] = mapped_column(NullableJSON, default=dict)
     # The grace period its agent gives jobs that ask for none: how long its watchdog may
-    # take to end a lost attempt (app/jobs/reports.py).
+    # take to end a lost attempt (app/jobs/agent_reports.py).
     grace_s: Mapped[float | None] = mapped_column(Float)
     # Its agent's heartbeat period: it died at most this long after its last heartbeat.
     interval_s: Mapped[float | None] = mapped_column(Float)

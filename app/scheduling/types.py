@@ -123,7 +123,7 @@ class RunningJobView:
     @property
     def held_milli(self) -> int:
         """What it holds now, counted against its project's quota: a gang whose node
-        ended early (app/jobs/reports.py) holds only the GPUs of the nodes still running."""
+        ended early (app/jobs/agent_reports.py) holds only the GPUs of the nodes still running."""
         return self.share_milli * sum(len(indexes) for _, indexes in self.placement)
 
 

@@ -168,9 +168,9 @@ def test_a_job_requeued_as_its_agent_stopped_is_not_shown_preempted(
     from sqlalchemy import select
 
     from app.db import make_engine, make_session_factory
+    from app.jobs.agent_reports import job_finished
     from app.jobs.lifecycle import transition
     from app.jobs.models import Job
-    from app.jobs.reports import job_finished
     from app.jobs.states import JobStatus
     from app.nodes.models import Allocation, Node
     from app.wire import Finished

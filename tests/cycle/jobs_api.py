@@ -64,9 +64,9 @@ def report_end(
     api: Any, job_id: int, result: str, *, node: str = "n1", exit_code: int | None = None
 ) -> Any:
     """An agent's end report for the job's current attempt on `node`, applied and
-    committed; returns what it changed (app.jobs.reports.Applied)."""
+    committed; returns what it changed (app.jobs.agent_reports.Applied)."""
+    from app.jobs.agent_reports import job_finished
     from app.jobs.models import Job
-    from app.jobs.reports import job_finished
     from app.wire import Finished
 
     with api.factory.begin() as session:

@@ -11,11 +11,11 @@ from app.cycle import lease
 from app.cycle.apply import apply_plan
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
+from app.jobs.agent_reports import job_finished
 from app.jobs.allocations import release
 from app.jobs.lifecycle import settle_interrupted, transition
 from app.jobs.models import Job
 from app.jobs.orders import released_gates
-from app.jobs.reports import job_finished
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
 from app.nodes.models import Allocation, Gpu

@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy import select
 
 from app.db import utcnow
+from app.jobs.agent_reports import job_finished
 from app.jobs.models import Job
 from app.jobs.orders import run_orders
-from app.jobs.reports import job_finished
 from app.nodes.models import Node
 from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat
 from app.wire import Finished, Heartbeat, RunJob

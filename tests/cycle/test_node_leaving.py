@@ -12,8 +12,8 @@ from sqlalchemy import select, update
 
 from app.cycle.reconcile import SilenceJudge, node_left, reconcile, requeue_lost_on
 from app.db import utcnow
+from app.jobs.agent_reports import WATCHDOG_KILL_S, mark_lost
 from app.jobs.models import Job
-from app.jobs.reports import WATCHDOG_KILL_S, mark_lost
 from app.jobs.states import JobStatus
 from app.nodes.models import Node
 from app.wire import Finished, Leaving

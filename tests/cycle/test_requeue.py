@@ -4,8 +4,8 @@ comes back to the queue with its age, costing no retry; with hold it comes back 
 from __future__ import annotations
 
 from app.db import utcnow
+from app.jobs.agent_reports import job_finished, job_started
 from app.jobs.models import Job
-from app.jobs.reports import job_finished, job_started
 from app.wire import Finished, Started
 from tests.cycle.jobs_api import add_node, get_job, job_events, run_one_cycle, submit
 from tests.foundation.builders import ready_node

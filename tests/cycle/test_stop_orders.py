@@ -8,8 +8,8 @@ from typing import Any
 from sqlalchemy import event
 
 from app.db import utcnow
+from app.jobs.agent_reports import job_finished
 from app.jobs.orders import stop_orders
-from app.jobs.reports import job_finished
 from app.wire import Finished, StopJob
 from tests.cycle.jobs_api import get_job, run_one_cycle, submit
 from tests.foundation.builders import ready_node

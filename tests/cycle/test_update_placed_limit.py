@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from app.db import utcnow
+from app.jobs.agent_reports import job_started
 from app.jobs.models import Job
 from app.jobs.orders import AfterCommit
-from app.jobs.reports import job_started
 from app.wire import Order, SetTimeLimit, Started
 from tests.cycle.jobs_api import add_node, finish, get_job, job_events, run_one_cycle, submit
 

@@ -29,7 +29,7 @@ from app.cycle import run as run_module
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import make_engine, make_session_factory, utcnow
-from app.jobs import reports
+from app.jobs import agent_reports
 from app.jobs.models import Job
 from app.jobs.states import ACTIVE, JobStatus
 from app.messaging import NullMessenger
@@ -167,7 +167,7 @@ def _finish_some(factory: sessionmaker[Session], rng: random.Random, fraction: f
         if rng.random() > fraction:
             continue
         with factory() as session:
-            applied = reports.job_finished(
+            applied = agent_reports.job_finished(
                 session=session,
                 report=Finished(
                     job_id=job_id,

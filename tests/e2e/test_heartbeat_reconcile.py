@@ -24,7 +24,7 @@ from app.cycle.reconcile import reconcile_node_attempts
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
-from app.jobs import reports
+from app.jobs import agent_reports
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
@@ -78,7 +78,7 @@ def _started_job(factory: sessionmaker[Session]) -> tuple[int, datetime]:
     """A placed job whose agent reported it started: RUNNING since the returned time."""
     job_id, attempt = _placed_job(factory)
     with factory() as session:
-        reports.job_started(
+        agent_reports.job_started(
             session=session, report=Started(job_id=job_id, attempt=attempt, node="n1")
         )
         session.commit()

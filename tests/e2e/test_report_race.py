@@ -23,7 +23,7 @@ from app.auth.service import create_user
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
-from app.jobs import reports
+from app.jobs import agent_reports
 from app.jobs.models import Job, JobEvent
 from app.messaging import NullMessenger
 from app.nodes.models import Allocation
@@ -77,7 +77,7 @@ def test_concurrent_started_and_finished_reports_keep_history_whole(
     def started() -> None:  # the first handler: reads (and locks) the job, then commits
         try:
             with factory() as session:
-                applied = reports.job_started(session=session, report=replace(base, pid=1))
+                applied = agent_reports.job_started(session=session, report=replace(base, pid=1))
                 assert applied.accepted
                 read_done.set()
                 may_commit.wait(10)
@@ -97,7 +97,7 @@ def test_concurrent_started_and_finished_reports_keep_history_whole(
                     exit_code=3,
                     message="exit code 3",
                 )
-                reports.job_finished(session=session, report=end)
+                agent_reports.job_finished(session=session, report=end)
                 session.commit()
         except BaseException as exc:
             errors.append(exc)
@@ -155,9 +155,9 @@ def test_a_report_applied_from_a_stale_copy_of_the_job_changes_nothing(
         assert stale is not None and stale.status == "SCHEDULED"
         heartbeat.commit()  # expire_on_commit=False: the copy stays as it was
         with factory() as direct:
-            assert reports.job_started(session=direct, report=replace(base, pid=7)).accepted
+            assert agent_reports.job_started(session=direct, report=replace(base, pid=7)).accepted
             direct.commit()
-        reports.job_started(session=heartbeat, report=base)
+        agent_reports.job_started(session=heartbeat, report=base)
         heartbeat.commit()
     with factory() as session:
         running = session.scalars(
@@ -183,7 +183,7 @@ def test_a_finish_report_alone_records_the_start_with_its_pid(
         message="exit code 0",
     )
     with factory.begin() as session:
-        applied = reports.job_finished(session=session, report=end)
+        applied = agent_reports.job_finished(session=session, report=end)
         assert applied.accepted
     with factory() as session:
         steps = [

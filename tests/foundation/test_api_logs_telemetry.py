@@ -258,7 +258,7 @@ def test_a_job_that_ended_says_where_it_ran(api):
     assert [(a["node"], a["gpu_index"]) for a in job["allocations"]] == [("n1", 1)]
     assert job["last_allocations"] == []
     with api.factory() as session:
-        from app.jobs.reports import job_finished
+        from app.jobs.agent_reports import job_finished
 
         report = Finished(job_id=job_id, attempt=1, node="n1", result="SUCCEEDED")
         assert job_finished(session=session, report=report).accepted
@@ -276,7 +276,7 @@ def test_a_job_back_in_the_queue_says_where_it_was_last(api):
     add_node(api.factory, "n1", gpus=2)
     job_id = _running_job(api, gpus=(0,))
     with api.factory() as session:
-        from app.jobs.reports import job_finished
+        from app.jobs.agent_reports import job_finished
 
         report = Finished(job_id=job_id, attempt=1, node="n1", result="PREEMPTED")
         assert job_finished(session=session, report=report).accepted

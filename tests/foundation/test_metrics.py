@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from app.db import utcnow
+from app.jobs.agent_reports import job_started
 from app.jobs.lifecycle import queue_wait_s
 from app.jobs.models import Job
-from app.jobs.reports import job_started
 from app.wire import Started
 from tests.cycle.jobs_api import add_node, report_end, run_one_cycle, submit
 

@@ -14,10 +14,10 @@ from sqlalchemy import select
 from app.config import Settings
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
+from app.jobs.agent_reports import job_started
 from app.jobs.limits import runtime_limits
 from app.jobs.models import Job
 from app.jobs.outbox import event_for
-from app.jobs.reports import job_started
 from app.jobs.states import JobStatus
 from app.jobs.webhooks import MAX_ATTEMPTS, send_due
 from app.messaging import SEND_NOTIFICATIONS

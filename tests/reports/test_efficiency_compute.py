@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.reports.efficiency import Held, JobFacts, Reading, compute, gpu_hours
+from app.accounting.efficiency import Held, JobFacts, Reading, compute, gpu_hours
 
 T0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
 

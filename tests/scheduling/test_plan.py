@@ -280,7 +280,7 @@ def test_quota_reason_when_borrowing_disabled() -> None:
 
 def test_a_gang_whose_node_ended_early_counts_only_its_running_nodes_against_quota() -> None:
     # Gang 9 asked for 2 GPUs on each of 2 nodes; its part on b ended (exit 0) and freed
-    # b's GPUs (app/jobs/reports.py): it holds 2 GPUs now, not 4. Project p (quota 4,
+    # b's GPUs (app/jobs/agent_reports.py): it holds 2 GPUs now, not 4. Project p (quota 4,
     # borrowing disabled) has 2 to go: job 1 starts. Charged for all 4, it would wait.
     gang = running(job(9, project="p", gpus=2, nodes=2), {"a": (0, 1)})
     s = snap(

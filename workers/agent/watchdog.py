@@ -10,7 +10,7 @@ attempt it starts (``start JOB ATTEMPT GRACE_S``) and ends (``end JOB ATTEMPT``)
 kernel closes the pipe when the agent exits in any way. Then every group of the agent's
 fence (its installation's, its node's: workers/agent/fence.py) gets SIGTERM, its job's
 grace period, then SIGKILL. The scheduler requeues a lost attempt only once that grace is
-over (app/jobs/reports.py), so the two never run at once. On a clean shutdown the agent
+over (app/jobs/agent_reports.py), so the two never run at once. On a clean shutdown the agent
 has stopped its jobs already, so there is nothing left to kill.
 """
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from app.reports.schemas import Flag, GpuEfficiency, JobEfficiency
+from app.accounting.schemas import Flag, GpuEfficiency, JobEfficiency
 from app.windows.tariff import Tariff, cost_of_energy, energy_wh
 
 #: Below this average SM utilisation the job is flagged: the GPU mostly waits for input.

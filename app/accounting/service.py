@@ -11,6 +11,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from app.accounting.efficiency import Held, JobFacts, Reading, compute
+from app.accounting.schemas import JobEfficiency, ProjectUsage, UsageReport
 from app.auth.models import User
 from app.auth.service import Principal
 from app.db import utcnow
@@ -21,8 +23,6 @@ from app.jobs.states import ACTIVE
 from app.nodes.models import Allocation, Gpu, Node
 from app.nodes.telemetry import job_series
 from app.projects.models import Project
-from app.reports.efficiency import Held, JobFacts, Reading, compute
-from app.reports.schemas import JobEfficiency, ProjectUsage, UsageReport
 from app.windows.tariff import Tariff
 
 #: A usage report computes every job's efficiency; beyond this, ask for a shorter period.
