@@ -106,7 +106,7 @@ def job_finished(*, session: Session, report: Finished) -> Applied:
     """Record how an attempt ended, release its GPUs, and requeue it when that is due."""
     job, why, refused = _current(session, report)
     if job is None:
-        return Applied(False, why, refused)
+        return _late_success(session, report) or Applied(False, why, refused)
     if report.result == REFUSED:
         return _refused(session, job=job, report=report)
     actor = f"agent:{report.node}"
@@ -156,6 +156,41 @@ def job_finished(*, session: Session, report: Finished) -> Applied:
     elif result in (JobStatus.PREEMPTED, JobStatus.LOST):
         settle_interrupted(session, job=job, actor="scheduler")
     return Applied(True, "", after=AfterCommit.of(stops, cycle=True))
+
+
+def _late_success(session: Session, report: Finished) -> Applied | None:
+    """The success of an attempt that was declared lost while its node was only late (a
+    heartbeat dropped, a report queue behind), reported by the node that held it before
+    the requeue ran it again: the job is done, not run twice. Only a success, and only on
+    one node: a failure or a gang's part leaves the requeue as it was."""
+    if RESULTS.get(report.result) is not JobStatus.SUCCEEDED:
+        return None
+    job = session.scalar(
+        select(Job)
+        .where(Job.id == report.job_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    if (
+        job is None
+        or job.status is not JobStatus.LOST
+        or job.attempt != report.attempt
+        or job.nodes > 1
+        or not placed_on(session, job_id=job.id, attempt=job.attempt, node=report.node)
+    ):
+        return None
+    _add_usage(job, report)
+    job.exit_code = report.exit_code
+    job.lost_until = None
+    transition(
+        session,
+        job=job,
+        to=JobStatus.SUCCEEDED,
+        actor=f"agent:{report.node}",
+        reason=f"its node reported the attempt's success after it was declared lost "
+        f"({report.message or 'exit 0'})",
+    )
+    return Applied(True, "", after=AfterCommit(cycle=True))
 
 
 def _add_usage(job: Job, report: Finished) -> None:

@@ -30,7 +30,9 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
     S.SCHEDULED: frozenset({S.RUNNING, S.PENDING, S.CANCELLED, S.LOST, S.PREEMPTED, S.FAILED}),
     S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.PREEMPTED, S.LOST}),
     S.PREEMPTED: frozenset({S.PENDING, S.FAILED}),
-    S.LOST: frozenset({S.PENDING, S.FAILED}),
+    # LOST -> SUCCEEDED: its node was only late, and reports that the attempt succeeded
+    # before the requeue ran it again (app/jobs/agent_reports.py late_success).
+    S.LOST: frozenset({S.PENDING, S.FAILED, S.SUCCEEDED}),
     S.FAILED: frozenset({S.PENDING}),
     S.SUCCEEDED: frozenset(),
     S.CANCELLED: frozenset(),
