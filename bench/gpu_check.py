@@ -325,6 +325,9 @@ class GpuCheckRun:
             GPUSCHED_SCHEDULER_METRICS_PORT="0",
             GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT="0",
             PYTHONUNBUFFERED="1",
+            # The CLI's saved URL and token (`up` writes them, the CLI reads them first):
+            # this stack's own, not the user's ~/.config, nor those of a check beside it.
+            XDG_CONFIG_HOME=str(self.data_dir.resolve() / "cli-config"),
         )
         if self.rehearse:
             env["GPUSCHED_AGENT_SIM_STATE_FILE"] = str(self.sim_state)

@@ -15,6 +15,8 @@ Markers, given here from what a test uses:
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +47,10 @@ _PG_FIXTURES = frozenset({"make_stack"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The CLI reads its URL and token from $XDG_CONFIG_HOME/gpusched before anything else,
+    # and `gpusched up` writes them there: each test process (and what it starts) gets a
+    # folder of its own, never the developer's ~/.config nor one parallel workers share.
+    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="gpusched-test-config-")
     config.addinivalue_line("markers", "db: touches a database; runs on SQLite and PostgreSQL")
     config.addinivalue_line("markers", "postgresql: needs PostgreSQL whatever the backend")
     # Started once by the controlling process, before xdist starts its workers, so that
@@ -54,6 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(os.environ["XDG_CONFIG_HOME"], ignore_errors=True)
     if not hasattr(config, "workerinput"):
         stop_session_server()
 
