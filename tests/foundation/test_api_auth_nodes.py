@@ -193,3 +193,22 @@ def test_the_pending_reasons_are_one_enum_in_the_schema(api):
     assert {"held", "dependency", "array_limit", "NEW", "waiting_for_gpus"} <= set(
         schemas["ReasonKind"]["enum"]
     )
+
+
+def test_the_dashboard_names_reasons_only_from_the_enum() -> None:
+    """The reasons the dashboard's pages treat apart (a job outside the ranking is not
+    asked for its rank) are ReasonKind values: a renamed reason fails here, not silently
+    in the browser."""
+    import re
+    from pathlib import Path
+
+    from app.scheduling.types import ReasonKind
+
+    pages = Path(__file__).resolve().parents[2] / "frontend" / "js" / "pages"
+    named: set[str] = set()
+    for page in pages.glob("*.js"):
+        for listed in re.findall(r"NOT_RANKED = new Set\(\[([^\]]*)\]\)", page.read_text()):
+            named.update(re.findall(r'"([^"]+)"', listed))
+        named.update(re.findall(r'pending_reason === "([^"]+)"', page.read_text()))
+    assert named, "the job page's NOT_RANKED list was not found"
+    assert named <= {kind.value for kind in ReasonKind}, named - {k.value for k in ReasonKind}
