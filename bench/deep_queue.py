@@ -38,10 +38,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
-from sqlalchemy import event, insert, select
+from sqlalchemy import event, select
 
-from app.auth.models import User
-from app.auth.service import create_user
 from app.cycle.run import CycleReport, run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory
@@ -49,21 +47,14 @@ from app.db import make_engine, make_session_factory, utcnow
 from app.jobs.allocations import release
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job
-from app.jobs.states import ACTIVE, NEW_IN_QUEUE, JobStatus
+from app.jobs.states import ACTIVE, JobStatus
 from app.messaging import NullMessenger
 from app.migrate import upgrade
 from app.nodes.models import Gpu, Node, NodeState
-from app.projects.models import Project
-from bench.common import (
-    bench_args,
-    create_pg_database,
-    drop_pg_database,
-    free_port,
-    machine_info,
-    poll,
-    print_table,
-    write_results,
-)
+from bench.common import bench_args, machine_info, print_table, write_results
+from bench.rank import seed_queue
+from tests.support.servers import create_pg_database, drop_pg_database, free_port
+from tests.support.wait import poll
 
 GOAL_MS = 150.0
 NODES, GPUS_PER_NODE = 2, 4
@@ -91,39 +82,6 @@ def _cluster(factory: Any) -> None:
             ]
             session.add(node)
         session.commit()
-
-
-def _queue(factory: Any, waiting: int) -> str:
-    """An admin's token; `waiting` jobs of alice (ml) and bob (cv), inserted in bulk."""
-    with factory() as session:
-        _, token = create_user(
-            session=session, name="alice", projects=["ml"], is_admin=True, ttl_days=0,
-            actor="bench",
-        )  # fmt: skip
-        create_user(session=session, name="bob", projects=["cv"], is_admin=False, ttl_days=0,
-                    actor="bench")  # fmt: skip
-        session.commit()
-        users = {name: uid for name, uid in session.execute(select(User.name, User.id))}
-        projects = {name: pid for name, pid in session.execute(select(Project.name, Project.id))}
-        rows = [
-            {
-                "name": f"task-{i % 50}",
-                "user_id": users["alice" if i % 3 else "bob"],
-                "project_id": projects["ml" if i % 3 else "cv"],
-                "command": ["train"],
-                "gpus": 1 + i % 4,
-                "priority": (0, 0, 0, 1)[i % 4],
-                "estimated_runtime_s": None if i % 5 == 0 else 600 * (1 + i % 11),
-                "status": JobStatus.PENDING,
-                "pending_reason": NEW_IN_QUEUE,
-                "pending_message": "submitted; waiting for the next scheduling cycle",
-            }
-            for i in range(waiting)
-        ]
-        for start in range(0, waiting, 5000):
-            session.execute(insert(Job), rows[start : start + 5000])
-        session.commit()
-    return token
 
 
 def _end_one(factory: Any) -> bool:
@@ -276,7 +234,7 @@ def main() -> int:
     try:
         factory = make_session_factory(engine)
         _cluster(factory)
-        token = _queue(factory, args.waiting)
+        token = seed_queue(factory, args.waiting)
         results = cycles(engine, factory, args.repeat)
         if not args.skip_memory:
             mem = memory(url, token, root)

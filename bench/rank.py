@@ -46,7 +46,7 @@ from tests.support.servers import create_pg_database, drop_pg_database
 GOAL_MS = 50.0
 
 
-def _queue(factory: Any, waiting: int) -> str:
+def seed_queue(factory: Any, waiting: int) -> str:
     """Alice's token; `waiting` jobs of alice (ml) and bob (cv), inserted in bulk."""
     with factory() as session:
         _, token = create_user(
@@ -117,7 +117,7 @@ def main() -> int:
     results: dict[str, Any] = {}
     try:
         factory = make_session_factory(engine)
-        token = _queue(factory, args.waiting)
+        token = seed_queue(factory, args.waiting)
         started = time.perf_counter()
         report = run_cycle(
             factory=factory, messenger=NullMessenger(), settings=SchedulerSettings(),
