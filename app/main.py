@@ -99,32 +99,13 @@ def create_app(
         description="GPU cluster scheduling service. Authenticate with `Authorization: Bearer`.",
         max_body_size=settings.max_body_bytes,  # 413 for larger bodies, streamed or not
     )
-    if session_factory is None:
-        session_factory = make_session_factory(make_engine(settings.effective_database_url))
-    if redis_client is None and settings.redis_url:
-        import redis
-
-        redis_client = redis.Redis.from_url(settings.redis_url, socket_timeout=2)
-    read_session_factory = make_read_session_factory(session_factory)
-    if messenger is None:
-        # The keys are read with a session of their own while the request's may hold
-        # SQLite's write lock: a reading one, which never waits for it.
-        keys = NodeKeys(read_session_factory)
-        messenger = (
-            Messenger(create_celery(settings.redis_url), redis_client, keys=keys)
-            if settings.redis_url
-            else NullMessenger()
-        )
-    app.state.settings = settings
-    app.state.messenger = messenger
-    app.state.inventory = InventoryCache()
-    app.state.tariff = tariff_setting(settings)
-    app.state.auth_limiter = FailedAuthLimiter(limit=settings.auth_failures_per_minute)
-    app.state.metrics_registry = CollectorRegistry()
-    app.state.metrics_registry.register(DatabaseCollector(read_session_factory))
-    app.state.session_factory = session_factory
-    app.state.read_session_factory = read_session_factory
-    app.state.redis = redis_client
+    attach_services(
+        app,
+        settings,
+        session_factory=session_factory,
+        redis_client=redis_client,
+        messenger=messenger,
+    )
 
     app.add_exception_handler(FieldError, _field_error)
     app.add_exception_handler(DomainError, _domain_error)
@@ -153,3 +134,43 @@ def create_app(
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxy_list)
     mount_frontend(app)
     return app
+
+
+def attach_services(
+    app: FastAPI,
+    settings: Settings,
+    *,
+    session_factory: sessionmaker[Session] | None = None,
+    redis_client: Any = None,
+    messenger: Sender | None = None,
+) -> None:
+    """Give `app` its settings, database, broker and caches (app.state), all new: what
+    requests read through their dependencies. Apart from the routes, which FastAPI builds
+    at each router's first request (a few hundred ms), so that the tests can give one
+    app's routes fresh services per test instead of building them again."""
+    if session_factory is None:
+        session_factory = make_session_factory(make_engine(settings.effective_database_url))
+    if redis_client is None and settings.redis_url:
+        import redis
+
+        redis_client = redis.Redis.from_url(settings.redis_url, socket_timeout=2)
+    read_session_factory = make_read_session_factory(session_factory)
+    if messenger is None:
+        # The keys are read with a session of their own while the request's may hold
+        # SQLite's write lock: a reading one, which never waits for it.
+        keys = NodeKeys(read_session_factory)
+        messenger = (
+            Messenger(create_celery(settings.redis_url), redis_client, keys=keys)
+            if settings.redis_url
+            else NullMessenger()
+        )
+    app.state.settings = settings
+    app.state.messenger = messenger
+    app.state.inventory = InventoryCache()
+    app.state.tariff = tariff_setting(settings)
+    app.state.auth_limiter = FailedAuthLimiter(limit=settings.auth_failures_per_minute)
+    app.state.metrics_registry = CollectorRegistry()
+    app.state.metrics_registry.register(DatabaseCollector(read_session_factory))
+    app.state.session_factory = session_factory
+    app.state.read_session_factory = read_session_factory
+    app.state.redis = redis_client

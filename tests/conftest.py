@@ -28,9 +28,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.auth.service import TOKEN_CACHE
 from app.config import Settings
 from app.db import make_engine, make_session_factory
-from app.main import create_app
 from app.migrate import upgrade
 from tests.foundation.builders import add_user
+from tests.support.apps import fresh_app
 from tests.support.servers import (
     create_pg_database,
     drop_pg_database,
@@ -149,7 +149,7 @@ class Api:
 
 @pytest.fixture
 def api(settings: Settings, session_factory: sessionmaker[Session]) -> Iterator[Api]:
-    app = create_app(settings, session_factory=session_factory)
+    app = fresh_app(settings, session_factory=session_factory)
     with TestClient(app) as client:
         api = Api(client, session_factory)
         api.add_user("admin", ["default"], admin=True)

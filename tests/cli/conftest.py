@@ -16,8 +16,8 @@ from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import Settings
-from app.main import create_app
 from tests.cli.harness import Cli
+from tests.support.apps import fresh_app
 from tests.support.wait import poll
 
 
@@ -45,7 +45,7 @@ def cli(
 ) -> Iterator[Cli]:
     """A live server with users admin (project default), alice (ml) and bob (cv)."""
     url, server, thread, sock = serve_in_thread(
-        create_app(settings, session_factory=session_factory)
+        fresh_app(settings, session_factory=session_factory)
     )
     cli = Cli(url=url, settings=settings, database_url=database_url, factory=session_factory)
     cli.add_user("admin", ["default"], admin=True)
