@@ -222,7 +222,12 @@ def get_job(job_id: JobId, session: SessionDep, principal: CurrentUser) -> JobOu
             "content": {"text/plain": {"schema": {"type": "string"}}},
             "description": "The script, as submitted",
         },
-        404: {"description": "No such job, or one that runs its command, not a script copy"},
+        **problems(
+            403,
+            404,
+            s403=NOT_A_MEMBER,
+            s404="No such job, or one that runs its command, not a script copy",
+        ),
     },
 )
 def get_job_script(job_id: JobId, session: SessionDep, principal: CurrentUser) -> PlainTextResponse:
@@ -448,7 +453,8 @@ def change_array_limit(
     "/{job_id}/logs",
     response_class=Response,
     responses={
-        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "The log"}
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "The log"},
+        **problems(403, 404, s403=NOT_A_MEMBER, s404="No such job, or no such attempt of it"),
     },
 )
 def get_job_logs(
