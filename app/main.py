@@ -64,7 +64,10 @@ def create_app(
     app = FastAPIOffline(
         title="gpusched",
         version="0.1.0",
-        description="GPU cluster scheduling service. Authenticate with `Authorization: Bearer`.",
+        description="GPU cluster scheduling service. Authenticate with `Authorization: Bearer "
+        "<token>` (the Authorize button). Every error is RFC 9457 problem details "
+        "(`application/problem+json`): `detail` says what went wrong, and a 422's `errors` "
+        "names each field and why.",
         max_body_size=settings.max_body_bytes,  # 413 for larger bodies, streamed or not
         static_url=DOCS_ASSETS,
         # Swagger UI would otherwise fetch a validator badge from another site.

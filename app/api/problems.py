@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
@@ -45,6 +45,35 @@ class FieldProblem(BaseModel):
 
 class ProblemDetails(BaseModel):
     """An error, as RFC 9457 problem details."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "type": "about:blank",
+                    "title": "Unprocessable Entity",
+                    "status": 422,
+                    "detail": "gpus: Input should be greater than or equal to 0",
+                    "instance": "/api/v1/jobs",
+                    "errors": [
+                        {
+                            "loc": ["body", "gpus"],
+                            "field": "gpus",
+                            "msg": "Input should be greater than or equal to 0",
+                            "type": "greater_than_equal",
+                        }
+                    ],
+                },
+                {
+                    "type": "about:blank",
+                    "title": "Conflict",
+                    "status": 409,
+                    "detail": "job 12 is RUNNING: only a pending job can be held",
+                    "instance": "/api/v1/jobs/12/hold",
+                },
+            ]
+        }
+    )
 
     type: str = Field(
         default="about:blank",

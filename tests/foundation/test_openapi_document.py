@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from tests.conftest import Api
 from tests.security.routes import api_operations, build_app
 
 APP = build_app()
@@ -142,3 +143,43 @@ def test_every_kind_of_error_is_a_problem() -> None:
     # Unknown path and method (Starlette's own)
     _assert_problem(client.get("/api/v1/no-such-thing"), 404)
     _assert_problem(client.delete("/healthz"), 405)
+
+
+def test_validation_domain_and_size_errors_are_problems(api: Api) -> None:
+    alice = api.as_("alice")
+    # FastAPI's validation: each field named, where and why; `detail` sums them up.
+    body = _assert_problem(
+        api.client.post("/api/v1/jobs", json={"command": ["true"], "gpus": -1}, headers=alice),
+        422,
+    )
+    assert body["instance"] == "/api/v1/jobs"
+    [error] = body["errors"]
+    assert error["loc"] == ["body", "gpus"] and error["field"] == "gpus"
+    assert error["type"] == "greater_than_equal" and "greater than or equal to 0" in error["msg"]
+    assert body["detail"] == f"gpus: {error['msg']}"
+    # The app's own FieldError, in the query.
+    body = _assert_problem(api.client.get("/api/v1/jobs?label=nokey", headers=alice), 422)
+    assert [(e["loc"], e["field"]) for e in body["errors"]] == [(["query", "label"], "label")]
+    # A domain error: NotFound, and Conflict.
+    body = _assert_problem(api.client.get("/api/v1/jobs/999999", headers=alice), 404)
+    assert body == {
+        "type": "about:blank",
+        "title": "Not Found",
+        "status": 404,
+        "detail": "no job 999999",
+        "instance": "/api/v1/jobs/999999",
+    }
+    job = api.client.post("/api/v1/jobs", json={"command": ["true"]}, headers=alice).json()
+    api.client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=alice)
+    body = _assert_problem(api.client.post(f"/api/v1/jobs/{job['id']}/hold", headers=alice), 409)
+    assert "only a pending job can be held" in body["detail"]
+    # Not an admin.
+    _assert_problem(api.client.get("/api/v1/audit", headers=alice), 403)
+    # A body over the limit, refused by its Content-Length before any handler runs.
+    big = b"x" * (api.client.app.state.settings.max_body_bytes + 1)
+    headers = {**alice, "content-type": "application/json"}
+    body = _assert_problem(api.client.post("/api/v1/jobs", content=big, headers=headers), 413)
+    assert "GPUSCHED_MAX_BODY_BYTES" in body["detail"]
+    # A body that is not JSON.
+    body = _assert_problem(api.client.post("/api/v1/jobs", content=b"{x", headers=headers), 422)
+    assert [e["field"] for e in body["errors"]] == ["body"]
