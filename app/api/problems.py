@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
@@ -45,35 +45,6 @@ class FieldProblem(BaseModel):
 
 class ProblemDetails(BaseModel):
     """An error, as RFC 9457 problem details."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "type": "about:blank",
-                    "title": "Unprocessable Entity",
-                    "status": 422,
-                    "detail": "gpus: Input should be greater than or equal to 0",
-                    "instance": "/api/v1/jobs",
-                    "errors": [
-                        {
-                            "loc": ["body", "gpus"],
-                            "field": "gpus",
-                            "msg": "Input should be greater than or equal to 0",
-                            "type": "greater_than_equal",
-                        }
-                    ],
-                },
-                {
-                    "type": "about:blank",
-                    "title": "Conflict",
-                    "status": 409,
-                    "detail": "job 12 is RUNNING: only a pending job can be held",
-                    "instance": "/api/v1/jobs/12/hold",
-                },
-            ]
-        }
-    )
 
     type: str = Field(
         default="about:blank",
@@ -315,8 +286,23 @@ def _flat_routes(app: FastAPI) -> Iterator[Any]:
     yield from iter_route_contexts(app.routes)
 
 
-def _problem_content() -> dict[str, Any]:
-    return {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}}
+def _problem_content(status: int, description: str, path: str) -> dict[str, Any]:
+    """The shape, with an example of this status on this operation (Swagger UI shows it)."""
+    example: dict[str, Any] = {
+        "type": "about:blank",
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+        "detail": description,
+        "instance": path,
+    }
+    if status == 422:
+        msg = "Input should be greater than or equal to 1"
+        example["detail"] = f"limit: {msg}"
+        example["errors"] = [
+            {"loc": ["query", "limit"], "field": "limit", "msg": msg, "type": "greater_than_equal"}
+        ]
+    schema = {"$ref": "#/components/schemas/ProblemDetails"}
+    return {PROBLEM_JSON: {"schema": schema, "example": example}}
 
 
 def document_errors(app: FastAPI, doc: dict[str, Any]) -> None:
@@ -344,7 +330,8 @@ def document_errors(app: FastAPI, doc: dict[str, Any]) -> None:
                 if status.isdigit() and int(status) >= 400:
                     if int(status) == 422:
                         response["description"] = derived.get(422, DESCRIPTIONS[422])
-                    response["content"] = _problem_content()
+                    text = response.get("description", HTTPStatus(int(status)).phrase)
+                    response["content"] = _problem_content(int(status), text, route.path)
     # FastAPI's list-shaped validation error is no longer answered by any operation.
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)

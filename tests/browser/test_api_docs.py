@@ -53,6 +53,17 @@ def _get(url: str) -> tuple[int, bytes, str]:
 
 
 @pytest.mark.parametrize("page", DOC_PAGES)
+def test_doc_pages_may_load_nothing_from_another_origin(api_url: str, page: str) -> None:
+    with urllib.request.urlopen(api_url + page, timeout=10) as resp:
+        policy = resp.headers["content-security-policy"]
+    rules = dict(rule.strip().split(" ", 1) for rule in policy.split(";"))
+    assert rules["default-src"] == "'self'"
+    for name in ("script-src", "style-src", "img-src", "connect-src", "font-src"):
+        sources = rules[name].split()
+        assert set(sources) <= {"'self'", "'unsafe-inline'", "data:"}, (name, sources)
+
+
+@pytest.mark.parametrize("page", DOC_PAGES)
 def test_doc_pages_load_only_same_origin_assets_each_served(api_url: str, page: str) -> None:
     status, body, _ = _get(api_url + page)
     assert status == 200

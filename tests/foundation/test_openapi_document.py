@@ -95,12 +95,10 @@ def test_errors_are_problem_details_in_the_document() -> None:
         for method, operation in item.items():
             for status, response in operation["responses"].items():
                 if int(status) >= 400:
-                    content = response.get("content", {})
-                    assert content == {"application/problem+json": {"schema": PROBLEM_REF}}, (
-                        method,
-                        path,
-                        status,
-                    )
+                    [(media, content)] = response["content"].items()
+                    assert media == "application/problem+json", (method, path, status)
+                    assert content["schema"] == PROBLEM_REF, (method, path, status)
+                    assert content["example"]["status"] == int(status), (method, path, status)
 
 
 def _statuses(method: str, path: str) -> set[int]:
