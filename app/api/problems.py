@@ -31,6 +31,15 @@ log = logging.getLogger("gpusched.api")
 PROBLEM_JSON = "application/problem+json"
 
 
+# RFC 9110's names where Python's table (before 3.13) keeps the older ones, so a title does
+# not change with the interpreter.
+_RFC9110_TITLES = {413: "Content Too Large", 422: "Unprocessable Content"}
+
+
+def title_of(status: int) -> str:
+    return _RFC9110_TITLES.get(status) or HTTPStatus(status).phrase
+
+
 class FieldProblem(BaseModel):
     """One invalid field of a request and why."""
 
@@ -78,7 +87,7 @@ def problem_response(
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     problem = ProblemDetails(
-        title=HTTPStatus(status).phrase,
+        title=title_of(status),
         status=status,
         detail=detail,
         instance=request.url.path,
@@ -99,7 +108,7 @@ def validation_problem(request: Request, errors: list[FieldProblem]) -> JSONResp
 
 def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+    detail = exc.detail if isinstance(exc.detail, str) else title_of(exc.status_code)
     return problem_response(request, exc.status_code, detail, headers=exc.headers)
 
 
@@ -182,7 +191,7 @@ class TooLargeAsProblem:
 
 def _too_large_body(path: str) -> bytes:
     problem = ProblemDetails(
-        title=HTTPStatus(413).phrase,
+        title=title_of(413),
         status=413,
         detail="the request body is larger than the server accepts (GPUSCHED_MAX_BODY_BYTES)",
         instance=path,
@@ -228,7 +237,7 @@ def problems(*statuses: int, **descriptions: str) -> dict[int | str, dict[str, A
     replace the generic wording."""
     out: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
-        text = descriptions.get(f"s{status}", DESCRIPTIONS.get(status, HTTPStatus(status).phrase))
+        text = descriptions.get(f"s{status}", DESCRIPTIONS.get(status, title_of(status)))
         out[status] = {"model": ProblemDetails, "description": text}
     return out
 
@@ -290,7 +299,7 @@ def _problem_content(status: int, description: str, path: str) -> dict[str, Any]
     """The shape, with an example of this status on this operation (Swagger UI shows it)."""
     example: dict[str, Any] = {
         "type": "about:blank",
-        "title": HTTPStatus(status).phrase,
+        "title": title_of(status),
         "status": status,
         "detail": description,
         "instance": path,
@@ -330,7 +339,7 @@ def document_errors(app: FastAPI, doc: dict[str, Any]) -> None:
                 if status.isdigit() and int(status) >= 400:
                     if int(status) == 422:
                         response["description"] = derived.get(422, DESCRIPTIONS[422])
-                    text = response.get("description", HTTPStatus(int(status)).phrase)
+                    text = response.get("description", title_of(int(status)))
                     response["content"] = _problem_content(int(status), text, route.path)
     # FastAPI's list-shaped validation error is no longer answered by any operation.
     for name in ("HTTPValidationError", "ValidationError"):

@@ -150,7 +150,7 @@ def test_validation_domain_and_size_errors_are_problems(api: Api) -> None:
         api.client.post("/api/v1/jobs", json={"command": ["true"], "gpus": -1}, headers=alice),
         422,
     )
-    assert body["instance"] == "/api/v1/jobs"
+    assert body["instance"] == "/api/v1/jobs" and body["title"] == "Unprocessable Content"
     [error] = body["errors"]
     assert error["loc"] == ["body", "gpus"] and error["field"] == "gpus"
     assert error["type"] == "greater_than_equal" and "greater than or equal to 0" in error["msg"]
@@ -177,7 +177,7 @@ def test_validation_domain_and_size_errors_are_problems(api: Api) -> None:
     big = b"x" * (api.client.app.state.settings.max_body_bytes + 1)
     headers = {**alice, "content-type": "application/json"}
     body = _assert_problem(api.client.post("/api/v1/jobs", content=big, headers=headers), 413)
-    assert "GPUSCHED_MAX_BODY_BYTES" in body["detail"]
+    assert "GPUSCHED_MAX_BODY_BYTES" in body["detail"] and body["title"] == "Content Too Large"
     # A body that is not JSON.
     body = _assert_problem(api.client.post("/api/v1/jobs", content=b"{x", headers=headers), 422)
     assert [e["field"] for e in body["errors"]] == ["body"]
