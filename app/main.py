@@ -5,11 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry
-from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
@@ -21,69 +19,37 @@ from app.api.health import router as health_router
 from app.api.jobs import router as jobs_router
 from app.api.nodes import router as nodes_router
 from app.api.nodes import utilization_router
+from app.api.problems import add_problem_handlers, document_errors
 from app.api.projects import router as projects_router
 from app.api.reports import router as reports_router
 from app.api.windows import router as windows_router
 from app.auth.service import FailedAuthLimiter
 from app.config import Settings
 from app.db import make_engine, make_read_session_factory, make_session_factory
-from app.errors import API_ERROR_RESPONSES, DomainError, FieldError
 from app.etag import ETagMiddleware
 from app.frontend import mount_frontend
 from app.messaging import Messenger, NullMessenger, Sender, create_celery
 from app.metrics import DatabaseCollector
 from app.nodes.inventory import InventoryCache
 from app.nodes.keys import NodeKeys
-from app.security_headers import SecurityHeadersMiddleware
+from app.security_headers import DOCS_ASSETS, SecurityHeadersMiddleware
 from app.windows.tariff import tariff_setting
 
 log = logging.getLogger("gpusched.api")
 
 
-def _field_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, FieldError)
-    detail = [{"loc": [exc.location, *exc.path], "msg": exc.message, "type": "value_error"}]
-    return JSONResponse({"detail": detail}, status_code=422)
+def _document_errors_in_openapi(app: FastAPI) -> None:
+    generate = app.openapi
+    documented: list[dict[str, Any]] = []
 
+    def openapi() -> dict[str, Any]:
+        doc = generate()
+        if not documented or documented[0] is not doc:
+            document_errors(app, doc)
+            documented[:] = [doc]
+        return doc
 
-def _domain_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, DomainError)
-    return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
-
-
-def _database_down(_: Request, exc: Exception) -> JSONResponse:
-    # Connection refused, server restarting, SQLite locked: the client should retry.
-    log.error("database unavailable: %s", getattr(exc, "orig", exc))
-    return JSONResponse(
-        {"detail": "database unavailable, retry later"},
-        status_code=503,
-        headers={"Retry-After": "2"},
-    )
-
-
-def _unstorable_value(_: Request, exc: Exception) -> JSONResponse:
-    # PostgreSQL refuses some values any Python str can hold (a NUL byte in a name or a
-    # query filter): the request is at fault, not the server.
-    log.info(
-        "refused a value the database cannot store: %s", type(getattr(exc, "orig", exc)).__name__
-    )
-    detail = [
-        {
-            "loc": ["request"],
-            "msg": "a value in the request cannot be stored (e.g. it contains a NUL byte)",
-            "type": "value_error",
-        }
-    ]
-    return JSONResponse({"detail": detail}, status_code=422)
-
-
-def _validation_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    # Drop pydantic's "input" echo: it can be megabytes, and it may hold secrets (env).
-    errors = [
-        {k: v for k, v in err.items() if k not in ("input", "ctx", "url")} for err in exc.errors()
-    ]
-    return JSONResponse({"detail": errors}, status_code=422)
+    setattr(app, "openapi", openapi)  # noqa: B010 - FastAPI's documented override
 
 
 def create_app(
@@ -93,12 +59,21 @@ def create_app(
     redis_client: Any = None,
     messenger: Sender | None = None,
 ) -> FastAPI:
-    app = FastAPI(
+    # Swagger UI and ReDoc are served by the app itself (fastapi-offline's copies), so /docs
+    # and /redoc work on a machine without internet.
+    app = FastAPIOffline(
         title="gpusched",
         version="0.1.0",
-        description="GPU cluster scheduling service. Authenticate with `Authorization: Bearer`.",
+        description="GPU cluster scheduling service. Authenticate with `Authorization: Bearer "
+        "<token>` (the Authorize button). Every error is RFC 9457 problem details "
+        "(`application/problem+json`): `detail` says what went wrong, and a 422's `errors` "
+        "names each field and why.",
         max_body_size=settings.max_body_bytes,  # 413 for larger bodies, streamed or not
+        static_url=DOCS_ASSETS,
+        # Swagger UI would otherwise fetch a validator badge from another site.
+        swagger_ui_parameters={"validatorUrl": None},
     )
+    _document_errors_in_openapi(app)
     attach_services(
         app,
         settings,
@@ -107,23 +82,19 @@ def create_app(
         messenger=messenger,
     )
 
-    app.add_exception_handler(FieldError, _field_error)
-    app.add_exception_handler(DomainError, _domain_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(OperationalError, _database_down)
-    app.add_exception_handler(DataError, _unstorable_value)
+    add_problem_handlers(app)
 
     app.include_router(health_router)
-    app.include_router(auth_router, responses=API_ERROR_RESPONSES)
-    app.include_router(jobs_router, responses=API_ERROR_RESPONSES)
-    app.include_router(nodes_router, responses=API_ERROR_RESPONSES)
-    app.include_router(utilization_router, responses=API_ERROR_RESPONSES)
-    app.include_router(projects_router, responses=API_ERROR_RESPONSES)
-    app.include_router(estimator_router, responses=API_ERROR_RESPONSES)
-    app.include_router(reports_router, responses=API_ERROR_RESPONSES)
-    app.include_router(windows_router, responses=API_ERROR_RESPONSES)
-    app.include_router(batches_router, responses=API_ERROR_RESPONSES)
-    app.include_router(audit_router, responses=API_ERROR_RESPONSES)
+    app.include_router(auth_router)
+    app.include_router(jobs_router)
+    app.include_router(nodes_router)
+    app.include_router(utilization_router)
+    app.include_router(projects_router)
+    app.include_router(estimator_router)
+    app.include_router(reports_router)
+    app.include_router(windows_router)
+    app.include_router(batches_router)
+    app.include_router(audit_router)
     app.add_middleware(ETagMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)
     if settings.trusted_proxy_list:

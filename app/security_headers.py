@@ -4,8 +4,9 @@ styles only, never framed, never sniffed.
 The dashboard's scripts are files of its own (ES modules under frontend/js), with no inline
 script, event handler attribute or style attribute (styles are set through the DOM, which
 a CSP allows), so a policy of `'self'` breaks nothing and makes any injected markup inert.
-The API's own documentation pages (/docs, /redoc) load Swagger UI and ReDoc from a CDN
-with an inline script: they get every header but the script and style rules.
+The API's own documentation pages (/docs, /redoc) load Swagger UI and ReDoc from the app
+itself (DOCS_ASSETS) but start them with an inline script and style themselves inline:
+their policy allows inline code and still nothing from another origin.
 """
 
 from __future__ import annotations
@@ -27,9 +28,26 @@ DASHBOARD_CSP = "; ".join(
         "frame-ancestors 'none'",
     )
 )
-# Swagger UI and ReDoc: only the rules that do not stop their CDN scripts.
-DOCS_CSP = "object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+# Swagger UI and ReDoc: same-origin only, with the inline script and styles they need
+# (ReDoc's search runs in a worker made from a blob: URL; both draw icons from data: URLs).
+DOCS_CSP = "; ".join(
+    (
+        "default-src 'self'",
+        "script-src 'self' 'unsafe-inline'",
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data:",
+        "font-src 'self' data:",
+        "connect-src 'self'",
+        "worker-src 'self' blob:",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    )
+)
 DOCS_PATHS = ("/docs", "/redoc")
+# Where Swagger UI's and ReDoc's own files are served (fastapi-offline's copies).
+DOCS_ASSETS = "/docs/assets"
 
 _COMMON = {
     "x-content-type-options": "nosniff",

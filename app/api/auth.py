@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Response
 from pydantic import AfterValidator, BaseModel, Field, StrictBool, StringConstraints
 
 from app.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
+from app.api.problems import problems
 from app.auth import service
 from app.db import utcnow
 from app.errors import Conflict, FieldError, NotFound
@@ -86,9 +87,9 @@ class UserOut(BaseModel):
 
 
 class UserCreate(BaseModel):
-    name: Name
+    name: Name = Field(description="the user's name, unique")
     projects: list[Name] = Field(min_length=1, description="created when missing")
-    admin: bool = False
+    admin: bool = Field(default=False, description="true: the admin role")
     unix_user: UnixUser | None = Field(default=None, description="default: the user's name")
 
 
@@ -124,7 +125,9 @@ class UserUpdate(RequestBody):
 
 
 class TokenCreate(BaseModel):
-    label: Annotated[str, StringConstraints(max_length=64)] = "api"
+    label: Annotated[str, StringConstraints(max_length=64)] = Field(
+        default="api", description="what the token is for, shown in its list"
+    )
 
 
 class TokenOut(BaseModel):
@@ -202,7 +205,12 @@ def list_users(
     return cut(response, page, users)
 
 
-@router.post("/users", response_model=TokenOut, status_code=201)
+@router.post(
+    "/users",
+    response_model=TokenOut,
+    status_code=201,
+    responses=problems(409, s409="A user of that name exists"),
+)
 def create_user(
     body: UserCreate, session: SessionDep, settings: SettingsDep, admin: AdminUser
 ) -> TokenOut:
@@ -229,7 +237,7 @@ _RUNNING_LIMITS = {
 }
 
 
-@router.patch("/users/{name}", response_model=UserOut)
+@router.patch("/users/{name}", response_model=UserOut, responses=problems(409))
 def update_user(name: UserPath, body: UserUpdate, session: SessionDep, admin: AdminUser) -> UserOut:
     """Make a user an admin or a plain user, as `sacctmgr modify user ... set adminlevel=`,
     set the Unix account their jobs run as, how many jobs they may have pending
@@ -285,7 +293,11 @@ def create_token(
     return TokenOut(user=_user(session, name), token=token)
 
 
-@router.delete("/users/{name}/tokens", response_model=RevokedOut)
+@router.delete(
+    "/users/{name}/tokens",
+    response_model=RevokedOut,
+    responses=problems(409, s409="An admin revoking their own tokens would lock themselves out"),
+)
 def revoke_tokens(name: UserPath, session: SessionDep, admin: AdminUser) -> RevokedOut:
     """Revoke every token of a user; other API processes notice within the token cache
     time (admin). Not your own: that would lock you out (`gpusched admin revoke` can)."""
@@ -297,7 +309,7 @@ def revoke_tokens(name: UserPath, session: SessionDep, admin: AdminUser) -> Revo
     return RevokedOut(user=_user(session, name), revoked=count)
 
 
-@router.put("/users/{name}/projects/{project}", response_model=UserOut)
+@router.put("/users/{name}/projects/{project}", response_model=UserOut, responses=problems(409))
 def add_to_project(
     name: UserPath, project: ProjectPath, session: SessionDep, admin: AdminUser
 ) -> UserOut:
@@ -311,7 +323,11 @@ def add_to_project(
     return _user(session, name)
 
 
-@router.delete("/users/{name}/projects/{project}", response_model=UserOut)
+@router.delete(
+    "/users/{name}/projects/{project}",
+    response_model=UserOut,
+    responses=problems(409, s409="The user would be left without a project"),
+)
 def remove_from_project(
     name: UserPath, project: ProjectPath, session: SessionDep, admin: AdminUser
 ) -> UserOut:

@@ -4,9 +4,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Response, status
+from fastapi import APIRouter, Query, Response, status
+from fastapi.exceptions import RequestValidationError
 
 from app.api.deps import CurrentUser, MessengerDep, SessionDep, SettingsDep
+from app.api.problems import problems
 from app.batches import service
 from app.batches.schemas import BatchIn, BatchOut, FiringOut
 from app.db import utcnow
@@ -14,6 +16,7 @@ from app.jobs.limits import runtime_limits
 from app.paging import PageDep, with_total
 
 router = APIRouter(prefix="/api/v1/batches", tags=["batches"])
+OTHERS = "The batch belongs to another user"
 
 
 @contextmanager
@@ -22,8 +25,8 @@ def _template_errors() -> Iterator[None]:
     try:
         yield
     except service.TemplateFieldError as exc:
-        detail = [{"loc": ["body", *exc.loc], "msg": exc.detail, "type": "value_error"}]
-        raise HTTPException(422, detail) from None
+        error = {"loc": ("body", *exc.loc), "msg": exc.detail, "type": "value_error"}
+        raise RequestValidationError([error]) from None
 
 
 @router.get("", response_model=list[BatchOut])
@@ -38,7 +41,12 @@ def list_batches(
     return with_total(response, total, batches)
 
 
-@router.post("", response_model=BatchOut, status_code=status.HTTP_201_CREATED)
+@router.post(
+    "",
+    response_model=BatchOut,
+    status_code=status.HTTP_201_CREATED,
+    responses=problems(409, s409="A batch of that name exists"),
+)
 def create_batch(
     body: BatchIn, session: SessionDep, principal: CurrentUser, settings: SettingsDep
 ) -> BatchOut:
@@ -53,12 +61,16 @@ def create_batch(
         )
 
 
-@router.get("/{name}", response_model=BatchOut)
+@router.get("/{name}", response_model=BatchOut, responses=problems(403, s403=OTHERS))
 def get_batch(name: str, session: SessionDep, principal: CurrentUser) -> BatchOut:
     return service.get_batch(session=session, principal=principal, name=name, now=utcnow())
 
 
-@router.put("/{name}", response_model=BatchOut)
+@router.put(
+    "/{name}",
+    response_model=BatchOut,
+    responses=problems(403, 409, s403=OTHERS, s409="A batch of the new name exists"),
+)
 def replace_batch(
     name: str, body: BatchIn, session: SessionDep, principal: CurrentUser, settings: SettingsDep
 ) -> BatchOut:
@@ -74,13 +86,15 @@ def replace_batch(
         )
 
 
-@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete(
+    "/{name}", status_code=status.HTTP_204_NO_CONTENT, responses=problems(403, s403=OTHERS)
+)
 def delete_batch(name: str, session: SessionDep, principal: CurrentUser) -> Response:
     service.delete_batch(session=session, principal=principal, name=name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.post("/{name}/enable", response_model=BatchOut)
+@router.post("/{name}/enable", response_model=BatchOut, responses=problems(403, s403=OTHERS))
 def enable_batch(name: str, session: SessionDep, principal: CurrentUser) -> BatchOut:
     """Idempotent; fire times while it was disabled never run."""
     return service.set_enabled(
@@ -88,14 +102,24 @@ def enable_batch(name: str, session: SessionDep, principal: CurrentUser) -> Batc
     )
 
 
-@router.post("/{name}/disable", response_model=BatchOut)
+@router.post("/{name}/disable", response_model=BatchOut, responses=problems(403, s403=OTHERS))
 def disable_batch(name: str, session: SessionDep, principal: CurrentUser) -> BatchOut:
     return service.set_enabled(
         session=session, principal=principal, name=name, enabled=False, now=utcnow()
     )
 
 
-@router.post("/{name}/run", response_model=FiringOut, status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/{name}/run",
+    response_model=FiringOut,
+    status_code=status.HTTP_201_CREATED,
+    responses=problems(
+        403,
+        409,
+        s403=OTHERS,
+        s409="Its earlier jobs still run, or its jobs cannot be submitted now",
+    ),
+)
 def run_batch(
     name: str,
     session: SessionDep,
@@ -118,7 +142,7 @@ def run_batch(
     return changed.value
 
 
-@router.get("/{name}/firings", response_model=list[FiringOut])
+@router.get("/{name}/firings", response_model=list[FiringOut], responses=problems(403, s403=OTHERS))
 def list_firings(
     name: str,
     session: SessionDep,

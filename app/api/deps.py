@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from app.auth.service import (
@@ -52,15 +53,23 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 _UNAUTHORIZED = {"WWW-Authenticate": "Bearer"}
 
+# Declares the bearer scheme in OpenAPI (the Authorize button of /docs, generated clients);
+# a missing or malformed header is answered below, with the failed-check limiter.
+bearer_scheme = HTTPBearer(
+    auto_error=False,
+    description="An API token: the one printed at first start, or `gpusched admin create-token`",
+)
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 
-def get_principal(request: Request, session: SessionDep, settings: SettingsDep) -> Principal:
+
+def get_principal(
+    request: Request, session: SessionDep, settings: SettingsDep, credentials: BearerDep
+) -> Principal:
     """The caller, by their bearer token. A valid token is always accepted: the failed-check
     limiter answers only failed checks (429 instead of 401), so nobody is locked out by
     another client's failures. The client's address is the connection's, or, from a proxy
     named in GPUSCHED_TRUSTED_PROXIES, the one it forwards (see main.py)."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    token = token.strip() if scheme.lower() == "bearer" else ""
+    token = credentials.credentials.strip() if credentials is not None else ""
     if token:
         principal = TOKEN_CACHE.get(token, settings.token_cache_s)
         if principal is None:

@@ -19,6 +19,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import CurrentUser, InventoryDep, MessengerDep, SessionDep, SettingsDep
+from app.api.problems import NOT_A_MEMBER, problems
 from app.cycle.job_rank import rank
 from app.db import utcnow
 from app.errors import FieldError
@@ -60,7 +61,15 @@ router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
     status_code=status.HTTP_201_CREATED,
     response_model=JobOut,
     responses={
-        200: {"model": JobOut, "description": "Replay: the job this Idempotency-Key created"}
+        200: {"model": JobOut, "description": "Replay: the job this Idempotency-Key created"},
+        **problems(
+            403,
+            409,
+            429,
+            s403="A priority above what the project allows",
+            s409="The Idempotency-Key was used with a different body",
+            s429="Too many failed token checks, or a limit of pending jobs reached",
+        ),
     },
 )
 def submit_job(
@@ -184,7 +193,11 @@ def hold_jobs(session: SessionDep, principal: CurrentUser, selection: SelectionD
     return control.hold_selected(session=session, principal=principal, selection=selection)
 
 
-@router.post("/release", response_model=BulkOut)
+@router.post(
+    "/release",
+    response_model=BulkOut,
+    responses=problems(403, s403="A selected job was held by an admin"),
+)
 def release_jobs(
     session: SessionDep, principal: CurrentUser, messenger: MessengerDep, selection: SelectionDep
 ) -> BulkOut:
@@ -196,7 +209,7 @@ def release_jobs(
     return released.value
 
 
-@router.get("/{job_id}", response_model=JobOut)
+@router.get("/{job_id}", response_model=JobOut, responses=problems(403, s403=NOT_A_MEMBER))
 def get_job(job_id: JobId, session: SessionDep, principal: CurrentUser) -> JobOut:
     return queries.get(session=session, principal=principal, job_id=job_id)
 
@@ -209,7 +222,12 @@ def get_job(job_id: JobId, session: SessionDep, principal: CurrentUser) -> JobOu
             "content": {"text/plain": {"schema": {"type": "string"}}},
             "description": "The script, as submitted",
         },
-        404: {"description": "No such job, or one that runs its command, not a script copy"},
+        **problems(
+            403,
+            404,
+            s403=NOT_A_MEMBER,
+            s404="No such job, or one that runs its command, not a script copy",
+        ),
     },
 )
 def get_job_script(job_id: JobId, session: SessionDep, principal: CurrentUser) -> PlainTextResponse:
@@ -218,7 +236,9 @@ def get_job_script(job_id: JobId, session: SessionDep, principal: CurrentUser) -
     return PlainTextResponse(queries.script(session=session, principal=principal, job_id=job_id))
 
 
-@router.get("/{job_id}/events", response_model=list[JobEventOut])
+@router.get(
+    "/{job_id}/events", response_model=list[JobEventOut], responses=problems(403, s403=NOT_A_MEMBER)
+)
 def get_job_events(
     job_id: JobId, session: SessionDep, principal: CurrentUser, page: PageDep, response: Response
 ) -> list[JobEventOut]:
@@ -227,7 +247,16 @@ def get_job_events(
     return with_total(response, total, events)
 
 
-@router.get("/{job_id}/rank", response_model=RankOut)
+@router.get(
+    "/{job_id}/rank",
+    response_model=RankOut,
+    responses=problems(
+        403,
+        409,
+        s403=NOT_A_MEMBER,
+        s409="The job is not waiting, is held, or the queue is not ranked yet",
+    ),
+)
 def get_job_rank(job_id: JobId, session: SessionDep, principal: CurrentUser) -> RankOut:
     """Where a waiting job is in the queue and why, as Slurm's sprio: the jobs ahead of it
     counted by the rule of the queue policy that puts each first (a higher priority,
@@ -238,7 +267,11 @@ def get_job_rank(job_id: JobId, session: SessionDep, principal: CurrentUser) -> 
     return rank(session=session, principal=principal, job_id=job_id, now=utcnow())
 
 
-@router.get("/{job_id}/notifications", response_model=list[NotificationOut])
+@router.get(
+    "/{job_id}/notifications",
+    response_model=list[NotificationOut],
+    responses=problems(403, s403=NOT_A_MEMBER),
+)
 def get_job_notifications(
     job_id: JobId, session: SessionDep, principal: CurrentUser, page: PageDep, response: Response
 ) -> list[NotificationOut]:
@@ -251,7 +284,11 @@ def get_job_notifications(
     return with_total(response, total, messages)
 
 
-@router.post("/{job_id}/cancel", response_model=JobOut)
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobOut,
+    responses=problems(403, 409, s403=NOT_A_MEMBER, s409="The job already finished"),
+)
 def cancel_job(
     job_id: JobId,
     session: SessionDep,
@@ -266,7 +303,13 @@ def cancel_job(
     return cancelled.value
 
 
-@router.post("/{job_id}/requeue", response_model=JobOut)
+@router.post(
+    "/{job_id}/requeue",
+    response_model=JobOut,
+    responses=problems(
+        403, 409, s403=NOT_A_MEMBER, s409="The job cannot come back (finished or being cancelled)"
+    ),
+)
 def requeue_job(
     job_id: JobId,
     session: SessionDep,
@@ -285,14 +328,22 @@ def requeue_job(
     return requeued.value
 
 
-@router.post("/{job_id}/hold", response_model=JobOut)
+@router.post(
+    "/{job_id}/hold",
+    response_model=JobOut,
+    responses=problems(403, 409, s403=NOT_A_MEMBER, s409="Only a pending job can be held"),
+)
 def hold_job(job_id: JobId, session: SessionDep, principal: CurrentUser) -> JobOut:
     """Keep a pending job from being scheduled until it is released (as `scontrol hold`).
     Idempotent; a job that is not pending is a 409."""
     return control.hold(session=session, principal=principal, job_id=job_id)
 
 
-@router.post("/{job_id}/release", response_model=JobOut)
+@router.post(
+    "/{job_id}/release",
+    response_model=JobOut,
+    responses=problems(403, s403="Not a member of the job's project, or held by an admin"),
+)
 def release_job(
     job_id: JobId, session: SessionDep, principal: CurrentUser, messenger: MessengerDep
 ) -> JobOut:
@@ -303,7 +354,11 @@ def release_job(
     return released.value
 
 
-@router.patch("", response_model=BulkOut)
+@router.patch(
+    "",
+    response_model=BulkOut,
+    responses=problems(403, s403="A priority above what the project allows"),
+)
 def update_jobs(
     changes: JobUpdate,
     session: SessionDep,
@@ -328,7 +383,18 @@ def update_jobs(
     return updated.value
 
 
-@router.patch("/{job_id}", response_model=JobOut)
+@router.patch(
+    "/{job_id}",
+    response_model=JobOut,
+    responses=problems(
+        403,
+        409,
+        503,
+        s403="Not a member of the job's project, or a priority or time limit only an admin may set",
+        s409="The job can no longer be changed (finished, or placed: only its time limit)",
+        s503="Database or message broker unavailable; send the same change again",
+    ),
+)
 def update_job(
     job_id: JobId,
     changes: JobUpdate,
@@ -361,7 +427,11 @@ def update_job(
     return updated.value
 
 
-@router.patch("/{job_id}/array", response_model=JobOut)
+@router.patch(
+    "/{job_id}/array",
+    response_model=JobOut,
+    responses=problems(403, 409, s403=NOT_A_MEMBER, s409="The job is not a task of a job array"),
+)
 def change_array_limit(
     job_id: JobId,
     change: ArrayUpdate,
@@ -383,7 +453,8 @@ def change_array_limit(
     "/{job_id}/logs",
     response_class=Response,
     responses={
-        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "The log"}
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "The log"},
+        **problems(403, 404, s403=NOT_A_MEMBER, s404="No such job, or no such attempt of it"),
     },
 )
 def get_job_logs(
@@ -455,7 +526,7 @@ def get_job_logs(
     return StreamingResponse(stream(), media_type="text/plain", headers=headers)
 
 
-@router.get("/{job_id}/telemetry")
+@router.get("/{job_id}/telemetry", responses=problems(403, s403=NOT_A_MEMBER))
 def get_job_telemetry(
     job_id: JobId, session: SessionDep, principal: CurrentUser
 ) -> dict[str, object]:

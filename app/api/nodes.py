@@ -6,6 +6,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Response
 
 from app.api.deps import AdminUser, CurrentUser, InventoryDep, MessengerDep, SessionDep
+from app.api.problems import problems
 from app.db import utcnow
 from app.errors import FieldError
 from app.jobs import control
@@ -32,7 +33,11 @@ def get_node(name: str, session: SessionDep, _: CurrentUser) -> NodeOut:
     return service.get_node(session=session, name=name)
 
 
-@router.post("/{name}/drain", response_model=NodeOut)
+@router.post(
+    "/{name}/drain",
+    response_model=NodeOut,
+    responses=problems(409, s409="A maintenance planned on a node drained now"),
+)
 def drain_node(
     name: str, session: SessionDep, principal: AdminUser, body: DrainRequest | None = None
 ) -> NodeOut:
@@ -66,7 +71,11 @@ def undrain_node(name: str, session: SessionDep, principal: AdminUser) -> NodeOu
     return service.undrain(session=session, principal=principal, name=name)
 
 
-@router.delete("/{name}", response_model=NodeOut)
+@router.delete(
+    "/{name}",
+    response_model=NodeOut,
+    responses=problems(409, s409="The node is not drained, or jobs still hold its GPUs"),
+)
 def remove_node(
     name: str, session: SessionDep, principal: AdminUser, inventory: InventoryDep
 ) -> NodeOut:

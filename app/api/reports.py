@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from app.accounting import service
 from app.accounting.schemas import JobEfficiency, UsageReport
 from app.api.deps import CurrentUser, SessionDep
+from app.api.problems import NOT_A_MEMBER, problems
 from app.errors import FieldError
 from app.timeutil import query_time
 
@@ -20,7 +21,11 @@ router = APIRouter(prefix="/api/v1", tags=["reports"])
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 
-@router.get("/jobs/{job_id}/efficiency", response_model=JobEfficiency)
+@router.get(
+    "/jobs/{job_id}/efficiency",
+    response_model=JobEfficiency,
+    responses=problems(403, s403=NOT_A_MEMBER),
+)
 def job_efficiency(
     job_id: JobId, request: Request, session: SessionDep, principal: CurrentUser
 ) -> JobEfficiency:
@@ -34,7 +39,15 @@ def job_efficiency(
 @router.get(
     "/reports/usage",
     response_model=UsageReport,
-    responses={200: {"content": {"text/csv": {}}, "description": "JSON, or CSV: one row per job"}},
+    responses={
+        200: {"content": {"text/csv": {}}, "description": "JSON, or CSV: one row per job"},
+        **problems(
+            403,
+            404,
+            s403="You are not a member of the project asked for",
+            s404="No project of the name asked for",
+        ),
+    },
 )
 def usage_report(
     request: Request,

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Query, Response, status
 from sqlalchemy.orm import Session
 
 from app.api.deps import AdminUser, CurrentUser, SessionDep
+from app.api.problems import problems
 from app.batches.window_users import window_users
 from app.db import utcnow
 from app.jobs.never_in_window import settle_never_in_window
@@ -34,7 +35,12 @@ def upcoming_windows(
     return service.upcoming_windows(session=session, now=utcnow(), days=days)
 
 
-@router.post("", response_model=WindowOut, status_code=status.HTTP_201_CREATED)
+@router.post(
+    "",
+    response_model=WindowOut,
+    status_code=status.HTTP_201_CREATED,
+    responses=problems(409, s409="A window of that name exists"),
+)
 def create_window(body: WindowIn, session: SessionDep, admin: AdminUser) -> WindowOut:
     created = service.create_window(session=session, actor=admin.name, body=body)
     _judge_waiting_jobs(session, actor=admin.name)
@@ -46,7 +52,11 @@ def get_window(name: str, session: SessionDep, _: CurrentUser) -> WindowOut:
     return service.get_window(session=session, name=name)
 
 
-@router.put("/{name}", response_model=WindowOut)
+@router.put(
+    "/{name}",
+    response_model=WindowOut,
+    responses=problems(409, s409="A window of the new name exists"),
+)
 def replace_window(name: str, body: WindowIn, session: SessionDep, admin: AdminUser) -> WindowOut:
     replaced = service.replace_window(
         session=session, actor=admin.name, name=name, body=body, users_of=window_users
@@ -55,7 +65,11 @@ def replace_window(name: str, body: WindowIn, session: SessionDep, admin: AdminU
     return replaced
 
 
-@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete(
+    "/{name}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=problems(409, s409="Jobs or batches still name the window"),
+)
 def delete_window(name: str, session: SessionDep, admin: AdminUser) -> Response:
     service.delete_window(session=session, actor=admin.name, name=name, users_of=window_users)
     _judge_waiting_jobs(session, actor=admin.name)

@@ -73,14 +73,18 @@ class BatchIn(RequestBody):
     name: str = Field(pattern=SLUG_RE.pattern, description="slug: a-z, 0-9, '-', '_'")
     cron: str = Field(description="5-field cron of local fire times, e.g. '0 2 * * *'")
     timezone: str = Field(default="UTC", description="IANA zone of the cron, e.g. Europe/Berlin")
-    templates: list[JobTemplate] = Field(min_length=1, max_length=MAX_TEMPLATES)
+    templates: list[JobTemplate] = Field(
+        min_length=1,
+        max_length=MAX_TEMPLATES,
+        description="the jobs each firing submits: job submissions without schedule or hold",
+    )
     target: Target = Field(
         default="now", description="now: run as soon as possible; offpeak: wait for a window"
     )
     window: str | None = Field(
         default=None, min_length=1, max_length=64, description="off-peak window (with offpeak)"
     )
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="false: it does not fire until enabled")
     catch_up: CatchUp = Field(
         default="once",
         description="after downtime: once = run the latest missed fire time once; "

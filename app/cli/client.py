@@ -207,10 +207,15 @@ def format_error(response: httpx.Response) -> str:
     except ValueError:
         text = response.text.strip()
         return f"HTTP {response.status_code}: {text[:500] or response.reason_phrase}"
+    # RFC 9457 problem details: `detail` for people, and on a 422 `errors`, one per field.
+    # A server before problem details sent the 422's list as `detail` itself.
     detail = body.get("detail") if isinstance(body, dict) else None
-    if isinstance(detail, list):
+    errors = body.get("errors") if isinstance(body, dict) else None
+    if errors is None and isinstance(detail, list):
+        errors = detail
+    if isinstance(errors, list):
         lines = []
-        for err in detail:
+        for err in errors:
             if not isinstance(err, dict):
                 lines.append(str(err))
                 continue

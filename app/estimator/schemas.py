@@ -139,8 +139,13 @@ class EstimateRequest(RequestBody):
         le=MAX_SEQ_LEN,
         description="sequence length for a parameters-only request (default 2048)",
     )
-    precision: Precision = "mixed"
-    optimizer: Optimizer = "adam"
+    precision: Precision = Field(
+        default="mixed",
+        description="fp32; mixed (fp16/bf16 compute with fp32 master weights); bf16 (pure)",
+    )
+    optimizer: Optimizer = Field(
+        default="adam", description="decides the optimizer state held per parameter"
+    )
     micro_batch: int = Field(
         default=1, ge=1, le=65_536, description="sequences per GPU per micro-step"
     )
@@ -151,10 +156,20 @@ class EstimateRequest(RequestBody):
     sequence_parallel: bool = Field(
         default=False, description="Megatron sequence parallelism on top of tensor parallelism"
     )
-    data_parallel: int = Field(default=1, ge=1, le=MAX_GPUS)
-    sharding: Sharding = "none"
-    tensor_parallel: int = Field(default=1, ge=1, le=MAX_GPUS)
-    pipeline_parallel: int = Field(default=1, ge=1, le=MAX_GPUS)
+    data_parallel: int = Field(
+        default=1, ge=1, le=MAX_GPUS, description="model replicas (data-parallel degree)"
+    )
+    sharding: Sharding = Field(
+        default="none",
+        description="ZeRO stage across the data-parallel replicas: zero1 shards optimizer "
+        "state, zero2 also gradients, zero3 also parameters",
+    )
+    tensor_parallel: int = Field(
+        default=1, ge=1, le=MAX_GPUS, description="GPUs each layer is split across"
+    )
+    pipeline_parallel: int = Field(
+        default=1, ge=1, le=MAX_GPUS, description="pipeline stages the layers are split into"
+    )
     gpu_count: int | None = Field(
         default=None,
         ge=1,

@@ -48,7 +48,11 @@ NodeName = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 class ScheduleSpec(RequestBody):
-    mode: Literal["now", "offpeak", "at"] = "now"
+    mode: Literal["now", "offpeak", "at"] = Field(
+        default="now",
+        description="when the job may start: now (as soon as it fits), offpeak (only inside "
+        "an off-peak window) or at (not before `at`)",
+    )
     at: datetime | None = Field(default=None, description="begin time, with a UTC offset")
     window: str | None = Field(default=None, max_length=64, description="off-peak window name")
 
@@ -92,7 +96,9 @@ class ArraySpec(RequestBody):
 
 
 class JobCreate(RequestBody):
-    name: Name | None = None
+    name: Name | None = Field(
+        default=None, description="a name to find it by; default: the program's name"
+    )
     command: (
         list[Annotated[str, Field(max_length=8192)]]
         | Annotated[str, Field(min_length=1, max_length=65536)]
@@ -104,11 +110,32 @@ class JobCreate(RequestBody):
         "job runs this copy, as sbatch runs a copy of its script (later edits of the file "
         "do not change a queued job)",
     )
-    workdir: str | None = Field(default=None, max_length=1024)
-    env: dict[str, Annotated[str, Field(max_length=32768)]] = Field(default_factory=dict)
+    workdir: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="absolute path of the directory the job starts in, on its node; "
+        "default: the node's temporary directory (the CLI sends the current directory)",
+    )
+    env: dict[str, Annotated[str, Field(max_length=32768)]] = Field(
+        default_factory=dict,
+        description="environment variables for the job, name to value (at most 256); the "
+        "names the scheduler sets (GPUSCHED_*, CUDA_VISIBLE_DEVICES, MASTER_ADDR, RANK, "
+        "...) are refused",
+    )
     gpus: int = Field(default=1, ge=0, le=1024, description="GPUs per node")
-    gpu_memory_mb: int | None = Field(default=None, ge=1, le=10_000_000)
-    gpu_share: float | None = Field(default=None, gt=0, le=1)
+    gpu_memory_mb: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="free GPU memory needed on each GPU, MiB; null: any GPU",
+    )
+    gpu_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="a fraction of one GPU (0 < share <= 1, with gpus = 1), shared with "
+        "other jobs; null: whole GPUs",
+    )
     gpu_model: str | None = Field(
         default=None,
         min_length=1,
@@ -116,13 +143,36 @@ class JobCreate(RequestBody):
         description="the cluster's GPU model, or words of its name that name one model "
         "('h100'); stored as the cluster spells it",
     )
-    nodes: int = Field(default=1, ge=1, le=1024)
-    priority: int = Field(default=0, ge=-1000, le=1000)
-    project: Annotated[str, AfterValidator(check_name)] | None = Field(
-        default=None, min_length=1, max_length=64
+    nodes: int = Field(
+        default=1, ge=1, le=1024, description="nodes for a distributed job, each with `gpus`"
     )
-    max_runtime_s: int | None = Field(default=None, ge=1, le=365 * 86400)
-    estimated_runtime_s: int | None = Field(default=None, ge=1, le=365 * 86400)
+    priority: int = Field(
+        default=0,
+        ge=-1000,
+        le=1000,
+        description="higher runs first within its project (FIFO within a priority); above "
+        "the project's maximum only an admin may set",
+    )
+    project: Annotated[str, AfterValidator(check_name)] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="the project it is charged to and queued in; default: your only project",
+    )
+    max_runtime_s: int | None = Field(
+        default=None,
+        ge=1,
+        le=365 * 86400,
+        description="hard time limit in seconds, as sbatch --time: stopped past it; "
+        "default: the cluster's limit, if one is set",
+    )
+    estimated_runtime_s: int | None = Field(
+        default=None,
+        ge=1,
+        le=365 * 86400,
+        description="expected runtime in seconds, for planning (backfill, off-peak fit, "
+        "estimated start); never enforced",
+    )
     grace_s: int | None = Field(
         default=None,
         ge=0,
@@ -131,10 +181,21 @@ class JobCreate(RequestBody):
         "preemption, time limit, window close), to write a checkpoint; the job reads it in "
         "GPUSCHED_GRACE_S; default: the node agent's",
     )
-    retries: int = Field(default=0, ge=0, le=100)
-    preemptible: bool = False
-    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
-    labels: dict[str, LabelValue] = Field(default_factory=dict)
+    retries: int = Field(
+        default=0, ge=0, le=100, description="times it is queued again after a failure"
+    )
+    preemptible: bool = Field(
+        default=False,
+        description="may be stopped (SIGTERM, then the grace period) and requeued for "
+        "higher-priority work or at an off-peak window's close",
+    )
+    schedule: ScheduleSpec = Field(
+        default_factory=ScheduleSpec, description="when it may start (default: now)"
+    )
+    labels: dict[str, LabelValue] = Field(
+        default_factory=dict,
+        description="key=value tags to select jobs by (?label=key=value), at most 64",
+    )
     hold: bool = Field(
         default=False, description="submit it held, as sbatch --hold: it starts once released"
     )
@@ -279,14 +340,26 @@ class JobUpdate(RequestBody):
     again by limits an admin lowered since the job was admitted. Each field is a Job
     column of the same name, but `dependency` (the column `dependency_kind`)."""
 
-    name: Name | None = None
+    name: Name | None = Field(default=None, description="a new name (cannot be cleared)")
     gpus: int | None = Field(default=None, description="GPUs per node")
-    gpu_memory_mb: int | None = None
-    nodes: int | None = None
-    priority: int | None = None
-    max_runtime_s: int | None = None
-    estimated_runtime_s: int | None = None
-    grace_s: int | None = None
+    gpu_memory_mb: int | None = Field(
+        default=None, description="free GPU memory needed on each GPU, MiB (null: any GPU)"
+    )
+    nodes: int | None = Field(default=None, description="nodes for a distributed job")
+    priority: int | None = Field(
+        default=None, description="higher runs first (see JobCreate.priority)"
+    )
+    max_runtime_s: int | None = Field(
+        default=None,
+        description="hard time limit in seconds; the only change a placed job takes (its "
+        "owner may shorten it, only an admin extend it); null: the cluster's default",
+    )
+    estimated_runtime_s: int | None = Field(
+        default=None, description="expected runtime in seconds, for planning (null: none)"
+    )
+    grace_s: int | None = Field(
+        default=None, description="seconds from SIGTERM to SIGKILL (null: the agent's)"
+    )
     depends_on: list[JobRef] | None = Field(
         default=None,
         description="the jobs it waits for instead ([]: none), as `scontrol update "
@@ -302,7 +375,9 @@ class JobUpdate(RequestBody):
         default=None, description="the nodes it must not run on instead ([]: none)"
     )
     notify_url: str | None = Field(default=None, description="null: no notifications")
-    notify_on: list[NotifyEvent] | None = None
+    notify_on: list[NotifyEvent] | None = Field(
+        default=None, description="the events notify_url is told of (see JobCreate.notify_on)"
+    )
 
     @field_validator("exclude_nodes")
     @classmethod

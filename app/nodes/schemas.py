@@ -76,7 +76,9 @@ class NodeOut(BaseModel):
 
 
 class DrainRequest(RequestBody):
-    reason: str = Field(default="", max_length=255)
+    reason: str = Field(
+        default="", max_length=255, description="why, shown with the node (as Slurm's Reason)"
+    )
     at: datetime | None = Field(
         default=None,
         description="drain from this time on (maintenance, as Slurm's maint reservation); "

@@ -92,7 +92,11 @@ class WindowIn(RequestBody):
     duration_s: int | None = Field(
         default=None, gt=0, validate_default=True, description="cron windows: real seconds"
     )
-    daily: list[DailyRangeIn] | None = Field(default=None, validate_default=True)
+    daily: list[DailyRangeIn] | None = Field(
+        default=None,
+        validate_default=True,
+        description="daily windows as local start and end times (instead of cron)",
+    )
     capacity_outside_fraction: float = Field(
         default=0.0,
         ge=0.0,

@@ -15,19 +15,24 @@ export function clearToken() {
   sessionStorage.removeItem(TOKEN_KEY);
 }
 
+/** A failed request. The server answers every error as RFC 9457 problem details: `detail`
+ * (the message) and, on a 422, `errors` (each field's `loc` and `msg`). */
 export class ApiError extends Error {
-  constructor(status, detail) {
-    super(describe(status, detail));
+  constructor(status, problem) {
+    const body = problem !== null && typeof problem === "object" ? problem : { detail: problem };
+    const errors = Array.isArray(body.errors) ? body.errors : null;
+    super(describe(status, body.detail, errors));
     this.status = status;
-    this.detail = detail;
+    this.detail = typeof body.detail === "string" ? body.detail : null;
+    this.errors = errors;
   }
 }
 
 /** Hands each message of a 422 to `place(path, message)` (path without "body", e.g.
  * ["schedule", "at"]); returns the messages it did not place (any other error: its own). */
 export function placeFieldErrors(err, place) {
-  if (!(err instanceof ApiError && err.status === 422 && Array.isArray(err.detail))) return [err.message];
-  return err.detail.flatMap((item) => {
+  if (!(err instanceof ApiError && err.status === 422 && err.errors)) return [err.message];
+  return err.errors.flatMap((item) => {
     const path = (item.loc || []).filter((p) => p !== "body");
     const message = String(item.msg || "invalid").replace(/^Value error, /, "");
     return place(path, message) ? [] : [message];
@@ -53,9 +58,9 @@ export function showFieldErrors(err, boxes, general) {
   general.hidden = !unplaced.length;
 }
 
-function describe(status, detail) {
+function describe(status, detail, errors) {
+  if (errors && errors.length) return errors.map((d) => d.msg).join("; ");
   if (typeof detail === "string") return detail;
-  if (Array.isArray(detail) && detail.length) return detail.map((d) => d.msg).join("; ");
   if (status === 0) return "cannot reach the server";
   return `request failed (HTTP ${status})`;
 }
@@ -71,7 +76,8 @@ function buildUrl(path, query) {
 
 /** fetch + JSON (or text) + error mapping. `token` overrides the stored one (login check). */
 export async function api(path, { method = "GET", body, query, text = false, token, signal } = {}) {
-  const headers = { Accept: text ? "text/plain" : "application/json" };
+  // Errors come as problem details whatever the route's own type.
+  const headers = { Accept: `${text ? "text/plain" : "application/json"}, application/problem+json` };
   const bearer = token ?? getToken();
   if (bearer) headers.Authorization = `Bearer ${bearer}`;
   if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -89,13 +95,13 @@ export async function api(path, { method = "GET", body, query, text = false, tok
     throw new ApiError(0, "cannot reach the server");
   }
   if (!res.ok) {
-    let detail = null;
+    let problem = null;
     try {
-      detail = (await res.json()).detail;
+      problem = await res.json();
     } catch {
       /* not JSON */
     }
-    const error = new ApiError(res.status, detail);
+    const error = new ApiError(res.status, problem);
     if (res.status === 401 && token === undefined) {
       clearToken();
       window.dispatchEvent(new CustomEvent("gpusched:unauthorized", { detail: error.message }));

@@ -90,7 +90,7 @@ def test_refused_changes_leave_no_record_and_only_admins_read_it(api):
     r = api.client.get("/api/v1/audit", headers=api.as_("alice"))
     assert r.status_code == 403
     r = api.client.get("/api/v1/audit", params={"limit": 0}, headers=admin)
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "limit"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["query", "limit"]
 
 
 def test_batch_changes_are_recorded_and_outlive_a_deleted_batch(api):

@@ -35,7 +35,7 @@ def create(api: Api, user: str = "alice", **fields: Any) -> dict[str, Any]:
 
 def locs(response: Any) -> list[list[Any]]:
     assert response.status_code == 422, response.text
-    return [e["loc"] for e in response.json()["detail"]]
+    return [e["loc"] for e in response.json()["errors"]]
 
 
 def test_create_shows_next_fire_time_in_the_zone_and_stores_the_project(api: Api) -> None:
@@ -108,7 +108,7 @@ def test_template_that_no_node_can_fit_is_rejected_in_place(api: Api) -> None:
         headers=api.as_("alice"),
     )
     assert locs(r) == [["body", "templates", 1, "gpus"]]
-    assert "largest node" in r.json()["detail"][0]["msg"]
+    assert "largest node" in r.json()["errors"][0]["msg"]
 
 
 def test_template_whose_model_fits_no_gpu_is_rejected_when_the_batch_is_made(api: Api) -> None:
@@ -122,7 +122,7 @@ def test_template_whose_model_fits_no_gpu_is_rejected_when_the_batch_is_made(api
         headers=api.as_("alice"),
     )
     assert locs(r) == [["body", "templates", 0, "model"]]
-    assert "no registered GPU model has that much" in r.json()["detail"][0]["msg"]
+    assert "no registered GPU model has that much" in r.json()["errors"][0]["msg"]
 
 
 def test_a_template_waits_only_for_an_earlier_template(api: Api) -> None:
@@ -130,19 +130,19 @@ def test_a_template_waits_only_for_an_earlier_template(api: Api) -> None:
     steps = [{"command": ["prep"]}, {"command": ["train"], "after": [1]}]
     r = api.client.post(BATCHES, json=body(templates=steps), headers=h)
     assert locs(r) == [["body", "templates", 1, "after"]]
-    assert r.json()["detail"][0]["msg"] == (
+    assert r.json()["errors"][0]["msg"] == (
         "template 1 is not an earlier one: template 1 may wait for template 0"
     )
     first = [{"command": ["prep"], "after": [0]}]
     r = api.client.post(BATCHES, json=body(templates=first), headers=h)
-    assert r.json()["detail"][0]["msg"] == (
+    assert r.json()["errors"][0]["msg"] == (
         "template 0 is not an earlier one: the first template cannot wait for another"
     )
     # A fixed job id makes no sense in a template that fires every night.
     fixed = [{"command": ["prep"], "depends_on": [1]}]
     r = api.client.post(BATCHES, json=body(templates=fixed), headers=h)
     assert locs(r) == [["body", "templates", 0, "depends_on"]]
-    assert "use 'after'" in r.json()["detail"][0]["msg"]
+    assert "use 'after'" in r.json()["errors"][0]["msg"]
 
 
 def test_user_in_several_projects_must_name_one(api: Api) -> None:

@@ -1146,7 +1146,9 @@ def test_endpoints_that_are_not_deployed_yet_degrade_gracefully(
     missing = r"/api/v1/(me|windows/upcoming|batches)(\?.*)?$|/api/v1/jobs/\d+/telemetry$"
 
     def not_found(route: Any) -> None:
-        route.fulfill(status=404, content_type="application/json", body='{"detail":"Not Found"}')
+        # As an older server without the endpoint answers (problem details, as every error).
+        body = '{"type":"about:blank","title":"Not Found","status":404,"detail":"Not Found"}'
+        route.fulfill(status=404, content_type="application/problem+json", body=body)
 
     page.route(re.compile(missing), not_found)
     dash.login(stack.bob_token)

@@ -43,13 +43,19 @@ def test_parse_duration_rejects(text: str) -> None:
 def test_format_error_lists_each_field() -> None:
     response = httpx.Response(
         422,
+        headers={"content-type": "application/problem+json"},
         json={
-            "detail": [
+            "type": "about:blank",
+            "title": "Unprocessable Content",
+            "status": 422,
+            "detail": "gpus: Input should be greater than or equal to 0; env.X: bad; ...",
+            "instance": "/api/v1/jobs",
+            "errors": [
                 {"loc": ["body", "gpus"], "msg": "Input should be greater than or equal to 0"},
                 {"loc": ["body", "env", "X"], "msg": "bad"},
                 {"loc": ["body"], "msg": "Value error, gpu_share below 1 needs gpus = 1"},
                 {"loc": ["query", "status", 0], "msg": "Input should be 'PENDING'"},
-            ]
+            ],
         },
     )
     assert format_error(response).splitlines() == [
@@ -60,8 +66,14 @@ def test_format_error_lists_each_field() -> None:
     ]
 
 
+def test_format_error_reads_a_list_detail_from_an_older_server() -> None:
+    response = httpx.Response(422, json={"detail": [{"loc": ["body", "gpus"], "msg": "bad"}]})
+    assert format_error(response) == "gpus: bad"
+
+
 def test_format_error_plain_detail_and_non_json() -> None:
-    assert format_error(httpx.Response(404, json={"detail": "no job 5"})) == "no job 5"
+    problem = {"title": "Not Found", "status": 404, "detail": "no job 5", "instance": "/x"}
+    assert format_error(httpx.Response(404, json=problem)) == "no job 5"
     assert format_error(httpx.Response(502, text="Bad Gateway")) == "HTTP 502: Bad Gateway"
 
 
@@ -88,7 +100,12 @@ def test_error_status_becomes_api_error_with_exit_1() -> None:
         token="gps_x",
         transport=httpx.MockTransport(
             lambda request: httpx.Response(
-                401, json={"detail": "invalid, expired or revoked token"}
+                401,
+                json={
+                    "status": 401,
+                    "title": "Unauthorized",
+                    "detail": "invalid, expired or revoked token",
+                },
             )
         ),
     )

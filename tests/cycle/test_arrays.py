@@ -180,7 +180,7 @@ def test_a_bad_array_is_refused_on_its_field(api, array, field, message):
         "/api/v1/jobs", json={"command": ["train"], "array": array}, headers=api.as_("alice")
     )
     assert r.status_code == 422, r.text
-    errors = r.json()["detail"]
+    errors = r.json()["errors"]
     assert errors[0]["loc"] == field
     assert message in errors[0]["msg"]
     with api.factory() as session:
@@ -235,7 +235,7 @@ def test_changing_the_limit_of_a_job_of_its_own_is_refused(api):
     assert r.status_code == 409 and "not a task of a job array" in r.text
     first = submit(api, array={"indices": "0-1"})["id"]
     r = _change_limit(api, first, 0)
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "max_running"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "max_running"]
     r = api.client.patch(f"/api/v1/jobs/{first}/array", json={}, headers=api.as_("alice"))
     assert r.status_code == 422  # say what it should be: a number, or null for no limit
     assert _change_limit(api, first, 2, user="bob").status_code == 403  # not his project
@@ -296,12 +296,12 @@ def test_a_bulk_cancel_must_say_which_jobs(api):
     job = submit(api)["id"]
     r = _cancel(api)
     assert r.status_code == 422
-    assert r.json()["detail"][0]["loc"] == ["query", "status"]
-    assert "select the jobs to cancel" in r.json()["detail"][0]["msg"]
+    assert r.json()["errors"][0]["loc"] == ["query", "status"]
+    assert "select the jobs to cancel" in r.json()["errors"][0]["msg"]
     r = _cancel(api, array=job, grace_s=-1)
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "grace_s"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["query", "grace_s"]
     r = _cancel(api, label="run")
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "label"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["query", "label"]
     assert _cancel(api, array=job).json()["count"] == 0  # a job of its own is no array
     assert get_job(api, job)["status"] == "PENDING"
 
@@ -312,7 +312,7 @@ def test_depending_on_arrays_counts_their_tasks(api, monkeypatch):
         "/api/v1/jobs", json={"command": ["report"], "depends_on": big}, headers=api.as_("alice")
     )
     assert r.status_code == 422
-    assert r.json()["detail"][0]["msg"] == (
+    assert r.json()["errors"][0]["msg"] == (
         f"names 1200 jobs, counting each array's tasks; at most {MAX_TASKS}"
     )
     # Loaded in chunks, so that no statement binds more ids than the database allows.

@@ -251,7 +251,7 @@ def test_a_cleanup_runs_after_a_failure_and_a_fallback_only_after_one(api):
         headers=api.as_("alice"),
     )
     assert r.status_code == 422
-    assert r.json()["detail"][0]["msg"] == (
+    assert r.json()["errors"][0]["msg"] == (
         f"job {train} (train) it depends on ended SUCCEEDED, so this job could never start"
     )
     r = api.client.post(
@@ -259,7 +259,7 @@ def test_a_cleanup_runs_after_a_failure_and_a_fallback_only_after_one(api):
         json={"command": ["x"], "depends_on": [train], "dependency": "before"},
         headers=api.as_("alice"),
     )
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "dependency"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "dependency"]
 
 
 def test_submit_checks_the_dependencies(api):
@@ -273,7 +273,7 @@ def test_submit_checks_the_dependencies(api):
             headers=api.as_("alice"),
         )
         assert r.status_code == 422, r.text
-        [error] = r.json()["detail"]
+        [error] = r.json()["errors"]
         return error["loc"], error["msg"]
 
     # A job alice cannot see is answered as one that does not exist.
@@ -301,7 +301,7 @@ def test_submit_checks_the_dependencies(api):
         json={"name": "nightly", "cron": "0 2 * * *", "templates": [{"command": ["x"], "depends_on": [theirs]}]},
         headers=api.as_("alice"),
     )  # fmt: skip
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-3:] == [
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"][-3:] == [
         "templates",
         0,
         "depends_on",
@@ -466,4 +466,4 @@ def test_a_singleton_names_no_jobs_and_is_no_array(api):
             headers=api.as_("alice"),
         )
         assert r.status_code == 422, r.text
-        assert (r.json()["detail"][0]["loc"], r.json()["detail"][0]["msg"]) == (loc, msg)
+        assert (r.json()["errors"][0]["loc"], r.json()["errors"][0]["msg"]) == (loc, msg)

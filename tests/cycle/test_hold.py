@@ -149,7 +149,7 @@ def test_a_job_submitted_held_waits_for_release(api):
     }
     r = api.client.post("/api/v1/batches", json=batch, headers=api.as_("alice"))
     assert r.status_code == 422
-    assert r.json()["detail"][0]["loc"] == ["body", "templates", 0, "hold"]
+    assert r.json()["errors"][0]["loc"] == ["body", "templates", 0, "hold"]
 
 
 def _bulk(api, action: str, as_user="alice", **params):
@@ -225,7 +225,7 @@ def test_a_bulk_hold_or_release_must_say_which_jobs(api):
     for action in ("hold", "release"):
         r = _bulk(api, action)
         assert r.status_code == 422
-        detail = r.json()["detail"][0]
+        detail = r.json()["errors"][0]
         assert detail["loc"] == ["query", "status"]
         assert (
             detail["msg"]

@@ -70,8 +70,8 @@ def test_drain_at_is_checked_moved_and_audited(api):
     add_node(api, 4)
     r = _drain(api, at="2026-11-25T08:00:00")  # no offset: which 08:00?
     assert r.status_code == 422
-    assert r.json()["detail"][0]["loc"] == ["body", "at"]
-    assert "needs a UTC offset" in r.json()["detail"][0]["msg"]
+    assert r.json()["errors"][0]["loc"] == ["body", "at"]
+    assert "needs a UTC offset" in r.json()["errors"][0]["msg"]
     at = (utcnow() + timedelta(days=1)).replace(microsecond=0)
     assert _drain(api, at=at.isoformat(), reason="driver upgrade").json()["drained"] is False
     # A time already past drains at once; so does a drain without one.

@@ -55,7 +55,7 @@ def test_a_choice_that_could_never_run_is_refused_naming_the_field(api):
             "/api/v1/jobs", json={"command": ["t"], **body}, headers=api.as_("alice")
         )
         assert r.status_code == 422, (body, r.text)
-        (error,) = r.json()["detail"]
+        (error,) = r.json()["errors"]
         assert error["loc"] == ["body", field] and message in error["msg"], (body, error)
 
 

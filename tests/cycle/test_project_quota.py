@@ -67,7 +67,7 @@ def test_bad_changes_are_refused_with_the_field_and_nothing_changes(api):
     ):
         r = _patch(api, "ml", body)
         assert r.status_code == 422, (body, r.text)
-        error = r.json()["detail"][0]
+        error = r.json()["errors"][0]
         assert error["loc"][-1] == field and words in error["msg"], (body, error)
     r = _patch(api, "nlp", {"gpu_quota": 1})
     assert r.status_code == 404

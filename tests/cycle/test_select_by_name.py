@@ -20,7 +20,7 @@ def test_jobs_of_a_name_are_listed_held_and_cancelled_by_it(api):
     assert cancelled.json()["ids"] == nightly
     assert [get_job(api, j)["status"] for j in (other, bobs)] == ["PENDING", "PENDING"]
     r = api.client.get("/api/v1/jobs", params={"name": ""}, headers=alice)
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "name"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["query", "name"]
 
 
 def test_the_queue_is_filtered_as_squeue_by_user_name_and_label(api):
@@ -45,4 +45,4 @@ def test_the_queue_is_filtered_as_squeue_by_user_name_and_label(api):
     r = api.client.get("/api/v1/queue", params={"user": "alice"}, headers=api.as_("bob"))
     assert r.json()["items"] == []
     r = api.client.get("/api/v1/queue", params={"label": "team"}, headers=admin)
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "label"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["query", "label"]

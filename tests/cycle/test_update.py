@@ -52,7 +52,7 @@ def test_a_change_is_checked_as_a_submission(api):
     def refused(**changes) -> tuple[list, str]:
         r = _patch(api, job["id"], **changes)
         assert r.status_code == 422, r.text
-        [error] = r.json()["detail"]
+        [error] = r.json()["errors"]
         return error["loc"], error["msg"]
 
     assert refused(priority=5000) == (

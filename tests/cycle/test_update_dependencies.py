@@ -126,7 +126,7 @@ def test_changes_that_could_never_be_met_are_refused(api):
     ]:  # fmt: skip
         r = _patch(api, job_id, **body)
         assert r.status_code == 422, (body, r.text)
-        [error] = r.json()["detail"]
+        [error] = r.json()["errors"]
         assert error["loc"][-1] == field and message in error["msg"], (body, error)
     # Nothing was changed by the refusals.
     assert get_job(api, train)["depends_on"] == []

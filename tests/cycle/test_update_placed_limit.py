@@ -94,9 +94,9 @@ def test_what_a_placed_job_refuses(api, agents):
     # Below the time it has run: it would end at once.
     r = _patch(api, job_id, "alice", max_runtime_s=300)
     assert r.status_code == 422
-    assert r.json()["detail"][0]["loc"] == ["body", "max_runtime_s"]
-    assert r.json()["detail"][0]["msg"].startswith(f"job {job_id} has run for 6")
-    assert r.json()["detail"][0]["msg"].endswith(
+    assert r.json()["errors"][0]["loc"] == ["body", "max_runtime_s"]
+    assert r.json()["errors"][0]["msg"].startswith(f"job {job_id} has run for 6")
+    assert r.json()["errors"][0]["msg"].endswith(
         "s: a time limit of 300s would end it at once (cancel it instead)"
     )
     # Anything but its time limit.

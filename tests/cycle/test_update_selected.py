@@ -50,9 +50,10 @@ def test_a_change_refused_for_one_job_changes_none_and_names_it(api):
     # Each is told to wait for the second: the second cannot wait for itself.
     r = _patch(api, {"label": "exp=7"}, priority=-3, depends_on=[second])
     assert r.status_code == 422, r.text
-    assert r.json()["detail"] == [
+    assert r.json()["errors"] == [
         {
             "loc": ["body", "depends_on"],
+            "field": "depends_on",
             "msg": f"job {second}: job {second} cannot wait for itself",
             "type": "value_error",
         }
@@ -67,10 +68,10 @@ def test_a_selection_is_required_and_reaches_only_the_callers_pending_jobs(api):
     job = submit(api)["id"]
     r = _patch(api, {}, priority=1)
     assert r.status_code == 422
-    assert r.json()["detail"][0]["loc"] == ["query", "status"]
+    assert r.json()["errors"][0]["loc"] == ["query", "status"]
     assert _patch(api, {"user": "alice"}, user="bob", priority=1).json()["count"] == 0
     assert get_job(api, job)["priority"] == 0
     r = _patch(api, {"user": "alice"}, priority=1001)
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "priority"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "priority"]
     assert _patch(api, {"user": "alice"}, priority=-1).json()["ids"] == [job]
     assert get_job(api, job)["priority"] == -1

@@ -149,7 +149,7 @@ def test_a_job_stuck_in_its_grace_period_is_killed_by_a_cancel_with_grace_0(
 
     refused = stack.api("POST", f"/api/v1/jobs/{job['id']}/cancel?grace_s=-1", check=False)
     assert refused.status_code == 422
-    assert refused.json()["detail"][0]["loc"] == ["query", "grace_s"]
+    assert refused.json()["errors"][0]["loc"] == ["query", "grace_s"]
     stack.api("POST", f"/api/v1/jobs/{job['id']}/cancel?grace_s=0")
     done = stack.wait_status(job["id"], "CANCELLED", "FAILED", "SUCCEEDED")
     assert done["status"] == "CANCELLED"

@@ -147,7 +147,7 @@ def test_a_gpu_model_that_names_no_single_gpu_is_422(api, gpu_model, words) -> N
     add_node(api.factory, "a2", gpus=8, model="NVIDIA A100-SXM4-80GB", memory_mb=81920)
     response = post(api, {**SEVEN_B, "gpu_model": gpu_model})
     assert response.status_code == 422
-    [error] = response.json()["detail"]
+    [error] = response.json()["errors"]
     assert error["loc"] == ["body", "gpu_model"]
     assert words in error["msg"]
 
@@ -216,7 +216,7 @@ def test_a_llama_model_and_a_pipeline_schedule_through_the_api(api) -> None:  # 
 def test_invalid_input_is_422_naming_the_field(api, body, loc) -> None:  # type: ignore[no-untyped-def]
     response = api.client.post(ESTIMATE, json=body, headers=api.as_("alice"))
     assert response.status_code == 422
-    locs = [err["loc"] for err in response.json()["detail"]]
+    locs = [err["loc"] for err in response.json()["errors"]]
     assert any(found[1 : 1 + len(loc)] == loc for found in locs), locs
 
 
@@ -243,7 +243,7 @@ def test_invalid_input_is_422_naming_the_field(api, body, loc) -> None:  # type:
 def test_impossible_combinations_name_the_fields_in_the_message(api, body, words) -> None:  # type: ignore[no-untyped-def]
     response = api.client.post(ESTIMATE, json=body, headers=api.as_("alice"))
     assert response.status_code == 422
-    assert any(words in err["msg"] for err in response.json()["detail"])
+    assert any(words in err["msg"] for err in response.json()["errors"])
 
 
 def test_estimate_needs_a_token(api) -> None:  # type: ignore[no-untyped-def]
@@ -315,7 +315,7 @@ def test_model_that_never_fits_is_rejected_with_suggestions(api) -> None:  # typ
     add_node(api.factory, "h1", gpus=8)
     response = submit(api, gpus=1, model={"parameters": 70_000_000_000, "precision": "fp32"})
     assert response.status_code == 422
-    [error] = response.json()["detail"]
+    [error] = response.json()["errors"]
     assert error["loc"] == ["body", "model"]
     assert "no registered GPU model has that much" in error["msg"]
     assert "does not fit H100-80GB (81559 MiB)" in error["msg"]
@@ -327,7 +327,7 @@ def test_a_jobs_model_does_not_name_a_second_gpu_model(api) -> None:  # type: ig
     add_node(api.factory, "h1", gpus=8)
     response = submit(api, model={"parameters": 10**9, "gpu_model": "h100"})
     assert response.status_code == 422
-    [error] = response.json()["detail"]
+    [error] = response.json()["errors"]
     assert error["loc"] == ["body", "model", "gpu_model"]
     assert "in gpu_model, not in model" in error["msg"]
 
@@ -336,11 +336,11 @@ def test_model_description_must_agree_with_the_job_size(api) -> None:  # type: i
     add_node(api.factory, "h1", gpus=8)
     response = submit(api, gpus=8, model={"parameters": 10**9, "data_parallel": 4})
     assert response.status_code == 422
-    assert response.json()["detail"][0]["loc"] == ["body", "model"]
-    assert "asks for 8" in response.json()["detail"][0]["msg"]
+    assert response.json()["errors"][0]["loc"] == ["body", "model"]
+    assert "asks for 8" in response.json()["errors"][0]["msg"]
     cpu_only = submit(api, gpus=0, model={"parameters": 10**9})
     assert cpu_only.status_code == 422
-    assert cpu_only.json()["detail"][0]["loc"] == ["body", "model"]
+    assert cpu_only.json()["errors"][0]["loc"] == ["body", "model"]
 
 
 def test_explicit_gpu_memory_mb_wins_and_bad_models_are_422(api) -> None:  # type: ignore[no-untyped-def]
@@ -349,7 +349,7 @@ def test_explicit_gpu_memory_mb_wins_and_bad_models_are_422(api) -> None:  # typ
     assert response.status_code == 201 and response.json()["gpu_memory_mb"] == 1234
     bad = submit(api, model={"parameters": 10**9, "precision": "fp8"})
     assert bad.status_code == 422
-    assert bad.json()["detail"][0]["loc"][:3] == ["body", "model", "precision"]
+    assert bad.json()["errors"][0]["loc"][:3] == ["body", "model", "precision"]
 
 
 def test_idempotent_replay_with_a_model(api) -> None:  # type: ignore[no-untyped-def]

@@ -20,7 +20,7 @@ def submit(api, user="alice", **body):
 
 
 def field_errors(response):
-    return {tuple(err["loc"][1:]): err["msg"] for err in response.json()["detail"]}
+    return {tuple(err["loc"][1:]): err["msg"] for err in response.json()["errors"]}
 
 
 def test_submit_returns_the_stored_job(api):
@@ -138,7 +138,7 @@ def test_huge_ids_are_422_not_500(api):
     )
     bad_cursor = api.client.get(f"{JOBS}?cursor=99999999999999999", headers=api.as_("alice"))
     assert bad_cursor.status_code == 422
-    assert bad_cursor.json()["detail"][0]["loc"] == ["query", "cursor"]  # not "body"
+    assert bad_cursor.json()["errors"][0]["loc"] == ["query", "cursor"]  # not "body"
     assert api.client.get(f"{JOBS}/424242", headers=api.as_("alice")).status_code == 404
 
 
@@ -280,7 +280,7 @@ def test_list_filters_and_newest_first(api):
     assert ids("?label=team=nlp") == [a]
     bad_label = api.client.get(f"{JOBS}?label=oops", headers=api.as_("admin"))
     assert bad_label.status_code == 422
-    assert bad_label.json()["detail"][0]["loc"] == ["query", "label"]
+    assert bad_label.json()["errors"][0]["loc"] == ["query", "label"]
     assert api.client.get(f"{JOBS}?status=DONE", headers=api.as_("admin")).status_code == 422
 
 

@@ -74,7 +74,7 @@ def test_log_from_a_byte_offset_says_where_it_starts(api, settings):
     r = api.client.get(url, params={"offset": 99}, headers=api.as_("alice"))
     assert (r.text, r.headers["x-log-offset"]) == ("", "99")  # nothing new yet
     r = api.client.get(url, params={"offset": 4, "tail": 1}, headers=api.as_("alice"))
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "offset"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["query", "offset"]
 
 
 def test_log_path_cannot_leave_the_log_dir(api, settings):
@@ -247,7 +247,7 @@ def test_each_gpus_utilisation_over_time_for_a_heatmap(api):
     ):
         r = api.client.get(f"/api/v1/utilization/gpus?{query}", headers=api.as_("bob"))
         assert r.status_code == 422, (query, r.text)
-        assert r.json()["detail"][0]["loc"] == ["query", field], (query, r.text)
+        assert r.json()["errors"][0]["loc"] == ["query", field], (query, r.text)
     assert api.client.get("/api/v1/utilization/gpus").status_code == 401
 
 

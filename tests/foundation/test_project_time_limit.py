@@ -29,7 +29,7 @@ def test_jobs_of_a_project_keep_under_its_longest_limit(api):
     assert _set_limit(api, "ml", 4 * HOUR)["max_runtime_s"] == 4 * HOUR
     refused = _submit(api, max_runtime_s=5 * HOUR)
     assert refused.status_code == 422
-    [error] = refused.json()["detail"]
+    [error] = refused.json()["errors"]
     assert error["loc"][-1] == "max_runtime_s"
     assert error["msg"] == (
         "18000 s (5h) is above the longest time limit of project ml, 14400 s (4h)"
@@ -65,8 +65,8 @@ def test_a_batch_template_beyond_its_projects_limit_is_refused(api):
         headers=api.as_("alice"),
     )
     assert r.status_code == 422, r.text
-    assert r.json()["detail"][0]["loc"][-3:] == ["templates", 0, "max_runtime_s"]
-    assert "project ml" in r.json()["detail"][0]["msg"]
+    assert r.json()["errors"][0]["loc"][-3:] == ["templates", 0, "max_runtime_s"]
+    assert "project ml" in r.json()["errors"][0]["msg"]
 
 
 def test_the_audit_records_a_time_limit_and_bad_values_are_refused(api):
@@ -83,6 +83,6 @@ def test_the_audit_records_a_time_limit_and_bad_values_are_refused(api):
         r = api.client.patch(
             "/api/v1/projects/ml", json={"max_runtime_s": bad}, headers=api.as_("admin")
         )
-        assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "max_runtime_s"
+        assert r.status_code == 422 and r.json()["errors"][0]["loc"][-1] == "max_runtime_s"
     r = api.client.patch("/api/v1/projects/ml", json={}, headers=api.as_("admin"))
     assert r.status_code == 422 and "max_runtime_s" in r.text

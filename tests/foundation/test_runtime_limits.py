@@ -141,7 +141,7 @@ def test_submissions_get_the_default_and_are_held_to_the_longest_limit(api):
         "/api/v1/jobs", json={"command": ["train"], "max_runtime_s": 8 * DAY}, headers=alice
     )
     assert r.status_code == 422
-    (error,) = r.json()["detail"]
+    (error,) = r.json()["errors"]
     assert error["loc"] == ["body", "max_runtime_s"] and "longest time limit" in error["msg"]
 
     # A batch whose job asks too much is refused when it is made, not at 2 am.
@@ -152,7 +152,7 @@ def test_submissions_get_the_default_and_are_held_to_the_longest_limit(api):
     }
     r = api.client.post("/api/v1/batches", json=batch, headers=alice)
     assert r.status_code == 422
-    assert r.json()["detail"][0]["loc"] == ["body", "templates", 1, "max_runtime_s"]
+    assert r.json()["errors"][0]["loc"] == ["body", "templates", 1, "max_runtime_s"]
 
 
 def test_a_job_asks_for_its_grace_period_within_the_clusters_bound(api):
@@ -174,14 +174,14 @@ def test_a_job_asks_for_its_grace_period_within_the_clusters_bound(api):
             "/api/v1/jobs", json={"command": ["train"], "grace_s": grace}, headers=alice
         )
         assert r.status_code == 422, r.text
-        (error,) = r.json()["detail"]
+        (error,) = r.json()["errors"]
         assert (error["loc"], error["msg"]) == (["body", "grace_s"], message)
 
     # A pending job's grace can be changed and cleared, within the same bound.
     path = f"/api/v1/jobs/{plain.json()['id']}"
     assert api.client.patch(path, json={"grace_s": 60}, headers=alice).json()["grace_s"] == 60
     r = api.client.patch(path, json={"grace_s": 600}, headers=alice)
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "grace_s"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "grace_s"]
     assert api.client.patch(path, json={"grace_s": None}, headers=alice).json()["grace_s"] is None
 
 
@@ -240,5 +240,5 @@ def test_a_job_admitted_before_a_limit_was_lowered_can_still_be_changed(api):
         ({"grace_s": 120}, "grace_s"),
     ):
         r = api.client.patch(path, json=body, headers=alice)
-        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field], r.text
+        assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", field], r.text
     assert api.client.patch(path, json={"max_runtime_s": HOUR}, headers=alice).status_code == 200

@@ -35,7 +35,7 @@ def test_an_admin_creates_a_user_whose_token_works_at_once(api):
         ({"name": "frank", "projects": []}, "projects"),
     ):
         r = api.client.post("/api/v1/users", json=body, headers=admin)
-        assert r.status_code == 422 and r.json()["detail"][0]["loc"][:2] == ["body", field], r.text
+        assert r.status_code == 422 and r.json()["errors"][0]["loc"][:2] == ["body", field], r.text
 
     users = api.client.get("/api/v1/users", headers=admin).json()
     assert [u["name"] for u in users] == ["admin", "alice", "bob", "erin"]
@@ -103,7 +103,7 @@ def test_an_admin_changes_a_users_role_and_the_last_admin_stays(api):
 
     for body, field in (({"admin": "yes"}, "admin"), ({"admin": 1}, "admin"), ({}, "admin")):
         r = api.client.patch("/api/v1/users/bob", json=body, headers=alice)
-        assert r.status_code == 422 and r.json()["detail"][0]["loc"][:2] == ["body", field], r.text
+        assert r.status_code == 422 and r.json()["errors"][0]["loc"][:2] == ["body", field], r.text
     missing = api.client.patch("/api/v1/users/nobody", json={"admin": True}, headers=alice)
     assert missing.status_code == 404
 
@@ -124,10 +124,10 @@ def test_an_admin_sets_the_unix_account_a_users_jobs_run_as(api):
     assert r.json()["is_admin"] is False  # unchanged
     for bad in ("-x", "a b", "", "x" * 65, "../x"):
         r = api.client.patch("/api/v1/users/gus", json={"unix_user": bad}, headers=admin)
-        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "unix_user"]
+        assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "unix_user"]
         r = api.client.post("/api/v1/users", json={**body, "name": "h", "unix_user": bad},
                             headers=admin)  # fmt: skip
-        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "unix_user"]
+        assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "unix_user"]
     plain = api.client.patch("/api/v1/users/gus", json={"unix_user": "z"}, headers=api.as_("bob"))
     assert plain.status_code == 403
     audit = api.client.get("/api/v1/audit?action=user.unix_user", headers=admin).json()["items"]

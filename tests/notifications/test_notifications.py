@@ -150,12 +150,12 @@ def test_a_url_the_server_would_not_notify_is_refused_naming_the_field(api) -> N
         body = {"command": ["t"], "notify_url": url}
         r = api.client.post("/api/v1/jobs", json=body, headers=api.as_("alice"))
         assert r.status_code == 422, r.text
-        assert r.json()["detail"][0]["loc"] == ["body", "notify_url"]
-        assert r.json()["detail"][0]["msg"] == message
+        assert r.json()["errors"][0]["loc"] == ["body", "notify_url"]
+        assert r.json()["errors"][0]["msg"] == message
     r = api.client.post(
         "/api/v1/jobs", json={"command": ["t"], "notify_on": ["never"]}, headers=api.as_("alice")
     )
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"][:2] == ["body", "notify_on"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"][:2] == ["body", "notify_on"]
 
 
 def test_notifications_are_off_unless_an_admin_allows_hosts(tmp_path: Path) -> None:
@@ -299,7 +299,7 @@ def test_a_job_whose_host_was_removed_since_can_still_be_changed(api) -> None:
     assert r.status_code == 200, r.text
     assert r.json()["notify_url"] == "http://127.0.0.1:9/hook"
     r = api.client.patch(path, json={"notify_url": "http://127.0.0.1:8/hook"}, headers=alice)
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "notify_url"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "notify_url"]
     r = api.client.patch(path, json={"notify_url": None}, headers=alice)
     assert r.status_code == 200 and r.json()["notify_url"] is None
 
@@ -395,7 +395,7 @@ def test_a_users_default_url_receives_the_notifications_of_jobs_without_one(
     r = api.client.patch(
         "/api/v1/me", json={"notify_url": "https://hooks.example.org/x"}, headers=alice
     )
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "notify_url"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "notify_url"]
     r = api.client.patch("/api/v1/me", json={"notify_url": receiver.url}, headers=alice)
     assert r.status_code == 200 and r.json()["notify_url"] == receiver.url
     assert api.client.get("/api/v1/me", headers=alice).json()["notify_url"] == receiver.url
@@ -429,9 +429,9 @@ def test_a_users_default_url_receives_the_notifications_of_jobs_without_one(
     r = api.client.post(
         "/api/v1/jobs", json={"command": ["true"], "notify_on": ["fail"]}, headers=alice
     )
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "notify_url"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "notify_url"]
     r = api.client.patch(f"/api/v1/jobs/{quiet}", json={"notify_on": ["end"]}, headers=alice)
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "notify_url"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "notify_url"]
 
 
 def test_me_sets_and_shows_the_default_url(cli: Cli) -> None:

@@ -81,7 +81,7 @@ def _allow(api: Any, allowed: str) -> None:
 
 def _refusal(r: httpx.Response) -> str:
     assert r.status_code == 422, r.text
-    (error,) = r.json()["detail"]
+    (error,) = r.json()["errors"]
     assert error["loc"] == ["body", "notify_url"]
     return str(error["msg"])
 

@@ -111,9 +111,9 @@ def test_bad_period_names_the_parameter(api) -> None:  # type: ignore[no-untyped
         headers=api.as_("alice"),
     )
     assert response.status_code == 422
-    assert response.json()["detail"][0]["loc"] == ["query", "since"]
+    assert response.json()["errors"][0]["loc"] == ["query", "since"]
     bad = api.client.get(USAGE, params={"since": "yesterday"}, headers=api.as_("alice"))
-    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "since"]
+    assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == ["query", "since"]
 
 
 @pytest.mark.parametrize("how", ["query", "accept"])

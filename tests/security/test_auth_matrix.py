@@ -23,6 +23,8 @@ from tests.security.routes import (
 APP = build_app()
 OPERATIONS = api_operations(APP)
 IDS = [op.id for op in OPERATIONS]
+# RFC 9457 problem details: every error has these fields, and no more (a 422 adds `errors`).
+PROBLEM_FIELDS = {"type", "title", "status", "detail", "instance"}
 
 # A valid body per operation that takes one (for project ml where a project is named).
 BODIES: dict[tuple[str, str], Any] = {
@@ -157,7 +159,8 @@ def test_every_operation_refuses_missing_bad_expired_and_revoked_tokens(
         r = call(api, cluster, op, headers)
         assert r.status_code == 401, (label, r.status_code, r.text)
         assert r.headers.get("www-authenticate") == "Bearer", label
-        assert set(r.json()) == {"detail"} and ML_MARKER not in r.text, (label, r.text)
+        assert r.headers["content-type"] == "application/problem+json", label
+        assert set(r.json()) == PROBLEM_FIELDS and ML_MARKER not in r.text, (label, r.text)
     # The valid token of the same user still works: the refusals above were about the token.
     assert call(api, cluster, op, api.as_("admin")).status_code < 400
 

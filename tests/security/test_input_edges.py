@@ -119,5 +119,5 @@ def test_nul_bytes_are_refused_naming_the_field(
     """On SQLite too, which would store them: every request body refuses them alike."""
     r = request(cluster, "POST", url, body)
     assert r.status_code == 422, r.text
-    assert [e["loc"] for e in r.json()["detail"]] == [loc], r.text
-    assert r.json()["detail"][0]["msg"] == "Value error, must not contain NUL bytes"
+    assert [e["loc"] for e in r.json()["errors"]] == [loc], r.text
+    assert r.json()["errors"][0]["msg"] == "Value error, must not contain NUL bytes"

@@ -30,7 +30,7 @@ NAMES_REFUSED = [
 
 def _loc(r: Any) -> list[Any]:
     assert r.status_code == 422, r.text
-    loc: list[Any] = r.json()["detail"][0]["loc"]
+    loc: list[Any] = r.json()["errors"][0]["loc"]
     return loc
 
 

@@ -202,7 +202,7 @@ def test_validation_errors_never_echo_env_values(api, body) -> None:
     r = api.client.post("/api/v1/jobs", json=body, headers=api.as_("alice"))
     assert r.status_code == 422, r.text
     assert ENV_SECRET not in r.text, r.text
-    for error in r.json()["detail"]:
+    for error in r.json()["errors"]:
         assert "input" not in error and "ctx" not in error, error
 
 

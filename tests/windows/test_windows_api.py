@@ -42,7 +42,7 @@ def test_invalid_windows_name_the_field(api):
     for body, field in cases:
         r = api.client.post("/api/v1/windows", json=body, headers=api.as_("admin"))
         assert r.status_code == 422, (body, r.text)
-        assert any(e["loc"][:2] == ["body", field] for e in r.json()["detail"]), r.json()
+        assert any(e["loc"][:2] == ["body", field] for e in r.json()["errors"]), r.json()
 
 
 def test_upcoming_lists_openings_with_offsets(api):
@@ -64,13 +64,13 @@ def test_a_job_for_an_undefined_window_is_refused_naming_the_defined_ones(api):
     job = {"command": "true", "gpus": 1, "schedule": {"mode": "offpeak", "window": "nigth"}}
     r = api.client.post("/api/v1/jobs", json=job, headers=api.as_("alice"))
     assert r.status_code == 422, r.text
-    [error] = r.json()["detail"]
+    [error] = r.json()["errors"]
     assert error["loc"] == ["body", "schedule", "window"]
     assert error["msg"] == "no off-peak window named 'nigth'; defined: none"
 
     api.client.post("/api/v1/windows", json=NIGHT, headers=api.as_("admin"))
     r = api.client.post("/api/v1/jobs", json=job, headers=api.as_("alice"))
-    assert r.json()["detail"][0]["msg"] == "no off-peak window named 'nigth'; defined: night"
+    assert r.json()["errors"][0]["msg"] == "no off-peak window named 'nigth'; defined: night"
     job["schedule"]["window"] = "night"
     assert api.client.post("/api/v1/jobs", json=job, headers=api.as_("alice")).status_code == 201
 
@@ -128,13 +128,13 @@ def test_off_peak_work_needs_some_window(api):
     job = {"command": ["train"], "schedule": {"mode": "offpeak"}}
     r = api.client.post("/api/v1/jobs", json=job, headers=api.as_("alice"))
     assert r.status_code == 422, r.text
-    [error] = r.json()["detail"]
+    [error] = r.json()["errors"]
     assert error["loc"] == ["body", "schedule", "window"]
     assert error["msg"].startswith("no off-peak window is defined, so off-peak work would never")
     batch = {"name": "nightly", "cron": "0 2 * * *", "timezone": "UTC", "target": "offpeak",
              "templates": [{"command": ["train"], "project": "ml"}]}  # fmt: skip
     r = api.client.post("/api/v1/batches", json=batch, headers=admin)
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "window"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "window"]
     # Work that does not wait for a window is not concerned.
     assert (
         api.client.post("/api/v1/jobs", json={"command": ["x"]}, headers=admin).status_code == 201
@@ -170,7 +170,7 @@ def test_a_non_preemptible_off_peak_job_longer_than_every_opening_is_refused(api
     }
     r = api.client.post("/api/v1/jobs", json=ten_hours, headers=api.as_("alice"))
     assert r.status_code == 422, r.text
-    [error] = r.json()["detail"]
+    [error] = r.json()["errors"]
     assert error["loc"] == ["body", "max_runtime_s"]
     # Across the autumn DST change, a night is one hour longer: 9 h is its longest.
     assert error["msg"].startswith(
@@ -180,8 +180,8 @@ def test_a_non_preemptible_off_peak_job_longer_than_every_opening_is_refused(api
     # The estimate decides when there is one; the window named is the one judged.
     estimated = {**ten_hours, "estimated_runtime_s": 3600, "schedule": {"mode": "offpeak", "window": "hourly"}}  # fmt: skip
     r = api.client.post("/api/v1/jobs", json=estimated, headers=api.as_("alice"))
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "estimated_runtime_s"]
-    assert "window 'hourly', 1800 s (30m)" in r.json()["detail"][0]["msg"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "estimated_runtime_s"]
+    assert "window 'hourly', 1800 s (30m)" in r.json()["errors"][0]["msg"]
 
     for fits in ({**ten_hours, "preemptible": True}, {**ten_hours, "max_runtime_s": 7 * 3600}):
         r = api.client.post("/api/v1/jobs", json=fits, headers=api.as_("alice"))
@@ -190,4 +190,4 @@ def test_a_non_preemptible_off_peak_job_longer_than_every_opening_is_refused(api
     r = api.client.patch(
         f"/api/v1/jobs/{job_id}", json={"max_runtime_s": 36000}, headers=api.as_("alice")
     )
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "max_runtime_s"]
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "max_runtime_s"]

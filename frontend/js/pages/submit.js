@@ -338,7 +338,7 @@ export function submitPage(root, ctx) {
       h("a", { href: `#/jobs/${job.id}`, id: "job-link" }, job.array ? "View its first task →" : "View the job →"));
       success.hidden = false;
     } catch (err) {
-      if (err instanceof ApiError && err.status === 422 && Array.isArray(err.detail)) {
+      if (err instanceof ApiError && err.status === 422 && err.errors) {
         const unplaced = placeFieldErrors(err, ([name, sub], msg) =>
           typeof name === "string" && showError(fieldOf(name, sub), msg));
         if (unplaced.length) {
