@@ -106,8 +106,7 @@ def test_a_preemptible_offpeak_job_starts_only_if_the_window_outlasts_its_grace(
     assert (st.code, st.kind) == (Code.UNSCHEDULABLE, ReasonKind.WINDOW_CLOSED)
     # The next opening is a time, given as data (the job's pending_until), not in words.
     assert st.message == (
-        "the off-peak window closes within the job's 7200s grace period; waits for the "
-        "next opening"
+        "the off-peak window closes within the job's 7200s grace period; waits for the next opening"
     )
     assert st.estimated_start == NIGHT.opens_at
 

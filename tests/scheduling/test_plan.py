@@ -481,9 +481,7 @@ def test_reclaim_note_only_for_borrowed_gpus_of_the_model_asked_for() -> None:
     )
     p = plan(s)
     assert reason(p, 1).message == "waiting for 2 GPUs (largest free block 0)"
-    assert reason(p, 2).message.endswith(
-        "once a borrowing job has run 10 min (job 23 first)"
-    )
+    assert reason(p, 2).message.endswith("once a borrowing job has run 10 min (job 23 first)")
 
 
 def test_reclaim_note_gives_the_earliest_borrower_across_gpu_models() -> None:
