@@ -29,7 +29,7 @@ from app.cli import (
     windows,
     workers,
 )
-from app.cli.client import EXIT_USAGE, CliError
+from app.cli.client import EXIT_USAGE, CliError, set_utc_output
 from app.config import SettingsError
 
 
@@ -103,8 +103,17 @@ def _root(
             help="Print gpusched's version and exit.",
         ),
     ] = False,
+    utc: Annotated[
+        bool,
+        typer.Option(
+            "--utc",
+            help="Print times in UTC (default: local time, with its zone; --json output "
+            "keeps the API's ISO 8601 times).",
+        ),
+    ] = False,
 ) -> None:
     """GPU cluster scheduler: run the server, submit and inspect jobs, manage the cluster."""
+    set_utc_output(utc)
 
 
 server.register(app)

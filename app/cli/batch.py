@@ -19,6 +19,7 @@ from app.cli.client import (
     UrlOption,
     add_row,
     console,
+    format_time,
     make_table,
     print_json,
 )
@@ -106,8 +107,8 @@ def _batches_table(items: list[dict[str, Any]]) -> Table:
             len(b["templates"]),
             _target(b),
             "yes" if b["enabled"] else "no",
-            b.get("next_fire_at") or "",
-            b.get("last_fired_at") or "",
+            format_time(b.get("next_fire_at"), zone=b["timezone"]),
+            format_time(b.get("last_fired_at"), zone=b["timezone"]),
         )
     return table
 
@@ -256,7 +257,7 @@ def create(
     if as_json:
         print_json(batch)
         return
-    nxt = batch.get("next_fire_at") or "never (disabled)"
+    nxt = format_time(batch.get("next_fire_at"), zone=batch["timezone"]) or "never (disabled)"
     typer.echo(
         f"{'replaced' if replace else 'created'} batch {batch['name']}:"
         f" {len(batch['templates'])} job(s) at "
@@ -284,9 +285,9 @@ def _details(batch: dict[str, Any]) -> Table:
         ("catch up", batch["catch_up"]),
         ("overlap", _overlap(batch["concurrency"])),
         ("enabled", "yes" if batch["enabled"] else "no"),
-        ("next fire", batch.get("next_fire_at") or ""),
-        ("last fired", batch.get("last_fired_at") or ""),
-        ("created", batch["created_at"]),
+        ("next fire", format_time(batch.get("next_fire_at"), zone=batch["timezone"])),
+        ("last fired", format_time(batch.get("last_fired_at"), zone=batch["timezone"])),
+        ("created", format_time(batch["created_at"])),
     ]
     for i, t in enumerate(batch["templates"]):
         command = t["command"] if isinstance(t["command"], str) else " ".join(t["command"])
@@ -330,7 +331,12 @@ def show(
                 note = f"skipped: {note}" if note else "skipped (late)"
             elif f.get("run_by"):
                 note = f"run by {f['run_by']}"
-            add_row(table, f["fire_at"], ",".join(str(j) for j in f["job_ids"]), note)
+            add_row(
+                table,
+                format_time(f["fire_at"], zone=batch["timezone"]),
+                ",".join(str(j) for j in f["job_ids"]),
+                note,
+            )
         out.print(table)
     else:
         out.print("no firings yet")

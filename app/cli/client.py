@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
 from typing import Annotated, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import httpx
 import typer
@@ -384,6 +385,35 @@ def _cell(value: object) -> str:
     if value is None:
         return ""
     return "\n".join(escape_controls(line) for line in str(value).split("\n"))
+
+
+# `gpusched --utc`: every time printed in UTC instead of local time (set by the root
+# callback on each invocation, so one run's choice never leaks into the next).
+_utc_output = False
+
+
+def set_utc_output(utc: bool) -> None:
+    global _utc_output
+    _utc_output = utc
+
+
+def format_time(value: str | datetime | None, *, zone: str | None = None) -> str:
+    """The one way the CLI prints a time: to the second with its zone, as
+    `2026-11-27 14:05:09 CET`; in local time (TZ), or in the IANA `zone` given (a window's
+    or a batch's own), or in UTC under `gpusched --utc`. '' when absent; a value that is not
+    a time is printed as it came. --json keeps the API's ISO 8601 with offset."""
+    at = value if isinstance(value, datetime) else parse_time(value)
+    if at is None:
+        return "" if value is None else str(value)
+    if _utc_output:
+        return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    tz = None
+    if zone:
+        try:
+            tz = ZoneInfo(zone)
+        except (ZoneInfoNotFoundError, ValueError):
+            tz = None
+    return at.astimezone(tz).strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def parse_time(value: str | None) -> datetime | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -19,10 +18,10 @@ from app.cli.client import (
     age,
     console,
     count_or_none,
+    format_time,
     human_duration,
     make_table,
     parse_at,
-    parse_time,
     print_json,
 )
 from app.cli.jobs.options import parse_duration
@@ -41,11 +40,6 @@ def _node_state(node: dict[str, Any]) -> str:
     if node.get("maintenance_at"):
         return f"{node['state']},MAINT"  # as sinfo's MAINT: a maintenance is planned
     return str(node["state"])
-
-
-def _local(value: str) -> str:
-    at = parse_time(value)
-    return at.astimezone().strftime("%Y-%m-%d %H:%M %Z") if at else value
 
 
 def _gpu_models(node: dict[str, Any]) -> str:
@@ -67,7 +61,7 @@ def _node_note(node: dict[str, Any]) -> str:
         notes.append(f"drained: {node['drain_reason']}")
     elif node.get("maintenance_at"):
         notes.append(
-            f"maintenance from {_local(node['maintenance_at'])}, until then only jobs whose "
+            f"maintenance from {format_time(node['maintenance_at'])}, until then only jobs whose "
             f"time limit ends by then: {node.get('drain_reason', '')}"
         )
     if node.get("health_message"):
@@ -339,7 +333,7 @@ def drain(
         return
     if not result["drained"] and result.get("maintenance_at"):
         typer.echo(
-            f"node {result['name']}: maintenance from {_local(result['maintenance_at'])}; "
+            f"node {result['name']}: maintenance from {format_time(result['maintenance_at'])}; "
             f"until then only jobs whose time limit ends by then start there "
             f"({result['drain_reason']})"
         )
@@ -422,11 +416,16 @@ def audit(
     if not page["items"]:
         console().print("no administrative changes recorded" + (f" for {target}" if target else ""))
         return
-    table = make_table("AT (UTC)", "ACTOR", "ACTION", "TARGET", "CHANGE")
+    table = make_table("AT", "ACTOR", "ACTION", "TARGET", "CHANGE")
     for event in page["items"]:
-        at = parse_time(event["at"])
-        when = at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if at else event["at"]
-        add_row(table, when, event["actor"], event["action"], event["target"], event["summary"])
+        add_row(
+            table,
+            format_time(event["at"]),
+            event["actor"],
+            event["action"],
+            event["target"],
+            event["summary"],
+        )
     console().print(table)
     if page["next_before"] is not None:
         console().print(f"older changes: --before {page['next_before']}", style="dim")

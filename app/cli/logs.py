@@ -20,6 +20,7 @@ from app.cli.client import (
     Unreachable,
     UrlOption,
 )
+from app.cli.jobs.views import pending_text
 
 START_POLL_S = 2.0  # how often `logs -f` asks whether a pending job has started
 RECONNECT_S = 2.0  # how often `logs -f` tries an API that stopped answering mid-stream
@@ -36,9 +37,7 @@ def _started(client: ApiClient, job_id: int, *, wait: bool) -> dict[str, Any] | 
         if job["attempt"] > 0:
             return job
         why = (
-            f"{job['status']}: {job['pending_message']}"
-            if job.get("pending_message")
-            else job["status"]
+            f"{job['status']}: {pending_text(job)}" if job.get("pending_message") else job["status"]
         )
         if job["status"] != "PENDING":
             typer.echo(f"job {job_id} never started ({why}); no output", err=True)

@@ -16,6 +16,7 @@ from app.cli.client import (
     UrlOption,
     add_row,
     console,
+    format_time,
     human_duration,
     make_table,
     print_json,
@@ -415,7 +416,8 @@ def usage(
         return
     out = console()
     out.print(
-        f"{report['project'] or 'all visible projects'}: {report['since']} .. {report['until']}",
+        f"{report['project'] or 'all visible projects'}: "
+        f"{format_time(report['since'])} .. {format_time(report['until'])}",
         markup=False,
     )
     by_state = ", ".join(f"{k} {v}" for k, v in report["by_state"].items()) or "none"

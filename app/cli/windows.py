@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -17,6 +16,7 @@ from app.cli.client import (
     UrlOption,
     add_row,
     console,
+    format_time,
     human_duration,
     make_table,
     print_json,
@@ -100,14 +100,13 @@ def _hours(window: dict[str, Any]) -> str:
     return "daily " + "; ".join(ranges)
 
 
-def _opening(opening: dict[str, Any] | None) -> str:
-    """'Mon 23 Nov 22:00 - Tue 06:00', in the window's own zone."""
+def _opening(opening: dict[str, Any] | None, zone: str) -> str:
+    """'2026-11-23 22:00:00 CET - 2026-11-24 06:00:00 CET': in the window's own zone, whose
+    hours the HOURS column gives, labelled (UTC under --utc)."""
     if opening is None:
         return f"none in {LOOKAHEAD_DAYS} days"
-    opens = datetime.fromisoformat(opening["opens_at"])
-    closes = datetime.fromisoformat(opening["closes_at"])
-    end = closes.strftime("%H:%M" if closes.date() == opens.date() else "%a %H:%M")
-    return f"{opens.strftime('%a %d %b %H:%M')} - {end}"
+    opens = format_time(opening["opens_at"], zone=zone)
+    return f"{opens} - {format_time(opening['closes_at'], zone=zone)}"
 
 
 def _next_openings(client: ApiClient) -> dict[str, dict[str, Any]]:
@@ -145,7 +144,7 @@ def list_windows(
             _hours(w),
             f"{w['capacity_outside_fraction']:.0%}",
             _on_close(w),
-            _opening(openings.get(w["name"])),
+            _opening(openings.get(w["name"]), w["timezone"]),
         )
     console().print(table)
 
@@ -219,7 +218,7 @@ def create(
     opening = _next_openings(client).get(window["name"])
     typer.echo(
         f"{'replaced' if replace else 'created'} window {window['name']} ({window['timezone']}):"
-        f" {_hours(window)}; next opening {_opening(opening)}"
+        f" {_hours(window)}; next opening {_opening(opening, window['timezone'])}"
     )
 
 

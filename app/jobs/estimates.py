@@ -41,6 +41,11 @@ RESERVED_FOR_THE_FIRST = (
 )
 
 
+# Reasons that end at a known time, which the core gives as the job's estimated start:
+# the begin time, the off-peak window's next opening. The API shows it as pending_until.
+TIMED_REASONS = frozenset({ReasonKind.BEGIN_TIME.value, ReasonKind.WINDOW_CLOSED.value})
+
+
 def estimate_note(
     *,
     reason: str | None,

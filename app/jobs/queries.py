@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from app.auth.models import User
 from app.auth.service import Principal
 from app.errors import Forbidden, NotFound
-from app.jobs.estimates import estimate_note
+from app.jobs.estimates import TIMED_REASONS, estimate_note
 from app.jobs.models import Job, JobEvent
 from app.jobs.schemas import (
     AllocationOut,
@@ -323,6 +323,7 @@ def to_out(
         attempt=job.attempt,
         pending_reason=None if reason is None else ReasonKind(reason),
         pending_message=message,
+        pending_until=start if reason in TIMED_REASONS else None,
         queue_position=position,
         estimated_start_at=start,
         estimate_note=note,

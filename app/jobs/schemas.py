@@ -446,7 +446,16 @@ class JobOut(BaseModel):
     pending_reason: ReasonKind | None = Field(
         description="why it waits (null: it does not); pending_message says it in words"
     )
-    pending_message: str | None
+    pending_message: str | None = Field(
+        description="the reason in words; it names no time: the time it waits for is "
+        "pending_until, for clients to format"
+    )
+    pending_until: datetime | None = Field(
+        None,
+        description="when the reason ends (ISO 8601 with offset): the begin time "
+        "(begin_time), the off-peak window's next opening (window_closed); null when the "
+        "reason has no known end",
+    )
     queue_position: int | None = Field(
         description="place in line at the last full cycle (1: next); null: not ranked"
     )

@@ -113,7 +113,8 @@ def drain(
     node.drained = planned is None
     node.maintenance_at = planned
     by = f"by {principal.name}"
-    default = f"maintenance from {planned.isoformat()} {by}" if planned else f"drained {by}"
+    # When: the node's maintenance_at, which clients format; not a time in the text.
+    default = f"maintenance planned {by}" if planned else f"drained {by}"
     node.drain_reason = reason or default
     info = {"reason": node.drain_reason}
     if planned is not None:

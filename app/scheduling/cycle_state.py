@@ -120,9 +120,10 @@ class CycleState:
     max_level: int = 0
 
     # ---- explain (explain.py)
-    # Projects running beyond their quota (per GPU model asked for, None for any), and
-    # the note per (project, GPU model asked for).
-    borrowers: dict[str | None, dict[str, tuple[datetime | None, bool]]] = field(
+    # Projects running beyond their quota (per GPU model asked for, None for any): the
+    # (start, job id) of the earliest of its preemptible jobs still too young to preempt,
+    # and whether any is preemptible; and the note per (project, GPU model asked for).
+    borrowers: dict[str | None, dict[str, tuple[tuple[datetime, int] | None, bool]]] = field(
         default_factory=dict
     )
     reclaim_notes: dict[tuple[str, str | None], str] = field(default_factory=dict)

@@ -11,7 +11,7 @@ missing Unix accounts, and nodes going into maintenance.
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import datetime
 from operator import itemgetter
 
 from app.scheduling.cycle_state import (
@@ -122,16 +122,17 @@ def _maintenance_reason(cs: CycleState, job: JobView, req: Request) -> str | Non
     )
     if name is None or at is None:
         return None
+    # No times in the text (clients format times, and the node's maintenance_at says
+    # when): the limit is a duration, the maintenance an event.
     limit = job.max_runtime_s
     runs = (
         "this job has no time limit"
         if limit is None
-        else "this job's time limit (with its grace period) ends at "
-        + (cs.now + timedelta(seconds=limit)).isoformat(timespec="seconds")
+        else "this job's time limit (with its grace period) ends after it begins"
     )
     return (
-        f"node {name} goes into maintenance at {at.isoformat(timespec='seconds')} and "
-        f"takes only jobs whose time limit ends by then; {runs}"
+        f"node {name} goes into maintenance (see the node's maintenance time) and takes "
+        f"only jobs whose time limit ends by then; {runs}"
     )
 
 
@@ -158,18 +159,19 @@ def _priority_note(cs: CycleState, job: JobView, req: Request) -> str:
     if note is None:
         nodes = cs.node_by_name
         starts = [
-            r.started_at
+            (r.started_at, r.job.id)
             for r in cs.young
             if r.job.priority < job.priority
             and (req.model is None or _holds_model(r, req.model, nodes))
         ]
         note = ""
         if starts:
+            # Which job comes of age first, not when: a time in the text would be in no
+            # client's style, and a countdown would rewrite the rows every cycle.
             guard = cs.settings.min_run_before_preempt_s
-            when = min(starts) + timedelta(seconds=guard)
             note = (
                 f"; lower-priority preemptible jobs may be preempted for it once they"
-                f" have run {_minutes(guard)} (from {when.isoformat(timespec='seconds')})"
+                f" have run {_minutes(guard)} (job {min(starts)[1]} first)"
             )
         cs.priority_notes[key] = note
     return note
@@ -185,10 +187,9 @@ def _reclaim_from(cs: CycleState, project: str, model: str | None) -> str:
     young = [b[0] for b in others if b[0] is not None]
     if young:
         guard = cs.settings.min_run_before_preempt_s
-        when = min(young) + timedelta(seconds=guard)
         return (
             "; within quota: borrowed GPUs are reclaimed once a borrowing job has run"
-            f" {_minutes(guard)} (from {when.isoformat(timespec='seconds')})"
+            f" {_minutes(guard)} (job {min(young)[1]} first)"
         )
     if others and not any(b[1] for b in others):
         names = ", ".join(sorted(borrowers))
@@ -199,13 +200,15 @@ def _reclaim_from(cs: CycleState, project: str, model: str | None) -> str:
     return ""
 
 
-def _find_borrowers(cs: CycleState, model: str | None) -> dict[str, tuple[datetime | None, bool]]:
+def _find_borrowers(
+    cs: CycleState, model: str | None
+) -> dict[str, tuple[tuple[datetime, int] | None, bool]]:
     """Per project running beyond its quota (only its jobs on `model` GPUs if given):
-    the earliest start among its preemptible jobs still too young to preempt, and
-    whether any of its jobs is preemptible."""
+    the earliest (start, job id) among its preemptible jobs still too young to preempt,
+    and whether any of its jobs is preemptible."""
     used = cs.used_milli
     nodes = cs.node_by_name
-    out: dict[str, tuple[datetime | None, bool]] = {}
+    out: dict[str, tuple[tuple[datetime, int] | None, bool]] = {}
     for r in cs.running.values():
         project = r.job.project
         if r.job.id in cs.preempted or used.get(project, 0) <= quota_of(cs, project):
@@ -213,8 +216,9 @@ def _find_borrowers(cs: CycleState, model: str | None) -> dict[str, tuple[dateti
         if model is not None and not _holds_model(r, model, nodes):
             continue
         young, preemptible = out.get(project, (None, False))
-        if r.job.preemptible and protected(cs, r) and (young is None or r.started_at < young):
-            young = r.started_at
+        first = (r.started_at, r.job.id)
+        if r.job.preemptible and protected(cs, r) and (young is None or first < young):
+            young = first
         out[project] = (young, preemptible or r.job.preemptible)
     return out
 
@@ -404,4 +408,5 @@ def _minutes(seconds: float) -> str:
 def _reservation_note(when: datetime | None) -> str:
     if when is None:
         return "; GPUs reserved, start time unknown (running jobs without runtime estimate)"
-    return f"; GPUs reserved, estimated start {when.isoformat(timespec='seconds')}"
+    # When: the job's estimated_start_at, which clients format; not a time in the text.
+    return "; GPUs reserved for it (see its estimated start)"

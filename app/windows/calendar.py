@@ -504,7 +504,8 @@ def schedule_ready(
       Otherwise ``opens_at`` is the next moment both hold (``None`` if the
       window never opens again within :data:`MAX_LOOKAHEAD`).
 
-    ``reason_text`` is human-readable and suitable for a job's status line. An
+    ``reason_text`` is human-readable and suitable for a job's status line; it names no
+    time (``opens_at`` is the time, for the client to format). An
     unknown ``window_name`` (e.g. deleted while the job waited) or an empty
     ``specs`` is reported as not ready with ``opens_at=None``, not raised.
     ``ValueError`` for an unknown mode or a missing ``begin_at`` in ``"at"`` mode.
@@ -521,7 +522,7 @@ def schedule_ready(
         if not_before is None or u >= not_before:
             return True, "ready", None
         assert begin_at is not None
-        return False, f"waiting for begin time {begin_at.isoformat()}", begin_at
+        return False, "waiting for begin time", begin_at
 
     if mode != "offpeak":
         raise ValueError(f"unknown begin mode {mode!r}; use now, offpeak or at")
@@ -535,21 +536,21 @@ def schedule_ready(
     probe = max(u, not_before) if not_before is not None else u
     open_iv = open_interval_at(chosen, probe)
     if open_iv is not None and probe == u:
-        return True, f"{label} open until {open_iv.closes_at.isoformat()}", None
+        return True, f"{label} open", None
     if open_iv is not None:
         # begin_at lies in the future, inside an open interval: start at begin_at.
         assert begin_at is not None
         return (
             False,
-            f"waiting for begin time {begin_at.isoformat()} (inside {label})",
+            f"waiting for begin time (inside {label})",
             _in_zone(begin_at, _zone(open_iv.timezone)),
         )
     nxt = next_opening(chosen, probe)
     if nxt is None:
         return False, f"{label} does not open again", None
-    why = f"waiting for {label} opening at {nxt.opens_at.isoformat()}"
+    why = f"waiting for {label} to open"
     if begin_at is not None and probe > u:
-        why += f" (not before {begin_at.isoformat()})"
+        why += " (after its begin time)"
     return False, why, nxt.opens_at
 
 

@@ -1,5 +1,6 @@
 // Time-series charts with uPlot (vendored in ../vendor/uplot, MIT).
 import uPlot from "../vendor/uplot/uPlot.esm.js";
+import { fmtDateTime, fmtTick } from "./util.js";
 
 const AXIS_FONT = "12px system-ui, -apple-system, 'Segoe UI', sans-serif";
 const AXIS = { font: AXIS_FONT, stroke: "#556070", grid: { stroke: "#eef1f5", width: 1 }, ticks: { stroke: "#dde2ea", width: 1 } };
@@ -47,7 +48,7 @@ export function lineChart(container, { series, bands = () => [], xRange = () => 
     legend: { show: false },
     cursor: { drag: { x: false, y: false } },
     series: [
-      { label: "Time", value: (u, v) => (v == null ? "—" : new Date(v * 1000).toLocaleString()) },
+      { label: "Time", value: (u, v) => (v == null ? "—" : fmtDateTime(new Date(v * 1000))) },
       ...series.map((s) => ({
         label: s.label,
         scale: s.scale,
@@ -105,17 +106,13 @@ export function lineChart(container, { series, bands = () => [], xRange = () => 
   };
 }
 
-const hhmm = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
-const hhmmss = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit" });
-const dayMonth = new Intl.DateTimeFormat(undefined, { weekday: "short", day: "numeric" });
-
 // One-line tick labels: "Sun 22" on midnight ticks, "14:00" elsewhere; seconds for short runs.
 function timeTicks(u, vals, axisIdx, space, incr) {
   return vals.map((v) => {
     const d = new Date(v * 1000);
-    if (incr < 60) return hhmmss.format(d);
-    if (incr >= 3600 && d.getHours() === 0 && d.getMinutes() === 0) return dayMonth.format(d);
-    return hhmm.format(d);
+    if (incr < 60) return fmtTick(d, { seconds: true });
+    if (incr >= 3600 && d.getHours() === 0 && d.getMinutes() === 0) return fmtTick(d, { day: true });
+    return fmtTick(d);
   });
 }
 

@@ -2,7 +2,7 @@
 // per time bucket, darker is busier, as Ray's and Determined's GPU heatmaps. Cells are
 // drawn on a canvas (64 GPUs x 168 hours would be 10,000 elements); the labels, each
 // row's mean and the hover note are text.
-import { clear, fmtDateSec, h } from "./util.js";
+import { clear, fmtDateTime, fmtTick, h } from "./util.js";
 
 const ROW = 16; // px per GPU
 const GAP = 2;
@@ -108,7 +108,7 @@ export function heatmap(container) {
     if (!at) { tip.hidden = true; canvas.style.cursor = ""; return; }
     const pct = at.gpu.util_pct[at.col];
     const jobs = at.gpu.job_ids[at.col];
-    clear(tip, h("b", {}, `${at.gpu.node} GPU ${at.gpu.index}`), ` · ${fmtDateSec(bucketTime(at.col).toISOString())}`,
+    clear(tip, h("b", {}, `${at.gpu.node} GPU ${at.gpu.index}`), ` · ${fmtDateTime(bucketTime(at.col).toISOString())}`,
       h("br"), pct === null ? "no sample" : `${Math.round(pct)}% utilised`,
       jobs.length ? ` · job${jobs.length > 1 ? "s" : ""} ${jobs.map((j) => `#${j}`).join(", ")}` : "");
     tip.hidden = false;
@@ -133,9 +133,7 @@ export function heatmap(container) {
   };
 }
 
-const hhmm = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
-const dayHour = new Intl.DateTimeFormat(undefined, { weekday: "short", hour: "2-digit", minute: "2-digit" });
 
 function tickText(date, spanS) {
-  return spanS > 86400 ? dayHour.format(date) : hhmm.format(date);
+  return spanS > 86400 ? fmtTick(date, { dayHour: true }) : fmtTick(date);
 }

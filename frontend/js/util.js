@@ -37,20 +37,52 @@ export function clear(node, ...children) {
   return node;
 }
 
-const dateFmt = new Intl.DateTimeFormat(undefined, {
-  month: "short", day: "numeric", hour: "2-digit", minute: "2-digit",
+// One time style, the CLI's: "2026-11-27 14:05:09 GMT+1": the browser's zone, 24-hour,
+// to the second, the zone named (its abbreviation or offset, as the browser's locale has
+// it). Every time the dashboard prints goes through stampParts; the pieces are put in
+// one order here, whatever order the locale writes them in.
+const stampFmt = new Intl.DateTimeFormat(undefined, {
+  year: "numeric", month: "2-digit", day: "2-digit",
+  hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23",
+  weekday: "short", timeZoneName: "short", numberingSystem: "latn",
 });
-const dateTimeSecFmt = new Intl.DateTimeFormat(undefined, {
-  month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit",
-});
-const timeFmt = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
-const dayFmt = new Intl.DateTimeFormat(undefined, { weekday: "short", day: "numeric" });
+
+function stampParts(at) {
+  const d = at instanceof Date ? at : new Date(at);
+  if (Number.isNaN(d.getTime())) return null;
+  const p = {};
+  for (const { type, value } of stampFmt.formatToParts(d)) p[type] = value;
+  return p;
+}
 
 export const parseTime = (iso) => (iso ? new Date(iso) : null);
-export const fmtDate = (iso) => (iso ? dateFmt.format(new Date(iso)) : "—");
-export const fmtDateSec = (iso) => (iso ? dateTimeSecFmt.format(new Date(iso)) : "—");
-export const fmtTime = (d) => timeFmt.format(d);
-export const fmtDay = (d) => dayFmt.format(d);
+/** "2026-11-27 14:05:09 GMT+1" for an ISO time or a Date; "—" when absent. */
+export function fmtDateTime(at) {
+  const p = at ? stampParts(at) : null;
+  return p ? `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}:${p.second} ${p.timeZoneName}` : "—";
+}
+/** "14:05:09 GMT+1": a time of today (when a page was updated). */
+export function fmtClock(at) {
+  const p = at ? stampParts(at) : null;
+  return p ? `${p.hour}:${p.minute}:${p.second} ${p.timeZoneName}` : "—";
+}
+/** Compact axis labels, 24-hour: "14:05", "14:05:09" (seconds), "Sun 27" (day), "Sun 14:05". */
+export function fmtTick(at, { seconds = false, day = false, dayHour = false } = {}) {
+  const p = stampParts(at);
+  if (!p) return "";
+  if (day) return `${p.weekday} ${Number(p.day)}`;
+  if (dayHour) return `${p.weekday} ${p.hour}:${p.minute}`;
+  return seconds ? `${p.hour}:${p.minute}:${p.second}` : `${p.hour}:${p.minute}`;
+}
+/** "Sun" */
+export const fmtWeekday = (at) => stampParts(at)?.weekday ?? "";
+
+/** A pending job's reason in words, with the time it waits for (pending_until, which the
+ * API gives as data, not in the message) in the dashboard's style. */
+export function pendingText(job) {
+  const text = job.pending_message || job.pending_reason || "";
+  return job.pending_until ? `${text}; waits until ${fmtDateTime(job.pending_until)}` : text;
+}
 
 export function fmtDuration(seconds) {
   if (seconds === null || seconds === undefined || Number.isNaN(seconds)) return "—";
@@ -76,7 +108,8 @@ export function fmtAgo(iso) {
 export function fmtIn(iso) {
   if (!iso) return "—";
   const s = (new Date(iso).getTime() - Date.now()) / 1000;
-  if (s > 7 * 86400) return dateFmt.format(new Date(iso)); // "in 26337d" reads worse than a date
+  // "in 26337d" reads worse than days; callers show the time itself beside it.
+  if (s > 7 * 86400) return `in ${Math.round(s / 86400)} days`;
   return s <= 0 ? "now" : `in ${fmtDuration(s)}`;
 }
 

@@ -256,8 +256,10 @@ class Dashboard:
         assert not self.console.errors, "console errors:\n" + "\n".join(self.console.errors)
 
 
-def _open(browser: Any, stack: Stack, viewport: dict[str, int]) -> Iterator[Dashboard]:
-    context = browser.new_context(viewport=viewport, device_scale_factor=1)
+def _open(
+    browser: Any, stack: Stack, viewport: dict[str, int], **options: Any
+) -> Iterator[Dashboard]:
+    context = browser.new_context(viewport=viewport, device_scale_factor=1, **options)
     context.set_default_timeout(15_000)
     page = context.new_page()
     console = Console()
@@ -275,3 +277,9 @@ def dash(browser: Any, stack: Stack) -> Iterator[Dashboard]:
 @pytest.fixture
 def phone(browser: Any, stack: Stack) -> Iterator[Dashboard]:
     yield from _open(browser, stack, PHONE)
+
+
+@pytest.fixture
+def berlin(browser: Any, stack: Stack) -> Iterator[Dashboard]:
+    """A browser in Berlin (CET in winter, CEST in summer), whatever the machine's zone."""
+    yield from _open(browser, stack, DESKTOP, timezone_id="Europe/Berlin", locale="en-US")

@@ -92,13 +92,14 @@ def test_a_quota_given_over_the_api_reclaims_borrowed_gpus(api):
     assert (_cycle(api).preempted, _cycle(api).placed) == (0, 0)
 
     assert _patch(api, "ml", {"gpu_quota": 4}).status_code == 200
-    # The borrower is younger than the anti-loop guard: the owner is told when it can reclaim.
+    # The borrower is younger than the anti-loop guard: the owner is told which job's age
+    # lets it reclaim (a job, not a time: the message names no time).
     guarded = SchedulerSettings(stability_window_s=0, min_run_before_preempt_s=600)
     assert _cycle(api, guarded).preempted == 0
     shown = api.client.get(f"/api/v1/jobs/{owner}", headers=api.as_("alice")).json()
     assert shown["pending_message"].startswith(
         "waiting for 4 GPUs (largest free block 0); within quota: borrowed GPUs are"
-        " reclaimed once a borrowing job has run 10 min (from "
+        " reclaimed once a borrowing job has run 10 min (job "
     ), shown
     report = _cycle(api)
     assert (report.preempted, report.placed) == (1, 1)

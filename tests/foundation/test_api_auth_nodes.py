@@ -193,6 +193,9 @@ def test_the_pending_reasons_are_one_enum_in_the_schema(api):
     assert {"held", "dependency", "array_limit", "NEW", "waiting_for_gpus"} <= set(
         schemas["ReasonKind"]["enum"]
     )
+    # A reason's time is data (pending_until, date-time), not text in its message.
+    until = schemas["JobOut"]["properties"]["pending_until"]
+    assert {"type": "string", "format": "date-time"} in until["anyOf"]
 
 
 def test_the_dashboard_names_reasons_only_from_the_enum() -> None:

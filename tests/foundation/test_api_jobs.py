@@ -309,8 +309,9 @@ def test_events_and_cancel_of_a_pending_job(api):
     r = api.client.post(f"{JOBS}/{job_id}/cancel", headers=api.as_("alice"))
     assert r.status_code == 200 and r.json()["status"] == "CANCELLED"
     # No longer waiting: no "waiting for the next scheduling cycle" left on it.
-    waiting_fields = ("pending_reason", "pending_message", "queue_position", "estimated_start_at")
-    assert [r.json()[key] for key in waiting_fields] == [None] * 4
+    waiting_fields = ("pending_reason", "pending_message", "pending_until", "queue_position",
+                      "estimated_start_at")  # fmt: skip
+    assert [r.json()[key] for key in waiting_fields] == [None] * 5
     again = api.client.post(f"{JOBS}/{job_id}/cancel", headers=api.as_("alice"))
     assert again.status_code == 200 and again.json()["status"] == "CANCELLED"
     events = api.client.get(f"{JOBS}/{job_id}/events", headers=api.as_("alice")).json()

@@ -205,14 +205,14 @@ def _full(name: str, n: int = 4):  # type: ignore[no-untyped-def]
             [node("a").gpus(2)],
             job(1, schedule_mode="at", begin_at=at(600)),
             ReasonKind.BEGIN_TIME,
-            "begin time not reached, starts at 2026-11-22T12:10:00+00:00",
+            "begin time not reached",
         ),
         (
             # `--begin now+1hour` carries the client's microseconds; a message shows seconds
             [node("a").gpus(2)],
             job(1, schedule_mode="at", begin_at=at(600.123456)),
             ReasonKind.BEGIN_TIME,
-            "begin time not reached, starts at 2026-11-22T12:10:00+00:00",
+            "begin time not reached",
         ),
     ],
 )
@@ -232,7 +232,8 @@ def test_window_closed_reason_names_the_opening() -> None:
     )
     r = reason(plan(s), 1)
     assert r.kind is ReasonKind.WINDOW_CLOSED
-    assert r.message == "off-peak window closed, opens at 2026-11-23T01:00:00+00:00"
+    # The opening is data (the API's pending_until), not a time written in the message.
+    assert r.message == "off-peak window closed"
     assert r.estimated_start == at(13 * 3600)
 
 
@@ -335,7 +336,7 @@ def test_backfill_reserves_for_head_and_lets_short_jobs_in() -> None:
     assert sorted(pl.job_id for pl in p.placements) == [2, 5]
     head = reason(p, 1)
     assert head.estimated_start == at(3600)
-    assert "estimated start 2026-11-22T13:00:00+00:00" in head.message
+    assert head.message.endswith("; GPUs reserved for it (see its estimated start)")
     for jid in (3, 4):
         assert reason(p, jid).kind is ReasonKind.RESERVED_BACKFILL
         assert reason(p, jid).message == "reserved for job 1 (backfill)"
@@ -422,7 +423,7 @@ def test_owner_reclaims_guaranteed_gpus_from_borrowers() -> None:
             True,
             0,
             "; within quota: borrowed GPUs are reclaimed once a borrowing job has run 10 min"
-            " (from 2026-11-22T12:08:57+00:00)",
+            " (job 23 first)",
         ),
         # Victims not preemptible: the guarantee cannot be honoured until they end.
         (
@@ -480,9 +481,7 @@ def test_reclaim_note_only_for_borrowed_gpus_of_the_model_asked_for() -> None:
     )
     p = plan(s)
     assert reason(p, 1).message == "waiting for 2 GPUs (largest free block 0)"
-    assert reason(p, 2).message.endswith(
-        "once a borrowing job has run 10 min (from 2026-11-22T12:08:57+00:00)"
-    )
+    assert reason(p, 2).message.endswith("once a borrowing job has run 10 min (job 23 first)")
 
 
 def test_reclaim_note_gives_the_earliest_borrower_across_gpu_models() -> None:
@@ -496,8 +495,8 @@ def test_reclaim_note_gives_the_earliest_borrower_across_gpu_models() -> None:
         ],
         projects=[project("p", quota=4), project("q", quota=0), project("r", quota=4)],
     )
-    # q's H100 job started 300 s ago: reclaimable 600 s after, at 12:05:00.
-    assert reason(plan(s), 1).message.endswith("run 10 min (from 2026-11-22T12:05:00+00:00)")
+    # q's H100 job started 300 s ago: reclaimable 600 s after, at 12:05:00, first.
+    assert reason(plan(s), 1).message.endswith("run 10 min (job 19 first)")
 
 
 def test_project_above_quota_cannot_reclaim() -> None:
@@ -537,8 +536,8 @@ def test_a_job_that_outranks_young_preemptible_jobs_is_told_when_it_may_preempt(
     p = plan(snap([node("a").gpus(4)], pending=pending, running=rs))
     assert p.preemptions == ()
     note = "; lower-priority preemptible jobs may be preempted for it once they have run 10 min"
-    assert reason(p, 1).message.endswith(f"{note} (from 2026-11-22T12:08:00+00:00)")
-    assert reason(p, 2).message.endswith(f"{note} (from 2026-11-22T12:09:00+00:00)")
+    assert reason(p, 1).message.endswith(f"{note} (job 21 first)")
+    assert reason(p, 2).message.endswith(f"{note} (job 20 first)")
     assert reason(p, 3).message == "waiting for 1 GPU (largest free block 0)"
     # Without preemption, or under a policy that does not preempt for priority: no note.
     for settings in ({"preemption": False}, {"queue_policy": "fifo"}):

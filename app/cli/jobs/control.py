@@ -37,7 +37,7 @@ from app.cli.jobs.options import (
     parse_pairs,
     runtime_limit_s,
 )
-from app.cli.jobs.views import id_ranges, name_cell
+from app.cli.jobs.views import id_ranges, name_cell, pending_text
 from app.text import escape_controls
 
 
@@ -418,7 +418,7 @@ def update(
 def _updated_line(job: dict[str, Any]) -> str:
     line = f"updated job {job['id']} ({name_cell(job)}): {job['status']}"
     if job.get("pending_message"):
-        line += f" — {escape_controls(job['pending_message'])}"
+        line += f" — {escape_controls(pending_text(job))}"
     return line
 
 

@@ -52,7 +52,7 @@ from app.cli.jobs.options import (
     build_spec,
     parse_dependency,
 )
-from app.cli.jobs.views import fetch_jobs, id_ranges, name_cell, reason_cell
+from app.cli.jobs.views import fetch_jobs, id_ranges, name_cell, pending_text, reason_cell
 from app.cli.sbatch import (
     STDIN_SCRIPT,
     stdin_script_text,
@@ -259,7 +259,7 @@ def _submitted_line(job: dict[str, Any], *, replay: bool, task_ids: list[int]) -
         )
     line = f"{verb} job {job['id']} ({name_cell(job)}): {job['status']}"
     if job.get("pending_message"):
-        line += f" — {escape_controls(job['pending_message'])}"
+        line += f" — {escape_controls(pending_text(job))}"
     if job.get("script_bytes") is not None:
         line += f"\n(it runs {job['command'][0]} as it is now: editing the file changes no job)"
     return line

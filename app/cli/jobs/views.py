@@ -20,6 +20,7 @@ from app.cli.client import (
     add_row,
     age,
     console,
+    format_time,
     human_duration,
     make_table,
     parse_time,
@@ -55,9 +56,18 @@ def name_cell(job: dict[str, Any]) -> str:
     return f"{name}[{array['index']}]" if array else name
 
 
+def pending_text(job: dict[str, Any]) -> str:
+    """The pending message, with the time it waits for (pending_until) in the CLI's style:
+    the API gives the time as data, not in the text."""
+    text = str(job.get("pending_message") or job.get("pending_reason") or "")
+    if job.get("pending_until"):
+        text += f"; waits until {format_time(job['pending_until'])}"
+    return text
+
+
 def reason_cell(job: dict[str, Any]) -> str:
     if job["status"] == "PENDING":  # it may name other jobs, by their names
-        return escape_controls(str(job.get("pending_message") or job.get("pending_reason") or ""))
+        return escape_controls(pending_text(job))
     if job.get("exit_code") is not None:
         return f"exit {job['exit_code']}"
     if job["status"] == "TIMED_OUT" and job.get("max_runtime_s"):
@@ -280,7 +290,7 @@ def _job_details(job: dict[str, Any], rank: dict[str, Any] | None = None) -> Tab
     if mode == "offpeak":
         mode += f" (window {schedule['window']})" if schedule.get("window") else ""
     elif mode == "at":
-        mode += f" {schedule.get('at')}"
+        mode += f" {format_time(schedule.get('at'))}"
     rows.append(("schedule", mode))
     if job.get("array"):
         array = job["array"]
@@ -307,13 +317,13 @@ def _job_details(job: dict[str, Any], rank: dict[str, Any] | None = None) -> Tab
     rows.append(("attempt", f"{job['attempt']} (failures {job['failures']}/{job['retries']})"))
     if job["status"] == "PENDING":  # the API gives a reason to pending jobs only
         rows.append(("pending reason", job.get("pending_reason") or ""))
-        rows.append(("pending message", job.get("pending_message") or ""))
+        rows.append(("pending message", pending_text(job) if job.get("pending_message") else ""))
     if job.get("queue_position") is not None:
         rows.append(("queue position", job["queue_position"]))
     if rank is not None:  # as sprio: why the jobs ahead go first, at the last full cycle
         rows.append(("queue rank", f"{rank['message']} (policy {rank['policy']})"))
     if job.get("estimated_start_at"):
-        rows.append(("estimated start", job["estimated_start_at"]))
+        rows.append(("estimated start", format_time(job["estimated_start_at"])))
     elif job.get("estimate_note"):  # a waiting job: why it has none
         rows.append(("estimated start", job["estimate_note"]))
     if job.get("exit_code") is not None:
@@ -324,7 +334,7 @@ def _job_details(job: dict[str, Any], rank: dict[str, Any] | None = None) -> Tab
         rows.append(("env", "\n".join(_env_line(k, v) for k, v in sorted(job["env"].items()))))
     for key in ("created_at", "scheduled_at", "started_at", "finished_at"):
         if job.get(key):
-            rows.append((key.removesuffix("_at"), job[key]))
+            rows.append((key.removesuffix("_at"), format_time(job[key])))
     for label, value in rows:
         add_row(table, label, value)
     return table
@@ -377,7 +387,7 @@ def show(
         for e in events:
             add_row(
                 table,
-                e["at"],
+                format_time(e["at"]),
                 e.get("from_status") or "",
                 e["to_status"],
                 e["attempt"],
@@ -390,7 +400,7 @@ def show(
             "EVENT", "URL", "STATE", "TRIES", "WHEN", "LAST ERROR", title="Notifications"
         )
         for n in notifications:
-            when = n["sent_at"] or n["next_at"] or ""
+            when = format_time(n["sent_at"] or n["next_at"])
             state = n["state"].replace("_", " ")
             add_row(sent, n["event"], n["url"], state, n["attempts"], when, n["error"] or "")
         out.print(sent)

@@ -12,8 +12,5 @@ from app.scheduling.types import JobView, ReasonKind
 def check(job: JobView, ctx: Context) -> Status:
     if job.schedule_mode != "at" or job.begin_at is None or job.begin_at <= ctx.now:
         return OK
-    return unschedulable(
-        ReasonKind.BEGIN_TIME,
-        f"begin time not reached, starts at {job.begin_at.isoformat(timespec='seconds')}",
-        job.begin_at,
-    )
+    # The time is data (the job's pending_until), formatted by each client in its style.
+    return unschedulable(ReasonKind.BEGIN_TIME, "begin time not reached", job.begin_at)

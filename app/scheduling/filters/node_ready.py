@@ -15,10 +15,8 @@ def check(node: NodeView, ctx: Context) -> Status:
     if node.drained:
         return unschedulable(ReasonKind.NODE_NOT_READY, f"node {node.name} is drained")
     if node.maintenance_at is not None and node.maintenance_at <= ctx.now:
-        since = node.maintenance_at.isoformat(timespec="seconds")
-        return unschedulable(
-            ReasonKind.NODE_NOT_READY, f"node {node.name} is in maintenance (since {since})"
-        )
+        # Since when: the node's maintenance_at (gpusched nodes), not a time in the text.
+        return unschedulable(ReasonKind.NODE_NOT_READY, f"node {node.name} is in maintenance")
     if not node.ready:
         return unschedulable(ReasonKind.NODE_NOT_READY, f"node {node.name} is not ready")
     return OK

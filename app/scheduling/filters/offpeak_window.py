@@ -22,33 +22,31 @@ def check(job: JobView, ctx: Context) -> Status:
     windows = [w for w in ctx.windows if job.window is None or w.name == job.window]
     runtime = job.estimated_runtime_s if job.estimated_runtime_s is not None else job.max_runtime_s
     upcoming = sorted(w.opens_at for w in windows if w.opens_at > now)
-    opens = upcoming[0].isoformat(timespec="seconds") if upcoming else None
+    # Messages name no time: the next opening is the reason's time (the job's
+    # pending_until), which each client formats in its own style.
+    nxt = "; waits for the next opening" if upcoming else "; no later opening scheduled"
     for w in windows:
         if w.opens_at <= now < w.closes_at:
             left = (w.closes_at - now).total_seconds()
-            closes = w.closes_at.isoformat(timespec="seconds")
-            nxt = f", next opening {opens}" if opens else ""
             if job.preemptible:
                 if left > job.grace_s:
                     return OK
                 return unschedulable(
                     ReasonKind.WINDOW_CLOSED,
-                    f"the off-peak window closes at {closes}, within the "
-                    f"job's {job.grace_s}s grace period{nxt}",
+                    f"the off-peak window closes within the job's {job.grace_s}s grace period{nxt}",
                     upcoming[0] if upcoming else None,
                 )
             if runtime is None or left >= runtime:
                 return OK
             return unschedulable(
                 ReasonKind.WINDOW_CLOSED,
-                f"runtime {runtime}s does not fit before the off-peak window closes at "
-                f"{closes}{nxt}",
+                f"runtime {runtime}s does not fit before the off-peak window closes{nxt}",
                 upcoming[0] if upcoming else None,
             )
     if upcoming:
         return unschedulable(
             ReasonKind.WINDOW_CLOSED,
-            f"off-peak window closed, opens at {opens}",
+            "off-peak window closed",
             upcoming[0],
         )
     return unschedulable(ReasonKind.WINDOW_CLOSED, "off-peak window closed, no opening scheduled")

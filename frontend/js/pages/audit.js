@@ -1,6 +1,6 @@
 // Audit trail (admins): who changed which quota, membership, token, drain or window.
 import { ApiError, api } from "../api.js";
-import { cardify, clear, fmtAgo, fmtDateSec, h, poll } from "../util.js";
+import { cardify, clear, fmtAgo, fmtDateTime, h, poll } from "../util.js";
 
 const LIMIT = 100;
 
@@ -28,7 +28,7 @@ export function auditPage(root) {
       h("div", { class: "table-wrap" }, cardify(h("table", { id: "audit-table" },
         h("thead", {}, h("tr", {}, h("th", {}, "When"), h("th", {}, "Who"), h("th", {}, "Action"), h("th", {}, "Target"), h("th", {}, "Change"))),
         h("tbody", {}, page.items.map((e) => h("tr", { "data-audit": e.id },
-          h("td", { title: fmtAgo(e.at) }, fmtDateSec(e.at)),
+          h("td", { title: fmtAgo(e.at) }, fmtDateTime(e.at)),
           h("td", {}, e.actor),
           h("td", { class: "mono" }, e.action),
           h("td", {}, e.target),

@@ -2,8 +2,8 @@
 import { api, ApiError, hideFieldErrors, optional, showFieldErrors } from "../api.js";
 import { columns, lineChart } from "../chart.js";
 import {
-  ACTIVE, allocationText, changedNumbers, clear, fmtDate, fmtDateSec, fmtDuration, fmtIn, fmtNum, gpuRequest,
-  h, jobName, poll, reasonLabel, statusBadge, toast,
+  ACTIVE, allocationText, changedNumbers, clear, fmtDateTime, fmtDuration, fmtIn, fmtNum, gpuRequest,
+  h, jobName, pendingText, poll, reasonLabel, statusBadge, toast,
 } from "../util.js";
 import { cancelArrayButton, cancelButton, holdArrayButton, holdButton, requeueButton } from "./queue.js";
 import { DEPENDENCY_KINDS } from "./submit.js";
@@ -36,7 +36,7 @@ const NOT_RANKED = new Set(["dependency", "array_limit", "begin_time", "never_in
 // How one webhook message's delivery went (GET /jobs/{id}/notifications).
 function deliveryText(n) {
   const tries = `${n.attempts} ${n.attempts === 1 ? "try" : "tries"}`;
-  if (n.state === "delivered") return `delivered ${fmtDateSec(n.sent_at)}`;
+  if (n.state === "delivered") return `delivered ${fmtDateTime(n.sent_at)}`;
   if (n.state === "given_up") return `given up after ${tries}: ${n.error}`;
   if (n.state === "retrying") return `failed (${n.error}), ${tries}; tried again ${fmtIn(n.next_at)}`;
   return "queued: sent within seconds";
@@ -45,7 +45,7 @@ function deliveryText(n) {
 function scheduleText(s) {
   if (!s || s.mode === "now") return "as soon as possible";
   if (s.mode === "offpeak") return `off-peak${s.window ? ` (${s.window})` : ""}`;
-  return `at ${fmtDate(s.at)}`;
+  return `at ${fmtDateTime(s.at)}`;
 }
 
 export function jobPage(root, ctx, { match }) {
@@ -161,14 +161,14 @@ export function jobPage(root, ctx, { match }) {
       kvList([
         ["Status", h("span", {}, statusBadge(job.status), job.exit_code !== null ? ` exit ${job.exit_code}` : "")],
         job.status === "PENDING" && job.pending_reason ? ["Waiting", h("span", { id: "job-reason" },
-          h("span", { class: "badge warn" }, reasonLabel(job.pending_reason)), " ", job.pending_message || "")] : null,
+          h("span", { class: "badge warn" }, reasonLabel(job.pending_reason)), " ", pendingText(job))] : null,
         job.queue_position ? ["Queue position", String(job.queue_position)] : null,
         rank && !rank.ranked ? ["Ahead of it", h("span", { id: "job-rank" }, rank.message)] : null,
         rank && rank.ranked ? ["Ahead of it", h("span", { id: "job-rank" }, rank.ahead.length
           ? rank.ahead.map((a) => `${a.jobs} by ${a.text}`).join("; ")
-          : "nobody: first in line", h("span", { class: "muted", title: `ranked ${fmtDateSec(rank.ranked_at)}` },
+          : "nobody: first in line", h("span", { class: "muted", title: `ranked ${fmtDateTime(rank.ranked_at)}` },
           ` (${rank.position} of ${rank.waiting} at the last full cycle, policy ${rank.policy})`))] : null,
-        job.estimated_start_at ? ["Estimated start", `${fmtDate(job.estimated_start_at)} (${fmtIn(job.estimated_start_at)})`] : null,
+        job.estimated_start_at ? ["Estimated start", `${fmtDateTime(job.estimated_start_at)} (${fmtIn(job.estimated_start_at)})`] : null,
         ["Project", job.project],
         ["User", job.user],
         ["Request", gpuRequest(job)],
@@ -206,9 +206,9 @@ export function jobPage(root, ctx, { match }) {
         job.workdir ? ["Workdir", h("span", { class: "mono" }, job.workdir)] : null,
         Object.keys(job.env || {}).length ? ["Env", envText(job.env)] : null,
         Object.keys(job.labels || {}).length ? ["Labels", mapText(job.labels)] : null,
-        ["Submitted", fmtDateSec(job.created_at)],
-        ["Started", fmtDateSec(job.started_at)],
-        job.finished_at ? ["Finished", fmtDateSec(job.finished_at)] : null,
+        ["Submitted", fmtDateTime(job.created_at)],
+        ["Started", fmtDateTime(job.started_at)],
+        job.finished_at ? ["Finished", fmtDateTime(job.finished_at)] : null,
       ]));
   };
 
@@ -341,7 +341,7 @@ export function jobPage(root, ctx, { match }) {
       list.length ? h("ol", { class: "timeline" }, list.map((e) => h("li", { dataset: { to: e.to_status } },
         h("div", { class: "what" }, e.from_status && e.from_status !== e.to_status ? `${e.from_status} → ` : "", h("b", {}, e.to_status),
           e.reason ? ` · ${e.reason}` : ""),
-        h("div", { class: "when" }, `${fmtDateSec(e.at)} · ${e.actor}${e.attempt ? ` · attempt ${e.attempt}` : ""}`)))) : h("div", { class: "empty" }, "No events."));
+        h("div", { class: "when" }, `${fmtDateTime(e.at)} · ${e.actor}${e.attempt ? ` · attempt ${e.attempt}` : ""}`)))) : h("div", { class: "empty" }, "No events."));
   };
 
   const nodeLog = (rank) => api(`/api/v1/jobs/${jobId}/logs`,

@@ -1,7 +1,7 @@
 // Nodes: one tile per GPU with live telemetry; drain/undrain for admins, and removing a
 // decommissioned node (one whose agent has stopped).
 import { api } from "../api.js";
-import { clear, fmtAgo, fmtDate, fmtMem, fmtNum, fmtTime, h, poll, statusBadge, toast } from "../util.js";
+import { clear, fmtAgo, fmtDateTime, fmtClock, fmtMem, fmtNum, h, poll, statusBadge, toast } from "../util.js";
 import { gpuState } from "./overview.js";
 import { confirmButton } from "./queue.js";
 
@@ -98,7 +98,7 @@ export function nodesPage(root, ctx) {
             if (!from.value) return run("drain", { reason: reason.value }, "drained", requeue.checked);
             if (requeue.checked) return toast("Requeue applies to a drain now, not to a maintenance later", "error");
             const at = new Date(from.value).toISOString();
-            return run("drain", { reason: reason.value, at }, `maintenance from ${fmtDate(at)}`);
+            return run("drain", { reason: reason.value, at }, `maintenance from ${fmtDateTime(at)}`);
           };
           clear(box, h("form", { class: "drain-form", onsubmit: submit },
             reason,
@@ -139,13 +139,13 @@ export function nodesPage(root, ctx) {
         statusBadge(node.state),
         node.drained ? h("span", { class: "badge warn", title: node.drain_reason }, "drained")
           : node.maintenance_at ? h("span", { class: "badge warn", title: node.drain_reason, dataset: { maintenance: node.name } },
-            `maintenance ${fmtDate(node.maintenance_at)}`) : null,
+            `maintenance ${fmtDateTime(node.maintenance_at)}`) : null,
         keepActions || actions(node)),
       h("div", { class: "node-meta" },
         `${node.hostname} · ${node.gpu_backend} backend · ${fmtNum(node.gpus_allocated, node.gpus_allocated % 1 ? 1 : 0)} of ${node.gpu_count} GPUs allocated · ${heartbeat}`,
         node.drained && node.drain_reason ? ` · drained: ${node.drain_reason}` : "",
         !node.drained && node.maintenance_at
-          ? ` · maintenance from ${fmtDate(node.maintenance_at)}, until then only jobs whose time limit ends by then: ${node.drain_reason}` : "",
+          ? ` · maintenance from ${fmtDateTime(node.maintenance_at)}, until then only jobs whose time limit ends by then: ${node.drain_reason}` : "",
         node.health_message && node.state !== "READY" ? ` · ${node.health_message}` : ""),
       // How its jobs are fenced, and whose account they run as.
       h("div", { class: "node-meta", dataset: { isolation: node.name } },
@@ -167,7 +167,7 @@ export function nodesPage(root, ctx) {
       return;
     }
     clear(list, nodes.map(renderNode));
-    updated.textContent = `Updated ${fmtTime(new Date())}`;
+    updated.textContent = `Updated ${fmtClock(new Date())}`;
   };
   return poll(refresh, 4000);
 }

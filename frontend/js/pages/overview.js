@@ -4,7 +4,7 @@ import { api, hideFieldErrors, optional, showFieldErrors } from "../api.js";
 import { columns, lineChart } from "../chart.js";
 import { heatmap } from "../heatmap.js";
 import {
-  allocationText, cardify, changedNumbers, clear, fmtDate, fmtDuration, fmtIn, fmtNum, fmtTime, h, jobName, poll, toast,
+  allocationText, cardify, changedNumbers, clear, fmtDateTime, fmtDuration, fmtIn, fmtNum, fmtClock, h, jobName, poll, toast,
 } from "../util.js";
 
 // The time ranges the charts show (as Grafana's and Ray's pickers): seconds back from now,
@@ -141,7 +141,7 @@ export function overviewPage(root, ctx, { params } = {}) {
       stat("idle", "Idle", count.idle, "free for new jobs"),
       stat("foreign", "Foreign-used", count.foreign, "used outside the scheduler"),
       stat("down", "Down", count.down, "unhealthy or node not ready"));
-    updated.textContent = `Updated ${fmtTime(new Date())}`;
+    updated.textContent = `Updated ${fmtClock(new Date())}`;
   };
 
   const pct = (fraction) => `${Math.round(fraction * 100)}%`;
@@ -299,5 +299,5 @@ function renderWindowNote(box, windows) {
   clear(box,
     h("span", {}, h("span", { class: "swatch", style: { background: "rgba(16,185,129,.35)" } }), "Off-peak window"),
     current ? h("span", {}, h("b", {}, current.window), ` open now, closes ${fmtIn(current.closes_at)}`) : null,
-    next ? h("span", {}, "Next: ", h("b", {}, next.window), ` ${fmtDate(next.opens_at)} (${fmtIn(next.opens_at)})`) : null);
+    next ? h("span", {}, "Next: ", h("b", {}, next.window), ` ${fmtDateTime(next.opens_at)} (${fmtIn(next.opens_at)})`) : null);
 }

@@ -2,8 +2,8 @@
 // (cursor pagination from /jobs). Only one page of each is ever in the DOM.
 import { api } from "../api.js";
 import {
-  allocationText, CANCELLABLE, cardify, clear, fmtAgo, fmtDate, fmtDuration, fmtIn, fmtNum, gpuRequest,
-  h, jobName, poll, reasonLabel, statusBadge, toast,
+  allocationText, CANCELLABLE, cardify, clear, fmtAgo, fmtDateTime, fmtDuration, fmtIn, fmtNum, gpuRequest,
+  h, jobName, pendingText, poll, reasonLabel, statusBadge, toast,
 } from "../util.js";
 
 const PAGE = 50;
@@ -165,7 +165,7 @@ export function holdArrayButton(job, onDone) {
 // with the whole note on hover.
 function estimateCell(job) {
   if (job.estimated_start_at) {
-    return h("td", { class: "hide-sm est", title: fmtDate(job.estimated_start_at) }, fmtIn(job.estimated_start_at));
+    return h("td", { class: "hide-sm est", title: fmtDateTime(job.estimated_start_at) }, fmtIn(job.estimated_start_at));
   }
   const note = job.estimate_note || "";
   const short = note.startsWith("no estimate yet") ? "next cycle" : "—";
@@ -323,7 +323,7 @@ export function queuePage(root, ctx, { params }) {
               h("td", { class: "num hide-sm" }, job.priority),
               h("td", { class: "reason wide" },
                 job.pending_reason ? h("span", { class: "badge warn" }, reasonLabel(job.pending_reason)) : "—",
-                job.pending_message ? h("div", { class: "reason-msg" }, job.pending_message) : null),
+                job.pending_message ? h("div", { class: "reason-msg" }, pendingText(job)) : null),
               estimateCell(job),
               h("td", { class: "hide-sm" }, fmtAgo(job.created_at)),
               h("td", { class: "actions" }, holdButton(job, refreshAll), cancelButton(job, refreshAll))))))))
@@ -381,7 +381,7 @@ export function queuePage(root, ctx, { params }) {
             h("td", { class: "hide-sm" }, job.project),
             h("td", { class: "hide-sm" }, job.user),
             h("td", { class: "mono small" }, allocationText(job)),
-            h("td", { class: "hide-sm" }, fmtDate(job.started_at || job.scheduled_at)),
+            h("td", { class: "hide-sm" }, fmtDateTime(job.started_at || job.scheduled_at)),
             h("td", { class: "num", dataset: { since: job.started_at || "" } },
               job.started_at ? fmtDuration((Date.now() - Date.parse(job.started_at)) / 1000) : "—"),
             // The status cell already says "requeuing…" for a job being requeued.

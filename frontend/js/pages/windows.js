@@ -1,7 +1,7 @@
 // Windows and batches: off-peak windows of the next 7 days on a timeline; batches with
 // their firing history, run now, enable and disable.
 import { api, optional } from "../api.js";
-import { clear, fmtDate, fmtDay, fmtDuration, fmtIn, fmtTime, h, poll, toast } from "../util.js";
+import { clear, fmtClock, fmtDateTime, fmtDuration, fmtIn, fmtTick, fmtWeekday, h, poll, toast } from "../util.js";
 import { loadWindows } from "./overview.js";
 
 const DAYS = 7;
@@ -12,7 +12,6 @@ const OVERLAP_HINT = {
   forbid: "a fire time is skipped while jobs of an earlier firing have not ended",
   replace: "a fire time cancels the jobs of an earlier firing that have not ended, then submits",
 };
-const weekday = new Intl.DateTimeFormat(undefined, { weekday: "short" });
 
 function timeline(windows) {
   const start = new Date();
@@ -28,8 +27,8 @@ function timeline(windows) {
     const at = t0 + d * 86400;
     grid.push(h("div", { class: "wt-grid", style: { left: pos(at) } }));
     const day = new Date(at * 1000);
-    labels.push(h("span", { style: { left: pos(at) }, title: fmtDay(day) },
-      h("span", {}, weekday.format(day)), h("span", { class: "hide-sm" }, ` ${day.getDate()}`)));
+    labels.push(h("span", { style: { left: pos(at) }, title: fmtTick(day, { day: true }) },
+      h("span", {}, fmtWeekday(day)), h("span", { class: "hide-sm" }, ` ${day.getDate()}`)));
   }
   return h("div", { class: "wt", id: "windows-timeline" },
     h("div", { class: "wt-axis" }, labels),
@@ -39,7 +38,7 @@ function timeline(windows) {
       windows.filter((w) => w.window === name && w.to > t0 && w.from < t1).map((w) => h("div", {
         class: `wt-block ${w.from <= now && w.to > now ? "current" : ""}`,
         style: { left: pos(w.from), width: `calc(${pos(w.to)} - ${pos(w.from)})` },
-        title: `${w.window}: ${fmtDate(w.opens_at)} – ${fmtTime(new Date(w.closes_at))}`,
+        title: `${w.window}: ${fmtDateTime(w.opens_at)} – ${fmtDateTime(w.closes_at)}`,
       })),
       h("div", { class: "wt-now", style: { left: pos(now) }, title: "now" }))));
 }
@@ -66,8 +65,8 @@ export function windowsPage(root, ctx) {
         h("thead", {}, h("tr", {}, h("th", {}, "Window"), h("th", {}, "Opens"), h("th", {}, "Closes"), h("th", { class: "hide-sm" }, "Length"), h("th", {}, ""))),
         h("tbody", {}, windows.slice(0, 30).map((w) => h("tr", {},
           h("td", {}, w.window),
-          h("td", {}, fmtDate(w.opens_at)),
-          h("td", {}, fmtDate(w.closes_at)),
+          h("td", {}, fmtDateTime(w.opens_at)),
+          h("td", {}, fmtDateTime(w.closes_at)),
           h("td", { class: "hide-sm" }, fmtDuration(w.to - w.from)),
           h("td", {}, w.from <= now && w.to > now ? h("span", { class: "badge ok" }, "open now")
             : h("span", { class: "small muted" }, fmtIn(w.opens_at)))))))));
@@ -128,7 +127,7 @@ export function windowsPage(root, ctx) {
           h("td", { class: "hide-sm" }, b.target === "offpeak" ? `off-peak${b.window ? ` (${b.window})` : ""}` : "at once",
             b.enabled === false ? h("span", { class: "badge" }, " disabled") : ""),
           h("td", { class: "hide-sm", title: OVERLAP_HINT[b.concurrency] || "" }, OVERLAP[b.concurrency] ?? "—"),
-          h("td", {}, b.next_fire_at ? `${fmtDate(b.next_fire_at)} (${fmtIn(b.next_fire_at)})` : b.enabled === false ? "disabled" : "—"),
+          h("td", {}, b.next_fire_at ? `${fmtDateTime(b.next_fire_at)} (${fmtIn(b.next_fire_at)})` : b.enabled === false ? "disabled" : "—"),
           actions(b)),
         histories.has(b.name) ? h("tr", { class: "firings-row" }, h("td", { colspan: 7 }, firingList(b, histories.get(b.name)))) : null])))));
   };
@@ -144,7 +143,7 @@ function firingList(batch, firings) {
   return h("table", { class: "firings", dataset: { firings: batch.name } },
     h("thead", {}, h("tr", {}, h("th", {}, "Fired"), h("th", {}, "Jobs"), h("th", {}, "Note"))),
     h("tbody", {}, firings.map((f) => h("tr", {},
-      h("td", {}, fmtDate(f.fire_at)),
+      h("td", {}, fmtDateTime(f.fire_at)),
       h("td", {}, f.job_ids.length ? f.job_ids.flatMap((id, i) => [i ? ", " : "", h("a", { href: `#/jobs/${id}` }, `#${id}`)]) : "—"),
       h("td", { class: f.skipped || f.error ? "warn-text" : "" }, outcome(f))))));
 }
