@@ -553,15 +553,15 @@ def redis_pid(port: int) -> int | None:
     return None
 
 
-def histogram(url: str, name: str) -> dict[str, float]:
-    """A Prometheus histogram's cumulative buckets (le -> count), summed over labels, and
-    its _sum and _count."""
+def histogram(url: str, name: str, label: str = "") -> dict[str, float]:
+    """A Prometheus histogram's cumulative buckets (le -> count), summed over the series
+    whose labels hold `label` (e.g. 'kind="heartbeat"'), and its _sum and _count."""
     import httpx
 
     text = httpx.get(url, timeout=10).text
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if not line.startswith(name):
+        if not line.startswith(name) or label not in line:
             continue
         metric, _, value = line.rpartition(" ")
         if metric.startswith(f"{name}_bucket"):
@@ -587,11 +587,34 @@ def histogram_quantile(before: dict[str, float], after: dict[str, float], q: flo
     for bound, cumulative in counts:
         if cumulative >= target:
             if bound == float("inf"):
-                return lower
+                return float("inf")  # past the last bucket: more than `lower`
             share = (target - below) / max(cumulative - below, 1e-9)
             return lower + (bound - lower) * share
         lower, below = bound, cumulative
     return lower
+
+
+def between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Count, mean and interpolated p50/p99 of the observations between two scrapes."""
+    count = after.get("count", 0.0) - before.get("count", 0.0)
+    return {
+        "count": count,
+        "mean_s": (after.get("sum", 0.0) - before.get("sum", 0.0)) / max(1.0, count),
+        "p50_s": histogram_quantile(before, after, 0.5),
+        "p99_s": histogram_quantile(before, after, 0.99),
+    }
+
+
+def ms(seconds: float) -> str:
+    return "> 5000 ms" if seconds == float("inf") else f"{1000 * seconds:.0f} ms"
+
+
+def proc_cpu_s(pid: int) -> float:
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rfind(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
 
 
 def main() -> int:
@@ -603,6 +626,9 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=5.0, help="heartbeat interval, s")
     parser.add_argument("--scale", type=float, default=0.1, help="a job's time x this")
     parser.add_argument("--db", choices=("postgresql", "sqlite"), default="postgresql")
+    parser.add_argument(
+        "--warmup-max", type=float, default=300.0, help="wait at most this for nodes READY"
+    )
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--serve", nargs=2, metavar=("CONFIG", "STATS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -660,6 +686,8 @@ def run_bench(args: argparse.Namespace) -> int:
             "GPUSCHED_SCHEDULER_METRICS_PORT": str(metrics_port),
             "GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT": str(reports_port),
             "GPUSCHED_LOG_LEVEL": "warning",
+            # The backlog and the probes come from one user (the default cap is 10,000).
+            "GPUSCHED_MAX_PENDING_JOBS_PER_USER": str(args.jobs + 10_000),
         },
         reports_worker=True,
     )
@@ -697,7 +725,7 @@ def run_bench(args: argparse.Namespace) -> int:
             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
         )
         # Warm-up: every node registered and heartbeating.
-        registered_by = time.monotonic() + 600
+        registered_by = time.monotonic() + args.warmup_max
         ready = 0
         while time.monotonic() < registered_by:
             with engine.connect() as conn:
@@ -707,14 +735,27 @@ def run_bench(args: argparse.Namespace) -> int:
             if ready >= args.nodes:
                 break
             time.sleep(1)
-        warmup_s = 600 - (registered_by - time.monotonic())
+        warmup_s = args.warmup_max - (registered_by - time.monotonic())
         print(
             f"{ready} nodes READY after {warmup_s:.0f}s; measuring {args.duration:.0f}s", flush=True
         )
         cycle_url = f"http://127.0.0.1:{metrics_port}/metrics"
         reports_url = f"http://127.0.0.1:{reports_port}/metrics"
-        cycles_before = histogram(cycle_url, "gpusched_scheduling_cycle_seconds")
-        reports_before = histogram(reports_url, "gpusched_agent_report_seconds")
+        import redis
+
+        from bench.drain import cpu_seconds
+
+        broker = redis.Redis.from_url(stack.redis_url, socket_timeout=10)
+        scrapes = {
+            "cycle": (cycle_url, "gpusched_scheduling_cycle_seconds", ""),
+            "plan": (cycle_url, "gpusched_scheduling_plan_seconds", ""),
+            "heartbeat": (reports_url, "gpusched_agent_report_seconds", 'kind="heartbeat"'),
+            "reports": (reports_url, "gpusched_agent_report_seconds", ""),
+        }
+        before = {k: histogram(*v) for k, v in scrapes.items()}
+        cpu_before = cpu_seconds()
+        fleet_cpu_before = proc_cpu_s(fleet_proc.pid)
+        depths: dict[str, list[int]] = {"reports": [], "scheduler": []}
         window_start = time.time()
         probes: list[int] = []
         memory: dict[str, list[int]] = {}
@@ -740,10 +781,14 @@ def run_bench(args: argparse.Namespace) -> int:
                 }
                 for k, v in sample.items():
                     memory.setdefault(k, []).append(v)
+                for q in depths:  # Celery's list in Redis: messages not yet taken
+                    depths[q].append(int(broker.llen(q)))
             time.sleep(0.05)
         window_end = time.time()
-        cycles_after = histogram(cycle_url, "gpusched_scheduling_cycle_seconds")
-        reports_after = histogram(reports_url, "gpusched_agent_report_seconds")
+        after = {k: histogram(*v) for k, v in scrapes.items()}
+        cpu_after = cpu_seconds()
+        fleet_cpu = proc_cpu_s(fleet_proc.pid) - fleet_cpu_before
+        broker.close()
         time.sleep(max(5.0, args.interval))  # probes placed near the end get to start
         with engine.connect() as conn:
             rows = conn.execute(
@@ -792,13 +837,11 @@ def run_bench(args: argparse.Namespace) -> int:
     statuses: dict[str, int] = {}
     for r in rows:
         statuses[str(r.status)] = statuses.get(str(r.status), 0) + 1
-    cycles = {
-        "count": cycles_after.get("count", 0) - cycles_before.get("count", 0),
-        "mean_s": (cycles_after.get("sum", 0) - cycles_before.get("sum", 0))
-        / max(1, cycles_after.get("count", 0) - cycles_before.get("count", 0)),
-        "p50_s": histogram_quantile(cycles_before, cycles_after, 0.5),
-        "p99_s": histogram_quantile(cycles_before, cycles_after, 0.99),
-    }
+    stats = {k: between(before[k], after[k]) for k in scrapes}
+    cycles = stats["cycle"]
+    cpu = {k: cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0) for k in cpu_after}
+    cpu = {k: v for k, v in cpu.items() if v > 0}
+    cpu["fleet"] = fleet_cpu
     mem_mb = {k: max(v) / 1024 for k, v in memory.items()}
     load = os.getloadavg()
     rows_out = [
@@ -822,8 +865,9 @@ def run_bench(args: argparse.Namespace) -> int:
         ),
         (
             "cycle time",
-            f"p50 {1000 * cycles['p50_s']:.0f} ms  p99 {1000 * cycles['p99_s']:.0f} ms  "
-            f"mean {1000 * cycles['mean_s']:.0f} ms  ({cycles['count']:.0f} cycles)",
+            f"p50 {ms(cycles['p50_s'])}  p99 {ms(cycles['p99_s'])}  "
+            f"mean {ms(cycles['mean_s'])}  ({cycles['count']:.0f} cycles; their plan: "
+            f"p50 {ms(stats['plan']['p50_s'])}, mean {ms(stats['plan']['mean_s'])})",
         ),
         (
             "submit -> start",
@@ -833,8 +877,21 @@ def run_bench(args: argparse.Namespace) -> int:
         ("drain rate", f"{len(finished) / window:.1f} jobs/s finished in the window"),
         (
             "report handling",
-            f"mean {1000 * (reports_after.get('sum', 0) - reports_before.get('sum', 0)) / max(1, reports_after.get('count', 0) - reports_before.get('count', 0)):.1f} ms "
-            f"({reports_after.get('count', 0) - reports_before.get('count', 0):.0f} reports)",
+            f"heartbeat mean {ms(stats['heartbeat']['mean_s'])} "
+            f"({stats['heartbeat']['count']:.0f}); all reports mean "
+            f"{ms(stats['reports']['mean_s'])} ({stats['reports']['count']:.0f})",
+        ),
+        (
+            "Redis queue depth",
+            ", ".join(
+                f"{q}: median {percentile([float(d) for d in v], 50):.0f} max {max(v, default=0)}"
+                for q, v in depths.items()
+            ),
+        ),
+        (
+            "CPU used (s)",
+            ", ".join(f"{k} {v:.0f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+            + f"  (of {window * (os.cpu_count() or 1):.0f} CPU-s in the window)",
         ),
         ("nodes at the end", ", ".join(f"{k}: {v}" for k, v in states.items())),
         (
@@ -862,6 +919,9 @@ def run_bench(args: argparse.Namespace) -> int:
             "n": len(lags),
         },
         "cycle": cycles,
+        "histograms": stats,
+        "redis_queue_depth": depths,
+        "cpu_seconds": cpu,
         "probe_submit_to_start_s": {
             "p50": percentile(waits, 50),
             "p99": percentile(waits, 99),
