@@ -214,11 +214,15 @@ class Fleet:
     # -- orders ------------------------------------------------------------------
 
     def _consume_loop(self) -> None:
-        from kombu import Consumer, Queue
+        from kombu.entity import Queue
+        from kombu.messaging import Consumer
 
-        queues = [Queue(node_queue(name), routing_key=node_queue(name)) for name in self.nodes]
+        queues = [
+            Queue(node_queue(name), routing_key=node_queue(name))  # type: ignore[no-untyped-call]
+            for name in self.nodes
+        ]
         with self.celery.connection_for_read() as conn:
-            consumer = Consumer(
+            consumer = Consumer(  # type: ignore[no-untyped-call]
                 conn, queues=queues, callbacks=[self._on_order], accept=["json"], prefetch_count=0
             )
             with consumer:
@@ -487,7 +491,12 @@ def serve(config_path: Path, stats_path: Path) -> int:
     fleet = Fleet(keys={n: node_key(secret, n) for n in names}, **config)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+
+    def on_eof() -> None:
+        sys.stdin.read()
+        done.set()
+
+    threading.Thread(target=on_eof, daemon=True).start()
     fleet.start()
     print("fleet started", flush=True)
     done.wait()
@@ -729,8 +738,9 @@ def run_bench(args: argparse.Namespace) -> int:
         ready = 0
         while time.monotonic() < registered_by:
             with engine.connect() as conn:
-                ready = conn.scalar(
-                    select(func.count()).select_from(Node).where(Node.state == "READY")
+                ready = (
+                    conn.scalar(select(func.count()).select_from(Node).where(Node.state == "READY"))
+                    or 0
                 )
             if ready >= args.nodes:
                 break
@@ -840,7 +850,8 @@ def run_bench(args: argparse.Namespace) -> int:
     stats = {k: between(before[k], after[k]) for k in scrapes}
     cycles = stats["cycle"]
     cpu = {k: cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0) for k in cpu_after}
-    cpu = {k: v for k, v in cpu.items() if v > 0}
+    # No agent processes here ("agents" would be another stack's on this machine).
+    cpu = {k: v for k, v in cpu.items() if v > 0 and k != "agents"}
     cpu["fleet"] = fleet_cpu
     mem_mb = {k: max(v) / 1024 for k, v in memory.items()}
     load = os.getloadavg()
