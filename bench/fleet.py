@@ -21,12 +21,15 @@ scheduler (a cycle and a reports worker, as `gpusched up`) with no agent process
 During `--duration` seconds it also submits one probe job a second (priority 1000,
 `sleep 1`): submit -> start is measured on those, through a full queue. Reported:
 
-- heartbeats stored/s, and their lag: a heartbeat's taken_at to its row stored by the
-  reports worker (the fleet writes each heartbeat's sequence number into GPU 0's power
-  reading, so that each stored sample is matched to the heartbeat it came from);
+- heartbeats stored/s, and their lag: a heartbeat's taken_at to the time the reports
+  worker stored it with (its clock as it handles it, just before its commit; the fleet
+  writes each heartbeat's sequence number into GPU 0's power reading, so that each
+  stored sample is matched to the heartbeat it came from);
 - the scheduling cycle's time, median and p99 (from the scheduler's own histogram of
   cycle durations, interpolated within its buckets; its mean is exact);
-- submit -> start of the probes, p50 and p99; drain rate (jobs finished per second);
+- submit -> start of the probes, p50 and p99 (a start is recorded when its started
+  report is handled, so a backlog of reports delays it); drain rate (jobs finished per
+  second in the window); the depth of the `reports` queue in Redis; CPU per process;
 - the memory of each process: RSS of the API, scheduler, reports worker, Redis and the
   fleet, and PSS summed over PostgreSQL's processes (its shared buffers counted once).
 
