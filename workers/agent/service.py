@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -37,6 +38,7 @@ from app.wire import (
     GpuProcessReading,
     GpuReading,
     Heartbeat,
+    Isolation,
     JobResult,
     Leaving,
     Malformed,
@@ -145,6 +147,106 @@ def gpu_infos(info: NodeInfo) -> tuple[GpuInfo, ...]:
             nvlink_peers=tuple(g.nvlink_peers),
         )
         for g in info.gpus
+    )
+
+
+def registration(
+    *,
+    node: str,
+    info: NodeInfo,
+    address: str = "",
+    labels: dict[str, str] | None = None,
+    isolation: Isolation | None,
+    jobs_run_as: str | None,
+    grace_s: float,
+) -> Register:
+    """What an agent says when it starts: its node, GPUs, how its jobs are fenced and whose
+    account they run as (None: each its owner's), its default grace period. The fleet
+    simulator (bench/fleet.py) sends the same."""
+    return Register(
+        node=node,
+        hostname=address or info.hostname,
+        labels=dict(labels or {}),
+        agent_version=AGENT_VERSION,
+        backend=info.backend,
+        isolation=isolation,
+        jobs_run_as=jobs_run_as,
+        grace_s=grace_s,
+        message=f"driver {info.driver_version}",
+        gpus=gpu_infos(info),
+    )
+
+
+def build_heartbeat(
+    *,
+    node: str,
+    interval_s: float,
+    sample: NodeSample,
+    ours: Mapping[int, tuple[int, int]],
+    running: tuple[AttemptRef, ...],
+    recent: tuple[Finished, ...],
+    taken_at: float,
+    unusable_accounts: Mapping[str, str] | None = None,
+) -> Heartbeat:
+    """A heartbeat from a sample of the node's GPUs: each GPU process attributed to the
+    attempt it belongs to (`ours`: pid -> (job, attempt)) or marked foreign.
+
+    NVML has no per-process utilisation on most GPUs, so foreign utilisation is the
+    GPU's utilisation when only foreign processes use it, and its memory-weighted part
+    when our jobs share the GPU with them.
+    """
+    gpus = []
+    for gpu in sample.gpus:
+        processes = []
+        foreign_mem = own_mem = 0
+        for proc in gpu.processes:
+            key = ours.get(proc.pid)
+            memory = proc.used_memory_mb or 0
+            processes.append(
+                GpuProcessReading(
+                    pid=proc.pid,
+                    used_memory_mb=proc.used_memory_mb,
+                    job_id=key[0] if key else None,
+                )
+            )
+            if key:
+                own_mem += memory
+            else:
+                foreign_mem += memory
+        util = gpu.util_sm_pct or 0.0
+        has_foreign = any(p.job_id is None for p in processes)
+        if not has_foreign:
+            foreign_util = 0.0
+        elif own_mem == 0:
+            foreign_util = util
+        else:
+            foreign_util = util * foreign_mem / max(1, foreign_mem + own_mem)
+        gpus.append(
+            GpuReading(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                healthy=gpu.healthy,
+                health_message=gpu.health_message,
+                unknown=unknown_readings(gpu, has_foreign=has_foreign),
+                mig_enabled=gpu.mig_enabled,
+                util_pct=gpu.util_sm_pct,
+                memory_util_pct=gpu.util_mem_pct,
+                memory_used_mb=gpu.memory_used_mb,
+                temperature_c=gpu.temperature_c,
+                power_w=gpu.power_w,
+                processes=tuple(processes),
+                foreign_util_pct=foreign_util,
+                foreign_memory_mb=foreign_mem,
+            )
+        )
+    return Heartbeat(
+        node=node,
+        interval_s=interval_s,
+        gpus=tuple(gpus),
+        running=running,
+        recent=recent,
+        taken_at=taken_at,
+        unusable_accounts=dict(unusable_accounts or {}),
     )
 
 
@@ -365,21 +467,15 @@ class Agent:
             log.warning("could not record job %s attempt %s: %s", key[0], key[1], exc)
 
     def _register(self) -> None:
-        info = self.backend.node_info()
         self.reporter.report(
-            Register(
+            registration(
                 node=self.settings.name,
-                hostname=self.settings.address or info.hostname,
+                info=self.backend.node_info(),
+                address=self.settings.address,
                 labels=self.settings.labels,
-                agent_version=AGENT_VERSION,
-                backend=info.backend,
-                # How jobs are fenced here, and whose account they run as (None: each its
-                # owner's); the scheduler's default grace for the lost-attempt wait.
                 isolation=self.fence.isolation,
                 jobs_run_as=self.jobs_run_as,
                 grace_s=self.settings.grace_s,
-                message=f"driver {info.driver_version}",
-                gpus=gpu_infos(info),
             )
         )
 
@@ -394,12 +490,8 @@ class Agent:
     # -- telemetry -------------------------------------------------------------------
 
     def heartbeat(self, sample: NodeSample) -> Heartbeat:
-        """Readings per GPU, with each GPU process attributed to our job or marked foreign.
-
-        NVML has no per-process utilisation on most GPUs, so foreign utilisation is the
-        GPU's utilisation when only foreign processes use it, and its memory-weighted part
-        when our jobs share the GPU with them.
-        """
+        """Readings per GPU, with each GPU process attributed to our job or marked foreign
+        (build_heartbeat), and the attempts running and lately finished."""
         with self._lock:
             taken_at = time.time()  # when these lists were true (see heartbeat_taken_at)
             attempts = list(self._running.items())
@@ -414,54 +506,11 @@ class Agent:
         # A GPU process is ours when it is in one of our attempts' groups, whatever session
         # or process group it made for itself (torchrun's workers).
         ours = {pid: key for key, a in attempts for pid in a.process.pids() | {a.process.pid}}
-        gpus = []
-        for gpu in sample.gpus:
-            processes = []
-            foreign_mem = own_mem = 0
-            for proc in gpu.processes:
-                key = ours.get(proc.pid)
-                memory = proc.used_memory_mb or 0
-                processes.append(
-                    GpuProcessReading(
-                        pid=proc.pid,
-                        used_memory_mb=proc.used_memory_mb,
-                        job_id=key[0] if key else None,
-                    )
-                )
-                if key:
-                    own_mem += memory
-                else:
-                    foreign_mem += memory
-            util = gpu.util_sm_pct or 0.0
-            has_foreign = any(p.job_id is None for p in processes)
-            if not has_foreign:
-                foreign_util = 0.0
-            elif own_mem == 0:
-                foreign_util = util
-            else:
-                foreign_util = util * foreign_mem / max(1, foreign_mem + own_mem)
-            gpus.append(
-                GpuReading(
-                    index=gpu.index,
-                    uuid=gpu.uuid,
-                    healthy=gpu.healthy,
-                    health_message=gpu.health_message,
-                    unknown=unknown_readings(gpu, has_foreign=has_foreign),
-                    mig_enabled=gpu.mig_enabled,
-                    util_pct=gpu.util_sm_pct,
-                    memory_util_pct=gpu.util_mem_pct,
-                    memory_used_mb=gpu.memory_used_mb,
-                    temperature_c=gpu.temperature_c,
-                    power_w=gpu.power_w,
-                    processes=tuple(processes),
-                    foreign_util_pct=foreign_util,
-                    foreign_memory_mb=foreign_mem,
-                )
-            )
-        return Heartbeat(
+        return build_heartbeat(
             node=self.settings.name,
             interval_s=self.settings.sample_interval_s,
-            gpus=tuple(gpus),
+            sample=sample,
+            ours=ours,
             running=running,
             recent=recent,
             taken_at=taken_at,
