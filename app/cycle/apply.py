@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.cycle import lease
-from app.cycle.snapshot import SnapshotContext
+from app.cycle.snapshot import REASON_COLUMNS, SnapshotContext
 from app.jobs.allocations import GpuClaim, allocate_many, release
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job, JobEvent
@@ -294,6 +294,9 @@ def _store_reasons(
             changes.append((reason.job_id, *new))
     write_reasons(session, changes=changes)
     write_reasons(session, changes=moved, columns=("queue_position",))
+    if ctx.cache is not None:  # as written: the next full read need not read them back
+        ctx.cache.wrote(changes, REASON_COLUMNS)
+        ctx.cache.wrote(moved, ("queue_position",))
     if ctx.unread:
         _forget_positions(session, ranked=positions.keys() | placed)
     return waiting
@@ -301,7 +304,6 @@ def _store_reasons(
 
 # Reasons written row by row (SQLite before UPDATE ... FROM) go in batches of this many.
 _EXECUTEMANY_ROWS = 2000
-REASON_COLUMNS = ("pending_reason", "pending_message", "queue_position", "estimated_start_at")
 # Each column's PostgreSQL array type (for unnest).
 _ARRAY_TYPES = {
     "pending_reason": "varchar[]",
@@ -322,7 +324,9 @@ def write_reasons(
     row, took most of a full cycle (PostgreSQL: seconds; see bench/deep_queue.py).
     PostgreSQL joins arrays of the values (unnest), SQLite the rows as one JSON array
     (json_each); an older SQLite gets an executemany. Only `columns` are set: SQLite
-    rewrites the index entries of every column set, changed or not."""
+    rewrites the index entries of every column set, changed or not. Each row's change-stamp
+    moves by one in the same statement (`ViewCache.wrote` counts on it: the trigger of
+    migration 0028 leaves a statement that moves it alone)."""
     if not changes:
         return
     connection = session.connection()
@@ -337,6 +341,7 @@ def write_reasons(
         sets = ", ".join(
             f"{column} = v.{name}" for name, column in zip(names, columns, strict=True)
         )
+        sets += ", row_version = job.row_version + 1"
         connection.execute(
             text(
                 f"UPDATE job SET {sets} FROM unnest(CAST(:ids AS integer[]), {casts}) "
@@ -361,6 +366,7 @@ def write_reasons(
         sets = ", ".join(
             f"{column} = json_extract(v.value, '$[{i}]')" for i, column in enumerate(columns, 1)
         )
+        sets += ", row_version = row_version + 1"
         connection.execute(
             text(
                 f"UPDATE job SET {sets} "
@@ -373,7 +379,13 @@ def write_reasons(
         table.update()
         .where(table.c.id == bindparam("b_id"))
         .values(
-            {column: bindparam(f"b_{name}") for name, column in zip(names, columns, strict=True)}
+            {
+                **{
+                    column: bindparam(f"b_{name}")
+                    for name, column in zip(names, columns, strict=True)
+                },
+                "row_version": table.c.row_version + 1,
+            }
         )
     )
     for start in range(0, len(changes), _EXECUTEMANY_ROWS):
