@@ -265,41 +265,56 @@ def _store_reasons(
         (r for r in plan.pending if r.job_id not in placed), key=attrgetter("queue_position")
     )
     reasons = ctx.pending_reasons
-    if ctx.quick:
-        positions = _head_positions(waiting, reasons)
-    else:
-        positions = {r.job_id: place for place, r in enumerate(waiting, start=1)}
     changes: list[tuple[int, str, str, int | None, datetime | None]] = []
     moved: list[tuple[int, int | None]] = []  # only the position changed
-    for read_as, reason in enumerate(waiting, start=1):
-        old = reasons.get(reason.job_id)
-        if (
-            ctx.quick
-            and read_as > HEAD_POSITIONS
-            and old is not None
-            and old[0] == ReasonKind.NEW.value
-        ):
-            continue
-        new = (
-            reason.kind.value,
-            reason.message[:512],
-            positions.get(reason.job_id),
-            reason.estimated_start,
-        )
-        if old == new:
-            continue
-        if old is not None and old[0] == new[0] and old[1] == new[1] and old[3] == new[3]:
-            moved.append((reason.job_id, new[2]))
-        else:
-            changes.append((reason.job_id, *new))
+    if not ctx.quick:
+        _full_changes(waiting, reasons, changes=changes, moved=moved)
+    else:
+        positions = _head_positions(waiting, reasons)
+        for read_as, reason in enumerate(waiting, start=1):
+            old = reasons.get(reason.job_id)
+            if read_as > HEAD_POSITIONS and old is not None and old[0] == ReasonKind.NEW.value:
+                continue
+            new = (
+                reason.kind.value,
+                reason.message[:512],
+                positions.get(reason.job_id),
+                reason.estimated_start,
+            )
+            if old == new:
+                continue
+            if old is not None and old[0] == new[0] and old[1] == new[1] and old[3] == new[3]:
+                moved.append((reason.job_id, new[2]))
+            else:
+                changes.append((reason.job_id, *new))
     write_reasons(session, changes=changes)
     write_reasons(session, changes=moved, columns=("queue_position",))
     if ctx.cache is not None:  # as written: the next full read need not read them back
         ctx.cache.wrote(changes, REASON_COLUMNS)
         ctx.cache.wrote(moved, ("queue_position",))
-    if ctx.unread:
-        _forget_positions(session, ranked=positions.keys() | placed)
+    if ctx.unread:  # a full read: every job it read has its place now
+        _forget_positions(session, ranked={r.job_id for r in waiting} | placed)
     return waiting
+
+
+def _full_changes(
+    waiting: list[PendingReason],
+    reasons: dict[int, tuple[str | None, str | None, int | None, datetime | None]],
+    *,
+    changes: list[tuple[int, str, str, int | None, datetime | None]],
+    moved: list[tuple[int, int | None]],
+) -> None:
+    """`_store_reasons` of a full read, whose places are 1 to N in order: the same
+    comparison, in one pass over 20,000 jobs without a lookup of each one's place."""
+    for place, (job_id, kind, message, _, start) in enumerate(waiting, start=1):
+        new = (kind._value_, message[:512], place, start)
+        old = reasons.get(job_id)
+        if old == new:
+            continue
+        if old is not None and old[0] == new[0] and old[1] == new[1] and old[3] == start:
+            moved.append((job_id, place))
+        else:
+            changes.append((job_id, *new))
 
 
 # Reasons written row by row (SQLite before UPDATE ... FROM) go in batches of this many.
