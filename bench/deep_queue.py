@@ -11,7 +11,8 @@ cycle every few seconds: the first one (every job NEW), then full cycles with no
 changed, then full cycles after one running job ended (one placed, every position behind
 it moves). Each row splits the cycle: phase 0 (dependencies, array limits, clock gates),
 snapshot read, plan, apply (reasons and positions written, committed), rank storage;
-with the count of SQL statements and the bench process's CPU time in the cycle (on a
+with the count of SQL statements, the most waiting jobs one cycle read whole (`read`: those
+whose change-stamp moved, job.row_version) and the bench process's CPU time in the cycle (on a
 shared machine the wall time also counts other processes' turns; on SQLite the database's
 work is in this process, on PostgreSQL the server's is not). Goal: <= 150 ms for a full cycle at 20,000 waiting.
 
@@ -99,8 +100,9 @@ def _end_one(factory: Any) -> bool:
     return True
 
 
-def _cycle(engine: Any, factory: Any, memory: QueueMemory) -> tuple[CycleReport, int, float]:
-    """The cycle's report, its SQL statements and this process's CPU ms in it."""
+def _cycle(engine: Any, factory: Any, memory: QueueMemory) -> tuple[CycleReport, int, float, int]:
+    """The cycle's report, its SQL statements, this process's CPU ms in it and how many
+    waiting jobs its snapshot read whole (the others' change-stamps had not moved)."""
     statements = [0]
 
     def count(*_: Any) -> None:
@@ -117,20 +119,21 @@ def _cycle(engine: Any, factory: Any, memory: QueueMemory) -> tuple[CycleReport,
         cpu = time.process_time() - cpu
         event.remove(engine, "before_cursor_execute", count)
     assert report.ran
-    return report, statements[0], cpu * 1000
+    return report, statements[0], cpu * 1000, memory.views.reread
 
 
 PHASES = ("total_ms", "settle_ms", "snapshot_ms", "plan_ms", "apply_ms", "ranks_ms")
 
 
-def _row(runs: list[tuple[CycleReport, int, float]]) -> dict[str, Any]:
+def _row(runs: list[tuple[CycleReport, int, float, int]]) -> dict[str, Any]:
     row: dict[str, Any] = {
-        phase: statistics.median(getattr(r, phase) for r, _, _ in runs) for phase in PHASES
+        phase: statistics.median(getattr(r, phase) for r, *_ in runs) for phase in PHASES
     }
-    row["worst_total_ms"] = max(r.total_ms for r, _, _ in runs)
-    row["cpu_ms"] = statistics.median(cpu for _, _, cpu in runs)
+    row["worst_total_ms"] = max(r.total_ms for r, *_ in runs)
+    row["cpu_ms"] = statistics.median(cpu for _, _, cpu, _ in runs)
     row["statements"] = runs[-1][1]
-    row["placed"] = sum(r.placed for r, _, _ in runs)
+    row["rows_read"] = max(read for *_, read in runs)
+    row["placed"] = sum(r.placed for r, *_ in runs)
     row["pending"] = runs[-1][0].pending
     row["runs"] = len(runs)
     return row
@@ -246,7 +249,7 @@ def main() -> int:
 
     head = (
         f"{'full cycle':<28} {'total':>7} {'worst':>7} {'cpu':>7} {'phase0':>7} {'snapshot':>8} "
-        f"{'plan':>7} {'apply':>7} {'ranks':>7} {'SQL':>5} {'placed':>6}"
+        f"{'plan':>7} {'apply':>7} {'ranks':>7} {'SQL':>5} {'read':>6} {'placed':>6}"
     )
     print(
         f"\nfull cycle, {args.waiting} waiting, {NODES * GPUS_PER_NODE} GPUs, {args.db}: "
@@ -257,7 +260,8 @@ def main() -> int:
         print(
             f"{label:<28} {r['total_ms']:>7.1f} {r['worst_total_ms']:>7.1f} {r['cpu_ms']:>7.1f} "
             f"{r['settle_ms']:>7.1f} {r['snapshot_ms']:>8.1f} {r['plan_ms']:>7.1f} "
-            f"{r['apply_ms']:>7.1f} {r['ranks_ms']:>7.1f} {r['statements']:>5} {r['placed']:>6}"
+            f"{r['apply_ms']:>7.1f} {r['ranks_ms']:>7.1f} {r['statements']:>5} "
+            f"{r['rows_read']:>6} {r['placed']:>6}"
         )
     if mem:
         cancelled = (
