@@ -11,7 +11,8 @@ cycle every few seconds: the first one (every job NEW), then full cycles with no
 changed, then full cycles after one running job ended (one placed, every position behind
 it moves). Each row splits the cycle: phase 0 (dependencies, array limits, clock gates),
 snapshot read, plan, apply (reasons and positions written, committed), rank storage;
-with the count of SQL statements and the bench process's CPU time in the cycle (on a
+with the count of SQL statements, the most waiting jobs one cycle read whole (`read`: those
+whose change-stamp moved, job.row_version) and the bench process's CPU time in the cycle (on a
 shared machine the wall time also counts other processes' turns; on SQLite the database's
 work is in this process, on PostgreSQL the server's is not). Goal: <= 150 ms for a full cycle at 20,000 waiting.
 
@@ -38,7 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
-from sqlalchemy import event, select
+from sqlalchemy import event, select, update
 
 from app.cycle.run import CycleReport, run_cycle
 from app.cycle.settings import SchedulerSettings
@@ -84,6 +85,17 @@ def _cluster(factory: Any) -> None:
         session.commit()
 
 
+def _heartbeat(factory: Any) -> None:
+    """The nodes' agents report, as they would every few seconds: on a loaded machine
+    the bench runs past the heartbeat timeout (30 s), and cycles on nodes gone stale placed
+    nothing (the "one job ended" rows then timed no placement, or none at all)."""
+    now = utcnow()
+    with factory() as session:
+        session.execute(update(Node).values(last_heartbeat_at=now))
+        session.execute(update(Gpu).values(sampled_at=now))
+        session.commit()
+
+
 def _end_one(factory: Any) -> bool:
     """The oldest placed job runs and succeeds: its GPUs are free for the next cycle.
     False: none is placed (the cycles since did not fill the GPUs)."""
@@ -99,8 +111,10 @@ def _end_one(factory: Any) -> bool:
     return True
 
 
-def _cycle(engine: Any, factory: Any, memory: QueueMemory) -> tuple[CycleReport, int, float]:
-    """The cycle's report, its SQL statements and this process's CPU ms in it."""
+def _cycle(engine: Any, factory: Any, memory: QueueMemory) -> tuple[CycleReport, int, float, int]:
+    """The cycle's report, its SQL statements, this process's CPU ms in it and how many
+    waiting jobs its snapshot read whole (the others' change-stamps had not moved)."""
+    _heartbeat(factory)  # before the timing: not the cycle's work
     statements = [0]
 
     def count(*_: Any) -> None:
@@ -117,20 +131,21 @@ def _cycle(engine: Any, factory: Any, memory: QueueMemory) -> tuple[CycleReport,
         cpu = time.process_time() - cpu
         event.remove(engine, "before_cursor_execute", count)
     assert report.ran
-    return report, statements[0], cpu * 1000
+    return report, statements[0], cpu * 1000, memory.views.reread
 
 
 PHASES = ("total_ms", "settle_ms", "snapshot_ms", "plan_ms", "apply_ms", "ranks_ms")
 
 
-def _row(runs: list[tuple[CycleReport, int, float]]) -> dict[str, Any]:
+def _row(runs: list[tuple[CycleReport, int, float, int]]) -> dict[str, Any]:
     row: dict[str, Any] = {
-        phase: statistics.median(getattr(r, phase) for r, _, _ in runs) for phase in PHASES
+        phase: statistics.median(getattr(r, phase) for r, *_ in runs) for phase in PHASES
     }
-    row["worst_total_ms"] = max(r.total_ms for r, _, _ in runs)
-    row["cpu_ms"] = statistics.median(cpu for _, _, cpu in runs)
+    row["worst_total_ms"] = max(r.total_ms for r, *_ in runs)
+    row["cpu_ms"] = statistics.median(cpu for _, _, cpu, _ in runs)
     row["statements"] = runs[-1][1]
-    row["placed"] = sum(r.placed for r, _, _ in runs)
+    row["rows_read"] = max(read for *_, read in runs)
+    row["placed"] = sum(r.placed for r, *_ in runs)
     row["pending"] = runs[-1][0].pending
     row["runs"] = len(runs)
     return row
@@ -246,7 +261,7 @@ def main() -> int:
 
     head = (
         f"{'full cycle':<28} {'total':>7} {'worst':>7} {'cpu':>7} {'phase0':>7} {'snapshot':>8} "
-        f"{'plan':>7} {'apply':>7} {'ranks':>7} {'SQL':>5} {'placed':>6}"
+        f"{'plan':>7} {'apply':>7} {'ranks':>7} {'SQL':>5} {'read':>6} {'placed':>6}"
     )
     print(
         f"\nfull cycle, {args.waiting} waiting, {NODES * GPUS_PER_NODE} GPUs, {args.db}: "
@@ -257,7 +272,8 @@ def main() -> int:
         print(
             f"{label:<28} {r['total_ms']:>7.1f} {r['worst_total_ms']:>7.1f} {r['cpu_ms']:>7.1f} "
             f"{r['settle_ms']:>7.1f} {r['snapshot_ms']:>8.1f} {r['plan_ms']:>7.1f} "
-            f"{r['apply_ms']:>7.1f} {r['ranks_ms']:>7.1f} {r['statements']:>5} {r['placed']:>6}"
+            f"{r['apply_ms']:>7.1f} {r['ranks_ms']:>7.1f} {r['statements']:>5} "
+            f"{r['rows_read']:>6} {r['placed']:>6}"
         )
     if mem:
         cancelled = (

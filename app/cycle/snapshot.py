@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from operator import attrgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -62,6 +61,8 @@ class SnapshotContext:
     arrived: tuple[int, ...] = ()
     # A full read over its limit: some waiting jobs were not read (nor ranked).
     unread: bool = False
+    # Where the pending jobs were kept: the reasons apply writes are followed there.
+    cache: ViewCache | None = None
 
 
 def head_depth(nodes: tuple[NodeView, ...]) -> int:
@@ -76,15 +77,55 @@ def head_depth(nodes: tuple[NodeView, ...]) -> int:
 MAX_ARRIVALS_READ = 2000
 
 
+@dataclass(slots=True)
+class CachedRow:
+    """A waiting job as a cycle last read it: its change-stamp (`Job.row_version`) then,
+    the row, its reason/message/position/estimated start as read or written since, the
+    attained service and naming its view was made with, and the view."""
+
+    version: int
+    row: Any
+    reasons: tuple[Any, ...]
+    attained: float
+    view: JobView
+
+
 @dataclass
 class ViewCache:
-    """The waiting jobs' views a cycle made, by what each was made of (`_view_key`), for
-    the next cycles: a full cycle at 20,000 waiting would otherwise build 20,000 views
-    again (a quarter of its time, bench/deep_queue.py) when few of them changed. Kept
-    for one owner/project naming (`names`); each full read keeps only the views it used."""
+    """The waiting jobs a cycle read, by id, for the next cycles: a full cycle reads each
+    waiting job's change-stamp (one narrow read) and whole rows only of the jobs whose
+    stamp moved or that are new to it, so its read follows what changed, not the queue's
+    depth (at 20,000 waiting, reading and converting every row was most of a full cycle,
+    bench/deep_queue.py). Every UPDATE of a job moves its stamp (a trigger), whoever
+    writes; the cycle's own reason writes move it by one in the same statement, and
+    `wrote` follows them here, so they are not read back. A stamp that differs from the
+    one kept for any other reason only costs a read. Views are per owner/project naming
+    (`names`); a full read keeps only the jobs it read."""
 
     names: tuple[Any, ...] = ()
-    views: dict[tuple[Any, ...], JobView] = field(default_factory=dict)
+    rows: dict[int, CachedRow] = field(default_factory=dict)
+    # How many whole rows the last read took (bench/deep_queue.py, tests).
+    reread: int = 0
+
+    @property
+    def views(self) -> dict[int, JobView]:
+        return {job_id: cached.view for job_id, cached in self.rows.items()}
+
+    def wrote(self, changes: Sequence[tuple[Any, ...]], columns: tuple[str, ...]) -> None:
+        """Rows of (id, *values of `columns`) written with their stamp moved by one, as
+        `app.cycle.apply.write_reasons` does: kept as written. Only for the reason
+        columns, which are the ones kept."""
+        at = [REASON_COLUMNS.index(column) for column in columns]
+        rows = self.rows
+        for change in changes:
+            cached = rows.get(change[0])
+            if cached is None:
+                continue
+            reasons = list(cached.reasons)
+            for i, value in zip(at, change[1:], strict=True):
+                reasons[i] = value
+            cached.reasons = tuple(reasons)
+            cached.version += 1
 
 
 @dataclass
@@ -191,8 +232,8 @@ def _utc(column: Any) -> Any:
 
 
 # What the core needs of a job; selected as plain columns (no ORM objects) because the
-# queue can hold thousands of jobs and every cycle reads all of them. The first
-# VIEW_COLUMNS are what a job's view is made of (see _view_key), the JSON lists next.
+# queue can hold thousands of jobs. The first _MADE_OF columns are what a job's view is
+# made of (see _job_view), the JSON lists last among them.
 JOB_COLUMNS = (
     Job.id,
     Job.name,
@@ -226,13 +267,24 @@ JOB_COLUMNS = (
     Job.queue_position,
     _utc(Job.estimated_start_at),
     _utc(Job.updated_at),
+    Job.row_version,
 )
-VIEW_COLUMNS = 21
+# The columns of the reasons the cycle writes (app/cycle/apply.py), in JOB_COLUMNS' order.
+REASON_COLUMNS = ("pending_reason", "pending_message", "queue_position", "estimated_start_at")
 # By position (a row's attribute lookup by name costs more, 20,000 times over): the
-# reason, message, position and estimated start, then the last change.
-_ATTEMPT, _REASON, _UPDATED_AT = 18, 25, 29
+# reason, message, position and estimated start, then the last change and the stamp.
+_ATTEMPT, _REASON, _UPDATED_AT, _VERSION = 18, 25, 29, 30
 assert JOB_COLUMNS[_ATTEMPT] is Job.attempt and JOB_COLUMNS[_REASON] is Job.pending_reason
-assert JOB_COLUMNS[_UPDATED_AT].key == "updated_at" and len(JOB_COLUMNS) == _UPDATED_AT + 1
+assert tuple(c.key for c in JOB_COLUMNS[_REASON:_UPDATED_AT]) == REASON_COLUMNS
+assert JOB_COLUMNS[_UPDATED_AT].key == "updated_at" and JOB_COLUMNS[_VERSION] is Job.row_version
+assert len(JOB_COLUMNS) == _VERSION + 1
+# A full read re-reads the jobs whose stamp moved by id, this many per statement; past
+# STALE_BY_ID of them (the first cycle, a burst of submissions), the whole queue at once.
+_IDS_PER_READ = 500
+# A job's view is made of its first columns (through exclude_nodes): `_job_view`.
+_MADE_OF = 23
+assert JOB_COLUMNS[_MADE_OF - 1].key == "exclude_nodes"
+STALE_BY_ID = 2000
 
 
 def _node_names(value: Any) -> tuple[str, ...] | None:
@@ -242,17 +294,6 @@ def _node_names(value: Any) -> tuple[str, ...] | None:
     if isinstance(value, str):
         return () if value == "[]" else tuple(json.loads(value))
     return tuple(value)
-
-
-def _view_key(job: Any, attained: float) -> tuple[Any, ...]:
-    """Everything `_job_view` makes a job's view of, hashable: equal keys, equal views.
-    Its owner's and project's names are not in it: a ViewCache is per naming."""
-    return (
-        tuple(job[:VIEW_COLUMNS]),
-        _node_names(job.only_nodes),
-        _node_names(job.exclude_nodes) or (),
-        attained,
-    )
 
 
 def _job_view(job: Any, user: tuple[str, str], project: str, attained: float) -> JobView:
@@ -298,31 +339,56 @@ def _pending_views(
     users: dict[int, tuple[str, str]],
     project_names: dict[int, str],
     attained: dict[int, float],
-    cache: ViewCache | None,
-    keep_all: bool,
-) -> tuple[JobView, ...]:
-    """The views of `rows`, from `cache` where a row is as it was when its view was made.
-    `keep_all`: the rows are the whole queue, so the cache keeps only their views."""
-    if cache is None:
-        cache = ViewCache()
+    cache: ViewCache,
+) -> list[CachedRow]:
+    """`rows` (whole rows, as read now) into `cache`, each with its view; the view of a
+    job read before is kept when its row is as it was. Returns their entries, in order."""
     names = (tuple(sorted(users.items())), tuple(sorted(project_names.items())))
     if cache.names != names:
-        cache.names, cache.views = names, {}
-    known = cache.views
-    used: dict[tuple[Any, ...], JobView] = {}
-    views = []
+        cache.names = names
+        for kept in cache.rows.values():  # the names changed: every view anew
+            job = kept.row
+            kept.view = _job_view(
+                job, users[job.user_id], project_names[job.project_id], kept.attained
+            )
+    known = cache.rows
+    entries = []
     for j in rows:
-        key = _view_key(j, attained[j[0]])
-        view = known.get(key)
-        if view is None:
-            view = _job_view(j, users[j.user_id], project_names[j.project_id], key[3])
-        used[key] = view
-        views.append(view)
-    if keep_all:
-        cache.views = used
-    else:
-        known.update(used)
-    return tuple(views)
+        job_id = j[0]
+        got = attained[job_id]
+        cached = known.get(job_id)
+        if cached is not None and cached.row[:_MADE_OF] == j[:_MADE_OF] and cached.attained == got:
+            # What its view is made of is as it was (a write of other columns moved the
+            # stamp): the same view.
+            cached.version, cached.row = j[_VERSION], j
+            cached.reasons = tuple(j[_REASON:_UPDATED_AT])
+        else:
+            cached = known[job_id] = CachedRow(
+                version=j[_VERSION],
+                row=j,
+                reasons=tuple(j[_REASON:_UPDATED_AT]),
+                attained=got,
+                view=_job_view(j, users[j.user_id], project_names[j.project_id], got),
+            )
+        entries.append(cached)
+    return entries
+
+
+def _kept_views(
+    cached: list[CachedRow],
+    *,
+    users: dict[int, tuple[str, str]],
+    project_names: dict[int, str],
+    attained: dict[int, float],
+) -> None:
+    """Jobs not read again: a view made with another attained service (an allocation of
+    theirs left the usage horizon) is made anew from the row kept."""
+    for entry in cached:
+        job = entry.row
+        got = attained[job[0]]
+        if entry.attained != got:
+            entry.attained = got
+            entry.view = _job_view(job, users[job.user_id], project_names[job.project_id], got)
 
 
 def _project_heads(session: Session, runnable: Subquery, limit: int) -> list[Any]:
@@ -341,6 +407,81 @@ def _project_heads(session: Session, runnable: Subquery, limit: int) -> list[Any
         .all()
     )
     return sorted(rows, key=lambda row: row.id)
+
+
+def _runnable(columns: Sequence[Any], gates: ClockGates | None) -> Subquery:
+    """The waiting jobs the clock lets run, as `columns`: with gates, one part per
+    schedule mode, each read by its own index range."""
+    if gates is None:
+        return select(*columns).where(*ELIGIBLE, NOT_THROTTLED).subquery()
+    return union_all(
+        *(
+            select(*columns).where(*ELIGIBLE, NOT_THROTTLED, *mode)
+            for mode in gates.runnable_by_mode()
+        )
+    ).subquery()
+
+
+def _full_read(
+    session: Session,
+    *,
+    waiting: tuple[Any, ...],
+    gates: ClockGates | None,
+    max_pending: int,
+    cache: ViewCache,
+    made: dict[str, Any],
+) -> tuple[list[CachedRow], bool]:
+    """Every waiting job (up to `max_pending`, then each project's head in turn), in id
+    order, and whether some were left out. Each job's stamp first (id and row_version):
+    only the jobs whose stamp differs from the one kept in `cache`, or that it does not
+    hold, are read whole; the cache then holds exactly the jobs read."""
+    connection = session.connection()
+    # No ORDER BY: each mode's part is then read by its own index range, not the whole
+    # queue in id order (SQLite would walk ix_job_status_id to avoid the sort).
+    # Through the connection: plain rows, without the ORM's result processing.
+    stamps = connection.execute(
+        select(_runnable((Job.id, Job.row_version), gates)).limit(max_pending + 1)
+    ).all()
+    if len(stamps) > max_pending:
+        runnable = _runnable(JOB_COLUMNS, gates)
+        heads = _project_heads(session, runnable, max_pending)
+        cache.reread = len(heads)
+        entries = _pending_views(heads, cache=cache, **made)
+        cache.rows = {entry.row[0]: entry for entry in entries}
+        return entries, True
+    known = cache.rows
+    stale = [
+        job_id
+        for job_id, version in stamps
+        if (c := known.get(job_id)) is None or c.version != version
+    ]
+    if len(stale) > STALE_BY_ID:
+        rows: list[Any] = list(connection.execute(select(_runnable(JOB_COLUMNS, gates))))
+    else:
+        rows = []
+        for start in range(0, len(stale), _IDS_PER_READ):
+            rows.extend(
+                connection.execute(
+                    select(*JOB_COLUMNS).where(
+                        *waiting, Job.id.in_(stale[start : start + _IDS_PER_READ])
+                    )
+                )
+            )
+    cache.reread = len(rows)
+    _pending_views(rows, cache=cache, **made)
+    # A stale job missing from the second read left the queue meanwhile; one read whole
+    # that the first did not see joined it: both reads are the queue as it was at some
+    # moment, and the next cycle reads it again.
+    read = {row[0] for row in rows}
+    fresh = set(stale)
+    entries = [
+        cached
+        for job_id in sorted({*(i for i, _ in stamps if i not in fresh), *read})
+        if (cached := known.get(job_id)) is not None
+    ]
+    _kept_views([e for e in entries if e.row[0] not in read], **made)
+    cache.rows = {entry.row[0]: entry for entry in entries}
+    return entries, False
 
 
 def read_snapshot(
@@ -481,7 +622,9 @@ def read_snapshot(
     asked: tuple[int, ...] = ()
     arrived: tuple[int, ...] = ()
     unread = False
-    pending_jobs: list[Any]
+    cache = ViewCache() if views is None else views
+    made: dict[str, Any] = {"users": users, "project_names": project_names, "attained": attained}
+    pending_jobs: list[CachedRow]
     if memory is not None:
         asked = tuple(memory.head(head_depth(node_views)))
         # New jobs' ids first (one narrow read), then whole rows of the head and of the
@@ -495,39 +638,14 @@ def read_snapshot(
             )
         )
         arrived = tuple(i for i in new_ids if i not in known)[:quick_new_limit]
-        pending_jobs = list(
-            session.connection().execute(pending_query.where(Job.id.in_(asked + arrived)))
-        )
+        rows = list(session.connection().execute(pending_query.where(Job.id.in_(asked + arrived))))
+        cache.reread = len(rows)
+        pending_jobs = _pending_views(rows, cache=cache, **made)
     else:
-        if gates is None:
-            runnable = select(*JOB_COLUMNS).where(*waiting).subquery()
-        else:
-            runnable = union_all(
-                *(
-                    select(*JOB_COLUMNS).where(*ELIGIBLE, NOT_THROTTLED, *mode)
-                    for mode in gates.runnable_by_mode()
-                )
-            ).subquery()
-        # No ORDER BY: each mode's part is then read by its own index range, not the whole
-        # queue in id order (SQLite would walk ix_job_status_id to avoid the sort).
-        # Through the connection: plain rows, without the ORM's result processing (half
-        # of this read's time at 20,000 rows).
-        pending_jobs = list(
-            session.connection().execute(select(runnable).limit(max_pending + 1)).all()
+        pending_jobs, unread = _full_read(
+            session, waiting=waiting, gates=gates, max_pending=max_pending, cache=cache, made=made
         )
-        unread = len(pending_jobs) > max_pending
-        if unread:
-            pending_jobs = _project_heads(session, runnable, max_pending)
-        else:
-            pending_jobs.sort(key=attrgetter("id"))
-    pending = _pending_views(
-        pending_jobs,
-        users=users,
-        project_names=project_names,
-        attained=attained,
-        cache=views,
-        keep_all=not quick,
-    )
+    pending = tuple(j.view for j in pending_jobs)
     history: dict[tuple[str, str], list[float]] = defaultdict(list)
     for user_id, name, started, finished in (
         ()
@@ -570,9 +688,9 @@ def read_snapshot(
     )
     return SnapshotContext(
         snapshot=snapshot,
-        pending_attempts={j[0]: j[_ATTEMPT] for j in pending_jobs},
-        pending_updated_at={j[0]: j[_UPDATED_AT] for j in pending_jobs},
-        pending_reasons={j[0]: tuple(j[_REASON:_UPDATED_AT]) for j in pending_jobs},
+        pending_attempts={j.row[0]: j.row[_ATTEMPT] for j in pending_jobs},
+        pending_updated_at={j.row[0]: j.row[_UPDATED_AT] for j in pending_jobs},
+        pending_reasons={j.row[0]: j.reasons for j in pending_jobs},
         node_ids={n.name: n.id for n in nodes},
         gpu_ids={(n.name, g.index): g.id for n in nodes for g in n.gpus},
         usage=dict(usage),
@@ -581,4 +699,5 @@ def read_snapshot(
         asked=asked,
         arrived=arrived,
         unread=unread,
+        cache=cache,
     )

@@ -129,6 +129,11 @@ class Job(Base):
     # do not count as waiting (queue order, aging, starvation), as Slurm accrues a job's
     # age only while it is eligible.
     ineligible_s: Mapped[int] = mapped_column(Integer, default=0)
+    # A change-stamp: every UPDATE of the row adds one (a database trigger, migration
+    # 0028, whoever writes). A full cycle re-reads only the waiting jobs whose stamp moved
+    # since it read them (app/cycle/snapshot.py, RowCache). Nothing in the app sets it,
+    # except the cycle's bulk reason writes, which add the one themselves.
+    row_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Set by a cancel of a scheduled/running job; the agent stops the process and then
     # reports CANCELLED, so the GPUs are released only once the process is gone.
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
