@@ -211,6 +211,76 @@ def build(snapshot: Snapshot, ctx: Context, seed: int) -> CycleState:
     )
 
 
+class _Needs(NamedTuple):
+    """For each queue position p (0-based), the least that any job from p on asks for,
+    apart for the jobs that may use the GPUs reserved for the backfill head and those
+    that may not: milli-GPUs of one GPU for a shared job, wholly free GPUs on one node
+    for a whole-GPU job (0 for a job without GPUs: it could always start; 1001 where no
+    job of that kind is left)."""
+
+    share_res: list[int]
+    whole_res: list[int]
+    share: list[int]
+    whole: list[int]
+
+
+def _needs_after(
+    cs: CycleState, order: list[JobView], fits_before_res: dict[int | None, bool]
+) -> _Needs:
+    n = len(order)
+    out = _Needs([1001] * (n + 1), [1001] * (n + 1), [1001] * (n + 1), [1001] * (n + 1))
+    least = [1001, 1001, 1001, 1001]  # as the fields of _Needs
+    reserving = cs.res_time is not None
+    for i in range(n - 1, -1, -1):
+        job = order[i]
+        k = 2
+        if reserving:
+            rt = job.estimated_runtime_s  # as run() decides it
+            if rt is None:
+                rt = job.max_runtime_s
+            cached = fits_before_res.get(rt)
+            if cached is None:
+                cached = fits_before_res[rt] = may_use_reserved(cs, job)
+            if cached:
+                k = 0
+        if job.gpus <= 0:
+            least[k + 1] = 0
+        elif job.gpu_share is not None and job.gpu_share < 1.0:
+            least[k] = min(least[k], job.share_milli)
+        else:
+            least[k + 1] = min(least[k + 1], job.gpus)
+        out.share_res[i] = least[0]
+        out.whole_res[i] = least[1]
+        out.share[i] = least[2]
+        out.whole[i] = least[3]
+    return out
+
+
+def _free_room(cs: CycleState) -> tuple[int, int, int, int]:
+    """The most milli-GPUs free on one usable GPU and the most wholly free usable GPUs on
+    one node, first counting the GPUs reserved for the backfill head, then not: no job
+    asking for more than what it may use can be placed."""
+    most = [0, 0, 0, 0]
+    for n in cs.nodes:
+        if n.blocker is not None:
+            continue
+        whole = whole_free = 0
+        for sl in n.slots:
+            if sl.blocker is None:
+                fm = sl.free_milli
+                free = sl.reserved_for is None
+                if fm > most[0]:
+                    most[0] = fm
+                if free and fm > most[2]:
+                    most[2] = fm
+                if fm >= 1000:
+                    whole += 1
+                    whole_free += free
+        most[1] = max(most[1], whole)
+        most[3] = max(most[3], whole_free)
+    return most[0], most[1], most[2], most[3]
+
+
 def run(cs: CycleState) -> Plan:
     """Phases 2-4: order the queue, place, backfill and preempt, explain."""
     snap = cs.snap
@@ -254,6 +324,11 @@ def run(cs: CycleState) -> Plan:
     fits_before_res: dict[int | None, bool] = {}
     res_time = cs.res_time  # set by reserve below, once
     pending = cs.pending
+    # Nothing to explain (the simulator): once no job left in the queue could fit what
+    # is free, even ignoring the reservation, and none may preempt, stop the walk.
+    needs: _Needs | None = None
+    room_at = -1
+    room = (0, 0, 0, 0)
     maintenance = bool(cs.maintenance)
     for pos, job in enumerate(order, start=1):
         if job.schedule_mode != "now":
@@ -362,6 +437,22 @@ def run(cs: CycleState) -> Plan:
             checked_at = cs.version
             full_outside = cs.index.largest_free_block() == 0 and not cs.index.partial
             exhausted = full_outside and no_room_left(cs)
+        if not explaining and not may_preempt_any and not exhausted:
+            if needs is None:
+                # The reservation, if any, is made by now (at the first job that failed).
+                needs = _needs_after(cs, order, fits_before_res)
+            if cs.version != room_at:
+                room_at = cs.version
+                room = _free_room(cs)
+            if (
+                needs.share_res[pos] > room[0]
+                and needs.whole_res[pos] > room[1]
+                and needs.share[pos] > room[2]
+                and needs.whole[pos] > room[3]
+            ):
+                # What is left of the queue could only fail to place: it still gets the
+                # job-only reasons above (never fits, quota), as before.
+                exhausted = True
     if explaining:
         explain(cs, deferred)
     cs.pending.sort(key=_QUEUE_POSITION)

@@ -704,3 +704,45 @@ def test_default_may_stop_only_jobs_expected_to_run_longer_than_the_newcomer() -
     assert _default_preempts(one_h, rs, preempt_shorter_only=True) == [20]
     # A newcomer with no estimate or limit may stop it (unknown: no test).
     assert _default_preempts(job(3, gpus=4), rs, preempt_shorter_only=True) == [20]
+
+
+# ------------------------------------------- the simulator's walk stops when nothing fits
+
+
+def test_the_walk_knows_the_least_that_the_rest_of_the_queue_asks_for() -> None:
+    """With nothing to explain (the simulator), the queue walk stops placing once no job
+    left could fit what is free: per position, the least milli-GPUs a shared job after
+    it asks for and the fewest GPUs per node a whole-GPU job asks for, and what is free:
+    the fullest GPU with room and the node with most wholly free GPUs."""
+    order = [
+        job(1, gpus=4),
+        job(2, gpus=1, gpu_share=0.5),
+        job(3, gpus=2),
+        job(4, gpus=1, gpu_share=0.25),
+    ]
+    busy = job(9, gpus=1, gpu_share=0.7)
+    s = snap(
+        [node("a").gpus(4), node("b").gpus(2)],
+        pending=order,
+        running=[running(busy, {"a": (0,)}, share=0.7), running(job(8, gpus=1), {"b": (0,)})],
+    )
+    cs = planner.build(s, Context(now=T0, settings=PolicySettings(), windows=()), 0)
+    needs = planner._needs_after(cs, order, {})  # no reservation: all in share / whole
+    assert needs.share == [250, 250, 250, 250, 1001]
+    assert needs.whole == [2, 2, 2, 1001, 1001]
+    assert needs.share_res == needs.whole_res == [1001] * 5
+    # Free: a whole GPU on each node at most 3 (a) and 1 (b); the fullest GPU with room
+    # is a whole one (1000 free), so every share fits somewhere.
+    assert planner._free_room(cs) == (1000, 3, 1000, 3)
+
+
+def test_a_deep_queue_that_cannot_fit_places_the_same_with_or_without_reasons() -> None:
+    """The stop changes no decision: a queue of shares too large for the room left, then
+    one that fits at its end, is placed as with every reason worked out."""
+    held = [running(job(100 + i, gpus=1, gpu_share=0.8), {"a": (i,)}, share=0.8) for i in range(2)]
+    pending = [job(i, gpus=1, gpu_share=0.5, estimated_runtime_s=3600) for i in range(1, 40)]
+    pending.append(job(50, gpus=1, gpu_share=0.2, estimated_runtime_s=60))
+    s = snap([node("a").gpus(2)], pending=pending, running=held)
+    quiet = plan_cycle(s, now=T0, settings=PolicySettings(explain=False))
+    full = plan_cycle(s, now=T0, settings=PolicySettings())
+    assert [p.job_id for p in quiet.placements] == [p.job_id for p in full.placements] == [50]
