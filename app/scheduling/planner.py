@@ -437,7 +437,7 @@ def run(cs: CycleState) -> Plan:
             checked_at = cs.version
             full_outside = cs.index.largest_free_block() == 0 and not cs.index.partial
             exhausted = full_outside and no_room_left(cs)
-        if not explaining and not may_preempt_any and not exhausted:
+        if not explaining and not may_preempt_any:
             if needs is None:
                 # The reservation, if any, is made by now (at the first job that failed).
                 needs = _needs_after(cs, order, fits_before_res)
@@ -450,9 +450,7 @@ def run(cs: CycleState) -> Plan:
                 and needs.share[pos] > room[2]
                 and needs.whole[pos] > room[3]
             ):
-                # What is left of the queue could only fail to place: it still gets the
-                # job-only reasons above (never fits, quota), as before.
-                exhausted = True
+                break  # what is left of the queue could only fail to place
     if explaining:
         explain(cs, deferred)
     cs.pending.sort(key=_QUEUE_POSITION)
