@@ -28,7 +28,7 @@ from app.scheduling import filters as F
 from app.scheduling.backfill import may_use_reserved, no_room_left, reserve
 from app.scheduling.cycle_state import CycleState, gpu_vouched, pend, pending_reason
 from app.scheduling.explain import explain
-from app.scheduling.filters import account, node_choice
+from app.scheduling.filters import account, enough_gpus, gpu_share, node_choice
 from app.scheduling.placement import commit, find, memo_key
 from app.scheduling.preempt import (
     MAX_PREEMPT_SEARCHES,
@@ -211,49 +211,39 @@ def build(snapshot: Snapshot, ctx: Context, seed: int) -> CycleState:
     )
 
 
-class _Needs(NamedTuple):
-    """For each queue position p (0-based), the least that any job from p on asks for,
-    apart for the jobs that may use the GPUs reserved for the backfill head and those
-    that may not: milli-GPUs of one GPU for a shared job, wholly free GPUs on one node
-    for a whole-GPU job (0 for a job without GPUs: it could always start; 1001 where no
-    job of that kind is left)."""
-
-    share_res: list[int]
-    whole_res: list[int]
-    share: list[int]
-    whole: list[int]
-
-
-def _needs_after(
-    cs: CycleState, order: list[JobView], fits_before_res: dict[int | None, bool]
-) -> _Needs:
-    n = len(order)
-    out = _Needs([1001] * (n + 1), [1001] * (n + 1), [1001] * (n + 1), [1001] * (n + 1))
-    least = [1001, 1001, 1001, 1001]  # as the fields of _Needs
+def _first_fit(
+    cs: CycleState,
+    order: list[JobView],
+    start: int,
+    room: tuple[int, int, int, int],
+    fits_before_res: dict[int | None, bool],
+) -> int:
+    """The index in `order` of the first job from `start` on that could fit `room`
+    (`_free_room`), ignoring everything else; -1 if none could. A shared job needs a GPU
+    with its milli-GPUs free, a whole-GPU job as many wholly free GPUs on one node as it
+    asks per node, a job without GPUs nothing; the reserved GPUs count only for jobs
+    that may use them (`may_use_reserved`, as the walk decides it)."""
     reserving = cs.res_time is not None
-    for i in range(n - 1, -1, -1):
+    for i in range(start, len(order)):
         job = order[i]
-        k = 2
+        if job.gpus <= 0:
+            return i
+        milli, whole = room[2], room[3]
         if reserving:
-            rt = job.estimated_runtime_s  # as run() decides it
+            rt = job.estimated_runtime_s
             if rt is None:
                 rt = job.max_runtime_s
             cached = fits_before_res.get(rt)
             if cached is None:
                 cached = fits_before_res[rt] = may_use_reserved(cs, job)
             if cached:
-                k = 0
-        if job.gpus <= 0:
-            least[k + 1] = 0
-        elif job.gpu_share is not None and job.gpu_share < 1.0:
-            least[k] = min(least[k], job.share_milli)
-        else:
-            least[k + 1] = min(least[k + 1], job.gpus)
-        out.share_res[i] = least[0]
-        out.whole_res[i] = least[1]
-        out.share[i] = least[2]
-        out.whole[i] = least[3]
-    return out
+                milli, whole = room[0], room[1]
+        if job.gpu_share is not None and job.gpu_share < 1.0:
+            if gpu_share.fits(job.share_milli, milli):
+                return i
+        elif enough_gpus.fits(job.gpus, whole):
+            return i
+    return -1
 
 
 def _free_room(cs: CycleState) -> tuple[int, int, int, int]:
@@ -326,9 +316,9 @@ def run(cs: CycleState) -> Plan:
     pending = cs.pending
     # Nothing to explain (the simulator): once no job left in the queue could fit what
     # is free, even ignoring the reservation, and none may preempt, stop the walk.
-    needs: _Needs | None = None
     room_at = -1
     room = (0, 0, 0, 0)
+    fit_at = -1  # index in `order` of a job that could fit `room`, -1 if none known
     maintenance = bool(cs.maintenance)
     for pos, job in enumerate(order, start=1):
         if job.schedule_mode != "now":
@@ -438,19 +428,15 @@ def run(cs: CycleState) -> Plan:
             full_outside = cs.index.largest_free_block() == 0 and not cs.index.partial
             exhausted = full_outside and no_room_left(cs)
         if not explaining and not may_preempt_any:
-            if needs is None:
-                # The reservation, if any, is made by now (at the first job that failed).
-                needs = _needs_after(cs, order, fits_before_res)
             if cs.version != room_at:
                 room_at = cs.version
                 room = _free_room(cs)
-            if (
-                needs.share_res[pos] > room[0]
-                and needs.whole_res[pos] > room[1]
-                and needs.share[pos] > room[2]
-                and needs.whole[pos] > room[3]
-            ):
-                break  # what is left of the queue could only fail to place
+                fit_at = -1
+            if fit_at < pos:  # `pos` (1-based) is the index of the next job
+                # The reservation, if any, is made by now (at the first job that failed).
+                fit_at = _first_fit(cs, order, pos, room, fits_before_res)
+                if fit_at < 0:
+                    break  # what is left of the queue could only fail to place
     if explaining:
         explain(cs, deferred)
     cs.pending.sort(key=_QUEUE_POSITION)

@@ -709,11 +709,10 @@ def test_default_may_stop_only_jobs_expected_to_run_longer_than_the_newcomer() -
 # ------------------------------------------- the simulator's walk stops when nothing fits
 
 
-def test_the_walk_knows_the_least_that_the_rest_of_the_queue_asks_for() -> None:
+def test_the_walk_finds_the_next_job_that_could_fit_what_is_free() -> None:
     """With nothing to explain (the simulator), the queue walk stops placing once no job
-    left could fit what is free: per position, the least milli-GPUs a shared job after
-    it asks for and the fewest GPUs per node a whole-GPU job asks for, and what is free:
-    the fullest GPU with room and the node with most wholly free GPUs."""
+    left could fit what is free: the fullest GPU with room and the node with most wholly
+    free GPUs (`_free_room`), against each later job's share or GPUs per node."""
     order = [
         job(1, gpus=4),
         job(2, gpus=1, gpu_share=0.5),
@@ -727,13 +726,14 @@ def test_the_walk_knows_the_least_that_the_rest_of_the_queue_asks_for() -> None:
         running=[running(busy, {"a": (0,)}, share=0.7), running(job(8, gpus=1), {"b": (0,)})],
     )
     cs = planner.build(s, Context(now=T0, settings=PolicySettings(), windows=()), 0)
-    needs = planner._needs_after(cs, order, {})  # no reservation: all in share / whole
-    assert needs.share == [250, 250, 250, 250, 1001]
-    assert needs.whole == [2, 2, 2, 1001, 1001]
-    assert needs.share_res == needs.whole_res == [1001] * 5
-    # Free: a whole GPU on each node at most 3 (a) and 1 (b); the fullest GPU with room
-    # is a whole one (1000 free), so every share fits somewhere.
-    assert planner._free_room(cs) == (1000, 3, 1000, 3)
+    # Free: 3 whole GPUs on a, 1 on b, so at most 1000 milli on one GPU.
+    room = planner._free_room(cs)
+    assert room == (1000, 3, 1000, 3)
+    assert planner._first_fit(cs, order, 0, room, {}) == 1  # 4 GPUs on one node: no
+    assert planner._first_fit(cs, order, 2, room, {}) == 2
+    # Only 300 milli free on one GPU, no whole one: only the 250-milli share could fit.
+    assert planner._first_fit(cs, order, 0, (300, 0, 300, 0), {}) == 3
+    assert planner._first_fit(cs, order, 0, (200, 1, 200, 1), {}) == -1
 
 
 def test_a_deep_queue_that_cannot_fit_places_the_same_with_or_without_reasons() -> None:
