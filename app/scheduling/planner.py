@@ -28,7 +28,7 @@ from app.scheduling import filters as F
 from app.scheduling.backfill import may_use_reserved, no_room_left, reserve
 from app.scheduling.cycle_state import CycleState, gpu_vouched, pend, pending_reason
 from app.scheduling.explain import explain
-from app.scheduling.filters import account, node_choice
+from app.scheduling.filters import account, enough_gpus, gpu_share, node_choice
 from app.scheduling.placement import commit, find, memo_key
 from app.scheduling.preempt import (
     MAX_PREEMPT_SEARCHES,
@@ -211,6 +211,66 @@ def build(snapshot: Snapshot, ctx: Context, seed: int) -> CycleState:
     )
 
 
+def _first_fit(
+    cs: CycleState,
+    order: list[JobView],
+    start: int,
+    room: tuple[int, int, int, int],
+    fits_before_res: dict[int | None, bool],
+) -> int:
+    """The index in `order` of the first job from `start` on that could fit `room`
+    (`_free_room`), ignoring everything else; -1 if none could. A shared job needs a GPU
+    with its milli-GPUs free, a whole-GPU job as many wholly free GPUs on one node as it
+    asks per node, a job without GPUs nothing; the reserved GPUs count only for jobs
+    that may use them (`may_use_reserved`, as the walk decides it)."""
+    reserving = cs.res_time is not None
+    for i in range(start, len(order)):
+        job = order[i]
+        if job.gpus <= 0:
+            return i
+        milli, whole = room[2], room[3]
+        if reserving:
+            rt = job.estimated_runtime_s
+            if rt is None:
+                rt = job.max_runtime_s
+            cached = fits_before_res.get(rt)
+            if cached is None:
+                cached = fits_before_res[rt] = may_use_reserved(cs, job)
+            if cached:
+                milli, whole = room[0], room[1]
+        if job.gpu_share is not None and job.gpu_share < 1.0:
+            if gpu_share.fits(job.share_milli, milli):
+                return i
+        elif enough_gpus.fits(job.gpus, whole):
+            return i
+    return -1
+
+
+def _free_room(cs: CycleState) -> tuple[int, int, int, int]:
+    """The most milli-GPUs free on one usable GPU and the most wholly free usable GPUs on
+    one node, first counting the GPUs reserved for the backfill head, then not: no job
+    asking for more than what it may use can be placed."""
+    most = [0, 0, 0, 0]
+    for n in cs.nodes:
+        if n.blocker is not None:
+            continue
+        whole = whole_free = 0
+        for sl in n.slots:
+            if sl.blocker is None:
+                fm = sl.free_milli
+                free = sl.reserved_for is None
+                if fm > most[0]:
+                    most[0] = fm
+                if free and fm > most[2]:
+                    most[2] = fm
+                if fm >= 1000:
+                    whole += 1
+                    whole_free += free
+        most[1] = max(most[1], whole)
+        most[3] = max(most[3], whole_free)
+    return most[0], most[1], most[2], most[3]
+
+
 def run(cs: CycleState) -> Plan:
     """Phases 2-4: order the queue, place, backfill and preempt, explain."""
     snap = cs.snap
@@ -254,6 +314,11 @@ def run(cs: CycleState) -> Plan:
     fits_before_res: dict[int | None, bool] = {}
     res_time = cs.res_time  # set by reserve below, once
     pending = cs.pending
+    # Nothing to explain (the simulator): once no job left in the queue could fit what
+    # is free, even ignoring the reservation, and none may preempt, stop the walk.
+    room_at = -1
+    room = (0, 0, 0, 0)
+    fit_at = -1  # index in `order` of a job that could fit `room`, -1 if none known
     maintenance = bool(cs.maintenance)
     for pos, job in enumerate(order, start=1):
         if job.schedule_mode != "now":
@@ -362,6 +427,16 @@ def run(cs: CycleState) -> Plan:
             checked_at = cs.version
             full_outside = cs.index.largest_free_block() == 0 and not cs.index.partial
             exhausted = full_outside and no_room_left(cs)
+        if not explaining and not may_preempt_any:
+            if cs.version != room_at:
+                room_at = cs.version
+                room = _free_room(cs)
+                fit_at = -1
+            if fit_at < pos:  # `pos` (1-based) is the index of the next job
+                # The reservation, if any, is made by now (at the first job that failed).
+                fit_at = _first_fit(cs, order, pos, room, fits_before_res)
+                if fit_at < 0:
+                    break  # what is left of the queue could only fail to place
     if explaining:
         explain(cs, deferred)
     cs.pending.sort(key=_QUEUE_POSITION)

@@ -703,3 +703,45 @@ def test_default_may_stop_only_jobs_expected_to_run_longer_than_the_newcomer() -
     assert _default_preempts(one_h, rs, preempt_shorter_only=True) == [20]
     # A newcomer with no estimate or limit may stop it (unknown: no test).
     assert _default_preempts(job(3, gpus=4), rs, preempt_shorter_only=True) == [20]
+
+
+# ------------------------------------------- the simulator's walk stops when nothing fits
+
+
+def test_the_walk_finds_the_next_job_that_could_fit_what_is_free() -> None:
+    """With nothing to explain (the simulator), the queue walk stops placing once no job
+    left could fit what is free: the fullest GPU with room and the node with most wholly
+    free GPUs (`_free_room`), against each later job's share or GPUs per node."""
+    order = [
+        job(1, gpus=4),
+        job(2, gpus=1, gpu_share=0.5),
+        job(3, gpus=2),
+        job(4, gpus=1, gpu_share=0.25),
+    ]
+    busy = job(9, gpus=1, gpu_share=0.7)
+    s = snap(
+        [node("a").gpus(4), node("b").gpus(2)],
+        pending=order,
+        running=[running(busy, {"a": (0,)}, share=0.7), running(job(8, gpus=1), {"b": (0,)})],
+    )
+    cs = planner.build(s, Context(now=T0, settings=PolicySettings(), windows=()), 0)
+    # Free: 3 whole GPUs on a, 1 on b, so at most 1000 milli on one GPU.
+    room = planner._free_room(cs)
+    assert room == (1000, 3, 1000, 3)
+    assert planner._first_fit(cs, order, 0, room, {}) == 1  # 4 GPUs on one node: no
+    assert planner._first_fit(cs, order, 2, room, {}) == 2
+    # Only 300 milli free on one GPU, no whole one: only the 250-milli share could fit.
+    assert planner._first_fit(cs, order, 0, (300, 0, 300, 0), {}) == 3
+    assert planner._first_fit(cs, order, 0, (200, 1, 200, 1), {}) == -1
+
+
+def test_a_deep_queue_that_cannot_fit_places_the_same_with_or_without_reasons() -> None:
+    """The stop changes no decision: a queue of shares too large for the room left, then
+    one that fits at its end, is placed as with every reason worked out."""
+    held = [running(job(100 + i, gpus=1, gpu_share=0.8), {"a": (i,)}, share=0.8) for i in range(2)]
+    pending = [job(i, gpus=1, gpu_share=0.5, estimated_runtime_s=3600) for i in range(1, 40)]
+    pending.append(job(50, gpus=1, gpu_share=0.2, estimated_runtime_s=60))
+    s = snap([node("a").gpus(2)], pending=pending, running=held)
+    quiet = plan_cycle(s, now=T0, settings=PolicySettings(explain=False))
+    full = plan_cycle(s, now=T0, settings=PolicySettings())
+    assert [p.job_id for p in quiet.placements] == [p.job_id for p in full.placements] == [50]
