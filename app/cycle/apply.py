@@ -425,9 +425,9 @@ def write_reasons(
     changes: Sequence[tuple[Any, ...]],
     columns: tuple[str, ...] = REASON_COLUMNS,
 ) -> None:
-    """Write rows of (id, *values of `columns`) in one statement: when a job at the head
-    leaves the queue every position behind it moves, and 20,000 UPDATEs by id, one per
-    row, took most of a full cycle (PostgreSQL: seconds; see bench/deep_queue.py).
+    """Write rows of (id, *values of `columns`) in one statement: a cycle may change
+    thousands of reasons at once, and 20,000 UPDATEs by id, one per row, took most of a
+    full cycle (PostgreSQL: seconds; see bench/deep_queue.py).
     PostgreSQL joins arrays of the values (unnest), SQLite the rows as one JSON array
     (json_each); an older SQLite gets an executemany. Only `columns` are set: SQLite
     rewrites the index entries of every column set, changed or not. Each row's change-stamp
