@@ -272,8 +272,9 @@ def _store_reasons(
     the jobs behind it keep theirs: a full cycle writes the keys of the jobs whose order
     changed or that it ranks for the first time, not 20,000 (see `queue_keys`). A quick
     read keeps the keys (it ranks the head only; arrivals get theirs from the next full
-    cycle), and the ranked jobs any cycle places are listed as departed, so that the
-    jobs behind them move up at once. Returns the waiting jobs, in queue order.
+    cycle), and the ranked jobs any cycle places (or a quick one finds gone from the
+    head: cancelled, held) are listed as departed, so that the jobs behind them move up
+    at once. Returns the waiting jobs, in queue order.
     """
     waiting = sorted(
         (r for r in plan.pending if r.job_id not in placed), key=attrgetter("queue_position")
@@ -301,7 +302,11 @@ def _store_reasons(
     if ctx.cache is not None:  # as written: the next full read need not read them back
         ctx.cache.wrote(changes, REASON_COLUMNS)
         ctx.cache.wrote(moved, ("queue_position",))
-    _depart(session, [i for i in placed if (old := reasons.get(i)) and old[2] is not None])
+    departed = [i for i in placed if (old := reasons.get(i)) and old[2] is not None]
+    if ctx.quick:  # the head it asked for, less the jobs still waiting: cancelled, held...
+        still = {r.job_id for r in plan.pending}
+        departed.extend(i for i in ctx.asked if i not in still and i not in placed)
+    _depart(session, departed)
     if ctx.unread:  # a full read: every job it read has its place now
         _forget_positions(session, ranked={r.job_id for r in waiting} | placed)
     return waiting

@@ -296,14 +296,13 @@ def to_out(
     waiting = job.status == JobStatus.PENDING
     held = waiting and job.held_by is not None
     reason, message, start, note = None, None, None, None
+    if not waiting or held or job.queue_position is None:
+        position = None  # only a job in line has a place; no key: no full cycle ranked it
     if held:
-        position = None
         reason = ReasonKind.HELD.value
         message = f"held by {job.held_by}: gpusched release {job.id} lets it be scheduled"
         note = "no estimate: held jobs are not in line"
     elif waiting:
-        # A job no full cycle ranked has no key (queue_position) and no place.
-        position = position if job.queue_position is not None else None
         reason, message = job.pending_reason, job.pending_message
         start = job.estimated_start_at
         note = estimate_note(reason=reason, message=message, position=position, start=start)

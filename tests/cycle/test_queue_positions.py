@@ -242,3 +242,19 @@ def test_a_page_of_the_queue_decodes_the_ranking_once_per_ranking(api):
         event.remove(engine, "before_cursor_execute", seen)
     reads = [s for s in statements if "queue_ranking.ranks " in s or "queue_ranking.ranks\n" in s]
     assert len(reads) <= 1, reads
+
+
+def test_a_quick_cycle_moves_the_queue_up_over_a_ranked_job_cancelled_at_its_head(api):
+    memory = _busy_cluster(api)
+    waiting = [submit(api, user="alice", gpus=1, name=f"w{i}")["id"] for i in range(5)]
+    _cycle(api, memory, full=True)
+    assert [p for _, p in _queue(api)][:5] == [1, 2, 3, 4, 5]
+    first = memory.order[0]
+    r = api.client.post(f"/api/v1/jobs/{first}/cancel", headers=api.as_("admin"))
+    assert r.status_code == 200, r.text
+
+    _cycle(api, memory, full=False)
+
+    shown = [(i, p) for i, p in _queue(api) if p is not None]
+    assert [p for _, p in shown] == [1, 2, 3, 4]
+    assert [i for i, _ in shown] == [i for i in memory.order if i in set(waiting) - {first}]
