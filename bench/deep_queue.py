@@ -6,15 +6,18 @@ memory in the API process (issue 42 point 4).
 
 Cycle: as the scheduler worker runs it (one QueueMemory across cycles), on 2 nodes x 4
 GPUs, with `waiting` jobs of two projects (1-4 GPUs, priorities and runtimes varied)
-inserted in bulk. Times `run_cycle` as the scheduler runs its full
-cycle every few seconds: the first one (every job NEW), then full cycles with nothing
-changed, then full cycles after one running job ended (one placed, every position behind
-it moves). Each row splits the cycle: phase 0 (dependencies, array limits, clock gates),
-snapshot read, plan, apply (reasons and positions written, committed), rank storage;
-with the count of SQL statements, the most waiting jobs one cycle read whole (`read`: those
-whose change-stamp moved, job.row_version) and the bench process's CPU time in the cycle (on a
-shared machine the wall time also counts other processes' turns; on SQLite the database's
-work is in this process, on PostgreSQL the server's is not). Goal: <= 150 ms for a full cycle at 20,000 waiting.
+inserted in bulk. Times `run_cycle` as the scheduler runs its full cycle every few
+seconds: the first one (every job NEW), then full cycles with nothing changed, then full
+cycles after one running job ended (one placed: every job behind it moves up a place,
+which costs no write since places come from the stored ranking). Each row splits the
+cycle: phase 0 (dependencies, array limits, clock gates), snapshot read, plan, apply
+(reasons and queue keys written, committed), rank storage; with the count of SQL
+statements, the most waiting jobs one cycle read whole (`read`: those whose change-stamp
+moved, job.row_version), the most rows one cycle wrote (`written`: the change-stamps it
+moved), the waiting jobs whose queue key it rewrote (`keys`) and the bench process's CPU
+time in the cycle (on a shared machine the wall time also counts other processes' turns;
+on SQLite the database's work is in this process, on PostgreSQL the server's is not).
+Goal: <= 150 ms for a full cycle at 20,000 waiting.
 
 Memory: the API as its own process (uvicorn, one worker), its resident set size read
 from /proc before and after POST /api/v1/jobs/cancel?status=PENDING of the `waiting`
@@ -39,7 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
-from sqlalchemy import event, select, update
+from sqlalchemy import event, func, select, update
 
 from app.cycle.run import CycleReport, run_cycle
 from app.cycle.settings import SchedulerSettings
@@ -111,10 +114,26 @@ def _end_one(factory: Any) -> bool:
     return True
 
 
+def _stamps(factory: Any) -> tuple[int, dict[int, int | None]]:
+    """The sum of every job's change-stamp (each row an UPDATE wrote adds one) and each
+    waiting job's queue key."""
+    with factory() as session:
+        total = session.scalar(select(func.sum(Job.row_version))) or 0
+        keys = dict(
+            session.execute(
+                select(Job.id, Job.queue_position).where(Job.status == JobStatus.PENDING)
+            ).all()
+        )
+    return int(total), keys
+
+
 def _cycle(engine: Any, factory: Any, memory: QueueMemory) -> tuple[CycleReport, int, float, int]:
     """The cycle's report, its SQL statements, this process's CPU ms in it and how many
-    waiting jobs its snapshot read whole (the others' change-stamps had not moved)."""
+    waiting jobs its snapshot read whole (the others' change-stamps had not moved). Rows
+    written (change-stamps moved) and queue keys written go to WRITTEN, counted outside
+    the timing."""
     _heartbeat(factory)  # before the timing: not the cycle's work
+    stamps_before, keys_before = _stamps(factory)
     statements = [0]
 
     def count(*_: Any) -> None:
@@ -131,41 +150,59 @@ def _cycle(engine: Any, factory: Any, memory: QueueMemory) -> tuple[CycleReport,
         cpu = time.process_time() - cpu
         event.remove(engine, "before_cursor_execute", count)
     assert report.ran
+    stamps_after, keys_after = _stamps(factory)
+    WRITTEN.append(
+        (
+            stamps_after - stamps_before,
+            sum(1 for job, key in keys_after.items() if keys_before.get(job, key) != key),
+        )
+    )
     return report, statements[0], cpu * 1000, memory.views.reread
+
+
+# (rows written, waiting jobs whose queue key was rewritten) of each cycle, in order.
+WRITTEN: list[tuple[int, int]] = []
 
 
 PHASES = ("total_ms", "settle_ms", "snapshot_ms", "plan_ms", "apply_ms", "ranks_ms")
 
 
-def _row(runs: list[tuple[CycleReport, int, float, int]]) -> dict[str, Any]:
+def _row(runs: list[Any]) -> dict[str, Any]:
     row: dict[str, Any] = {
         phase: statistics.median(getattr(r, phase) for r, *_ in runs) for phase in PHASES
     }
     row["worst_total_ms"] = max(r.total_ms for r, *_ in runs)
-    row["cpu_ms"] = statistics.median(cpu for _, _, cpu, _ in runs)
+    row["cpu_ms"] = statistics.median(r[2] for r in runs)
     row["statements"] = runs[-1][1]
-    row["rows_read"] = max(read for *_, read in runs)
+    row["rows_read"] = max(r[3] for r in runs)
+    row["rows_written"] = max(r[4] for r in runs)
+    row["keys_written"] = max(r[5] for r in runs)
     row["placed"] = sum(r.placed for r, *_ in runs)
     row["pending"] = runs[-1][0].pending
     row["runs"] = len(runs)
     return row
 
 
+def _timed(engine: Any, factory: Any, memory: QueueMemory) -> tuple[Any, ...]:
+    """`_cycle`, with the rows and keys it wrote."""
+    return (*_cycle(engine, factory, memory), *WRITTEN[-1])
+
+
 def cycles(engine: Any, factory: Any, repeat: int) -> dict[str, dict[str, Any]]:
     # One memory across the cycles, as the scheduler worker keeps one.
     memory = QueueMemory()
-    results = {"first full cycle (all NEW)": _row([_cycle(engine, factory, memory)])}
+    results = {"first full cycle (all NEW)": _row([_timed(engine, factory, memory)])}
     results["full, nothing changed"] = _row(
-        [_cycle(engine, factory, memory) for _ in range(repeat)]
+        [_timed(engine, factory, memory) for _ in range(repeat)]
     )
-    ended = []
+    ended: list[tuple[Any, ...]] = []
     for _ in range(3 * repeat):
         if len(ended) == repeat:
             break
         if not _end_one(factory):
             _cycle(engine, factory, memory)  # every GPU idle: this one places jobs, not timed
             continue
-        ended.append(_cycle(engine, factory, memory))
+        ended.append(_timed(engine, factory, memory))
     results["full, one job ended"] = _row(ended)
     return results
 
@@ -261,7 +298,8 @@ def main() -> int:
 
     head = (
         f"{'full cycle':<28} {'total':>7} {'worst':>7} {'cpu':>7} {'phase0':>7} {'snapshot':>8} "
-        f"{'plan':>7} {'apply':>7} {'ranks':>7} {'SQL':>5} {'read':>6} {'placed':>6}"
+        f"{'plan':>7} {'apply':>7} {'ranks':>7} {'SQL':>5} {'read':>6} {'placed':>6} "
+        f"{'written':>7} {'keys':>6}"
     )
     print(
         f"\nfull cycle, {args.waiting} waiting, {NODES * GPUS_PER_NODE} GPUs, {args.db}: "
@@ -273,7 +311,7 @@ def main() -> int:
             f"{label:<28} {r['total_ms']:>7.1f} {r['worst_total_ms']:>7.1f} {r['cpu_ms']:>7.1f} "
             f"{r['settle_ms']:>7.1f} {r['snapshot_ms']:>8.1f} {r['plan_ms']:>7.1f} "
             f"{r['apply_ms']:>7.1f} {r['ranks_ms']:>7.1f} {r['statements']:>5} "
-            f"{r['rows_read']:>6} {r['placed']:>6}"
+            f"{r['rows_read']:>6} {r['placed']:>6} {r['rows_written']:>7} {r['keys_written']:>6}"
         )
     if mem:
         cancelled = (

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 from operator import attrgetter
 from typing import Any, cast
 
@@ -23,6 +25,8 @@ from app.jobs.allocations import GpuClaim, allocate_many, release
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job, JobEvent
 from app.jobs.orders import AfterCommit, released_gates, run_orders, stop_orders
+from app.jobs.ranking import ROW as RANKING_ROW
+from app.jobs.ranking import QueueRanking
 from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.models import Node, NodeState
 from app.projects.models import Project
@@ -247,30 +251,40 @@ def _schedule(
 # must not cost a quick cycle thousands of writes).
 HEAD_POSITIONS = 100
 
+# Queue keys: a full cycle numbers the queue with this much room between neighbours, so
+# that a job ranked between two others later takes a key between theirs.
+KEY_SPACING = 1024
+# The column is a 32-bit integer on PostgreSQL.
+_KEY_MIN, _KEY_MAX = -(2**31) + 1, 2**31 - 1
+
 
 def _store_reasons(
     session: Session, *, ctx: SnapshotContext, plan: Plan, placed: set[int]
 ) -> list[PendingReason]:
-    """Write each waiting job's reason, position and estimated start; only rows that changed.
+    """Write each waiting job's reason, queue key and estimated start; only rows that
+    changed.
 
-    Positions are counted among the jobs still waiting: the plan numbers the whole queue,
-    and a job whose predecessors were just placed is first in line, not third. A full read
-    numbers every job it ranked 1 to N. A quick read saw only the head and the arrivals:
-    it gives the head's jobs the places they had, compacted and in its own order (they
-    stay ahead of every job it did not read), and arrivals their reason but no place:
-    where they stand among the jobs it did not read is unknown until the next full cycle.
-    Returns the waiting jobs, in queue order.
+    A job's place in the queue is not written here: it is its index in the ranking the
+    full cycle stores (app/jobs/ranking.py), counted among the ranked jobs still waiting.
+    `Job.queue_position` holds a key that sorts the queue in SQL (the Queue page, in
+    pages): it grows along the last full cycle's order and is NULL for a job no full
+    cycle ranked. Keys need not be consecutive, so when the head of the queue leaves,
+    the jobs behind it keep theirs: a full cycle writes the keys of the jobs whose order
+    changed or that it ranks for the first time, not 20,000 (see `queue_keys`). A quick
+    read keeps the keys (it ranks the head only; arrivals get theirs from the next full
+    cycle), and the ranked jobs any cycle places (or a quick one finds gone from the
+    head: cancelled, held) are listed as departed, so that the jobs behind them move up
+    at once. Returns the waiting jobs, in queue order.
     """
     waiting = sorted(
         (r for r in plan.pending if r.job_id not in placed), key=attrgetter("queue_position")
     )
     reasons = ctx.pending_reasons
     changes: list[tuple[int, str, str, int | None, datetime | None]] = []
-    moved: list[tuple[int, int | None]] = []  # only the position changed
+    moved: list[tuple[int, int | None]] = []  # only the key changed
     if not ctx.quick:
         _full_changes(waiting, reasons, changes=changes, moved=moved)
     else:
-        positions = _head_positions(waiting, reasons)
         for read_as, reason in enumerate(waiting, start=1):
             old = reasons.get(reason.job_id)
             if read_as > HEAD_POSITIONS and old is not None and old[0] == ReasonKind.NEW.value:
@@ -278,23 +292,104 @@ def _store_reasons(
             new = (
                 reason.kind.value,
                 reason.message[:512],
-                positions.get(reason.job_id),
+                None if old is None else old[2],
                 reason.estimated_start,
             )
-            if old == new:
-                continue
-            if old is not None and old[0] == new[0] and old[1] == new[1] and old[3] == new[3]:
-                moved.append((reason.job_id, new[2]))
-            else:
+            if old != new:
                 changes.append((reason.job_id, *new))
     write_reasons(session, changes=changes)
     write_reasons(session, changes=moved, columns=("queue_position",))
     if ctx.cache is not None:  # as written: the next full read need not read them back
         ctx.cache.wrote(changes, REASON_COLUMNS)
         ctx.cache.wrote(moved, ("queue_position",))
+    departed = [i for i in placed if (old := reasons.get(i)) and old[2] is not None]
+    if ctx.quick:  # the head it asked for, less the jobs still waiting: cancelled, held...
+        still = {r.job_id for r in plan.pending}
+        departed.extend(i for i in ctx.asked if i not in still and i not in placed)
+    _depart(session, departed)
     if ctx.unread:  # a full read: every job it read has its place now
         _forget_positions(session, ranked={r.job_id for r in waiting} | placed)
     return waiting
+
+
+def _depart(session: Session, job_ids: list[int]) -> None:
+    """The stored ranking's jobs placed now: the jobs behind them move up (one row)."""
+    if not job_ids:
+        return
+    row = session.execute(
+        select(QueueRanking.departed).where(QueueRanking.name == RANKING_ROW).with_for_update()
+    ).first()
+    if row is None:
+        return
+    session.execute(
+        update(QueueRanking)
+        .where(QueueRanking.name == RANKING_ROW)
+        .values(departed=sorted({*(row[0] or ()), *job_ids}))
+        .execution_options(synchronize_session=False)
+    )
+
+
+def queue_keys(old: Sequence[int | None]) -> list[int]:
+    """New keys for the jobs in queue order whose keys were `old` (None: none yet): keys
+    that grow along the order, keeping as many old ones as can stay (the longest run of
+    old keys that already grows; all of them when the order only lost jobs), the others
+    between their kept neighbours. Numbers the whole queue afresh only when there is no
+    room between two neighbours."""
+    keep = _kept(old)
+    keys: list[int] = []
+    i, n = 0, len(old)
+    while i < n:
+        if i in keep:
+            keys.append(cast(int, old[i]))
+            i += 1
+            continue
+        j = i
+        while j < n and j not in keep:
+            j += 1
+        lo = keys[-1] if keys else None
+        hi = old[j] if j < n else None
+        m = j - i
+        if lo is None and hi is None:
+            return [(k + 1) * KEY_SPACING for k in range(n)]
+        if lo is None:
+            run = [cast(int, hi) - (m - k) * KEY_SPACING for k in range(m)]
+        elif hi is None:
+            run = [lo + (k + 1) * KEY_SPACING for k in range(m)]
+        else:
+            step = (hi - lo) // (m + 1)
+            run = [lo + (k + 1) * step for k in range(m)] if step >= 1 else []
+        if len(run) != m or run[0] < _KEY_MIN or run[-1] > _KEY_MAX:
+            return [(k + 1) * KEY_SPACING for k in range(n)]
+        keys.extend(run)
+        i = j
+    return keys
+
+
+def _kept(old: Sequence[int | None]) -> set[int]:
+    """The indexes of a longest strictly growing run of the old keys (patience sort);
+    at once when they all grow, as when jobs only left the queue."""
+    present = [(i, k) for i, k in enumerate(old) if k is not None]
+    if all(a[1] < b[1] for a, b in pairwise(present)):
+        return {i for i, _ in present}
+    tails: list[int] = []  # the smallest key ending a run of each length
+    tail_at: list[int] = []  # that key's index
+    back: dict[int, int] = {}
+    for i, key in present:
+        at = bisect_left(tails, key)
+        if at == len(tails):
+            tails.append(key)
+            tail_at.append(i)
+        else:
+            tails[at] = key
+            tail_at[at] = i
+        if at:
+            back[i] = tail_at[at - 1]
+    run: set[int] = set()
+    i_or_none: int | None = tail_at[-1] if tail_at else None
+    while i_or_none is not None:
+        run.add(i_or_none)
+        i_or_none = back.get(i_or_none)
+    return run
 
 
 def _full_changes(
@@ -304,15 +399,16 @@ def _full_changes(
     changes: list[tuple[int, str, str, int | None, datetime | None]],
     moved: list[tuple[int, int | None]],
 ) -> None:
-    """`_store_reasons` of a full read, whose places are 1 to N in order: the same
-    comparison, in one pass over 20,000 jobs without a lookup of each one's place."""
-    for place, (job_id, kind, message, _, start) in enumerate(waiting, start=1):
-        new = (kind._value_, message[:512], place, start)
-        old = reasons.get(job_id)
+    """`_store_reasons` of a full read, which gives every job it ranked a key: the same
+    comparison, in one pass over 20,000 jobs."""
+    olds = [reasons.get(r.job_id) for r in waiting]
+    keys = queue_keys([None if old is None else old[2] for old in olds])
+    for (job_id, kind, message, _, start), old, key in zip(waiting, olds, keys, strict=True):
+        new = (kind._value_, message[:512], key, start)
         if old == new:
             continue
         if old is not None and old[0] == new[0] and old[1] == new[1] and old[3] == start:
-            moved.append((job_id, place))
+            moved.append((job_id, key))
         else:
             changes.append((job_id, *new))
 
@@ -334,9 +430,9 @@ def write_reasons(
     changes: Sequence[tuple[Any, ...]],
     columns: tuple[str, ...] = REASON_COLUMNS,
 ) -> None:
-    """Write rows of (id, *values of `columns`) in one statement: when a job at the head
-    leaves the queue every position behind it moves, and 20,000 UPDATEs by id, one per
-    row, took most of a full cycle (PostgreSQL: seconds; see bench/deep_queue.py).
+    """Write rows of (id, *values of `columns`) in one statement: a cycle may change
+    thousands of reasons at once, and 20,000 UPDATEs by id, one per row, took most of a
+    full cycle (PostgreSQL: seconds; see bench/deep_queue.py).
     PostgreSQL joins arrays of the values (unnest), SQLite the rows as one JSON array
     (json_each); an older SQLite gets an executemany. Only `columns` are set: SQLite
     rewrites the index entries of every column set, changed or not. Each row's change-stamp
@@ -411,17 +507,6 @@ def write_reasons(
                 for row in changes[start : start + _EXECUTEMANY_ROWS]
             ],
         )
-
-
-def _head_positions(
-    waiting: list[PendingReason],
-    reasons: dict[int, tuple[str | None, str | None, int | None, datetime | None]],
-) -> dict[int, int]:
-    """A quick read's jobs that a full cycle ranked (they have a place), numbered 1 to k
-    in this plan's order. Safe against the jobs it did not read: every position grows
-    along the remembered order, whose head it read, so theirs are all greater than k."""
-    ranked = [r.job_id for r in waiting if (old := reasons.get(r.job_id)) and old[2] is not None]
-    return {job_id: place for place, job_id in enumerate(ranked, start=1)}
 
 
 def _forget_positions(session: Session, *, ranked: set[int]) -> None:

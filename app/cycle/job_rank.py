@@ -97,7 +97,7 @@ def _not_ranked_yet(
         job_id=job_id,
         policy=stored.ranking["policy"],
         position=None,
-        waiting=len(stored.index),
+        waiting=stored.waiting,
         ahead=[],
         expected_gpu_s=None,
         expected_from=None,

@@ -4,12 +4,13 @@ The full cycle has the queue in its policy's order already; counting why each jo
 predecessors go first is one pass over it (`rank_all`). Stored in one row, column by
 column (20,000 jobs: a few hundred kB of JSON), the API answers a job's rank by looking
 it up, instead of reading and ranking the whole queue per request, as it did (0.6 s at
-20,000 waiting). The API keeps the decoded row until a newer full cycle replaces it.
+20,000 waiting). The same row gives each waiting job its queue position (app/jobs/ranking.py
+reads it; the API keeps the decoded row until a full cycle writes new ranks).
 """
 
 from __future__ import annotations
 
-import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -18,13 +19,13 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from app.cycle.models import QueueRanking
+from app.jobs.ranking import ROW, QueueRanking, StoredRank, StoredRanking, last
 from app.scheduling import JobView
 from app.scheduling.queue import submitted
-from app.scheduling.rank import AHEAD_RULES, RankColumns, rank_columns
+from app.scheduling.rank import RankColumns, rank_columns
 from app.scheduling.types import PolicySettings
 
-ROW = "queue"
+__all__ = ["ROW", "LastStored", "RankedBy", "StoredRank", "StoredRanking", "last", "store"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +117,9 @@ def store(
             update(QueueRanking)
             # Only the row this process stored: another scheduler's may differ.
             .where(QueueRanking.name == ROW, QueueRanking.ranked_at == last.ranked_at)
-            .values(ranked_at=now, next_at=ranked_by.next_at, ranking=ranked_by.ranking)
+            .values(
+                ranked_at=now, next_at=ranked_by.next_at, ranking=ranked_by.ranking, departed=None
+            )
             .execution_options(synchronize_session=False)
         )
         if touched.rowcount:  # type: ignore[attr-defined]
@@ -128,6 +131,8 @@ def store(
         "next_at": ranked_by.next_at,
         "ranking": ranked_by.ranking,
         "ranks": encode(columns, [j.id for j in order]),
+        "ranks_id": uuid.uuid4().hex,
+        "departed": None,
     }
     # By statement, not through the ORM: loading the row would decode the old ranks.
     replaced = session.execute(
@@ -144,72 +149,3 @@ def store(
     if last is not None:
         last.ranked_at, last.order = now, tuple(order)
         last.policy, last.history = ranked_by.policy, history
-
-
-@dataclass(frozen=True, slots=True)
-class StoredRank:
-    position: int
-    waiting: int
-    ahead: tuple[tuple[str, int], ...]
-    expected_gpu_s: float
-    expected_from: str
-    starving: bool
-    las_queue: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredRanking:
-    ranked_at: datetime
-    next_at: datetime | None
-    ranking: dict[str, Any]
-    ranks: dict[str, Any]
-    index: dict[int, int]
-    starving: frozenset[int]
-
-    def find(self, job_id: int) -> StoredRank | None:
-        i = self.index.get(job_id)
-        if i is None:
-            return None
-        columns = self.ranks
-        by_rule = {rule: counts[i] for rule, counts in columns["ahead"].items() if counts[i]}
-        by_rule["earlier"] = i - sum(by_rule.values())
-        return StoredRank(
-            position=i + 1,
-            waiting=len(self.index),
-            ahead=tuple((rule, by_rule[rule]) for rule, _ in AHEAD_RULES if by_rule.get(rule)),
-            expected_gpu_s=columns["size"][i],
-            expected_from=columns["sources"][columns["from"][i]],
-            starving=i in self.starving,
-            las_queue=columns["las_queue"][i] if "las_queue" in columns else None,
-        )
-
-
-_cached: list[StoredRanking] = []
-_lock = threading.Lock()
-
-
-def last(session: Session) -> StoredRanking | None:
-    """The last full cycle's ranking; decoded once per full cycle in this process (a
-    request reads one timestamp while it is current)."""
-    ranked_at = session.scalar(select(QueueRanking.ranked_at).where(QueueRanking.name == ROW))
-    if ranked_at is None:
-        return None
-    with _lock:
-        if _cached and _cached[0].ranked_at == ranked_at:
-            return _cached[0]
-    row = session.get(QueueRanking, ROW)
-    if row is None:
-        return None
-    ranks = row.ranks
-    stored = StoredRanking(
-        ranked_at=row.ranked_at,
-        next_at=row.next_at,
-        ranking=row.ranking,
-        ranks=ranks,
-        index={job_id: i for i, job_id in enumerate(ranks["ids"])},
-        starving=frozenset(ranks["starving"]),
-    )
-    session.expunge(row)  # the JSON lives on in the cache, not in the session
-    with _lock:
-        _cached[:] = [stored]
-    return stored

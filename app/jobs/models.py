@@ -93,6 +93,9 @@ class Job(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     pending_reason: Mapped[str | None] = mapped_column(String(32))
     pending_message: Mapped[str | None] = mapped_column(String(512))
+    # Not the place shown (that is the job's index in the last full cycle's ranking,
+    # app/jobs/ranking.py) but a key that sorts the waiting jobs in that order, kept while
+    # the order only loses jobs (app/cycle/apply.py queue_keys); NULL: not ranked.
     queue_position: Mapped[int | None] = mapped_column(Integer)
     estimated_start_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     exit_code: Mapped[int | None] = mapped_column(Integer)

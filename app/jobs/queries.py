@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from app.auth.models import User
 from app.auth.service import Principal
 from app.errors import Forbidden, NotFound
+from app.jobs import ranking
 from app.jobs.estimates import TIMED_REASONS, estimate_note
 from app.jobs.models import Job, JobEvent
 from app.jobs.schemas import (
@@ -180,7 +181,7 @@ def pending_in_order(
     limit: int = 50,
     eligible: bool | None = None,
 ) -> PendingPage:
-    """Waiting jobs in the order the last cycle would serve them (queue position), held
+    """Waiting jobs in the order the last full cycle would serve them (its queue keys), held
     jobs last. `filters`' statuses are not used: these are the pending jobs. `eligible`:
     only those that may run now (True) or only those that cannot yet (False: held,
     dependencies, begin time, window, array limit), as Slurm lists them apart."""
@@ -228,10 +229,19 @@ def outs(session: Session, jobs: Sequence[Job], *, viewer: Principal) -> list[Jo
         ):
             if attempt == attempts[job_id]:
                 last.setdefault(job_id, []).append(allocation)
+    # Their places in the queue: from the last full cycle's ranking (app/jobs/ranking.py).
+    in_line = [
+        j.id
+        for j in jobs
+        if j.status == JobStatus.PENDING and j.held_by is None and j.queue_position is not None
+    ]
+    stored = ranking.last(session) if in_line else None
+    places = {} if stored is None else stored.positions(in_line)
     return [
         to_out(
             j,
             user=user_names[j.user_id],
+            position=places.get(j.id),
             project=project_names[j.project_id],
             allocations=allocations.get(j.id, []),
             last_allocations=last.get(j.id, []),
@@ -274,23 +284,27 @@ def to_out(
     allocations: list[AllocationOut],
     last_allocations: list[AllocationOut] | None = None,
     env_readable: bool = True,
+    position: int | None = None,
 ) -> JobOut:
     """`env_readable`: the viewer may read the job's environment's values (its owner, an
     admin); `--export ALL` copies the submitter's, cloud keys and all, so the other members
-    of its project see the variables' names only."""
+    of its project see the variables' names only. `position`: its place in the queue, as
+    the last full cycle's ranking gives it (see `outs`)."""
     # Only a waiting job has a reason to wait: a job cancelled while pending (or in the
     # moment a cycle still ranked it) must not say "waiting for 4 GPUs". A held job's
     # stored reason is the last cycle's (or one a cycle wrote as it was held): not shown.
     waiting = job.status == JobStatus.PENDING
     held = waiting and job.held_by is not None
-    reason, message, position, start, note = None, None, None, None, None
+    reason, message, start, note = None, None, None, None
+    if not waiting or held or job.queue_position is None:
+        position = None  # only a job in line has a place; no key: no full cycle ranked it
     if held:
         reason = ReasonKind.HELD.value
         message = f"held by {job.held_by}: gpusched release {job.id} lets it be scheduled"
         note = "no estimate: held jobs are not in line"
     elif waiting:
         reason, message = job.pending_reason, job.pending_message
-        position, start = job.queue_position, job.estimated_start_at
+        start = job.estimated_start_at
         note = estimate_note(reason=reason, message=message, position=position, start=start)
     return JobOut(
         id=job.id,

@@ -17,7 +17,9 @@ from sqlalchemy import select
 from app.cli.client import CliError, parse_at
 from app.cli.jobs.options import parse_slurm_time
 from app.cli.jobs.views import jobs_table
+from app.db import utcnow
 from app.jobs.models import Job
+from app.jobs.ranking import QueueRanking
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
 from app.nodes.models import Node
@@ -423,7 +425,23 @@ def test_show_prints_queue_position_and_allocations(cli: Cli) -> None:
     with cli.factory() as session:
         job = session.get(Job, waiting["id"])
         assert job is not None
-        job.queue_position = 3
+        job.queue_position = 3  # its queue key; its place: third in the last ranking
+        session.add(
+            QueueRanking(
+                name="queue",
+                ranked_at=utcnow(),
+                ranking={"policy": "fifo"},
+                ranks={
+                    "ids": [-2, -1, waiting["id"]],
+                    "ahead": {},
+                    "size": [3600.0] * 3,
+                    "from": [0] * 3,
+                    "sources": ["the default"],
+                    "starving": [],
+                },
+                ranks_id="test-show",
+            )
+        )
         job.pending_reason = ReasonKind.WAITING_FOR_GPUS.value
         job.pending_message = "needs 1 free GPU; none free"
         running = session.get(Job, placed["id"])

@@ -5,9 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from sqlalchemy import select
+
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
+from app.jobs.models import Job
+from app.jobs.ranking import last
+from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
 from tests.foundation.builders import ready_node
 
@@ -28,6 +33,22 @@ def grant_priority(api: Any, project: str = "ml", up_to: int = 10) -> None:
         f"/api/v1/projects/{project}", json={"max_priority": up_to}, headers=api.as_("admin")
     )
     assert r.status_code == 200, r.text
+
+
+def positions(api: Any) -> dict[int, int | None]:
+    """Each waiting job's place in the queue as the API shows it: its index among the
+    jobs the last full cycle ranked that still wait (None: not ranked, or held)."""
+    with api.factory() as session:
+        rows = session.execute(
+            select(Job.id, Job.queue_position, Job.held_by).where(Job.status == JobStatus.PENDING)
+        ).all()
+        stored = last(session)
+    return {
+        job_id: None
+        if stored is None or key is None or held is not None
+        else stored.position(job_id)
+        for job_id, key, held in rows
+    }
 
 
 def get_job(api: Any, job_id: int) -> dict[str, Any]:

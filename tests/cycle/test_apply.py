@@ -4,6 +4,7 @@ that hands GPUs over in the same transaction."""
 from __future__ import annotations
 
 from datetime import timedelta
+from itertools import pairwise
 
 from sqlalchemy import event, select
 
@@ -21,6 +22,7 @@ from app.messaging import NullMessenger
 from app.nodes.models import Allocation, Gpu
 from app.scheduling import Placement, Plan, Preemption
 from app.wire import Finished
+from tests.cycle.jobs_api import positions
 from tests.foundation.builders import add_node
 
 
@@ -229,8 +231,7 @@ def test_a_full_read_renumbers_every_waiting_job(api):
             now=utcnow(),
             all_positions=all_positions,
         )
-        with api.factory() as session:
-            return {j.id: j.queue_position for j in session.scalars(select(Job))}
+        return positions(api)
 
     first = cycle(True)
     assert [first[i] for i in ids] == list(range(1, len(ids) + 1))
@@ -242,3 +243,24 @@ def test_a_full_read_renumbers_every_waiting_job(api):
     # No queue memory: a full read, whichever cycle the worker asked for.
     again = cycle(False)
     assert [again[i] for i in ids[1:]] == list(range(1, len(ids)))
+
+
+def test_queue_keys_keep_the_old_ones_that_still_grow_and_fit_the_others_between():
+    from app.cycle.apply import KEY_SPACING, queue_keys
+
+    def grows(keys):
+        return all(a < b for a, b in pairwise(keys))
+
+    # Jobs only left: every key stays.
+    assert queue_keys([2048, 3072, 5120]) == [2048, 3072, 5120]
+    # Newly ranked jobs go between their neighbours, at the head or at the tail.
+    keys = queue_keys([None, 1024, None, None, 2048, None])
+    assert grows(keys) and keys[1] == 1024 and keys[4] == 2048
+    assert keys[0] == 1024 - KEY_SPACING and keys[5] == 2048 + KEY_SPACING
+    # Reordered: the longest growing run keeps its keys, the others move.
+    old = [1024, 5120, 2048, 3072, 4096]
+    keys = queue_keys(old)
+    assert grows(keys) and sum(a != b for a, b in zip(keys, old, strict=True)) == 1
+    # No room between two neighbours: numbered afresh.
+    assert queue_keys([1, None, 2]) == [KEY_SPACING, 2 * KEY_SPACING, 3 * KEY_SPACING]
+    assert queue_keys([]) == []

@@ -13,7 +13,7 @@ from app.cycle.snapshot import QueueMemory
 from app.db import utcnow
 from app.jobs.models import Job
 from app.messaging import NullMessenger
-from tests.cycle.jobs_api import SETTINGS, add_node, finish, grant_priority, submit
+from tests.cycle.jobs_api import SETTINGS, add_node, finish, grant_priority, positions, submit
 
 
 def _full(api, memory: QueueMemory):
@@ -31,6 +31,11 @@ def _stamps(api) -> dict[int, int]:
 
 
 def _positions(api) -> dict[int, int | None]:
+    return positions(api)
+
+
+def _keys(api) -> dict[int, int | None]:
+    """The queue keys as stored (Job.queue_position: they sort the queue in SQL)."""
     with api.factory() as session:
         return dict(
             session.execute(select(Job.id, Job.queue_position).where(Job.status == "PENDING")).all()
@@ -111,10 +116,11 @@ def test_a_reason_written_by_another_writer_is_read_again(api):
     memory = QueueMemory()
     _full(api, memory)
     _full(api, memory)
-    before = _positions(api)
-    with api.factory() as session:
-        session.execute(update(Job).where(Job.id == waiting[0]).values(queue_position=99))
+    before = _keys(api)
+    assert before[waiting[0]] < before[waiting[1]]
+    with api.factory() as session:  # a queue key out of order: behind the job behind it
+        session.execute(update(Job).where(Job.id == waiting[0]).values(queue_position=10**6))
         session.commit()
     _full(api, memory)
     assert memory.views.reread == 1
-    assert _positions(api) == before  # its place written again: the cycle saw the 99
+    assert _keys(api) == before  # its key written again: the cycle saw the 10**6

@@ -16,7 +16,7 @@ from app.cycle.snapshot import QueueMemory
 from app.db import utcnow
 from app.jobs.models import Job
 from app.messaging import NullMessenger
-from tests.cycle.jobs_api import SETTINGS, add_node, finish, grant_priority, submit
+from tests.cycle.jobs_api import SETTINGS, add_node, finish, grant_priority, positions, submit
 
 
 def _full(api, memory: QueueMemory, at=None):
@@ -29,10 +29,7 @@ def _full(api, memory: QueueMemory, at=None):
 
 
 def _positions(api) -> dict[int, int | None]:
-    with api.factory() as session:
-        return dict(
-            session.execute(select(Job.id, Job.queue_position).where(Job.status == "PENDING")).all()
-        )
+    return positions(api)
 
 
 def _rank(api, job: int) -> dict:

@@ -22,7 +22,7 @@ from app.jobs.estimates import NOT_RANKED, RESERVED_FOR_THE_FIRST
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
-from tests.cycle.jobs_api import SETTINGS, get_job, submit
+from tests.cycle.jobs_api import SETTINGS, add_node, finish, get_job, positions, submit
 from tests.foundation.builders import insert_jobs, ready_node
 
 
@@ -32,14 +32,15 @@ def _cycle(api, memory: QueueMemory, *, full: bool):
 
 
 def _waiting(api) -> list[tuple[int, int | None, str | None]]:
-    """(id, position, reason) of every waiting job."""
+    """(id, position, reason) of every waiting job, its position as the API shows it."""
+    shown = positions(api)
     with api.factory() as session:
         rows = session.execute(
-            select(Job.id, Job.queue_position, Job.pending_reason)
+            select(Job.id, Job.pending_reason)
             .where(Job.status == JobStatus.PENDING)
             .order_by(Job.id)
         ).all()
-    return [tuple(row) for row in rows]
+    return [(job_id, shown[job_id], why) for job_id, why in rows]
 
 
 def _repeated(rows) -> dict[int, int]:
@@ -160,3 +161,100 @@ def test_the_queue_lists_jobs_that_may_run_apart_from_those_that_cannot_yet(api)
     assert [get_job(api, i)["queue_position"] for i in now] == [1, 2]
     assert sorted(queue(eligible=False)) == sorted([*tomorrow, held, after])
     assert sorted(queue()) == sorted([*now, *tomorrow, held, after])
+
+
+def _keys(api) -> dict[int, int | None]:
+    """The queue keys as stored (Job.queue_position), of the waiting jobs."""
+    with api.factory() as session:
+        return dict(
+            session.execute(
+                select(Job.id, Job.queue_position).where(Job.status == JobStatus.PENDING)
+            ).all()
+        )
+
+
+def _queue(api) -> list[tuple[int, int | None]]:
+    """(id, position) of the waiting jobs as GET /api/v1/queue lists them, page by page."""
+    shown: list[tuple[int, int | None]] = []
+    while True:
+        r = api.client.get(
+            "/api/v1/queue", params={"offset": len(shown), "limit": 20}, headers=api.as_("admin")
+        )
+        assert r.status_code == 200, r.text
+        items = r.json()["items"]
+        if not items:
+            return shown
+        shown.extend((j["id"], j["queue_position"]) for j in items)
+
+
+def test_when_the_head_starts_the_jobs_behind_move_up_without_a_write_of_theirs(api):
+    """Issue 42 point 4: a job's place is its index in the stored ranking; when the head
+    leaves, the full cycle writes the rows that changed (the placed job, the new head's
+    reservation), not one row per waiting job."""
+    add_node(api, 1)
+    running = submit(api, user="alice", gpus=1, name="running")["id"]
+    waiting = [submit(api, user="alice", gpus=1, name=f"w{i}")["id"] for i in range(60)]
+    memory = QueueMemory()
+    _cycle(api, memory, full=True)  # running takes the GPU
+    _cycle(api, memory, full=True)
+    assert _queue(api) == [(job, place) for place, job in enumerate(waiting, start=1)]
+    before = _keys(api)
+    finish(api, running)
+    _cycle(api, memory, full=True)  # the head starts
+
+    assert get_job(api, waiting[0])["status"] == "SCHEDULED"
+    # The jobs behind keep their keys: no position is written (it was one row per job
+    # behind the head, 59 here, 20,000 in bench/deep_queue.py). (Their reasons may change:
+    # the core says the free GPUs went to jobs ahead this cycle.)
+    assert _keys(api) == {job: before[job] for job in waiting[1:]}
+    assert _queue(api) == [(job, place) for place, job in enumerate(waiting[1:], start=1)]
+    # The rank explanation counts the same places.
+    r = api.client.get(f"/api/v1/jobs/{waiting[5]}/rank", headers=api.as_("admin"))
+    assert r.status_code == 200, r.text
+    assert (r.json()["position"], r.json()["waiting"]) == (5, 59)
+
+
+def test_a_page_of_the_queue_decodes_the_ranking_once_per_ranking(api):
+    from sqlalchemy import event
+
+    """The stored ranks (20,000 jobs' worth at depth) are read and decoded once per full
+    cycle that rewrites them, not once per request."""
+    add_node(api, 1)
+    submit(api, user="alice", gpus=1, name="running")
+    for i in range(5):
+        submit(api, user="alice", gpus=1, name=f"w{i}")
+    memory = QueueMemory()
+    _cycle(api, memory, full=True)
+    _cycle(api, memory, full=True)
+    statements: list[str] = []
+
+    def seen(conn, cursor, statement, *_):
+        statements.append(statement)
+
+    engine = api.factory.kw["bind"]  # the API and the cycle share it
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        for _ in range(3):
+            assert [p for _, p in _queue(api)] == [1, 2, 3, 4, 5]
+        _cycle(api, memory, full=True)  # nothing changed: the same ranks, a new time
+        assert [p for _, p in _queue(api)] == [1, 2, 3, 4, 5]
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    reads = [s for s in statements if "queue_ranking.ranks " in s or "queue_ranking.ranks\n" in s]
+    assert len(reads) <= 1, reads
+
+
+def test_a_quick_cycle_moves_the_queue_up_over_a_ranked_job_cancelled_at_its_head(api):
+    memory = _busy_cluster(api)
+    waiting = [submit(api, user="alice", gpus=1, name=f"w{i}")["id"] for i in range(5)]
+    _cycle(api, memory, full=True)
+    assert [p for _, p in _queue(api)][:5] == [1, 2, 3, 4, 5]
+    first = memory.order[0]
+    r = api.client.post(f"/api/v1/jobs/{first}/cancel", headers=api.as_("admin"))
+    assert r.status_code == 200, r.text
+
+    _cycle(api, memory, full=False)
+
+    shown = [(i, p) for i, p in _queue(api) if p is not None]
+    assert [p for _, p in shown] == [1, 2, 3, 4]
+    assert [i for i, _ in shown] == [i for i in memory.order if i in set(waiting) - {first}]
