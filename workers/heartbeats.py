@@ -19,9 +19,11 @@ This drain does, in a thread of the reports process:
 A popped heartbeat is gone from Redis: one lost with a dying process is replaced by the
 node's next, seconds later (heartbeats are dropped, not retried, for the same reason).
 
-Silence: `heartbeat_backlog_s` tells the reconciliation how long the oldest heartbeat
-still queued has waited; silence is judged up to then (`app.cycle.reconcile.reconcile`),
-so a node whose heartbeats are only queued is never declared lost for the backlog.
+Silence is judged by the newest heartbeat received, not stored: a batch's nodes are all
+marked heard from (one statement) before their readings are stored, and
+`heartbeat_backlog_s` tells the reconciliation how long the oldest heartbeat still queued
+has waited; silence is judged up to then (`app.cycle.reconcile.reconcile`), so a node
+whose heartbeats are only queued is never declared lost for the backlog.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -42,6 +45,7 @@ from app.cycle.reconcile import NodeRepairs, heartbeat_taken_at, reconcile_node_
 from app.db import utcnow
 from app.messaging import Sender
 from app.metrics import HEARTBEAT_BATCH_SECONDS, HEARTBEATS_DRAINED
+from app.nodes.models import Node
 from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat
 from app.wire import HEARTBEATS_QUEUE, Heartbeat, Refused, note_refused, unseal
 
@@ -193,10 +197,27 @@ class HeartbeatDrain:
         heartbeats, superseded = newest_per_node(raws, key_for=self.key_for)
         if superseded:
             HEARTBEATS_DRAINED.labels("superseded").inc(superseded)
+        self.heard(heartbeats)
         stored = 0
         for start in range(0, len(heartbeats), self.per_transaction):
             stored += self.store(heartbeats[start : start + self.per_transaction])
         return stored, superseded
+
+    def heard(self, heartbeats: Sequence[Heartbeat]) -> None:
+        """Mark every node of a batch heard from now, in one statement, before their
+        readings are stored (transaction after transaction): silence is judged by the
+        newest heartbeat received, so none is silent while its batch is being stored."""
+        names = [heartbeat.node for heartbeat in heartbeats]
+        if not names:
+            return
+        try:
+            with self.factory() as session:
+                session.execute(
+                    update(Node).where(Node.name.in_(names)).values(last_heartbeat_at=utcnow())
+                )
+                session.commit()
+        except OperationalError as exc:  # stored below, or dropped as any heartbeat is
+            log.warning("could not mark %d nodes heard from: %s", len(names), exc)
 
     def store(self, heartbeats: Sequence[Heartbeat]) -> int:
         """Store heartbeats of distinct nodes in one transaction (one at a time if it

@@ -228,3 +228,26 @@ def test_task_kwargs_reads_only_task_messages() -> None:
     assert task_kwargs(b"{}") is None
     assert task_kwargs(b"[1, 2]") is None
     assert task_kwargs(json.dumps({"body": "!!", "properties": {}})) is None
+
+
+def test_a_batchs_nodes_are_heard_from_before_their_readings_are_stored(api: Any) -> None:
+    # Storing a batch takes one transaction per 100 nodes: meanwhile none of its nodes
+    # may look silent. They are marked heard from first, in one statement.
+    long_ago = utcnow() - timedelta(seconds=600)
+    with api.factory.begin() as session:
+        session.add_all([ready_node(n, gpus=1, now=long_ago) for n in ("n1", "n2")])
+    redis = FakeQueueRedis()
+    queue_heartbeat(redis, heartbeat("n1", 10.0))
+    queue_heartbeat(redis, heartbeat("n2", 10.0))
+    seen: list[dict[str, Any]] = []
+    hb_drain = drain(api, redis)
+
+    def store(heartbeats: Any) -> int:  # what the reconciliation would read meanwhile
+        with api.factory() as session:
+            seen.append(dict(session.execute(select(Node.name, Node.last_heartbeat_at)).all()))
+        return 0
+
+    hb_drain.store = store  # type: ignore[method-assign]
+    hb_drain.drain_once()
+
+    assert seen and all(at > long_ago + timedelta(seconds=500) for at in seen[0].values())
