@@ -5,7 +5,7 @@ matters. Agents send them, sealed like every report, as Celery task messages to 
 `heartbeats` queue (`app.wire.report_queue`); Celery's pool does not consume that queue.
 This drain does, in a thread of the reports process:
 
-- it pops up to `batch` messages at once (oldest first), checks each one's seal as the
+- it pops the whole queue at once (up to `batch` messages, oldest first), checks each one's seal as the
   reports task does, and keeps only the last of each node in queue order (an agent sends
   its heartbeats one after another, so the later is the newer): a heartbeat superseded
   by a newer one already received is never stored;
@@ -51,8 +51,13 @@ from app.wire import HEARTBEATS_QUEUE, Heartbeat, Refused, note_refused, unseal
 
 log = logging.getLogger("gpusched.heartbeats")
 
-BATCH = 1000
-PER_TRANSACTION = 100
+# A batch is the whole backlog (up to this many messages): of a backlog longer than one
+# interval, only each node's newest is stored, so the queue cannot grow past what one
+# round of storing lets in, and no node's heartbeat is stored older than that.
+BATCH = 10_000
+# Nodes stored per transaction: few enough that a cycle's apply never waits long for the
+# rows (nodes, GPUs) a transaction of heartbeats holds.
+PER_TRANSACTION = 25
 HEARTBEAT_TYPES = {Heartbeat.KIND: Heartbeat}
 
 # deadlock_detected, serialization_failure: the transaction may simply be run again.
