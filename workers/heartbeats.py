@@ -5,14 +5,15 @@ matters. Agents send them, sealed like every report, as Celery task messages to 
 `heartbeats` queue (`app.wire.report_queue`); Celery's pool does not consume that queue.
 This drain does, in a thread of the reports process:
 
-- it pops the whole queue at once (up to `batch` messages, oldest first), checks each one's seal as the
-  reports task does, and keeps only the last of each node in queue order (an agent sends
-  its heartbeats one after another, so the later is the newer): a heartbeat superseded
-  by a newer one already received is never stored;
-- it stores the kept ones `per_transaction` nodes to a transaction (each node's readings
-  and the reconciliation of its attempts, as `handle_heartbeat` does), then sends what
-  the repairs left to do; a transaction that fails is retried one heartbeat at a time
-  through `handle_heartbeat` (its deadlock retries, its drop on a database outage);
+- it pops the whole queue at once (up to `batch` messages, oldest first), checks each
+  one's seal as the reports task does, and keeps only the last of each node in queue
+  order (an agent sends its heartbeats one after another, so the later is the newer): a
+  heartbeat superseded by a newer one already received is never stored;
+- it stores the kept ones `per_transaction` nodes to a transaction, `threads`
+  transactions at once (each node's readings and the reconciliation of its attempts, as
+  `handle_heartbeat` does), then sends what the repairs left to do; a transaction that
+  fails is retried one heartbeat at a time through `handle_heartbeat` (its deadlock
+  retries, its drop on a database outage);
 - job reports (started, finished, leaving, register) stay in the `reports` queue, which
   Celery's threads consume: no heartbeat backlog is ever in front of them.
 
@@ -34,6 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -58,6 +60,9 @@ BATCH = 10_000
 # Nodes stored per transaction: few enough that a cycle's apply never waits long for the
 # rows (nodes, GPUs) a transaction of heartbeats holds.
 PER_TRANSACTION = 25
+# Transactions of one batch stored at once (distinct nodes: they touch distinct rows), as
+# Celery's 4 threads did one heartbeat each: the time of one is mostly waiting.
+STORE_THREADS = 4
 HEARTBEAT_TYPES = {Heartbeat.KIND: Heartbeat}
 
 # deadlock_detected, serialization_failure: the transaction may simply be run again.
@@ -173,6 +178,7 @@ class HeartbeatDrain:
         grace_s: float,
         batch: int = BATCH,
         per_transaction: int = PER_TRANSACTION,
+        threads: int = STORE_THREADS,
     ) -> None:
         self.redis = redis_client
         self.factory = factory
@@ -182,6 +188,8 @@ class HeartbeatDrain:
         self.grace_s = grace_s
         self.batch = batch
         self.per_transaction = per_transaction
+        self.threads = threads
+        self._pool: ThreadPoolExecutor | None = None
 
     def pop(self, *, block_s: float) -> list[bytes]:
         """Up to `batch` queued heartbeats, oldest first; waits up to `block_s` for one."""
@@ -203,10 +211,15 @@ class HeartbeatDrain:
         if superseded:
             HEARTBEATS_DRAINED.labels("superseded").inc(superseded)
         self.heard(heartbeats)
-        stored = 0
-        for start in range(0, len(heartbeats), self.per_transaction):
-            stored += self.store(heartbeats[start : start + self.per_transaction])
-        return stored, superseded
+        chunks = [
+            heartbeats[start : start + self.per_transaction]
+            for start in range(0, len(heartbeats), self.per_transaction)
+        ]
+        if len(chunks) <= 1 or self.threads <= 1:
+            return sum(self.store(chunk) for chunk in chunks), superseded
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="heartbeats")
+        return sum(self._pool.map(self.store, chunks)), superseded
 
     def heard(self, heartbeats: Sequence[Heartbeat]) -> None:
         """Mark every node of a batch heard from now, in one statement, before their

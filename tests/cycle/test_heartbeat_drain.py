@@ -251,3 +251,18 @@ def test_a_batchs_nodes_are_heard_from_before_their_readings_are_stored(api: Any
     hb_drain.drain_once()
 
     assert seen and all(at > long_ago + timedelta(seconds=500) for at in seen[0].values())
+
+
+def test_a_batch_of_many_nodes_is_stored_in_several_transactions_at_once(api: Any) -> None:
+    names = [f"m{i}" for i in range(7)]
+    with api.factory.begin() as session:
+        session.add_all([ready_node(n, gpus=1, now=utcnow()) for n in names])
+    redis = FakeQueueRedis()
+    for round_ in range(2):
+        for name in names:
+            queue_heartbeat(redis, heartbeat(name, float(round_)))
+    hb_drain = drain(api, redis)
+    hb_drain.per_transaction, hb_drain.threads = 2, 3
+
+    assert hb_drain.drain_once() == (7, 7)
+    assert all(samples(api, name) == [1.0] for name in names)
