@@ -59,7 +59,7 @@ HEARTBEATS_DRAINED = Counter(
 )
 HEARTBEAT_BATCH_SECONDS = Histogram(
     "gpusched_heartbeat_batch_seconds",
-    "Time one transaction of heartbeats (up to 25 nodes) took, with its messages",
+    "Time one transaction of heartbeats (up to 5 nodes) took, with its messages",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 PLACEMENTS = Counter("gpusched_placements", "Jobs placed by the scheduler")

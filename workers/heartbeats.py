@@ -57,9 +57,10 @@ log = logging.getLogger("gpusched.heartbeats")
 # interval, only each node's newest is stored, so the queue cannot grow past what one
 # round of storing lets in, and no node's heartbeat is stored older than that.
 BATCH = 10_000
-# Nodes stored per transaction: few enough that a cycle's apply never waits long for the
-# rows (nodes, GPUs) a transaction of heartbeats holds.
-PER_TRANSACTION = 25
+# Nodes stored per transaction: few, so that a cycle's apply or a finished report (which
+# update GPU rows too) never waits long for the rows a transaction of heartbeats holds
+# (at 25, 1.5 s transactions on a loaded machine stalled the cycle at 1,000 nodes).
+PER_TRANSACTION = 5
 # Transactions of one batch stored at once (distinct nodes: they touch distinct rows), as
 # Celery's 4 threads did one heartbeat each: the time of one is mostly waiting.
 STORE_THREADS = 4
