@@ -52,6 +52,16 @@ REPORT_SECONDS = Histogram(
     ["kind"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
 )
+# Heartbeats drained from their queue (workers/heartbeats.py): "stored", or "superseded"
+# (a newer one of the same node came in the same batch; never stored).
+HEARTBEATS_DRAINED = Counter(
+    "gpusched_heartbeats_drained", "Heartbeats taken from their queue, by outcome", ["outcome"]
+)
+HEARTBEAT_BATCH_SECONDS = Histogram(
+    "gpusched_heartbeat_batch_seconds",
+    "Time one transaction of heartbeats (up to 5 nodes) took, with its messages",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
 PLACEMENTS = Counter("gpusched_placements", "Jobs placed by the scheduler")
 DISPATCH_FAILURES = Counter(
     "gpusched_dispatch_failures", "Messages that could not be sent to Redis", ["task"]

@@ -6,9 +6,9 @@ This is the agent's one door into `app` (with the settings and the process helpe
 imports nothing else of ours.
 
 Messages. Orders go to an agent's own queue (`node.<name>`): `RunJob`, `StopJob`,
-`SetTimeLimit`. Reports go to the scheduler's `reports` queue: `Register`, `Heartbeat`
-(GPU readings with their processes, attempts running and lately finished), `Started`,
-`Finished`, `Leaving`. Every message names its node. A message is parsed from JSON in
+`SetTimeLimit`. Reports go to the scheduler's `reports` queue: `Register`, `Started`,
+`Finished`, `Leaving`; `Heartbeat` (GPU readings with their processes, attempts running
+and lately finished) to its own `heartbeats` queue. Every message names its node. A message is parsed from JSON in
 strict mode: a missing field, a wrong type or a value out of range is refused with the
 field named (`Malformed`). Unknown fields are ignored, so a newer peer may add one; a new
 optional field is one line with a default.
@@ -46,6 +46,10 @@ log = logging.getLogger("gpusched.wire")
 # -- names ---------------------------------------------------------------------------
 
 REPORTS_QUEUE = "reports"
+# Heartbeats travel apart from the other reports: a backlog of them (snapshots, of which
+# only each node's newest matters) must never delay a job's start or end. The scheduler
+# drains this queue itself, in batches (workers/heartbeats.py), not through Celery's pool.
+HEARTBEATS_QUEUE = "heartbeats"
 AGENT_REPORT = "gpusched.agent_report"
 RUN_JOB = "gpusched.run_job"
 STOP_JOB = "gpusched.stop_job"
@@ -59,6 +63,11 @@ ORDER_TTL_S = 300.0
 
 def node_queue(node: str) -> str:
     return f"node.{node}"
+
+
+def report_queue(kind: str) -> str:
+    """The queue a report of `kind` goes to: heartbeats to their own."""
+    return HEARTBEATS_QUEUE if kind == "heartbeat" else REPORTS_QUEUE
 
 
 # -- messages ------------------------------------------------------------------------

@@ -29,7 +29,9 @@ During `--duration` seconds it also submits one probe job a second (priority 100
   cycle durations, interpolated within its buckets; its mean is exact);
 - submit -> start of the probes, p50 and p99 (a start is recorded when its started
   report is handled, so a backlog of reports delays it); drain rate (jobs finished per
-  second in the window); the depth of the `reports` queue in Redis; CPU per process;
+  second in the window); the depth of the `reports` and `heartbeats` queues in Redis;
+  heartbeats superseded (a newer one of the same node came in the same batch, so it was
+  never stored) and the time of a transaction of heartbeats; CPU per process;
 - the memory of each process: RSS of the API, scheduler, reports worker, Redis and the
   fleet, and PSS summed over PostgreSQL's processes (its shared buffers counted once).
 
@@ -587,6 +589,18 @@ def histogram(url: str, name: str, label: str = "") -> dict[str, float]:
     return out
 
 
+def counter(url: str, name: str, label: str = "") -> float:
+    """A Prometheus counter's value, summed over the series whose labels hold `label`."""
+    import httpx
+
+    text = httpx.get(url, timeout=10).text
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith(f"{name}_total") and label in line
+    )
+
+
 def histogram_quantile(before: dict[str, float], after: dict[str, float], q: float) -> float:
     """Quantile q of the observations between two scrapes, linear within its bucket."""
     bounds = sorted((float(k), k) for k in after if k not in ("sum", "count"))
@@ -764,11 +778,17 @@ def run_bench(args: argparse.Namespace) -> int:
             "plan": (cycle_url, "gpusched_scheduling_plan_seconds", ""),
             "heartbeat": (reports_url, "gpusched_agent_report_seconds", 'kind="heartbeat"'),
             "reports": (reports_url, "gpusched_agent_report_seconds", ""),
+            "heartbeat batch": (reports_url, "gpusched_heartbeat_batch_seconds", ""),
+        }
+        counters = {
+            outcome: (reports_url, "gpusched_heartbeats_drained", f'outcome="{outcome}"')
+            for outcome in ("stored", "superseded")
         }
         before = {k: histogram(*v) for k, v in scrapes.items()}
+        counted_before = {k: counter(*v) for k, v in counters.items()}
         cpu_before = cpu_seconds()
         fleet_cpu_before = proc_cpu_s(fleet_proc.pid)
-        depths: dict[str, list[int]] = {"reports": [], "scheduler": []}
+        depths: dict[str, list[int]] = {"reports": [], "heartbeats": [], "scheduler": []}
         window_start = time.time()
         probes: list[int] = []
         memory: dict[str, list[int]] = {}
@@ -799,6 +819,7 @@ def run_bench(args: argparse.Namespace) -> int:
             time.sleep(0.05)
         window_end = time.time()
         after = {k: histogram(*v) for k, v in scrapes.items()}
+        counted = {k: counter(*v) - counted_before[k] for k, v in counters.items()}
         cpu_after = cpu_seconds()
         fleet_cpu = proc_cpu_s(fleet_proc.pid) - fleet_cpu_before
         broker.close()
@@ -893,7 +914,14 @@ def run_bench(args: argparse.Namespace) -> int:
             "report handling",
             f"heartbeat mean {ms(stats['heartbeat']['mean_s'])} "
             f"({stats['heartbeat']['count']:.0f}); all reports mean "
-            f"{ms(stats['reports']['mean_s'])} ({stats['reports']['count']:.0f})",
+            f"{ms(stats['reports']['mean_s'])} ({stats['reports']['count']:.0f}); "
+            f"a transaction of heartbeats mean {ms(stats['heartbeat batch']['mean_s'])} "
+            f"({stats['heartbeat batch']['count']:.0f})",
+        ),
+        (
+            "heartbeats drained",
+            f"stored {counted['stored']:.0f}, superseded (never stored) "
+            f"{counted['superseded']:.0f}",
         ),
         (
             "Redis queue depth",
@@ -935,6 +963,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "cycle": cycles,
         "histograms": stats,
         "redis_queue_depth": depths,
+        "heartbeats_drained": counted,
         "cpu_seconds": cpu,
         "probe_submit_to_start_s": {
             "p50": percentile(waits, 50),

@@ -7,24 +7,21 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import Celery
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session
 
 from app.batches.service import CHECK_INTERVAL_S as BATCH_CHECK_INTERVAL_S
 from app.batches.service import fire_due
 from app.config import Settings
 from app.cycle.reconcile import (
-    NodeRepairs,
     SilenceJudge,
-    heartbeat_taken_at,
     node_left,
     reconcile,
-    reconcile_node_attempts,
     requeue_lost_on,
 )
 from app.cycle.run import run_cycle
@@ -47,7 +44,7 @@ from app.messaging import (
     publish_installation,
 )
 from app.metrics import REPORT_SECONDS
-from app.nodes.telemetry import TelemetryPolicy, compact_telemetry, ingest_heartbeat, register_node
+from app.nodes.telemetry import TelemetryPolicy, compact_telemetry, register_node
 from app.retention import purge_history
 from app.windows.timeline import SchedulerWindows
 from app.wire import (
@@ -63,63 +60,24 @@ from app.wire import (
     note_refused,
     unseal,
 )
+from workers.heartbeats import handle_heartbeat, heartbeat_backlog_s
 from workers.runtime import Runtime
+
+__all__ = ["build_scheduler_app", "handle_heartbeat"]
 
 log = logging.getLogger("gpusched.scheduler")
 # Queue positions behind the head are refreshed this often (see app.cycle.apply).
 FULL_POSITIONS_EVERY_S = 5.0
 
 
-# deadlock_detected, serialization_failure: the transaction may simply be run again.
-RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
-HEARTBEAT_TRIES = 3
+def scheduler_runtime(settings: Settings, scheduler: SchedulerSettings) -> Runtime:
+    return Runtime(settings, run_expires_s=scheduler.dispatch_timeout_s)
 
 
-def handle_heartbeat(
-    *,
-    session: Session,
-    heartbeat: Heartbeat,
-    telemetry: TelemetryPolicy,
-    grace_s: float,
-    now: datetime,
-) -> NodeRepairs | None:
-    """Store a heartbeat's readings and reconcile the node's attempts with it (committed);
-    None when the database failed and the heartbeat was dropped.
-
-    Dropped, not retried later: a heartbeat is a snapshot. Applied late, it would judge
-    attempts started since against its old list of running ones and declare them lost;
-    the next heartbeat, seconds away, is current. Only a deadlock's victim is run again,
-    at once.
-    """
-    tries = 1
-    while True:
-        try:
-            ingest_heartbeat(session=session, heartbeat=heartbeat, policy=telemetry, now=now)
-            repairs = reconcile_node_attempts(
-                session=session,
-                heartbeat=heartbeat,
-                taken_at=heartbeat_taken_at(heartbeat.taken_at, received_at=now),
-                grace_s=grace_s,
-            )
-            session.commit()
-            return repairs
-        except OperationalError as exc:
-            session.rollback()
-            # The victim of a deadlock (a cycle's apply locked the same rows): PostgreSQL
-            # rolled it back so that it can be run again at once, still current. Dropped,
-            # its node would look silent and its jobs be declared lost.
-            if (
-                getattr(exc.orig, "sqlstate", None) in RETRYABLE_SQLSTATES
-                and tries < HEARTBEAT_TRIES
-            ):
-                tries += 1
-                continue
-            log.warning("heartbeat from %s dropped: %s", heartbeat.node, exc)
-            return None
-
-
-def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Celery:
-    runtime = Runtime(settings, run_expires_s=scheduler.dispatch_timeout_s)
+def build_scheduler_app(
+    settings: Settings, scheduler: SchedulerSettings, *, runtime: Runtime | None = None
+) -> Celery:
+    runtime = runtime or scheduler_runtime(settings, scheduler)
     celery = runtime.celery
     installation: list[str] = []  # read once, by the first reconciliation
     holder = f"{socket.gethostname()}:{id(runtime)}"
@@ -264,6 +222,14 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                 installation.append(installation_id(session=session))
                 session.commit()
         publish_installation(runtime.redis, installation[0])
+        # Heartbeats still queued are no silence of their nodes: judged up to the oldest.
+        try:
+            queued_s = heartbeat_backlog_s(
+                runtime.redis, key_for=runtime.node_keys, now=time.time()
+            )
+        except Exception as exc:  # Redis down: no heartbeat arrives either (SilenceJudge)
+            log.warning("could not read the heartbeat backlog: %s", exc)
+            queued_s = 0.0
         with runtime.factory() as session:
             repairs = reconcile(
                 session=session,
@@ -271,6 +237,7 @@ def build_scheduler_app(settings: Settings, scheduler: SchedulerSettings) -> Cel
                 heartbeat_timeout_s=scheduler.heartbeat_timeout_s,
                 dispatch_timeout_s=scheduler.dispatch_timeout_s,
                 silence=silence,
+                heartbeats_queued_s=queued_s,
             )
         runtime.messenger.send(repairs.after)
         return {"lost": len(repairs.lost_jobs), "redispatched": len(repairs.run)}

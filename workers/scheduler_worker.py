@@ -14,9 +14,11 @@ from app.config import Settings
 from app.cycle.settings import SchedulerSettings
 from app.logs import celery_options, configure_logging, log_level_name
 from app.messaging import SCHEDULER_QUEUE
+from app.nodes.telemetry import TelemetryPolicy
 from app.processes import die_with_parent
 from app.wire import REPORTS_QUEUE
-from workers.scheduler import build_scheduler_app
+from workers.heartbeats import HeartbeatDrain
+from workers.scheduler import build_scheduler_app, scheduler_runtime
 
 log = logging.getLogger("gpusched.scheduler")
 
@@ -24,6 +26,8 @@ log = logging.getLogger("gpusched.scheduler")
 # What a scheduler process consumes: everything (one process, the simplest deployment), or
 # one half. Agents' reports (heartbeats, job starts and ends) in a process of their own
 # do not compete with the cycle for one interpreter lock: `gpusched up` runs the two.
+# Heartbeats are not in Celery's queues: the process that takes reports drains their own
+# queue in a thread (workers/heartbeats.py), so they never delay a job's start or end.
 WORK_QUEUES = {
     "all": (f"{SCHEDULER_QUEUE},{REPORTS_QUEUE}", "scheduler"),
     "cycle": (SCHEDULER_QUEUE, "scheduler"),
@@ -43,7 +47,19 @@ def run_scheduler_worker(
         if compiled_core.in_use()
         else "plain Python (`make native` compiles it)",
     )
-    celery = build_scheduler_app(settings, scheduler)
+    runtime = scheduler_runtime(settings, scheduler)
+    celery = build_scheduler_app(settings, scheduler, runtime=runtime)
+    if work != "cycle":
+        HeartbeatDrain(
+            redis_client=runtime.redis,
+            factory=runtime.factory,
+            key_for=runtime.node_keys,
+            sender=runtime.messenger,
+            telemetry=TelemetryPolicy(
+                foreign_util_threshold_pct=scheduler.foreign_util_threshold_pct
+            ),
+            grace_s=scheduler.dispatch_timeout_s,
+        ).start()
     # Cycle durations, report handling and dispatch failures live in the process that
     # counts them: each serves its own.
     port = scheduler.reports_metrics_port if work == "reports" else scheduler.metrics_port

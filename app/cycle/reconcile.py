@@ -150,14 +150,20 @@ def reconcile(
     heartbeat_timeout_s: float,
     dispatch_timeout_s: float,
     silence: SilenceJudge,
+    heartbeats_queued_s: float = 0.0,
 ) -> Repairs:
     """Silent nodes are judged only when `silence` allows it; a run that the database
-    fails interrupts the judge's trust (heartbeats could not be stored either)."""
+    fails interrupts the judge's trust (heartbeats could not be stored either).
+
+    `heartbeats_queued_s`: how long the oldest heartbeat still waiting in the broker has
+    waited (the scheduler's backlog). Every heartbeat sent before then has been stored, so
+    silence is judged up to then, not up to now: a node whose heartbeats are only queued
+    is not silent."""
     try:
         return _repair(
             session,
             now=now,
-            heartbeat_timeout_s=heartbeat_timeout_s,
+            heartbeat_timeout_s=heartbeat_timeout_s + max(0.0, heartbeats_queued_s),
             dispatch_timeout_s=dispatch_timeout_s,
             judge_nodes=silence.may_judge(now),
         )

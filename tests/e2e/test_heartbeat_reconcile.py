@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-import workers.scheduler
+import workers.heartbeats
 from app.auth.service import create_user
 from app.cycle.reconcile import reconcile_node_attempts
 from app.cycle.run import run_cycle
@@ -166,7 +166,7 @@ def test_a_heartbeat_that_loses_a_deadlock_is_stored_on_its_second_try(
     # Under load, PostgreSQL picked the heartbeat as a deadlock's victim (a cycle's apply
     # held the same rows); dropped, its node looked silent and its jobs ran twice.
     job_id, started_at = _started_job(factory)
-    real_ingest = workers.scheduler.ingest_heartbeat
+    real_ingest = workers.heartbeats.ingest_heartbeat
     calls = []
 
     def first_one_deadlocks(**kwargs: Any) -> None:
@@ -175,7 +175,7 @@ def test_a_heartbeat_that_loses_a_deadlock_is_stored_on_its_second_try(
         if len(calls) == 1:
             raise OperationalError("UPDATE gpu", {}, DeadlockDetected("deadlock detected"))
 
-    monkeypatch.setattr(workers.scheduler, "ingest_heartbeat", first_one_deadlocks)
+    monkeypatch.setattr(workers.heartbeats, "ingest_heartbeat", first_one_deadlocks)
     received = started_at + timedelta(seconds=5)
     with factory() as session:
         repairs = handle_heartbeat(

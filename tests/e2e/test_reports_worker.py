@@ -61,3 +61,29 @@ def test_each_process_serves_the_metrics_it_counts(stack: Stack) -> None:
     assert cycles.get(("gpusched_queue_wait_seconds_count", ()), 0) == 0
     assert cycles[("gpusched_scheduling_cycle_seconds_count", (("kind", "full"),))] >= 1
     assert not any(name.startswith("gpusched_scheduling_cycle") for name, _ in reports)
+
+
+def test_a_backlog_of_heartbeats_does_not_delay_a_jobs_reports(stack: Stack) -> None:
+    # A node with no GPU (no job goes there) whose agent sends far more heartbeats than
+    # one process stores one by one: 3,000 of them, queued before the job is submitted.
+    import time
+
+    from app.wire import Heartbeat, Register
+
+    node = stack.name("hb-flood")
+    stack.send_report(Register(node=node))
+    for _ in range(3000):
+        stack.send_report(Heartbeat(node=node, taken_at=time.time()))
+    job = stack.submit({"command": "sleep 0.3", "gpus": 1})
+    assert stack.wait_status(job["id"], "SUCCEEDED", "FAILED")["status"] == "SUCCEEDED"
+    # The job's start and end did not wait for the heartbeats queued before them to be
+    # stored (one at a time behind them in one queue, they would all have been): at most
+    # each batch's newest one of the flooding node was.
+    reports = _samples(REPORTS_PORT)
+    stored_one_by_one = reports.get(
+        ("gpusched_agent_report_seconds_count", (("kind", "heartbeat"),)), 0
+    )
+    stored_in_batches = reports.get(
+        ("gpusched_heartbeats_drained_total", (("outcome", "stored"),)), 0
+    )
+    assert stored_one_by_one + stored_in_batches < 1000

@@ -476,9 +476,13 @@ class Stack:
 
     def send_report(self, report: Any) -> None:
         """An agent's report (an app.wire message), sealed with its node's key."""
-        from app.wire import AGENT_REPORT, seal
+        from app.wire import AGENT_REPORT, report_queue, seal
 
-        self.celery.send_task(AGENT_REPORT, kwargs=seal(report, key=self.node_key(report.node)))
+        self.celery.send_task(
+            AGENT_REPORT,
+            kwargs=seal(report, key=self.node_key(report.node)),
+            queue=report_queue(report.KIND),
+        )
 
     # -- simulated GPUs ----------------------------------------------------------
 

@@ -32,6 +32,7 @@ from app.wire import (
     celery_app,
     node_queue,
     note_refused,
+    report_queue,
     seal,
     wait_installation,
 )
@@ -87,7 +88,11 @@ class SealedReporter:
 
     def report(self, message: Report) -> bool:
         try:
-            self.celery.send_task(AGENT_REPORT, kwargs=seal(message, key=self._key))
+            self.celery.send_task(
+                AGENT_REPORT,
+                kwargs=seal(message, key=self._key),
+                queue=report_queue(message.KIND),
+            )
             return True
         except Exception as exc:
             log.warning("could not send report %s: %s", message.KIND, exc)

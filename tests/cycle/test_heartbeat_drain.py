@@ -1,0 +1,268 @@
+"""Heartbeats drained from their own queue in batches (workers/heartbeats.py).
+
+- Only each node's newest heartbeat of a batch is stored: the others are superseded
+  snapshots, never written.
+- A batch's heartbeats are believed only if sealed by the node they name, as any report.
+- Job reports travel in another queue, which Celery's pool consumes: the agent routes
+  only heartbeats to `heartbeats`, and the reports worker's Celery does not take them.
+- A node whose heartbeats wait in the queue is not silent: silence is judged up to the
+  oldest queued heartbeat's send time, not up to now.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+
+from app.cycle.reconcile import SilenceJudge, reconcile
+from app.db import utcnow
+from app.messaging import NullMessenger
+from app.nodes.keys import node_key
+from app.nodes.models import Gpu, GpuSample, Node
+from app.nodes.telemetry import TelemetryPolicy
+from app.wire import (
+    HEARTBEATS_QUEUE,
+    REPORTS_QUEUE,
+    Finished,
+    GpuReading,
+    Heartbeat,
+    Started,
+    seal,
+)
+from tests.foundation.builders import ready_node
+from workers.heartbeats import HeartbeatDrain, heartbeat_backlog_s, task_kwargs
+
+SECRET = b"s" * 32
+
+
+def key_for(node: str) -> bytes:
+    return node_key(SECRET, node)
+
+
+class FakeQueueRedis:
+    """Redis's list commands as kombu uses them: pushed left, popped right."""
+
+    def __init__(self) -> None:
+        self.lists: dict[str, list[bytes]] = {}
+
+    def lpush(self, name: str, value: bytes) -> None:
+        self.lists.setdefault(name, []).insert(0, value)
+
+    def rpop(self, name: str, count: int) -> list[bytes] | None:
+        items = self.lists.get(name, [])
+        taken = [items.pop() for _ in range(min(count, len(items)))]
+        return taken or None
+
+    def brpop(self, names: list[str], timeout: float) -> tuple[bytes, bytes] | None:
+        popped = self.rpop(names[0], 1)
+        return (names[0].encode(), popped[0]) if popped else None
+
+    def lindex(self, name: str, index: int) -> bytes | None:
+        items = self.lists.get(name, [])
+        return items[index] if -len(items) <= index < len(items) else None
+
+
+def task_message(kwargs: dict[str, Any]) -> bytes:
+    """A Celery task message as kombu stores it in Redis (tests/e2e sends real ones)."""
+    body = base64.b64encode(json.dumps([[], kwargs, {}]).encode()).decode()
+    envelope = {
+        "body": body,
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {"task": "gpusched.agent_report"},
+        "properties": {"body_encoding": "base64", "priority": 0},
+    }
+    return json.dumps(envelope).encode()
+
+
+def queue_heartbeat(
+    redis: FakeQueueRedis, heartbeat: Heartbeat, *, key: bytes | None = None, sent_at=None
+) -> None:
+    sealed = seal(heartbeat, key=key or key_for(heartbeat.node), now=sent_at)
+    redis.lpush(HEARTBEATS_QUEUE, task_message(sealed))
+
+
+def heartbeat(node: str, util: float) -> Heartbeat:
+    return Heartbeat(
+        node=node,
+        gpus=(GpuReading(index=0, uuid=f"GPU-{node}-0", util_pct=util),),
+        taken_at=time.time(),
+    )
+
+
+def drain(api: Any, redis: FakeQueueRedis) -> HeartbeatDrain:
+    return HeartbeatDrain(
+        redis_client=redis,
+        factory=api.factory,
+        key_for=key_for,
+        sender=NullMessenger(),
+        telemetry=TelemetryPolicy(),
+        grace_s=15,
+    )
+
+
+def samples(api: Any, node: str) -> list[float | None]:
+    with api.factory() as session:
+        return list(
+            session.scalars(
+                select(GpuSample.util_pct)
+                .join(Gpu, Gpu.id == GpuSample.gpu_id)
+                .join(Node, Node.id == Gpu.node_id)
+                .where(Node.name == node)
+                .order_by(GpuSample.id)
+            )
+        )
+
+
+def test_only_each_nodes_newest_heartbeat_of_a_batch_is_stored(api: Any) -> None:
+    with api.factory.begin() as session:
+        session.add_all(
+            [ready_node("n1", gpus=1, now=utcnow()), ready_node("n2", gpus=1, now=utcnow())]
+        )
+    redis = FakeQueueRedis()
+    for node, util in (("n1", 10.0), ("n2", 50.0), ("n1", 20.0), ("n1", 30.0)):
+        queue_heartbeat(redis, heartbeat(node, util))
+
+    stored, superseded = drain(api, redis).drain_once()
+
+    assert (stored, superseded) == (2, 2)
+    assert samples(api, "n1") == [30.0]  # the newest; 10 and 20 were never written
+    assert samples(api, "n2") == [50.0]
+    assert redis.lists[HEARTBEATS_QUEUE] == []
+
+
+def test_a_heartbeat_not_sealed_by_its_node_is_refused_and_the_others_stored(api: Any) -> None:
+    with api.factory.begin() as session:
+        session.add_all(
+            [ready_node("n1", gpus=1, now=utcnow()), ready_node("n2", gpus=1, now=utcnow())]
+        )
+    redis = FakeQueueRedis()
+    queue_heartbeat(redis, heartbeat("n1", 10.0))
+    # Signed with n2's key, naming n1: the newest in the queue, and not believed.
+    queue_heartbeat(redis, heartbeat("n1", 99.0), key=key_for("n2"))
+    redis.lpush(HEARTBEATS_QUEUE, b"not a task message")
+    queue_heartbeat(redis, heartbeat("n2", 50.0))
+
+    stored, superseded = drain(api, redis).drain_once()
+
+    assert (stored, superseded) == (2, 0)
+    assert samples(api, "n1") == [10.0]
+    assert samples(api, "n2") == [50.0]
+
+
+def test_a_node_whose_heartbeats_are_only_queued_is_not_declared_lost(api: Any) -> None:
+    timeout = 30.0
+    now = utcnow()
+    last_stored = now - timedelta(seconds=40)  # past the timeout, as far as stored goes
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=1, now=last_stored))
+    redis = FakeQueueRedis()
+    # Its next heartbeat was sent 35 s ago, 5 s after the last one stored: it waits in
+    # the queue behind the scheduler's backlog.
+    queue_heartbeat(redis, heartbeat("n1", 10.0), sent_at=now.timestamp() - 35)
+    judge = SilenceJudge(heartbeat_timeout_s=timeout)
+    judge.may_judge(now - timedelta(seconds=timeout))  # a judge that trusts silence
+
+    backlog = heartbeat_backlog_s(redis, key_for=key_for, now=now.timestamp())
+    assert 34 < backlog < 36
+    with api.factory() as session:
+        repairs = reconcile(
+            session=session,
+            now=now,
+            heartbeat_timeout_s=timeout,
+            dispatch_timeout_s=3600,
+            silence=judge,
+            heartbeats_queued_s=backlog,
+        )
+    assert repairs.lost_nodes == []
+
+    # Judged up to now instead (the backlog not counted), the node is lost.
+    with api.factory() as session:
+        repairs = reconcile(
+            session=session, now=now, heartbeat_timeout_s=timeout, dispatch_timeout_s=3600,
+            silence=judge,
+        )  # fmt: skip
+    assert repairs.lost_nodes == ["n1"]
+
+
+def test_the_backlog_is_read_only_from_a_believed_heartbeat() -> None:
+    redis = FakeQueueRedis()
+    assert heartbeat_backlog_s(redis, key_for=key_for, now=time.time()) == 0.0
+    # A forged message at the head of the queue cannot hold every node's judgement back.
+    queue_heartbeat(redis, heartbeat("n1", 1.0), key=b"x" * 32, sent_at=time.time() - 3600)
+    assert heartbeat_backlog_s(redis, key_for=key_for, now=time.time()) == 0.0
+
+
+def test_the_agent_sends_heartbeats_apart_from_job_reports() -> None:
+    from workers.agent.worker import SealedReporter
+    from workers.scheduler_worker import WORK_QUEUES
+
+    sent: list[tuple[str, str]] = []
+
+    class Celery:
+        def send_task(self, name: str, *, kwargs: dict[str, str], queue: str) -> None:
+            sent.append((json.loads(kwargs["header"])["kind"], queue))
+
+    reporter = SealedReporter(Celery(), key=key_for("n1"))  # type: ignore[arg-type]
+    reporter.report(heartbeat("n1", 1.0))
+    reporter.report(Started(node="n1", job_id=1, attempt=1))
+    reporter.report(Finished(node="n1", job_id=1, attempt=1, result="SUCCEEDED"))
+
+    assert sent == [
+        ("heartbeat", HEARTBEATS_QUEUE),
+        ("started", REPORTS_QUEUE),
+        ("finished", REPORTS_QUEUE),
+    ]
+    # Celery's pool never takes heartbeats: job reports have their queue to themselves.
+    for queues, _role in WORK_QUEUES.values():
+        assert HEARTBEATS_QUEUE not in queues.split(",")
+
+
+def test_task_kwargs_reads_only_task_messages() -> None:
+    assert task_kwargs(task_message({"a": "b"})) == {"a": "b"}
+    assert task_kwargs(b"{}") is None
+    assert task_kwargs(b"[1, 2]") is None
+    assert task_kwargs(json.dumps({"body": "!!", "properties": {}})) is None
+
+
+def test_a_batchs_nodes_are_heard_from_before_their_readings_are_stored(api: Any) -> None:
+    # Storing a batch takes one transaction per 100 nodes: meanwhile none of its nodes
+    # may look silent. They are marked heard from first, in one statement.
+    long_ago = utcnow() - timedelta(seconds=600)
+    with api.factory.begin() as session:
+        session.add_all([ready_node(n, gpus=1, now=long_ago) for n in ("n1", "n2")])
+    redis = FakeQueueRedis()
+    queue_heartbeat(redis, heartbeat("n1", 10.0))
+    queue_heartbeat(redis, heartbeat("n2", 10.0))
+    seen: list[dict[str, Any]] = []
+    hb_drain = drain(api, redis)
+
+    def store(heartbeats: Any) -> int:  # what the reconciliation would read meanwhile
+        with api.factory() as session:
+            seen.append(dict(session.execute(select(Node.name, Node.last_heartbeat_at)).all()))
+        return 0
+
+    hb_drain.store = store  # type: ignore[method-assign]
+    hb_drain.drain_once()
+
+    assert seen and all(at > long_ago + timedelta(seconds=500) for at in seen[0].values())
+
+
+def test_a_batch_of_many_nodes_is_stored_in_several_transactions_at_once(api: Any) -> None:
+    names = [f"m{i}" for i in range(7)]
+    with api.factory.begin() as session:
+        session.add_all([ready_node(n, gpus=1, now=utcnow()) for n in names])
+    redis = FakeQueueRedis()
+    for round_ in range(2):
+        for name in names:
+            queue_heartbeat(redis, heartbeat(name, float(round_)))
+    hb_drain = drain(api, redis)
+    hb_drain.per_transaction, hb_drain.threads = 2, 3
+
+    assert hb_drain.drain_once() == (7, 7)
+    assert all(samples(api, name) == [1.0] for name in names)

@@ -1,0 +1,304 @@
+"""Agents' heartbeats, drained from their own queue in batches, apart from job reports.
+
+A heartbeat is a snapshot of its node (see `handle_heartbeat`): only each node's newest
+matters. Agents send them, sealed like every report, as Celery task messages to the
+`heartbeats` queue (`app.wire.report_queue`); Celery's pool does not consume that queue.
+This drain does, in a thread of the reports process:
+
+- it pops the whole queue at once (up to `batch` messages, oldest first), checks each
+  one's seal as the reports task does, and keeps only the last of each node in queue
+  order (an agent sends its heartbeats one after another, so the later is the newer): a
+  heartbeat superseded by a newer one already received is never stored;
+- it stores the kept ones `per_transaction` nodes to a transaction, `threads`
+  transactions at once (each node's readings and the reconciliation of its attempts, as
+  `handle_heartbeat` does), then sends what the repairs left to do; a transaction that
+  fails is retried one heartbeat at a time through `handle_heartbeat` (its deadlock
+  retries, its drop on a database outage);
+- job reports (started, finished, leaving, register) stay in the `reports` queue, which
+  Celery's threads consume: no heartbeat backlog is ever in front of them.
+
+A popped heartbeat is gone from Redis: one lost with a dying process is replaced by the
+node's next, seconds later (heartbeats are dropped, not retried, for the same reason).
+
+Silence is judged by the newest heartbeat received, not stored: a batch's nodes are all
+marked heard from (one statement) before their readings are stored, and
+`heartbeat_backlog_s` tells the reconciliation how long the oldest heartbeat still queued
+has waited; silence is judged up to then (`app.cycle.reconcile.reconcile`), so a node
+whose heartbeats are only queued is never declared lost for the backlog.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.cycle.reconcile import NodeRepairs, heartbeat_taken_at, reconcile_node_attempts
+from app.db import utcnow
+from app.messaging import Sender
+from app.metrics import HEARTBEAT_BATCH_SECONDS, HEARTBEATS_DRAINED
+from app.nodes.models import Node
+from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat
+from app.wire import HEARTBEATS_QUEUE, Heartbeat, Refused, note_refused, unseal
+
+log = logging.getLogger("gpusched.heartbeats")
+
+# A batch is the whole backlog (up to this many messages): of a backlog longer than one
+# interval, only each node's newest is stored, so the queue cannot grow past what one
+# round of storing lets in, and no node's heartbeat is stored older than that.
+BATCH = 10_000
+# Nodes stored per transaction: few, so that a cycle's apply or a finished report (which
+# update GPU rows too) never waits long for the rows a transaction of heartbeats holds
+# (at 25, 1.5 s transactions on a loaded machine stalled the cycle at 1,000 nodes).
+PER_TRANSACTION = 5
+# Transactions of one batch stored at once (distinct nodes: they touch distinct rows), as
+# Celery's 4 threads did one heartbeat each: the time of one is mostly waiting.
+STORE_THREADS = 4
+HEARTBEAT_TYPES = {Heartbeat.KIND: Heartbeat}
+
+# deadlock_detected, serialization_failure: the transaction may simply be run again.
+RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
+HEARTBEAT_TRIES = 3
+
+
+def handle_heartbeat(
+    *,
+    session: Session,
+    heartbeat: Heartbeat,
+    telemetry: TelemetryPolicy,
+    grace_s: float,
+    now: datetime,
+) -> NodeRepairs | None:
+    """Store a heartbeat's readings and reconcile the node's attempts with it (committed);
+    None when the database failed and the heartbeat was dropped.
+
+    Dropped, not retried later: a heartbeat is a snapshot. Applied late, it would judge
+    attempts started since against its old list of running ones and declare them lost;
+    the next heartbeat, seconds away, is current. Only a deadlock's victim is run again,
+    at once.
+    """
+    tries = 1
+    while True:
+        try:
+            ingest_heartbeat(session=session, heartbeat=heartbeat, policy=telemetry, now=now)
+            repairs = reconcile_node_attempts(
+                session=session,
+                heartbeat=heartbeat,
+                taken_at=heartbeat_taken_at(heartbeat.taken_at, received_at=now),
+                grace_s=grace_s,
+            )
+            session.commit()
+            return repairs
+        except OperationalError as exc:
+            session.rollback()
+            # The victim of a deadlock (a cycle's apply locked the same rows): PostgreSQL
+            # rolled it back so that it can be run again at once, still current. Dropped,
+            # its node would look silent and its jobs be declared lost.
+            if (
+                getattr(exc.orig, "sqlstate", None) in RETRYABLE_SQLSTATES
+                and tries < HEARTBEAT_TRIES
+            ):
+                tries += 1
+                continue
+            log.warning("heartbeat from %s dropped: %s", heartbeat.node, exc)
+            return None
+
+
+def task_kwargs(raw: bytes | str) -> dict[str, Any] | None:
+    """The keyword arguments of a Celery task message as kombu keeps it in Redis (JSON,
+    its body base64-encoded JSON `[args, kwargs, embed]`); None if it is not one."""
+    try:
+        envelope = json.loads(raw)
+        body = envelope["body"]
+        if envelope.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        _args, kwargs, _embed = json.loads(body)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return kwargs if isinstance(kwargs, dict) else None
+
+
+def newest_per_node(
+    raws: Sequence[bytes | str], *, key_for: Callable[[str], bytes]
+) -> tuple[list[Heartbeat], int]:
+    """The believed heartbeats among `raws` (oldest first), the last of each node only,
+    and how many were superseded. A message that is not a heartbeat sealed by the node it
+    names is refused (logged, counted) as the reports task refuses it."""
+    newest: dict[str, Heartbeat] = {}
+    believed = 0
+    for raw in raws:
+        kwargs = task_kwargs(raw)
+        try:
+            if kwargs is None:
+                raise Refused("unsigned", "not a task message")
+            sealed = unseal(kwargs, types=HEARTBEAT_TYPES, key_for=key_for)
+        except Refused as refused:
+            note_refused(refused, receiver="scheduler")
+            continue
+        heartbeat = sealed.message
+        assert isinstance(heartbeat, Heartbeat)
+        believed += 1
+        newest.pop(heartbeat.node, None)  # re-inserted last: stored in order of arrival
+        newest[heartbeat.node] = heartbeat
+    return list(newest.values()), believed - len(newest)
+
+
+def heartbeat_backlog_s(redis_client: Any, *, key_for: Callable[[str], bytes], now: float) -> float:
+    """How long the oldest heartbeat waiting in the queue has waited (by its sealed send
+    time; 0 when none, or when it is not a believed heartbeat)."""
+    raw = redis_client.lindex(HEARTBEATS_QUEUE, -1)  # kombu pushes left, pops right
+    kwargs = task_kwargs(raw) if raw is not None else None
+    if kwargs is None:
+        return 0.0
+    try:
+        sealed = unseal(kwargs, types=HEARTBEAT_TYPES, key_for=key_for)
+    except Refused:
+        return 0.0
+    return max(0.0, now - sealed.header.sent_at)
+
+
+class HeartbeatDrain:
+    def __init__(
+        self,
+        *,
+        redis_client: Any,
+        factory: sessionmaker[Session],
+        key_for: Callable[[str], bytes],
+        sender: Sender,
+        telemetry: TelemetryPolicy,
+        grace_s: float,
+        batch: int = BATCH,
+        per_transaction: int = PER_TRANSACTION,
+        threads: int = STORE_THREADS,
+    ) -> None:
+        self.redis = redis_client
+        self.factory = factory
+        self.key_for = key_for
+        self.sender = sender
+        self.telemetry = telemetry
+        self.grace_s = grace_s
+        self.batch = batch
+        self.per_transaction = per_transaction
+        self.threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+
+    def pop(self, *, block_s: float) -> list[bytes]:
+        """Up to `batch` queued heartbeats, oldest first; waits up to `block_s` for one."""
+        raws: list[bytes] = self.redis.rpop(HEARTBEATS_QUEUE, self.batch) or []
+        if raws or block_s <= 0:
+            return raws
+        got = self.redis.brpop([HEARTBEATS_QUEUE], timeout=block_s)
+        if not got:
+            return []
+        more = self.redis.rpop(HEARTBEATS_QUEUE, self.batch - 1) if self.batch > 1 else None
+        return [got[1], *(more or [])]
+
+    def drain_once(self, *, block_s: float = 0.0) -> tuple[int, int]:
+        """One batch: (heartbeats stored, superseded ones skipped)."""
+        raws = self.pop(block_s=block_s)
+        if not raws:
+            return 0, 0
+        heartbeats, superseded = newest_per_node(raws, key_for=self.key_for)
+        if superseded:
+            HEARTBEATS_DRAINED.labels("superseded").inc(superseded)
+        self.heard(heartbeats)
+        chunks = [
+            heartbeats[start : start + self.per_transaction]
+            for start in range(0, len(heartbeats), self.per_transaction)
+        ]
+        if len(chunks) <= 1 or self.threads <= 1:
+            return sum(self.store(chunk) for chunk in chunks), superseded
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="heartbeats")
+        return sum(self._pool.map(self.store, chunks)), superseded
+
+    def heard(self, heartbeats: Sequence[Heartbeat]) -> None:
+        """Mark every node of a batch heard from now, in one statement, before their
+        readings are stored (transaction after transaction): silence is judged by the
+        newest heartbeat received, so none is silent while its batch is being stored."""
+        names = [heartbeat.node for heartbeat in heartbeats]
+        if not names:
+            return
+        try:
+            with self.factory() as session:
+                session.execute(
+                    update(Node).where(Node.name.in_(names)).values(last_heartbeat_at=utcnow())
+                )
+                session.commit()
+        except OperationalError as exc:  # stored below, or dropped as any heartbeat is
+            log.warning("could not mark %d nodes heard from: %s", len(names), exc)
+
+    def store(self, heartbeats: Sequence[Heartbeat]) -> int:
+        """Store heartbeats of distinct nodes in one transaction (one at a time if it
+        fails), then send what their repairs left to do; returns how many were stored."""
+        started = time.monotonic()
+        now = utcnow()
+        all_repairs: list[NodeRepairs] = []
+        with self.factory() as session:
+            try:
+                for heartbeat in heartbeats:
+                    ingest_heartbeat(
+                        session=session, heartbeat=heartbeat, policy=self.telemetry, now=now
+                    )
+                    all_repairs.append(
+                        reconcile_node_attempts(
+                            session=session,
+                            heartbeat=heartbeat,
+                            taken_at=heartbeat_taken_at(heartbeat.taken_at, received_at=now),
+                            grace_s=self.grace_s,
+                        )
+                    )
+                session.commit()
+            except Exception as exc:  # a deadlock, an outage, one odd heartbeat: one by one
+                session.rollback()
+                log.warning(
+                    "a batch of %d heartbeats failed (%s); one by one", len(heartbeats), exc
+                )
+                all_repairs = []
+                for heartbeat in heartbeats:
+                    repairs = handle_heartbeat(
+                        session=session,
+                        heartbeat=heartbeat,
+                        telemetry=self.telemetry,
+                        grace_s=self.grace_s,
+                        now=utcnow(),
+                    )
+                    if repairs is not None:
+                        all_repairs.append(repairs)
+        HEARTBEAT_BATCH_SECONDS.observe(time.monotonic() - started)
+        HEARTBEATS_DRAINED.labels("stored").inc(len(all_repairs))
+        for repairs in all_repairs:
+            for stop in repairs.stops:
+                log.warning(
+                    "heartbeat of %s: stopping job %s attempt %s (orphaned, or its gang ended)",
+                    stop.node,
+                    stop.job_id,
+                    stop.attempt,
+                )
+            self.sender.send(repairs.after)
+        return len(all_repairs)
+
+    def run(self, stop: threading.Event) -> None:
+        """Drain until `stop` is set; Redis or database trouble is logged and waited out."""
+        while not stop.is_set():
+            try:
+                self.drain_once(block_s=1.0)
+            except Exception as exc:
+                log.warning("heartbeat drain: %s", exc)
+                stop.wait(1.0)
+
+    def start(self) -> threading.Event:
+        """Run in a daemon thread; set the returned event to stop it."""
+        stop = threading.Event()
+        threading.Thread(target=self.run, args=(stop,), name="heartbeats", daemon=True).start()
+        return stop
