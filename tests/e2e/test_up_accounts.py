@@ -159,6 +159,10 @@ def test_up_as_a_plain_user_runs_every_job_as_that_user(unix_accounts: dict) -> 
         "GPUSCHED_NATIVE": "0",  # the compiled core was built for this interpreter, not that
         "GPUSCHED_DATA_DIR": str(data_dir),
         "GPUSCHED_PORT": str(port),
+        # Free ports, as start_up gives: the defaults (9101, 9102) collided with another
+        # test's stack in a parallel worker, and up refused to start.
+        "GPUSCHED_SCHEDULER_METRICS_PORT": str(free_port()),
+        "GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT": str(free_port()),
     }
     log = Path(carol.home) / f"{data_dir.name}.log"
     with log.open("wb") as out:
