@@ -1081,7 +1081,7 @@ def test_every_page_renders_without_console_errors(
         page.wait_for_selector(ready)
         if name == "overview":  # the running job in its table, every GPU in the heatmap
             page.wait_for_selector(f"#running-table tr[data-job='{running['id']}']", timeout=30_000)
-            page.wait_for_function("document.querySelectorAll('.hm-label').length >= 8")
+            page.wait_for_function("() => document.querySelectorAll('.hm-label').length >= 8")
         page.wait_for_load_state("networkidle")
         page.wait_for_timeout(300)
         view.shot(f"{name}-{width}")

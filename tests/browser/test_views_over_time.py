@@ -62,7 +62,9 @@ def test_the_overview_shows_the_past_running_jobs_and_each_gpu_over_time(
         _expect_text(page, f"{row} td.mono", r"^sim-\d:\d, sim-\d:\d$")  # where it runs
         # The heatmap: a row per GPU of the two simulated nodes, with its mean.
         page.wait_for_selector("#gpu-heatmap canvas")
-        page.wait_for_function("document.querySelectorAll('#gpu-heatmap .hm-label').length === 8")
+        page.wait_for_function(
+            "() => document.querySelectorAll('#gpu-heatmap .hm-label').length === 8"
+        )
         # A cell of the job's GPU names the job (on a phone there is no hover). The heatmap
         # is read once a minute: choosing the range again reads it now.
         if width == "desktop":
@@ -98,7 +100,9 @@ def test_the_overview_shows_the_past_running_jobs_and_each_gpu_over_time(
         _expect_text(page, "#heatmap-card h2", "^Utilisation per GPU, last 7 days$")
         assert page.get_attribute("[data-range='7d']", "aria-pressed") == "true"
         assert page.evaluate("location.hash") == "#/?range=7d"
-        page.wait_for_function("document.querySelectorAll('#gpu-heatmap .hm-label').length === 8")
+        page.wait_for_function(
+            "() => document.querySelectorAll('#gpu-heatmap .hm-label').length === 8"
+        )
         week = [a for a in asked if a.get("step") == ["3600"]]
         assert {a["path"][0] for a in week} == {"/api/v1/utilization", "/api/v1/utilization/gpus"}
         since = min(datetime.fromisoformat(a["since"][0].replace("Z", "+00:00")) for a in week)
