@@ -6,12 +6,13 @@ This is the agent's one door into `app` (with the settings and the process helpe
 imports nothing else of ours.
 
 Messages. Orders go to an agent's own queue (`node.<name>`): `RunJob`, `StopJob`,
-`SetTimeLimit`. Reports go to the scheduler's `reports` queue: `Register`, `Started`,
-`Finished`, `Leaving`; `Heartbeat` (GPU readings with their processes, attempts running
-and lately finished) to its own `heartbeats` queue. Every message names its node. A message is parsed from JSON in
-strict mode: a missing field, a wrong type or a value out of range is refused with the
-field named (`Malformed`). Unknown fields are ignored, so a newer peer may add one; a new
-optional field is one line with a default.
+`SetTimeLimit`, `RegisterAgain`. Reports go to the scheduler's `reports` queue:
+`Register`, `Started`, `Finished`, `Leaving`; `Heartbeat` (GPU readings with their
+processes, attempts running and lately finished) to its own `heartbeats` queue. Every
+message names its node. A message is parsed from JSON in strict mode: a missing field,
+a wrong type or a value out of range is refused with the field named (`Malformed`).
+Unknown fields are ignored, so a newer peer may add one; a new optional field is one line
+with a default.
 
 Sealing. A message travels as three strings: a header (kind, node, send time, nonce), the
 body, and an HMAC-SHA256 of both under the node's key (`seal`). The receiver believes a
@@ -54,6 +55,7 @@ AGENT_REPORT = "gpusched.agent_report"
 RUN_JOB = "gpusched.run_job"
 STOP_JOB = "gpusched.stop_job"
 SET_TIME_LIMIT = "gpusched.set_time_limit"
+REGISTER_AGAIN = "gpusched.register_again"
 
 # An order is believed this long after it was sent (munge's credential TTL is the same);
 # a clock ahead by more is refused too. Scheduler and agent clocks are assumed in sync
@@ -137,7 +139,17 @@ class SetTimeLimit:
     max_runtime_s: Seconds | None
 
 
-Order = RunJob | StopJob | SetTimeLimit
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegisterAgain:
+    """Send `Register` again: a heartbeat came from a node the scheduler does not know
+    (its registration was lost with Redis), as slurmctld asks an unknown slurmd."""
+
+    KIND: ClassVar[str] = "register_again"
+    TASK: ClassVar[str] = REGISTER_AGAIN
+    node: NodeName
+
+
+Order = RunJob | StopJob | SetTimeLimit | RegisterAgain
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,6 +180,9 @@ class Register:
     jobs_run_as: str | None = None
     # The agent's default grace period (a job that asks for none gets it).
     grace_s: Seconds | None = None
+    # Sent on the scheduler's request (RegisterAgain), not at the agent's start: its
+    # attempts still run, so none of the node's LOST jobs may be requeued for it.
+    again: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -280,7 +295,9 @@ Report = Register | Heartbeat | Started | Finished | Leaving
 Message = Order | Report
 M = TypeVar("M", bound=Message | Header)
 
-ORDER_TYPES: dict[str, type[Order]] = {t.KIND: t for t in (RunJob, StopJob, SetTimeLimit)}
+ORDER_TYPES: dict[str, type[Order]] = {
+    t.KIND: t for t in (RunJob, StopJob, SetTimeLimit, RegisterAgain)
+}
 REPORT_TYPES: dict[str, type[Report]] = {
     t.KIND: t for t in (Register, Heartbeat, Started, Finished, Leaving)
 }

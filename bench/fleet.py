@@ -72,6 +72,7 @@ from app.wire import (
     Leaving,
     OrderGate,
     Refused,
+    RegisterAgain,
     Report,
     RunJob,
     SetTimeLimit,
@@ -183,17 +184,7 @@ class Fleet:
         now = time.monotonic()
         for i, node in enumerate(self.nodes.values()):
             node.started_at = time.time()
-            info = node.gpus.node_info()
-            self._send(
-                node,
-                registration(
-                    node=node.name,
-                    info=info,
-                    isolation="subreaper only",
-                    jobs_run_as="root",
-                    grace_s=self.grace_s,
-                ),
-            )
+            self._register(node)
             # Staggered over one interval, as agents started at different times are.
             first = now + self.interval_s * i / max(1, len(self.nodes))
             with self._lock:
@@ -247,6 +238,20 @@ class Fleet:
         finally:
             message.ack()
 
+    def _register(self, node: SimNode, *, again: bool = False) -> None:
+        info = node.gpus.node_info()
+        self._send(
+            node,
+            registration(
+                node=node.name,
+                info=info,
+                isolation="subreaper only",
+                jobs_run_as="root",
+                grace_s=self.grace_s,
+                again=again,
+            ),
+        )
+
     def _obey(self, fields: Mapping[str, Any]) -> None:
         name = _header_node(fields)
         node = self.nodes.get(name or "")
@@ -265,6 +270,8 @@ class Fleet:
             self._run(node, order, sent_at=sealed.header.sent_at)
         elif isinstance(order, StopJob):
             self._stop_attempt(node, order)
+        elif isinstance(order, RegisterAgain):
+            self._register(node, again=True)
         else:
             assert isinstance(order, SetTimeLimit)
             self._set_limit(node, order)

@@ -21,8 +21,8 @@ from app.config import Settings
 from app.cycle.reconcile import (
     SilenceJudge,
     node_left,
+    node_registered,
     reconcile,
-    requeue_lost_on,
 )
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
@@ -44,7 +44,7 @@ from app.messaging import (
     publish_installation,
 )
 from app.metrics import REPORT_SECONDS
-from app.nodes.telemetry import TelemetryPolicy, compact_telemetry, register_node
+from app.nodes.telemetry import TelemetryPolicy, compact_telemetry
 from app.retention import purge_history
 from app.windows.timeline import SchedulerWindows
 from app.wire import (
@@ -164,8 +164,7 @@ def build_scheduler_app(
     def handle_report(report: Report) -> str:
         with runtime.factory() as session:
             if isinstance(report, Register):
-                register_node(session=session, report=report)
-                requeue_lost_on(session=session, node=report.node)
+                node_registered(session=session, report=report)
                 session.commit()
                 runtime.messenger.request_cycle()
                 return "registered"

@@ -27,7 +27,18 @@ from app.jobs.models import Job
 from app.jobs.orders import AfterCommit, released_gates, run_orders, stop_orders
 from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.models import Allocation, Node, NodeState
-from app.wire import Heartbeat, Leaving, RefusalReason, RunJob, Started, StopJob
+from app.nodes.telemetry import register_node
+from app.wire import (
+    Heartbeat,
+    Leaving,
+    Order,
+    RefusalReason,
+    Register,
+    RegisterAgain,
+    RunJob,
+    Started,
+    StopJob,
+)
 
 log = logging.getLogger("gpusched.reconcile")
 
@@ -260,10 +271,14 @@ class NodeRepairs:
     stops: list[StopJob] = field(default_factory=list)
     lost: list[int] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)
+    register_again: RegisterAgain | None = None
 
     @property
     def after(self) -> AfterCommit:
-        return AfterCommit.of(self.stops, cycle=bool(self.lost or self.finished))
+        orders: list[Order] = [*self.stops]
+        if self.register_again is not None:
+            orders.append(self.register_again)
+        return AfterCommit.of(orders, cycle=bool(self.lost or self.finished))
 
 
 def heartbeat_taken_at(stamp: float | None, *, received_at: datetime) -> datetime:
@@ -291,11 +306,16 @@ def reconcile_node_attempts(
       heartbeat repeats both, so a report lost with Redis or the database heals).
     - A job RUNNING here that the agent neither runs nor finished lately is LOST (its
       process died with a previous agent).
+    - A node not known here is asked to register again: its `Register` was lost (with a
+      Redis that restarted empty), and it would never be used until its agent restarts.
     """
     repairs = NodeRepairs()
     node = heartbeat.node
     node_id = session.scalar(select(Node.id).where(Node.name == node))
     if node_id is None:
+        # Also when its heartbeat merely overtook its Register: a second one is harmless.
+        log.info("heartbeat from %s, a node not registered: asking it to register", node)
+        repairs.register_again = RegisterAgain(node=node)
         return repairs
     reported = {(e.job_id, e.attempt) for e in heartbeat.running}
     results = {(e.job_id, e.attempt): e for e in heartbeat.recent}
@@ -342,6 +362,13 @@ def reconcile_node_attempts(
             )
             repairs.lost.append(job.id)
     return repairs
+
+
+def node_registered(*, session: Session, report: Register) -> list[int]:
+    """Store an agent's registration; returns the node's LOST jobs requeued for it (none
+    when it registered again on request: its attempts still run)."""
+    register_node(session=session, report=report)
+    return [] if report.again else requeue_lost_on(session=session, node=report.node)
 
 
 def requeue_lost_on(*, session: Session, node: str) -> list[int]:

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from app.wire import Register
 from tests.agent.support import RecordingReporter, agent_without_gpus, run
 from tests.support.wait import WAIT_S
 from workers.agent import service
+from workers.agent.sim_backend import SimulatedGpus
 
 
 def _run(tmp_path: Path, command: list[str]) -> list[dict[str, object]]:
@@ -43,3 +45,14 @@ def test_a_job_that_outlasts_the_fold_is_reported_started_then_finished(
     assert (started["kind"], started["result"]) == ("started", None)
     assert (finished["kind"], finished["result"]) == ("finished", "SUCCEEDED")
     assert started["pid"] == finished["pid"]
+
+
+def test_asked_to_register_again_the_agent_says_it_is_not_a_restart(tmp_path: Path) -> None:
+    # The scheduler asks (RegisterAgain) when its first Register was lost: the attempts
+    # this agent runs still run, which `again` tells the scheduler.
+    reports = RecordingReporter()
+    agent = agent_without_gpus(tmp_path, reports)
+    agent.backend = SimulatedGpus(2, "L4", hostname="n1")
+    assert agent.register_again() == "registered again"
+    [register] = reports.of(Register)
+    assert (register.node, register.again, len(register.gpus)) == ("n1", True, 2)

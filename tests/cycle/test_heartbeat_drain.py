@@ -21,6 +21,7 @@ from sqlalchemy import select
 
 from app.cycle.reconcile import SilenceJudge, reconcile
 from app.db import utcnow
+from app.jobs.orders import AfterCommit
 from app.messaging import NullMessenger
 from app.nodes.keys import node_key
 from app.nodes.models import Gpu, GpuSample, Node
@@ -31,6 +32,8 @@ from app.wire import (
     Finished,
     GpuReading,
     Heartbeat,
+    Order,
+    RegisterAgain,
     Started,
     seal,
 )
@@ -153,6 +156,34 @@ def test_a_heartbeat_not_sealed_by_its_node_is_refused_and_the_others_stored(api
     assert (stored, superseded) == (2, 0)
     assert samples(api, "n1") == [10.0]
     assert samples(api, "n2") == [50.0]
+
+
+class RecordingSender(NullMessenger):
+    def __init__(self) -> None:
+        self.orders: list[Order] = []
+
+    def send(self, after: AfterCommit) -> tuple[Order, ...]:
+        self.orders.extend(after.orders)
+        return ()
+
+
+def test_a_node_not_registered_is_asked_to_register_again(api: Any) -> None:
+    # Its Register was lost (a Redis restarted empty before the reports worker took it):
+    # unasked, its agent would never register until it restarts, and the node stay unused.
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=1, now=utcnow()))
+    redis = FakeQueueRedis()
+    queue_heartbeat(redis, heartbeat("n1", 10.0))
+    queue_heartbeat(redis, heartbeat("ghost", 20.0))
+    sender = RecordingSender()
+    draining = drain(api, redis)
+    draining.sender = sender
+
+    assert draining.drain_once() == (2, 0)
+    assert sender.orders == [RegisterAgain(node="ghost")]  # n1, known, is asked nothing
+    assert samples(api, "n1") == [10.0]
+    with api.factory() as session:
+        assert session.scalar(select(Node).where(Node.name == "ghost")) is None
 
 
 def test_a_node_whose_heartbeats_are_only_queued_is_not_declared_lost(api: Any) -> None:

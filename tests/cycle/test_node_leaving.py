@@ -10,13 +10,19 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from app.cycle.reconcile import SilenceJudge, node_left, reconcile, requeue_lost_on
+from app.cycle.reconcile import (
+    SilenceJudge,
+    node_left,
+    node_registered,
+    reconcile,
+    requeue_lost_on,
+)
 from app.db import utcnow
 from app.jobs.agent_reports import WATCHDOG_KILL_S, mark_lost
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
-from app.nodes.models import Node
-from app.wire import Finished, Leaving
+from app.nodes.models import Node, NodeState
+from app.wire import Finished, GpuInfo, Leaving, Register
 from tests.cycle.jobs_api import add_node, get_job, job_events, run_one_cycle, submit
 
 HEARTBEAT_TIMEOUT_S = 30.0
@@ -109,6 +115,37 @@ def test_a_node_whose_agent_comes_back_requeues_its_lost_jobs_at_once(api) -> No
         session.commit()
         assert job.status is JobStatus.LOST
         assert requeue_lost_on(session=session, node=node.name) == [running]
+        session.commit()
+    assert get_job(api, running)["status"] == "PENDING"
+
+
+def test_an_agent_asked_to_register_again_requeues_none_of_its_lost_jobs(api) -> None:
+    # Asked because its first Register was lost (RegisterAgain): it did not restart, so
+    # what it runs may still run; only a Register of its next start requeues them.
+    add_node(api, gpus=1)
+    running = _scheduled(api)
+    _started(api, running)
+    with api.factory() as session:
+        node = session.scalars(select(Node)).one()
+        mark_lost(
+            session=session,
+            job=session.get_one(Job, running),
+            reason="node n1 stopped responding",
+            ended_by=utcnow() + timedelta(hours=1),
+            now=utcnow(),
+        )
+        gpus = tuple(
+            GpuInfo(index=g.index, uuid=g.uuid, model=g.model, memory_total_mb=g.memory_total_mb)
+            for g in node.gpus
+        )
+        assert (
+            node_registered(session=session, report=Register(node="n1", gpus=gpus, again=True))
+            == []
+        )
+        session.commit()
+        assert session.get_one(Job, running).status is JobStatus.LOST
+        assert node.state is NodeState.READY and all(g.healthy for g in node.gpus)
+        assert node_registered(session=session, report=Register(node="n1", gpus=gpus)) == [running]
         session.commit()
     assert get_job(api, running)["status"] == "PENDING"
 

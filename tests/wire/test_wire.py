@@ -30,6 +30,7 @@ from app.wire import (
     OrderGate,
     Refused,
     Register,
+    RegisterAgain,
     RunJob,
     SetTimeLimit,
     Started,
@@ -100,6 +101,7 @@ EVERY_MESSAGE: list[Message] = [
         message="not started",
     ),
     Leaving(node="n1", recent=(FINISHED,), taken_at=1_764_000_000.5),
+    RegisterAgain(node="n1"),
 ]
 
 

@@ -159,10 +159,12 @@ def registration(
     isolation: Isolation | None,
     jobs_run_as: str | None,
     grace_s: float,
+    again: bool = False,
 ) -> Register:
-    """What an agent says when it starts: its node, GPUs, how its jobs are fenced and whose
-    account they run as (None: each its owner's), its default grace period. The fleet
-    simulator (bench/fleet.py) sends the same."""
+    """What an agent says when it starts (or when the scheduler asks again: `again`): its
+    node, GPUs, how its jobs are fenced and whose account they run as (None: each its
+    owner's), its default grace period. The fleet simulator (bench/fleet.py) sends the
+    same."""
     return Register(
         node=node,
         hostname=address or info.hostname,
@@ -174,6 +176,7 @@ def registration(
         grace_s=grace_s,
         message=f"driver {info.driver_version}",
         gpus=gpu_infos(info),
+        again=again,
     )
 
 
@@ -466,7 +469,12 @@ class Agent:
         except OSError as exc:  # a full disk must not stop the report itself
             log.warning("could not record job %s attempt %s: %s", key[0], key[1], exc)
 
-    def _register(self) -> None:
+    def register_again(self) -> str:
+        """The scheduler does not know this node (its Register was lost): say it again."""
+        self._register(again=True)
+        return "registered again"
+
+    def _register(self, *, again: bool = False) -> None:
         self.reporter.report(
             registration(
                 node=self.settings.name,
@@ -476,6 +484,7 @@ class Agent:
                 isolation=self.fence.isolation,
                 jobs_run_as=self.jobs_run_as,
                 grace_s=self.settings.grace_s,
+                again=again,
             )
         )
 

@@ -20,11 +20,13 @@ from app.config import Settings
 from app.logs import celery_options, log_level_name
 from app.wire import (
     AGENT_REPORT,
+    REGISTER_AGAIN,
     RUN_JOB,
     SET_TIME_LIMIT,
     STOP_JOB,
     OrderGate,
     Refused,
+    RegisterAgain,
     Report,
     RunJob,
     SetTimeLimit,
@@ -145,6 +147,8 @@ def build_agent(settings: Settings, agent_settings: AgentSettings) -> tuple[Cele
             return agent.run_job(order, sent_at=sealed.header.sent_at)
         if isinstance(order, StopJob):
             return agent.stop_job(order)
+        if isinstance(order, RegisterAgain):
+            return agent.register_again()
         assert isinstance(order, SetTimeLimit)
         return agent.set_time_limit(order)
 
@@ -169,6 +173,10 @@ def build_agent(settings: Settings, agent_settings: AgentSettings) -> tuple[Cele
 
     @celery.task(name=SET_TIME_LIMIT)
     def set_time_limit(*_args: Any, **fields: Any) -> str:
+        return obey(fields)
+
+    @celery.task(name=REGISTER_AGAIN)
+    def register_again(*_args: Any, **fields: Any) -> str:
         return obey(fields)
 
     return celery, agent
