@@ -301,11 +301,16 @@ def test_priority_reason_when_backfill_off() -> None:
     assert reason(p, 2).message == "waiting behind job 1 (strict queue order, backfill off)"
 
 
-def test_priority_reason_when_gpus_went_to_earlier_jobs() -> None:
-    s = snap([node("a").gpus(2)], pending=[job(1, gpus=2), job(2, gpus=2)])
-    r = reason(plan(s), 2)
-    assert r.kind is ReasonKind.PRIORITY
-    assert r.message == "waiting for 2 GPUs: free GPUs went to jobs ahead in the queue this cycle"
+def test_gpus_that_went_to_a_job_ahead_give_the_reason_the_next_cycle_gives() -> None:
+    # Said apart ("went to jobs ahead this cycle"), every job start flipped the reason of
+    # each job behind, and flipped it back a cycle later: two writes per waiting job.
+    first = reason(plan(snap([node("a").gpus(2)], pending=[job(1, gpus=2), job(2, gpus=2)])), 2)
+    started = running(job(1, gpus=2), {"a": (0, 1)})
+    s = snap([node("a").gpus(2).alloc(0).alloc(1)], pending=[job(2, gpus=2)], running=[started])
+    second = reason(plan(s), 2)
+    assert (first.kind, first.message) == (second.kind, second.message)
+    assert first.kind is ReasonKind.WAITING_FOR_GPUS
+    assert first.message == "waiting for 2 GPUs (largest free block 0)"
 
 
 # ----------------------------------------------------------------- backfill
@@ -355,8 +360,9 @@ def test_backfill_on_gpus_the_reservation_does_not_need() -> None:
     p = plan(s, queue_policy="fifo")
     assert [(pl.job_id, pl.node) for pl in p.placements] == [(2, "b")]
     # Job 3 (2 GPUs, unknown runtime) could have used b before job 2 took it; a's free GPUs
-    # are held. The ladder reports the last relaxation that fails: b taken this cycle.
-    assert reason(p, 3).kind is ReasonKind.PRIORITY
+    # are held. The ladder reports the last relaxation that fails: b taken this cycle,
+    # which it says as the next cycle will (b's GPUs are taken).
+    assert reason(p, 3).kind is ReasonKind.WAITING_FOR_GPUS
 
 
 def test_backfill_estimate_matches_estimate_start_helper() -> None:
