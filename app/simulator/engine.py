@@ -67,6 +67,7 @@ from app.scheduling import (
     plan_cycle,
     predict_runtime,
 )
+from app.scheduling.filters import enough_gpus, gpu_share
 from app.scheduling.window_close import window_close_preemptions
 from app.simulator.bounds import BoundJob, avg_jct_bound, makespan_bound
 from app.simulator.energy import DEFAULT_GPU_WATTS, GpuRun, energy_use
@@ -263,9 +264,14 @@ class _Gpus:
                 self._fragment += self._fragment_of(after) - self._fragment_of(before)
             self._views.pop(name, None)
 
-    def any_free(self) -> bool:
-        """True when any GPU has unallocated share left."""
-        return any(m < 1000 for row in self.milli.values() for m in row)
+    def room(self) -> tuple[int, int]:
+        """The most thousandths free on one GPU, and the most wholly free GPUs on one
+        node: no job asking for more can be placed."""
+        most_milli = most_whole = 0
+        for row in self.milli.values():
+            most_milli = max(most_milli, 1000 - min(row))
+            most_whole = max(most_whole, row.count(0))
+        return most_milli, most_whole
 
     def views(self) -> tuple[NodeView, ...]:
         return tuple(self._view(name) for name in self.names)
@@ -299,6 +305,44 @@ class _Gpus:
                 nvlink_peers=tuple(p for p in peers if p != index),
             )
         return gv
+
+
+class _Waiting:
+    """How many waiting jobs ask for each share of one GPU and for each count of whole
+    GPUs per node (a few dozen shapes), kept as jobs come and go: whether any could fit
+    what is free is then a few comparisons, not a walk of the queue."""
+
+    def __init__(self) -> None:
+        self.shares: dict[int, int] = {}
+        self.whole: dict[int, int] = {}
+        self.gpuless = 0
+
+    def add(self, view: JobView, count: int = 1) -> None:
+        if view.gpus <= 0:
+            self.gpuless += count
+            return
+        # As the planner tells a shared job from a whole-GPU one (planner._first_fit).
+        shared = view.gpu_share is not None and view.gpu_share < 1.0
+        shapes, key = (self.shares, view.share_milli) if shared else (self.whole, view.gpus)
+        left = shapes.get(key, 0) + count
+        if left:
+            shapes[key] = left
+        else:
+            del shapes[key]
+
+    def remove(self, view: JobView) -> None:
+        self.add(view, -1)
+
+    def could_fit(self, room: tuple[int, int]) -> bool:
+        """Whether any waiting job could fit `room` (_Gpus.room), ignoring all else: the
+        planner's own test for stopping its walk, so when none could, a plan places
+        nothing."""
+        most_milli, most_whole = room
+        return (
+            self.gpuless > 0
+            or bool(self.shares and gpu_share.fits(min(self.shares), most_milli))
+            or bool(self.whole and enough_gpus.fits(min(self.whole), most_whole))
+        )
 
 
 def _milli(share: float) -> int:
@@ -416,6 +460,7 @@ def simulate(
     # GPUs (in 1/1000) each VC's running jobs hold, for its fair-share usage between events.
     holding: dict[str, int] = dict.fromkeys(vcs, 0)
     pending: dict[int, JobView] = {}
+    waiting = _Waiting()  # the shapes of `pending`
     running: dict[int, RunningJobView] = {}
     preemptions = 0
     window_preemptions = 0
@@ -453,7 +498,6 @@ def simulate(
                 usage[vc] = decay_usage(usage[vc], dt, FAIR_SHARE_HALF_LIFE_S) + held / 1000 * dt
             fragment_gpu_s += gpus.fragmented_gpus * dt
         last_t = t
-        arrivals = False
         window_edge = False
         while events and events[0][0] == t:
             _, kind, jid, version = heapq.heappop(events)
@@ -468,7 +512,7 @@ def simulate(
                 if pred is not None:
                     view = replace(view, estimated_runtime_s=max(1, round(pred)))
                 pending[jid] = view
-                arrivals = True
+                waiting.add(view)
                 continue
             if version != job.version or jid not in running:
                 continue  # completion of a run that was preempted
@@ -478,18 +522,17 @@ def simulate(
             hkey = (job.trace.user, job.trace.jobname)
             history[hkey] = (*history.get(hkey, ())[-(_HISTORY_KEEP - 1) :], job.trace.duration)
         if (
-            arrivals
-            and not window_edge
-            and running
-            and not gpus.any_free()
+            not window_edge
             and (
                 not settings.preemption
                 or settings.queue_policy in _NEVER_PREEMPT
                 or not any(rv.job.preemptible for rv in running.values())
             )
+            and not waiting.could_fit(gpus.room())
         ):
-            # The cluster is full and nothing may be preempted for the newcomers: a plan
-            # now could change nothing.
+            # No waiting job could fit what is free, and nothing may be preempted: a plan
+            # now would place nothing (on a shared cluster, arrivals and ends that free
+            # too small a share are most events).
             continue
         if not pending and not (window_edge and running):
             continue
@@ -531,12 +574,13 @@ def simulate(
             rv = stop(victim, t)
             lost_gpu_s += preemption_cost_s * gpu_use(rv)
             job.started = None
-            pending[rv.job.id] = replace(
+            requeued = pending[rv.job.id] = replace(
                 rv.job,
                 attempt=rv.job.attempt + 1,
                 last_preempted_at=now,
                 attained_gpu_s=rv.job.attained_gpu_s + ran * gpu_use(rv),
             )
+            waiting.add(requeued)
             preemptions += 1
         window_preemptions += len(closing)
         if closing:
@@ -545,6 +589,7 @@ def simulate(
             heapq.heappush(events, (t, _REPLAN, -1, 0))
         for pl in placements:
             view = pending.pop(pl.job_id)
+            waiting.remove(view)
             job = jobs[pl.job_id]
             rv = RunningJobView(
                 job=view,

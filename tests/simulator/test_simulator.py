@@ -320,3 +320,18 @@ def test_plans_run_with_the_garbage_collector_paused(monkeypatch: pytest.MonkeyP
         assert not gc.isenabled()  # a caller's choice is kept
     finally:
         gc.enable()
+
+
+def test_an_event_that_frees_too_little_for_every_waiting_job_costs_no_plan() -> None:
+    # 1 node x 2 GPUs: A holds GPU 0 until 1000; three 0.3-GPU jobs share GPU 1 and end
+    # at 100, 200, 300; W (2 GPUs) arrives at 1 and can start only when A ends.
+    trace = [
+        tj(0, "A", 1, 0, 1000),
+        *(TraceJob(f"s{i}", "u", "v", "s", 1, 300, 0, 100 * i) for i in (1, 2, 3)),
+        tj(4, "W", 2, 1, 50),
+    ]
+    r = simulate(trace, nodes=1, gpus_per_node=2, policy="fifo")
+    assert sorted(r.jcts) == [100, 200, 300, 1000, 1049]
+    # Planned at 0 (all but W placed) and at 1000 (W placed): W's arrival and the ends
+    # at 100, 200 and 300 leave no 2 whole GPUs free, so a plan then would place nothing.
+    assert r.cycles == 2
