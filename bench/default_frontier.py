@@ -31,7 +31,13 @@ sys.path.insert(0, str(ROOT))
 
 from app.scheduling import PolicySettings  # noqa: E402
 from app.simulator import DEFAULT_PREEMPTION_COST_S, mark_preemptible, read_trace, simulate  # noqa: E402
-from bench.scheduling_quality import GOAL_FRACTIONS, GOAL_REFERENCES, goal_shapes, verdict  # noqa: E402
+from bench.scheduling_quality import (  # noqa: E402
+    GOAL_FRACTIONS,
+    GOAL_REFERENCES,
+    goal_shapes,
+    trace_files,
+    verdict,
+)
 
 # avg JCT, p99 JCT, utilisation, makespan, preemptions
 Metrics = tuple[float, float, float, float, float]
@@ -82,9 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "default_frontier.md")
     args = ap.parse_args(argv)
-    files = sorted(args.traces_dir.glob("*.csv"))
-    if args.only:
-        files = [f for f in files if f.name in args.only]
+    files = trace_files(args.traces_dir, args.only)
     knobs: list[Knobs] = [
         (("short_first_factor", f), ("promote_after_service", p))
         for f, p in itertools.product(args.factors, args.promote)

@@ -205,6 +205,20 @@ class Shape(NamedTuple):
     time_scale: float
 
 
+def trace_files(traces_dir: Path, only: list[str] | None) -> list[Path]:
+    """The traces to replay: every CSV in `traces_dir`, or the `only` ones. None found, or
+    an `only` name missing, is an error: an empty result would read as a measurement."""
+    files = sorted(traces_dir.glob("*.csv"))
+    if only:
+        missing = sorted(set(only) - {f.name for f in files})
+        if missing:
+            raise SystemExit(f"no trace {', '.join(missing)} in {traces_dir} (--traces-dir)")
+        files = [f for f in files if f.name in only]
+    if not files:
+        raise SystemExit(f"no trace files (*.csv) in {traces_dir}: pass --traces-dir")
+    return files
+
+
 def goal_shapes(jobs: list[TraceJob], nodes: int) -> list[Shape]:
     """Shared GPUs: 2 x 8 at the trace's own arrivals; else each offered load on nodes x 8."""
     if any(j.gpu_milli < 1000 for j in jobs):
@@ -417,9 +431,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         return
     args.results.mkdir(parents=True, exist_ok=True)
-    files = sorted(args.traces_dir.glob("*.csv"))
-    if args.only:
-        files = [f for f in files if f.name in args.only]
+    files = trace_files(args.traces_dir, args.only)
     sections = [
         f"Cluster {args.nodes} x 8 GPUs, offered load {args.load:g} "
         "(arrivals rescaled per trace); times in hours.",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from app.simulator import SimResult
-from bench.scheduling_quality import verdict
+from bench.scheduling_quality import trace_files, verdict
 
 
 def result(policy: str, avg: float, p99: float, util: float = 0.7, makespan: float = 1000):
@@ -61,3 +62,12 @@ def test_the_best_average_may_be_las() -> None:
     v = verdict({**RESULTS, "las": las})
     assert v.best == "las" and v.avg_ratio == pytest.approx(52 / 40)
     assert v.holds[0] is False
+
+
+def test_no_trace_to_replay_is_an_error_not_an_empty_result(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no trace files"):
+        trace_files(tmp_path, None)
+    (tmp_path / "a.csv").write_text("")
+    with pytest.raises(SystemExit, match=r"no trace b\.csv"):
+        trace_files(tmp_path, ["a.csv", "b.csv"])
+    assert trace_files(tmp_path, ["a.csv"]) == [tmp_path / "a.csv"]
