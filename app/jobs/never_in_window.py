@@ -103,6 +103,6 @@ def _never_in_window_message(job: Job, *, window: str | None, name: str, longest
         f"never starts: no opening of {which} is long enough since the windows changed:"
         f" {longest} is {readable_span(int(longest_s))}, the job's {what}"
         f" {readable_span(runtime_s)}, and a job that is not preemptible must end before"
-        " its window closes; shorten it or make it preemptible (gpusched update), or cancel"
-        " it"
+        " its window closes; shorten it (gpusched update --estimated-runtime or"
+        " --max-runtime), or cancel it and submit it preemptible"
     )

@@ -121,7 +121,13 @@ def _update_locked(
             current=job.priority,
         )
     check_can_ever_fit(session=session, spec=spec)
-    if job.schedule_mode == "offpeak":
+    runtime_changed = (spec.estimated_runtime_s, spec.max_runtime_s) != (
+        job.estimated_runtime_s,
+        job.max_runtime_s,
+    )
+    if job.schedule_mode == "offpeak" and runtime_changed:
+        # Only a new runtime is judged against the windows: an edit of anything else is
+        # taken even while no window holds the job (it keeps waiting with its reason).
         refuse_if_never_in_window(
             session, spec=spec, window=job.window, preemptible=job.preemptible
         )

@@ -42,8 +42,9 @@ def test_a_shorter_window_marks_the_jobs_it_can_never_hold_and_keeps_them(api: A
     assert job["pending_message"] == (
         "never starts: no opening of off-peak window 'night' is long enough since the windows"
         " changed: its longest is 21600 s (6h), the job's time limit 27000 s (7h30m), and a"
-        " job that is not preemptible must end before its window closes; shorten it or make"
-        " it preemptible (gpusched update), or cancel it"
+        " job that is not preemptible must end before its window closes; shorten it"
+        " (gpusched update --estimated-runtime or --max-runtime), or cancel it and submit it"
+        " preemptible"
     )
     assert job["estimated_start_at"] is None and job["queue_position"] is None
     assert job["estimate_note"] == (
@@ -85,6 +86,26 @@ def test_a_marked_job_shortened_goes_back_in_line(api: Any) -> None:
     run_one_cycle(api)
     assert get_job(api, job_id)["pending_reason"] != "never_in_window"
     assert get_job(api, job_id)["status"] == "PENDING"
+
+
+def test_a_marked_job_takes_an_edit_that_leaves_its_runtime_and_keeps_its_reason(
+    api: Any,
+) -> None:
+    _window(api, "POST", NIGHT)
+    job_id = _offpeak(api)
+    _window(api, "PUT", SHORT_NIGHT, "night")
+    r = api.client.patch(f"/api/v1/jobs/{job_id}", json={"priority": -5}, headers=api.as_("alice"))
+    assert r.status_code == 200, r.text
+    run_one_cycle(api)
+    job = get_job(api, job_id)
+    assert (job["status"], job["priority"]) == ("PENDING", -5)
+    assert job["pending_reason"] == "never_in_window"
+    # A new runtime still too long is refused, as at submission.
+    r = api.client.patch(
+        f"/api/v1/jobs/{job_id}", json={"max_runtime_s": 25000}, headers=api.as_("alice")
+    )
+    assert r.status_code == 422, r.text
+    assert "longest opening of off-peak window 'night', 21600 s (6h)" in r.text
 
 
 def test_deleting_the_only_long_window_marks_the_jobs_that_needed_it(api: Any) -> None:
