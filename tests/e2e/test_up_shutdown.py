@@ -114,7 +114,13 @@ def test_ctrl_c_requeues_running_jobs_and_leaves_nothing_running(
             up.proc.send_signal(signal.SIGINT)
         up.proc.wait(timeout=90)
         assert "gpusched stopped" in up.log.read_text()
-        assert _processes_running(COMMAND) == []
+        # Gone, not only signalled: a process the agent's stop killed may still be exiting.
+        poll(
+            "the job's processes gone",
+            lambda: not _processes_running(COMMAND),
+            timeout=30,
+            on_timeout=lambda: _describe(_processes_running(COMMAND)),
+        )
 
     engine = create_engine(f"sqlite:///{tmp_path / 'gpusched.db'}")
     with engine.connect() as db:
@@ -137,6 +143,19 @@ def test_ctrl_c_requeues_running_jobs_and_leaves_nothing_running(
         (1, "PREEMPTED"),
         (1, "PENDING"),
     ]
+
+
+def _describe(pids: list[int]) -> str:
+    """What is known of processes left running: state, parent and cgroups (which fence
+    they escaped, if any)."""
+    lines = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            head = [line for line in status if line.startswith(("State:", "PPid:", "SigIgn:"))]
+            cgroups = Path(f"/proc/{pid}/cgroup").read_text().split()
+            lines.append(f"pid {pid}: {' '.join(head)}; cgroups {' '.join(cgroups)}")
+    return "\n".join(lines)
 
 
 def _processes_of(data_dir: Path) -> dict[int, str]:
