@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -147,12 +148,19 @@ class Api:
         return {"Authorization": f"Bearer {self.tokens[user]}"}
 
 
-@pytest.fixture
-def api(settings: Settings, session_factory: sessionmaker[Session]) -> Iterator[Api]:
+@contextmanager
+def open_api(settings: Settings, session_factory: sessionmaker[Session]) -> Iterator[Api]:
+    """The API app in a TestClient, with its users admin, alice and bob."""
     app = fresh_app(settings, session_factory=session_factory)
     with TestClient(app) as client:
         api = Api(client, session_factory)
         api.add_user("admin", ["default"], admin=True)
         api.add_user("alice", ["ml"])
         api.add_user("bob", ["cv"])
+        yield api
+
+
+@pytest.fixture
+def api(settings: Settings, session_factory: sessionmaker[Session]) -> Iterator[Api]:
+    with open_api(settings, session_factory) as api:
         yield api

@@ -6,28 +6,30 @@ batches) and written to the database only where an agent would (node, attempt, l
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import select, update
+from sqlalchemy.engine import Engine
 
 from app.auth.models import ApiToken, User
-from app.auth.service import issue_token, revoke_tokens
+from app.auth.service import TOKEN_CACHE, issue_token, revoke_tokens
 from app.config import Settings
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
-from app.db import utcnow
+from app.db import make_session_factory, utcnow
 from app.jobs.allocations import GpuClaim, allocate
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
 from app.nodes.models import Gpu, Node, NodeState
-from tests.conftest import Api
+from tests.conftest import Api, open_api
 from tests.foundation.builders import add_node
+from tests.support.servers import copy_tables, restore_tables, wipe_tables
 
 # Appears in every field of project ml's rows: no response to another project may carry it.
 ML_MARKER = "mlprivate7f3a"
@@ -111,8 +113,7 @@ def plant_canaries(settings: Settings) -> list[Path]:
     return paths
 
 
-@pytest.fixture
-def cluster(api: Api, settings: Settings) -> Cluster:
+def _seed(api: Api, settings: Settings) -> Cluster:
     add_node(api.factory, "n1", gpus=8)
     world = Cluster(api=api, settings=settings)
     add_node(api.factory, world.retired_node, gpus=1, state=NodeState.NOT_READY)
@@ -124,9 +125,6 @@ def cluster(api: Api, settings: Settings) -> Cluster:
     r = api.client.post("/api/v1/jobs", json=sweep, headers=api.as_("alice"))
     assert r.status_code == 201, r.text
     world.ml_array = r.json()["id"]
-    log = settings.log_dir.resolve() / str(world.ml_running_job) / "attempt-1.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(LOG_TEXT)
     r = api.client.post("/api/v1/jobs", json={"command": "echo cv"}, headers=api.as_("bob"))
     assert r.status_code == 201, r.text
     world.cv_job = r.json()["id"]
@@ -136,6 +134,45 @@ def cluster(api: Api, settings: Settings) -> Cluster:
     assert r.status_code == 201, r.text
     api.add_user(world.member, ["ml", "cv"])
     _rank_without_placing(api)
+    return world
+
+
+@dataclass(frozen=True)
+class _Seeded:
+    world: Cluster
+    tokens: dict[str, str]
+    rows: dict[str, list[dict[str, Any]]]
+    at: datetime
+
+
+@pytest.fixture(scope="session")
+def _seeded(engine: Engine, database_url: str, tmp_path_factory: pytest.TempPathFactory) -> _Seeded:
+    """The cluster built once per test session (each xdist worker), through the API as
+    `cluster` describes, and its database copied: building it for each of the suite's
+    few hundred tests cost most of their time."""
+    wipe_tables(engine)
+    TOKEN_CACHE.clear()
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("seed") / "data", database_url=database_url,
+        token_cache_s=0,
+    )  # fmt: skip
+    with open_api(settings, make_session_factory(engine)) as api:
+        world = _seed(api, settings)
+        return _Seeded(world, dict(api.tokens), copy_tables(engine), utcnow())
+
+
+@pytest.fixture
+def cluster(api: Api, settings: Settings, engine: Engine, _seeded: _Seeded) -> Cluster:
+    """The seeded cluster, as new: its database written back (times moved to now), this
+    test's API holding its users' tokens, the running job's log and the canaries in this
+    test's log directory."""
+    restore_tables(engine, _seeded.rows, shift=utcnow() - _seeded.at)
+    TOKEN_CACHE.clear()
+    api.tokens = dict(_seeded.tokens)
+    world = replace(_seeded.world, api=api, settings=settings, canaries=[])
+    log = settings.log_dir.resolve() / str(world.ml_running_job) / "attempt-1.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(LOG_TEXT)
     world.canaries = plant_canaries(settings)
     return world
 

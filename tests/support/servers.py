@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -232,3 +233,51 @@ def wipe_tables(engine: Any) -> None:
         else:
             for table in reversed(Base.metadata.sorted_tables):
                 conn.execute(table.delete())
+
+
+def copy_tables(engine: Any) -> dict[str, list[dict[str, Any]]]:
+    """Every row of a migrated database, by table in dependency order (`restore_tables`)."""
+    from app.db import Base
+
+    with engine.connect() as conn:
+        return {
+            table.name: [dict(row._mapping) for row in conn.execute(table.select())]
+            for table in Base.metadata.sorted_tables
+        }
+
+
+def restore_tables(
+    engine: Any, rows: dict[str, list[dict[str, Any]]], *, shift: timedelta = timedelta()
+) -> None:
+    """Empty the database and write back what `copy_tables` took, every time moved by
+    `shift` (a copy taken minutes ago then reads as if just written: heartbeats fresh,
+    submissions as old as they were)."""
+    from sqlalchemy import DateTime, text
+
+    from app.db import Base
+
+    wipe_tables(engine)
+    with engine.begin() as conn:
+        for table in Base.metadata.sorted_tables:
+            kept = rows[table.name]
+            if not kept:
+                continue
+            times = [
+                c.name
+                for c in table.columns
+                if isinstance(getattr(c.type, "impl", c.type), DateTime)
+            ]
+            if shift and times:
+                kept = [
+                    {**row, **{c: row[c] + shift for c in times if row[c] is not None}}
+                    for row in kept
+                ]
+            conn.execute(table.insert(), kept)
+            if engine.dialect.name == "postgresql" and "id" in table.columns:
+                # Explicit ids leave the sequence behind: the next insert would reuse one.
+                conn.execute(
+                    text(
+                        f"SELECT setval(pg_get_serial_sequence('\"{table.name}\"', 'id'), "
+                        f'(SELECT max(id) FROM "{table.name}"))'
+                    )
+                )
