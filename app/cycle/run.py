@@ -13,13 +13,15 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import ParamSpec, TypeVar
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -43,16 +45,21 @@ from app.windows.service import window_specs
 from app.windows.timeline import SchedulerWindows
 
 log = logging.getLogger("gpusched.cycle")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside: for the plan phase.
+    """No cyclic garbage collection inside: for a whole cycle (`without_gc`).
 
-    A plan allocates tens of thousands of short-lived objects next to a large snapshot,
-    so the collector keeps running and its full passes walk the whole heap: about
-    half of a 10,000-job plan's time (`bench/cycle.py`). What the plan drops is freed by
-    reference counting as usual; the rest waits for the next collection after it.
+    A cycle allocates tens of thousands of short-lived objects (rows read, views, the
+    plan, reasons to write) next to a large heap that lives on (the views a scheduler
+    keeps between cycles), so the collector keeps running and its full passes walk that
+    whole heap: about half of a 10,000-job plan's time (`bench/cycle.py`), and 25-40 %
+    of a full cycle's CPU at 20,000 waiting (`bench/deep_queue.py`). What the cycle
+    drops is freed by reference counting as usual; the rest waits for the next
+    collection after it.
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -61,6 +68,17 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def without_gc(fn: Callable[P, R]) -> Callable[P, R]:
+    """`fn`, each call inside `gc_paused`."""
+
+    @functools.wraps(fn)
+    def paused(*args: P.args, **kwargs: P.kwargs) -> R:
+        with gc_paused():
+            return fn(*args, **kwargs)
+
+    return paused
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +102,7 @@ class CycleReport:
     wake_at: datetime | None = None
 
 
+@without_gc
 def run_cycle(
     *,
     factory: sessionmaker[Session],
@@ -142,8 +161,7 @@ def run_cycle(
             session.rollback()  # end the read transaction before the pure phase
             # 2. plan
             plan_started = time.perf_counter()
-            with gc_paused():
-                plan = plan_cycle(ctx.snapshot, now=now, settings=policy)
+            plan = plan_cycle(ctx.snapshot, now=now, settings=policy)
             closing = window_close_preemptions(
                 ctx.snapshot.running,
                 ctx.snapshot.windows,
