@@ -1,7 +1,8 @@
 """A seeded cluster for the security suite: a node, jobs of two projects, a window, a batch.
 
 Everything is created through the real API where the API can create it (jobs, windows,
-batches) and written to the database only where an agent would (node, attempt, log file).
+batches) and written to the database only where an agent would (node, attempt, log file),
+once per test session (each xdist worker); each test gets it written back as new.
 """
 
 from __future__ import annotations
