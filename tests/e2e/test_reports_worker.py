@@ -101,5 +101,8 @@ def test_a_backlog_of_heartbeats_does_not_delay_a_jobs_reports(stack: Stack) -> 
     )
     superseded = reports.get(("gpusched_heartbeats_drained_total", (("outcome", "superseded"),)), 0)
     assert stored_one_by_one == 0
-    assert stored_in_batches < 100
+    # At most 100 of the flood stored: the rest were superseded by a newer one of theirs in
+    # the same pass. Not a bound on `stored_in_batches`, which also counts the real agents'
+    # heartbeats for as long as the job takes (110 at load 13, a run of make test-under-load).
     assert superseded >= 2900
+    assert stored_in_batches > 0
