@@ -183,7 +183,7 @@ def time_plan(
     plan = None
     for _ in range(repeat):
         t, c = time.perf_counter(), time.process_time()
-        with gc_paused():  # as the live cycle's plan phase
+        with gc_paused():  # as the live cycle runs it
             plan = plan_cycle(s, now=NOW, settings=settings, seed=0)
         cpus.append((time.process_time() - c) * 1000)
         walls.append((time.perf_counter() - t) * 1000)
