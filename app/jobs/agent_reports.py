@@ -274,7 +274,9 @@ def mark_lost(
     never run at once."""
     release(session, job_id=job.id, attempt=job.attempt)
     started = job.status is JobStatus.RUNNING
-    where = reason if started else f"{reason} before it started"
+    # The scheduler knows only that no start was reported: the agent may have started it
+    # just before it died (it then ran as an orphan, ended by the watchdog).
+    where = reason if started else f"{reason} before its start was reported"
     if job.cancel_requested_at is not None and not started:
         transition(session, job=job, to=JobStatus.CANCELLED, actor="scheduler", reason=where)
         return

@@ -84,7 +84,7 @@ def test_the_jobs_of_a_silent_node_go_back_to_the_queue_once_surely_ended_there(
     assert repairs.lost_nodes == ["n1"]
     assert [get_job(api, j)["status"] for j in (waiting, running)] == ["LOST", "LOST"]
     assert job_events(api, waiting)[-1]["reason"] == (
-        f"node n1 stopped responding before it started: back in the queue at "
+        f"node n1 stopped responding before its start was reported: back in the queue at "
         f"{surely_ended:%H:%M:%S} UTC, no retry spent, once its node's watchdog has surely "
         "ended it (its grace period)"
     )
@@ -176,7 +176,7 @@ def test_a_leaving_agent_takes_its_node_out_at_once_and_requeues_what_it_had_not
     assert [e["reason"] for e in stopped] == ["requeued as its node's agent stopped (m)"]
     assert get_job(api, waiting)["status"] == "PENDING"
     assert job_events(api, waiting)[-1]["reason"] == (
-        "the agent of node n1 stopped before it started: back in the queue, no retry spent"
+        "the agent of node n1 stopped before its start was reported: back in the queue, no retry spent"
     )
     run_one_cycle(api)  # nothing is placed on it now
     assert get_job(api, waiting)["status"] == "PENDING"

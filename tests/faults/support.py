@@ -240,18 +240,24 @@ def wait_all_done(stack: Stack, *, timeout: float) -> float:
     """Like wait_settled, but raises when the jobs are stuck; returns when all ended."""
     stuck = wait_settled(stack, timeout=timeout)
     if stuck:
-        lines = [
-            f"{j['id']}: {j['status']} attempt {j['attempt']} "
-            f"{j.get('pending_reason')} {j.get('pending_message')}"
-            for j in stuck[:30]
-        ]
         raise TimeoutError(
             f"{len(stuck)} jobs active and unchanged for {timeout:.0f}s:\n"
-            + "\n".join(lines)
-            + "\n"
-            + stack.tails(30)
+            + describe_stuck(stack, stuck)
         )
     return time.monotonic()
+
+
+def describe_stuck(stack: Stack, stuck: list[dict[str, Any]]) -> str:
+    """Each job's status, why it waits and its latest event, then the stack's log tails."""
+    lines = []
+    for j in stuck[:30]:
+        last = (stack.events(j["id"]) or [{}])[-1]
+        lines.append(
+            f"{j['id']}: {j['status']} attempt {j['attempt']} "
+            f"{j.get('pending_reason')} {j.get('pending_message')}; last event "
+            f"{last.get('at')} {last.get('to_status')} ({last.get('reason')})"
+        )
+    return "\n".join(lines) + "\n" + stack.tails(30)
 
 
 def finished_but_stuck(stuck: list[dict[str, Any]], runs: Path) -> dict[int, list[str]] | None:
