@@ -196,19 +196,61 @@ if __name__ == "__main__":
 
 
 def create_pg_database(
-    prefix: str = "gpusched_e2e", *, admin_url: str | None = None
+    prefix: str = "gpusched_e2e", *, admin_url: str | None = None, migrated: bool = False
 ) -> tuple[str, str]:
-    """A fresh PostgreSQL database on the test run's server (or `admin_url`'s): (name, URL)."""
+    """A fresh PostgreSQL database on the test run's server (or `admin_url`'s): (name, URL).
+    `migrated`: with the schema already there, copied from a template this process
+    migrated once (a copy takes a fraction of a second, the 29 migrations seconds)."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
     server = admin_url or pg_url()
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    template = f' TEMPLATE "{_pg_template(server)}"' if migrated else ""
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
+        conn.execute(text(f'CREATE DATABASE "{name}"{template}'))
     admin.dispose()
     return name, make_url(server).set(database=name).render_as_string(hide_password=False)
+
+
+# Migrated templates of this process: server URL (or "sqlite") -> database name (or file).
+_templates: dict[str, str] = {}
+
+
+def _pg_template(server: str) -> str:
+    if server not in _templates:
+        from app.db import make_engine
+        from app.migrate import upgrade
+
+        name, url = create_pg_database("gpusched_template", admin_url=server)
+        engine = make_engine(url)
+        upgrade(engine)
+        engine.dispose()  # a template with a connection open cannot be copied
+        _templates[server] = name
+        atexit.register(_drop_quietly, name, server)
+    return _templates[server]
+
+
+def _drop_quietly(name: str, server: str) -> None:
+    with contextlib.suppress(Exception):  # the private server may be stopped already
+        drop_pg_database(name, admin_url=server)
+
+
+def create_sqlite_database(path: Path) -> str:
+    """A migrated SQLite database at `path` (a copy of a template migrated once): its URL."""
+    if "sqlite" not in _templates:
+        from app.db import make_engine
+        from app.migrate import upgrade
+
+        folder = Path(tempfile.mkdtemp(prefix="gpusched-template-"))
+        atexit.register(shutil.rmtree, folder, True)
+        engine = make_engine(f"sqlite:///{folder / 'template.db'}")
+        upgrade(engine)
+        engine.dispose()
+        _templates["sqlite"] = str(folder / "template.db")
+    shutil.copyfile(_templates["sqlite"], path)
+    return f"sqlite:///{path}"
 
 
 def drop_pg_database(name: str, *, admin_url: str | None = None) -> None:

@@ -30,7 +30,12 @@ from typing import Any
 
 import httpx
 
-from tests.support.servers import create_pg_database, drop_pg_database, free_port
+from tests.support.servers import (
+    create_pg_database,
+    create_sqlite_database,
+    drop_pg_database,
+    free_port,
+)
 from tests.support.wait import WAIT_S, poll
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,18 +165,19 @@ class Stack:
         self.redis_server, self.redis_url = start_private_redis(
             self.root / "redis", port=free_port()
         )
+        # Migrated here (a copy of a migrated template), so the workers never see a
+        # half-built schema.
         if self.db == "postgresql":
-            self.pg_name, self.database_url = create_pg_database(admin_url=self.pg_admin_url)
+            self.pg_name, self.database_url = create_pg_database(
+                admin_url=self.pg_admin_url, migrated=True
+            )
         else:
-            self.database_url = f"sqlite:///{self.data_dir / 'gpusched.db'}"
-        # Migrate here, once, so the workers never see a half-built schema.
+            self.database_url = create_sqlite_database(self.data_dir / "gpusched.db")
         from app.db import make_engine, make_session_factory
         from app.installation.service import installation_id
-        from app.migrate import upgrade
         from app.nodes.keys import installation_secret
 
         engine = make_engine(self.database_url)
-        upgrade(engine)
         factory = make_session_factory(engine)
         self.node_secret = installation_secret(factory)
         with factory() as session:
