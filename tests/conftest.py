@@ -78,7 +78,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _umask_restored() -> Iterator[None]:
-    """The service commands set umask 077 for their process (app.cli.server.private_files);
+    """The service commands set umask 077 for their process (app.cli.process_setup.private_files);
     run in this one (typer's CliRunner), they must not change it for the tests after."""
     kept = os.umask(0o022)
     os.umask(kept)

@@ -1,13 +1,18 @@
 """The `gpusched` command line.
 
-Each command module exposes `register(app)`, which adds its commands (or a sub-app) to the
-root Typer app; adding a module is one import and one `register` line below. Commands raise
-`app.cli.client.CliError` for expected failures; the root group prints its message to
-stderr and exits with its code, so no traceback reaches the user.
+Each command module exposes `register(app)`, which adds its commands (or a sub-app) to a
+Typer app; `COMMAND_MODULES` below names the module of each command. A module is imported
+only when one of its commands runs (help and a mistyped command load them all): a node's
+agent or `gpusched jobs` need not load the API's models, schemas and migrations, a second
+of CPU in every process. Commands raise `app.cli.client.CliError` for expected failures;
+the root group prints its message to stderr and exits with its code, so no traceback
+reaches the user.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Annotated, Any
 
@@ -15,22 +20,28 @@ import typer
 from sqlalchemy.exc import DBAPIError
 from typer.core import TyperGroup, TyperOption
 
-from app.cli import (
-    admin,
-    batch,
-    cluster,
-    jobs,
-    logs,
-    me,
-    reports,
-    server,
-    simulate,
-    up,
-    windows,
-    workers,
-)
 from app.cli.client import EXIT_USAGE, CliError, set_utc_output
 from app.config import SettingsError
+
+# The commands of each module, in the order `gpusched --help` lists them within their panels.
+_COMMANDS_OF = {
+    "app.cli.server": "server migrate",
+    "app.cli.jobs": "submit jobs queue show cancel update wait hold release requeue",
+    "app.cli.logs": "logs",
+    "app.cli.me": "me",
+    "app.cli.cluster": "nodes queues quota drain undrain remove-node audit",
+    "app.cli.up": "up",
+    "app.cli.workers": "scheduler agent",
+    "app.cli.reports": "estimate seff usage",
+    "app.cli.simulate": "simulate",
+    # Command groups after the commands, as Typer lists them.
+    "app.cli.windows": "window",
+    "app.cli.admin": "admin",
+    "app.cli.batch": "batch",
+}
+COMMAND_MODULES = {
+    command: module for module, commands in _COMMANDS_OF.items() for command in commands.split()
+}
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -39,8 +50,33 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+def registered_commands(module: str) -> Mapping[str, Any]:
+    """The commands a command module registers (Typer's Click commands)."""
+    registrar = typer.Typer(rich_markup_mode="markdown")
+    importlib.import_module(module).register(registrar)
+    return typer.main.get_group(registrar).commands
+
+
 class _Group(TyperGroup):
-    """The root group: every expected failure of every subcommand ends here as one message."""
+    """The root group: loads a command's module when the command is asked for; every
+    expected failure of every subcommand ends here as one message."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMAND_MODULES)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        module = COMMAND_MODULES.get(cmd_name)
+        if module is not None and cmd_name not in self.commands:
+            for name, command in registered_commands(module).items():
+                self.add_command(command, name)
+        return super().get_command(ctx, cmd_name)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and args[0] not in COMMAND_MODULES:
+            # A mistyped command: Typer suggests the nearest among those loaded, so all.
+            for name in COMMAND_MODULES:
+                self.get_command(ctx, name)
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: Any) -> Any:
         try:
@@ -114,20 +150,6 @@ def _root(
 ) -> None:
     """GPU cluster scheduler: run the server, submit and inspect jobs, manage the cluster."""
     set_utc_output(utc)
-
-
-server.register(app)
-jobs.register(app)
-logs.register(app)
-me.register(app)
-cluster.register(app)
-windows.register(app)
-admin.register(app)
-up.register(app)
-workers.register(app)
-reports.register(app)
-batch.register(app)
-simulate.register(app)
 
 
 def main() -> None:

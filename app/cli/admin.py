@@ -36,7 +36,8 @@ from app.cli.client import (
     count_or_none,
     make_table,
 )
-from app.cli.server import database, load_settings_or_exit, session_scope
+from app.cli.process_setup import load_settings_or_exit
+from app.cli.server import database, session_scope
 from app.db import make_session_factory, utcnow
 from app.errors import FieldError
 from app.nodes.keys import installation_secret, node_key

@@ -18,21 +18,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.audit.service import local_actor
 from app.auth.service import ensure_bootstrap_admin
 from app.cli.client import EXIT_USAGE, CliError, write_secret
-from app.config import Settings, SettingsError, load_settings
+from app.cli.process_setup import ensure_data_dir, load_settings_or_exit, private_files
+from app.config import Settings
 from app.db import make_engine, make_session_factory, transaction
 from app.installation.service import installation_id
 from app.migrate import upgrade
-
-
-def load_settings_or_exit(**overrides: object) -> Settings:
-    from app.windows.tariff import tariff_setting
-
-    try:
-        settings = load_settings(**overrides)
-        tariff_setting(settings)  # an unusable tariff file stops the command here
-        return settings
-    except SettingsError as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
 
 
 def safe_url(url: str) -> str:
@@ -46,23 +36,6 @@ def _first_line(exc: BaseException) -> str:
     text = str(getattr(exc, "orig", None) or exc)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
-
-
-def private_files() -> None:
-    """Files the service creates (the database, logs, Redis's) are its own alone (umask
-    077); the few that others must read are opened up on purpose."""
-    os.umask(0o077)
-
-
-def ensure_data_dir(path: Path) -> None:
-    """The data dir holds the admin token and (by default) the database: owner-only."""
-    if path.is_dir():
-        return
-    try:
-        path.mkdir(parents=True, mode=0o700)
-        os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
-    except OSError as exc:
-        raise CliError(f"cannot create data dir {path}: {exc.strerror}", EXIT_USAGE) from None
 
 
 def where_database(settings: Settings) -> str:

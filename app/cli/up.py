@@ -30,15 +30,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.auth.models import User
 from app.cli.client import EXIT_USAGE, CliError, default_url, save_client_config, write_secret
+from app.cli.process_setup import ensure_data_dir, load_settings_or_exit, private_files
 from app.cli.server import (
     announce_token,
     bootstrap_admin,
     database,
-    ensure_data_dir,
     invoking_account,
-    load_settings_or_exit,
     migrate_or_exit,
-    private_files,
 )
 from app.config import Settings
 from app.cycle.settings import SchedulerSettings

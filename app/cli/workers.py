@@ -10,7 +10,7 @@ import typer
 from pydantic import ValidationError
 
 from app.cli.client import EXIT_USAGE, CliError
-from app.cli.server import ensure_data_dir, load_settings_or_exit, private_files
+from app.cli.process_setup import ensure_data_dir, load_settings_or_exit, private_files
 from app.config import Settings
 
 

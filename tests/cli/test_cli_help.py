@@ -1,13 +1,17 @@
 """`gpusched --help`: each command's summary reads as one paragraph, flags without a type;
-`gpusched --version`."""
+`gpusched --version`; commands' modules loaded only when used."""
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
 from importlib import metadata
 
 import pytest
 from typer.testing import CliRunner
 
+from app.cli import COMMAND_MODULES, registered_commands
 from app.cli import app as cli_app
 
 
@@ -41,3 +45,37 @@ def test_flags_show_no_type_in_help(command: list[str]) -> None:
     assert "<" not in help_line
     if command == ["jobs"]:
         assert "<int>" in result.output or "<text>" in result.output or "<str>" in result.output
+
+
+def test_each_command_is_named_with_the_module_that_registers_it() -> None:
+    """The root loads a command's module only when the command runs: the names it lists
+    must be exactly those its modules register."""
+    registered = {
+        name: module
+        for module in dict.fromkeys(COMMAND_MODULES.values())
+        for name in registered_commands(module)
+    }
+    assert registered == COMMAND_MODULES
+
+
+def test_a_node_agent_loads_neither_the_api_nor_the_database_models() -> None:
+    """`gpusched agent` runs on every node: it loads the command modules it needs, not the
+    API's models, schemas and migrations (a second of CPU at each start)."""
+    code = (
+        "import sys; from app.cli import app; from typer.testing import CliRunner; "
+        "CliRunner().invoke(app, ['agent', '--help']); "
+        "print(sorted(m for m in sys.modules if m.startswith(('app.', 'alembic', 'fastapi'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    loaded = set(ast.literal_eval(out))
+    assert "app.cli.workers" in loaded
+    assert not loaded & {"app.cli.server", "app.cli.admin", "app.main", "app.jobs.models"}
+    assert not {m for m in loaded if m.startswith(("alembic", "fastapi"))}
+
+
+def test_a_mistyped_command_is_answered_with_the_nearest_one() -> None:
+    result = CliRunner().invoke(cli_app, ["jbos"])
+    assert result.exit_code == 2
+    assert "No such command 'jbos'. Did you mean 'jobs'?" in result.output
