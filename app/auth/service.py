@@ -7,7 +7,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -450,9 +450,15 @@ class FailedAuthLimiter:
     failures others behind the same address had (a NAT, a proxy). Per API process; tokens
     are 256-bit random, so this is about noise and log spam, not brute force feasibility."""
 
-    def __init__(self, limit: int = 20, window_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        limit: int = 20,
+        window_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit = limit
         self.window_s = window_s
+        self._clock = clock  # a test's own: a window's end must not depend on its speed
         self._failures: dict[str, list[float]] = {}
         self._lock = threading.Lock()
 
@@ -466,7 +472,7 @@ class FailedAuthLimiter:
 
     def retry_after(self, *keys: str) -> float | None:
         """Seconds until a failed check under `keys` is answered 401 again; None: now."""
-        now = time.monotonic()
+        now = self._clock()
         waits = []
         with self._lock:
             for key in keys:
@@ -476,7 +482,7 @@ class FailedAuthLimiter:
         return max(waits, default=None)
 
     def failed(self, *keys: str) -> None:
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             if len(self._failures) > 100_000:
                 self._failures.clear()
