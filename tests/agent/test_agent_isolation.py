@@ -19,13 +19,12 @@ import pytest
 
 from app.wire import Finished
 from tests.agent.support import RecordingReporter, installation_of, run, stop
-from tests.agent.test_agent_fence import alive, first_line, wait_until
+from tests.agent.test_agent_fence import alive, first_line
+from tests.support.wait import WAIT_S, wait_until
 from tests.unix_accounts import delete_account, make_account
 from workers.agent.fence import GpuDevice
 from workers.agent.gpu_backend import GpuProcess, GpuSample, GpuStatic, NodeInfo, NodeSample
 from workers.agent.service import Agent, AgentSettings
-
-WAIT_S = 15.0
 
 
 class FakeGpus:
@@ -105,7 +104,7 @@ def test_two_installations_with_one_node_name_never_touch_each_others_jobs(
         assert a._watchdog is not None and a._watchdog.stdin is not None
         a._watchdog.stdin.close()
         assert a._watchdog.wait(WAIT_S) == 0
-        assert not alive(a_pid)
+        assert wait_until(lambda: not alive(a_pid))
         assert alive(b2_pid) and b2.running_count() == 1
     finally:
         for agent in (a, b, b2):

@@ -248,7 +248,8 @@ def test_sample_is_fast_enough_for_frequent_polling() -> None:
     backend = sim(8)
     for index in range(8):
         backend.attach_job(index, [index])
-    started = time.perf_counter()
+    # This process's CPU time, not the wall clock: other processes' turns do not count.
+    started = time.process_time()
     for _ in range(200):
         backend.sample()
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0

@@ -9,7 +9,7 @@ import pytest
 
 from tests.agent.support import installation_of
 from tests.agent.test_agent_fence import KINDS, alive, clean, first_line, make_fence
-from tests.support.wait import WAIT_S
+from tests.support.wait import WAIT_S, wait_until
 from workers.agent.runner import JobLaunch, start_job
 
 
@@ -48,7 +48,7 @@ def test_jobs_of_the_agent_die_with_it_and_others_survive(tmp_path: Path, kind: 
         watchdog.stdin.close()  # what the kernel does when the agent dies
         assert watchdog.wait(timeout=WAIT_S) == 0
         assert mine.find() == []
-        assert not alive(escaped)
+        assert wait_until(lambda: not alive(escaped))
         assert jobs[0].wait(WAIT_S) is not None
         assert (tmp_path / f"saved-n1-{jobs[0].pid}").exists()  # it had its grace period
         # The watchdog is done: nobody else's job was touched.

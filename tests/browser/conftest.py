@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -180,6 +182,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+@pytest.fixture
+def gate() -> Iterator[Path]:
+    """A file a job waits for (`while [ ! -e GATE ]`), created by the test when the job
+    may go on; in a folder any job's account can look into."""
+    folder = Path(tempfile.mkdtemp(prefix="gpusched-gate-"))
+    folder.chmod(0o755)
+    try:
+        yield folder / "open"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- the browser

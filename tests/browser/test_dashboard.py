@@ -8,6 +8,7 @@ import re
 import urllib.error
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -105,12 +106,16 @@ def test_a_jobs_page_shows_the_script_it_runs(dash: Dashboard, stack: Stack) -> 
     dash.assert_clean()
 
 
-def test_submit_through_the_form_then_follow_the_job(dash: Dashboard, stack: Stack) -> None:
+def test_submit_through_the_form_then_follow_the_job(
+    dash: Dashboard, stack: Stack, gate: Path
+) -> None:
     page = dash.page
     dash.login(stack.admin_token)
     dash.go("#/submit")
     page.fill("#f-name", "browser-hello")
-    page.fill("#f-command", "echo hello-from-job; sleep 4")
+    # It runs until the test opens the gate: it is seen in the queue however slowly a
+    # loaded machine renders the page.
+    page.fill("#f-command", f"echo hello-from-job; while [ ! -e {gate} ]; do sleep 0.1; done")
     page.fill("#f-env", "GREETING=hi")
     page.fill("#f-labels", "suite=browser")
     page.fill("#f-grace_s", "120")
@@ -120,7 +125,7 @@ def test_submit_through_the_form_then_follow_the_job(dash: Dashboard, stack: Sta
 
     # The job shows up in the queue: pending with its reason, or already in the active list.
     dash.go("#/queue")
-    page.wait_for_selector(f"tr[data-job='{job_id}']", timeout=10_000)
+    page.wait_for_selector(f"tr[data-job='{job_id}']", timeout=30_000)
     row = page.locator(f"tr[data-job='{job_id}']").first
     assert "browser-hello" in (row.text_content() or "")
     if page.locator(f"#pending-table tr[data-job='{job_id}']").count():
@@ -138,6 +143,7 @@ def test_submit_through_the_form_then_follow_the_job(dash: Dashboard, stack: Sta
     assert "echo hello-from-job" in (page.text_content("#job-command") or "")
     _expect_text(page, "#job-log", "hello-from-job", timeout=30_000)
     _expect_text(page, "#job-events", "RUNNING")
+    gate.touch()
     _expect_text(page, "#job-spec", "SUCCEEDED", timeout=30_000)
     spec = page.text_content("#job-spec") or ""
     assert "GREETING=hi" in spec
@@ -550,18 +556,20 @@ def test_a_running_jobs_time_limit_is_changed_from_its_page(dash: Dashboard, sta
 
 
 def test_a_running_job_is_requeued_from_its_page_and_the_queue(
-    dash: Dashboard, stack: Stack
+    dash: Dashboard, stack: Stack, gate: Path
 ) -> None:
     job = stack.request(
         "POST",
         "/api/v1/jobs",
         {
             "name": "movable",
-            # Its checkpoint takes 4 s: long enough to see it stopping.
-            "command": "trap 'sleep 4; exit 0' TERM; echo attempt-$GPUSCHED_ATTEMPT; "
-            "sleep 300 & wait",
+            # Its checkpoint lasts until the test opens the gate: it is seen stopping
+            # however slowly a loaded machine renders the pages.
+            "command": f"trap 'while [ ! -e {gate} ]; do sleep 0.1; done; exit 0' TERM; "
+            "echo attempt-$GPUSCHED_ATTEMPT; sleep 300 & wait",
             "gpus": 1,
             "project": "default",
+            "grace_s": 300,
         },
     )
     page = dash.page
@@ -576,6 +584,7 @@ def test_a_running_job_is_requeued_from_its_page_and_the_queue(
         _expect_text(page, "#requeuing", "requeuing…")
         dash.go("#/queue")
         _expect_text(page, f"tr[data-job='{job['id']}']", "requeuing…")
+        gate.touch()
         dash.go(f"#/jobs/{job['id']}")
         # Checkpointed and exited, back in the queue, placed again: attempt 2 runs.
         _expect_text(page, "#job-events", "exit code 0 after requeue", timeout=20_000)
@@ -590,11 +599,13 @@ def test_a_running_job_is_requeued_from_its_page_and_the_queue(
         _expect_text(page, "#job-log", "attempt-2", timeout=30_000)
         dash.shot("job-requeued-desktop")
         # Also from the queue's running table.
+        gate.unlink()
         dash.go("#/queue")
         row = f"#active-table tr[data-job='{job['id']}']"
         page.click(f'{row} [data-requeue="{job["id"]}"]')
         page.click(f'{row} [data-requeue="{job["id"]}"]')  # confirm
         _expect_text(page, row, "requeuing…")
+        gate.touch()
         poll(
             "attempt 3 running",
             lambda: stack.request("GET", f"/api/v1/jobs/{job['id']}")["attempt"] == 3,

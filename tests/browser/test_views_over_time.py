@@ -9,6 +9,7 @@ import contextlib
 import re
 import urllib.error
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -125,11 +126,12 @@ def test_the_overview_shows_the_past_running_jobs_and_each_gpu_over_time(
 
 
 def test_a_job_page_charts_utilisation_and_memory_apart_and_says_where_it_ran(
-    dash: Dashboard, stack: Stack
+    dash: Dashboard, stack: Stack, gate: Path
 ) -> None:
-    job = stack.request(
-        "POST", "/api/v1/jobs", {"name": "two-gpus", "command": "sleep 12", "gpus": 2}
-    )
+    # It runs until the test opens the gate: its running page is seen however slowly a
+    # loaded machine renders it.
+    command = f"while [ ! -e {gate} ]; do sleep 0.1; done"
+    job = stack.request("POST", "/api/v1/jobs", {"name": "two-gpus", "command": command, "gpus": 2})
     page = dash.page
     dash.login(stack.admin_token)
     dash.go(f"#/jobs/{job['id']}")
@@ -152,6 +154,7 @@ def test_a_job_page_charts_utilisation_and_memory_apart_and_says_where_it_ran(
             }"""
         )
         assert [(p["util_pct"], p["memory_used_mb"]) for p in merged] == [(60, 4000), (90, 1000)]
+        gate.touch()
         _expect_text(page, "#job-spec", "SUCCEEDED", timeout=40_000)
         # Ended: where it ran, not "Placed on" with a dash.
         _expect_text(page, "#job-spec dt", "^Ran on$")

@@ -1,7 +1,7 @@
 """`gpusched up` supervises like a supervisor (systemd's StartLimitBurst within
-StartLimitIntervalSec): a process that exits is restarted, exits longer ago than the
-window are forgotten, one that exits too often within it stops the stack, which says why
-and exits 1; its private Redis is watched and restarted like the others. Real processes,
+StartLimitIntervalSec): a process that exits is restarted, one that exits too often
+within the window stops the stack, which says why and exits 1; its private Redis is
+watched and restarted like the others. Real processes,
 killed with SIGKILL as the OOM killer would."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,12 +17,14 @@ import pytest
 
 from tests.e2e.test_up_shutdown import _parent_of, _processes_of, _Up
 from tests.support.servers import free_port
-from tests.support.wait import poll
 from tests.up_process import start_up
 
 pytestmark = pytest.mark.e2e
 
-WINDOW_S = 15
+# Long enough that the kills and restarts below fit in it on a loaded machine; that exits
+# older than the window are forgotten is tested with a clock of its own
+# (tests/cli/test_crash_budget.py).
+WINDOW_S = 300
 BURST = 2
 
 
@@ -74,18 +75,12 @@ def test_a_process_that_keeps_exiting_stops_the_stack_saying_why(tmp_path: Path)
     with _up(tmp_path, *args) as up:
         for _ in range(BURST):  # within the budget: restarted each time
             _kill(up, "--only cycle")
-        last_exit = time.monotonic()
-        assert up.proc.poll() is None
-        # Exits longer ago than the window are forgotten: the next one is the first again.
-        poll("the window to pass", lambda: time.monotonic() - last_exit > WINDOW_S + 1)
-        for _ in range(BURST):
-            _kill(up, "--only cycle")
         assert up.proc.poll() is None, up.log.read_text()[-3000:]
         # One more within the window: the stack stops, and says why.
         os.kill(_child(up, "--only cycle"), signal.SIGKILL)
         assert up.proc.wait(timeout=180) == 1
         log = up.log.read_text()
-        assert log.count("scheduler exited with code -9; restarting") == 2 * BURST
+        assert log.count("scheduler exited with code -9; restarting") == BURST
         last = log.strip().splitlines()[-1]
         assert last == (
             f"gpusched stopped: scheduler exited {BURST + 1} times within {WINDOW_S}s (last "

@@ -33,7 +33,9 @@ def _while_writing(factory: sessionmaker[Session], read: Callable[[], Any]) -> A
     thread = threading.Thread(target=lambda: result.update(value=read()))
     thread.start()
     try:
-        thread.join(timeout=5)
+        # Well short of SQLite's busy timeout (30 s, app/db.py), which a read waiting for
+        # the lock would sit out, and long enough for a slow read on a loaded machine.
+        thread.join(timeout=20)
         assert not thread.is_alive(), "the read waited for the writer's lock"
         return result["value"]
     finally:
