@@ -107,13 +107,14 @@ def test_the_setsid_escape_dies_at_cancel(stack: Stack, unix_accounts: dict) -> 
     poll("the escape to run", lambda: _alive(escaped) and os.getsid(escaped) == escaped, timeout=30)
     stack.cancel(job["id"])
     stack.wait_status(job["id"], "CANCELLED", timeout=30)
-    assert not _alive(escaped)
+    poll("the escape gone", lambda: not _alive(escaped))  # reaped, not only signalled
 
 
 def test_the_setsid_escape_dies_at_the_time_limit(stack: Stack, unix_accounts: dict) -> None:
     alice = _user(stack, "alice3", unix_accounts["alice"].name)
-    job = _submit(stack, alice, {"command": ESCAPE, "gpus": 1, "max_runtime_s": 3})
+    # A limit the escape is made well within, even on a loaded machine.
+    job = _submit(stack, alice, {"command": ESCAPE, "gpus": 1, "max_runtime_s": 6})
     escaped = int(_log_line(stack, job["id"], "escaped "))
     done = stack.wait_status(job["id"], "TIMED_OUT", "SUCCEEDED", "FAILED", timeout=60)
     assert done["status"] == "TIMED_OUT"
-    assert not _alive(escaped)
+    poll("the escape gone", lambda: not _alive(escaped))  # reaped, not only signalled

@@ -64,7 +64,10 @@ class _Up:
     def submit(self, command: str) -> dict[str, Any]:
         body = {"command": command, "gpus": 1}
         job: dict[str, Any] = httpx.post(
-            f"{self.url}/api/v1/jobs", json=body, headers=self.headers
+            f"{self.url}/api/v1/jobs",
+            json=body,
+            headers=self.headers,
+            timeout=30,  # not httpx's 5 s: a loaded machine
         ).json()
         return job
 

@@ -99,7 +99,10 @@ def test_the_private_redis_is_restarted_on_its_port(tmp_path: Path) -> None:
         # On its port: the API, the scheduler and the agent find it again, and run a job.
         up.until("ready again", lambda: httpx.get(f"{up.url}/readyz").status_code == 200)
         job = httpx.post(
-            f"{up.url}/api/v1/jobs", json={"command": "true", "gpus": 1}, headers=up.headers
+            f"{up.url}/api/v1/jobs",
+            json={"command": "true", "gpus": 1},
+            headers=up.headers,
+            timeout=30,  # not httpx's 5 s: a loaded machine
         ).json()
 
         def succeeded() -> bool:

@@ -163,9 +163,9 @@ def test_agent_sigkill_requeues_a_job_with_no_retries_and_never_runs_two_attempt
     command = (
         f'R={runs}; A=$GPUSCHED_ATTEMPT; echo "$A s $(date +%s.%N)" >> $R; '
         'if [ "$A" = 1 ]; then '
+        "  trap 'sleep 1; echo \"1 e $(date +%s.%N)\" >> $R; exit 0' TERM; "
         f'  setsid env -i sh -c "exec sleep 313" & echo $! > {tmp_path}/escaped; '
-        f"  echo $$ > {tmp_path}/main; "
-        "  trap 'sleep 1; echo \"1 e $(date +%s.%N)\" >> $R; exit 0' TERM; sleep 120 & wait; "
+        f"  echo $$ > {tmp_path}/main; sleep 120 & wait; "
         "else "
         f"  for p in $(cat {tmp_path}/escaped {tmp_path}/main); do "
         '    [ -d /proc/$p ] && grep -q "^State:.*[RSD]" /proc/$p/status && echo "$A alive $p" >> $R; '
@@ -176,7 +176,11 @@ def test_agent_sigkill_requeues_a_job_with_no_retries_and_never_runs_two_attempt
     job = stack.submit({"command": command, "gpus": 4})  # retries: 0, the default
     running = stack.wait_status(job["id"], "RUNNING", timeout=30)
     node = running["allocations"][0]["node"]
-    poll("attempt 1's escape", lambda: (tmp_path / "escaped").exists(), timeout=15)
+    # Written last, after its trap and its escape: attempt 1 is all set up.
+    poll(
+        "attempt 1's escape",
+        lambda: (tmp_path / "main").read_text().strip() if (tmp_path / "main").exists() else None,
+    )
     escaped = int((tmp_path / "escaped").read_text())
     killed_at = time.monotonic()
     kill9(stack, f"agent-{node}")

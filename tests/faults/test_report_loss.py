@@ -10,7 +10,6 @@ PostgreSQL down: the scheduler's report task fails and is retried with backoff.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -41,10 +40,7 @@ def _finish_during(stack: Stack, job: dict, gate: Path, log_label: str, needle: 
     """Open the gate and wait until the job's end was reported into the outage."""
     gate.touch()
     log = stack.procs[log_label].log
-    deadline = time.monotonic() + 15
-    while needle not in log.read_text(errors="replace"):
-        assert time.monotonic() < deadline, f"{needle!r} never appeared in {log}"
-        time.sleep(0.1)
+    poll(f"{needle!r} in {log}", lambda: needle in log.read_text(errors="replace"))
 
 
 def test_finished_report_survives_redis_outage(make_stack, tmp_path: Path) -> None:

@@ -19,12 +19,11 @@ from app.jobs.orders import run_orders
 from app.wire import Finished, RunJob, as_dict, dump, parse
 from tests.agent.support import RecordingReporter, installation_of
 from tests.security.conftest import Cluster, running_job
+from tests.support.wait import WAIT_S
 from workers.agent.fence import choose_fence
 from workers.agent.gpu_backend import NodeInfo, NodeSample
 from workers.agent.runner import JobLaunch, start_job
 from workers.agent.service import Agent, AgentSettings
-
-WAIT_S = 20.0
 
 
 def injections(canary: Path) -> list[str]:
