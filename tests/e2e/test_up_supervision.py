@@ -1,8 +1,8 @@
 """`gpusched up` supervises like a supervisor (systemd's StartLimitBurst within
 StartLimitIntervalSec): a process that exits is restarted, one that exits too often
 within the window stops the stack, which says why and exits 1; its private Redis is
-watched and restarted like the others. Real processes,
-killed with SIGKILL as the OOM killer would."""
+watched and restarted like the others. Real processes, killed with SIGKILL as the OOM
+killer would."""
 
 from __future__ import annotations
 
