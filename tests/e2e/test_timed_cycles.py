@@ -1,6 +1,6 @@
 """A job's begin time starts it then, not at the scheduler's next beat, through the real
-stack: the beat here comes once a minute, so a job that waited for it would miss every
-deadline below by tens of seconds."""
+stack: the beat here comes every five minutes, so a job that waited for it would miss
+every deadline below by minutes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.support.stack import Stack
 pytestmark = pytest.mark.e2e
 
 STACK_AGENTS = {"n1": "sim:2:H100-80GB"}
-STACK_ENV = {"GPUSCHED_SCHEDULER_INTERVAL_S": "60"}
+STACK_ENV = {"GPUSCHED_SCHEDULER_INTERVAL_S": "300"}
 
 
 def _running_at(stack: Stack, job_id: int) -> datetime:
@@ -27,8 +27,8 @@ def test_jobs_start_at_their_begin_times_between_beats(stack: Stack) -> None:
     now = datetime.now(UTC)
     # Submitted together: the later one is armed once the sooner one's cycle has run.
     # Far enough ahead that the submissions and the first check of the reason come
-    # before the first begin time on a loaded machine; the stack's next beat is still
-    # about a minute away (it started moments ago).
+    # before the first begin time on a loaded machine; the stack's next beat is minutes
+    # away (it started moments ago, however slowly).
     begins = [now + timedelta(seconds=15), now + timedelta(seconds=17)]
     jobs = [
         stack.submit(
@@ -44,5 +44,5 @@ def test_jobs_start_at_their_begin_times_between_beats(stack: Stack) -> None:
     for job, begin in zip(jobs, begins, strict=True):
         late_s = (_running_at(stack, job["id"]) - begin).total_seconds()
         # About 0.05 s on an idle machine; 20 s of slack for a loaded CI host (the start
-        # is stamped when its report is handled), still far from the beat's 40 s or more.
+        # is stamped when its report is handled), still far from the beat's minutes.
         assert 0 <= late_s < 20.0, f"job {job['id']} started {late_s:.2f}s after its begin time"
