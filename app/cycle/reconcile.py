@@ -333,7 +333,7 @@ def reconcile_node_attempts(
     }
     repairs.stops = [
         StopJob(node=node, job_id=j, attempt=a, reason="cancel")
-        for j, a in sorted(reported - here.keys())
+        for j, a in sorted(reported - here.keys() - _ended_since(session, node_id, taken_at))
     ]
     # Attempts started this long before the heartbeat was taken should be in it.
     settled = taken_at - timedelta(seconds=grace_s)
@@ -362,6 +362,20 @@ def reconcile_node_attempts(
             )
             repairs.lost.append(job.id)
     return repairs
+
+
+def _ended_since(session: Session, node_id: int, taken_at: datetime) -> set[tuple[int, int]]:
+    """The attempts on a node that ended after a heartbeat was taken: it listed them as
+    running, rightly; they are no orphans (handled behind their finished reports, such
+    heartbeats had them stopped again, with a warning on the console)."""
+    return {
+        (job_id, attempt)
+        for job_id, attempt in session.execute(
+            select(Allocation.job_id, Allocation.attempt)
+            .where(Allocation.node_id == node_id, Allocation.released_at >= taken_at)
+            .distinct()
+        )
+    }
 
 
 def node_registered(*, session: Session, report: Register) -> list[int]:

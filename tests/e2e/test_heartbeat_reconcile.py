@@ -31,7 +31,7 @@ from app.messaging import NullMessenger
 from app.nodes.models import Node
 from app.nodes.telemetry import TelemetryPolicy
 from app.projects.models import Project
-from app.wire import AttemptRef, Heartbeat, Started, StopJob
+from app.wire import AttemptRef, Finished, Heartbeat, Started, StopJob
 from tests.foundation.builders import ready_node
 from workers.scheduler import handle_heartbeat
 
@@ -117,6 +117,35 @@ def test_heartbeat_of_a_node_running_a_job_reconciles(factory: sessionmaker[Sess
         StopJob(node="n1", job_id=job_id, attempt=attempt + 1, reason="cancel")
     ]
     assert repairs.lost == []
+
+
+def test_a_heartbeat_taken_before_an_end_does_not_stop_the_ended_attempt(
+    factory: sessionmaker[Session],
+) -> None:
+    """Handled behind the attempt's finished report, a heartbeat taken while it ran lists
+    it as running: no orphan (it was stopped again, with a warning on `up`'s console)."""
+    job_id, started_at = _started_job(factory)
+    with factory() as session:
+        assert agent_reports.job_finished(
+            session=session,
+            report=Finished(node="n1", job_id=job_id, attempt=1, result="SUCCEEDED"),
+        ).accepted
+        session.commit()
+    listed = Heartbeat(node="n1", running=(AttemptRef(job_id=job_id, attempt=1),))
+
+    def stops(taken_at: datetime) -> list[StopJob]:
+        with factory() as session:
+            repairs = reconcile_node_attempts(
+                session=session, heartbeat=listed, taken_at=taken_at, grace_s=15
+            )
+            session.commit()
+        return repairs.stops
+
+    assert stops(started_at + timedelta(milliseconds=1)) == []
+    # Taken after the end and still running it: an orphan, stopped.
+    assert stops(utcnow() + timedelta(seconds=5)) == [
+        StopJob(node="n1", job_id=job_id, attempt=1, reason="cancel")
+    ]
 
 
 def test_a_heartbeat_taken_before_a_start_does_not_lose_it(
