@@ -331,9 +331,11 @@ def reconcile_node_attempts(
             )
         )
     }
+    orphans = reported - here.keys()
+    if orphans:  # read only then: most heartbeats list nothing that is not active here
+        orphans -= _ended_since(session, node_id, taken_at)
     repairs.stops = [
-        StopJob(node=node, job_id=j, attempt=a, reason="cancel")
-        for j, a in sorted(reported - here.keys() - _ended_since(session, node_id, taken_at))
+        StopJob(node=node, job_id=j, attempt=a, reason="cancel") for j, a in sorted(orphans)
     ]
     # Attempts started this long before the heartbeat was taken should be in it.
     settled = taken_at - timedelta(seconds=grace_s)
@@ -371,9 +373,9 @@ def _ended_since(session: Session, node_id: int, taken_at: datetime) -> set[tupl
     return {
         (job_id, attempt)
         for job_id, attempt in session.execute(
-            select(Allocation.job_id, Allocation.attempt)
-            .where(Allocation.node_id == node_id, Allocation.released_at >= taken_at)
-            .distinct()
+            select(Allocation.job_id, Allocation.attempt).where(
+                Allocation.node_id == node_id, Allocation.released_at >= taken_at
+            )
         )
     }
 
