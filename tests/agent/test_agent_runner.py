@@ -427,13 +427,13 @@ def test_leftover_attempts_are_found_by_their_group_and_stopped(
 def test_leftover_groups_are_stopped_at_once_each_with_its_own_grace(
     tmp_path: Path, fence: Fence, reap: list[RunningProcess]
 ) -> None:
-    # Both jobs checkpoint for 1 s on SIGTERM. The first is given 3 s of grace and
-    # finishes its checkpoint; the second 0.3 s and is killed mid-checkpoint. Stopped one
-    # after the other, the second would have waited for the first's whole checkpoint
-    # before its SIGTERM.
+    # Both jobs checkpoint for 3 s on SIGTERM. The first is given 15 s of grace and
+    # finishes its checkpoint; the second 0.3 s and is killed mid-checkpoint (seconds
+    # apart, so a loaded machine cannot blur them). Stopped one after the other, the
+    # second would have waited for the first's whole checkpoint before its SIGTERM.
     checkpoint = (
-        "trap 'sleep 1; echo saved > ckpt-$GPUSCHED_JOB_ID; exit 0' TERM; echo ready; "
-        "sleep 30 & wait"
+        "trap 'sleep 3; echo saved > ckpt-$GPUSCHED_JOB_ID; exit 0' TERM; echo ready; "
+        "sleep 60 & wait"
     )
     patient, hasty = (
         start(launch(tmp_path, checkpoint, job_id=i, log_path=tmp_path / str(i))) for i in (71, 72)
@@ -447,10 +447,10 @@ def test_leftover_groups_are_stopped_at_once_each_with_its_own_grace(
     assert wait_until(lambda: ready("71") and ready("72"))
     groups = {g.key.job_id: g for g in fence.find()}
     started = time.monotonic()
-    assert stop_groups([(groups[71], 3.0), (groups[72], 0.3)])
-    # About 1 s (the patient one's checkpoint); never more than the longest grace plus
+    assert stop_groups([(groups[71], 15.0), (groups[72], 0.3)])
+    # About 3 s (the patient one's checkpoint); never more than the longest grace plus
     # the time SIGKILL is given to take (runner._KILL_WAIT_S).
-    assert time.monotonic() - started < 3.0 + 5.0
+    assert time.monotonic() - started < 15.0 + 5.0
     assert (tmp_path / "ckpt-71").read_text() == "saved\n"
     assert not (tmp_path / "ckpt-72").exists()
     hasty_outcome = hasty.wait(WAIT_S)
