@@ -205,15 +205,7 @@ def deadline(job: JobView, predicted: float | None, settings: PolicySettings) ->
     the clock passes a job's deadline nothing submitted from then on goes ahead of it.
     """
     size = expected_gpu_s(job, predicted, settings) - job.attained_gpu_s
-    return _since_epoch(job) + settings.short_first_factor * max(0.0, size)
-
-
-def _since_epoch(job: JobView) -> float:
-    """Its submit time in seconds since the epoch: `_seconds(submitted(job) - _EPOCH)`
-    to the same float (an aware datetime's `timestamp()` is that subtraction and one
-    correctly rounded division, in C), several times cheaper compiled."""
-    at = job.submitted_at
-    return 0.0 if at is None else at.timestamp()
+    return _seconds(submitted(job) - _EPOCH) + settings.short_first_factor * max(0.0, size)
 
 
 def by_deadlines(

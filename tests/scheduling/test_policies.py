@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from app.scheduling import PolicySettings, decay_usage, order_jobs, plan_cycle, predict_runtime
-from app.scheduling.queue import _seconds, _since_epoch, las_level
+from app.scheduling.queue import _seconds, las_level
 from app.scheduling.types import JobView
 
 from .builders import T0, job, node, project, running, snap
@@ -281,19 +281,3 @@ _EXACT = timedelta(microseconds=2**53 - 1)  # about 285 years
 def test_seconds_equals_total_seconds_exactly(span: timedelta) -> None:
     # sjf's aging uses it instead of total_seconds(): the same float, or orders would move.
     assert _seconds(span) == span.total_seconds()
-
-
-@given(
-    st.datetimes(
-        min_value=datetime(1900, 1, 1),
-        max_value=datetime(2200, 1, 1),
-        timezones=st.sampled_from(
-            [UTC, timezone(timedelta(hours=-7)), timezone(timedelta(hours=13))]
-        ),
-    )
-)
-def test_a_deadlines_submit_time_is_the_same_float_as_before(at: datetime) -> None:
-    # by_deadlines reads it from timestamp(), no longer from _seconds(at - epoch): a
-    # different float would move jobs with equal sizes.
-    assert _since_epoch(job(1, submitted_at=at)) == _seconds(at - datetime(1970, 1, 1, tzinfo=UTC))
-    assert _since_epoch(job(1, submitted_at=None)) == 0.0
