@@ -222,10 +222,9 @@ def by_deadlines(
         guess: float | None = None
         if j.estimated_runtime_s is None:  # else no prediction is asked for
             key = (j.user, j.name)
-            if key in predicted:
-                guess = predicted[key]
-            else:
-                guess = predicted[key] = predict_runtime(history, j)
+            if key not in predicted:
+                predicted[key] = predict_runtime(history, j)
+            guess = predicted[key]
         append(deadline(j, guess, settings))
     return _by_key(ordered, keys)
 

@@ -140,6 +140,8 @@ def _waited(hours: float) -> dict[str, object]:
         ),
         # Equal expected size (no estimate, no history: default 24 h): FIFO.
         ([job(1), job(2), job(3)], [1, 2, 3]),
+        # Equal deadlines (one submit time, one size), read out of order: by id.
+        ([job(3, submitted_at=T0), job(1, submitted_at=T0), job(2, submitted_at=T0)], [1, 2, 3]),
     ],
 )
 def test_default_orders_by_deadline_in_a_project(jobs: list[JobView], expected: list[int]) -> None:
