@@ -24,6 +24,7 @@ from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.models import Allocation, Gpu, Node, NodeState
 from app.projects.models import Project
 from app.scheduling import (
+    DeadlineOrder,
     GpuView,
     JobView,
     NodeView,
@@ -155,6 +156,8 @@ class QueueMemory:
     arrivals_read: set[int] = field(default_factory=set)
     views: ViewCache = field(default_factory=ViewCache)
     ranks: LastStored = field(default_factory=LastStored)
+    # The queue's deadline order as the last full cycle left it (the default policy's).
+    deadlines: DeadlineOrder = field(default_factory=DeadlineOrder)
 
     def head(self, depth: int) -> list[int]:
         return self.order[:depth]

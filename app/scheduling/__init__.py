@@ -11,7 +11,7 @@ from datetime import datetime
 
 from app.scheduling import planner
 from app.scheduling.backfill import reservation, reserve
-from app.scheduling.queue import las_level, order_jobs
+from app.scheduling.queue import DeadlineOrder, las_level, order_jobs
 from app.scheduling.state import Request
 from app.scheduling.status import Code, Context, Status
 from app.scheduling.types import (
@@ -43,16 +43,19 @@ def plan_cycle(
     now: datetime,
     settings: PolicySettings | None = None,
     seed: int = 0,
+    memo: DeadlineOrder | None = None,
 ) -> Plan:
     """Decide placements, preemptions and pending reasons for one cycle.
 
     Deterministic: the same arguments always give the same Plan. `seed` only
-    breaks exact ties between equally scored nodes (0 = snapshot order).
+    breaks exact ties between equally scored nodes (0 = snapshot order). `memo`, a
+    `DeadlineOrder` the caller keeps from cycle to cycle, only makes the queue's order
+    cheaper to work out: the plan is the same with or without it.
     """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware (UTC)")
     ctx = Context(now=now, settings=settings or PolicySettings(), windows=snapshot.windows)
-    return planner.plan(snapshot, ctx, seed)
+    return planner.plan(snapshot, ctx, seed, memo)
 
 
 def estimate_start(
@@ -76,6 +79,7 @@ def estimate_start(
 __all__ = [
     "QUEUE_POLICIES",
     "Code",
+    "DeadlineOrder",
     "GpuView",
     "JobView",
     "NodeGpus",

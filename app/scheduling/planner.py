@@ -36,7 +36,7 @@ from app.scheduling.preempt import (
     try_preempt,
     victim_pool,
 )
-from app.scheduling.queue import order_jobs
+from app.scheduling.queue import DeadlineOrder, order_jobs
 from app.scheduling.state import NodeIndex, NodeState, Request, Slot
 from app.scheduling.status import OK, Context, Status
 from app.scheduling.types import (
@@ -64,9 +64,9 @@ class Shape(NamedTuple):
     key_reserved: int  # memo_key(req, allow_reserved=True)
 
 
-def plan(snapshot: Snapshot, ctx: Context, seed: int) -> Plan:
+def plan(snapshot: Snapshot, ctx: Context, seed: int, memo: DeadlineOrder | None = None) -> Plan:
     """The whole cycle: `build`, then `run`."""
-    return run(build(snapshot, ctx, seed))
+    return run(build(snapshot, ctx, seed), memo)
 
 
 def build(snapshot: Snapshot, ctx: Context, seed: int) -> CycleState:
@@ -238,8 +238,11 @@ def _first_fit(
                 cached = fits_before_res[rt] = may_use_reserved(cs, job)
             if cached:
                 milli, whole = room[0], room[1]
-        if job.gpu_share is not None and job.gpu_share < 1.0:
-            if gpu_share.fits(job.share_milli, milli):
+        share = job.gpu_share
+        if share is not None and share < 1.0:
+            # A share of `milli` + 1 thousandths or more rounds to more than `milli`:
+            # most jobs of a full cluster, told apart without `share_milli`'s rounding.
+            if share * 1000 < milli + 1 and gpu_share.fits(job.share_milli, milli):
                 return i
         elif enough_gpus.fits(job.gpus, whole):
             return i
@@ -271,8 +274,9 @@ def _free_room(cs: CycleState) -> tuple[int, int, int, int]:
     return most[0], most[1], most[2], most[3]
 
 
-def run(cs: CycleState) -> Plan:
-    """Phases 2-4: order the queue, place, backfill and preempt, explain."""
+def run(cs: CycleState, memo: DeadlineOrder | None = None) -> Plan:
+    """Phases 2-4: order the queue (with the caller's `memo`), place, backfill and
+    preempt, explain."""
     snap = cs.snap
     running_ids = set(cs.running)
     jobs = [j for j in snap.pending if j.id not in running_ids]
@@ -283,6 +287,7 @@ def run(cs: CycleState) -> Plan:
         running=snap.running,
         history=snap.runtime_history,
         now=cs.now,
+        memo=memo,
     )
     strict_blocker: JobView | None = None
     strict_msg = ""

@@ -7,7 +7,8 @@ broken by submit time, then id), which also gives each job its queue position.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from bisect import insort
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from operator import attrgetter
 
@@ -24,7 +25,6 @@ def submitted(job: JobView) -> datetime:
 _ID = attrgetter("id")
 _SUBMITTED = attrgetter("submitted_at")
 _PRIORITY = attrgetter("priority")
-_PROJECT = attrgetter("project")
 
 
 def fifo(jobs: Iterable[JobView]) -> list[JobView]:
@@ -61,42 +61,54 @@ def fair_share(
     Within a project: priority, then FIFO.
     """
     charge = _initial_charge(projects, running, settings.fair_share_horizon_s)
-    return _interleave(by_priority(jobs), projects, settings, charge)
+    return _interleave(_by_project(by_priority(jobs)), projects, settings, charge)
+
+
+def _by_project(ordered: Iterable[JobView]) -> dict[str, list[JobView]]:
+    """Each project's jobs, in `ordered`'s order."""
+    queues: dict[str, list[JobView]] = {}
+    for job in ordered:
+        queue = queues.get(job.project)
+        if queue is None:
+            queues[job.project] = [job]
+        else:
+            queue.append(job)
+    return queues
 
 
 def _interleave(
-    ordered: list[JobView],
+    queues: Mapping[str, list[JobView]],
     projects: Mapping[str, ProjectView],
     settings: PolicySettings,
     charge: dict[str, float],
 ) -> list[JobView]:
-    """Merge the projects' queues (each kept in `ordered`'s order) by fair-share charge.
+    """Merge the projects' queues (project -> its jobs in order) by fair-share charge.
 
     `charge` (project -> GPU-seconds) is updated, so priority tiers share one account.
     """
     horizon = settings.fair_share_horizon_s
-    names = {j.project for j in ordered}
-    if len(names) <= 1:
-        _charge(ordered, charge, horizon)  # keep the account right for later tiers
-        return ordered
+    if len(queues) == 1:
+        only = next(iter(queues.values()))
+        _charge(only, charge, horizon)  # keep the account right for later tiers
+        return only
     # Taking a project's next job charges it; the project with the smallest charge/weight
     # goes next. Charges only grow, so that greedy merge equals one sort by the key each
-    # job has when its turn comes (ties by project name, then the project's own order).
-    weight: dict[str, float] = {}
-    for name in names:
-        weight[name] = _weight(name, projects)
-        charge.setdefault(name, 0.0)
-    # Equal keys (rare unless usage is equal) go by project name, each project's in
-    # `ordered`'s order: the ties' order, which the (stable) sort by key keeps.
-    by_project = sorted(ordered, key=_PROJECT)
+    # job has when its turn comes. Equal keys (rare unless usage is equal) go by project
+    # name, each project's in its own order: the ties' order, which the (stable) sort by
+    # key keeps.
+    ordered: list[JobView] = []
     keys: list[float] = []
     append = keys.append
-    for job in by_project:
-        name = job.project
-        owed = charge[name]
-        append(owed / weight[name])
-        charge[name] = owed + _cost(job, horizon)
-    return _by_key(by_project, keys)
+    for name in sorted(queues):
+        weight = _weight(name, projects)
+        owed = charge.get(name, 0.0)
+        queue = queues[name]
+        for job in queue:
+            append(owed / weight)
+            owed += _cost(job, horizon)
+        charge[name] = owed
+        ordered.extend(queue)
+    return _by_key(ordered, keys)
 
 
 def _cost(job: JobView, horizon: float) -> float:
@@ -126,12 +138,13 @@ def _weight(name: str, projects: Mapping[str, ProjectView]) -> float:
 
 
 def default(
-    jobs: Iterable[JobView],
+    jobs: Sequence[JobView],
     projects: Mapping[str, ProjectView],
     running: Iterable[RunningJobView],
     settings: PolicySettings,
     history: Mapping[tuple[str, str], tuple[float, ...]],
     now: datetime,
+    memo: DeadlineOrder | None = None,
 ) -> list[JobView]:
     """Priority tiers; inside a tier, Tiresias' discretised 2D-LAS queues (least attained
     GPU-time first), fair share between projects inside each queue, and inside each
@@ -148,10 +161,22 @@ def default(
     earlier, so no job's wait grows without bound and an overloaded cluster does not
     collapse into FIFO. An optional absolute guard (`starvation_after_s` > 0, off by
     default) still puts jobs pending that long first, in submit order.
+
+    `memo` (the caller's, kept between cycles) gives the same order cheaper.
     """
+    # Every group below is in deadline order: a total order, so each group's is the
+    # whole queue's (`by_deadlines`) with the other jobs left out.
+    if memo is None:
+        by_deadline = by_deadlines(jobs, history, settings)
+    else:
+        by_deadline = memo.order(jobs, history, settings)
     tiers: dict[int, list[JobView]] = {}
-    for j in jobs:
-        tiers.setdefault(j.priority, []).append(j)
+    for j in by_deadline:
+        tier = tiers.get(j.priority)
+        if tier is None:
+            tiers[j.priority] = [j]
+        else:
+            tier.append(j)
     horizon = settings.fair_share_horizon_s
     charge = _initial_charge(projects, running, horizon)
     limit = settings.starvation_after_s
@@ -169,10 +194,14 @@ def default(
                 tier = [j for j in tier if submitted(j) > starved_since]
         queues: dict[int, list[JobView]] = {}
         for j in tier:
-            queues.setdefault(queue_level(j, now, settings), []).append(j)
+            level = queue_level(j, now, settings)
+            queue = queues.get(level)
+            if queue is None:
+                queues[level] = [j]
+            else:
+                queue.append(j)
         for level in sorted(queues):
-            by_deadline = by_deadlines(queues[level], history, settings)
-            order.extend(_interleave(by_deadline, projects, settings, charge))
+            order.extend(_interleave(_by_project(queues[level]), projects, settings, charge))
     return order
 
 
@@ -227,6 +256,91 @@ def by_deadlines(
             guess = predicted[key]
         append(deadline(j, guess, settings))
     return _by_key(ordered, keys)
+
+
+class _Entry:
+    """A job's place in deadline order: deadline, submit time, id (unique)."""
+
+    def __init__(self, due: float, view: JobView, stamp: int) -> None:
+        self.due = due
+        self.submitted = submitted(view)
+        self.id = view.id
+        self.view = view
+        self.stamp = stamp  # the last cycle that had this view in its queue
+
+
+def _entry_key(entry: _Entry) -> tuple[float, datetime, int]:
+    return entry.due, entry.submitted, entry.id
+
+
+class DeadlineOrder:
+    """The queue in `by_deadlines` order, kept between cycles by whoever plans them (the
+    simulator, the live scheduler's full cycles) and handed to `plan_cycle`.
+
+    A job's deadline depends on its view and the settings, and on the runtime history
+    only when the job has no estimate. So a view seen by the last cycle keeps its place
+    (the views are immutable, and the snapshot reuses a view while its job is unchanged);
+    only the jobs new to the queue, those whose view changed (requeued with more service,
+    say) and those whose prediction moved are computed again and inserted. What left
+    the queue is dropped in one pass. The order is exactly `by_deadlines`'s (a total
+    order, so it cannot depend on what was kept: tests/scheduling/test_deadline_order.py)
+    and costs two linear passes plus the inserts, where sorting from scratch computed
+    every deadline and sorted the whole queue three times (issue 35 point 3).
+    """
+
+    def __init__(self) -> None:
+        self._settings: PolicySettings | None = None
+        self._entries: list[_Entry] = []  # ascending
+        self._entry_of: dict[int, _Entry] = {}  # job id -> its entry in `_entries`
+        self._stamp = 0
+
+    def order(
+        self,
+        jobs: Iterable[JobView],
+        history: Mapping[tuple[str, str], tuple[float, ...]],
+        settings: PolicySettings,
+    ) -> list[JobView]:
+        if settings is not self._settings and settings != self._settings:
+            self._settings, self._entries, self._entry_of = settings, [], {}
+        self._stamp += 1
+        stamp = self._stamp
+        entry_of = self._entry_of
+        predicted: dict[tuple[str, str], float | None] = {}  # one median per user + name
+        fresh: list[_Entry] = []
+        for j in jobs:
+            old = entry_of.get(j.id)
+            if old is not None and old.view is not j:
+                old = None  # its job changed: a new entry
+            estimated = j.estimated_runtime_s is not None
+            if old is not None and estimated:
+                old.stamp = stamp
+                continue
+            guess: float | None = None
+            if not estimated:
+                key = (j.user, j.name)
+                if key not in predicted:
+                    predicted[key] = predict_runtime(history, j)
+                guess = predicted[key]
+            due = deadline(j, guess, settings)
+            if old is not None and old.due == due:
+                old.stamp = stamp
+                continue
+            entry_of[j.id] = entry = _Entry(due, j, stamp)
+            fresh.append(entry)
+        entries: list[_Entry] = []
+        for e in self._entries:
+            if e.stamp == stamp:
+                entries.append(e)
+            elif entry_of.get(e.id) is e:  # its job left the queue
+                del entry_of[e.id]
+        if len(fresh) * 8 > len(entries):
+            entries.extend(fresh)
+            entries.sort(key=_entry_key)
+        else:
+            for e in fresh:
+                insort(entries, e, key=_entry_key)
+        self._entries = entries
+        return [e.view for e in entries]
 
 
 def expected_runtime(job: JobView, predicted: float | None, settings: PolicySettings) -> float:
@@ -290,7 +404,9 @@ def _seconds(span: timedelta) -> float:
     """`span.total_seconds()`, to the same float (whole microseconds, one correctly
     rounded division) for spans under 2**53 µs (285 years), without its method call:
     compiled, several times cheaper, and `sjf` needs it for every pending job."""
-    return ((span.days * 86_400 + span.seconds) * 1_000_000 + span.microseconds) / 1_000_000
+    # In floats: every step is exact below 2**53, and the division correctly rounded, as
+    # the integer one is; compiled integer products this large take the slow path.
+    return ((span.days * 86_400.0 + span.seconds) * 1e6 + span.microseconds) / 1e6
 
 
 def las_level(attained_gpu_s: float, settings: PolicySettings) -> int:
@@ -347,14 +463,17 @@ def las(jobs: Iterable[JobView], settings: PolicySettings) -> list[JobView]:
 
 
 def order_jobs(
-    jobs: Iterable[JobView],
+    jobs: Sequence[JobView],
     *,
     settings: PolicySettings,
     projects: Mapping[str, ProjectView],
     running: Iterable[RunningJobView],
     history: Mapping[tuple[str, str], tuple[float, ...]],
     now: datetime,
+    memo: DeadlineOrder | None = None,
 ) -> list[JobView]:
+    """`jobs` in `settings.queue_policy`'s order. `memo`, kept by the caller between
+    cycles, makes the default policy's order cheaper (`DeadlineOrder`), never different."""
     policy = settings.queue_policy
     table: dict[str, Callable[[], list[JobView]]] = {
         "fifo": lambda: fifo(jobs),
@@ -362,7 +481,7 @@ def order_jobs(
         "fair-share": lambda: fair_share(jobs, projects, running, settings),
         "sjf": lambda: sjf(jobs, history, settings),
         "las": lambda: las(jobs, settings),
-        "default": lambda: default(jobs, projects, running, settings, history, now),
+        "default": lambda: default(jobs, projects, running, settings, history, now, memo),
     }
     if policy not in table:
         raise ValueError(f"unknown queue policy {policy!r}")

@@ -53,6 +53,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from app.scheduling import (
+    DeadlineOrder,
     GpuView,
     JobView,
     NodeGpus,
@@ -470,6 +471,7 @@ def simulate(
     last_t = 0.0
     arrivals_left = len(jobs)
     gpu_runs: list[GpuRun] = []
+    memo = DeadlineOrder()  # the queue's deadline order, kept from cycle to cycle
 
     def gpu_use(rv: RunningJobView) -> float:
         return rv.job.total_gpus * min(1.0, rv.share)
@@ -549,7 +551,7 @@ def simulate(
         placements: tuple[Placement, ...] = ()
         if pending:
             with _gc_paused():
-                plan = plan_cycle(snapshot, now=now, settings=settings, seed=seed)
+                plan = plan_cycle(snapshot, now=now, settings=settings, seed=seed, memo=memo)
             cycles += 1
             placements = plan.placements
             victims = [p.victim_job_id for p in plan.preemptions]
