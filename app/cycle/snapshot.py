@@ -24,9 +24,9 @@ from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.models import Allocation, Gpu, Node, NodeState
 from app.projects.models import Project
 from app.scheduling import (
-    DeadlineOrder,
     GpuView,
     JobView,
+    KeptOrder,
     NodeView,
     ProjectView,
     RunningJobView,
@@ -157,7 +157,7 @@ class QueueMemory:
     views: ViewCache = field(default_factory=ViewCache)
     ranks: LastStored = field(default_factory=LastStored)
     # The queue's deadline order as the last full cycle left it (the default policy's).
-    deadlines: DeadlineOrder = field(default_factory=DeadlineOrder)
+    deadlines: KeptOrder = field(default_factory=KeptOrder)
 
     def head(self, depth: int) -> list[int]:
         return self.order[:depth]

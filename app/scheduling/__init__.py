@@ -11,7 +11,7 @@ from datetime import datetime
 
 from app.scheduling import planner
 from app.scheduling.backfill import reservation, reserve
-from app.scheduling.queue import DeadlineOrder, las_level, order_jobs
+from app.scheduling.queue import KeptOrder, las_level, order_jobs
 from app.scheduling.state import Request
 from app.scheduling.status import Code, Context, Status
 from app.scheduling.types import (
@@ -43,13 +43,13 @@ def plan_cycle(
     now: datetime,
     settings: PolicySettings | None = None,
     seed: int = 0,
-    memo: DeadlineOrder | None = None,
+    memo: KeptOrder | None = None,
 ) -> Plan:
     """Decide placements, preemptions and pending reasons for one cycle.
 
     Deterministic: the same arguments always give the same Plan. `seed` only
     breaks exact ties between equally scored nodes (0 = snapshot order). `memo`, a
-    `DeadlineOrder` the caller keeps from cycle to cycle, only makes the queue's order
+    `KeptOrder` the caller keeps from cycle to cycle, only makes the queue's order
     cheaper to work out: the plan is the same with or without it.
     """
     if now.tzinfo is None:
@@ -79,9 +79,9 @@ def estimate_start(
 __all__ = [
     "QUEUE_POLICIES",
     "Code",
-    "DeadlineOrder",
     "GpuView",
     "JobView",
+    "KeptOrder",
     "NodeGpus",
     "NodeView",
     "PendingReason",

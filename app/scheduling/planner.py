@@ -36,7 +36,7 @@ from app.scheduling.preempt import (
     try_preempt,
     victim_pool,
 )
-from app.scheduling.queue import DeadlineOrder, order_jobs
+from app.scheduling.queue import KeptOrder, order_jobs
 from app.scheduling.state import NodeIndex, NodeState, Request, Slot
 from app.scheduling.status import OK, Context, Status
 from app.scheduling.types import (
@@ -64,7 +64,7 @@ class Shape(NamedTuple):
     key_reserved: int  # memo_key(req, allow_reserved=True)
 
 
-def plan(snapshot: Snapshot, ctx: Context, seed: int, memo: DeadlineOrder | None = None) -> Plan:
+def plan(snapshot: Snapshot, ctx: Context, seed: int, memo: KeptOrder | None = None) -> Plan:
     """The whole cycle: `build`, then `run`."""
     return run(build(snapshot, ctx, seed), memo)
 
@@ -274,7 +274,7 @@ def _free_room(cs: CycleState) -> tuple[int, int, int, int]:
     return most[0], most[1], most[2], most[3]
 
 
-def run(cs: CycleState, memo: DeadlineOrder | None = None) -> Plan:
+def run(cs: CycleState, memo: KeptOrder | None = None) -> Plan:
     """Phases 2-4: order the queue (with the caller's `memo`), place, backfill and
     preempt, explain."""
     snap = cs.snap

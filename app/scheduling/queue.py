@@ -48,7 +48,7 @@ def by_priority(jobs: Iterable[JobView]) -> list[JobView]:
 
 
 def fair_share(
-    jobs: Iterable[JobView],
+    by_priority: list[JobView],
     projects: Mapping[str, ProjectView],
     running: Iterable[RunningJobView],
     settings: PolicySettings,
@@ -58,10 +58,10 @@ def fair_share(
     Each job taken from a project charges it `gpus x horizon`, so a project with
     weight 2 gets about twice the queue slots of a weight-1 project with the
     same usage, and one big project's backlog cannot push everyone else back.
-    Within a project: priority, then FIFO.
+    Within a project: priority, then FIFO (`by_priority`: the queue in that order).
     """
     charge = _initial_charge(projects, running, settings.fair_share_horizon_s)
-    return _interleave(_by_project(by_priority(jobs)), projects, settings, charge)
+    return _interleave(_by_project(by_priority), projects, settings, charge)
 
 
 def _by_project(ordered: Iterable[JobView]) -> dict[str, list[JobView]]:
@@ -138,13 +138,11 @@ def _weight(name: str, projects: Mapping[str, ProjectView]) -> float:
 
 
 def default(
-    jobs: Sequence[JobView],
+    by_deadline: list[JobView],
     projects: Mapping[str, ProjectView],
     running: Iterable[RunningJobView],
     settings: PolicySettings,
-    history: Mapping[tuple[str, str], tuple[float, ...]],
     now: datetime,
-    memo: DeadlineOrder | None = None,
 ) -> list[JobView]:
     """Priority tiers; inside a tier, Tiresias' discretised 2D-LAS queues (least attained
     GPU-time first), fair share between projects inside each queue, and inside each
@@ -162,14 +160,9 @@ def default(
     collapse into FIFO. An optional absolute guard (`starvation_after_s` > 0, off by
     default) still puts jobs pending that long first, in submit order.
 
-    `memo` (the caller's, kept between cycles) gives the same order cheaper.
+    `by_deadline`: the queue in deadline order (`by_deadlines`). It is a total order, so
+    each group below, kept in it, is in its own deadline order.
     """
-    # Every group below is in deadline order: a total order, so each group's is the
-    # whole queue's (`by_deadlines`) with the other jobs left out.
-    if memo is None:
-        by_deadline = by_deadlines(jobs, history, settings)
-    else:
-        by_deadline = memo.order(jobs, history, settings)
     tiers: dict[int, list[JobView]] = {}
     for j in by_deadline:
         tier = tiers.get(j.priority)
@@ -258,91 +251,6 @@ def by_deadlines(
     return _by_key(ordered, keys)
 
 
-class _Entry:
-    """A job's place in deadline order: deadline, submit time, id (unique)."""
-
-    def __init__(self, due: float, view: JobView, stamp: int) -> None:
-        self.due = due
-        self.submitted = submitted(view)
-        self.id = view.id
-        self.view = view
-        self.stamp = stamp  # the last cycle that had this view in its queue
-
-
-def _entry_key(entry: _Entry) -> tuple[float, datetime, int]:
-    return entry.due, entry.submitted, entry.id
-
-
-class DeadlineOrder:
-    """The queue in `by_deadlines` order, kept between cycles by whoever plans them (the
-    simulator, the live scheduler's full cycles) and handed to `plan_cycle`.
-
-    A job's deadline depends on its view and the settings, and on the runtime history
-    only when the job has no estimate. So a view seen by the last cycle keeps its place
-    (the views are immutable, and the snapshot reuses a view while its job is unchanged);
-    only the jobs new to the queue, those whose view changed (requeued with more service,
-    say) and those whose prediction moved are computed again and inserted. What left
-    the queue is dropped in one pass. The order is exactly `by_deadlines`'s (a total
-    order, so it cannot depend on what was kept: tests/scheduling/test_deadline_order.py)
-    and costs two linear passes plus the inserts, where sorting from scratch computed
-    every deadline and sorted the whole queue three times (issue 35 point 3).
-    """
-
-    def __init__(self) -> None:
-        self._settings: PolicySettings | None = None
-        self._entries: list[_Entry] = []  # ascending
-        self._entry_of: dict[int, _Entry] = {}  # job id -> its entry in `_entries`
-        self._stamp = 0
-
-    def order(
-        self,
-        jobs: Iterable[JobView],
-        history: Mapping[tuple[str, str], tuple[float, ...]],
-        settings: PolicySettings,
-    ) -> list[JobView]:
-        if settings is not self._settings and settings != self._settings:
-            self._settings, self._entries, self._entry_of = settings, [], {}
-        self._stamp += 1
-        stamp = self._stamp
-        entry_of = self._entry_of
-        predicted: dict[tuple[str, str], float | None] = {}  # one median per user + name
-        fresh: list[_Entry] = []
-        for j in jobs:
-            old = entry_of.get(j.id)
-            if old is not None and old.view is not j:
-                old = None  # its job changed: a new entry
-            estimated = j.estimated_runtime_s is not None
-            if old is not None and estimated:
-                old.stamp = stamp
-                continue
-            guess: float | None = None
-            if not estimated:
-                key = (j.user, j.name)
-                if key not in predicted:
-                    predicted[key] = predict_runtime(history, j)
-                guess = predicted[key]
-            due = deadline(j, guess, settings)
-            if old is not None and old.due == due:
-                old.stamp = stamp
-                continue
-            entry_of[j.id] = entry = _Entry(due, j, stamp)
-            fresh.append(entry)
-        entries: list[_Entry] = []
-        for e in self._entries:
-            if e.stamp == stamp:
-                entries.append(e)
-            elif entry_of.get(e.id) is e:  # its job left the queue
-                del entry_of[e.id]
-        if len(fresh) * 8 > len(entries):
-            entries.extend(fresh)
-            entries.sort(key=_entry_key)
-        else:
-            for e in fresh:
-                insort(entries, e, key=_entry_key)
-        self._entries = entries
-        return [e.view for e in entries]
-
-
 def expected_runtime(job: JobView, predicted: float | None, settings: PolicySettings) -> float:
     """Runtime used for short-first order: estimate, else the history prediction
     (`predict_runtime`), else limit, else default."""
@@ -364,31 +272,20 @@ def sjf(
     jobs: Iterable[JobView],
     history: Mapping[tuple[str, str], tuple[float, ...]],
     settings: PolicySettings,
-    *,
-    now: datetime | None = None,
-    age_over_s: float = 0.0,
 ) -> list[JobView]:
     """Shortest expected GPU-time (runtime x GPUs) first, as in Helios' QSSF.
 
     Counting GPUs keeps a short 64-GPU job from jumping a queue of long 1-GPU
-    jobs that together need less of the cluster. With `age_over_s` (and `now`)
-    the key shrinks by waited / age_over_s, so a long job's rank rises steadily
-    while it waits: with 24 h, an 8-GPU 10 h job that waited 18 h has key
-    80 x 0.25 = 20 GPU-h and goes before a fresh 1-GPU 30 h job (30 GPU-h).
+    jobs that together need less of the cluster.
     """
     predicted: dict[tuple[str, str], float | None] = {}  # one median per user + name
-    aged_at = now if age_over_s > 0 else None
     ordered = fifo(jobs)  # the ties' order: the sort by size keeps it
     sizes: list[float] = []
     for j in ordered:
         key = (j.user, j.name)
         if j.estimated_runtime_s is None and key not in predicted:
             predicted[key] = predict_runtime(history, j)
-        size = expected_gpu_s(j, predicted.get(key), settings)
-        if aged_at is not None:
-            waited = _seconds(aged_at - (j.submitted_at or _EPOCH))
-            size *= max(0.0, 1.0 - waited / age_over_s)
-        sizes.append(size)
+        sizes.append(expected_gpu_s(j, predicted.get(key), settings))
     return _by_key(ordered, sizes)
 
 
@@ -462,6 +359,120 @@ def las(jobs: Iterable[JobView], settings: PolicySettings) -> list[JobView]:
     return sorted(jobs, key=lambda j: (las_level(j.attained_gpu_s, settings), submitted(j), j.id))
 
 
+_History = Mapping[tuple[str, str], tuple[float, ...]]
+# A policy's sort key of a job, from its view, its predicted runtime and the settings;
+# ties go by submit time, then id.
+_Key = Callable[[JobView, float | None, PolicySettings], float]
+
+
+def _submit_order(job: JobView, predicted: float | None, settings: PolicySettings) -> float:
+    return 0.0
+
+
+def _priority_key(job: JobView, predicted: float | None, settings: PolicySettings) -> float:
+    return -float(job.priority)
+
+
+def _las_key(job: JobView, predicted: float | None, settings: PolicySettings) -> float:
+    return float(las_level(job.attained_gpu_s, settings))
+
+
+# Per policy: the key of its one-key order (`_SORTS`), and whether it asks the runtime
+# history (for a job without an estimate).
+_KEYS: dict[str, tuple[_Key, bool]] = {
+    "fifo": (_submit_order, False),
+    "priority": (_priority_key, False),
+    "fair-share": (_priority_key, False),
+    "sjf": (expected_gpu_s, True),
+    "las": (_las_key, False),
+    "default": (deadline, True),
+}
+
+
+class _Entry:
+    """A job's place in a `KeptOrder`: its key, submit time and id (unique)."""
+
+    def __init__(self, key: float, view: JobView, stamp: int) -> None:
+        self.key = key
+        self.submitted = submitted(view)
+        self.id = view.id
+        self.view = view
+        self.stamp = stamp  # the last cycle that had this view in its queue
+
+
+def _entry_key(entry: _Entry) -> tuple[float, datetime, int]:
+    return entry.key, entry.submitted, entry.id
+
+
+class KeptOrder:
+    """The queue in its policy's one-key order (`_SORTS`: submit time for `fifo`, the
+    deadline for the default policy, ...), kept between cycles by whoever plans them
+    (the simulator, the live scheduler's full cycles) and handed to `plan_cycle`.
+
+    A job's key depends on its view and the settings, and on the runtime history only
+    when the job has no estimate. So a view seen by the last cycle keeps its place (the
+    views are immutable, and the snapshot reuses a view while its job is unchanged);
+    only the jobs new to the queue, those whose view changed (requeued with more service,
+    say) and those whose prediction moved are computed again and inserted. What left
+    the queue is dropped in one pass. The order is exactly the sort's (a total order, so
+    it cannot depend on what was kept: tests/scheduling/test_kept_order.py) and costs
+    two linear passes plus the inserts, where the sort from scratch computed every key
+    and sorted the whole queue two or three times (issue 35 point 3).
+    """
+
+    def __init__(self) -> None:
+        self._settings: PolicySettings | None = None
+        self._entries: list[_Entry] = []  # ascending
+        self._entry_of: dict[int, _Entry] = {}  # job id -> its entry in `_entries`
+        self._stamp = 0
+
+    def order(
+        self, jobs: Iterable[JobView], history: _History, settings: PolicySettings
+    ) -> list[JobView]:
+        if settings is not self._settings and settings != self._settings:
+            self._settings, self._entries, self._entry_of = settings, [], {}
+        key_of, asks_history = _KEYS[settings.queue_policy]
+        self._stamp += 1
+        stamp = self._stamp
+        entry_of = self._entry_of
+        predicted: dict[tuple[str, str], float | None] = {}  # one median per user + name
+        fresh: list[_Entry] = []
+        for j in jobs:
+            old = entry_of.get(j.id)
+            if old is not None and old.view is not j:
+                old = None  # its job changed: a new entry
+            predicts = asks_history and j.estimated_runtime_s is None
+            if old is not None and not predicts:
+                old.stamp = stamp
+                continue
+            guess: float | None = None
+            if predicts:
+                name = (j.user, j.name)
+                if name not in predicted:
+                    predicted[name] = predict_runtime(history, j)
+                guess = predicted[name]
+            key = key_of(j, guess, settings)
+            if old is not None and old.key == key:
+                old.stamp = stamp
+                continue
+            entry_of[j.id] = entry = _Entry(key, j, stamp)
+            fresh.append(entry)
+        entries: list[_Entry] = []
+        for e in self._entries:
+            if e.stamp == stamp:
+                entries.append(e)
+            elif entry_of.get(e.id) is e:  # its job left the queue
+                del entry_of[e.id]
+        if len(fresh) * 8 > len(entries):
+            entries.extend(fresh)
+            entries.sort(key=_entry_key)
+        else:
+            for e in fresh:
+                insort(entries, e, key=_entry_key)
+        self._entries = entries
+        return [e.view for e in entries]
+
+
 def order_jobs(
     jobs: Sequence[JobView],
     *,
@@ -470,19 +481,31 @@ def order_jobs(
     running: Iterable[RunningJobView],
     history: Mapping[tuple[str, str], tuple[float, ...]],
     now: datetime,
-    memo: DeadlineOrder | None = None,
+    memo: KeptOrder | None = None,
 ) -> list[JobView]:
     """`jobs` in `settings.queue_policy`'s order. `memo`, kept by the caller between
-    cycles, makes the default policy's order cheaper (`DeadlineOrder`), never different."""
+    cycles, gives the same order cheaper (`KeptOrder`)."""
     policy = settings.queue_policy
-    table: dict[str, Callable[[], list[JobView]]] = {
-        "fifo": lambda: fifo(jobs),
-        "priority": lambda: by_priority(jobs),
-        "fair-share": lambda: fair_share(jobs, projects, running, settings),
-        "sjf": lambda: sjf(jobs, history, settings),
-        "las": lambda: las(jobs, settings),
-        "default": lambda: default(jobs, projects, running, settings, history, now, memo),
-    }
-    if policy not in table:
+    if policy not in _KEYS:
         raise ValueError(f"unknown queue policy {policy!r}")
-    return table[policy]()
+    if memo is not None:
+        ordered = memo.order(jobs, history, settings)
+    else:
+        ordered = _SORTS[policy](jobs, history, settings)
+    if policy == "fair-share":
+        return fair_share(ordered, projects, running, settings)
+    if policy == "default":
+        return default(ordered, projects, running, settings, now)
+    return ordered
+
+
+# Each policy's order by one key per job (ties by submit time, then id), from scratch.
+# The fair-share and default policies interleave projects in this order.
+_SORTS: dict[str, Callable[[Sequence[JobView], _History, PolicySettings], list[JobView]]] = {
+    "fifo": lambda jobs, history, settings: fifo(jobs),
+    "priority": lambda jobs, history, settings: by_priority(jobs),
+    "fair-share": lambda jobs, history, settings: by_priority(jobs),
+    "sjf": sjf,
+    "las": lambda jobs, history, settings: las(jobs, settings),
+    "default": by_deadlines,
+}

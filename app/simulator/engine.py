@@ -53,9 +53,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from app.scheduling import (
-    DeadlineOrder,
     GpuView,
     JobView,
+    KeptOrder,
     NodeGpus,
     NodeView,
     Placement,
@@ -471,7 +471,7 @@ def simulate(
     last_t = 0.0
     arrivals_left = len(jobs)
     gpu_runs: list[GpuRun] = []
-    memo = DeadlineOrder()  # the queue's deadline order, kept from cycle to cycle
+    memo = KeptOrder()  # the queue's deadline order, kept from cycle to cycle
 
     def gpu_use(rv: RunningJobView) -> float:
         return rv.job.total_gpus * min(1.0, rv.share)

@@ -1,5 +1,6 @@
-"""The deadline order kept between cycles (`DeadlineOrder`, issue 35 point 3) is the
-order sorted from scratch, whatever came and went: the plans do not depend on it."""
+"""The queue order kept between cycles (`KeptOrder`, issue 35 point 3) is the order
+sorted from scratch, for every policy, whatever came and went: the plans do not depend
+on it."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ from datetime import timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.scheduling import DeadlineOrder, JobView, PolicySettings, plan_cycle
-from app.scheduling.queue import by_deadlines, default
+from app.scheduling import QUEUE_POLICIES, JobView, KeptOrder, PolicySettings, plan_cycle
+from app.scheduling.queue import _SORTS, order_jobs
 
 from .builders import T0, apply, job, node, project, snap
 from .test_properties import PROPS
 
 History = dict[tuple[str, str], tuple[float, ...]]
-# Few distinct values, so that deadlines and submit times tie often.
-_SETTINGS = (PolicySettings(), PolicySettings(short_first_factor=0.25))
+Cycle = tuple[list[JobView], History, PolicySettings]
+POLICIES = st.sampled_from(QUEUE_POLICIES)
 
 
 @st.composite
@@ -40,17 +41,20 @@ def _view(draw: st.DrawFn, jid: int) -> JobView:
     )
 
 
-Cycle = tuple[list[JobView], History, PolicySettings]
-
-
 @st.composite
-def _cycles(draw: st.DrawFn) -> list[Cycle]:
+def _cycles(draw: st.DrawFn, policy: str) -> list[Cycle]:
     """Cycles of one queue: jobs come, go, come back changed; predictions move; settings
     change. Each cycle's history is its own copy (`_in_place` plays them as the simulator
     keeps its history: one dict changed in place)."""
     views: dict[int, JobView] = {}
     history: History = {}
     cycles: list[Cycle] = []
+    # Mostly the policy's settings, now and then others (the kept order starts again).
+    usual = PolicySettings(queue_policy=policy)  # type: ignore[arg-type]
+    other = (
+        PolicySettings(queue_policy=policy, short_first_factor=0.25),  # type: ignore[arg-type]
+        PolicySettings(queue_policy=draw(POLICIES)),  # type: ignore[arg-type]
+    )
     for _ in range(draw(st.integers(1, 8))):
         waiting = draw(st.sets(st.integers(1, 24), max_size=24))
         for jid in waiting:
@@ -60,7 +64,8 @@ def _cycles(draw: st.DrawFn) -> list[Cycle]:
             key = (draw(st.sampled_from(["ann", "bob"])), draw(st.sampled_from(["train", "eval"])))
             history[key] = (*history.get(key, ()), float(draw(st.sampled_from([30, 900]))))
         jobs = draw(st.permutations([views[jid] for jid in sorted(waiting)]))
-        cycles.append((jobs, dict(history), draw(st.sampled_from(_SETTINGS))))
+        settings = draw(st.sampled_from([usual, usual, usual, *other]))
+        cycles.append((jobs, dict(history), settings))
     return cycles
 
 
@@ -77,33 +82,34 @@ def _ids(jobs: list[JobView]) -> list[int]:
 
 
 @PROPS
-@given(_cycles())
-def test_kept_order_is_the_order_from_scratch(cycles: list[Cycle]) -> None:
-    memo = DeadlineOrder()
+@given(POLICIES.flatmap(_cycles))
+def test_kept_order_is_the_sort_from_scratch(cycles: list[Cycle]) -> None:
+    memo = KeptOrder()
     for jobs, history, settings in _in_place(cycles):
         kept = memo.order(jobs, history, settings)
-        assert _ids(kept) == _ids(by_deadlines(jobs, history, settings))
+        assert _ids(kept) == _ids(_SORTS[settings.queue_policy](jobs, history, settings))
         # This cycle's views, never a kept one of the same job that has changed since.
         assert sorted(map(id, kept)) == sorted(map(id, jobs))
 
 
 @PROPS
-@given(_cycles(), st.integers(0, 4))
-def test_default_policy_orders_the_same_with_the_memo(cycles: list[Cycle], minutes: int) -> None:
-    """Tiers, LAS queues (promotion by the clock included) and fair share over the kept
-    deadline order: the default policy's order with and without the memo."""
-    memo = DeadlineOrder()
+@given(POLICIES.flatmap(_cycles), st.integers(0, 4))
+def test_every_policy_orders_the_same_with_the_memo(cycles: list[Cycle], minutes: int) -> None:
+    """Fair share between projects, and for the default policy its tiers and LAS queues
+    (promotion by the clock included), over the kept order: the same with the memo."""
+    memo = KeptOrder()
     projects = {"p": project("p", usage=3600.0), "q": project("q", weight=2.0)}
     for n, (jobs, history, settings) in enumerate(_in_place(cycles)):
         now = T0 + timedelta(minutes=minutes * n)
-        args = (jobs, projects, (), settings, history, now)
-        assert _ids(default(*args, memo)) == _ids(default(*args))
+        args = {"settings": settings, "projects": projects, "running": (), "history": history}
+        with_memo = order_jobs(jobs, now=now, memo=memo, **args)  # type: ignore[arg-type]
+        assert _ids(with_memo) == _ids(order_jobs(jobs, now=now, **args))  # type: ignore[arg-type]
 
 
 def test_a_queue_kept_across_cycles_plans_as_from_scratch() -> None:
     """Through `plan_cycle`: jobs start, end and arrive, and each plan with the memo is
     the plan without it."""
-    memo = DeadlineOrder()
+    memo = KeptOrder()
     # As the simulator plans: the nodes' telemetry is never stale, however time moves.
     settings = PolicySettings(telemetry_max_age_s=math.inf, stability_window_s=0.0)
     nodes = [node("a").gpus(4), node("b").gpus(4)]
@@ -129,7 +135,7 @@ def test_a_queue_kept_across_cycles_plans_as_from_scratch() -> None:
 
 def test_a_changed_view_takes_its_new_place() -> None:
     """A job requeued with service (a new view of the same id) moves to its new deadline."""
-    memo = DeadlineOrder()
+    memo = KeptOrder()
     settings = PolicySettings()
     a, b = job(1, estimated_runtime_s=600), job(2, estimated_runtime_s=3000)
     assert _ids(memo.order([a, b], {}, settings)) == [1, 2]
