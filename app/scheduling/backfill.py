@@ -2,7 +2,7 @@
 
 `reserve` walks the running jobs' expected ends (estimate, else limit) until the
 blocked job fits, and holds the GPUs it will start on; later jobs may use held GPUs
-only if they end before it (`may_use_reserved`). `reservation` is the pure walk, also
+only if they end before it (`reserved_until_s`). `reservation` is the pure walk, also
 behind `estimate_start`.
 """
 
@@ -34,11 +34,13 @@ def no_room_left(cs: CycleState) -> bool:
     return not any(sl.free_milli > 0 and sl.blocker is None for n in cs.res_nodes for sl in n.slots)
 
 
-def may_use_reserved(cs: CycleState, job: JobView) -> bool:
+def reserved_until_s(cs: CycleState) -> int | None:
+    """The longest runtime (whole seconds) that ends by the reservation's start: a job
+    whose runtime is at most this may use the reserved GPUs. None: no reservation."""
     if cs.res_job is None or cs.res_time is None:
-        return False
-    rt = runtime(job)
-    return rt is not None and cs.now + timedelta(seconds=rt) <= cs.res_time
+        return None
+    span = cs.res_time - cs.now  # now + runtime <= start, in whole seconds
+    return span.days * 86_400 + span.seconds
 
 
 def reserve(cs: CycleState, job: JobView, req: Request) -> None:

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from app.scheduling import eligibility, scorers
 from app.scheduling import filters as F
-from app.scheduling.backfill import may_use_reserved, no_room_left, reserve
+from app.scheduling.backfill import no_room_left, reserve, reserved_until_s
 from app.scheduling.cycle_state import CycleState, gpu_vouched, pend, pending_reason
 from app.scheduling.explain import explain
 from app.scheduling.filters import account, enough_gpus, gpu_share, node_choice
@@ -212,31 +212,26 @@ def build(snapshot: Snapshot, ctx: Context, seed: int) -> CycleState:
 
 
 def _first_fit(
-    cs: CycleState,
     order: list[JobView],
     start: int,
     room: tuple[int, int, int, int],
-    fits_before_res: dict[int | None, bool],
+    reserved_until: int | None,
 ) -> int:
     """The index in `order` of the first job from `start` on that could fit `room`
     (`_free_room`), ignoring everything else; -1 if none could. A shared job needs a GPU
     with its milli-GPUs free, a whole-GPU job as many wholly free GPUs on one node as it
     asks per node, a job without GPUs nothing; the reserved GPUs count only for jobs
-    that may use them (`may_use_reserved`, as the walk decides it)."""
-    reserving = cs.res_time is not None
+    that may use them (`reserved_until`, as the walk decides it)."""
     for i in range(start, len(order)):
         job = order[i]
         if job.gpus <= 0:
             return i
         milli, whole = room[2], room[3]
-        if reserving:
-            rt = job.estimated_runtime_s
+        if reserved_until is not None:
+            rt = job.estimated_runtime_s  # runtime(job), inlined
             if rt is None:
                 rt = job.max_runtime_s
-            cached = fits_before_res.get(rt)
-            if cached is None:
-                cached = fits_before_res[rt] = may_use_reserved(cs, job)
-            if cached:
+            if rt is not None and rt <= reserved_until:
                 milli, whole = room[0], room[1]
         share = job.gpu_share
         if share is not None and share < 1.0:
@@ -315,9 +310,8 @@ def run(cs: CycleState, memo: KeptOrder | None = None) -> Plan:
     deferred: list[tuple[int, JobView, Request]] = []
     # Request per job shape: most of 10k jobs share a few dozen shapes.
     shapes: dict[tuple[int, int, float | None, int | None, str | None, frozenset[str]], Shape] = {}
-    # May a job of this runtime use the reserved GPUs? (fixed once the reservation is)
-    fits_before_res: dict[int | None, bool] = {}
-    res_time = cs.res_time  # set by reserve below, once
+    # Jobs of at most this runtime may use the reserved GPUs (fixed once the reservation is).
+    reserved_until = reserved_until_s(cs)  # set by reserve below, once
     pending = cs.pending
     # Nothing to explain (the simulator): once no job left in the queue could fit what
     # is free, even ignoring the reservation, and none may preempt, stop the walk.
@@ -392,14 +386,11 @@ def run(cs: CycleState, memo: KeptOrder | None = None) -> Plan:
             deferred.append((pos, job, req))
             continue
         allow_reserved = False
-        if res_time is not None:
+        if reserved_until is not None:
             rt = job.estimated_runtime_s  # runtime(job), inlined
             if rt is None:
                 rt = job.max_runtime_s
-            cached = fits_before_res.get(rt)
-            if cached is None:
-                cached = fits_before_res[rt] = may_use_reserved(cs, job)
-            allow_reserved = cached
+            allow_reserved = rt is not None and rt <= reserved_until
         if full_outside and not allow_reserved and req.gpus > 0:
             # Only reserved GPUs have room and this job may not use them.
             deferred.append((pos, job, req))
@@ -421,7 +412,7 @@ def run(cs: CycleState, memo: KeptOrder | None = None) -> Plan:
             if not cs.res_tried:
                 cs.res_tried = True
                 reserve(cs, job, req)
-                res_time = cs.res_time
+                reserved_until = reserved_until_s(cs)
         else:
             strict_blocker = job
             strict_msg = f"waiting behind job {job.id} (strict queue order, backfill off)"
@@ -439,7 +430,7 @@ def run(cs: CycleState, memo: KeptOrder | None = None) -> Plan:
                 fit_at = -1
             if fit_at < pos:  # `pos` (1-based) is the index of the next job
                 # The reservation, if any, is made by now (at the first job that failed).
-                fit_at = _first_fit(cs, order, pos, room, fits_before_res)
+                fit_at = _first_fit(order, pos, room, reserved_until)
                 if fit_at < 0:
                     break  # what is left of the queue could only fail to place
     if explaining:

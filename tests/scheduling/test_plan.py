@@ -18,6 +18,7 @@ from app.scheduling import (
     plan_cycle,
     planner,
 )
+from app.scheduling.backfill import reserved_until_s
 from app.scheduling.status import Context
 
 from .builders import T0, at, job, node, project, running, snap, window
@@ -734,11 +735,27 @@ def test_the_walk_finds_the_next_job_that_could_fit_what_is_free() -> None:
     # Free: 3 whole GPUs on a, 1 on b, so at most 1000 milli on one GPU.
     room = planner._free_room(cs)
     assert room == (1000, 3, 1000, 3)
-    assert planner._first_fit(cs, order, 0, room, {}) == 1  # 4 GPUs on one node: no
-    assert planner._first_fit(cs, order, 2, room, {}) == 2
+    assert planner._first_fit(order, 0, room, None) == 1  # 4 GPUs on one node: no
+    assert planner._first_fit(order, 2, room, None) == 2
     # Only 300 milli free on one GPU, no whole one: only the 250-milli share could fit.
-    assert planner._first_fit(cs, order, 0, (300, 0, 300, 0), {}) == 3
-    assert planner._first_fit(cs, order, 0, (200, 1, 200, 1), {}) == -1
+    assert planner._first_fit(order, 0, (300, 0, 300, 0), None) == 3
+    assert planner._first_fit(order, 0, (200, 1, 200, 1), None) == -1
+    # Room only on GPUs reserved for a job starting in 600 s: for the jobs that end by
+    # then (whole seconds, the limit included).
+    timed = [job(5, gpus=1, estimated_runtime_s=601), job(6, gpus=1, max_runtime_s=600)]
+    assert planner._first_fit(timed, 0, (1000, 1, 0, 0), 600) == 1
+    assert planner._first_fit(timed, 0, (1000, 1, 0, 0), 599) == -1
+
+
+@pytest.mark.parametrize("ahead_s", [600.5, 600.0, 599.999999, 0.2, 0.0, -0.5, 86_400 * 3 + 7.25])
+def test_reserved_until_is_the_longest_run_that_ends_by_the_reservation(ahead_s: float) -> None:
+    s = snap([node("a").gpus(1)])
+    cs = planner.build(s, Context(now=T0, settings=PolicySettings(), windows=()), 0)
+    cs.res_job, cs.res_time = 1, T0 + timedelta(seconds=ahead_s)
+    limit = reserved_until_s(cs)
+    assert limit is not None
+    for rt in range(max(0, limit - 2), limit + 3):
+        assert (rt <= limit) == (T0 + timedelta(seconds=rt) <= cs.res_time)
 
 
 def test_a_deep_queue_that_cannot_fit_places_the_same_with_or_without_reasons() -> None:
