@@ -67,12 +67,11 @@ def fair_share(
 def _by_project(ordered: Iterable[JobView]) -> dict[str, list[JobView]]:
     """Each project's jobs, in `ordered`'s order."""
     queues: dict[str, list[JobView]] = {}
+    queue: list[JobView] = []
     for job in ordered:
-        queue = queues.get(job.project)
-        if queue is None:
-            queues[job.project] = [job]
-        else:
-            queue.append(job)
+        if not queue or queue[-1].project != job.project:
+            queue = queues.setdefault(job.project, [])
+        queue.append(job)
     return queues
 
 
@@ -164,12 +163,12 @@ def default(
     each group below, kept in it, is in its own deadline order.
     """
     tiers: dict[int, list[JobView]] = {}
+    tier: list[JobView] = []
     for j in by_deadline:
-        tier = tiers.get(j.priority)
-        if tier is None:
-            tiers[j.priority] = [j]
-        else:
-            tier.append(j)
+        # Most neighbours share a tier: a dict lookup only where the tier changes.
+        if not tier or tier[-1].priority != j.priority:
+            tier = tiers.setdefault(j.priority, [])
+        tier.append(j)
     horizon = settings.fair_share_horizon_s
     charge = _initial_charge(projects, running, horizon)
     limit = settings.starvation_after_s
@@ -186,13 +185,14 @@ def default(
                 order.extend(fifo(starving))
                 tier = [j for j in tier if submitted(j) > starved_since]
         queues: dict[int, list[JobView]] = {}
+        queue: list[JobView] = []
+        queued_at = -1  # `queue`'s level
         for j in tier:
             level = queue_level(j, now, settings)
-            queue = queues.get(level)
-            if queue is None:
-                queues[level] = [j]
-            else:
-                queue.append(j)
+            if level != queued_at:
+                queue = queues.setdefault(level, [])
+                queued_at = level
+            queue.append(j)
         for level in sorted(queues):
             order.extend(_interleave(_by_project(queues[level]), projects, settings, charge))
     return order
