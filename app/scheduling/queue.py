@@ -392,8 +392,9 @@ _KEYS: dict[str, tuple[_Key, bool]] = {
 class _Entry:
     """A job's place in a `KeptOrder`: its key, submit time and id (unique)."""
 
-    def __init__(self, key: float, view: JobView, stamp: int) -> None:
+    def __init__(self, key: float, view: JobView, guess: float | None, stamp: int) -> None:
         self.key = key
+        self.guess = guess  # the predicted runtime `key` was worked out with
         self.submitted = submitted(view)
         self.id = view.id
         self.view = view
@@ -456,17 +457,17 @@ class KeptOrder:
                     if old.view is j and old.stamp == stamp - 1:
                         walk = old.at + 1
                     else:
-                        old = None  # its job changed (or came back): a new entry
+                        old = None  # its job changed (or its id came twice): a new entry
             guess: float | None = None
             if asks_history and j.estimated_runtime_s is None:
                 name = (j.user, j.name)
                 if name not in predicted:
                     predicted[name] = predict_runtime(history, j)
                 guess = predicted[name]
-                if old is not None and old.key != key_of(j, guess, settings):
+                if old is not None and old.guess != guess:
                     old = None  # its prediction moved
             if old is None:
-                old = entry_of[j.id] = _Entry(key_of(j, guess, settings), j, stamp)
+                old = entry_of[j.id] = _Entry(key_of(j, guess, settings), j, guess, stamp)
                 fresh.append(old)
             old.stamp = stamp
             old.at = len(now_given)
