@@ -161,9 +161,9 @@ def run_cycle(
             session.rollback()  # end the read transaction before the pure phase
             # 2. plan
             plan_started = time.perf_counter()
-            # The deadline order kept from the last full cycle: a quick cycle's head
-            # of the queue would make it forget the rest.
-            kept = None if memory is None or ctx.quick else memory.deadlines
+            # The order kept from the last full cycle (KeptOrder); not for a quick
+            # cycle, whose head of the queue would make it forget the rest.
+            kept = None if memory is None or ctx.quick else memory.kept_order
             plan = plan_cycle(ctx.snapshot, now=now, settings=policy, memo=kept)
             closing = window_close_preemptions(
                 ctx.snapshot.running,

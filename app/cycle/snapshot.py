@@ -156,8 +156,8 @@ class QueueMemory:
     arrivals_read: set[int] = field(default_factory=set)
     views: ViewCache = field(default_factory=ViewCache)
     ranks: LastStored = field(default_factory=LastStored)
-    # The queue's deadline order as the last full cycle left it (the default policy's).
-    deadlines: KeptOrder = field(default_factory=KeptOrder)
+    # The queue in its policy's one-key order, as the last full cycle left it.
+    kept_order: KeptOrder = field(default_factory=KeptOrder)
 
     def head(self, depth: int) -> list[int]:
         return self.order[:depth]

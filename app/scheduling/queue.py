@@ -429,6 +429,10 @@ class KeptOrder:
         self._given: list[_Entry] = []  # the last cycle's `jobs`' entries, in its order
         self._stamp = 0
 
+    def __len__(self) -> int:
+        """How many jobs it keeps in order: the last cycle's queue."""
+        return len(self._entries)
+
     def order(
         self, jobs: Iterable[JobView], history: _History, settings: PolicySettings
     ) -> list[JobView]:

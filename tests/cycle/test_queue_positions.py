@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app.cycle.run import run_cycle
 from app.cycle.snapshot import QueueMemory
@@ -273,3 +273,26 @@ def test_a_quick_cycle_moves_the_queue_up_over_a_ranked_job_cancelled_at_its_hea
     shown = [(i, p) for i, p in _queue(api) if p is not None]
     assert [p for _, p in shown] == [1, 2, 3, 4]
     assert [i for i, _ in shown] == [i for i in memory.order if i in set(waiting) - {first}]
+
+
+def test_full_cycles_keep_the_order_and_follow_what_changed(api):
+    """The scheduler's full cycles keep the queue's order between them (`KeptOrder`): a job
+    raised in priority since the last one goes first, an arrival takes its place, and the
+    order is the one a scheduler with no memory works out."""
+    memory = _busy_cluster(api)  # one GPU, taken; bob's tasks wait for tomorrow
+    ids = [submit(api, user="alice", gpus=1, name=f"j{i}")["id"] for i in range(5)]
+    _cycle(api, memory, full=True)
+    assert len(memory.kept_order) == len(ids)  # the waiting jobs that may run
+    assert [i for i in memory.order if i in ids] == ids
+
+    with api.factory.begin() as session:  # raised: its row (and so its view) changes
+        session.execute(update(Job).where(Job.id == ids[-1]).values(priority=5))
+    arrival = submit(api, user="alice", gpus=1, name="late")["id"]
+    _cycle(api, memory, full=True)
+
+    expected = [ids[-1], *ids[:-1], arrival]
+    assert len(memory.kept_order) == len(expected)
+    assert [i for i in memory.order if i in expected] == expected
+    fresh = QueueMemory()
+    _cycle(api, fresh, full=True)
+    assert fresh.order == memory.order
