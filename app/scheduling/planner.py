@@ -440,5 +440,5 @@ def run(cs: CycleState, memo: KeptOrder | None = None) -> Plan:
         placements=tuple(cs.placements),
         preemptions=tuple(cs.preemptions),
         pending=tuple(cs.pending),
-        queue_order=tuple([j.id for j in order]),
+        queued=tuple(order),
     )

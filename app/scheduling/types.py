@@ -315,8 +315,14 @@ class Plan:
     placements: tuple[Placement, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     pending: tuple[PendingReason, ...] = ()
-    # Job ids in the policy's queue order (position i+1 = queue_position).
-    queue_order: tuple[int, ...] = ()
+    # The pending jobs in the policy's queue order (position i+1 = queue_position). Their
+    # views, not ids: a replay asks for no ids, and boxing thousands per cycle costs.
+    queued: tuple[JobView, ...] = ()
+
+    @property
+    def queue_order(self) -> tuple[int, ...]:
+        """Job ids in the policy's queue order."""
+        return tuple([j.id for j in self.queued])
 
     def reasons(self) -> dict[int, PendingReason]:
         return {r.job_id: r for r in self.pending}
