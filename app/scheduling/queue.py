@@ -48,7 +48,7 @@ def by_priority(jobs: Iterable[JobView]) -> list[JobView]:
 
 
 def fair_share(
-    by_priority: list[JobView],
+    in_priority_order: list[JobView],
     projects: Mapping[str, ProjectView],
     running: Iterable[RunningJobView],
     settings: PolicySettings,
@@ -58,10 +58,11 @@ def fair_share(
     Each job taken from a project charges it `gpus x horizon`, so a project with
     weight 2 gets about twice the queue slots of a weight-1 project with the
     same usage, and one big project's backlog cannot push everyone else back.
-    Within a project: priority, then FIFO (`by_priority`: the queue in that order).
+    Within a project: priority, then FIFO (`in_priority_order`: the queue so, as
+    `by_priority` orders it).
     """
     charge = _initial_charge(projects, running, settings.fair_share_horizon_s)
-    return _interleave(_by_project(by_priority), projects, settings, charge)
+    return _interleave(_by_project(in_priority_order), projects, settings, charge)
 
 
 def _by_project(ordered: Iterable[JobView]) -> dict[str, list[JobView]]:
