@@ -81,13 +81,13 @@ def seed_queue(factory: Any, waiting: int) -> str:
 
 def _ranks_cost(waiting: int) -> float:
     """What storing the ranks adds to a full cycle, besides the row's write: ranking the
-    queue's order (rank_all) and encoding it, for the same queue as views."""
+    queue's order (rank_keys) and encoding it, for the same queue as views."""
     import json
     from datetime import timedelta
 
     from app.cycle.ranks import encode
     from app.scheduling import JobView
-    from app.scheduling.rank import rank_columns
+    from app.scheduling.rank import rank_keys
     from app.scheduling.types import PolicySettings
 
     now = utcnow()
@@ -99,8 +99,8 @@ def _ranks_cost(waiting: int) -> float:
         for i in range(waiting)
     ]  # fmt: skip
     started = time.perf_counter()
-    columns = rank_columns(order, settings=PolicySettings(), history={}, now=now)
-    json.dumps(encode(columns, [j.id for j in order]))
+    keys = rank_keys(order, settings=PolicySettings(), history={}, now=now)
+    json.dumps(encode(keys, [j.id for j in order]))
     return (time.perf_counter() - started) * 1000
 
 

@@ -1,10 +1,11 @@
 """What a full cycle ranked, kept for GET /api/v1/jobs/{id}/rank (issue 42 point 3).
 
-The full cycle has the queue in its policy's order already; counting why each job's
-predecessors go first is one pass over it (`rank_all`). Stored in one row, column by
-column (20,000 jobs: a few hundred kB of JSON), the API answers a job's rank by looking
-it up, instead of reading and ranking the whole queue per request, as it did (0.6 s at
-20,000 waiting). The same row gives each waiting job its queue position (app/jobs/ranking.py
+The full cycle has the queue in its policy's order already; it stores, in one row column
+by column (20,000 jobs: a few hundred kB of JSON), what each job is ranked by
+(`rank_keys`). The API counts why one job's predecessors go first from that, in one pass
+over them when the job's rank is asked (`ahead_of`), instead of reading and ranking the
+whole queue per request, as it did (0.6 s at 20,000 waiting); the cycle no longer counts
+them for every job, which was most of what storing the ranks cost. The same row gives each waiting job its queue position (app/jobs/ranking.py
 reads it; the API keeps the decoded row until a full cycle writes new ranks).
 """
 
@@ -19,10 +20,10 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from app.jobs.ranking import ROW, QueueRanking, StoredRank, StoredRanking, last
+from app.jobs.ranking import FORMAT, ROW, QueueRanking, StoredRank, StoredRanking, last
 from app.scheduling import JobView
 from app.scheduling.queue import submitted
-from app.scheduling.rank import RankColumns, rank_columns
+from app.scheduling.rank import RankKeys, rank_keys
 from app.scheduling.types import PolicySettings
 
 __all__ = ["ROW", "LastStored", "RankedBy", "StoredRank", "StoredRanking", "last", "store"]
@@ -38,25 +39,23 @@ class RankedBy:
     next_at: datetime | None = None
 
 
-def encode(columns: RankColumns, ids: Sequence[int]) -> dict[str, Any]:
-    """Columns, one entry per job in queue order: position = index + 1. Rules no job is
-    ahead by are left out; each runtime's source is written once."""
-    sources: dict[str, int] = {}
-    encoded = {
+def encode(keys: RankKeys, ids: Sequence[int]) -> dict[str, Any]:
+    """Columns, one entry per job in queue order (position = index + 1): what each job is
+    ranked by, from which the API counts the jobs ahead of one when asked
+    (app/jobs/ranking.py)."""
+    encoded: dict[str, Any] = {
+        "format": FORMAT,
         "ids": list(ids),
-        # "earlier" is what the other rules leave of the jobs ahead: not stored.
-        "ahead": {
-            rule: counts
-            for rule, counts in columns.ahead.items()
-            if rule != "earlier" and any(counts)
-        },
-        "size": [round(size, 1) for size in columns.expected_gpu_s],
-        "from": [sources.setdefault(text, len(sources)) for text in columns.expected_from],
-        "sources": list(sources),
-        "starving": [i for i, starving in enumerate(columns.starving) if starving],
+        "size": keys.expected_gpu_s,
+        "from": keys.expected_from,
+        "sources": keys.sources,
+        "priority": keys.priority,
+        "project": keys.project,
+        "projects": keys.projects,
+        "starving": sorted(keys.starving),
     }
-    if columns.las_queue is not None:
-        encoded["las_queue"] = columns.las_queue  # default and las: each job's LAS queue
+    if keys.las_queue is not None:
+        encoded["las_queue"] = keys.las_queue  # default and las: each job's LAS queue
     return encoded
 
 
@@ -125,12 +124,12 @@ def store(
         if touched.rowcount:  # type: ignore[attr-defined]
             last.ranked_at = now
             return
-    columns = rank_columns(order, settings=ranked_by.policy, history=history, now=now)
+    keys = rank_keys(order, settings=ranked_by.policy, history=history, now=now)
     values: dict[str, Any] = {
         "ranked_at": now,
         "next_at": ranked_by.next_at,
         "ranking": ranked_by.ranking,
-        "ranks": encode(columns, [j.id for j in order]),
+        "ranks": encode(keys, [j.id for j in order]),
         "ranks_id": uuid.uuid4().hex,
         "departed": None,
     }

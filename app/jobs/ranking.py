@@ -5,7 +5,8 @@ A job's place is its index in the stored ranking, not a column of its own: when 
 at the head starts, every job behind it moves up one place, and a column per job cost a
 cycle 20,000 writes (bench/deep_queue.py). The ranking is one row (app/cycle/ranks.py
 writes it); the ranked jobs a later cycle placed are listed in `departed`, and a place
-counts only the ranked jobs still ahead. The decoded row is kept per process until the
+counts only the ranked jobs still ahead, as do the jobs ahead of it by each rule
+(`ahead_of`, counted when a job's rank is asked). The decoded row is kept per process until the
 scheduler rewrites the ranks (`ranks_id`): a page of the queue reads two small columns.
 """
 
@@ -22,15 +23,18 @@ from sqlalchemy import String, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from app.db import Base, JSONType, UTCDateTime
-from app.scheduling.rank import AHEAD_RULES
+from app.scheduling.rank import RankKeys, ahead_of
 
 ROW = "queue"
+# The layout of `ranks`: a row stored in another (by an older scheduler) is not read,
+# and the next full cycle replaces it.
+FORMAT = 2
 
 
 class QueueRanking(Base):
-    """What the last full cycle ranked (one row): each waiting job's place and why, as
-    `rank_all` counted them, so GET /jobs/{id}/rank answers without ranking the queue
-    again. `ranks` is columnar (see app/cycle/ranks.py); `next_at`: when the scheduler
+    """What the last full cycle ranked (one row): each waiting job's place and what it is
+    ranked by (`rank_keys`), so GET /jobs/{id}/rank answers without reading and ranking
+    the queue again. `ranks` is columnar (see app/cycle/ranks.py); `next_at`: when the scheduler
     means to rank again, for the jobs that arrived since; `departed`: the ranked jobs
     placed since (the jobs behind them moved up); `ranks_id`: names this `ranks` (a
     full cycle that finds them still right moves `ranked_at` only)."""
@@ -62,9 +66,8 @@ class StoredRanking:
     ranked_at: datetime
     next_at: datetime | None
     ranking: dict[str, Any]
-    ranks: dict[str, Any]
+    keys: RankKeys
     index: dict[int, int]
-    starving: frozenset[int]
     ranks_id: str | None = None
     # The indexes of the ranked jobs placed since, sorted.
     gone: tuple[int, ...] = ()
@@ -93,19 +96,32 @@ class StoredRanking:
         if position is None:
             return None
         i = self.index[job_id]
-        columns = self.ranks
-        by_rule = {rule: counts[i] for rule, counts in columns["ahead"].items() if counts[i]}
-        # The counts are as ranked: jobs placed since are no longer ahead ("earlier").
-        by_rule["earlier"] = max(0, position - 1 - sum(by_rule.values()))
+        keys = self.keys
         return StoredRank(
             position=position,
             waiting=self.waiting,
-            ahead=tuple((rule, by_rule[rule]) for rule, _ in AHEAD_RULES if by_rule.get(rule)),
-            expected_gpu_s=columns["size"][i],
-            expected_from=columns["sources"][columns["from"][i]],
-            starving=i in self.starving,
-            las_queue=columns["las_queue"][i] if "las_queue" in columns else None,
+            # Counted now, without the jobs placed since the ranking.
+            ahead=ahead_of(keys, i, self.ranking["policy"], gone=frozenset(self.gone)),
+            expected_gpu_s=keys.expected_gpu_s[i],
+            expected_from=keys.sources[keys.expected_from[i]],
+            starving=i in keys.starving,
+            las_queue=None if keys.las_queue is None else keys.las_queue[i],
         )
+
+
+def _decoded(ranks: dict[str, Any]) -> RankKeys | None:
+    if ranks.get("format") != FORMAT:
+        return None
+    return RankKeys(
+        expected_gpu_s=ranks["size"],
+        expected_from=ranks["from"],
+        sources=ranks["sources"],
+        priority=ranks["priority"],
+        project=ranks["project"],
+        projects=ranks["projects"],
+        starving=frozenset(ranks["starving"]),
+        las_queue=ranks.get("las_queue"),
+    )
 
 
 _cached: list[StoredRanking] = []
@@ -132,15 +148,15 @@ def last(session: Session) -> StoredRanking | None:
         decoded = _cached[0] if _cached and _cached[0].ranks_id == ranks_id else None
     if decoded is None:
         ranks = session.scalar(select(QueueRanking.ranks).where(QueueRanking.name == ROW))
-        if ranks is None:
+        keys = None if ranks is None else _decoded(ranks)
+        if ranks is None or keys is None:
             return None
         decoded = StoredRanking(
             ranked_at=ranked_at,
             next_at=next_at,
             ranking=ranking,
-            ranks=ranks,
+            keys=keys,
             index={job_id: i for i, job_id in enumerate(ranks["ids"])},
-            starving=frozenset(ranks["starving"]),
             ranks_id=ranks_id,
         )
         with _lock:

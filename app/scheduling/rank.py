@@ -8,7 +8,7 @@ before it. Pure: the same order (`queue.order_jobs`) the cycle ranks by, explain
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -163,84 +163,127 @@ def _by_size(
 
 
 @dataclass(frozen=True, slots=True)
-class RankColumns:
-    """`rank_of` of every job in a queue, column by column (index i: position i + 1)."""
+class RankKeys:
+    """What a full cycle ranks each job of its queue by, column by column (index i: the
+    job at position i + 1): enough to count the jobs ahead of any one of them by rule
+    (`ahead_of`) without their views. Projects and runtime sources are numbered (their
+    names in `projects` and `sources`)."""
 
-    ahead: dict[str, list[int]]  # per rule of AHEAD_RULES, the jobs ahead by it
     expected_gpu_s: list[float]
-    expected_from: list[str]
-    starving: list[bool]
+    expected_from: list[int]  # index into sources
+    sources: list[str]
+    priority: list[int]
+    project: list[int]  # index into projects
+    projects: list[str]
+    starving: frozenset[int]  # the indexes of the jobs past the starvation guard
     las_queue: list[int] | None = None  # default and las: each job's LAS queue
 
-    def rank(self, index: int, waited_s: float) -> Rank:
-        return Rank(
-            position=index + 1,
-            waiting=len(self.expected_gpu_s),
-            ahead=tuple(
-                (rule, self.ahead[rule][index])
-                for rule, _ in AHEAD_RULES
-                if self.ahead[rule][index]
-            ),
-            expected_gpu_s=self.expected_gpu_s[index],
-            expected_from=self.expected_from[index],
-            waited_s=waited_s,
-            starving=self.starving[index],
-            las_queue=None if self.las_queue is None else self.las_queue[index],
-        )
 
-
-def rank_columns(
+def rank_keys(
     order: Sequence[JobView],
     *,
     settings: PolicySettings,
     history: Mapping[tuple[str, str], tuple[float, ...]],
     now: datetime,
-) -> RankColumns:
-    """`rank_of` for every job of `order` at once, as a full cycle stores them for
-    GET /jobs/{id}/rank: the same counts, by prefix counts per group (a sorted list of
-    the values seen so far where a rule compares sizes, levels or priorities), so 20,000
-    jobs cost one pass and a bisection each, not 20,000 passes over the jobs ahead."""
+) -> RankKeys:
+    """The keys of every job of `order`, in one pass. The counts per job are left to
+    `ahead_of`, when someone asks: counting them for 20,000 jobs was most of what
+    ranking a full cycle's queue cost, and almost all of it was never read."""
     limit = settings.starvation_after_s
     starved_before = now - timedelta(seconds=limit) if limit > 0 else None
-    count: _DefaultCounts | _OneRuleCounts
-    if settings.queue_policy == "default":
-        count = _DefaultCounts(settings, now)
-    else:
-        count = _OneRuleCounts(settings.queue_policy, settings)
+    with_queues = settings.queue_policy in ("default", "las")
     sizes: list[float] = []
-    sources: list[str] = []
-    starving_flags: list[bool] = []
-    queues: list[int] | None = [] if settings.queue_policy in ("default", "las") else None
+    sources_of: list[int] = []
+    sources: dict[str, int] = {}
+    projects: dict[str, int] = {}
+    project_of: list[int] = []
+    queues: list[int] = []
+    starving: list[int] = []
     # Jobs of one shape (an array's tasks, a sweep) share their size and its source.
-    shapes: dict[tuple[object, ...], tuple[float, str]] = {}
-    for job in order:
+    shapes: dict[tuple[object, ...], tuple[float, int]] = {}
+    for i, job in enumerate(order):
         shape = (job.user, job.name, job.estimated_runtime_s, job.max_runtime_s, job.total_gpus)
         known = shapes.get(shape)
         if known is None:
             predicted = predict_runtime(history, job)
+            source = _expected_from(job, predicted)
             known = shapes[shape] = (
                 expected_gpu_s(job, predicted, settings),
-                _expected_from(job, predicted),
+                sources.setdefault(source, len(sources)),
             )
         sizes.append(known[0])
-        sources.append(known[1])
-        starving_flags.append(starved_before is not None and submitted(job) <= starved_before)
-        if queues is not None:
+        sources_of.append(known[1])
+        project_of.append(projects.setdefault(job.project, len(projects)))
+        if starved_before is not None and submitted(job) <= starved_before:
+            starving.append(i)
+        if with_queues:
             level = _las_queue(job, settings, now)
             queues.append(0 if level is None else level)
-    # Every value the counts compare is known now: each group's counter is sized by them.
-    count.prepare([count.value(job, size) for job, size in zip(order, sizes, strict=True)])
-    counts = [
-        count(job, size, starving)
-        for job, size, starving in zip(order, sizes, starving_flags, strict=True)
-    ]
-    # Transposed once: columns of counts, and the jobs ahead by none of the rules.
-    columns = [list(column) for column in zip(*counts, strict=True)] or [[] for _ in COUNTED]
-    ahead = dict(zip(COUNTED, columns, strict=True))
-    ahead["earlier"] = [i - sum(counted) for i, counted in enumerate(counts)]
-    return RankColumns(
-        {rule: ahead[rule] for rule, _ in AHEAD_RULES}, sizes, sources, starving_flags, queues
+    return RankKeys(
+        expected_gpu_s=sizes,
+        expected_from=sources_of,
+        sources=list(sources),
+        priority=[job.priority for job in order],
+        project=project_of,
+        projects=list(projects),
+        starving=frozenset(starving),
+        las_queue=queues if with_queues else None,
     )
+
+
+def ahead_of(
+    keys: RankKeys, index: int, policy: str, *, gone: frozenset[int] = frozenset()
+) -> tuple[tuple[str, int], ...]:
+    """The jobs ahead of the job at `index` of a ranked queue, counted by the first rule
+    of `policy` that puts each first (as `_why_ahead`), in AHEAD_RULES order and without
+    rules that count none; `gone`: the indexes of jobs that left the queue since it was
+    ranked, no longer ahead. One pass over the jobs ahead, when a job's rank is asked."""
+    counts = dict.fromkeys(COUNTED, 0)
+    ahead = [j for j in range(index) if j not in gone] if gone else range(index)
+    size = keys.expected_gpu_s
+    queues = keys.las_queue
+    if policy == "las" and queues is not None:
+        counts["less_service"] = sum(1 for j in ahead if queues[j] < queues[index])
+    elif policy == "sjf":
+        counts["shorter"] = sum(1 for j in ahead if size[j] < size[index])
+    elif policy in ("priority", "fair-share"):
+        priority, project = keys.priority, keys.project
+        by_project = policy == "fair-share"
+        for j in ahead:
+            if by_project and project[j] != project[index]:
+                counts["fair_share"] += 1
+            elif priority[j] > priority[index]:
+                counts["priority"] += 1
+    elif policy == "default":
+        _count_default(keys, index, ahead, counts)
+    earlier = len(ahead) - sum(counts.values())
+    counts["earlier"] = earlier
+    return tuple((rule, counts[rule]) for rule, _ in AHEAD_RULES if counts.get(rule))
+
+
+def _count_default(
+    keys: RankKeys, index: int, ahead: Iterable[int], counts: dict[str, int]
+) -> None:
+    """`_why_ahead` of the default policy: other tiers by priority; in the tier, starving
+    jobs (earlier when it starves too), jobs of an earlier LAS queue by less service,
+    other projects in its queue by fair share, its own project by size."""
+    priority, project, size = keys.priority, keys.project, keys.expected_gpu_s
+    queues = keys.las_queue or [0] * len(priority)
+    starving = keys.starving
+    tier, level, own, own_size = (priority[index], queues[index], project[index], size[index])
+    is_starving = index in starving
+    for j in ahead:
+        if priority[j] != tier:
+            counts["priority"] += 1
+        elif j in starving:
+            if not is_starving:
+                counts["starving"] += 1
+        elif queues[j] < level:
+            counts["less_service"] += 1
+        elif project[j] != own:
+            counts["fair_share"] += 1
+        elif size[j] < own_size:
+            counts["shorter"] += 1
 
 
 def rank_all(
@@ -250,148 +293,23 @@ def rank_all(
     history: Mapping[tuple[str, str], tuple[float, ...]],
     now: datetime,
 ) -> list[Rank]:
-    """`rank_of` of every job of `order`, in order (`rank_columns`, one Rank each)."""
-    columns = rank_columns(order, settings=settings, history=history, now=now)
+    """`rank_of` of every job of `order`, in order, from its keys (`rank_keys`,
+    `ahead_of`): what a full cycle stores and the API answers from."""
+    keys = rank_keys(order, settings=settings, history=history, now=now)
     return [
-        columns.rank(i, max(0.0, (now - submitted(job)).total_seconds()))
+        Rank(
+            position=i + 1,
+            waiting=len(order),
+            ahead=ahead_of(keys, i, settings.queue_policy),
+            expected_gpu_s=keys.expected_gpu_s[i],
+            expected_from=keys.sources[keys.expected_from[i]],
+            waited_s=max(0.0, (now - submitted(job)).total_seconds()),
+            starving=i in keys.starving,
+            las_queue=None if keys.las_queue is None else keys.las_queue[i],
+        )
         for i, job in enumerate(order)
     ]
 
 
 # The rules counted per job (the jobs ahead by none of them are "earlier").
 COUNTED = ("priority", "starving", "fair_share", "shorter", "less_service")
-_NONE = (0, 0, 0, 0, 0)
-
-
-class _Smaller:
-    """How many of the values counted so far in a group are smaller than a value: a
-    Fenwick tree per group over the values' places among all of them (known up front),
-    kept sparse (a dict: a group holds few of them). A sorted list per group, kept by
-    insort, moved every larger value on each insertion: quadratic, most of ranking
-    20,000 jobs of distinct sizes (bench/rank.py)."""
-
-    def __init__(self, values: Sequence[float]) -> None:
-        self.place = {value: i for i, value in enumerate(sorted(set(values)), start=1)}
-        self.span = len(self.place)
-        self.trees: dict[object, dict[int, int]] = {}
-        self.counted: dict[object, int] = {}
-
-    def smaller(self, group: object, value: float) -> int:
-        tree = self.trees.get(group)
-        if tree is None:
-            return 0
-        total = 0
-        i = self.place[value] - 1
-        while i > 0:
-            total += tree.get(i, 0)
-            i -= i & -i
-        return total
-
-    def add(self, group: object, value: float) -> None:
-        tree = self.trees.get(group)
-        if tree is None:
-            tree = self.trees[group] = {}
-        i = self.place[value]
-        span = self.span
-        while i <= span:
-            tree[i] = tree.get(i, 0) + 1
-            i += i & -i
-        self.counted[group] = self.counted.get(group, 0) + 1
-
-    def size(self, group: object) -> int:
-        return self.counted.get(group, 0)
-
-
-class _OneRuleCounts:
-    """fifo, las, sjf, priority, fair-share: the jobs ahead by the policy's one rule
-    (fair-share: its project's, by priority; the others' by fair share); the rest are
-    earlier."""
-
-    def __init__(self, policy: str, settings: PolicySettings) -> None:
-        self.policy = policy
-        self.settings = settings
-        self.seen = _Smaller(())  # per group: the values so far (`prepare`)
-        self.index = 0
-
-    def value(self, job: JobView, size: float) -> float:
-        """What the policy compares: a smaller value goes first."""
-        policy = self.policy
-        if policy == "las":
-            return float(las_level(job.attained_gpu_s, self.settings))
-        if policy == "sjf":
-            return size
-        if policy == "fifo":
-            return 0.0
-        return float(-job.priority)  # priority, fair-share: a higher priority is smaller
-
-    def prepare(self, values: Sequence[float]) -> None:
-        self.seen = _Smaller(values)
-
-    def __call__(self, job: JobView, size: float, starving: bool) -> tuple[int, int, int, int, int]:
-        """(priority, starving, fair_share, shorter, less_service), as COUNTED."""
-        policy = self.policy
-        index = self.index
-        self.index += 1
-        if policy == "fifo":
-            return _NONE
-        group = job.project if policy == "fair-share" else ""
-        value = self.value(job, size)
-        seen = self.seen
-        below = seen.smaller(group, value)
-        other_projects = index - seen.size(group) if policy == "fair-share" else 0
-        seen.add(group, value)
-        if policy == "las":
-            return (0, 0, 0, 0, below)
-        if policy == "sjf":
-            return (0, 0, 0, below, 0)
-        return (below, 0, other_projects, 0, 0)
-
-
-class _DefaultCounts:
-    """`_why_ahead` of the default policy, counted: other tiers by priority; in the
-    tier, starving jobs (earlier when it starves too), jobs of an earlier LAS queue by
-    less service, other projects in its queue by fair share, its own project by size."""
-
-    def __init__(self, settings: PolicySettings, now: datetime) -> None:
-        self.settings = settings
-        self.now = now
-        self.index = 0
-        self.tier: dict[int, int] = {}
-        self.starving: dict[int, int] = {}
-        self.calm: dict[tuple[int, int], int] = {}  # not starving, per tier and queue
-        # Not starving, per tier, queue and project: their sizes (`prepare`).
-        self.own = _Smaller(())
-
-    def value(self, job: JobView, size: float) -> float:
-        return size
-
-    def prepare(self, values: Sequence[float]) -> None:
-        self.own = _Smaller(values)
-
-    def __call__(self, job: JobView, size: float, starving: bool) -> tuple[int, int, int, int, int]:
-        """(priority, starving, fair_share, shorter, less_service), as COUNTED."""
-        tier = job.priority
-        index = self.index
-        self.index += 1
-        in_tier = self.tier.get(tier, 0)
-        self.tier[tier] = in_tier + 1
-        starving_ahead = self.starving.get(tier, 0)
-        level = 0 if starving else queue_level(job, self.now, self.settings)
-        calm = self.calm
-        earlier_queues = sum(n for (t, q), n in calm.items() if t == tier and q < level)
-        calm_ahead = calm.get((tier, level), 0)
-        own = self.own
-        group = (tier, level, job.project)
-        counted = (
-            index - in_tier,
-            0 if starving else starving_ahead,  # a starving job: those are earlier
-            calm_ahead - own.size(group),
-            own.smaller(group, size),
-            earlier_queues,
-        )
-        if starving:
-            self.starving[tier] = starving_ahead + 1
-        else:
-            calm[(tier, level)] = calm_ahead + 1
-            own.add(group, size)
-        return counted

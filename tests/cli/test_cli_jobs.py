@@ -19,7 +19,7 @@ from app.cli.jobs.options import parse_slurm_time
 from app.cli.jobs.views import jobs_table
 from app.db import utcnow
 from app.jobs.models import Job
-from app.jobs.ranking import QueueRanking
+from app.jobs.ranking import FORMAT, QueueRanking
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
 from app.nodes.models import Node
@@ -425,18 +425,21 @@ def test_show_prints_queue_position_and_allocations(cli: Cli) -> None:
     with cli.factory() as session:
         job = session.get(Job, waiting["id"])
         assert job is not None
-        job.queue_position = 3  # its queue key; its place: third in the last ranking
+        job.queue_position = 3  # ranked; its place: third in the last ranking
         session.add(
             QueueRanking(
                 name="queue",
                 ranked_at=utcnow(),
                 ranking={"policy": "fifo"},
                 ranks={
+                    "format": FORMAT,
                     "ids": [-2, -1, waiting["id"]],
-                    "ahead": {},
                     "size": [3600.0] * 3,
                     "from": [0] * 3,
                     "sources": ["the default"],
+                    "priority": [0] * 3,
+                    "project": [0] * 3,
+                    "projects": ["ml"],
                     "starving": [],
                 },
                 ranks_id="test-show",

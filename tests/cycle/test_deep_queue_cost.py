@@ -67,8 +67,8 @@ def test_ranks_still_right_are_not_computed_again_and_a_change_ranks_anew(api, m
     _full(api, memory)
     assert _positions(api).get(running) is None  # placed
     ranked = []
-    real = ranks.rank_columns
-    monkeypatch.setattr(ranks, "rank_columns", lambda *a, **k: ranked.append(1) or real(*a, **k))
+    real = ranks.rank_keys
+    monkeypatch.setattr(ranks, "rank_keys", lambda *a, **k: ranked.append(1) or real(*a, **k))
     first = _rank(api, waiting[0])
     _full(api, memory)
     assert ranked == []  # nothing changed: the stored ranks are kept, with this cycle's time

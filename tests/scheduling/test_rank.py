@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from app.scheduling.queue import order_jobs
-from app.scheduling.rank import rank_all, rank_of
+from app.scheduling.rank import ahead_of, rank_all, rank_keys, rank_of
 from tests.scheduling.builders import T0, job, project, settings
 
 HOUR = 3600.0
@@ -146,18 +146,49 @@ def _mixed_queue() -> list:
     return jobs
 
 
-@pytest.mark.parametrize("policy", ["default", "fifo", "priority", "fair-share", "sjf", "las"])
-def test_ranks_of_a_whole_queue_at_once_are_each_job_s_own_rank(policy):
-    """What a full cycle stores for GET /jobs/{id}/rank (rank_all) is what rank_of says
-    of each job alone: the same counts by the same rules."""
-    policy_settings = settings(queue_policy=policy, las_thresholds_gpu_s=(3600.0, 10_000.0))
+@pytest.mark.parametrize(
+    ("policy", "starvation_after_s"),
+    [("default", 0.0), ("default", 30 * 3600.0), ("fifo", 0.0), ("priority", 0.0),
+     ("fair-share", 0.0), ("sjf", 0.0), ("las", 0.0)],
+)  # fmt: skip
+def test_ranks_of_a_whole_queue_at_once_are_each_job_s_own_rank(policy, starvation_after_s):
+    """What a full cycle stores for GET /jobs/{id}/rank (its keys, counted by ahead_of:
+    rank_all) is what rank_of says of each job alone: the same counts by the same rules."""
+    policy_settings = settings(
+        queue_policy=policy,
+        las_thresholds_gpu_s=(3600.0, 10_000.0),
+        starvation_after_s=starvation_after_s,
+    )
     history = {("user", "t1"): (300.0, 900.0), ("user", "t2"): (40_000.0,)}
-    order = order_jobs(
-        _mixed_queue(), settings=policy_settings, projects=PROJECTS, running=(),
-        history=history, now=T0,
-    )  # fmt: skip
+    order = _ordered(policy_settings, history)
     everyone = rank_all(order, settings=policy_settings, history=history, now=T0)
 
     each = [rank_of(order, j.id, settings=policy_settings, history=history, now=T0) for j in order]
     assert everyone == each
     assert len({r.ahead for r in everyone}) > 10  # the rules at work, not all "earlier"
+    if starvation_after_s:
+        assert any(rule == "starving" for r in everyone for rule, _ in r.ahead)
+
+
+def _ordered(policy_settings, history) -> list:
+    return order_jobs(
+        _mixed_queue(), settings=policy_settings, projects=PROJECTS, running=(),
+        history=history, now=T0,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["default", "fair-share", "sjf", "las"])
+def test_jobs_placed_since_the_ranking_are_not_counted_ahead(policy):
+    """The API counts from the last full cycle's keys while later cycles place jobs: the
+    jobs gone since count by no rule, as if the queue had been ranked without them."""
+    policy_settings = settings(queue_policy=policy, las_thresholds_gpu_s=(3600.0, 10_000.0))
+    history = {("user", "t1"): (300.0, 900.0)}
+    order = _ordered(policy_settings, history)
+    keys = rank_keys(order, settings=policy_settings, history=history, now=T0)
+    gone = frozenset(range(0, 60, 7))
+    rest = [j for i, j in enumerate(order) if i not in gone]
+    for i in (60, 90, 119):
+        alone = rank_of(rest, order[i].id, settings=policy_settings, history=history, now=T0)
+        assert alone is not None
+        assert ahead_of(keys, i, policy, gone=gone) == alone.ahead
+        assert ahead_of(keys, i, policy) != alone.ahead  # the gone ones were ahead
