@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import json
 import logging
-from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from itertools import pairwise
 from operator import attrgetter
 from typing import Any, cast
 
@@ -251,39 +249,31 @@ def _schedule(
 # must not cost a quick cycle thousands of writes).
 HEAD_POSITIONS = 100
 
-# Queue keys: a full cycle numbers the queue with this much room between neighbours, so
-# that a job ranked between two others later takes a key between theirs.
-KEY_SPACING = 1024
-# The column is a 32-bit integer on PostgreSQL.
-_KEY_MIN, _KEY_MAX = -(2**31) + 1, 2**31 - 1
-
 
 def _store_reasons(
     session: Session, *, ctx: SnapshotContext, plan: Plan, placed: set[int]
 ) -> list[PendingReason]:
-    """Write each waiting job's reason, queue key and estimated start; only rows that
+    """Write each waiting job's reason, ranked mark and estimated start; only rows that
     changed.
 
     A job's place in the queue is not written here: it is its index in the ranking the
-    full cycle stores (app/jobs/ranking.py), counted among the ranked jobs still waiting.
-    `Job.queue_position` holds a key that sorts the queue in SQL (the Queue page, in
-    pages): it grows along the last full cycle's order and is NULL for a job no full
-    cycle ranked. Keys need not be consecutive, so when the head of the queue leaves,
-    the jobs behind it keep theirs: a full cycle writes the keys of the jobs whose order
-    changed or that it ranks for the first time, not 20,000 (see `queue_keys`). A quick
-    read keeps the keys (it ranks the head only; arrivals get theirs from the next full
-    cycle), and the ranked jobs any cycle places (or a quick one finds gone from the
-    head: cancelled, held) are listed as departed, so that the jobs behind them move up
-    at once. Returns the waiting jobs, in queue order.
+    full cycle stores (app/jobs/ranking.py), counted among the ranked jobs still waiting,
+    and the Queue page is sorted by that ranking too. `Job.queue_position` only says that
+    a full cycle ranked the job: a full cycle sets it, to the job's place then, when it
+    ranks the job for the first time, and never rewrites it when the order changes (it
+    used to be a sort key kept in step with the order: thousands of writes per cycle
+    whenever fair share shifted the turns). A quick read keeps it (it ranks the head only;
+    arrivals are ranked by the next full cycle), and the ranked jobs any cycle places (or
+    a quick one finds gone from the head: cancelled, held) are listed as departed, so
+    that the jobs behind them move up at once. Returns the waiting jobs, in queue order.
     """
     waiting = sorted(
         (r for r in plan.pending if r.job_id not in placed), key=attrgetter("queue_position")
     )
     reasons = ctx.pending_reasons
     changes: list[tuple[int, str, str, int | None, datetime | None]] = []
-    moved: list[tuple[int, int | None]] = []  # only the key changed
     if not ctx.quick:
-        _full_changes(waiting, reasons, changes=changes, moved=moved)
+        _full_changes(waiting, reasons, changes=changes)
     else:
         for read_as, reason in enumerate(waiting, start=1):
             old = reasons.get(reason.job_id)
@@ -298,10 +288,8 @@ def _store_reasons(
             if old != new:
                 changes.append((reason.job_id, *new))
     write_reasons(session, changes=changes)
-    write_reasons(session, changes=moved, columns=("queue_position",))
     if ctx.cache is not None:  # as written: the next full read need not read them back
         ctx.cache.wrote(changes, REASON_COLUMNS)
-        ctx.cache.wrote(moved, ("queue_position",))
     departed = [i for i in placed if (old := reasons.get(i)) and old[2] is not None]
     if ctx.quick:  # the head it asked for, less the jobs still waiting: cancelled, held...
         still = {r.job_id for r in plan.pending}
@@ -329,87 +317,20 @@ def _depart(session: Session, job_ids: list[int]) -> None:
     )
 
 
-def queue_keys(old: Sequence[int | None]) -> list[int]:
-    """New keys for the jobs in queue order whose keys were `old` (None: none yet): keys
-    that grow along the order, keeping as many old ones as can stay (the longest run of
-    old keys that already grows; all of them when the order only lost jobs), the others
-    between their kept neighbours. Numbers the whole queue afresh only when there is no
-    room between two neighbours."""
-    keep = _kept(old)
-    keys: list[int] = []
-    i, n = 0, len(old)
-    while i < n:
-        if i in keep:
-            keys.append(cast(int, old[i]))
-            i += 1
-            continue
-        j = i
-        while j < n and j not in keep:
-            j += 1
-        lo = keys[-1] if keys else None
-        hi = old[j] if j < n else None
-        m = j - i
-        if lo is None and hi is None:
-            return [(k + 1) * KEY_SPACING for k in range(n)]
-        if lo is None:
-            run = [cast(int, hi) - (m - k) * KEY_SPACING for k in range(m)]
-        elif hi is None:
-            run = [lo + (k + 1) * KEY_SPACING for k in range(m)]
-        else:
-            step = (hi - lo) // (m + 1)
-            run = [lo + (k + 1) * step for k in range(m)] if step >= 1 else []
-        if len(run) != m or run[0] < _KEY_MIN or run[-1] > _KEY_MAX:
-            return [(k + 1) * KEY_SPACING for k in range(n)]
-        keys.extend(run)
-        i = j
-    return keys
-
-
-def _kept(old: Sequence[int | None]) -> set[int]:
-    """The indexes of a longest strictly growing run of the old keys (patience sort);
-    at once when they all grow, as when jobs only left the queue."""
-    present = [(i, k) for i, k in enumerate(old) if k is not None]
-    if all(a[1] < b[1] for a, b in pairwise(present)):
-        return {i for i, _ in present}
-    tails: list[int] = []  # the smallest key ending a run of each length
-    tail_at: list[int] = []  # that key's index
-    back: dict[int, int] = {}
-    for i, key in present:
-        at = bisect_left(tails, key)
-        if at == len(tails):
-            tails.append(key)
-            tail_at.append(i)
-        else:
-            tails[at] = key
-            tail_at[at] = i
-        if at:
-            back[i] = tail_at[at - 1]
-    run: set[int] = set()
-    i_or_none: int | None = tail_at[-1] if tail_at else None
-    while i_or_none is not None:
-        run.add(i_or_none)
-        i_or_none = back.get(i_or_none)
-    return run
-
-
 def _full_changes(
     waiting: list[PendingReason],
     reasons: dict[int, tuple[str | None, str | None, int | None, datetime | None]],
     *,
     changes: list[tuple[int, str, str, int | None, datetime | None]],
-    moved: list[tuple[int, int | None]],
 ) -> None:
-    """`_store_reasons` of a full read, which gives every job it ranked a key: the same
-    comparison, in one pass over 20,000 jobs."""
-    olds = [reasons.get(r.job_id) for r in waiting]
-    keys = queue_keys([None if old is None else old[2] for old in olds])
-    for (job_id, kind, message, _, start), old, key in zip(waiting, olds, keys, strict=True):
+    """`_store_reasons` of a full read: the same comparison, in one pass over 20,000
+    jobs. A job it ranks for the first time gets its place as its key; a key is not
+    rewritten when the order changes (see `Job.queue_position`)."""
+    for place, (job_id, kind, message, _, start) in enumerate(waiting, start=1):
+        old = reasons.get(job_id)
+        key = place if old is None or old[2] is None else old[2]
         new = (kind._value_, message[:512], key, start)
-        if old == new:
-            continue
-        if old is not None and old[0] == new[0] and old[1] == new[1] and old[3] == start:
-            moved.append((job_id, key))
-        else:
+        if old != new:
             changes.append((job_id, *new))
 
 

@@ -94,8 +94,9 @@ class Job(Base):
     pending_reason: Mapped[str | None] = mapped_column(String(32))
     pending_message: Mapped[str | None] = mapped_column(String(512))
     # Not the place shown (that is the job's index in the last full cycle's ranking,
-    # app/jobs/ranking.py) but a key that sorts the waiting jobs in that order, kept while
-    # the order only loses jobs (app/cycle/apply.py queue_keys); NULL: not ranked.
+    # app/jobs/ranking.py, which also sorts the Queue page): set, to the job's place then,
+    # when a full cycle first ranks it, and not kept up to date (app/cycle/apply.py);
+    # NULL: no full cycle ranked it.
     queue_position: Mapped[int | None] = mapped_column(Integer)
     estimated_start_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     exit_code: Mapped[int | None] = mapped_column(Integer)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Select, and_, func, or_, select
+from sqlalchemy import ColumnElement, Select, and_, or_, select
 from sqlalchemy.orm import Session
 
 from app.auth.models import User
@@ -33,6 +34,7 @@ from app.projects.models import Project
 from app.scheduling.types import ReasonKind
 
 MAX_PAGE = 500
+_Select = TypeVar("_Select", bound=Select[*tuple[Any, ...]])
 
 
 def get(*, session: Session, principal: Principal, job_id: int) -> JobOut:
@@ -103,7 +105,7 @@ class JobSelection:
         given = (self.project, self.user, self.array, self.name)
         return bool(self.statuses or self.labels) or any(v is not None for v in given)
 
-    def where(self, query: Select[Job], principal: Principal) -> Select[Job]:
+    def where(self, query: _Select, principal: Principal) -> _Select:
         if not principal.is_admin:
             query = query.where(Job.project_id.in_(principal.project_ids or {-1}))
         if self.statuses:
@@ -181,22 +183,30 @@ def pending_in_order(
     limit: int = 50,
     eligible: bool | None = None,
 ) -> PendingPage:
-    """Waiting jobs in the order the last full cycle would serve them (its queue keys), held
-    jobs last. `filters`' statuses are not used: these are the pending jobs. `eligible`:
-    only those that may run now (True) or only those that cannot yet (False: held,
-    dependencies, begin time, window, array limit), as Slurm lists them apart."""
-    query = replace(filters, statuses=(JobStatus.PENDING,)).where(select(Job), principal)
+    """Waiting jobs in the order the last full cycle would serve them (its stored
+    ranking), then those no full cycle ranked yet (by id), held jobs last. `filters'`
+    statuses are not used: these are the pending jobs. `eligible`: only those that may run
+    now (True) or only those that cannot yet (False: held, dependencies, begin time,
+    window, array limit), as Slurm lists them apart.
+
+    Sorted here, not by the database: the order is the ranking's, one row, and keeping a
+    sort key per job in step with it cost a full cycle thousands of writes whenever fair
+    share shifted the order (bench/deep_queue.py). Only the ids of the selected jobs are
+    read to sort them, then the page's rows."""
+    query = replace(filters, statuses=(JobStatus.PENDING,)).where(
+        select(Job.id, Job.held_by.is_not(None)), principal
+    )
     if eligible is not None:
         query = query.where(ELIGIBLE_NOW if eligible else NOT_YET_ELIGIBLE)
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    jobs = session.scalars(
-        query.order_by(
-            Job.held_by.is_not(None), Job.queue_position.is_(None), Job.queue_position, Job.id
-        )
-        .offset(offset)
-        .limit(limit)
-    ).all()
-    return PendingPage(total=total, items=outs(session, jobs, viewer=principal))
+    selected = list(session.execute(query).all())
+    stored = ranking.last(session)
+    index = {} if stored is None else stored.index
+    unranked = len(index)
+    selected.sort(key=lambda row: (row[1], index.get(row[0], unranked), row[0]))
+    page = [row[0] for row in selected[offset : offset + limit]]
+    found = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(page)))} if page else {}
+    jobs = [found[i] for i in page if i in found]  # one that left meanwhile is not shown
+    return PendingPage(total=len(selected), items=outs(session, jobs, viewer=principal))
 
 
 def outs(session: Session, jobs: Sequence[Job], *, viewer: Principal) -> list[JobOut]:

@@ -4,7 +4,6 @@ that hands GPUs over in the same transaction."""
 from __future__ import annotations
 
 from datetime import timedelta
-from itertools import pairwise
 
 from sqlalchemy import event, select
 
@@ -243,24 +242,3 @@ def test_a_full_read_renumbers_every_waiting_job(api):
     # No queue memory: a full read, whichever cycle the worker asked for.
     again = cycle(False)
     assert [again[i] for i in ids[1:]] == list(range(1, len(ids)))
-
-
-def test_queue_keys_keep_the_old_ones_that_still_grow_and_fit_the_others_between():
-    from app.cycle.apply import KEY_SPACING, queue_keys
-
-    def grows(keys):
-        return all(a < b for a, b in pairwise(keys))
-
-    # Jobs only left: every key stays.
-    assert queue_keys([2048, 3072, 5120]) == [2048, 3072, 5120]
-    # Newly ranked jobs go between their neighbours, at the head or at the tail.
-    keys = queue_keys([None, 1024, None, None, 2048, None])
-    assert grows(keys) and keys[1] == 1024 and keys[4] == 2048
-    assert keys[0] == 1024 - KEY_SPACING and keys[5] == 2048 + KEY_SPACING
-    # Reordered: the longest growing run keeps its keys, the others move.
-    old = [1024, 5120, 2048, 3072, 4096]
-    keys = queue_keys(old)
-    assert grows(keys) and sum(a != b for a, b in zip(keys, old, strict=True)) == 1
-    # No room between two neighbours: numbered afresh.
-    assert queue_keys([1, None, 2]) == [KEY_SPACING, 2 * KEY_SPACING, 3 * KEY_SPACING]
-    assert queue_keys([]) == []

@@ -229,6 +229,33 @@ def test_when_the_head_starts_the_jobs_behind_move_up_without_a_write_of_theirs(
     assert (r.json()["position"], r.json()["waiting"]) == (5, 59)
 
 
+def test_the_queue_page_follows_the_ranking_and_a_new_order_writes_no_row(api):
+    """The Queue page is sorted by the stored ranking, not by a key per job: when the
+    order changes (here every job's turn, as when fair share shifts them after a job
+    ends), the full cycle stores the new ranking and writes none of the jobs' rows."""
+    add_node(api, 1)
+    submit(api, user="alice", gpus=1, name="running")
+    waiting = [submit(api, user="alice", gpus=1, name=f"w{i}")["id"] for i in range(30)]
+    memory = QueueMemory()
+    _cycle(api, memory, full=True)
+    _cycle(api, memory, full=True)
+    assert _queue(api) == [(job, place) for place, job in enumerate(waiting, start=1)]
+    keys, versions = _keys(api), _row_versions(api)
+    with api.factory() as session:  # the order reversed, by each job's size
+        for size, job in enumerate(waiting, start=1):
+            session.execute(
+                update(Job).where(Job.id == job).values(estimated_runtime_s=600 * (31 - size))
+            )
+        session.commit()
+    versions = _row_versions(api)  # those updates moved them; the cycle must not
+    _cycle(api, memory, full=True)
+
+    reversed_order = waiting[::-1]
+    assert _queue(api) == [(job, place) for place, job in enumerate(reversed_order, start=1)]
+    assert _keys(api) == keys  # no key kept in step with the order
+    assert _row_versions(api) == versions
+
+
 def test_a_page_of_the_queue_decodes_the_ranking_once_per_ranking(api):
     from sqlalchemy import event
 
