@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
@@ -18,7 +18,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.cycle import lease
-from app.cycle.snapshot import REASON_COLUMNS, SnapshotContext
+from app.cycle.snapshot import (
+    REASON_COLUMNS,
+    CachedRow,
+    SnapshotContext,
+    attempt_of,
+    updated_at_of,
+)
 from app.jobs.allocations import GpuClaim, allocate_many, release
 from app.jobs.lifecycle import transition
 from app.jobs.models import Job, JobEvent
@@ -183,13 +189,15 @@ def _verified(
     verified = []
     for placement in placements:
         job = jobs.get(placement.job_id)
+        read = ctx.pending_rows.get(placement.job_id)
         if (
             job is None
+            or read is None
             or job.status is not JobStatus.PENDING
-            or job.attempt != ctx.pending_attempts.get(placement.job_id)
+            or job.attempt != attempt_of(read)
             or job.held_by is not None
             # Changed (gpusched update): the plan placed the request as it was.
-            or job.updated_at != ctx.pending_updated_at.get(placement.job_id)
+            or job.updated_at != updated_at_of(read)
         ):
             applied.skipped[placement.job_id] = "job changed since the snapshot"
         elif any(n not in ready for n, _ in placement.node_gpus):
@@ -270,13 +278,14 @@ def _store_reasons(
     waiting = sorted(
         (r for r in plan.pending if r.job_id not in placed), key=attrgetter("queue_position")
     )
-    reasons = ctx.pending_reasons
+    rows = ctx.pending_rows
     changes: list[tuple[int, str, str, int | None, datetime | None]] = []
     if not ctx.quick:
-        _full_changes(waiting, reasons, changes=changes)
+        _full_changes(waiting, rows, changes=changes)
     else:
         for read_as, reason in enumerate(waiting, start=1):
-            old = reasons.get(reason.job_id)
+            read = rows.get(reason.job_id)
+            old = None if read is None else read.reasons
             if read_as > HEAD_POSITIONS and old is not None and old[0] == ReasonKind.NEW.value:
                 continue
             new = (
@@ -290,7 +299,7 @@ def _store_reasons(
     write_reasons(session, changes=changes)
     if ctx.cache is not None:  # as written: the next full read need not read them back
         ctx.cache.wrote(changes, REASON_COLUMNS)
-    departed = [i for i in placed if (old := reasons.get(i)) and old[2] is not None]
+    departed = [i for i in placed if (read := rows.get(i)) and read.reasons[2] is not None]
     if ctx.quick:  # the head it asked for, less the jobs still waiting: cancelled, held...
         still = {r.job_id for r in plan.pending}
         departed.extend(i for i in ctx.asked if i not in still and i not in placed)
@@ -319,7 +328,7 @@ def _depart(session: Session, job_ids: list[int]) -> None:
 
 def _full_changes(
     waiting: list[PendingReason],
-    reasons: dict[int, tuple[str | None, str | None, int | None, datetime | None]],
+    rows: Mapping[int, CachedRow],
     *,
     changes: list[tuple[int, str, str, int | None, datetime | None]],
 ) -> None:
@@ -327,7 +336,8 @@ def _full_changes(
     jobs. A job it ranks for the first time gets its place as its key; a key is not
     rewritten when the order changes (see `Job.queue_position`)."""
     for place, (job_id, kind, message, _, start) in enumerate(waiting, start=1):
-        old = reasons.get(job_id)
+        read = rows.get(job_id)
+        old = None if read is None else read.reasons
         key = place if old is None or old[2] is None else old[2]
         new = (kind._value_, message[:512], key, start)
         if old != new:

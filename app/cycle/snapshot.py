@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Subquery, Text, func, select, type_coerce, union_all
 from sqlalchemy.engine import Dialect
@@ -43,13 +43,12 @@ __all__ = ["ClockGates", "QueueMemory", "SnapshotContext", "head_depth", "read_s
 
 @dataclass(frozen=True, slots=True)
 class SnapshotContext:
-    """What apply needs to re-verify the plan: each pending job's attempt and last change
-    (`gpusched update`) as read."""
+    """What apply needs to re-verify the plan: each pending job as read (`pending_rows`:
+    its attempt and last change, `gpusched update`, and its reasons as stored)."""
 
     snapshot: Snapshot
-    pending_attempts: dict[int, int]
-    pending_updated_at: dict[int, datetime]
-    pending_reasons: dict[int, tuple[str | None, str | None, int | None, datetime | None]]
+    # A full read's are the view cache's own rows (20,000 at depth: not copied).
+    pending_rows: Mapping[int, CachedRow]
     node_ids: dict[str, int]
     gpu_ids: dict[tuple[str, int], int]
     # Derived from the whole history; a quick read reuses them (see QueueMemory).
@@ -358,7 +357,7 @@ def _pending_views(
     entries = []
     for j in rows:
         job_id = j[0]
-        got = attained[job_id]
+        got = attained.get(job_id, 0.0)  # not [], which adds every waiting job to it
         cached = known.get(job_id)
         if cached is not None and cached.row[:_MADE_OF] == j[:_MADE_OF] and cached.attained == got:
             # What its view is made of is as it was (a write of other columns moved the
@@ -388,7 +387,7 @@ def _kept_views(
     theirs left the usage horizon) is made anew from the row kept."""
     for entry in cached:
         job = entry.row
-        got = attained[job[0]]
+        got = attained.get(job[0], 0.0)
         if entry.attained != got:
             entry.attained = got
             entry.view = _job_view(job, users[job.user_id], project_names[job.project_id], got)
@@ -453,11 +452,16 @@ def _full_read(
         cache.rows = {entry.row[0]: entry for entry in entries}
         return entries, True
     known = cache.rows
-    stale = [
-        job_id
-        for job_id, version in stamps
-        if (c := known.get(job_id)) is None or c.version != version
-    ]
+    present: set[int] = set()
+    stale: list[int] = []
+    for job_id, version in stamps:
+        present.add(job_id)
+        cached = known.get(job_id)
+        if cached is None or cached.version != version:
+            stale.append(job_id)
+    # `known` is in id order (as the last full read left it); jobs new to it go at its end.
+    newcomers = [job_id for job_id in stale if job_id not in known]
+    in_order = not newcomers or not known or min(newcomers) > next(reversed(known))
     if len(stale) > STALE_BY_ID:
         rows: list[Any] = list(connection.execute(select(_runnable(JOB_COLUMNS, gates))))
     else:
@@ -479,11 +483,14 @@ def _full_read(
     fresh = set(stale)
     entries = [
         cached
-        for job_id in sorted({*(i for i, _ in stamps if i not in fresh), *read})
-        if (cached := known.get(job_id)) is not None
+        for job_id, cached in known.items()
+        if job_id in read or (job_id in present and job_id not in fresh)
     ]
+    if not in_order:  # a job back in the queue (requeued) among them
+        entries.sort(key=lambda entry: cast(int, entry.row[0]))
     _kept_views([e for e in entries if e.row[0] not in read], **made)
-    cache.rows = {entry.row[0]: entry for entry in entries}
+    if len(entries) != len(known) or not in_order:
+        cache.rows = {entry.row[0]: entry for entry in entries}
     return entries, False
 
 
@@ -691,9 +698,7 @@ def read_snapshot(
     )
     return SnapshotContext(
         snapshot=snapshot,
-        pending_attempts={j.row[0]: j.row[_ATTEMPT] for j in pending_jobs},
-        pending_updated_at={j.row[0]: j.row[_UPDATED_AT] for j in pending_jobs},
-        pending_reasons={j.row[0]: j.reasons for j in pending_jobs},
+        pending_rows=cache.rows if memory is None else {j.row[0]: j for j in pending_jobs},
         node_ids={n.name: n.id for n in nodes},
         gpu_ids={(n.name, g.index): g.id for n in nodes for g in n.gpus},
         usage=dict(usage),
@@ -704,3 +709,11 @@ def read_snapshot(
         unread=unread,
         cache=cache,
     )
+
+
+def attempt_of(row: CachedRow) -> int:
+    return cast(int, row.row[_ATTEMPT])
+
+
+def updated_at_of(row: CachedRow) -> datetime:
+    return cast(datetime, row.row[_UPDATED_AT])

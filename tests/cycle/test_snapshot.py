@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from app.cycle.snapshot import read_snapshot
+from app.cycle.snapshot import attempt_of, read_snapshot
 from app.db import utcnow
 from app.jobs.models import Job
 from app.nodes.models import Allocation, Gpu
@@ -80,7 +80,7 @@ def test_usage_attained_service_and_placements_come_from_allocations(api):
     assert [(r.job.id, r.placement) for r in ctx.snapshot.running] == [
         (running_job, (("n1", (1,)),))
     ]
-    assert ctx.pending_attempts == {waiting_job: 1}
+    assert {i: attempt_of(row) for i, row in ctx.pending_rows.items()} == {waiting_job: 1}
 
 
 def test_a_jobs_grace_period_counts_towards_how_long_it_may_hold_its_gpus(api):
