@@ -40,12 +40,13 @@ class RankedBy:
 
 
 def encode(keys: RankKeys, ids: Sequence[int]) -> dict[str, Any]:
-    """Columns, one entry per job in queue order (position = index + 1): what each job is
-    ranked by, from which the API counts the jobs ahead of one when asked
-    (app/jobs/ranking.py)."""
+    """Columns: the jobs in queue order (position = index + 1) and each one's class, then
+    per class what its jobs are ranked by, from which the API counts the jobs ahead of
+    one when asked (app/jobs/ranking.py)."""
     encoded: dict[str, Any] = {
         "format": FORMAT,
         "ids": list(ids),
+        "of": keys.of,
         "size": keys.expected_gpu_s,
         "from": keys.expected_from,
         "sources": keys.sources,
@@ -55,7 +56,7 @@ def encode(keys: RankKeys, ids: Sequence[int]) -> dict[str, Any]:
         "starving": sorted(keys.starving),
     }
     if keys.las_queue is not None:
-        encoded["las_queue"] = keys.las_queue  # default and las: each job's LAS queue
+        encoded["las_queue"] = keys.las_queue  # default and las: each class's LAS queue
     return encoded
 
 

@@ -28,7 +28,7 @@ from app.scheduling.rank import RankKeys, ahead_of
 ROW = "queue"
 # The layout of `ranks`: a row stored in another (by an older scheduler) is not read,
 # and the next full cycle replaces it.
-FORMAT = 2
+FORMAT = 3
 
 
 class QueueRanking(Base):
@@ -97,15 +97,16 @@ class StoredRanking:
             return None
         i = self.index[job_id]
         keys = self.keys
+        alike = keys.of[i]
         return StoredRank(
             position=position,
             waiting=self.waiting,
             # Counted now, without the jobs placed since the ranking.
             ahead=ahead_of(keys, i, self.ranking["policy"], gone=frozenset(self.gone)),
-            expected_gpu_s=keys.expected_gpu_s[i],
-            expected_from=keys.sources[keys.expected_from[i]],
+            expected_gpu_s=keys.expected_gpu_s[alike],
+            expected_from=keys.sources[keys.expected_from[alike]],
             starving=i in keys.starving,
-            las_queue=None if keys.las_queue is None else keys.las_queue[i],
+            las_queue=None if keys.las_queue is None else keys.las_queue[alike],
         )
 
 
@@ -113,6 +114,7 @@ def _decoded(ranks: dict[str, Any]) -> RankKeys | None:
     if ranks.get("format") != FORMAT:
         return None
     return RankKeys(
+        of=ranks["of"],
         expected_gpu_s=ranks["size"],
         expected_from=ranks["from"],
         sources=ranks["sources"],

@@ -164,19 +164,23 @@ def _by_size(
 
 @dataclass(frozen=True, slots=True)
 class RankKeys:
-    """What a full cycle ranks each job of its queue by, column by column (index i: the
-    job at position i + 1): enough to count the jobs ahead of any one of them by rule
-    (`ahead_of`) without their views. Projects and runtime sources are numbered (their
-    names in `projects` and `sources`)."""
+    """What a full cycle ranks each job of its queue by (`rank_keys`): enough to count the
+    jobs ahead of any one of them by rule (`ahead_of`) without their views. Jobs alike (an
+    array's tasks, a sweep: the same size, priority, project and LAS queue) share a class:
+    `of[i]` is the class of the job at position i + 1, and the other lists are per class,
+    which keeps the stored ranking small (20,000 jobs of a few shapes: one short number
+    each). Projects and runtime sources are numbered (their names in `projects` and
+    `sources`)."""
 
+    of: list[int]
     expected_gpu_s: list[float]
     expected_from: list[int]  # index into sources
     sources: list[str]
     priority: list[int]
     project: list[int]  # index into projects
     projects: list[str]
-    starving: frozenset[int]  # the indexes of the jobs past the starvation guard
-    las_queue: list[int] | None = None  # default and las: each job's LAS queue
+    starving: frozenset[int]  # the positions - 1 of the jobs past the starvation guard
+    las_queue: list[int] | None = None  # default and las: each class's LAS queue
 
 
 def rank_keys(
@@ -191,43 +195,57 @@ def rank_keys(
     ranking a full cycle's queue cost, and almost all of it was never read."""
     limit = settings.starvation_after_s
     starved_before = now - timedelta(seconds=limit) if limit > 0 else None
-    with_queues = settings.queue_policy in ("default", "las")
+    policy = settings.queue_policy
+    of: list[int] = []
+    starving: list[int] = []
+    classes: dict[tuple[object, ...], int] = {}
     sizes: list[float] = []
     sources_of: list[int] = []
-    sources: dict[str, int] = {}
-    projects: dict[str, int] = {}
+    priorities: list[int] = []
     project_of: list[int] = []
     queues: list[int] = []
-    starving: list[int] = []
-    # Jobs of one shape (an array's tasks, a sweep) share their size and its source.
-    shapes: dict[tuple[object, ...], tuple[float, int]] = {}
+    sources: dict[str, int] = {}
+    projects: dict[str, int] = {}
     for i, job in enumerate(order):
-        shape = (job.user, job.name, job.estimated_runtime_s, job.max_runtime_s, job.total_gpus)
-        known = shapes.get(shape)
+        level = (
+            queue_level(job, now, settings)
+            if policy == "default"
+            else las_level(job.attained_gpu_s, settings)
+            if policy == "las"
+            else 0
+        )
+        alike = (
+            job.user,
+            job.name,
+            job.estimated_runtime_s,
+            job.max_runtime_s,
+            job.total_gpus,
+            job.priority,
+            job.project,
+            level,
+        )
+        known = classes.get(alike)
         if known is None:
             predicted = predict_runtime(history, job)
-            source = _expected_from(job, predicted)
-            known = shapes[shape] = (
-                expected_gpu_s(job, predicted, settings),
-                sources.setdefault(source, len(sources)),
-            )
-        sizes.append(known[0])
-        sources_of.append(known[1])
-        project_of.append(projects.setdefault(job.project, len(projects)))
+            known = classes[alike] = len(sizes)
+            sizes.append(expected_gpu_s(job, predicted, settings))
+            sources_of.append(sources.setdefault(_expected_from(job, predicted), len(sources)))
+            priorities.append(job.priority)
+            project_of.append(projects.setdefault(job.project, len(projects)))
+            queues.append(level)
+        of.append(known)
         if starved_before is not None and submitted(job) <= starved_before:
             starving.append(i)
-        if with_queues:
-            level = _las_queue(job, settings, now)
-            queues.append(0 if level is None else level)
     return RankKeys(
+        of=of,
         expected_gpu_s=sizes,
         expected_from=sources_of,
         sources=list(sources),
-        priority=[job.priority for job in order],
+        priority=priorities,
         project=project_of,
         projects=list(projects),
         starving=frozenset(starving),
-        las_queue=queues if with_queues else None,
+        las_queue=queues if policy in ("default", "las") else None,
     )
 
 
@@ -240,24 +258,26 @@ def ahead_of(
     ranked, no longer ahead. One pass over the jobs ahead, when a job's rank is asked."""
     counts = dict.fromkeys(COUNTED, 0)
     ahead = [j for j in range(index) if j not in gone] if gone else range(index)
+    of = keys.of
+    mine = of[index]
     size = keys.expected_gpu_s
     queues = keys.las_queue
     if policy == "las" and queues is not None:
-        counts["less_service"] = sum(1 for j in ahead if queues[j] < queues[index])
+        counts["less_service"] = sum(1 for j in ahead if queues[of[j]] < queues[mine])
     elif policy == "sjf":
-        counts["shorter"] = sum(1 for j in ahead if size[j] < size[index])
+        counts["shorter"] = sum(1 for j in ahead if size[of[j]] < size[mine])
     elif policy in ("priority", "fair-share"):
         priority, project = keys.priority, keys.project
         by_project = policy == "fair-share"
         for j in ahead:
-            if by_project and project[j] != project[index]:
+            other = of[j]
+            if by_project and project[other] != project[mine]:
                 counts["fair_share"] += 1
-            elif priority[j] > priority[index]:
+            elif priority[other] > priority[mine]:
                 counts["priority"] += 1
     elif policy == "default":
         _count_default(keys, index, ahead, counts)
-    earlier = len(ahead) - sum(counts.values())
-    counts["earlier"] = earlier
+    counts["earlier"] = len(ahead) - sum(counts.values())
     return tuple((rule, counts[rule]) for rule, _ in AHEAD_RULES if counts.get(rule))
 
 
@@ -267,22 +287,24 @@ def _count_default(
     """`_why_ahead` of the default policy: other tiers by priority; in the tier, starving
     jobs (earlier when it starves too), jobs of an earlier LAS queue by less service,
     other projects in its queue by fair share, its own project by size."""
-    priority, project, size = keys.priority, keys.project, keys.expected_gpu_s
+    of, priority, project, size = keys.of, keys.priority, keys.project, keys.expected_gpu_s
     queues = keys.las_queue or [0] * len(priority)
     starving = keys.starving
-    tier, level, own, own_size = (priority[index], queues[index], project[index], size[index])
+    mine = of[index]
+    tier, level, own, own_size = priority[mine], queues[mine], project[mine], size[mine]
     is_starving = index in starving
     for j in ahead:
-        if priority[j] != tier:
+        other = of[j]
+        if priority[other] != tier:
             counts["priority"] += 1
         elif j in starving:
             if not is_starving:
                 counts["starving"] += 1
-        elif queues[j] < level:
+        elif queues[other] < level:
             counts["less_service"] += 1
-        elif project[j] != own:
+        elif project[other] != own:
             counts["fair_share"] += 1
-        elif size[j] < own_size:
+        elif size[other] < own_size:
             counts["shorter"] += 1
 
 
@@ -301,11 +323,11 @@ def rank_all(
             position=i + 1,
             waiting=len(order),
             ahead=ahead_of(keys, i, settings.queue_policy),
-            expected_gpu_s=keys.expected_gpu_s[i],
-            expected_from=keys.sources[keys.expected_from[i]],
+            expected_gpu_s=keys.expected_gpu_s[keys.of[i]],
+            expected_from=keys.sources[keys.expected_from[keys.of[i]]],
             waited_s=max(0.0, (now - submitted(job)).total_seconds()),
             starving=i in keys.starving,
-            las_queue=None if keys.las_queue is None else keys.las_queue[i],
+            las_queue=None if keys.las_queue is None else keys.las_queue[keys.of[i]],
         )
         for i, job in enumerate(order)
     ]
