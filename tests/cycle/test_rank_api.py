@@ -104,3 +104,29 @@ def test_an_arrival_after_a_late_full_cycle_is_ranked_by_the_next_one(api):
     late = _rank(api, arrival).json()
     assert (late["ranked"], late["next_ranking_at"]) == (False, None)
     assert late["message"] == "not ranked yet: the scheduler's next full cycle ranks it"
+
+
+def test_a_ranking_stored_by_an_older_scheduler_is_not_read_until_replaced(api):
+    """After an upgrade the stored ranking may be in an older layout (the counts per job):
+    the API neither fails on it nor reads it as this one; the next full cycle replaces it."""
+    from sqlalchemy import update
+
+    from app.jobs.ranking import ROW, QueueRanking
+
+    add_node(api, 1)
+    submit(api, name="running")
+    waiting = submit(api, name="waiting")["id"]
+    run_one_cycle(api)
+    with api.factory() as session:
+        session.execute(
+            update(QueueRanking)
+            .where(QueueRanking.name == ROW)
+            .values(ranks={"ids": [waiting], "ahead": {}, "size": [1.0]}, ranks_id="old")
+        )
+        session.commit()
+    r = _rank(api, waiting)
+    assert r.status_code == 409 and "has not ranked the queue yet" in r.json()["detail"]
+    queue = api.client.get("/api/v1/queue", headers=api.as_("alice"))
+    assert queue.status_code == 200 and queue.json()["items"][0]["queue_position"] is None
+    run_one_cycle(api)
+    assert _rank(api, waiting).json()["position"] == 1
