@@ -194,7 +194,9 @@ def pending_in_order(
     share shifted the order (bench/deep_queue.py). Only the ids of the selected jobs are
     read to sort them, then the page's rows."""
     query = replace(filters, statuses=(JobStatus.PENDING,)).where(
-        select(Job.id, Job.held_by.is_not(None)), principal
+        # A job out of the ranking since (a begin time set, a window closed) has no key.
+        select(Job.id, Job.held_by.is_not(None), Job.queue_position.is_(None)),
+        principal,
     )
     if eligible is not None:
         query = query.where(ELIGIBLE_NOW if eligible else NOT_YET_ELIGIBLE)
@@ -202,7 +204,9 @@ def pending_in_order(
     stored = ranking.last(session)
     index = {} if stored is None else stored.index
     unranked = len(index)
-    selected.sort(key=lambda row: (row[1], index.get(row[0], unranked), row[0]))
+    selected.sort(
+        key=lambda row: (row[1], unranked if row[2] else index.get(row[0], unranked), row[0])
+    )
     page = [row[0] for row in selected[offset : offset + limit]]
     found = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(page)))} if page else {}
     jobs = [found[i] for i in page if i in found]  # one that left meanwhile is not shown
