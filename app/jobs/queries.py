@@ -189,28 +189,70 @@ def pending_in_order(
     now (True) or only those that cannot yet (False: held, dependencies, begin time,
     window, array limit), as Slurm lists them apart.
 
-    Sorted here, not by the database: the order is the ranking's, one row, and keeping a
-    sort key per job in step with it cost a full cycle thousands of writes whenever fair
-    share shifted the order (bench/deep_queue.py). Only the ids of the selected jobs are
-    read to sort them, then the page's rows."""
-    query = replace(filters, statuses=(JobStatus.PENDING,)).where(
-        # A job out of the ranking since (a begin time set, a window closed) has no key.
-        select(Job.id, Job.held_by.is_not(None), Job.queue_position.is_(None)),
-        principal,
-    )
+    Not sorted by the database: the order is the ranking's, one row (keeping a sort key
+    per job in step with it cost a full cycle thousands of writes whenever fair share
+    shifted the order, bench/deep_queue.py). A page among the ranked jobs is found by
+    walking the ranking from its head and keeping the jobs the selection holds; past
+    them, the selected jobs' ids are read and sorted."""
+    selection = replace(filters, statuses=(JobStatus.PENDING,)).where(select(Job.id), principal)
     if eligible is not None:
-        query = query.where(ELIGIBLE_NOW if eligible else NOT_YET_ELIGIBLE)
-    selected = list(session.execute(query).all())
+        selection = selection.where(ELIGIBLE_NOW if eligible else NOT_YET_ELIGIBLE)
     stored = ranking.last(session)
-    index = {} if stored is None else stored.index
-    unranked = len(index)
-    selected.sort(
-        key=lambda row: (row[1], unranked if row[2] else index.get(row[0], unranked), row[0])
-    )
-    page = [row[0] for row in selected[offset : offset + limit]]
+    head = None
+    if stored is not None and offset + limit <= _WALK_MOST:
+        head = _ranked_head(session, selection, stored, offset + limit)
+    if head is None:
+        head = _sorted_ids(session, selection, stored)
+    page = head[offset : offset + limit]
     found = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(page)))} if page else {}
     jobs = [found[i] for i in page if i in found]  # one that left meanwhile is not shown
-    return PendingPage(total=len(selected), items=outs(session, jobs, viewer=principal))
+    return PendingPage(total=count(session, selection), items=outs(session, jobs, viewer=principal))
+
+
+# Ids per read when walking the ranking: the first read is about a page's worth. Pages
+# deeper than _WALK_MOST are found by sorting: the walk's reads would cost more.
+_FIRST_READ, _MOST_READ, _WALK_MOST = 128, 500, 2000
+
+
+def _ranked_head(
+    session: Session,
+    selection: Select[*tuple[Any, ...]],
+    stored: ranking.StoredRanking,
+    wanted: int,
+) -> list[int] | None:
+    """The first `wanted` jobs of `selection` in the ranking's order, read by id in
+    growing batches from the ranking's head; None when the ranked jobs run out first (the
+    page reaches the jobs not ranked yet) or when too few of them are selected for the
+    walk to be the cheaper way (a narrow filter)."""
+    in_line = selection.where(Job.held_by.is_(None), Job.queue_position.is_not(None))
+    ids, gone = stored.ids, frozenset(stored.gone)
+    found: list[int] = []
+    start, batch = 0, _FIRST_READ
+    while len(found) < wanted:
+        if start >= len(ids) or start > 4 * wanted + 2 * _MOST_READ:
+            return None
+        part = [ids[i] for i in range(start, min(start + batch, len(ids))) if i not in gone]
+        held = set(session.scalars(in_line.where(Job.id.in_(part)))) if part else set()
+        found.extend(i for i in part if i in held)
+        start, batch = start + batch, min(2 * batch, _MOST_READ)
+    return found
+
+
+def _sorted_ids(
+    session: Session, selection: Select[*tuple[Any, ...]], stored: ranking.StoredRanking | None
+) -> list[int]:
+    """Every job of `selection` in order: ranked ones by the ranking, then the others by
+    id (a job whose key was cleared since, by a begin time or a closed window, among
+    them), held ones last."""
+    rows = session.execute(
+        selection.with_only_columns(Job.id, Job.held_by.is_not(None), Job.queue_position.is_(None))
+    ).all()
+    index = {} if stored is None else stored.index
+    unranked = len(index)
+    ordered = sorted(
+        rows, key=lambda row: (row[1], unranked if row[2] else index.get(row[0], unranked), row[0])
+    )
+    return [row[0] for row in ordered]
 
 
 def outs(session: Session, jobs: Sequence[Job], *, viewer: Principal) -> list[JobOut]:

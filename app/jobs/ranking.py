@@ -67,6 +67,7 @@ class StoredRanking:
     next_at: datetime | None
     ranking: dict[str, Any]
     keys: RankKeys
+    ids: list[int]  # in the ranking's order
     index: dict[int, int]
     ranks_id: str | None = None
     # The indexes of the ranked jobs placed since, sorted.
@@ -158,6 +159,7 @@ def last(session: Session) -> StoredRanking | None:
             next_at=next_at,
             ranking=ranking,
             keys=keys,
+            ids=ranks["ids"],
             index={job_id: i for i, job_id in enumerate(ranks["ids"])},
             ranks_id=ranks_id,
         )

@@ -19,6 +19,7 @@ from app.cycle.run import run_cycle
 from app.cycle.snapshot import QueueMemory
 from app.db import utcnow
 from app.jobs.estimates import NOT_RANKED, RESERVED_FOR_THE_FIRST
+from app.jobs.ranking import last
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
@@ -254,6 +255,54 @@ def test_the_queue_page_follows_the_ranking_and_a_new_order_writes_no_row(api):
     assert _queue(api) == [(job, place) for place, job in enumerate(reversed_order, start=1)]
     assert _keys(api) == keys  # no key kept in step with the order
     assert _row_versions(api) == versions
+
+
+def test_every_page_of_the_queue_is_the_whole_queue_sorted_whichever_way_it_is_found(api):
+    """A page among the ranked jobs is found by walking the ranking from its head; past
+    them (or under a narrow filter) by sorting every selected id. Pages of any size and
+    filter, put together, are the one order: ranked by the ranking (less the jobs placed
+    or held since), then the rest by id, held jobs last."""
+    add_node(api, 1)
+    submit(api, user="alice", gpus=1, name="running")
+    ranked = [
+        submit(api, user=("alice", "bob")[i % 2], gpus=1, name=f"r{i}",
+               estimated_runtime_s=600 * (1 + (i * 7) % 11))["id"]
+        for i in range(300)
+    ]  # fmt: skip
+    memory = QueueMemory()
+    _cycle(api, memory, full=True)
+    _cycle(api, memory, full=True)
+    later = [submit(api, user="bob", gpus=1, name=f"n{i}")["id"] for i in range(5)]  # unranked
+    held = submit(api, user="alice", gpus=1, hold=True)["id"]
+    with api.factory() as session:  # held since it was ranked
+        session.execute(update(Job).where(Job.id == ranked[3]).values(held_by="alice"))
+        session.commit()
+
+    def pages(limit: int, **params) -> list[int]:
+        shown: list[int] = []
+        while True:
+            r = api.client.get("/api/v1/queue", headers=api.as_("admin"),
+                               params={"offset": len(shown), "limit": limit, **params})  # fmt: skip
+            assert r.status_code == 200, r.text
+            items = [j["id"] for j in r.json()["items"]]
+            if not items:
+                assert r.json()["total"] == len(shown)
+                return shown
+            shown.extend(items)
+
+    with api.factory() as session:
+        order = last(session).ids
+    waiting = set(_keys(api))
+    expected = [
+        *(j for j in order if j in waiting and j != ranked[3]),  # the ranking's, less held
+        *later,  # not ranked yet, by id
+        *sorted([ranked[3], held]),  # held, by id
+    ]
+    assert len(expected) == len(waiting) == 306
+    for limit in (7, 50, 128, 301, 500):
+        assert pages(limit) == expected
+    bobs = set(ranked[1::2]) | set(later)
+    assert pages(20, user="bob") == [j for j in expected if j in bobs]
 
 
 def test_a_page_of_the_queue_decodes_the_ranking_once_per_ranking(api):
