@@ -1,12 +1,13 @@
 """What a full cycle ranked, kept for GET /api/v1/jobs/{id}/rank (issue 42 point 3).
 
 The full cycle has the queue in its policy's order already; it stores, in one row column
-by column (20,000 jobs: a few hundred kB of JSON), what each job is ranked by
-(`rank_keys`). The API counts why one job's predecessors go first from that, in one pass
-over them when the job's rank is asked (`ahead_of`), instead of reading and ranking the
-whole queue per request, as it did (0.6 s at 20,000 waiting); the cycle no longer counts
-them for every job, which was most of what storing the ranks cost. The same row gives each waiting job its queue position (app/jobs/ranking.py
-reads it; the API keeps the decoded row until a full cycle writes new ranks).
+by column (20,000 jobs: about 200 kB of JSON), what each job is ranked by (`rank_keys`).
+The API counts why one job's predecessors go first from that, in one pass over them when
+the job's rank is asked (`ahead_of`), instead of reading and ranking the whole queue per
+request, as it did (0.6 s at 20,000 waiting); the cycle no longer counts them for every
+job, which was most of what storing the ranks cost. The same row gives each waiting job
+its queue position and sorts the Queue page (app/jobs/ranking.py reads it; the API keeps
+the decoded row until a full cycle writes new ranks).
 """
 
 from __future__ import annotations

@@ -232,8 +232,8 @@ def _ranked_head(
         if start >= len(ids) or start > 4 * wanted + 2 * _MOST_READ:
             return None
         part = [ids[i] for i in range(start, min(start + batch, len(ids))) if i not in gone]
-        held = set(session.scalars(in_line.where(Job.id.in_(part)))) if part else set()
-        found.extend(i for i in part if i in held)
+        still = set(session.scalars(in_line.where(Job.id.in_(part)))) if part else set()
+        found.extend(i for i in part if i in still)
         start, batch = start + batch, min(2 * batch, _MOST_READ)
     return found
 

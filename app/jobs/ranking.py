@@ -6,8 +6,9 @@ at the head starts, every job behind it moves up one place, and a column per job
 cycle 20,000 writes (bench/deep_queue.py). The ranking is one row (app/cycle/ranks.py
 writes it); the ranked jobs a later cycle placed are listed in `departed`, and a place
 counts only the ranked jobs still ahead, as do the jobs ahead of it by each rule
-(`ahead_of`, counted when a job's rank is asked). The decoded row is kept per process until the
-scheduler rewrites the ranks (`ranks_id`): a page of the queue reads two small columns.
+(`ahead_of`, counted when a job's rank is asked). The decoded row is kept per process
+until the scheduler rewrites the ranks (`ranks_id`): a page of the queue reads two small
+columns.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ FORMAT = 3
 class QueueRanking(Base):
     """What the last full cycle ranked (one row): each waiting job's place and what it is
     ranked by (`rank_keys`), so GET /jobs/{id}/rank answers without reading and ranking
-    the queue again. `ranks` is columnar (see app/cycle/ranks.py); `next_at`: when the scheduler
-    means to rank again, for the jobs that arrived since; `departed`: the ranked jobs
+    the queue again. `ranks` is columnar (see app/cycle/ranks.py); `next_at`: when the
+    scheduler means to rank again, for the jobs that arrived since; `departed`: the ranked jobs
     placed since (the jobs behind them moved up); `ranks_id`: names this `ranks` (a
     full cycle that finds them still right moves `ranked_at` only)."""
 
