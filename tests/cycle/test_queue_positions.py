@@ -19,8 +19,8 @@ from app.cycle.run import run_cycle
 from app.cycle.snapshot import QueueMemory
 from app.db import utcnow
 from app.jobs.estimates import NOT_RANKED, RESERVED_FOR_THE_FIRST
-from app.jobs.ranking import last
 from app.jobs.models import Job
+from app.jobs.ranking import last
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
 from tests.cycle.jobs_api import SETTINGS, add_node, finish, get_job, positions, submit
