@@ -459,9 +459,6 @@ def _full_read(
         cached = known.get(job_id)
         if cached is None or cached.version != version:
             stale.append(job_id)
-    # `known` is in id order (as the last full read left it); jobs new to it go at its end.
-    newcomers = [job_id for job_id in stale if job_id not in known]
-    in_order = not newcomers or not known or min(newcomers) > next(reversed(known))
     if len(stale) > STALE_BY_ID:
         rows: list[Any] = list(connection.execute(select(_runnable(JOB_COLUMNS, gates))))
     else:
@@ -481,12 +478,16 @@ def _full_read(
     # moment, and the next cycle reads it again.
     read = {row[0] for row in rows}
     fresh = set(stale)
+    # `known` is mostly in id order already (as the last full read left it): jobs new to
+    # it since (read now, or by a quick read) are at its end, in the order they were read.
     entries = [
         cached
         for job_id, cached in known.items()
         if job_id in read or (job_id in present and job_id not in fresh)
     ]
-    if not in_order:  # a job back in the queue (requeued) among them
+    ids = [entry.row[0] for entry in entries]
+    in_order = ids == sorted(ids)  # linear when sorted, as it mostly is
+    if not in_order:
         entries.sort(key=lambda entry: cast(int, entry.row[0]))
     _kept_views([e for e in entries if e.row[0] not in read], **made)
     if len(entries) != len(known) or not in_order:

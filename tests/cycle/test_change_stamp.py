@@ -5,6 +5,8 @@ writes without reading them back."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from sqlalchemy import select, text, update
 
 from app.cycle.apply import write_reasons
@@ -152,3 +154,19 @@ def test_a_job_back_in_the_queue_is_read_in_id_order(api):
     _full(api, memory)
 
     assert list(memory.views.rows) == [first, *waiting]
+
+
+def test_a_whole_read_in_parts_by_schedule_mode_is_kept_in_id_order(api, monkeypatch):
+    """A read of many stale jobs takes the whole queue at once, one part per schedule
+    mode: the jobs come back grouped by mode, and are kept in id order all the same."""
+    import app.cycle.snapshot as snapshot
+
+    monkeypatch.setattr(snapshot, "STALE_BY_ID", 0)
+    add_node(api, 1)
+    first = submit(api, name="first")["id"]  # read with them, then placed
+    began = (utcnow() - timedelta(minutes=1)).isoformat()
+    at = {"schedule": {"mode": "at", "at": began}}
+    ids = [submit(api, name=f"m{i}", **(at if i % 2 else {}))["id"] for i in range(6)]
+    memory = QueueMemory()
+    _full(api, memory)
+    assert list(memory.views.rows) == [first, *ids]
