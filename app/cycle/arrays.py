@@ -8,60 +8,67 @@ place more than N: the limit holds without the pure core knowing about arrays.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-from sqlalchemy import func, select
+from sqlalchemy import func, select, true, update
 from sqlalchemy.orm import Session
 
 from app.cycle.eligibility import ELIGIBLE
-from app.jobs.arrays import admit, throttle_message
+from app.jobs.arrays import throttle_message
 from app.jobs.models import Job
 from app.jobs.states import ACTIVE, JobStatus
 from app.scheduling.types import ReasonKind
 
+THROTTLED = ReasonKind.ARRAY_LIMIT.value
+
 
 def settle_array_limits(session: Session) -> None:
-    """Flushes, does not commit."""
-    # The throttled arrays first, by index (ix_job_pending_array_limit): the cycle runs
-    # this every time, and most of a deep queue is no throttled array's.
-    arrays = session.scalars(
-        select(Job.array_id)
-        .distinct()
+    """Executes, does not commit. Cheap on a deep array (issue 42): per throttled array,
+    the tasks it lets in are read by index, and each way a reason changes is one UPDATE
+    of only the rows it changes; loading every waiting task each cycle cost a cycle 0.6 s
+    with one array of 25,000 tasks at %4."""
+    arrays = session.execute(
+        select(Job.array_id, func.max(Job.array_max_running))
         .where(Job.status == JobStatus.PENDING, Job.array_max_running.is_not(None))
+        .group_by(Job.array_id)
     ).all()
     if not arrays:
         return
-    waiting = session.scalars(
-        select(Job)
-        .where(*ELIGIBLE, Job.array_max_running.is_not(None), Job.array_id.in_(arrays))
-        .order_by(Job.id)
-        .with_for_update()
-    ).all()
-    if not waiting:
-        return
-    by_array: dict[int, list[Job]] = defaultdict(list)
-    for job in waiting:
-        by_array[job.array_id or job.id].append(job)
     active = dict(
         session.execute(
             select(Job.array_id, func.count())
-            .where(Job.array_id.in_(by_array), Job.status.in_(ACTIVE))
+            .where(Job.array_id.in_([a for a, _ in arrays]), Job.status.in_(ACTIVE))
             .group_by(Job.array_id)
         ).all()
     )
-    for array_id, tasks in by_array.items():
-        limit = tasks[0].array_max_running
-        admitted, throttled = admit(
-            max_running=limit, active=active.get(array_id, 0), waiting=[job.id for job in tasks]
+    for array_id, limit in arrays:
+        if array_id is None or limit is None:  # a limit belongs to an array's tasks
+            continue
+        tasks = (*ELIGIBLE, Job.array_max_running.is_not(None), Job.array_id == array_id)
+        # The lowest indexes (tasks are submitted in index order) take the free slots.
+        room = max(0, limit - active.get(array_id, 0))
+        let_in = session.scalars(select(Job.id).where(*tasks).order_by(Job.id).limit(room)).all()
+        if let_in:
+            session.execute(
+                update(Job)
+                .where(*tasks, Job.id.in_(let_in), Job.pending_reason == THROTTLED)
+                # New arrivals for this cycle's snapshot, which ranks them.
+                .values(
+                    pending_reason=ReasonKind.NEW.value,
+                    pending_message="its array has a free slot; waiting for the next cycle",
+                )
+                .execution_options(synchronize_session=False)
+            )
+        session.execute(
+            update(Job)
+            .where(
+                *tasks,
+                Job.id > let_in[-1] if let_in else true(),
+                Job.pending_reason.is_distinct_from(THROTTLED),
+            )
+            .values(
+                pending_reason=THROTTLED,
+                pending_message=throttle_message(array_id=array_id, max_running=limit),
+                queue_position=None,
+                estimated_start_at=None,
+            )
+            .execution_options(synchronize_session=False)
         )
-        let_in, keep_out = set(admitted), set(throttled)
-        message = throttle_message(array_id=array_id, max_running=limit or 0)
-        for job in tasks:
-            if job.id in let_in and job.pending_reason == ReasonKind.ARRAY_LIMIT.value:
-                # A new arrival for this cycle's snapshot, which ranks it.
-                job.pending_reason = ReasonKind.NEW.value
-                job.pending_message = "its array has a free slot; waiting for the next cycle"
-            elif job.id in keep_out and job.pending_reason != ReasonKind.ARRAY_LIMIT.value:
-                job.pending_reason, job.pending_message = ReasonKind.ARRAY_LIMIT.value, message
-                job.queue_position = job.estimated_start_at = None
-    session.flush()

@@ -15,7 +15,6 @@ Everything here is pure.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 
 MAX_TASKS = 1000  # Slurm's default MaxArraySize is 1001
 MAX_INDEX = 99_999
@@ -62,17 +61,6 @@ def split_slurm_form(text: str) -> tuple[str, int | None]:
         raise ValueError(f"{text!r}: expected indices with an optional %N, e.g. '0-9%2'")
     limit = match["max_running"]
     return match["indices"], None if limit is None else int(limit)
-
-
-def admit(
-    *, max_running: int | None, active: int, waiting: Sequence[int]
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Which of an array's `waiting` tasks (eligible pending job ids, in index order) may
-    join the queue while `active` of its tasks hold GPUs, and which must wait."""
-    if max_running is None:
-        return tuple(waiting), ()
-    room = max(0, max_running - active)
-    return tuple(waiting[:room]), tuple(waiting[room:])
 
 
 def throttle_message(*, array_id: int, max_running: int) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.jobs.arrays import MAX_TASKS, admit, parse_indices, split_slurm_form, throttle_message
+from app.jobs.arrays import MAX_TASKS, parse_indices, split_slurm_form, throttle_message
 from app.jobs.models import Job
 from tests.cycle.jobs_api import add_node, finish, get_job, job_events, run_one_cycle, submit
 
@@ -49,23 +49,6 @@ def test_parse_indices_refuses(text, message):
 )
 def test_split_slurm_form(text, split):
     assert split_slurm_form(text) == split
-
-
-@pytest.mark.parametrize(
-    ("max_running", "active", "waiting", "admitted", "throttled"),
-    [
-        (None, 5, [1, 2, 3], (1, 2, 3), ()),  # no limit: all in the queue
-        (2, 0, [1, 2, 3], (1, 2), (3,)),  # lowest indices first
-        (2, 1, [2, 3], (2,), (3,)),  # one slot is taken by a running task
-        (2, 2, [3, 4], (), (3, 4)),  # full
-        (2, 3, [4], (), (4,)),  # over the limit (lowered while running): nothing new
-    ],
-)
-def test_admit(max_running, active, waiting, admitted, throttled):
-    assert admit(max_running=max_running, active=active, waiting=waiting) == (
-        admitted,
-        throttled,
-    )
 
 
 def _tasks(api, array_id: int) -> list[dict]:
