@@ -63,11 +63,6 @@ def settle_dependencies(session: Session, *, now: datetime) -> frozenset[int]:
         # reached in the next cycle's pass.
         .order_by(func.min(Job.id))
     ).all()
-    singletons = session.scalars(
-        select(Job.id).where(*_WAITING, Job.dependency_kind == SINGLETON)
-    ).all()
-    if not alike and not singletons:
-        return frozenset()
     parsed = {group[0]: json.loads(group[0]) for group in alike}
     jobs = load_dependencies(session, (d for ids in parsed.values() for d in ids))
     awaited_starts: set[int] = set()
@@ -101,8 +96,7 @@ def settle_dependencies(session: Session, *, now: datetime) -> frozenset[int]:
                 .values(pending_reason=_DEPENDENCY, pending_message=verdict.message)
                 .execution_options(synchronize_session=False)
             )
-    if singletons:
-        _settle_singletons(session, now=now)
+    _settle_singletons(session, now=now)
     session.flush()
     return frozenset(awaited_starts)
 
@@ -115,6 +109,8 @@ def _settle_singletons(session: Session, *, now: datetime) -> None:
         .order_by(Job.id)
         .with_for_update()
     ).all()
+    if not waiting:
+        return
     namesakes = load_namesakes(
         session, users=(j.user_id for j in waiting), names=(j.name for j in waiting)
     )
