@@ -42,7 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
-from sqlalchemy import event, func, select, text, update
+from sqlalchemy import event, func, select, update
 
 from app.cycle.run import CycleReport, run_cycle
 from app.cycle.settings import SchedulerSettings
@@ -286,12 +286,7 @@ def main() -> int:
     try:
         factory = make_session_factory(engine)
         _cluster(factory)
-        token = seed_queue(factory, args.waiting)
-        if args.db == "postgresql":
-            # As autovacuum would within a minute of 20,000 inserts: planned on empty-table
-            # statistics, a read of the few throttled array tasks walked all 20,000 jobs.
-            with engine.begin() as connection:
-                connection.execute(text("ANALYZE"))
+        token = seed_queue(factory, args.waiting)  # analyzed on PostgreSQL
         results = cycles(engine, factory, args.repeat)
         if not args.skip_memory:
             mem = memory(url, token, root)
