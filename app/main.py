@@ -28,6 +28,7 @@ from app.config import Settings
 from app.db import make_engine, make_read_session_factory, make_session_factory
 from app.etag import ETagMiddleware
 from app.frontend import mount_frontend
+from app.jobs.pending_limits import PendingCounts
 from app.messaging import Messenger, NullMessenger, Sender, create_celery
 from app.metrics import DatabaseCollector
 from app.nodes.inventory import InventoryCache
@@ -138,6 +139,7 @@ def attach_services(
     app.state.settings = settings
     app.state.messenger = messenger
     app.state.inventory = InventoryCache()
+    app.state.pending_counts = PendingCounts()
     app.state.tariff = tariff_setting(settings)
     app.state.auth_limiter = FailedAuthLimiter(limit=settings.auth_failures_per_minute)
     app.state.metrics_registry = CollectorRegistry()

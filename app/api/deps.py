@@ -19,6 +19,7 @@ from app.auth.service import (
 )
 from app.config import Settings
 from app.db import utcnow
+from app.jobs.pending_limits import PendingCounts
 from app.messaging import Sender
 from app.nodes.inventory import InventoryCache
 
@@ -46,8 +47,14 @@ def get_inventory(request: Request) -> InventoryCache:
     return inventory
 
 
+def get_pending_counts(request: Request) -> PendingCounts:
+    counts: PendingCounts = request.app.state.pending_counts
+    return counts
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 InventoryDep = Annotated[InventoryCache, Depends(get_inventory)]
+PendingCountsDep = Annotated[PendingCounts, Depends(get_pending_counts)]
 MessengerDep = Annotated["Sender", Depends(get_messenger)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 

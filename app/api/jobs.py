@@ -18,7 +18,14 @@ from fastapi import (
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import CurrentUser, InventoryDep, MessengerDep, SessionDep, SettingsDep
+from app.api.deps import (
+    CurrentUser,
+    InventoryDep,
+    MessengerDep,
+    PendingCountsDep,
+    SessionDep,
+    SettingsDep,
+)
 from app.api.problems import NOT_A_MEMBER, problems
 from app.cycle.job_rank import rank
 from app.db import utcnow
@@ -80,6 +87,7 @@ def submit_job(
     messenger: MessengerDep,
     settings: SettingsDep,
     inventory: InventoryDep,
+    pending_counts: PendingCountsDep,
     idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
 ) -> JobOut:
     """Queue a job. Repeating a request with the same Idempotency-Key and body returns the
@@ -92,6 +100,7 @@ def submit_job(
         limits=runtime_limits(settings),
         idempotency_key=idempotency_key,
         inventory=inventory,
+        pending_counts=pending_counts,
     )
     if not submitted.created:
         response.status_code = status.HTTP_200_OK

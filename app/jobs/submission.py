@@ -33,7 +33,7 @@ from app.jobs.dependencies import (
 from app.jobs.limits import ProjectTimeLimit, RuntimeLimits, check_priority
 from app.jobs.models import Job, JobEvent
 from app.jobs.orders import AfterCommit
-from app.jobs.pending_limits import check_pending_limits
+from app.jobs.pending_limits import PendingCounts, check_pending_limits
 from app.jobs.queries import outs, to_out
 from app.jobs.schemas import (
     JobCreate,
@@ -340,6 +340,7 @@ def create_job(
     actor: str | None = None,
     reason: str = "submitted",
     inventory: InventoryCache | None = None,
+    pending_counts: PendingCounts | None = None,
     batch_id: int | None = None,
 ) -> tuple[Job, str]:
     """Validate and add a PENDING job with its first event, or one per task of an array
@@ -366,6 +367,7 @@ def create_job(
         project_id=project_id,
         adding=len(indices),
         user_default=limits.max_pending_per_user,
+        counts=pending_counts,
     )
     now = utcnow()
     tasks = [
@@ -524,6 +526,7 @@ def submit(
     limits: RuntimeLimits,
     idempotency_key: str | None,
     inventory: InventoryCache | None = None,
+    pending_counts: PendingCounts | None = None,
 ) -> Submitted:
     request_hash = _request_hash(spec)
     if idempotency_key is not None:
@@ -540,6 +543,7 @@ def submit(
             limits=limits,
             idempotency_key=idempotency_key,
             inventory=inventory,
+            pending_counts=pending_counts,
         )
         session.commit()
     except IntegrityError:

@@ -9,11 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event, select, true, update
 
+from app.auth.models import User
 from app.config import Settings
 from app.db import utcnow
+from app.jobs.models import Job
+from app.jobs.pending_limits import PendingCounts
+from app.jobs.states import JobStatus
+from app.projects.models import Project
 from tests.cycle.jobs_api import run_one_cycle
-from tests.foundation.builders import ready_node
+from tests.foundation.builders import insert_jobs, ready_node
 
 JOBS = "/api/v1/jobs"
 
@@ -118,3 +124,67 @@ def test_a_job_that_starts_makes_room(api: Any) -> None:
     run_one_cycle(api)  # two of them start: two places free
     assert _pending(api, "alice") == 3
     assert _submit(api, array={"indices": "0-1"}, gpus=1).status_code == 201
+
+
+def _ids(api: Any, user: str, project: str) -> tuple[int, int]:
+    with api.factory() as session:
+        return session.execute(
+            select(User.id, Project.id).join_from(User, Project, true())
+            .where(User.name == user, Project.name == project)
+        ).one()  # fmt: skip
+
+
+def test_a_kept_count_adds_what_any_process_submitted_since_without_counting_the_queue(
+    api: Any,
+) -> None:
+    """An API process counts a user's pending jobs whole once per `ttl_s`; in between it
+    reads only the jobs with a higher id than it had seen, so a user with a deep queue does
+    not have it counted at each submission, and jobs another process added are not
+    missed."""
+    user_id, project_id = _ids(api, "alice", "ml")
+    insert_jobs(api.factory, user="alice", project="ml", count=4)
+    running = insert_jobs(
+        api.factory, user="alice", project="ml", count=1, status=JobStatus.RUNNING
+    )
+    counts = PendingCounts(ttl_s=3600)
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement.lower())
+
+    def pending() -> tuple[int, int | None]:
+        with api.factory() as session:
+            return counts.pending(session, user_id=user_id, project_id=project_id, project=True)
+
+    assert pending() == (4, 4)
+    started = insert_jobs(api.factory, user="alice", project="ml", count=3)  # another process
+    insert_jobs(api.factory, user="bob", project="cv", count=2)  # neither alice's nor ml's
+    with api.factory.begin() as session:  # one of them started already
+        session.execute(update(Job).where(Job.id == started[0]).values(status=JobStatus.RUNNING))
+    engine = api.factory.kw["bind"]
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        assert pending() == (6, 6)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    # One read, bounded by the primary key: no count of the user's queue.
+    reads = [s for s in statements if s.startswith("select")]  # SQLite also says BEGIN
+    assert len(reads) == 1 and "count(" not in reads[0], reads
+
+    # A job put back in line has an older id: it is counted at the next whole count.
+    with api.factory.begin() as session:
+        session.execute(update(Job).where(Job.id == running[0]).values(status=JobStatus.PENDING))
+    assert pending() == (6, 6)
+    counts.ttl_s = 0
+    assert pending() == (7, 7)
+
+
+def test_a_refusal_counts_what_other_processes_submitted(api: Any) -> None:
+    assert _submit(api).status_code == 201  # this API process counts: 1
+    insert_jobs(api.factory, user="alice", project="ml", count=3)  # another one: 4
+    assert _submit(api).status_code == 201  # 5: the limit
+    refused = _submit(api)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["detail"].startswith(
+        "user alice may have at most 5 jobs pending and has 5"
+    )
