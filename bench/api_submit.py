@@ -5,6 +5,10 @@ from concurrent clients for a fixed time, and prints a table. No scheduler or ag
 so this measures the API and database path only.
 
     .venv/bin/python bench/api_submit.py [--clients 32] [--seconds 10] [--workers 2] [--keep-alive]
+        [--queued N]
+
+`--queued N`: the submitting user already has N jobs pending (inserted in bulk first; the
+per-user limit raised to let the run's own through), as on a cluster with a deep queue.
 """
 
 from __future__ import annotations
@@ -115,6 +119,39 @@ async def hammer(
     }
 
 
+def queue_jobs(db_url: str, count: int) -> None:
+    """`count` pending jobs of the admin (the benchmark's user), in one bulk INSERT."""
+    from sqlalchemy import insert, select, text
+
+    from app.auth.models import User
+    from app.db import make_engine
+    from app.jobs.models import Job
+    from app.jobs.states import JobStatus
+    from app.projects.models import Project
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        user_id = conn.scalar(select(User.id).where(User.is_admin.is_(True)))
+        project_id = conn.scalar(select(Project.id).order_by(Project.id))
+        conn.execute(
+            insert(Job),
+            [
+                {
+                    "name": f"queued-{i}",
+                    "user_id": user_id,
+                    "project_id": project_id,
+                    "command": ["train"],
+                    "status": JobStatus.PENDING,
+                    "pending_reason": "new",
+                }
+                for i in range(count)
+            ],
+        )
+    with engine.begin() as conn:
+        conn.execute(text("ANALYZE"))  # as autovacuum would within a minute of the inserts
+    engine.dispose()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=32)
@@ -123,6 +160,7 @@ def main() -> int:
     parser.add_argument(
         "--keep-alive", action="store_true", help="one connection per client, not per request"
     )
+    parser.add_argument("--queued", type=int, default=0, help="jobs pending before the run")
     args = parser.parse_args()
 
     db_name, db_url = create_pg_database("gpusched_bench")
@@ -130,6 +168,8 @@ def main() -> int:
     port = free_port()
     env = {**os.environ, "GPUSCHED_DATABASE_URL": db_url, "GPUSCHED_DATA_DIR": str(data_dir)}
     env.pop("GPUSCHED_REDIS_URL", None)  # no scheduler here: nothing to notify
+    if args.queued:
+        env["GPUSCHED_MAX_PENDING_JOBS_PER_USER"] = str(args.queued + 1_000_000)
     subprocess.run(
         [sys.executable, "-m", "app.cli", "migrate"],
         env=env,
@@ -138,6 +178,8 @@ def main() -> int:
         capture_output=True,
     )
     token = (data_dir / "admin.token").read_text().strip()
+    if args.queued:
+        queue_jobs(db_url, args.queued)
     server = subprocess.Popen(
         [
             sys.executable,
@@ -196,6 +238,7 @@ def main() -> int:
         f"\nAPI benchmark: {args.clients} clients, {args.seconds:.0f} s each, "
         f"{args.workers} uvicorn workers, PostgreSQL, {os.cpu_count()} cores, "
         f"{'keep-alive connections' if args.keep_alive else 'a connection per request'}"
+        f"{f', {args.queued:,} jobs queued before' if args.queued else ''}"
     )
     print(f"{'request':<22}{'ok':>8}{'errors':>8}{'per s':>10}{'p50 ms':>9}{'p99 ms':>9}")
     for name, r in results.items():
