@@ -10,7 +10,9 @@ each of their submissions count them all: with 3,000 pending, about a fifth of a
 submission's time (issue 35). An API process keeps each count (`PendingCounts`) with the
 highest job id it had seen, and in between counts only the pending jobs submitted since,
 by any process, read by primary key. It counts whole again every `ttl_s`: a job put back
-in line since (requeued, preempted) has an older id, and is counted then.
+in line since (requeued, preempted) has an older id, and is counted then, as is one whose
+submission was still being committed at the count (a lower id than one committed first),
+within the allowance above for submissions at the same moment.
 """
 
 from __future__ import annotations
