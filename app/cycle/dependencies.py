@@ -55,7 +55,7 @@ def settle_dependencies(session: Session, *, now: datetime) -> frozenset[int]:
             func.min(message) == func.max(message),
             func.min(message),
         )
-        .where(*_WAITING, Job.dependency_kind != SINGLETON)
+        .where(*_WAITING)
         .group_by(named, Job.dependency_kind)
         # A job submitted with dependencies has a higher id than they do: in the order of
         # each group's first job, a chain whose first link breaks is cancelled to its end
@@ -63,6 +63,9 @@ def settle_dependencies(session: Session, *, now: datetime) -> frozenset[int]:
         # reached in the next cycle's pass.
         .order_by(func.min(Job.id))
     ).all()
+    # Singletons name no jobs: judged one by one (their verdict depends on their own id).
+    singletons = any(kind == SINGLETON for _, kind, *_ in alike)
+    alike = [group for group in alike if group[1] != SINGLETON]
     parsed = {group[0]: json.loads(group[0]) for group in alike}
     jobs = load_dependencies(session, (d for ids in parsed.values() for d in ids))
     awaited_starts: set[int] = set()
@@ -96,7 +99,8 @@ def settle_dependencies(session: Session, *, now: datetime) -> frozenset[int]:
                 .values(pending_reason=_DEPENDENCY, pending_message=verdict.message)
                 .execution_options(synchronize_session=False)
             )
-    _settle_singletons(session, now=now)
+    if singletons:
+        _settle_singletons(session, now=now)
     session.flush()
     return frozenset(awaited_starts)
 
@@ -109,8 +113,6 @@ def _settle_singletons(session: Session, *, now: datetime) -> None:
         .order_by(Job.id)
         .with_for_update()
     ).all()
-    if not waiting:
-        return
     namesakes = load_namesakes(
         session, users=(j.user_id for j in waiting), names=(j.name for j in waiting)
     )
