@@ -53,6 +53,19 @@ def _reasons(api, ids: list[int]) -> dict[tuple, int]:
     return {tuple(row[:4]): row[4] for row in rows}
 
 
+def _nightly_window(api) -> datetime:
+    """An off-peak window "nightly" of an hour, opening in about two hours: when."""
+    opens = (utcnow() + timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
+    r = api.client.post(
+        "/api/v1/windows",
+        json={"name": "nightly", "timezone": "UTC", "cron": f"0 {opens.hour} * * *",
+              "duration_s": 3600},
+        headers=api.as_("admin"),
+    )  # fmt: skip
+    assert r.status_code == 201, r.text
+    return opens
+
+
 def test_a_deep_queue_of_begin_time_jobs_does_not_keep_a_runnable_job_from_idle_gpus(api):
     begins = (utcnow() + timedelta(days=1)).replace(microsecond=0)
     tomorrow = insert_jobs(api.factory, user="bob", project="cv", count=DEEP,
@@ -79,14 +92,7 @@ def test_a_runnable_job_behind_100_000_that_cannot_run_yet_starts_in_one_quick_c
     judges them by statements, a group of alike jobs at a time: a quick cycle loads none
     of them whole (it loaded every dependent job and every throttled task, each cycle:
     0.6-0.7 s for 25,000 of either)."""
-    opens = (utcnow() + timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
-    r = api.client.post(
-        "/api/v1/windows",
-        json={"name": "nightly", "timezone": "UTC", "cron": f"0 {opens.hour} * * *",
-              "duration_s": 3600},
-        headers=api.as_("admin"),
-    )  # fmt: skip
-    assert r.status_code == 201, r.text
+    _nightly_window(api)
     preprocess = submit(api, user="bob", gpus=8)["id"]  # what the dependent jobs wait for
     each = DEEP_MIXED // 5
     insert_jobs(api.factory, user="bob", project="cv", count=each,
@@ -179,15 +185,7 @@ def test_a_read_over_its_limit_takes_each_project_s_head_in_turn(api):
 
 
 def test_jobs_outside_their_off_peak_window_are_not_read_and_say_when_it_opens(api):
-    now = utcnow()
-    opens = (now + timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
-    r = api.client.post(
-        "/api/v1/windows",
-        json={"name": "nightly", "timezone": "UTC", "cron": f"0 {opens.hour} * * *",
-              "duration_s": 3600},
-        headers=api.as_("admin"),
-    )  # fmt: skip
-    assert r.status_code == 201, r.text
+    opens = _nightly_window(api)
     night = insert_jobs(api.factory, user="bob", project="cv", count=DEEP,
                         schedule_mode="offpeak", window="nightly")  # fmt: skip
     now = utcnow()  # after the slow part: the node's telemetry is fresh for the cycle
