@@ -44,16 +44,18 @@ def settle_dependencies(session: Session, *, now: datetime) -> frozenset[int]:
     wait for: when this cycle places one, the next cycle lets them in."""
     # The dependencies as stored (compact JSON, app/db.py): the key of jobs judged alike.
     named = cast(Job.depends_on, Text)
+    # NULL counted as a value of its own (min and max would skip it).
+    reason = func.coalesce(Job.pending_reason, "")
     message = func.coalesce(Job.pending_message, "")
     alike = session.execute(
         select(
             named,
             Job.dependency_kind,
-            # Whether every job of the group already says one same thing.
-            func.min(Job.pending_reason) == func.max(Job.pending_reason),
-            func.min(Job.pending_reason),
-            func.min(message) == func.max(message),
+            # What the group's jobs say: one same thing when each min is its max.
+            func.min(reason),
+            func.max(reason),
             func.min(message),
+            func.max(message),
         )
         .where(*_WAITING)
         .group_by(named, Job.dependency_kind)
@@ -69,13 +71,13 @@ def settle_dependencies(session: Session, *, now: datetime) -> frozenset[int]:
     parsed = {group[0]: json.loads(group[0]) for group in alike}
     jobs = load_dependencies(session, (d for ids in parsed.values() for d in ids))
     awaited_starts: set[int] = set()
-    for text, kind, one_reason, reason, one_message, said in alike:
+    for text, kind, *said in alike:
         depends_on = parsed[text]
         verdict = judge(depends_on, jobs, kind)
         if verdict.met or verdict.broken:
-            group = (*_WAITING, named == text, Job.dependency_kind == kind)
+            in_group = (*_WAITING, named == text, Job.dependency_kind == kind)
             for job in session.scalars(
-                select(Job).where(*group).order_by(Job.id).with_for_update()
+                select(Job).where(*in_group).order_by(Job.id).with_for_update()
             ).all():
                 # As it stands now: its dependencies may have been changed meanwhile.
                 if job.depends_on != depends_on:
@@ -84,7 +86,7 @@ def settle_dependencies(session: Session, *, now: datetime) -> frozenset[int]:
             continue
         if kind == AFTER_START:
             awaited_starts.update(depends_on)
-        if not (one_reason and reason == _DEPENDENCY and one_message and said == verdict.message):
+        if said != [_DEPENDENCY, _DEPENDENCY, verdict.message, verdict.message]:
             session.execute(
                 update(Job)
                 .where(
