@@ -120,33 +120,15 @@ async def hammer(
 
 
 def queue_jobs(db_url: str, count: int) -> None:
-    """`count` pending jobs of the admin (the benchmark's user), in one bulk INSERT."""
-    from sqlalchemy import insert, select, text
+    """`count` pending jobs of the admin (the benchmark's user), in bulk."""
+    from sqlalchemy import text
 
-    from app.auth.models import User
-    from app.db import make_engine
-    from app.jobs.models import Job
-    from app.jobs.states import JobStatus
-    from app.projects.models import Project
+    import app.models  # noqa: F401  (every table, for the ORM's foreign keys)
+    from app.db import make_engine, make_session_factory
+    from tests.foundation.builders import insert_jobs
 
     engine = make_engine(db_url)
-    with engine.begin() as conn:
-        user_id = conn.scalar(select(User.id).where(User.is_admin.is_(True)))
-        project_id = conn.scalar(select(Project.id).order_by(Project.id))
-        conn.execute(
-            insert(Job),
-            [
-                {
-                    "name": f"queued-{i}",
-                    "user_id": user_id,
-                    "project_id": project_id,
-                    "command": ["train"],
-                    "status": JobStatus.PENDING,
-                    "pending_reason": "new",
-                }
-                for i in range(count)
-            ],
-        )
+    insert_jobs(make_session_factory(engine), user="admin", project="default", count=count)
     with engine.begin() as conn:
         conn.execute(text("ANALYZE"))  # as autovacuum would within a minute of the inserts
     engine.dispose()
