@@ -62,6 +62,8 @@ class PendingCounts:
         ):
             counted = _count(session, user_id=user_id, project_id=project_id, project=project)
             with self._lock:
+                # Only the pairs that submitted within `ttl_s` are kept.
+                self._kept = {k: c for k, c in self._kept.items() if counted.at - c.at < self.ttl_s}
                 self._kept[key] = counted
             return counted.user, counted.project
         # Only the primary key bounds this read: jobs submitted since, not the whole queue.
