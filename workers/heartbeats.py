@@ -43,12 +43,17 @@ from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.cycle.reconcile import NodeRepairs, heartbeat_taken_at, reconcile_node_attempts
+from app.cycle.reconcile import (
+    NodeRepairs,
+    heartbeat_taken_at,
+    reconcile_node_attempts,
+    reconcile_nodes_attempts,
+)
 from app.db import utcnow
 from app.messaging import Sender
 from app.metrics import HEARTBEAT_BATCH_SECONDS, HEARTBEATS_DRAINED
 from app.nodes.models import Node
-from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat
+from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat, ingest_heartbeats
 from app.wire import HEARTBEATS_QUEUE, Heartbeat, Refused, note_refused, unseal
 
 log = logging.getLogger("gpusched.heartbeats")
@@ -246,18 +251,18 @@ class HeartbeatDrain:
         all_repairs: list[NodeRepairs] = []
         with self.factory() as session:
             try:
-                for heartbeat in heartbeats:
-                    ingest_heartbeat(
-                        session=session, heartbeat=heartbeat, policy=self.telemetry, now=now
-                    )
-                    all_repairs.append(
-                        reconcile_node_attempts(
-                            session=session,
-                            heartbeat=heartbeat,
-                            taken_at=heartbeat_taken_at(heartbeat.taken_at, received_at=now),
-                            grace_s=self.grace_s,
-                        )
-                    )
+                node_ids = ingest_heartbeats(
+                    session=session, heartbeats=heartbeats, policy=self.telemetry, now=now
+                )
+                all_repairs = reconcile_nodes_attempts(
+                    session=session,
+                    heartbeats=[
+                        (heartbeat, heartbeat_taken_at(heartbeat.taken_at, received_at=now))
+                        for heartbeat in heartbeats
+                    ],
+                    node_ids=node_ids,
+                    grace_s=self.grace_s,
+                )
                 session.commit()
             except Exception as exc:  # a deadlock, an outage, one odd heartbeat: one by one
                 session.rollback()

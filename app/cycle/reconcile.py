@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -297,7 +298,25 @@ def heartbeat_taken_at(stamp: float | None, *, received_at: datetime) -> datetim
 def reconcile_node_attempts(
     *, session: Session, heartbeat: Heartbeat, taken_at: datetime, grace_s: float
 ) -> NodeRepairs:
-    """Compare what an agent reports in its heartbeat with what the database says.
+    """`reconcile_nodes_attempts` for one heartbeat."""
+    node_id = session.scalar(select(Node.id).where(Node.name == heartbeat.node))
+    ids = {} if node_id is None else {heartbeat.node: node_id}
+    [repairs] = reconcile_nodes_attempts(
+        session=session, heartbeats=[(heartbeat, taken_at)], node_ids=ids, grace_s=grace_s
+    )
+    return repairs
+
+
+def reconcile_nodes_attempts(
+    *,
+    session: Session,
+    heartbeats: Sequence[tuple[Heartbeat, datetime]],
+    node_ids: Mapping[str, int],
+    grace_s: float,
+) -> list[NodeRepairs]:
+    """Compare what agents report in their heartbeats (each with the time it was taken;
+    distinct nodes, `node_ids` those registered) with what the database says, in one read
+    of the attempts active on their nodes; one NodeRepairs per heartbeat.
 
     - An attempt the agent runs that is not current on that node is stopped (an orphan of
       a requeued job).
@@ -309,9 +328,33 @@ def reconcile_node_attempts(
     - A node not known here is asked to register again: its `Register` was lost (with a
       Redis that restarted empty), and it would never be used until its agent restarts.
     """
+    active: dict[int, dict[tuple[int, int], Job]] = defaultdict(dict)
+    for node_id, job in session.execute(
+        select(Allocation.node_id, Job)
+        .join(Allocation, Allocation.job_id == Job.id)
+        .where(
+            Allocation.node_id.in_(list(node_ids.values())),
+            Allocation.released_at.is_(None),
+            Job.status.in_(ACTIVE),
+        )
+    ):
+        active[node_id][(job.id, job.attempt)] = job
+    return [
+        _reconcile_node(session, heartbeat, node_ids.get(heartbeat.node), active, taken_at, grace_s)
+        for heartbeat, taken_at in heartbeats
+    ]
+
+
+def _reconcile_node(
+    session: Session,
+    heartbeat: Heartbeat,
+    node_id: int | None,
+    active: Mapping[int, Mapping[tuple[int, int], Job]],
+    taken_at: datetime,
+    grace_s: float,
+) -> NodeRepairs:
     repairs = NodeRepairs()
     node = heartbeat.node
-    node_id = session.scalar(select(Node.id).where(Node.name == node))
     if node_id is None:
         # Also when its heartbeat merely overtook its Register: a second one is harmless.
         log.info("heartbeat from %s, a node not registered: asking it to register", node)
@@ -319,18 +362,8 @@ def reconcile_node_attempts(
         return repairs
     reported = {(e.job_id, e.attempt) for e in heartbeat.running}
     results = {(e.job_id, e.attempt): e for e in heartbeat.recent}
-    here = {
-        (job.id, job.attempt): job
-        for job in session.scalars(
-            select(Job)
-            .join(Allocation, Allocation.job_id == Job.id)
-            .where(
-                Allocation.node_id == node_id,
-                Allocation.released_at.is_(None),
-                Job.status.in_(ACTIVE),
-            )
-        )
-    }
+    # Still active: a gang's attempt may have ended with another node of the batch.
+    here = {key: job for key, job in active.get(node_id, {}).items() if job.status in ACTIVE}
     orphans = reported - here.keys()
     if orphans:  # read only then: most heartbeats list nothing that is not active here
         orphans -= _ended_since(session, node_id, taken_at)

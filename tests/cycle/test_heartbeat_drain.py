@@ -29,14 +29,17 @@ from app.nodes.telemetry import TelemetryPolicy
 from app.wire import (
     HEARTBEATS_QUEUE,
     REPORTS_QUEUE,
+    AttemptRef,
     Finished,
     GpuReading,
     Heartbeat,
     Order,
     RegisterAgain,
     Started,
+    StopJob,
     seal,
 )
+from tests.cycle.jobs_api import get_job, run_one_cycle, submit
 from tests.foundation.builders import ready_node
 from workers.heartbeats import HeartbeatDrain, heartbeat_backlog_s, task_kwargs
 
@@ -297,3 +300,26 @@ def test_a_batch_of_many_nodes_is_stored_in_several_transactions_at_once(api: An
 
     assert hb_drain.drain_once() == (7, 7)
     assert all(samples(api, name) == [1.0] for name in names)
+
+
+def test_a_gang_that_ends_on_one_node_of_a_batch_is_stopped_once_on_the_other(api: Any) -> None:
+    # The batch's attempts are read once for all its nodes: n1's heartbeat ends the gang
+    # (its rank failed), so n2's, stored after it in the same transaction, must see the
+    # attempt ended, not still running there.
+    with api.factory.begin() as session:
+        session.add_all([ready_node(name, gpus=2, now=utcnow()) for name in ("n1", "n2")])
+    job = submit(api, name="gang", gpus=2, nodes=2)["id"]
+    run_one_cycle(api)
+    attempt = get_job(api, job)["attempt"]
+    redis = FakeQueueRedis()
+    ended = Finished(node="n1", job_id=job, attempt=attempt, result="FAILED", exit_code=3)
+    queue_heartbeat(redis, Heartbeat(node="n1", recent=(ended,), taken_at=time.time()))
+    running = (AttemptRef(job_id=job, attempt=attempt),)
+    queue_heartbeat(redis, Heartbeat(node="n2", running=running, taken_at=time.time()))
+    sender = RecordingSender()
+    draining = drain(api, redis)
+    draining.sender = sender
+
+    assert draining.drain_once() == (2, 0)
+    assert get_job(api, job)["status"] == "FAILED"
+    assert sender.orders == [StopJob(node="n2", job_id=job, attempt=attempt, reason="cancel")]
