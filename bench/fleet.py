@@ -52,7 +52,6 @@ import random
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -85,9 +84,13 @@ from workers.agent.runner import stop_result
 from workers.agent.service import build_heartbeat, registration
 from workers.agent.sim_backend import SimulatedGpus
 from workers.agent.worker import SealedReporter
+from workers.heartbeats import task_kwargs
 
 log = logging.getLogger("gpusched.fleet")
 RECENT_S = 120.0  # as the agent: a finished attempt is repeated in heartbeats this long
+ORDERS_PER_POP = 100  # orders taken from one node's queue at a time
+ORDERS_IDLE_POLL_S = 0.05  # how soon the node queues are looked at again when all were empty
+REPORTS_PER_BATCH = 500  # reports sent in one publish batch
 _SLEEP = re.compile(r"^\s*sleep\s+(\d+(?:\.\d+)?)\s*$")
 
 
@@ -210,33 +213,31 @@ class Fleet:
     # -- orders ------------------------------------------------------------------
 
     def _consume_loop(self) -> None:
-        from kombu.entity import Queue
-        from kombu.messaging import Consumer
+        """Every node's queue popped in one pipelined round trip (up to ORDERS_PER_POP each),
+        as N agents would each pop their own; a kombu consumer of 1,000 queues takes one
+        message per BRPOP of all of them, and left orders to expire in their queues."""
+        import redis
 
-        queues = [
-            Queue(node_queue(name), routing_key=node_queue(name))  # type: ignore[no-untyped-call]
-            for name in self.nodes
-        ]
-        with self.celery.connection_for_read() as conn:
-            consumer = Consumer(  # type: ignore[no-untyped-call]
-                conn, queues=queues, callbacks=[self._on_order], accept=["json"], prefetch_count=0
-            )
-            with consumer:
-                while not self._stop.is_set():
-                    with contextlib.suppress(socket.timeout, TimeoutError):
-                        conn.drain_events(timeout=0.5)
+        client = redis.Redis.from_url(self.celery.conf.broker_url)
+        names = [node_queue(name) for name in self.nodes]
+        while not self._stop.is_set():
+            pipe = client.pipeline(transaction=False)
+            for name in names:
+                pipe.rpop(name, ORDERS_PER_POP)  # kombu pushes left: the oldest first
+            popped = [raw for raws in pipe.execute() for raw in raws or ()]
+            for raw in popped:
+                self._on_order(raw)
+            if not popped:
+                self._stop.wait(ORDERS_IDLE_POLL_S)
 
-    def _on_order(self, body: Any, message: Any) -> None:
-        """A Celery task message (protocol 2: body is [args, kwargs, embed]) for a node."""
-        try:
-            fields = body[1] if isinstance(body, list | tuple) else {}
-            expires = message.headers.get("expires")
-            if expires and _iso_ts(expires) < time.time():
-                self._count("expired")  # as a Celery worker, an expired run_job is dropped
-                return
-            self._obey(fields)
-        finally:
-            message.ack()
+    def _on_order(self, raw: bytes) -> None:
+        """A Celery task message as kombu keeps it in Redis (protocol 2), for a node."""
+        headers = json.loads(raw).get("headers", {})
+        expires = headers.get("expires")
+        if expires and _iso_ts(expires) < time.time():
+            self._count("expired")  # as a Celery worker, an expired run_job is dropped
+            return
+        self._obey(task_kwargs(raw) or {})
 
     def _register(self, node: SimNode, *, again: bool = False) -> None:
         info = node.gpus.node_info()
@@ -417,15 +418,26 @@ class Fleet:
         self._outbox.put((node, message))
 
     def _send_loop(self) -> None:
+        """What is waiting in the outbox, sent in one publish batch: one Redis round trip,
+        as N agents would each send theirs at once."""
         while True:
-            item = self._outbox.get()
-            if item is None:
-                return
-            node, message = item
-            ok = node.reporter.report(message)
+            waiting = [self._outbox.get()]
+            while len(waiting) < REPORTS_PER_BATCH and not self._outbox.empty():
+                waiting.append(self._outbox.get())
+            batch = [item for item in waiting if item is not None]
+            try:
+                with self.celery.producer_or_acquire() as producer, producer.batch():
+                    sent = [(m, node.reporter.report(m, producer=producer)) for node, m in batch]
+            except Exception as exc:  # the batch's outcome is unknown: counted as failed
+                log.warning("could not send %d reports: %s", len(batch), exc)
+                sent = [(message, False) for _, message in batch]
             with self._lock:
-                self.stats.reports[message.KIND] = self.stats.reports.get(message.KIND, 0) + 1
-                self.stats.send_failures += 0 if ok else 1
+                for message, ok in sent:
+                    kind = message.KIND
+                    self.stats.reports[kind] = self.stats.reports.get(kind, 0) + 1
+                    self.stats.send_failures += 0 if ok else 1
+            if len(batch) < len(waiting):
+                return
 
     def _count(self, what: str) -> None:
         with self._lock:

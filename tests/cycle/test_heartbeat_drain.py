@@ -41,7 +41,7 @@ from app.wire import (
 )
 from tests.cycle.jobs_api import get_job, run_one_cycle, submit
 from tests.foundation.builders import ready_node
-from workers.heartbeats import HeartbeatDrain, heartbeat_backlog_s, task_kwargs
+from workers.heartbeats import HeartbeatDrain, report_backlog_s, task_kwargs
 
 SECRET = b"s" * 32
 
@@ -202,7 +202,7 @@ def test_a_node_whose_heartbeats_are_only_queued_is_not_declared_lost(api: Any) 
     judge = SilenceJudge(heartbeat_timeout_s=timeout)
     judge.may_judge(now - timedelta(seconds=timeout))  # a judge that trusts silence
 
-    backlog = heartbeat_backlog_s(redis, key_for=key_for, now=now.timestamp())
+    backlog = report_backlog_s(redis, HEARTBEATS_QUEUE, key_for=key_for, now=now.timestamp())
     assert 34 < backlog < 36
     with api.factory() as session:
         repairs = reconcile(
@@ -226,10 +226,10 @@ def test_a_node_whose_heartbeats_are_only_queued_is_not_declared_lost(api: Any) 
 
 def test_the_backlog_is_read_only_from_a_believed_heartbeat() -> None:
     redis = FakeQueueRedis()
-    assert heartbeat_backlog_s(redis, key_for=key_for, now=time.time()) == 0.0
+    assert report_backlog_s(redis, HEARTBEATS_QUEUE, key_for=key_for, now=time.time()) == 0.0
     # A forged message at the head of the queue cannot hold every node's judgement back.
     queue_heartbeat(redis, heartbeat("n1", 1.0), key=b"x" * 32, sent_at=time.time() - 3600)
-    assert heartbeat_backlog_s(redis, key_for=key_for, now=time.time()) == 0.0
+    assert report_backlog_s(redis, HEARTBEATS_QUEUE, key_for=key_for, now=time.time()) == 0.0
 
 
 def test_the_agent_sends_heartbeats_apart_from_job_reports() -> None:
@@ -239,7 +239,9 @@ def test_the_agent_sends_heartbeats_apart_from_job_reports() -> None:
     sent: list[tuple[str, str]] = []
 
     class Celery:
-        def send_task(self, name: str, *, kwargs: dict[str, str], queue: str) -> None:
+        def send_task(
+            self, name: str, *, kwargs: dict[str, str], queue: str, **options: Any
+        ) -> None:
             sent.append((json.loads(kwargs["header"])["kind"], queue))
 
     reporter = SealedReporter(Celery(), key=key_for("n1"))  # type: ignore[arg-type]
@@ -323,3 +325,36 @@ def test_a_gang_that_ends_on_one_node_of_a_batch_is_stopped_once_on_the_other(ap
     assert draining.drain_once() == (2, 0)
     assert get_job(api, job)["status"] == "FAILED"
     assert sender.orders == [StopJob(node="n2", job_id=job, attempt=attempt, reason="cancel")]
+
+
+def test_a_run_order_whose_start_may_be_queued_is_not_sent_again(api: Any) -> None:
+    # Started reports wait in the reports queue behind a backlog: the jobs they start are
+    # not undelivered, so their run orders are not sent again until the backlog is older.
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=1, now=utcnow()))
+    job = submit(api, name="queued start", gpus=1)["id"]
+    run_one_cycle(api)
+    attempt = get_job(api, job)["attempt"]
+    dispatch_timeout_s = 15.0
+    later = utcnow() + timedelta(seconds=dispatch_timeout_s + 5)
+    redis = FakeQueueRedis()
+    started = Started(node="n1", job_id=job, attempt=attempt)
+    sealed = seal(started, key=key_for("n1"), now=later.timestamp() - 10)
+    redis.lpush(REPORTS_QUEUE, task_message(sealed))
+    backlog = report_backlog_s(redis, REPORTS_QUEUE, key_for=key_for, now=later.timestamp())
+
+    def resent(reports_queued_s: float) -> list[int]:
+        with api.factory() as session:
+            repairs = reconcile(
+                session=session,
+                now=later,
+                heartbeat_timeout_s=3600,
+                dispatch_timeout_s=dispatch_timeout_s,
+                silence=SilenceJudge(heartbeat_timeout_s=3600),
+                reports_queued_s=reports_queued_s,
+            )
+        return [order.job_id for order in repairs.run]
+
+    assert 9 < backlog < 11
+    assert resent(backlog) == []
+    assert resent(0.0) == [job]  # judged up to now, it is overdue

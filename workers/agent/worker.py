@@ -88,12 +88,17 @@ class SealedReporter:
         self.celery = celery
         self._key = key
 
-    def report(self, message: Report) -> bool:
+    def report(self, message: Report, *, producer: Any = None) -> bool:
+        """`producer`: a kombu producer to publish with, e.g. inside its publish batch
+        (bench/fleet.py sends many simulated nodes' reports in one)."""
         try:
             self.celery.send_task(
                 AGENT_REPORT,
                 kwargs=seal(message, key=self._key),
+                # Celery would repr the sealed kwargs of every message for its logs.
+                kwargsrepr=f"<sealed {message.KIND} from {message.node}>",
                 queue=report_queue(message.KIND),
+                producer=producer,
             )
             return True
         except Exception as exc:
