@@ -22,7 +22,7 @@ node's next, seconds later (heartbeats are dropped, not retried, for the same re
 
 Silence is judged by the newest heartbeat received, not stored: a batch's nodes are all
 marked heard from (one statement) before their readings are stored, and
-`heartbeat_backlog_s` tells the reconciliation how long the oldest heartbeat still queued
+`report_backlog_s` tells the reconciliation how long the oldest heartbeat still queued
 has waited; silence is judged up to then (`app.cycle.reconcile.reconcile`), so a node
 whose heartbeats are only queued is never declared lost for the backlog.
 """
@@ -54,7 +54,7 @@ from app.messaging import Sender
 from app.metrics import HEARTBEAT_BATCH_SECONDS, HEARTBEATS_DRAINED
 from app.nodes.models import Node
 from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat, ingest_heartbeats
-from app.wire import HEARTBEATS_QUEUE, Heartbeat, Refused, note_refused, unseal
+from app.wire import HEARTBEATS_QUEUE, REPORT_TYPES, Heartbeat, Refused, note_refused, unseal
 
 log = logging.getLogger("gpusched.heartbeats")
 
@@ -158,15 +158,17 @@ def newest_per_node(
     return list(newest.values()), believed - len(newest)
 
 
-def heartbeat_backlog_s(redis_client: Any, *, key_for: Callable[[str], bytes], now: float) -> float:
-    """How long the oldest heartbeat waiting in the queue has waited (by its sealed send
-    time; 0 when none, or when it is not a believed heartbeat)."""
-    raw = redis_client.lindex(HEARTBEATS_QUEUE, -1)  # kombu pushes left, pops right
+def report_backlog_s(
+    redis_client: Any, queue: str, *, key_for: Callable[[str], bytes], now: float
+) -> float:
+    """How long the oldest report waiting in `queue` (heartbeats, or job reports) has
+    waited, by its sealed send time; 0 when none, or when it is not a believed report."""
+    raw = redis_client.lindex(queue, -1)  # kombu pushes left, pops right
     kwargs = task_kwargs(raw) if raw is not None else None
     if kwargs is None:
         return 0.0
     try:
-        sealed = unseal(kwargs, types=HEARTBEAT_TYPES, key_for=key_for)
+        sealed = unseal(kwargs, types=REPORT_TYPES, key_for=key_for)
     except Refused:
         return 0.0
     return max(0.0, now - sealed.header.sent_at)

@@ -49,7 +49,9 @@ from app.retention import purge_history
 from app.windows.timeline import SchedulerWindows
 from app.wire import (
     AGENT_REPORT,
+    HEARTBEATS_QUEUE,
     REPORT_TYPES,
+    REPORTS_QUEUE,
     Finished,
     Heartbeat,
     Leaving,
@@ -60,7 +62,7 @@ from app.wire import (
     note_refused,
     unseal,
 )
-from workers.heartbeats import handle_heartbeat, heartbeat_backlog_s
+from workers.heartbeats import handle_heartbeat, report_backlog_s
 from workers.runtime import Runtime
 
 __all__ = ["build_scheduler_app", "handle_heartbeat"]
@@ -221,14 +223,16 @@ def build_scheduler_app(
                 installation.append(installation_id(session=session))
                 session.commit()
         publish_installation(runtime.redis, installation[0])
-        # Heartbeats still queued are no silence of their nodes: judged up to the oldest.
+        # Heartbeats still queued are no silence of their nodes, and started or finished
+        # reports still queued no lost orders: each judged up to the oldest queued.
         try:
-            queued_s = heartbeat_backlog_s(
-                runtime.redis, key_for=runtime.node_keys, now=time.time()
+            heartbeats_queued_s, reports_queued_s = (
+                report_backlog_s(runtime.redis, queue, key_for=runtime.node_keys, now=time.time())
+                for queue in (HEARTBEATS_QUEUE, REPORTS_QUEUE)
             )
-        except Exception as exc:  # Redis down: no heartbeat arrives either (SilenceJudge)
-            log.warning("could not read the heartbeat backlog: %s", exc)
-            queued_s = 0.0
+        except Exception as exc:  # Redis down: no report arrives either (SilenceJudge)
+            log.warning("could not read the reports' backlog: %s", exc)
+            heartbeats_queued_s = reports_queued_s = 0.0
         with runtime.factory() as session:
             repairs = reconcile(
                 session=session,
@@ -236,7 +240,8 @@ def build_scheduler_app(
                 heartbeat_timeout_s=scheduler.heartbeat_timeout_s,
                 dispatch_timeout_s=scheduler.dispatch_timeout_s,
                 silence=silence,
-                heartbeats_queued_s=queued_s,
+                heartbeats_queued_s=heartbeats_queued_s,
+                reports_queued_s=reports_queued_s,
             )
         runtime.messenger.send(repairs.after)
         return {"lost": len(repairs.lost_jobs), "redispatched": len(repairs.run)}
