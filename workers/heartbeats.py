@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -54,7 +55,15 @@ from app.messaging import Sender
 from app.metrics import HEARTBEAT_BATCH_SECONDS, HEARTBEATS_DRAINED
 from app.nodes.models import Node
 from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat, ingest_heartbeats
-from app.wire import HEARTBEATS_QUEUE, REPORT_TYPES, Heartbeat, Refused, note_refused, unseal
+from app.wire import (
+    HEARTBEATS_QUEUE,
+    REPORT_TYPES,
+    Heartbeat,
+    Refused,
+    RegisterAgain,
+    note_refused,
+    unseal,
+)
 
 log = logging.getLogger("gpusched.heartbeats")
 
@@ -70,6 +79,10 @@ PER_TRANSACTION = 5
 # Celery's 4 threads did one heartbeat each: the time of one is mostly waiting.
 STORE_THREADS = 4
 HEARTBEAT_TYPES = {Heartbeat.KIND: Heartbeat}
+# A node not registered is asked to register at most this often: at 1,000 simulated nodes
+# whose Registers waited behind a backlog of job reports, every heartbeat asked again
+# (1,692 asks for 1,000 nodes, each one more Register in that backlog).
+ASK_TO_REGISTER_EVERY_S = 30.0
 
 # deadlock_detected, serialization_failure: the transaction may simply be run again.
 RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
@@ -198,6 +211,8 @@ class HeartbeatDrain:
         self.per_transaction = per_transaction
         self.threads = threads
         self._pool: ThreadPoolExecutor | None = None
+        self._asked_to_register: dict[str, float] = {}  # node -> when (monotonic)
+        self._asked_lock = threading.Lock()
 
     def pop(self, *, block_s: float) -> list[bytes]:
         """Up to `batch` queued heartbeats, oldest first; waits up to `block_s` for one."""
@@ -292,8 +307,24 @@ class HeartbeatDrain:
                     stop.job_id,
                     stop.attempt,
                 )
+            if repairs.register_again is not None and not self._may_ask(repairs.register_again):
+                repairs.register_again = None
             self.sender.send(repairs.after)
         return len(all_repairs)
+
+    def _may_ask(self, order: RegisterAgain) -> bool:
+        """Whether a node not registered may be asked to register (again) now: not when it
+        was asked within ASK_TO_REGISTER_EVERY_S, since its Register may still wait behind
+        job reports in the reports queue, and each of its heartbeats would ask once more."""
+        now = time.monotonic()
+        with self._asked_lock:
+            asked = self._asked_to_register
+            if now - asked.get(order.node, -math.inf) < ASK_TO_REGISTER_EVERY_S:
+                return False
+            for node in [n for n, at in asked.items() if now - at >= ASK_TO_REGISTER_EVERY_S]:
+                del asked[node]
+            asked[order.node] = now
+            return True
 
     def run(self, stop: threading.Event) -> None:
         """Drain until `stop` is set; Redis or database trouble is logged and waited out."""

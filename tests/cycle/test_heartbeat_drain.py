@@ -185,6 +185,11 @@ def test_a_node_not_registered_is_asked_to_register_again(api: Any) -> None:
     assert draining.drain_once() == (2, 0)
     assert sender.orders == [RegisterAgain(node="ghost")]  # n1, known, is asked nothing
     assert samples(api, "n1") == [10.0]
+    # Its next heartbeat, while its Register may still wait in the reports queue, does not
+    # ask again.
+    queue_heartbeat(redis, heartbeat("ghost", 30.0))
+    assert draining.drain_once() == (1, 0)
+    assert sender.orders == [RegisterAgain(node="ghost")]
     with api.factory() as session:
         assert session.scalar(select(Node).where(Node.name == "ghost")) is None
 
