@@ -44,17 +44,12 @@ from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.cycle.reconcile import (
-    NodeRepairs,
-    heartbeat_taken_at,
-    reconcile_node_attempts,
-    reconcile_nodes_attempts,
-)
+from app.cycle.reconcile import NodeRepairs, heartbeat_taken_at, reconcile_nodes_attempts
 from app.db import utcnow
 from app.messaging import Sender
 from app.metrics import HEARTBEAT_BATCH_SECONDS, HEARTBEATS_DRAINED
 from app.nodes.models import Node
-from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat, ingest_heartbeats
+from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeats
 from app.wire import (
     HEARTBEATS_QUEUE,
     REPORT_TYPES,
@@ -89,6 +84,28 @@ RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
 HEARTBEAT_TRIES = 3
 
 
+def store_heartbeats(
+    *,
+    session: Session,
+    heartbeats: Sequence[Heartbeat],
+    telemetry: TelemetryPolicy,
+    grace_s: float,
+    now: datetime,
+) -> list[NodeRepairs]:
+    """Store heartbeats of distinct nodes and reconcile their attempts with them (not
+    committed); one NodeRepairs per heartbeat."""
+    node_ids = ingest_heartbeats(session=session, heartbeats=heartbeats, policy=telemetry, now=now)
+    return reconcile_nodes_attempts(
+        session=session,
+        heartbeats=[
+            (heartbeat, heartbeat_taken_at(heartbeat.taken_at, received_at=now))
+            for heartbeat in heartbeats
+        ],
+        node_ids=node_ids,
+        grace_s=grace_s,
+    )
+
+
 def handle_heartbeat(
     *,
     session: Session,
@@ -108,12 +125,12 @@ def handle_heartbeat(
     tries = 1
     while True:
         try:
-            ingest_heartbeat(session=session, heartbeat=heartbeat, policy=telemetry, now=now)
-            repairs = reconcile_node_attempts(
+            [repairs] = store_heartbeats(
                 session=session,
-                heartbeat=heartbeat,
-                taken_at=heartbeat_taken_at(heartbeat.taken_at, received_at=now),
+                heartbeats=(heartbeat,),
+                telemetry=telemetry,
                 grace_s=grace_s,
+                now=now,
             )
             session.commit()
             return repairs
@@ -268,17 +285,12 @@ class HeartbeatDrain:
         all_repairs: list[NodeRepairs] = []
         with self.factory() as session:
             try:
-                node_ids = ingest_heartbeats(
-                    session=session, heartbeats=heartbeats, policy=self.telemetry, now=now
-                )
-                all_repairs = reconcile_nodes_attempts(
+                all_repairs = store_heartbeats(
                     session=session,
-                    heartbeats=[
-                        (heartbeat, heartbeat_taken_at(heartbeat.taken_at, received_at=now))
-                        for heartbeat in heartbeats
-                    ],
-                    node_ids=node_ids,
+                    heartbeats=heartbeats,
+                    telemetry=self.telemetry,
                     grace_s=self.grace_s,
+                    now=now,
                 )
                 session.commit()
             except Exception as exc:  # a deadlock, an outage, one odd heartbeat: one by one
