@@ -195,16 +195,17 @@ def test_a_heartbeat_that_loses_a_deadlock_is_stored_on_its_second_try(
     # Under load, PostgreSQL picked the heartbeat as a deadlock's victim (a cycle's apply
     # held the same rows); dropped, its node looked silent and its jobs ran twice.
     job_id, started_at = _started_job(factory)
-    real_ingest = workers.heartbeats.ingest_heartbeat
+    real_ingest = workers.heartbeats.ingest_heartbeats
     calls = []
 
-    def first_one_deadlocks(**kwargs: Any) -> None:
-        calls.append(kwargs["heartbeat"].node)
-        real_ingest(**kwargs)  # its writes are rolled back with the deadlock
+    def first_one_deadlocks(**kwargs: Any) -> dict[str, int]:
+        calls.extend(heartbeat.node for heartbeat in kwargs["heartbeats"])
+        ids = real_ingest(**kwargs)  # its writes are rolled back with the deadlock
         if len(calls) == 1:
             raise OperationalError("UPDATE gpu", {}, DeadlockDetected("deadlock detected"))
+        return ids
 
-    monkeypatch.setattr(workers.heartbeats, "ingest_heartbeat", first_one_deadlocks)
+    monkeypatch.setattr(workers.heartbeats, "ingest_heartbeats", first_one_deadlocks)
     received = started_at + timedelta(seconds=5)
     with factory() as session:
         repairs = handle_heartbeat(
