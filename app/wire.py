@@ -413,6 +413,29 @@ def seal(message: Message, *, key: bytes, now: float | None = None) -> dict[str,
     return {"header": header, "body": body, "sig": _signature(key, header, body)}
 
 
+def send_sealed(
+    celery: Any,
+    task: str,
+    message: Message,
+    *,
+    key: bytes,
+    queue: str,
+    expires: float | None = None,
+    producer: Any = None,
+) -> None:
+    """Send `message` sealed with `key` as Celery task `task` to `queue` (through
+    `producer`, e.g. inside its publish batch). Celery would repr the sealed kwargs of every
+    message for its logs: about a tenth of a send's CPU, for text nobody reads."""
+    celery.send_task(
+        task,
+        kwargs=seal(message, key=key),
+        kwargsrepr=f"<sealed {message.KIND} of {message.node}>",
+        queue=queue,
+        expires=expires,
+        producer=producer,
+    )
+
+
 def unseal(
     fields: Mapping[str, Any],
     *,

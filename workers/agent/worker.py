@@ -35,7 +35,7 @@ from app.wire import (
     node_queue,
     note_refused,
     report_queue,
-    seal,
+    send_sealed,
     wait_installation,
 )
 from workers.agent.fence import host_pid_namespace_problem
@@ -92,11 +92,11 @@ class SealedReporter:
         """`producer`: a kombu producer to publish with, e.g. inside its publish batch
         (bench/fleet.py sends many simulated nodes' reports in one)."""
         try:
-            self.celery.send_task(
+            send_sealed(
+                self.celery,
                 AGENT_REPORT,
-                kwargs=seal(message, key=self._key),
-                # Celery would repr the sealed kwargs of every message for its logs.
-                kwargsrepr=f"<sealed {message.KIND} from {message.node}>",
+                message,
+                key=self._key,
                 queue=report_queue(message.KIND),
                 producer=producer,
             )
