@@ -243,12 +243,17 @@ def run_cycle(
     )
     if report.placed or report.preempted or report.skipped:
         log.info(
-            "cycle: placed %d, preempting %d, skipped %d, pending %d (plan %.1f ms, total %.1f ms)",
+            "cycle: placed %d, preempting %d, skipped %d, pending %d (total %.1f ms: settle %.1f,"
+            " snapshot %.1f, plan %.1f, apply %.1f, ranks %.1f)",
             report.placed,
             report.preempted,
             report.skipped,
             report.pending,
-            report.plan_ms,
             report.total_ms,
+            report.settle_ms,
+            report.snapshot_ms,
+            report.plan_ms,
+            report.apply_ms,
+            report.ranks_ms,
         )
     return report
