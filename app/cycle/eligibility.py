@@ -160,28 +160,29 @@ def settle_clock_gates(session: Session, *, gates: ClockGates) -> datetime | Non
             )
             .execution_options(synchronize_session=False)
         )
-    session.execute(
-        update(Job)
-        .where(
-            *waiting,
-            Job.schedule_mode == "at",
-            Job.pending_reason == BEGIN_TIME,
-            Job.begin_at <= gates.now,
-        )
-        .values(
-            pending_reason=ReasonKind.NEW.value,
-            pending_message="begin time reached; waiting for the next scheduling cycle",
-            estimated_start_at=None,
-        )
-        .execution_options(synchronize_session=False)
+    # Every job waiting for its begin time has that reason: the index finds the first. Only
+    # when it is due are jobs put back in line (NEW), and the next one looked up again.
+    held = and_(
+        *waiting,
+        Job.schedule_mode == "at",
+        Job.pending_reason == BEGIN_TIME,
+        Job.begin_at.is_not(None),
     )
-    # Every job waiting for its begin time has that reason now: the index finds the first.
-    wake_at = session.scalar(
-        select(Job.begin_at)
-        .where(*waiting, Job.pending_reason == BEGIN_TIME, gates.begin_ahead())
-        .order_by(Job.begin_at)
-        .limit(1)
-    )
+    wake_at = session.scalar(select(Job.begin_at).where(held).order_by(Job.begin_at).limit(1))
+    if wake_at is not None and wake_at <= gates.now:
+        session.execute(
+            update(Job)
+            .where(held, Job.begin_at <= gates.now)
+            .values(
+                pending_reason=ReasonKind.NEW.value,
+                pending_message="begin time reached; waiting for the next scheduling cycle",
+                estimated_start_at=None,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        wake_at = session.scalar(
+            select(Job.begin_at).where(held, gates.begin_ahead()).order_by(Job.begin_at).limit(1)
+        )
 
     if gates.windows is None:
         return wake_at

@@ -25,15 +25,18 @@ def acquire(
     """Take the lease if free, expired or already ours; returns the fencing token.
     `ranking`: the queue policy the holder ranks with, stored with it (same statement)."""
     expires = now + timedelta(seconds=ttl_s)
-    result = session.execute(
+    # One statement: the update says which token it gave.
+    token = session.scalar(
         update(SchedulerLease)
         .where(
             SchedulerLease.name == LEASE,
             or_(SchedulerLease.expires_at <= now, SchedulerLease.holder == holder),
         )
         .values(holder=holder, token=SchedulerLease.token + 1, expires_at=expires, ranking=ranking)
+        .returning(SchedulerLease.token)
+        .execution_options(synchronize_session=False)
     )
-    if result.rowcount == 0:  # type: ignore[attr-defined]
+    if token is None:
         if session.get(SchedulerLease, LEASE) is not None:
             session.rollback()
             return None
@@ -47,7 +50,7 @@ def acquire(
         except IntegrityError:
             session.rollback()
             return None
-    token = session.scalar(select(SchedulerLease.token).where(SchedulerLease.name == LEASE))
+        token = 1
     session.commit()
     return token
 

@@ -159,6 +159,31 @@ def test_a_job_whose_begin_time_comes_is_read_by_the_next_quick_cycle(api):
     assert _status(api, soon["id"]) is JobStatus.SCHEDULED
 
 
+def test_a_cycle_puts_no_job_back_in_line_while_no_begin_time_has_come(api):
+    # Each cycle used to run the UPDATE for jobs whose begin time had come, due or not.
+    start = utcnow()
+    _node(api, now=start)
+    memory = QueueMemory()
+    later = submit(api, user="bob", gpus=1,
+                   schedule={"mode": "at", "at": (start + timedelta(hours=1)).isoformat()})  # fmt: skip
+    _cycle(api, memory, full=True, now=start)
+    engine = api.factory.kw["bind"]
+    updates: list[str] = []
+
+    def seen(_conn, _cursor, statement, parameters, *_):
+        if "begin time reached" in str(parameters):
+            updates.append(statement)
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        quick = _cycle(api, memory, full=False, now=start + timedelta(seconds=5))
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert updates == []
+    assert quick.wake_at == start + timedelta(hours=1)
+    assert get_job(api, later["id"])["pending_reason"] == "begin_time"
+
+
 def test_over_the_read_limit_every_project_s_head_is_read_and_placed(api):
     # Runnable but waiting: a GPU model no node has (bob could also simply be first).
     deep = insert_jobs(api.factory, user="bob", project="cv", count=DEEP, gpu_model="A100-40GB")

@@ -5,6 +5,7 @@ held, another scheduler's cycle does not run."""
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import event
 
 import app.cycle.run as run_module
 from app.cycle import lease
@@ -53,3 +54,21 @@ def test_a_held_lease_keeps_another_scheduler_out(api) -> None:
         factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="b", now=now
     )
     assert not report.ran
+
+
+def test_the_holder_renews_the_lease_in_one_statement(api) -> None:
+    # The token comes back with the update (RETURNING), not from a second read.
+    now = utcnow()
+    engine = api.factory.kw["bind"]
+    with api.factory() as session:
+        assert lease.acquire(session, holder="a", now=now, ttl_s=30) == 1
+        statements: list[str] = []
+        listener = event.listens_for(engine, "before_cursor_execute")(
+            lambda _c, _cur, statement, *_: statements.append(statement)
+        )  # SQLite's driver also sends BEGIN IMMEDIATE: transaction control, not counted
+        try:
+            assert lease.acquire(session, holder="a", now=now, ttl_s=30) == 2
+        finally:
+            event.remove(engine, "before_cursor_execute", listener)
+    sql = [s for s in statements if not s.lstrip().upper().startswith("BEGIN")]
+    assert len(sql) == 1 and sql[0].lstrip().upper().startswith("UPDATE")
