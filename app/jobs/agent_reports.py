@@ -57,34 +57,45 @@ def _current(
 ) -> tuple[Job | None, str, RefusalReason | None]:
     """The job whose current attempt the report is about, locked; else why not (and, for
     an attempt its node never held, the refusal)."""
-    job, why = _current_attempt(session, report.job_id, report.attempt)
-    if job is not None and not placed_on(
-        session, job_id=job.id, attempt=job.attempt, node=report.node
-    ):
+    placed_here = (
+        select(Allocation.id)
+        .join(Node, Node.id == Allocation.node_id)
+        .where(
+            Allocation.job_id == report.job_id,
+            Allocation.attempt == report.attempt,
+            Node.name == report.node,
+        )
+        .exists()
+    )
+    # One statement: the job locked, and whether the reporting node holds (or held) GPUs of
+    # this attempt. populate_existing: the caller may hold this job from an unlocked read
+    # (the heartbeat reconciliation does); the locked row, not that copy, decides.
+    row = session.execute(
+        select(Job, placed_here)
+        .where(Job.id == report.job_id)
+        .with_for_update(of=Job)
+        .execution_options(populate_existing=True)
+    ).first()
+    if row is None:
+        return None, f"job {report.job_id} does not exist", None
+    job, placed = row
+    if job.attempt != report.attempt:
+        return (
+            None,
+            (
+                f"stale report for attempt {report.attempt}; job {job.id} is on attempt {job.attempt}"
+            ),
+            None,
+        )
+    if job.status not in ACTIVE:
+        return None, f"job {job.id} attempt {job.attempt} is already {job.status}", None
+    if not placed:
         return (
             None,
             f"job {job.id} attempt {job.attempt} is not placed on {report.node}",
             ("not_placed_here"),
         )
-    return job, why, None
-
-
-def _current_attempt(session: Session, job_id: int, attempt: int) -> tuple[Job | None, str]:
-    # populate_existing: the caller may hold this job from an unlocked read (the heartbeat
-    # reconciliation does); the locked row, not that copy, decides what the report changes.
-    job = session.scalar(
-        select(Job)
-        .where(Job.id == job_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    )
-    if job is None:
-        return None, f"job {job_id} does not exist"
-    if job.attempt != attempt:
-        return None, f"stale report for attempt {attempt}; job {job_id} is on attempt {job.attempt}"
-    if job.status not in ACTIVE:
-        return None, f"job {job_id} attempt {attempt} is already {job.status}"
-    return job, ""
+    return job, "", None
 
 
 def job_started(*, session: Session, report: Started) -> Applied:

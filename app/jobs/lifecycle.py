@@ -77,7 +77,8 @@ def transition(
         job.estimated_start_at = None
     elif to is JobStatus.RUNNING:
         job.started_at = now
-        if not _started_before(session, job):
+        # A first attempt has no earlier start: no query for it (most starts).
+        if job.attempt <= 1 or not _started_before(session, job):
             wait = queue_wait_s(job, started_at=now)
             after_commit(session, lambda: QUEUE_WAIT_SECONDS.observe(wait))
     elif to is JobStatus.PREEMPTED:
