@@ -80,13 +80,8 @@ def _current(
         return None, f"job {report.job_id} does not exist", None
     job, placed = row
     if job.attempt != report.attempt:
-        return (
-            None,
-            (
-                f"stale report for attempt {report.attempt}; job {job.id} is on attempt {job.attempt}"
-            ),
-            None,
-        )
+        stale = f"stale report for attempt {report.attempt}; job {job.id} is on attempt"
+        return None, f"{stale} {job.attempt}", None
     if job.status not in ACTIVE:
         return None, f"job {job.id} attempt {job.attempt} is already {job.status}", None
     if not placed:
