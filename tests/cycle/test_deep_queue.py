@@ -145,13 +145,19 @@ def test_a_runnable_job_behind_100_000_that_cannot_run_yet_starts_in_one_quick_c
     }  # fmt: skip
 
 
-def test_a_job_whose_begin_time_comes_is_read_by_the_next_quick_cycle(api):
+def _begins_in(api, delay: timedelta):
+    """A node and a job that begins `delay` from now, after a full cycle: (the job, the
+    queue memory, that cycle's report, now)."""
     start = utcnow()
     _node(api, now=start)
     memory = QueueMemory()
-    soon = submit(api, user="bob", gpus=1,
-                  schedule={"mode": "at", "at": (start + timedelta(seconds=3)).isoformat()})  # fmt: skip
-    waiting = _cycle(api, memory, full=True, now=start)
+    job = submit(api, user="bob", gpus=1,
+                 schedule={"mode": "at", "at": (start + delay).isoformat()})  # fmt: skip
+    return job, memory, _cycle(api, memory, full=True, now=start), start
+
+
+def test_a_job_whose_begin_time_comes_is_read_by_the_next_quick_cycle(api):
+    soon, memory, waiting, start = _begins_in(api, timedelta(seconds=3))
     assert get_job(api, soon["id"])["pending_reason"] == "begin_time"
     assert waiting.wake_at == start + timedelta(seconds=3)  # the scheduler cycles then
 
@@ -161,12 +167,7 @@ def test_a_job_whose_begin_time_comes_is_read_by_the_next_quick_cycle(api):
 
 def test_a_cycle_puts_no_job_back_in_line_while_no_begin_time_has_come(api):
     # Each cycle used to run the UPDATE for jobs whose begin time had come, due or not.
-    start = utcnow()
-    _node(api, now=start)
-    memory = QueueMemory()
-    later = submit(api, user="bob", gpus=1,
-                   schedule={"mode": "at", "at": (start + timedelta(hours=1)).isoformat()})  # fmt: skip
-    _cycle(api, memory, full=True, now=start)
+    later, memory, _, start = _begins_in(api, timedelta(hours=1))
     engine = api.factory.kw["bind"]
     updates: list[str] = []
 
