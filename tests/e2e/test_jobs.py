@@ -60,9 +60,13 @@ def test_job_sees_exactly_its_gpus_and_succeeds(stack: Stack) -> None:
 
 def test_two_whole_node_jobs_never_share_gpus(stack: Stack, work: Path) -> None:
     spans = work / "spans"
+    # Each job runs until the test lets it end (not a fixed sleep, which a busy machine
+    # can outlast before the second job is seen waiting).
+    release = work / "release"
     command = (
         f'echo "start $GPUSCHED_JOB_ID $(date +%s.%N) $CUDA_VISIBLE_DEVICES" >> {spans}; '
-        f'sleep 1.5; echo "end $GPUSCHED_JOB_ID $(date +%s.%N)" >> {spans}'
+        f"while [ ! -e {release} ]; do sleep 0.05; done; "
+        f'echo "end $GPUSCHED_JOB_ID $(date +%s.%N)" >> {spans}'
     )
     first = stack.submit({"command": command, "gpus": 4})
     stack.wait_status(first["id"], "RUNNING")
@@ -74,6 +78,7 @@ def test_two_whole_node_jobs_never_share_gpus(stack: Stack, work: Path) -> None:
     )
     assert waiting["allocations"] == []
     assert stack.job(first["id"])["status"] == "RUNNING"
+    release.touch()
     a = stack.wait_status(first["id"], "SUCCEEDED")
     b = stack.wait_status(second["id"], "SUCCEEDED")
     assert b["started_at"] >= a["finished_at"]
