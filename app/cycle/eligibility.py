@@ -168,7 +168,8 @@ def settle_clock_gates(session: Session, *, gates: ClockGates) -> datetime | Non
         Job.pending_reason == BEGIN_TIME,
         Job.begin_at.is_not(None),
     )
-    wake_at = session.scalar(select(Job.begin_at).where(held).order_by(Job.begin_at).limit(1))
+    first_held = select(Job.begin_at).where(held).order_by(Job.begin_at).limit(1)
+    wake_at = session.scalar(first_held)
     if wake_at is not None and wake_at <= gates.now:
         session.execute(
             update(Job)
@@ -180,9 +181,7 @@ def settle_clock_gates(session: Session, *, gates: ClockGates) -> datetime | Non
             )
             .execution_options(synchronize_session=False)
         )
-        wake_at = session.scalar(
-            select(Job.begin_at).where(held, gates.begin_ahead()).order_by(Job.begin_at).limit(1)
-        )
+        wake_at = session.scalar(first_held)  # those due are NEW now: the next one ahead
 
     if gates.windows is None:
         return wake_at
