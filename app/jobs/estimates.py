@@ -70,9 +70,13 @@ def estimate_note(
         return "no estimate: it waits until its project's jobs free quota"
     if reason in _NODES_UNUSABLE:
         return "no estimate: it waits for nodes or GPUs to become usable (see the reason)"
-    if message is not None and UNKNOWN_END in message:
+    # The first in line without a start: the GPUs held for it (or, all of them busy, every
+    # GPU it could use) are held by jobs of unknown end.
+    if (message is not None and UNKNOWN_END in message) or (
+        position == 1 and reason == ReasonKind.WAITING_FOR_GPUS.value
+    ):
         return (
-            "no estimate: the GPUs reserved for it are held by running jobs with neither "
+            "no estimate: the GPUs it waits for are held by running jobs with neither "
             "a runtime estimate nor a time limit"
         )
     return RESERVED_FOR_THE_FIRST

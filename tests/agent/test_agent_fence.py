@@ -30,7 +30,13 @@ from workers.agent.fence import (
     host_gpu_devices,
     host_pid_namespace_problem,
 )
-from workers.agent.runner import JobLaunch, RunningProcess, start_job, stop_groups
+from workers.agent.runner import (
+    SUPERVISOR_SCRIPT,
+    JobLaunch,
+    RunningProcess,
+    start_job,
+    stop_groups,
+)
 
 KINDS = ("cgroup-v1", "cgroup-v2", "subreaper")
 
@@ -336,3 +342,23 @@ def test_own_cgroups_are_found_where_the_host_or_a_container_mounts_them() -> No
         "cpuacct": Path("/sys/fs/cgroup/cpu,cpuacct/x"),
     }
     assert hybrid.unified == Path("/sys/fs/cgroup/unified") and not hybrid.unified_is_host
+
+
+def test_the_jobs_first_process_imports_nothing_once_it_is_the_jobs_account() -> None:
+    # After the drop to the job's account the interpreter's standard library may be out of
+    # reach (a Python under /root, mode 0700): "sleep", found on PATH, failed there with
+    # "No module named 'warnings'". Imports are made impossible here instead.
+    script = (
+        "import os, sys\n"
+        "supervisor = {'__name__': 'supervisor'}\n"
+        f"path = {SUPERVISOR_SCRIPT!r}\n"
+        "exec(compile(open(path).read(), path, 'exec'), supervisor)\n"
+        "sys.meta_path.clear(); sys.path.clear(); sys.path_importer_cache.clear()\n"
+        "pid = supervisor['_start_child']({'argv': ['true'], 'env': {'PATH': os.defpath},"
+        " 'cwd': '/'})\n"
+        "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, timeout=WAIT_S
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "0\n", "")

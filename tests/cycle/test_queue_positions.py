@@ -136,6 +136,24 @@ def test_every_waiting_job_has_an_estimated_start_or_says_why_none(api):
     assert all(shown[i]["estimated_start_at"] is None for i in notes)
 
 
+def test_the_first_in_line_behind_jobs_of_unknown_end_is_told_why_it_has_no_estimate(api):
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=1, now=utcnow()))
+    submit(api, user="alice", gpus=1)  # neither an estimate nor a time limit
+    _cycle(api, QueueMemory(), full=True)
+    first = submit(api, user="alice", gpus=1)["id"]
+    second = submit(api, user="alice", gpus=1)["id"]
+    _cycle(api, QueueMemory(), full=True)
+
+    shown = {i: get_job(api, i) for i in (first, second)}
+    assert [shown[i]["queue_position"] for i in (first, second)] == [1, 2]
+    assert shown[first]["estimate_note"] == (
+        "no estimate: the GPUs it waits for are held by running jobs with neither a "
+        "runtime estimate nor a time limit"
+    )
+    assert shown[second]["estimate_note"] == RESERVED_FOR_THE_FIRST
+
+
 def test_the_queue_lists_jobs_that_may_run_apart_from_those_that_cannot_yet(api):
     """GET /queue?eligible=true: the jobs that may run, in line; false: held, dependent
     and begin-time jobs (the Queue page's two sections, issue 42 point 5)."""

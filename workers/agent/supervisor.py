@@ -37,6 +37,12 @@ import select
 import signal
 import sys
 
+# os.execvpe imports warnings (os.get_exec_path) to search PATH. The job's first process
+# calls it after dropping to the job's account, which may not be allowed to read this
+# interpreter's standard library (a Python under /root, mode 0700): imported here, as
+# the agent's user, it is found in sys.modules then.
+import warnings  # noqa: F401
+
 MARKER = "gpusched-supervisor"
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 _status_fd = -1  # the agent's pipe (argv[6])
