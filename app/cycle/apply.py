@@ -75,10 +75,13 @@ def _claims(ctx: SnapshotContext, placement: Placement) -> list[GpuClaim]:
     return claims
 
 
-def _preempt(session: Session, *, preemption: Preemption, now: datetime, applied: Applied) -> bool:
+def _preempt(
+    session: Session, *, preemption: Preemption, now: datetime, applied: Applied
+) -> int | None:
     """Ask the victim to stop. With a beneficiary, its GPUs are handed over at once (the
     beneficiary's dispatch waits for the victim's exit), so a requeued victim that sorts
-    earlier can never take them back. Returns False when the victim is no longer one."""
+    earlier can never take them back. Returns the attempt being stopped, None when the
+    victim is no longer one."""
     victim = session.scalar(select(Job).where(Job.id == preemption.victim_job_id).with_for_update())
     if (
         victim is None
@@ -86,7 +89,7 @@ def _preempt(session: Session, *, preemption: Preemption, now: datetime, applied
         or not victim.preemptible
         or victim.preempt_requested_at is not None
     ):
-        return False
+        return None
     victim.preempt_requested_at = now
     session.add(
         JobEvent(
@@ -106,7 +109,7 @@ def _preempt(session: Session, *, preemption: Preemption, now: datetime, applied
     applied.stops.extend(stop_orders(session, {victim.id: victim.attempt}, reason="preempt"))
     if preemption.for_job_id:
         release(session, job_id=victim.id, attempt=victim.attempt)
-    return True
+    return victim.attempt
 
 
 def apply_plan(
@@ -125,9 +128,9 @@ def apply_plan(
 
     # Victims first: their hand-over frees the GPUs their beneficiaries are placed on.
     preempted = {
-        p.victim_job_id
+        p.victim_job_id: attempt
         for p in plan.preemptions
-        if _preempt(session, preemption=p, now=now, applied=applied)
+        if (attempt := _preempt(session, preemption=p, now=now, applied=applied)) is not None
     }
     placements = []
     for placement in plan.placements:
@@ -138,6 +141,9 @@ def apply_plan(
     verified = _verified(session, ctx=ctx, placements=placements, applied=applied)
     placed = _schedule(session, ctx=ctx, verified=verified, applied=applied)
     applied.placed.extend(job.id for _, job in placed)
+    for placement, job in placed:
+        if placement.after_preemption_of:  # sent once these attempts have ended
+            job.dispatch_after = [[v, preempted[v]] for v in placement.after_preemption_of]
     applied.dispatches.extend(
         run_orders(session, jobs=[job for p, job in placed if not p.after_preemption_of])
     )
@@ -237,7 +243,6 @@ def _schedule(
                     actor="scheduler",
                     reason=f"placed on {where}",
                 )
-                job.dispatch_after = list(placement.after_preemption_of) or None
             allocate_many(session, [(job, _claims(ctx, p)) for p, job in verified])
     except IntegrityError:
         for _, job in verified:

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.scheduling import PolicySettings, QueuePolicy
+
+_CORE = PolicySettings()  # the pure core's defaults
 
 
 class SchedulerSettings(BaseSettings):
@@ -27,6 +28,19 @@ class SchedulerSettings(BaseSettings):
         " hard cap (a project with quota 0 runs nothing)",
     )
     min_run_before_preempt_s: float = Field(default=600.0, ge=0)
+    # The default policy's preemption rule (docs/scheduling.md), as the simulator's
+    # --preemption-cost: a cluster whose jobs checkpoint often says so here.
+    preemption_cost_s: float = Field(
+        default=_CORE.preemption_cost_s,
+        ge=0,
+        description="work one preemption costs the job it stops (restart and the work since"
+        " its last checkpoint); default and las policies stop a job only where that pays",
+    )
+    las_thresholds_gpu_s: tuple[float, ...] = Field(
+        default=_CORE.las_thresholds_gpu_s,
+        description="attained GPU-seconds at which a job moves to the next LAS queue"
+        " (default and las policies), a JSON list in increasing order",
+    )
     fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0)
     starvation_after_s: float = Field(
         default=0.0,
@@ -46,8 +60,15 @@ class SchedulerSettings(BaseSettings):
         default=9102, ge=0, le=65535, description="0 = no metrics server"
     )
 
+    @field_validator("las_thresholds_gpu_s")
+    @classmethod
+    def _increasing(cls, thresholds: tuple[float, ...]) -> tuple[float, ...]:
+        if any(t <= 0 for t in thresholds) or list(thresholds) != sorted(set(thresholds)):
+            raise ValueError("must be positive and increasing, e.g. [3600, 36000]")
+        return thresholds
+
     def ranking(self) -> dict[str, Any]:
-        """What orders the queue, stored on the cycle's lease (see `ranked_by`)."""
+        """What orders the queue, stored with the ranking a full cycle keeps."""
         return {
             "policy": self.policy,
             "starvation_after_s": self.starvation_after_s,
@@ -65,12 +86,6 @@ class SchedulerSettings(BaseSettings):
             borrowing=self.borrowing,
             min_run_before_preempt_s=self.min_run_before_preempt_s,
             starvation_after_s=self.starvation_after_s,
+            preemption_cost_s=self.preemption_cost_s,
+            las_thresholds_gpu_s=self.las_thresholds_gpu_s,
         )
-
-
-def ranked_by(ranking: Mapping[str, Any]) -> tuple[PolicySettings, float]:
-    """The queue order's settings and fair-share half-life from a stored `ranking()`."""
-    policy = PolicySettings(
-        queue_policy=ranking["policy"], starvation_after_s=ranking["starvation_after_s"]
-    )
-    return policy, float(ranking["fair_share_half_life_s"])

@@ -54,6 +54,10 @@ class SnapshotContext:
     # Derived from the whole history; a quick read reuses them (see QueueMemory).
     usage: dict[int, float]
     attained: dict[int, float]
+    # A full read: the last attempt of each job whose service `attained` counts, and when
+    # it read (a quick read adds the attempts that ended since).
+    attained_through: dict[int, int] = field(default_factory=dict)
+    read_at: datetime | None = None
     quick: bool = False
     # A quick read: the remembered head it asked for (some may have left the queue), and
     # the jobs new to the queue it read besides.
@@ -75,6 +79,9 @@ def head_depth(nodes: tuple[NodeView, ...]) -> int:
 # Bounds the list a quick read leaves out (one bind parameter each); past it, arrivals are
 # read again until the next full cycle, as before they were remembered.
 MAX_ARRIVALS_READ = 2000
+# How far before the last full read a quick one looks for attempts that ended: a report's
+# time comes from another process's clock.
+_ENDED_MARGIN = timedelta(seconds=60)
 
 
 @dataclass(slots=True)
@@ -145,6 +152,8 @@ class QueueMemory:
     order: list[int] = field(default_factory=list)
     usage: dict[int, float] = field(default_factory=dict)
     attained: dict[int, float] = field(default_factory=dict)
+    attained_through: dict[int, int] = field(default_factory=dict)
+    read_at: datetime | None = None
     history: Mapping[tuple[str, str], tuple[float, ...]] = field(
         default_factory=lambda: MappingProxyType({})
     )
@@ -165,6 +174,7 @@ class QueueMemory:
         if not ctx.quick:
             self.order = list(queue_order)
             self.usage, self.attained = ctx.usage, ctx.attained
+            self.attained_through, self.read_at = ctx.attained_through, ctx.read_at
             self.history = ctx.snapshot.runtime_history
             self.arrivals_read = set()
             self.ready = True
@@ -564,9 +574,15 @@ def read_snapshot(
     horizon = now - timedelta(seconds=max(4 * half_life_s, 86400.0))
     usage: dict[int, float] = defaultdict(float)
     attained: dict[int, float] = defaultdict(float)
+    attained_through: dict[int, int] = {}
+    # A quick read also takes the attempts that ended since the last full one (with a
+    # margin for the processes' clocks; `attained_through` keeps any from counting twice).
+    ended_since = None
     if memory is not None:
         usage.update(memory.usage)
         attained.update(memory.attained)
+        if memory.read_at is not None:
+            ended_since = memory.read_at - _ENDED_MARGIN
     placements: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     shares: dict[int, int] = {}
     # Plain columns, not ORM objects: a busy day leaves thousands of finished allocations
@@ -587,20 +603,28 @@ def read_snapshot(
         .join(Job, Job.id == Allocation.job_id)
         .where(
             Allocation.released_at.is_(None)
-            if quick
-            else (Allocation.released_at.is_(None)) | (Allocation.released_at >= horizon)
+            | (Allocation.released_at >= (horizon if ended_since is None else ended_since))
         )
     ).all()
+    counted = {} if memory is None else memory.attained_through
     for alloc in alloc_rows:
         end = alloc.released_at or now
-        if alloc.gpu_id is not None and not quick:
+        if alloc.gpu_id is not None:
             gpu_s = max(0.0, (end - alloc.created_at).total_seconds()) * alloc.share_milli / 1000
-            age = (now - end).total_seconds()
-            decay = math.pow(0.5, age / half_life_s) if half_life_s else 1.0
-            usage[alloc.project_id] += gpu_s * decay
-            if alloc.released_at is not None:
-                # The core adds the current run itself (LAS): count only finished attempts.
+            if not quick:
+                age = (now - end).total_seconds()
+                decay = math.pow(0.5, age / half_life_s) if half_life_s else 1.0
+                usage[alloc.project_id] += gpu_s * decay
+            # The core adds the current run itself (LAS): count only finished attempts. A
+            # quick read counts those the last full one did not: a job preempted since
+            # comes back with the service it got, not as a newcomer that could stop the
+            # jobs it just made room for.
+            if alloc.released_at is not None and alloc.attempt > counted.get(alloc.job_id, 0):
                 attained[alloc.job_id] += gpu_s
+                if not quick:
+                    attained_through[alloc.job_id] = max(
+                        attained_through.get(alloc.job_id, 0), alloc.attempt
+                    )
         if (
             alloc.released_at is None
             and alloc.status in ACTIVE
@@ -704,6 +728,8 @@ def read_snapshot(
         gpu_ids={(n.name, g.index): g.id for n in nodes for g in n.gpus},
         usage=dict(usage),
         attained=dict(attained),
+        attained_through=attained_through,
+        read_at=None if quick else now,
         quick=quick,
         asked=asked,
         arrived=arrived,

@@ -147,9 +147,9 @@ class Job(Base):
     # Set when a plan names the job as a preemption victim; cleared when it requeues.
     preempt_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_preempted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # Jobs preempted to make room for this one: its GPUs are already its own, but run_job
-    # is sent only when all of them have exited.
-    dispatch_after: Mapped[list[int] | None] = mapped_column(NullableJSON)
+    # Jobs preempted to make room for this one, as [job id, attempt stopped]: its GPUs are
+    # already its own, but run_job is sent only when all those attempts have exited.
+    dispatch_after: Mapped[list[list[int]] | None] = mapped_column(NullableJSON)
 
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

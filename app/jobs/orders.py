@@ -196,11 +196,22 @@ def released_gates(session: Session) -> list[RunJob]:
     for job in session.scalars(
         select(Job).where(Job.status == JobStatus.SCHEDULED, Job.dispatch_after.is_not(None))
     ):
-        victims = job.dispatch_after or []
-        still_running = session.scalar(
-            select(Job.id).where(Job.id.in_(victims), Job.status.in_(ACTIVE)).limit(1)
+        # [victim, the attempt being stopped] each (a bare id: written before attempts
+        # were kept). A victim back in line and placed again is on a later attempt: the
+        # one stopped has ended, though the job is active again.
+        stopping: dict[int, int | None] = {}
+        for victim in job.dispatch_after or []:
+            if isinstance(victim, list):
+                stopping[victim[0]] = victim[1]
+            else:
+                stopping[victim] = None
+        still_running = any(
+            status in ACTIVE and stopping[victim] in (None, attempt)
+            for victim, status, attempt in session.execute(
+                select(Job.id, Job.status, Job.attempt).where(Job.id.in_(stopping))
+            )
         )
-        if still_running is None:
+        if not still_running:
             job.dispatch_after = None
             gated.append(job)
     return run_orders(session, jobs=gated)

@@ -173,7 +173,7 @@ def test_preemption_hands_gpus_over_and_dispatch_waits_for_the_victim(api):
     assert applied.dispatches == []  # not while the victim still runs on the GPU
     assert _allocated(api) == {0: 1000}  # handed over, never double-counted
     with api.factory() as session:
-        assert session.get(Job, urgent).dispatch_after == [victim]
+        assert session.get(Job, urgent).dispatch_after == [[victim, 1]]
         owners = session.scalars(select(Allocation.job_id).where(Allocation.released_at.is_(None)))
         assert list(owners) == [urgent]
         # The victim exits (SIGTERM honoured) and is requeued; the gate opens.
@@ -188,6 +188,38 @@ def test_preemption_hands_gpus_over_and_dispatch_waits_for_the_victim(api):
     with api.factory() as session:
         assert session.get(Job, urgent).dispatch_after is None
         assert released_gates(session) == []
+
+
+def test_the_gate_opens_when_the_victim_is_placed_again_before_it_is_looked_at(api):
+    # Requeued at once and placed on other GPUs, the victim is active again on a later
+    # attempt: its job status alone kept the gate shut until that attempt ended too.
+    add_node(api.factory, "n1", gpus=2)
+    victim = _submit(api, user="bob", preemptible=True)
+    _apply(api, Plan(placements=(Placement(victim, (("n1", (0,)),)),)))
+    with api.factory() as session:
+        transition(session, job=session.get(Job, victim), to=JobStatus.RUNNING, actor="t")
+        session.commit()
+    urgent = _submit(api)
+    _apply(
+        api,
+        Plan(
+            placements=(Placement(urgent, (("n1", (0,)),), after_preemption_of=(victim,)),),
+            preemptions=(Preemption(victim, urgent, "LAS"),),
+        ),
+    )
+    with api.factory() as session:
+        job_finished(
+            session=session,
+            report=Finished(job_id=victim, attempt=1, node="n1", result="PREEMPTED"),
+        )
+        session.commit()
+    applied = _apply(api, Plan(placements=(Placement(victim, (("n1", (1,)),)),)))
+    assert applied.placed == [victim]
+    assert sorted((d.job_id, d.attempt, d.gpu_indices) for d in applied.dispatches) == sorted(
+        [(victim, 2, (1,)), (urgent, 1, (0,))]
+    )
+    with api.factory() as session:
+        assert session.get(Job, urgent).dispatch_after is None
 
 
 def test_a_victim_that_already_finished_cancels_the_gated_placement(api):

@@ -24,3 +24,18 @@ def test_the_absolute_starvation_limit_is_off_by_default() -> None:
 def test_starvation_limit_out_of_range_is_refused(limit: float) -> None:
     with pytest.raises(ValidationError, match="starvation_after_s"):
         SchedulerSettings(starvation_after_s=limit)
+
+
+def test_the_preemption_cost_and_las_thresholds_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GPUSCHED_SCHEDULER_PREEMPTION_COST_S", "60")
+    monkeypatch.setenv("GPUSCHED_SCHEDULER_LAS_THRESHOLDS_GPU_S", "[600, 7200, 86400]")
+    policy = SchedulerSettings().policy_settings()
+    assert (policy.preemption_cost_s, policy.las_thresholds_gpu_s) == (60.0, (600, 7200, 86400))
+
+
+@pytest.mark.parametrize("thresholds", [[36000, 3600], [0, 3600], [3600, 3600]])
+def test_las_thresholds_out_of_order_are_refused(thresholds: list[float]) -> None:
+    with pytest.raises(ValidationError, match=r"(?s)las_thresholds_gpu_s.*positive and increasing"):
+        SchedulerSettings(las_thresholds_gpu_s=tuple(thresholds))

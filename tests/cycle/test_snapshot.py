@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
-from app.cycle.snapshot import attempt_of, read_snapshot
+from app.cycle.snapshot import QueueMemory, attempt_of, read_snapshot
 from app.db import utcnow
 from app.jobs.models import Job
 from app.nodes.models import Allocation, Gpu
@@ -94,3 +94,42 @@ def test_a_jobs_grace_period_counts_towards_how_long_it_may_hold_its_gpus(api):
         ctx = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S)
     limits = {j.id: (j.max_runtime_s, j.grace_s) for j in ctx.snapshot.pending}
     assert limits == {patient: (3900, 300), plain: (3600, 0), unlimited: (None, 300)}
+
+
+def test_a_quick_read_counts_the_service_of_an_attempt_that_ended_since_the_full_one(api):
+    # Preempted between two full reads and back in line, a job is not a newcomer: at LAS
+    # queue 0 it stopped the job beside it in the next quick cycle, which was what had
+    # made room for the job that preempted it.
+    add_node(api.factory, "n1", gpus=1)
+    job_id = _submit(api)
+    start = utcnow() - timedelta(hours=1)
+    with api.factory() as session:
+        gpu = session.scalars(select(Gpu)).one()
+        job = session.get(Job, job_id)
+        job.status, job.attempt, job.started_at = "RUNNING", 1, start
+        session.add(_allocation(job_id, gpu, share_milli=1000, created_at=start))
+        session.commit()
+        memory = QueueMemory()
+        full = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S)
+        memory.remember(full, ())
+        # Preempted: its attempt ends and it is back in the queue.
+        ended = utcnow()
+        session.execute(
+            update(Allocation).where(Allocation.job_id == job_id).values(released_at=ended)
+        )
+        job.status, job.pending_reason = "PENDING", "NEW"
+        session.commit()
+        for _ in range(2):  # each quick read counts it once
+            quick = read_snapshot(
+                session=session, now=utcnow(), half_life_s=HALF_LIFE_S, quick_from=memory
+            )
+            assert quick.quick and [j.id for j in quick.snapshot.pending] == [job_id]
+            assert quick.snapshot.pending[0].attained_gpu_s == pytest.approx(3600, rel=1e-3)
+        # The next full read counts it, and a quick read after it not a second time.
+        full = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S)
+        memory.remember(full, (job_id,))
+        quick = read_snapshot(
+            session=session, now=utcnow(), half_life_s=HALF_LIFE_S, quick_from=memory
+        )
+    assert full.snapshot.pending[0].attained_gpu_s == pytest.approx(3600, rel=1e-3)
+    assert quick.snapshot.pending[0].attained_gpu_s == pytest.approx(3600, rel=1e-3)
