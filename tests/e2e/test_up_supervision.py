@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,6 +71,21 @@ def _kill(up: _Up, marker: str) -> int:
     return _child(up, marker, not_pid=pid)
 
 
+def _exit_code(up: _Up, data_dir: Path, *, timeout: float) -> int:
+    """`up`'s exit code; if it has not exited in time, what it still waits for."""
+    try:
+        return up.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        alive = {}
+        for pid, cmdline in _processes_of(data_dir).items():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                alive[pid] = (cmdline, _parent_of(pid))
+        raise AssertionError(
+            f"up still running after {timeout:g}s; its processes still there "
+            f"(pid: command line, parent): {alive}\n{up.log.read_text()[-3000:]}"
+        ) from None
+
+
 def test_a_process_that_keeps_exiting_stops_the_stack_saying_why(tmp_path: Path) -> None:
     args = ("--max-restarts", str(BURST), "--restart-window", str(WINDOW_S))
     with _up(tmp_path, *args) as up:
@@ -78,7 +94,7 @@ def test_a_process_that_keeps_exiting_stops_the_stack_saying_why(tmp_path: Path)
         assert up.proc.poll() is None, up.log.read_text()[-3000:]
         # One more within the window: the stack stops, and says why.
         os.kill(_child(up, "--only cycle"), signal.SIGKILL)
-        assert up.proc.wait(timeout=180) == 1
+        assert _exit_code(up, tmp_path, timeout=180) == 1
         log = up.log.read_text()
         assert log.count("scheduler exited with code -9; restarting") == BURST
         last = log.strip().splitlines()[-1]
