@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from app.cycle.settings import SchedulerSettings
 from tests.support.stack import Stack
 from tests.support.wait import poll
 
@@ -25,7 +26,7 @@ STACK_ENV = {
     "GPUSCHED_SCHEDULER_MIN_RUN_BEFORE_PREEMPT_S": "3",
 }
 GRACE_S = 30  # the victim checkpoints at once; the agent would SIGKILL it only after this
-INTERVAL_S = 2  # GPUSCHED_SCHEDULER_INTERVAL_S's default
+INTERVAL_S = SchedulerSettings.model_fields["interval_s"].default  # the stack leaves it
 
 
 def _training(work: Path) -> str:
@@ -38,10 +39,6 @@ def _training(work: Path) -> str:
         f"while [ ! -f {work}/finish ]; do sleep 1 & wait $!; n=$((n+1)); echo step $n; done; "
         "echo trained"
     )
-
-
-def _at(event: dict) -> datetime:
-    return datetime.fromisoformat(event["at"])
 
 
 def test_a_short_job_preempts_a_long_one_which_resumes_and_succeeds(
@@ -83,9 +80,9 @@ def test_a_short_job_preempts_a_long_one_which_resumes_and_succeeds(
     (decided,) = stopped[victim]
     assert decided["reason"].startswith(f"preempting for job {short}: "), decided
     # It started within the victim's grace and one cycle of the decision.
-    assert datetime.fromisoformat(started["started_at"]) - _at(decided) <= timedelta(
-        seconds=GRACE_S + INTERVAL_S
-    )
+    assert datetime.fromisoformat(started["started_at"]) - datetime.fromisoformat(
+        decided["at"]
+    ) <= timedelta(seconds=GRACE_S + INTERVAL_S)
     assert "checkpointed at step" in stack.logs(victim, attempt=1)
 
     # Back in line, it keeps the service it got: the second LAS queue, not the first.
