@@ -371,6 +371,7 @@ def _reconcile_node(
     orphans = reported - here.keys()
     if orphans:  # read only then: most heartbeats list nothing that is not active here
         orphans -= _ended_since(session, node_id, taken_at)
+        orphans -= _handed_over(session, node_id)
     repairs.stops = [
         StopJob(node=node, job_id=j, attempt=a, reason="cancel") for j, a in sorted(orphans)
     ]
@@ -412,6 +413,25 @@ def _ended_since(session: Session, node_id: int, taken_at: datetime) -> set[tupl
         for job_id, attempt in session.execute(
             select(Allocation.job_id, Allocation.attempt).where(
                 Allocation.node_id == node_id, Allocation.released_at >= taken_at
+            )
+        )
+    }
+
+
+def _handed_over(session: Session, node_id: int) -> set[tuple[int, int]]:
+    """The attempts on a node being preempted whose GPUs went to the job that preempted
+    them at once (apply's `_preempt`): they still run, in their grace period, with their
+    stop order sent. No orphans: stopped as such they ended CANCELLED, not requeued."""
+    return {
+        (job_id, attempt)
+        for job_id, attempt in session.execute(
+            select(Allocation.job_id, Allocation.attempt)
+            .join(Job, Job.id == Allocation.job_id)
+            .where(
+                Allocation.node_id == node_id,
+                Allocation.attempt == Job.attempt,
+                Job.status.in_(ACTIVE),
+                Job.preempt_requested_at.is_not(None),
             )
         )
     }

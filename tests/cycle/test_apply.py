@@ -9,6 +9,7 @@ from sqlalchemy import event, select
 
 from app.cycle import lease
 from app.cycle.apply import apply_plan
+from app.cycle.reconcile import reconcile_node_attempts
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
 from app.jobs.agent_reports import job_finished
@@ -20,7 +21,7 @@ from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
 from app.nodes.models import Allocation, Gpu
 from app.scheduling import Placement, Plan, Preemption
-from app.wire import Finished
+from app.wire import AttemptRef, Finished, Heartbeat
 from tests.cycle.jobs_api import positions
 from tests.foundation.builders import add_node
 
@@ -220,6 +221,43 @@ def test_the_gate_opens_when_the_victim_is_placed_again_before_it_is_looked_at(a
     )
     with api.factory() as session:
         assert session.get(Job, urgent).dispatch_after is None
+
+
+def test_a_victim_still_in_its_grace_is_no_orphan_to_its_nodes_heartbeat(api):
+    # Its GPUs went to the job that preempted it; it still runs, stopping. Taken for an
+    # orphan, it was stopped as cancelled and ended CANCELLED instead of back in line.
+    add_node(api.factory, "n1", gpus=1)
+    victim = _submit(api, user="bob", preemptible=True)
+    _apply(api, Plan(placements=(Placement(victim, (("n1", (0,)),)),)))
+    with api.factory() as session:
+        transition(session, job=session.get(Job, victim), to=JobStatus.RUNNING, actor="t")
+        session.commit()
+    urgent = _submit(api)
+    _apply(
+        api,
+        Plan(
+            placements=(Placement(urgent, (("n1", (0,)),), after_preemption_of=(victim,)),),
+            preemptions=(Preemption(victim, urgent, "LAS"),),
+        ),
+    )
+    running = Heartbeat(node="n1", running=(AttemptRef(job_id=victim, attempt=1),))
+    with api.factory() as session:
+        repairs = reconcile_node_attempts(
+            session=session, heartbeat=running, taken_at=utcnow(), grace_s=15
+        )
+        session.commit()
+    assert repairs.stops == []
+    # Once it has ended and been requeued, a node still running it is told to stop.
+    with api.factory() as session:
+        job_finished(
+            session=session,
+            report=Finished(job_id=victim, attempt=1, node="n1", result="PREEMPTED"),
+        )
+        session.commit()
+        repairs = reconcile_node_attempts(
+            session=session, heartbeat=running, taken_at=utcnow(), grace_s=15
+        )
+    assert [(s.job_id, s.attempt, s.reason) for s in repairs.stops] == [(victim, 1, "cancel")]
 
 
 def test_a_victim_that_already_finished_cancels_the_gated_placement(api):
