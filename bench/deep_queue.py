@@ -12,8 +12,10 @@ cycles after one running job ended (one placed: every job behind it moves up a p
 which costs no write since places come from the stored ranking). Each row splits the
 cycle: phase 0 (dependencies, array limits, clock gates), snapshot read, plan, apply
 (reasons and queue keys written, committed), rank storage; with the count of SQL
-statements, the most waiting jobs one cycle read whole (`read`: those whose change-stamp
-moved, job.row_version), the most rows one cycle wrote (`written`: the change-stamps it
+statements, how many jobs' change-stamps one cycle looked at (`stamps`: those changed
+since the last full read, by job.changed_in; every waiting job's once a minute), the most
+waiting jobs one cycle read whole (`read`: those whose change-stamp moved,
+job.row_version), the most rows one cycle wrote (`written`: the change-stamps it
 moved), the waiting jobs whose queue key it rewrote (`keys`) and the bench process's CPU
 time in the cycle (on a shared machine the wall time also counts other processes' turns;
 on SQLite the database's work is in this process, on PostgreSQL the server's is not).
@@ -127,9 +129,12 @@ def _stamps(factory: Any) -> tuple[int, dict[int, int | None]]:
     return int(total), keys
 
 
-def _cycle(engine: Any, factory: Any, memory: QueueMemory) -> tuple[CycleReport, int, float, int]:
-    """The cycle's report, its SQL statements, this process's CPU ms in it and how many
-    waiting jobs its snapshot read whole (the others' change-stamps had not moved). Rows
+def _cycle(
+    engine: Any, factory: Any, memory: QueueMemory
+) -> tuple[CycleReport, int, float, int, int]:
+    """The cycle's report, its SQL statements, this process's CPU ms in it, how many
+    jobs' change-stamps its snapshot looked at and how many waiting jobs it read whole (the
+    others' change-stamps had not moved). Rows
     written (change-stamps moved) and queue keys written go to WRITTEN, counted outside
     the timing."""
     _heartbeat(factory)  # before the timing: not the cycle's work
@@ -157,7 +162,7 @@ def _cycle(engine: Any, factory: Any, memory: QueueMemory) -> tuple[CycleReport,
             sum(1 for job, key in keys_after.items() if keys_before.get(job, key) != key),
         )
     )
-    return report, statements[0], cpu * 1000, memory.views.reread
+    return report, statements[0], cpu * 1000, memory.views.stamps, memory.views.reread
 
 
 # (rows written, waiting jobs whose queue key was rewritten) of each cycle, in order.
@@ -174,9 +179,10 @@ def _row(runs: list[Any]) -> dict[str, Any]:
     row["worst_total_ms"] = max(r.total_ms for r, *_ in runs)
     row["cpu_ms"] = statistics.median(r[2] for r in runs)
     row["statements"] = runs[-1][1]
-    row["rows_read"] = max(r[3] for r in runs)
-    row["rows_written"] = max(r[4] for r in runs)
-    row["keys_written"] = max(r[5] for r in runs)
+    row["stamps_read"] = max(r[3] for r in runs)
+    row["rows_read"] = max(r[4] for r in runs)
+    row["rows_written"] = max(r[5] for r in runs)
+    row["keys_written"] = max(r[6] for r in runs)
     row["placed"] = sum(r.placed for r, *_ in runs)
     row["pending"] = runs[-1][0].pending
     row["runs"] = len(runs)
@@ -298,7 +304,7 @@ def main() -> int:
 
     head = (
         f"{'full cycle':<28} {'total':>7} {'worst':>7} {'cpu':>7} {'phase0':>7} {'snapshot':>8} "
-        f"{'plan':>7} {'apply':>7} {'ranks':>7} {'SQL':>5} {'read':>6} {'placed':>6} "
+        f"{'plan':>7} {'apply':>7} {'ranks':>7} {'SQL':>5} {'stamps':>6} {'read':>6} {'placed':>6} "
         f"{'written':>7} {'keys':>6}"
     )
     print(
@@ -311,7 +317,7 @@ def main() -> int:
             f"{label:<28} {r['total_ms']:>7.1f} {r['worst_total_ms']:>7.1f} {r['cpu_ms']:>7.1f} "
             f"{r['settle_ms']:>7.1f} {r['snapshot_ms']:>8.1f} {r['plan_ms']:>7.1f} "
             f"{r['apply_ms']:>7.1f} {r['ranks_ms']:>7.1f} {r['statements']:>5} "
-            f"{r['rows_read']:>6} {r['placed']:>6} {r['rows_written']:>7} {r['keys_written']:>6}"
+            f"{r['stamps_read']:>6} {r['rows_read']:>6} {r['placed']:>6} {r['rows_written']:>7} {r['keys_written']:>6}"
         )
     if mem:
         cancelled = (

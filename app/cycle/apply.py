@@ -13,7 +13,7 @@ from datetime import datetime
 from operator import attrgetter
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, select, text, update
+from sqlalchemy import Table, bindparam, literal_column, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -360,6 +360,13 @@ _ARRAY_TYPES = {
 }
 
 
+# Where a write changes a job (`Job.changed_in`, migration 0030): set by the trigger for
+# any other write, by the statement for these, which set the change-stamp themselves.
+_CHANGED_IN_PG = "pg_current_xact_id()::text::bigint"
+_NEXT_CHANGE_SQLITE = "UPDATE job_change SET n = n + 1"
+_CHANGED_IN_SQLITE = "(SELECT n FROM job_change)"
+
+
 def write_reasons(
     session: Session,
     *,
@@ -373,7 +380,8 @@ def write_reasons(
     (json_each); an older SQLite gets an executemany. Only `columns` are set: SQLite
     rewrites the index entries of every column set, changed or not. Each row's change-stamp
     moves by one in the same statement (`ViewCache.wrote` counts on it: the trigger of
-    migration 0028 leaves a statement that moves it alone)."""
+    migration 0028 leaves a statement that moves it alone), and so does where it changed
+    (`Job.changed_in`: another scheduler's cache reads the row again)."""
     if not changes:
         return
     connection = session.connection()
@@ -388,7 +396,7 @@ def write_reasons(
         sets = ", ".join(
             f"{column} = v.{name}" for name, column in zip(names, columns, strict=True)
         )
-        sets += ", row_version = job.row_version + 1"
+        sets += f", row_version = job.row_version + 1, changed_in = {_CHANGED_IN_PG}"
         connection.execute(
             text(
                 f"UPDATE job SET {sets} FROM unnest(CAST(:ids AS integer[]), {casts}) "
@@ -413,7 +421,8 @@ def write_reasons(
         sets = ", ".join(
             f"{column} = json_extract(v.value, '$[{i}]')" for i, column in enumerate(columns, 1)
         )
-        sets += ", row_version = row_version + 1"
+        sets += f", row_version = row_version + 1, changed_in = {_CHANGED_IN_SQLITE}"
+        connection.execute(text(_NEXT_CHANGE_SQLITE))
         connection.execute(
             text(
                 f"UPDATE job SET {sets} "
@@ -432,9 +441,11 @@ def write_reasons(
                     for name, column in zip(names, columns, strict=True)
                 },
                 "row_version": table.c.row_version + 1,
+                "changed_in": literal_column(_CHANGED_IN_SQLITE),
             }
         )
     )
+    connection.execute(text(_NEXT_CHANGE_SQLITE))
     for start in range(0, len(changes), _EXECUTEMANY_ROWS):
         connection.execute(
             statement,

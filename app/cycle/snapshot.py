@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, cast
 
-from sqlalchemy import Subquery, Text, func, select, type_coerce, union_all
+from sqlalchemy import Subquery, Text, and_, func, select, text, type_coerce, union_all
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session, selectinload
 
@@ -111,8 +111,21 @@ class ViewCache:
 
     names: tuple[Any, ...] = ()
     rows: dict[int, CachedRow] = field(default_factory=dict)
-    # How many whole rows the last read took (bench/deep_queue.py, tests).
+    # How many whole rows the last read took, and how many jobs' stamps a full read
+    # looked at (bench/deep_queue.py, tests).
     reread: int = 0
+    stamps: int = 0
+    # `rows` is in id order unless a job joined it below its highest id (`top`).
+    top: int = 0
+    in_order: bool = True
+    # For the next full read, when the last read every waiting job's stamp (`swept_at`)
+    # and its cache holds all of them: which jobs may have changed since (`Job.changed_in`
+    # from `horizon` on), when it read (begin times due since let jobs in) and what the
+    # clock's gates let in then (`gated_by`). None: the next full read reads every stamp.
+    horizon: int | None = None
+    read_at: datetime | None = None
+    gated_by: tuple[Any, ...] | None = None
+    swept_at: datetime | None = None
 
     @property
     def views(self) -> dict[int, JobView]:
@@ -375,6 +388,11 @@ def _pending_views(
             cached.version, cached.row = j[_VERSION], j
             cached.reasons = tuple(j[_REASON:_UPDATED_AT])
         else:
+            if cached is None:
+                if job_id < cache.top:
+                    cache.in_order = False
+                else:
+                    cache.top = job_id
             cached = known[job_id] = CachedRow(
                 version=j[_VERSION],
                 row=j,
@@ -442,11 +460,138 @@ def _full_read(
     max_pending: int,
     cache: ViewCache,
     made: dict[str, Any],
+    now: datetime,
 ) -> tuple[list[CachedRow], bool]:
     """Every waiting job (up to `max_pending`, then each project's head in turn), in id
-    order, and whether some were left out. Each job's stamp first (id and row_version):
-    only the jobs whose stamp differs from the one kept in `cache`, or that it does not
-    hold, are read whole; the cache then holds exactly the jobs read."""
+    order, and whether some were left out. Only the jobs that changed since the last full
+    read are looked at (`_changed_read`), and of those only the ones whose stamp differs
+    from the one kept in `cache`, or that it does not hold, are read whole. Every stamp is
+    read instead (`_swept_read`) the first time, once a minute, and when the clock's gates
+    let in other jobs than last time. The cache then holds exactly the jobs read."""
+    connection = session.connection()
+    # Before anything is read: what changes after this, the next read asks for.
+    horizon = _change_horizon(connection)
+    gated_by = _gated_by(gates)
+    entries: list[CachedRow] | None = None
+    if (
+        cache.horizon is not None
+        and cache.gated_by == gated_by
+        and cache.swept_at is not None
+        and now - cache.swept_at < _SWEEP_EVERY
+    ):
+        entries = _changed_read(
+            connection, waiting=waiting, gates=gates, max_pending=max_pending, cache=cache,
+            made=made,
+        )  # fmt: skip
+    if entries is None:
+        entries, unread = _swept_read(
+            session, waiting=waiting, gates=gates, max_pending=max_pending, cache=cache,
+            made=made,
+        )  # fmt: skip
+        if unread:  # the cache holds each project's head only: sweep again next time
+            cache.horizon = cache.swept_at = None
+            return entries, True
+        cache.swept_at = now
+    cache.horizon, cache.read_at, cache.gated_by = horizon, now, gated_by
+    return entries, False
+
+
+# Every waiting job's stamp is read at least this often: a job deleted while it waits
+# (by hand: the service never deletes one that has not ended) leaves no change behind.
+_SWEEP_EVERY = timedelta(seconds=60)
+
+
+def _change_horizon(connection: Any) -> int:
+    """From which `Job.changed_in` on a job may have changed after this moment. On
+    PostgreSQL, the oldest transaction still running: it may commit changes after this
+    read, stamped with an id lower than those of changes already committed."""
+    if connection.dialect.name == "postgresql":
+        return int(
+            connection.scalar(text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"))
+        )
+    return int(connection.scalar(text("SELECT n FROM job_change"))) + 1
+
+
+def _gated_by(gates: ClockGates | None) -> tuple[Any, ...] | None:
+    """What decides which waiting jobs the clock lets in, besides begin times."""
+    if gates is None:
+        return None
+    return (gates.windows is None, gates.open_windows, gates.outside_fraction > 0)
+
+
+def _changed_read(
+    connection: Any,
+    *,
+    waiting: tuple[Any, ...],
+    gates: ClockGates | None,
+    max_pending: int,
+    cache: ViewCache,
+    made: dict[str, Any],
+) -> list[CachedRow] | None:
+    """`_full_read` from the jobs changed since the last one (by ix_job_changed_in) and
+    those whose begin time came since: a job leaves the cache or joins it only by a write
+    of its own row (or its begin time), so the other waiting jobs are as kept. None: more
+    jobs wait than one read takes (`_swept_read` picks the heads)."""
+    assert cache.horizon is not None and cache.read_at is not None
+    stamp = (Job.id, Job.row_version, and_(*waiting).label("runnable"))
+    parts = [select(*stamp).where(Job.changed_in >= cache.horizon)]
+    if gates is not None:
+        parts.append(
+            select(*stamp).where(
+                Job.status == JobStatus.PENDING,
+                Job.schedule_mode == "at",
+                Job.begin_at > cache.read_at,
+                Job.begin_at <= gates.now,
+            )
+        )
+    known = cache.rows
+    stale: dict[int, None] = {}  # ordered, without repeats: a job may be in both parts
+    changed = connection.execute(parts[0] if len(parts) == 1 else union_all(*parts)).all()
+    cache.stamps = len(changed)
+    for job_id, version, runnable in changed:
+        cached = known.get(job_id)
+        if not runnable:
+            if cached is not None:
+                del known[job_id]
+        elif cached is None or cached.version != version:
+            stale[job_id] = None
+    rows = _whole_rows(connection, waiting=waiting, ids=list(stale))
+    cache.reread = len(rows)
+    _pending_views(rows, cache=cache, **made)
+    for job_id in stale.keys() - {row[0] for row in rows}:  # left the queue meanwhile
+        known.pop(job_id, None)
+    if len(known) > max_pending:
+        return None
+    if not cache.in_order:
+        cache.rows = known = dict(sorted(known.items()))
+        cache.in_order = True
+    entries = list(known.values())
+    _kept_views(entries, **made)
+    return entries
+
+
+def _whole_rows(connection: Any, *, waiting: tuple[Any, ...], ids: list[int]) -> list[Any]:
+    """The whole rows of the jobs `ids` that are still waiting, a bounded list per read."""
+    rows: list[Any] = []
+    for start in range(0, len(ids), _IDS_PER_READ):
+        rows.extend(
+            connection.execute(
+                select(*JOB_COLUMNS).where(*waiting, Job.id.in_(ids[start : start + _IDS_PER_READ]))
+            )
+        )
+    return rows
+
+
+def _swept_read(
+    session: Session,
+    *,
+    waiting: tuple[Any, ...],
+    gates: ClockGates | None,
+    max_pending: int,
+    cache: ViewCache,
+    made: dict[str, Any],
+) -> tuple[list[CachedRow], bool]:
+    """`_full_read` from every waiting job's stamp (id and row_version)."""
     connection = session.connection()
     # No ORDER BY: each mode's part is then read by its own index range, not the whole
     # queue in id order (SQLite would walk ix_job_status_id to avoid the sort).
@@ -454,12 +599,14 @@ def _full_read(
     stamps = connection.execute(
         select(_runnable((Job.id, Job.row_version), gates)).limit(max_pending + 1)
     ).all()
+    cache.stamps = len(stamps)
     if len(stamps) > max_pending:
         runnable = _runnable(JOB_COLUMNS, gates)
         heads = _project_heads(session, runnable, max_pending)
         cache.reread = len(heads)
         entries = _pending_views(heads, cache=cache, **made)
         cache.rows = {entry.row[0]: entry for entry in entries}
+        cache.top, cache.in_order = (entries[-1].row[0] if entries else 0), True
         return entries, True
     known = cache.rows
     present: set[int] = set()
@@ -472,15 +619,7 @@ def _full_read(
     if len(stale) > STALE_BY_ID:
         rows: list[Any] = list(connection.execute(select(_runnable(JOB_COLUMNS, gates))))
     else:
-        rows = []
-        for start in range(0, len(stale), _IDS_PER_READ):
-            rows.extend(
-                connection.execute(
-                    select(*JOB_COLUMNS).where(
-                        *waiting, Job.id.in_(stale[start : start + _IDS_PER_READ])
-                    )
-                )
-            )
+        rows = _whole_rows(connection, waiting=waiting, ids=stale)
     cache.reread = len(rows)
     _pending_views(rows, cache=cache, **made)
     # A stale job missing from the second read left the queue meanwhile; one read whole
@@ -502,6 +641,7 @@ def _full_read(
     _kept_views([e for e in entries if e.row[0] not in read], **made)
     if len(entries) != len(known) or not in_order:
         cache.rows = {entry.row[0]: entry for entry in entries}
+    cache.top, cache.in_order = (entries[-1].row[0] if entries else 0), True
     return entries, False
 
 
@@ -678,8 +818,9 @@ def read_snapshot(
         pending_jobs = _pending_views(rows, cache=cache, **made)
     else:
         pending_jobs, unread = _full_read(
-            session, waiting=waiting, gates=gates, max_pending=max_pending, cache=cache, made=made
-        )
+            session, waiting=waiting, gates=gates, max_pending=max_pending, cache=cache,
+            made=made, now=now,
+        )  # fmt: skip
     pending = tuple(j.view for j in pending_jobs)
     history: dict[tuple[str, str], list[float]] = defaultdict(list)
     for user_id, name, started, finished in (

@@ -3,9 +3,11 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     CheckConstraint,
     Enum,
+    FetchedValue,
     Float,
     ForeignKey,
     Index,
@@ -42,6 +44,8 @@ class Job(Base):
         Index("ix_job_pending_mode", "status", "schedule_mode", "begin_at"),
         Index("ix_job_pending_reason", "status", "pending_reason", "schedule_mode", "begin_at"),
         Index("ix_job_pending_array_limit", "status", "array_max_running"),
+        # The jobs changed since a full cycle last read (app/cycle/snapshot.py).
+        Index("ix_job_changed_in", "changed_in"),
         # Jobs waiting on their dependencies, few among many (app/cycle/dependencies.py);
         # partial, so that no query of eligible jobs mistakes it for theirs.
         Index(
@@ -135,9 +139,13 @@ class Job(Base):
     ineligible_s: Mapped[int] = mapped_column(Integer, default=0)
     # A change-stamp: every UPDATE of the row adds one (a database trigger, migration
     # 0028, whoever writes). A full cycle re-reads only the waiting jobs whose stamp moved
-    # since it read them (app/cycle/snapshot.py, RowCache). Nothing in the app sets it,
+    # since it read them (app/cycle/snapshot.py, ViewCache). Nothing in the app sets it,
     # except the cycle's bulk reason writes, which add the one themselves.
     row_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Where the row last changed in write order (migration 0030: the writing transaction's
+    # id on PostgreSQL, a counter on SQLite; set by the database on insert and update): a
+    # full cycle asks for the jobs changed since its last read by this, not every stamp.
+    changed_in: Mapped[int] = mapped_column(BigInteger, server_default=FetchedValue())
     # Set by a cancel of a scheduled/running job; the agent stops the process and then
     # reports CANCELLED, so the GPUs are released only once the process is gone.
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -180,3 +188,13 @@ class JobEvent(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
 
     job: Mapped[Job] = relationship(back_populates="events")
+
+
+class JobChange(Base):
+    """SQLite's write counter for `Job.changed_in` (migration 0030), one row; PostgreSQL
+    stamps changes with transaction ids and leaves it at 0. Only ever moves up: a database
+    copied or emptied keeps it (tests/support/servers.py)."""
+
+    __tablename__ = "job_change"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger)

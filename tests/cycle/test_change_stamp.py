@@ -7,15 +7,18 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import select, text, update
+import pytest
+from sqlalchemy import delete, select, text, update
 
 from app.cycle.apply import write_reasons
+from app.cycle.eligibility import ClockGates
 from app.cycle.run import run_cycle
-from app.cycle.snapshot import QueueMemory
+from app.cycle.snapshot import QueueMemory, ViewCache, read_snapshot
 from app.db import utcnow
 from app.jobs.allocations import release
 from app.jobs.models import Job
 from app.messaging import NullMessenger
+from app.scheduling import WindowInterval
 from tests.cycle.jobs_api import SETTINGS, add_node, finish, grant_priority, positions, submit
 
 
@@ -170,3 +173,105 @@ def test_a_whole_read_in_parts_by_schedule_mode_is_kept_in_id_order(api, monkeyp
     memory = QueueMemory()
     _full(api, memory)
     assert list(memory.views.rows) == [first, *ids]
+
+
+def _read(api, cache: ViewCache, now, windows=None) -> set[int]:
+    """A full read of the waiting jobs the clock lets run at `now`, into `cache`."""
+    with api.factory() as session:
+        ctx = read_snapshot(
+            session=session, now=now, half_life_s=3600,
+            gates=ClockGates(now=now, windows=windows), views=cache,
+        )  # fmt: skip
+        session.rollback()
+    return {job.id for job in ctx.snapshot.pending}
+
+
+def test_a_full_read_looks_only_at_the_jobs_changed_since_the_last(api):
+    """Not every waiting job's stamp, each cycle: the jobs written since the last read,
+    found by where they changed (`Job.changed_in`)."""
+    add_node(api, 1)
+    waiting = [submit(api, name=f"w{i}")["id"] for i in range(30)]
+    memory = QueueMemory()
+    _full(api, memory)
+    assert memory.views.stamps == len(waiting)  # the first read: every stamp
+    _full(api, memory)  # reads back what the first one wrote (every reason)
+    _full(api, memory)
+    assert memory.views.stamps == 0
+    with api.factory() as session:
+        session.execute(update(Job).where(Job.id == waiting[7]).values(estimated_runtime_s=60))
+        session.commit()
+    _full(api, memory)
+    assert memory.views.stamps == 1 and memory.views.reread == 1
+    assert memory.views.views[waiting[7]].estimated_runtime_s == 60
+    assert len(memory.views.rows) == len(waiting) - 1  # one of them placed
+
+
+def test_a_write_that_commits_after_the_read_is_seen_by_the_next_one(api):
+    """Transaction ids are handed out when a transaction first writes, not when it
+    commits: a write begun before a read and committed after it carries an id lower than
+    the writes the read saw. The next read still asks for it."""
+    with api.factory() as session:
+        if session.get_bind().dialect.name != "postgresql":
+            pytest.skip("SQLite has one writer at a time: its counter follows commit order")
+    waiting = [submit(api, name=f"w{i}")["id"] for i in range(3)]
+    cache = ViewCache()
+    now = utcnow()
+    _read(api, cache, now)
+    with api.factory() as slow:
+        slow.execute(update(Job).where(Job.id == waiting[0]).values(priority=5))  # begun
+        with api.factory() as quick:  # a later transaction, committed first
+            quick.execute(update(Job).where(Job.id == waiting[1]).values(priority=6))
+            quick.commit()
+        _read(api, cache, now)
+        assert cache.views[waiting[1]].priority == 6
+        assert cache.views[waiting[0]].priority == 0  # not committed yet
+        slow.commit()
+    _read(api, cache, now)
+    assert cache.stamps < len(waiting) and cache.views[waiting[0]].priority == 5
+
+
+def test_a_begin_time_that_came_since_the_last_read_lets_its_job_in(api):
+    """The clock lets a job in without a write of its row: the next read takes the jobs
+    whose begin time came since the last one."""
+    now = utcnow()
+    early = submit(api, name="now")["id"]
+    later = submit(
+        api, name="at", schedule={"mode": "at", "at": (now + timedelta(seconds=30)).isoformat()}
+    )["id"]
+    cache = ViewCache()
+    assert _read(api, cache, now) == {early}
+    assert _read(api, cache, now + timedelta(seconds=10)) == {early}
+    assert _read(api, cache, now + timedelta(seconds=40)) == {early, later}
+    assert cache.stamps == 1  # a read of what changed, not of every stamp
+
+
+def test_an_off_peak_window_that_opens_lets_its_jobs_in(api):
+    now = utcnow()
+    night = WindowInterval(
+        name="nightly", opens_at=now + timedelta(seconds=30), closes_at=now + timedelta(hours=1)
+    )
+    r = api.client.post(
+        "/api/v1/windows",
+        json={"name": "nightly", "timezone": "UTC", "cron": "0 1 * * *", "duration_s": 3600},
+        headers=api.as_("admin"),
+    )
+    assert r.status_code == 201, r.text
+    day = submit(api, name="now")["id"]
+    offpeak = submit(api, name="off", schedule={"mode": "offpeak", "window": "nightly"})["id"]
+    cache = ViewCache()
+    assert _read(api, cache, now, windows=(night,)) == {day}
+    assert _read(api, cache, now + timedelta(seconds=10), windows=(night,)) == {day}
+    assert _read(api, cache, now + timedelta(seconds=40), windows=(night,)) == {day, offpeak}
+
+
+def test_a_waiting_job_deleted_by_hand_leaves_the_queue_within_a_minute(api):
+    """A deleted row leaves no change behind; every stamp is read once a minute."""
+    waiting = [submit(api, name=f"w{i}")["id"] for i in range(3)]
+    now = utcnow()
+    cache = ViewCache()
+    _read(api, cache, now)
+    with api.factory() as session:
+        session.execute(delete(Job).where(Job.id == waiting[0]))
+        session.commit()
+    _read(api, cache, now + timedelta(seconds=61))
+    assert set(cache.rows) == set(waiting[1:]) and cache.stamps == 2
