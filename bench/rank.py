@@ -92,6 +92,7 @@ def _ranks_cost(waiting: int) -> float:
     from datetime import timedelta
 
     from app.cycle.ranks import encode
+    from app.jobs.ranking import pack
     from app.scheduling import JobView
     from app.scheduling.rank import rank_keys
     from app.scheduling.types import PolicySettings
@@ -106,7 +107,8 @@ def _ranks_cost(waiting: int) -> float:
     ]  # fmt: skip
     started = time.perf_counter()
     keys = rank_keys(order, settings=PolicySettings(), history={}, now=now)
-    json.dumps(encode(keys, [j.id for j in order]))
+    json.dumps(encode(keys))
+    pack([j.id for j in order], keys.of)
     return (time.perf_counter() - started) * 1000
 
 

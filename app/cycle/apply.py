@@ -10,7 +10,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from operator import attrgetter
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, literal_column, select, text, update
@@ -265,7 +264,7 @@ HEAD_POSITIONS = 100
 
 def _store_reasons(
     session: Session, *, ctx: SnapshotContext, plan: Plan, placed: set[int]
-) -> list[PendingReason]:
+) -> Sequence[PendingReason]:
     """Write each waiting job's reason, ranked mark and estimated start; only rows that
     changed.
 
@@ -280,9 +279,8 @@ def _store_reasons(
     a quick one finds gone from the head: cancelled, held) are listed as departed, so
     that the jobs behind them move up at once. Returns the waiting jobs, in queue order.
     """
-    waiting = sorted(
-        (r for r in plan.pending if r.job_id not in placed), key=attrgetter("queue_position")
-    )
+    # In queue order already; none placed, but a plan made by hand may say otherwise.
+    waiting = [r for r in plan.pending if r.job_id not in placed] if placed else plan.pending
     rows = ctx.pending_rows
     changes: list[tuple[int, str, str, int | None, datetime | None]] = []
     if not ctx.quick:
@@ -332,7 +330,7 @@ def _depart(session: Session, job_ids: list[int]) -> None:
 
 
 def _full_changes(
-    waiting: list[PendingReason],
+    waiting: Sequence[PendingReason],
     rows: Mapping[int, CachedRow],
     *,
     changes: list[tuple[int, str, str, int | None, datetime | None]],
@@ -343,6 +341,15 @@ def _full_changes(
     for place, (job_id, kind, message, _, start) in enumerate(waiting, start=1):
         read = rows.get(job_id)
         old = None if read is None else read.reasons
+        # Most of a deep queue is as it was: told apart without building its new values.
+        if (
+            old is not None
+            and old[2] is not None
+            and old[0] == kind._value_
+            and old[1] == message
+            and old[3] == start
+        ):
+            continue
         key = place if old is None or old[2] is None else old[2]
         new = (kind._value_, message[:512], key, start)
         if old != new:

@@ -204,11 +204,11 @@ def run_cycle(
     messenger.send(applied.after)
     ranks_started = time.perf_counter()
     if not ctx.quick:  # 5. what this full cycle ranked, for GET /jobs/{id}/rank
-        views = {j.id: j for j in ctx.snapshot.pending}
+        rows = ctx.pending_rows
         with factory() as session:
             ranks.store(
                 session,
-                order=[views[i] for i in applied.waiting],
+                order=[rows[i].view for i in applied.waiting],
                 ranked_by=RankedBy(
                     policy=policy,
                     ranking=settings.ranking(),

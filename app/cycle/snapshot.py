@@ -11,7 +11,18 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, cast
 
-from sqlalchemy import Subquery, Text, and_, func, select, text, type_coerce, union_all
+from sqlalchemy import (
+    ColumnElement,
+    Subquery,
+    Text,
+    and_,
+    func,
+    or_,
+    select,
+    text,
+    type_coerce,
+    union_all,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session, selectinload
 
@@ -119,10 +130,10 @@ class ViewCache:
     top: int = 0
     in_order: bool = True
     # For the next full read, when the last read every waiting job's stamp (`swept_at`)
-    # and its cache holds all of them: which jobs may have changed since (`Job.changed_in`
-    # from `horizon` on), when it read (begin times due since let jobs in) and what the
+    # and its cache holds all of them: which jobs may have changed since (`ChangedSince`),
+    # when it read (begin times due since let jobs in) and what the
     # clock's gates let in then (`gated_by`). None: the next full read reads every stamp.
-    horizon: int | None = None
+    horizon: ChangedSince | None = None
     read_at: datetime | None = None
     gated_by: tuple[Any, ...] | None = None
     swept_at: datetime | None = None
@@ -501,15 +512,34 @@ def _full_read(
 _SWEEP_EVERY = timedelta(seconds=60)
 
 
-def _change_horizon(connection: Any) -> int:
-    """From which `Job.changed_in` on a job may have changed after this moment. On
-    PostgreSQL, the oldest transaction still running: it may commit changes after this
-    read, stamped with an id lower than those of changes already committed."""
+@dataclass(frozen=True, slots=True)
+class ChangedSince:
+    """The writes a read did not see: `Job.changed_in` from `first` on, or in `running`."""
+
+    first: int
+    running: tuple[int, ...] = ()
+
+    def condition(self) -> ColumnElement[bool]:
+        since = Job.changed_in >= self.first
+        return or_(since, Job.changed_in.in_(self.running)) if self.running else since
+
+
+def _change_horizon(connection: Any) -> ChangedSince:
+    """The writes not committed at this moment, which a read from now on may miss. On
+    PostgreSQL, the transactions that had not begun (from the snapshot's xmax on) and
+    those still running: transaction ids are handed out in start order, so one running now
+    may commit after the read, with an id below those it saw. Not the oldest running one
+    on: that would also take every change since it, in any database of the server."""
     if connection.dialect.name == "postgresql":
-        return int(
-            connection.scalar(text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"))
-        )
-    return int(connection.scalar(text("SELECT n FROM job_change"))) + 1
+        first, running = connection.execute(
+            text(
+                "SELECT pg_snapshot_xmax(s)::text::bigint,"
+                " array(SELECT x::text::bigint FROM pg_snapshot_xip(s) AS x)"
+                " FROM (SELECT pg_current_snapshot() AS s) AS now"
+            )
+        ).one()
+        return ChangedSince(int(first), tuple(running))
+    return ChangedSince(int(connection.scalar(text("SELECT n FROM job_change"))) + 1)
 
 
 def _gated_by(gates: ClockGates | None) -> tuple[Any, ...] | None:
@@ -534,7 +564,7 @@ def _changed_read(
     jobs wait than one read takes (`_swept_read` picks the heads)."""
     assert cache.horizon is not None and cache.read_at is not None
     stamp = (Job.id, Job.row_version, and_(*waiting).label("runnable"))
-    parts = [select(*stamp).where(Job.changed_in >= cache.horizon)]
+    parts = [select(*stamp).where(cache.horizon.condition())]
     if gates is not None:
         parts.append(
             select(*stamp).where(

@@ -13,23 +13,25 @@ columns.
 
 from __future__ import annotations
 
+import sys
 import threading
+from array import array
 from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String, select
+from sqlalchemy import LargeBinary, String, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from app.db import Base, JSONType, UTCDateTime
 from app.scheduling.rank import RankKeys, ahead_of
 
 ROW = "queue"
-# The layout of `ranks`: a row stored in another (by an older scheduler) is not read,
-# and the next full cycle replaces it.
-FORMAT = 3
+# The layout of `ranks` and `packed`: a row stored in another (by an older scheduler) is
+# not read, and the next full cycle replaces it.
+FORMAT = 4
 
 
 class QueueRanking(Base):
@@ -47,6 +49,8 @@ class QueueRanking(Base):
     next_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     ranking: Mapped[dict[str, Any]] = mapped_column(JSONType)
     ranks: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    # The ranked jobs' ids in order, then each one's class (`RankKeys.of`): `pack`.
+    packed: Mapped[bytes | None] = mapped_column(LargeBinary)
     departed: Mapped[list[int] | None] = mapped_column(JSONType)
     ranks_id: Mapped[str | None] = mapped_column(String(32))
 
@@ -112,11 +116,29 @@ class StoredRanking:
         )
 
 
-def _decoded(ranks: dict[str, Any]) -> RankKeys | None:
+def pack(ids: list[int], of: list[int]) -> bytes:
+    """Ids and classes as little-endian 32-bit integers, ids first."""
+    packed = array("i", ids)
+    packed.extend(of)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack(packed: bytes) -> tuple[list[int], list[int]]:
+    numbers = array("i")
+    numbers.frombytes(packed)
+    if sys.byteorder == "big":
+        numbers.byteswap()
+    half = len(numbers) // 2
+    return numbers[:half].tolist(), numbers[half:].tolist()
+
+
+def _decoded(ranks: dict[str, Any], of: list[int]) -> RankKeys | None:
     if ranks.get("format") != FORMAT:
         return None
     return RankKeys(
-        of=ranks["of"],
+        of=of,
         expected_gpu_s=ranks["size"],
         expected_from=ranks["from"],
         sources=ranks["sources"],
@@ -151,17 +173,22 @@ def last(session: Session) -> StoredRanking | None:
     with _lock:
         decoded = _cached[0] if _cached and _cached[0].ranks_id == ranks_id else None
     if decoded is None:
-        ranks = session.scalar(select(QueueRanking.ranks).where(QueueRanking.name == ROW))
-        keys = None if ranks is None else _decoded(ranks)
-        if ranks is None or keys is None:
+        stored = session.execute(
+            select(QueueRanking.ranks, QueueRanking.packed).where(QueueRanking.name == ROW)
+        ).first()
+        if stored is None or stored.ranks is None or stored.packed is None:
+            return None
+        ids, of = unpack(stored.packed)
+        keys = _decoded(stored.ranks, of)
+        if keys is None:
             return None
         decoded = StoredRanking(
             ranked_at=ranked_at,
             next_at=next_at,
             ranking=ranking,
             keys=keys,
-            ids=ranks["ids"],
-            index={job_id: i for i, job_id in enumerate(ranks["ids"])},
+            ids=ids,
+            index={job_id: i for i, job_id in enumerate(ids)},
             ranks_id=ranks_id,
         )
         with _lock:

@@ -314,6 +314,7 @@ class PendingReason(NamedTuple):
 class Plan:
     placements: tuple[Placement, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
+    # By queue_position (the planner sorts them).
     pending: tuple[PendingReason, ...] = ()
     # The pending jobs in the policy's queue order (position i+1 = queue_position). Their
     # views, not ids: a replay asks for no ids, and boxing thousands per cycle costs.

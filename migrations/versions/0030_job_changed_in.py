@@ -4,8 +4,8 @@ every waiting job's stamp (issue 42 point 4)
 
 PostgreSQL: the writing transaction's id (pg_current_xact_id), on insert (the column's
 default) and on every update (the row_version trigger). Transaction ids are handed out in
-start order, not commit order; the reader makes up for it by asking next time for every
-id from the oldest transaction still running when it read (app/cycle/snapshot.py).
+start order, not commit order; the reader makes up for it by asking next time also for
+the ids of the transactions still running when it read (app/cycle/snapshot.py).
 
 SQLite: a counter (job_change.n) moved by every write; SQLite has one writer at a time,
 so counters are taken in commit order.

@@ -19,7 +19,7 @@ from app.cli.jobs.options import parse_slurm_time
 from app.cli.jobs.views import jobs_table
 from app.db import utcnow
 from app.jobs.models import Job
-from app.jobs.ranking import FORMAT, QueueRanking
+from app.jobs.ranking import FORMAT, QueueRanking, pack
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
 from app.nodes.models import Node
@@ -433,8 +433,6 @@ def test_show_prints_queue_position_and_allocations(cli: Cli) -> None:
                 ranking={"policy": "fifo"},
                 ranks={
                     "format": FORMAT,
-                    "ids": [-2, -1, waiting["id"]],
-                    "of": [0] * 3,
                     "size": [3600.0],
                     "from": [0],
                     "sources": ["the default"],
@@ -443,6 +441,7 @@ def test_show_prints_queue_position_and_allocations(cli: Cli) -> None:
                     "projects": ["ml"],
                     "starving": [],
                 },
+                packed=pack([-2, -1, waiting["id"]], [0] * 3),
                 ranks_id="test-show",
             )
         )
