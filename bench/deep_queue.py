@@ -346,7 +346,12 @@ def main() -> int:
             "machine": machine_info(),
         },
     )
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; results: {path}")
+    machine = machine_info()
+    print(
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, scheduling core "
+        f"{machine['core']}, reference loop {machine['reference_loop_ms']:.0f} ms; "
+        f"results: {path}"
+    )
     return 0
 
 

@@ -91,10 +91,9 @@ class LastStored:
         if (
             self.ranked_at is None
             or policy != self.policy
-            or len(order) != len(self.order)
-            # The snapshot reuses a view while its job is unchanged (ViewCache): identity
-            # is equality here, and costs nothing.
-            or any(a is not b for a, b in zip(order, self.order, strict=True))
+            # The snapshot reuses a view while its job is unchanged (ViewCache): the tuples'
+            # comparison finds them the same by identity, and costs next to nothing.
+            or tuple(order) != self.order
             or history != self.history
         ):
             return False

@@ -130,3 +130,15 @@ def test_a_ranking_stored_by_an_older_scheduler_is_not_read_until_replaced(api):
     assert queue.status_code == 200 and queue.json()["items"][0]["queue_position"] is None
     run_one_cycle(api)
     assert _rank(api, waiting).json()["position"] == 1
+
+
+def test_the_packed_order_reads_back_as_it_was_written():
+    """Ids and classes as 32-bit numbers, whatever the machine's byte order."""
+    from app.jobs.ranking import pack, unpack
+
+    ids, of = [7, 2**31 - 1, -2, 3], [0, 5, 65536, 1]
+    packed = pack(ids, of)
+    assert len(packed) == 4 * (len(ids) + len(of))
+    assert packed[:4] == (7).to_bytes(4, "little")
+    assert unpack(packed) == (ids, of)
+    assert unpack(pack([], [])) == ([], [])
