@@ -142,9 +142,10 @@ class Job(Base):
     # since it read them (app/cycle/snapshot.py, ViewCache). Nothing in the app sets it,
     # except the cycle's bulk reason writes, which add the one themselves.
     row_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    # Where the row last changed in write order (migration 0030: the writing transaction's
-    # id on PostgreSQL, a counter on SQLite; set by the database on insert and update): a
-    # full cycle asks for the jobs changed since its last read by this, not every stamp.
+    # Where the row last changed in write order (migration 0030, set by the database: the
+    # writing transaction's id on PostgreSQL, on insert and update; on SQLite a counter, on
+    # update, new rows being found by id): a full cycle asks for the jobs changed since
+    # its last read by this, not for every stamp.
     changed_in: Mapped[int] = mapped_column(BigInteger, server_default=FetchedValue())
     # Set by a cancel of a scheduled/running job; the agent stops the process and then
     # reports CANCELLED, so the GPUs are released only once the process is gone.

@@ -204,6 +204,10 @@ def test_a_full_read_looks_only_at_the_jobs_changed_since_the_last(api):
     assert memory.views.stamps == 1 and memory.views.reread == 1
     assert memory.views.views[waiting[7]].estimated_runtime_s == 60
     assert len(memory.views.rows) == len(waiting) - 1  # one of them placed
+    _full(api, memory)  # reads back the reason it wrote for that one
+    arrived = submit(api, name="arrived")["id"]  # a new row (SQLite: found by its id)
+    _full(api, memory)
+    assert memory.views.stamps == 1 and arrived in memory.views.rows
 
 
 def test_a_write_that_commits_after_the_read_is_seen_by_the_next_one(api):
