@@ -489,6 +489,8 @@ def _full_read(
         and cache.gated_by == gated_by
         and cache.swept_at is not None
         and now - cache.swept_at < _SWEEP_EVERY
+        and cache.read_at is not None
+        and now >= cache.read_at  # a clock set back: what was due may not be now
     ):
         entries = _changed_read(
             connection, waiting=waiting, gates=gates, max_pending=max_pending, cache=cache,

@@ -279,3 +279,14 @@ def test_a_waiting_job_deleted_by_hand_leaves_the_queue_within_a_minute(api):
         session.commit()
     _read(api, cache, now + timedelta(seconds=61))
     assert set(cache.rows) == set(waiting[1:]) and cache.stamps == 2
+
+
+def test_a_clock_set_back_reads_every_stamp_again(api):
+    """What the clock let in at the last read need not be let in at an earlier time."""
+    now = utcnow()
+    began = submit(
+        api, name="at", schedule={"mode": "at", "at": (now - timedelta(minutes=5)).isoformat()}
+    )["id"]
+    cache = ViewCache()
+    assert _read(api, cache, now) == {began}
+    assert _read(api, cache, now - timedelta(minutes=10)) == set()
