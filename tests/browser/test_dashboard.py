@@ -397,7 +397,9 @@ def test_an_array_shows_its_tasks_and_why_the_rest_wait(dash: Dashboard, stack: 
         "/api/v1/jobs",
         {
             "name": "sweep",
-            "command": "sleep 60",
+            # Longer than the test on a loaded machine: task 0 ending would start task 1
+            # (its page then offers a placed job's changes) and leave it SUCCEEDED.
+            "command": "sleep 3600",
             "gpus": 1,
             "project": "default",
             "array": {"indices": "0-2", "max_running": 1},
