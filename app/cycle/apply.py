@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
@@ -19,14 +19,13 @@ from sqlalchemy.orm import Session
 from app.cycle import lease
 from app.cycle.snapshot import (
     REASON_COLUMNS,
-    CachedRow,
     SnapshotContext,
     attempt_of,
     updated_at_of,
 )
 from app.jobs.allocations import GpuClaim, allocate_many, release
 from app.jobs.lifecycle import transition
-from app.jobs.models import Job, JobEvent
+from app.jobs.models import PENDING_MESSAGE_CHARS, Job, JobEvent
 from app.jobs.orders import AfterCommit, released_gates, run_orders, stop_orders
 from app.jobs.ranking import ROW as RANKING_ROW
 from app.jobs.ranking import QueueRanking
@@ -34,6 +33,7 @@ from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.models import Node, NodeState
 from app.projects.models import Project
 from app.scheduling import PendingReason, Placement, Plan, Preemption
+from app.scheduling.stored import changed_reasons
 from app.scheduling.types import ReasonKind
 from app.wire import RunJob, StopJob
 
@@ -282,10 +282,10 @@ def _store_reasons(
     # In queue order already; none placed, but a plan made by hand may say otherwise.
     waiting = [r for r in plan.pending if r.job_id not in placed] if placed else plan.pending
     rows = ctx.pending_rows
-    changes: list[tuple[int, str, str, int | None, datetime | None]] = []
     if not ctx.quick:
-        _full_changes(waiting, rows, changes=changes)
+        changes = changed_reasons(waiting, rows, max_message=PENDING_MESSAGE_CHARS)
     else:
+        changes = []
         for read_as, reason in enumerate(waiting, start=1):
             read = rows.get(reason.job_id)
             old = None if read is None else read.reasons
@@ -293,7 +293,7 @@ def _store_reasons(
                 continue
             new = (
                 reason.kind.value,
-                reason.message[:512],
+                reason.message[:PENDING_MESSAGE_CHARS],
                 None if old is None else old[2],
                 reason.estimated_start,
             )
@@ -327,33 +327,6 @@ def _depart(session: Session, job_ids: list[int]) -> None:
         .values(departed=sorted({*(row[0] or ()), *job_ids}))
         .execution_options(synchronize_session=False)
     )
-
-
-def _full_changes(
-    waiting: Sequence[PendingReason],
-    rows: Mapping[int, CachedRow],
-    *,
-    changes: list[tuple[int, str, str, int | None, datetime | None]],
-) -> None:
-    """`_store_reasons` of a full read: the same comparison, in one pass over 20,000
-    jobs. A job it ranks for the first time gets its place as its key; a key is not
-    rewritten when the order changes (see `Job.queue_position`)."""
-    for place, (job_id, kind, message, _, start) in enumerate(waiting, start=1):
-        read = rows.get(job_id)
-        old = None if read is None else read.reasons
-        # Most of a deep queue is as it was: told apart without building its new values.
-        if (
-            old is not None
-            and old[2] is not None
-            and old[0] == kind._value_
-            and old[1] == message
-            and old[3] == start
-        ):
-            continue
-        key = place if old is None or old[2] is None else old[2]
-        new = (kind._value_, message[:512], key, start)
-        if old != new:
-            changes.append((job_id, *new))
 
 
 # Reasons written row by row (SQLite before UPDATE ... FROM) go in batches of this many.

@@ -22,7 +22,7 @@ from datetime import datetime
 from sqlalchemy import ColumnElement, and_, false, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.jobs.models import Job
+from app.jobs.models import PENDING_MESSAGE_CHARS, Job
 from app.jobs.states import JobStatus
 from app.scheduling.filters import begin_time, offpeak_window
 from app.scheduling.status import Context
@@ -154,7 +154,7 @@ def settle_clock_gates(session: Session, *, gates: ClockGates) -> datetime | Non
             .where(arrived, Job.begin_at == begin_at)
             .values(
                 pending_reason=BEGIN_TIME,
-                pending_message=message[:512],
+                pending_message=message[:PENDING_MESSAGE_CHARS],
                 queue_position=None,
                 estimated_start_at=starts,
             )
@@ -204,14 +204,14 @@ def settle_clock_gates(session: Session, *, gates: ClockGates) -> datetime | Non
                 gates.window_closed(window),
                 or_(
                     Job.pending_reason.is_distinct_from(WINDOW_CLOSED),
-                    Job.pending_message.is_distinct_from(message[:512]),
+                    Job.pending_message.is_distinct_from(message[:PENDING_MESSAGE_CHARS]),
                     Job.estimated_start_at.is_distinct_from(opens),
                     Job.queue_position.is_not(None),
                 ),
             )
             .values(
                 pending_reason=WINDOW_CLOSED,
-                pending_message=message[:512],
+                pending_message=message[:PENDING_MESSAGE_CHARS],
                 queue_position=None,
                 estimated_start_at=opens,
             )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,7 +33,7 @@ from app.jobs.ranking import (
 )
 from app.scheduling import JobView
 from app.scheduling.queue import submitted
-from app.scheduling.rank import RankKeys, rank_keys
+from app.scheduling.rank import RankClasses, RankKeys, rank_keys
 from app.scheduling.types import PolicySettings
 
 __all__ = ["ROW", "LastStored", "RankedBy", "StoredRank", "StoredRanking", "last", "store"]
@@ -74,12 +74,14 @@ class LastStored:
     are made of changed (the same views in the same order, the same policy and runtime
     history, no job started starving since), the stored ranks are still right, and only
     their time is written, not 20,000 jobs' ranks computed and encoded again (most of
-    what storing them cost, bench/deep_queue.py)."""
+    what storing them cost, bench/deep_queue.py). When they are not, the jobs' classes are
+    kept (`RankClasses`)."""
 
     ranked_at: datetime | None = None
     order: tuple[JobView, ...] = ()
     policy: PolicySettings | None = None
     history: Mapping[tuple[str, str], tuple[float, ...]] | None = None
+    classes: RankClasses = field(default_factory=RankClasses)
 
     def still_right(
         self,
@@ -132,7 +134,13 @@ def store(
         if touched.rowcount:  # type: ignore[attr-defined]
             last.ranked_at = now
             return
-    keys = rank_keys(order, settings=ranked_by.policy, history=history, now=now)
+    keys = rank_keys(
+        order,
+        settings=ranked_by.policy,
+        history=history,
+        now=now,
+        kept=None if last is None else last.classes,
+    )
     values: dict[str, Any] = {
         "ranked_at": now,
         "next_at": ranked_by.next_at,

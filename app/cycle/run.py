@@ -17,7 +17,7 @@ import functools
 import gc
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -106,12 +106,28 @@ def _waiting_views(plan: Plan, ctx: SnapshotContext, waiting: list[int]) -> list
     """The views of the jobs left `waiting`, in queue order: the plan's order less the jobs
     it placed, when that is all of them (it explains every job it does not place). Not
     by id: 20,000 lookups in the cache took longer than storing unchanged ranks."""
-    placed = {p.job_id for p in plan.placements}
-    views = [v for v in plan.queued if v.id not in placed] if placed else list(plan.queued)
+    views = _without(plan.queued, {p.job_id for p in plan.placements})
     if len(views) == len(waiting):
         return views
     rows = ctx.pending_rows
     return [rows[i].view for i in waiting]
+
+
+def _without(queued: Sequence[JobView], placed: set[int]) -> list[JobView]:
+    """`queued` less the `placed` jobs. The planner walks the queue in order, so those it
+    places are mostly near its head: they are looked for from there, and the rest is
+    copied whole (a test per job of 20,000 was a few ms of each full cycle)."""
+    head: list[JobView] = []
+    left = len(placed)
+    at = 0
+    while left and at < len(queued):
+        view = queued[at]
+        at += 1
+        if view.id in placed:
+            left -= 1
+        else:
+            head.append(view)
+    return head + list(queued[at:])
 
 
 @without_gc

@@ -59,7 +59,7 @@ class SnapshotContext:
 
     snapshot: Snapshot
     # A full read's are the view cache's own rows (20,000 at depth: not copied).
-    pending_rows: Mapping[int, CachedRow]
+    pending_rows: dict[int, CachedRow]
     node_ids: dict[str, int]
     gpu_ids: dict[tuple[str, int], int]
     # Derived from the whole history; a quick read reuses them (see QueueMemory).

@@ -25,6 +25,10 @@ from app.jobs.states import JobStatus
 STATUS_TYPE = Enum(JobStatus, native_enum=False, length=16)
 
 
+# A pending reason's message is cut to this many characters (the column's size).
+PENDING_MESSAGE_CHARS = 512
+
+
 class Job(Base):
     __tablename__ = "job"
     __table_args__ = (
@@ -96,7 +100,7 @@ class Job(Base):
     # Incremented each time the job is placed; agents' reports carry it (fencing).
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     pending_reason: Mapped[str | None] = mapped_column(String(32))
-    pending_message: Mapped[str | None] = mapped_column(String(512))
+    pending_message: Mapped[str | None] = mapped_column(String(PENDING_MESSAGE_CHARS))
     # Not the place shown (that is the job's index in the last full cycle's ranking,
     # app/jobs/ranking.py, which also sorts the Queue page): set, to the job's place then,
     # when a full cycle first ranks it, and not kept up to date (app/cycle/apply.py);

@@ -11,7 +11,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.jobs.lifecycle import note
-from app.jobs.models import Job
+from app.jobs.models import PENDING_MESSAGE_CHARS, Job
 from app.jobs.states import JobStatus
 from app.scheduling.types import ReasonKind
 from app.text import readable_span
@@ -79,10 +79,10 @@ def settle_never_in_window(
         for job in session.scalars(impossible).all():
             message = _never_in_window_message(job, window=window, name=name, longest_s=longest_s)
             job.pending_reason = NEVER_IN_WINDOW
-            job.pending_message = message[:512]
+            job.pending_message = message[:PENDING_MESSAGE_CHARS]
             job.queue_position = None
             job.estimated_start_at = None
-            note(session, job=job, actor=actor, reason=message[:512])
+            note(session, job=job, actor=actor, reason=message[:PENDING_MESSAGE_CHARS])
 
 
 @lru_cache(maxsize=128)

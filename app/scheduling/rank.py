@@ -183,29 +183,43 @@ class RankKeys:
     las_queue: list[int] | None = None  # default and las: each class's LAS queue
 
 
+class RankClasses:
+    """The classes of the jobs a full cycle ranked, kept for the next one (`rank_keys`'s
+    `kept`): a job whose view and LAS queue are as they were keeps its class, without its
+    key being built and looked up again (at 20,000 waiting that was most of ranking them,
+    bench/deep_queue.py). A class is what its jobs are alike in, so its keys are worked
+    out anew each time from one of its jobs, with that cycle's settings and runtime
+    history, and the ranks are the same as without it."""
+
+    def __init__(self) -> None:
+        self.of_job: dict[int, tuple[JobView, int, int]] = {}  # id -> (view, LAS queue, class)
+        self.classes: dict[tuple[object, ...], int] = {}  # what its jobs are alike in -> class
+        self.example: list[JobView] = []  # one job of each class
+        self.level: list[int] = []  # each class's LAS queue
+
+
 def rank_keys(
     order: Sequence[JobView],
     *,
     settings: PolicySettings,
     history: Mapping[tuple[str, str], tuple[float, ...]],
     now: datetime,
+    kept: RankClasses | None = None,
 ) -> RankKeys:
     """The keys of every job of `order`, in one pass. The counts per job are left to
     `ahead_of`, when someone asks: counting them for 20,000 jobs was most of what
-    ranking a full cycle's queue cost, and almost all of it was never read."""
+    ranking a full cycle's queue cost, and almost all of it was never read. Classes are
+    numbered in order of first appearance, whatever `kept` remembers."""
+    if kept is None:
+        kept = RankClasses()
     limit = settings.starvation_after_s
     starved_before = now - timedelta(seconds=limit) if limit > 0 else None
     policy = settings.queue_policy
+    of_job, classes, example, levels = kept.of_job, kept.classes, kept.example, kept.level
     of: list[int] = []
     starving: list[int] = []
-    classes: dict[tuple[object, ...], int] = {}
-    sizes: list[float] = []
-    sources_of: list[int] = []
-    priorities: list[int] = []
-    project_of: list[int] = []
-    queues: list[int] = []
-    sources: dict[str, int] = {}
-    projects: dict[str, int] = {}
+    number = [-1] * len(example)  # kept class -> its number in this ranking
+    used: list[int] = []  # kept classes by number
     for i, job in enumerate(order):
         level = (
             queue_level(job, now, settings)
@@ -214,28 +228,53 @@ def rank_keys(
             if policy == "las"
             else 0
         )
-        alike = (
-            job.user,
-            job.name,
-            job.estimated_runtime_s,
-            job.max_runtime_s,
-            job.total_gpus,
-            job.priority,
-            job.project,
-            level,
-        )
-        known = classes.get(alike)
-        if known is None:
-            predicted = predict_runtime(history, job)
-            known = classes[alike] = len(sizes)
-            sizes.append(expected_gpu_s(job, predicted, settings))
-            sources_of.append(sources.setdefault(_expected_from(job, predicted), len(sources)))
-            priorities.append(job.priority)
-            project_of.append(projects.setdefault(job.project, len(projects)))
-            queues.append(level)
-        of.append(known)
+        hit = of_job.get(job.id)
+        if hit is not None and hit[0] is job and hit[1] == level:
+            known = hit[2]
+        else:
+            alike = (
+                job.user,
+                job.name,
+                job.estimated_runtime_s,
+                job.max_runtime_s,
+                job.total_gpus,
+                job.priority,
+                job.project,
+                level,
+            )
+            found = classes.get(alike)
+            if found is None:
+                found = classes[alike] = len(example)
+                example.append(job)
+                levels.append(level)
+                number.append(-1)
+            known = found
+            of_job[job.id] = (job, level, known)
+        n = number[known]
+        if n < 0:
+            n = number[known] = len(used)
+            used.append(known)
+        of.append(n)
         if starved_before is not None and submitted(job) <= starved_before:
             starving.append(i)
+    sizes: list[float] = []
+    sources_of: list[int] = []
+    priorities: list[int] = []
+    project_of: list[int] = []
+    queues: list[int] = []
+    sources: dict[str, int] = {}
+    projects: dict[str, int] = {}
+    for c in used:
+        job = example[c]
+        predicted = predict_runtime(history, job)
+        sizes.append(expected_gpu_s(job, predicted, settings))
+        sources_of.append(sources.setdefault(_expected_from(job, predicted), len(sources)))
+        priorities.append(job.priority)
+        project_of.append(projects.setdefault(job.project, len(projects)))
+        queues.append(levels[c])
+    if len(of_job) > 2 * len(order) + 1000 or len(example) > 2 * len(used) + 100:
+        # Mostly jobs gone from the queue: start again next time.
+        kept.of_job, kept.classes, kept.example, kept.level = {}, {}, [], []
     return RankKeys(
         of=of,
         expected_gpu_s=sizes,

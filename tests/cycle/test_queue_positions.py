@@ -390,3 +390,15 @@ def test_full_cycles_keep_the_order_and_follow_what_changed(api):
     fresh = QueueMemory()
     _cycle(api, fresh, full=True)
     assert fresh.order == memory.order
+
+
+def test_the_jobs_a_cycle_placed_leave_the_ranked_order_wherever_they_stood():
+    """The ranks are stored from the plan's order less the jobs it placed, looked for from
+    the head: one placed deep in the queue (a backfill) or not in it leaves the rest as is."""
+    from app.cycle.run import _without
+    from tests.scheduling.builders import job
+
+    views = [job(i) for i in range(1, 11)]
+    assert [v.id for v in _without(views, {1, 2, 9})] == [3, 4, 5, 6, 7, 8, 10]
+    assert [v.id for v in _without(views, set())] == list(range(1, 11))
+    assert [v.id for v in _without(views, {99})] == list(range(1, 11))

@@ -192,3 +192,34 @@ def test_jobs_placed_since_the_ranking_are_not_counted_ahead(policy):
         assert alone is not None
         assert ahead_of(keys, i, policy, gone=gone) == alone.ahead
         assert ahead_of(keys, i, policy) != alone.ahead  # the gone ones were ahead
+
+
+@pytest.mark.parametrize("policy", ["default", "sjf", "las", "fifo"])
+def test_kept_classes_give_the_ranks_of_a_ranking_from_scratch(policy):
+    """A full cycle keeps the jobs' classes for the next one (RankClasses): whatever the
+    next queue is (reordered, jobs gone and new, views replaced, a LAS queue changed by
+    promotion, another runtime history), the keys are those ranked from scratch."""
+    from dataclasses import replace
+
+    from app.scheduling.rank import RankClasses
+
+    policy_settings = settings(
+        queue_policy=policy, las_thresholds_gpu_s=(3600.0, 10_000.0), promote_after_service=2.0
+    )
+    kept = RankClasses()
+    queue = _mixed_queue()
+    history: dict = {("user", "t1"): (300.0, 900.0)}
+    for step in range(6):
+        now = T0 + timedelta(hours=10 * step)  # promotions move LAS queues as time passes
+        order = order_jobs(queue, settings=policy_settings, projects=PROJECTS, running=(),
+                           history=history, now=now)  # fmt: skip
+        with_kept = rank_keys(order, settings=policy_settings, history=history, now=now, kept=kept)
+        scratch = rank_keys(order, settings=policy_settings, history=history, now=now)
+        assert with_kept == scratch
+        # The next queue: the first few placed, one view replaced, one job new, another
+        # runtime history (the job that ended).
+        queue = queue[5:]
+        queue[3] = replace(queue[3], estimated_runtime_s=123)
+        queue.append(job(1000 + step, project="cv", gpus=2, name="t1"))
+        history = {**history, ("user", "t1"): (*history[("user", "t1")], 60.0 * (step + 1))}
+    assert len(kept.example) > 0  # it kept classes throughout
