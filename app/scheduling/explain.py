@@ -38,7 +38,18 @@ from app.scheduling.state import NodeState, Request, Slot
 from app.scheduling.types import JobView, ReasonKind, RunningJobView
 
 
-def explain(cs: CycleState, deferred: list[tuple[int, JobView, Request]]) -> None:
+def explain(
+    cs: CycleState,
+    deferred: list[tuple[int, JobView, Request]],
+    plain: list[tuple[int, int, int, Request]],
+) -> None:
+    """Give every job the walk left waiting its reason. `deferred`: (position, view, request)
+    of jobs that may get a note of their own (a node choice, a missing account, nodes
+    going into maintenance, a quota to reclaim); `plain`: (position, id, priority,
+    request) of the others, whose reason is their shape's (and the priority note's):
+    explained without reading their views again. Behind a full cluster that is most of a
+    deep queue, and reading 20,000 views a second time was most of explaining them
+    (memory reads, on a busy host)."""
     # By object: deferred requests are the cycle's one Request per job shape (and all
     # alive while this runs), so id() is as good a key as the value and cheaper.
     cache: dict[int, tuple[ReasonKind, str]] = {}
@@ -49,8 +60,6 @@ def explain(cs: CycleState, deferred: list[tuple[int, JobView, Request]]) -> Non
     ]
     cs.room_profiles = _room_profiles(cs.had_room)
     cs.room_max = max((len(room) for room in cs.had_room), default=0)
-    pending = cs.pending
-    res_job = cs.res_job
     if cs.quota_any and cs.settings.preemption:
         cs.borrowers[None] = _find_borrowers(cs, None)
         used = cs.used_milli
@@ -68,7 +77,7 @@ def explain(cs: CycleState, deferred: list[tuple[int, JobView, Request]]) -> Non
     for pos, job, req in deferred:
         note = _reclaim_note(cs, job, req) if reclaim else ""
         if lowest_young is not None and job.priority > lowest_young and req.gpus:
-            note += _priority_note(cs, job, req)
+            note += _priority_note(cs, job.priority, req)
         if job.only_nodes is not None or job.exclude_nodes:
             note += node_choice.note(job)
         if cs.lacking and job.unix_user in cs.lacking:
@@ -79,20 +88,39 @@ def explain(cs: CycleState, deferred: list[tuple[int, JobView, Request]]) -> Non
                 maintenance[mkey] = _maintenance_reason(cs, job, req)
             why = maintenance[mkey]
             if why is not None:
-                own = job.id == res_job
+                own = job.id == cs.res_job
                 why += _reservation_note(cs.res_time) if own else ""
                 estimate = cs.res_time if own else None
                 pend(cs, job, pos, ReasonKind.MAINTENANCE, why + note, estimate)
                 continue
-        if job.id == res_job:
-            kind, msg = _diagnose(cs, req, {}, own=job.id)  # its own GPUs count as free
-            msg += _reservation_note(cs.res_time) + note
-            pend(cs, job, pos, kind, msg, cs.res_time)
-            continue
-        got = cache.get(id(req))
-        if got is None:
-            got = cache[id(req)] = _diagnose(cs, req, levels)
-        pending.append(pending_reason(job.id, got[0], got[1] + note, pos, None))
+        _shape_reason(cs, pos, job.id, req, note, cache, levels)
+    for pos, job_id, priority, req in plain:
+        note = ""
+        if lowest_young is not None and priority > lowest_young and req.gpus:
+            note = _priority_note(cs, priority, req)
+        _shape_reason(cs, pos, job_id, req, note, cache, levels)
+
+
+def _shape_reason(
+    cs: CycleState,
+    pos: int,
+    job_id: int,
+    req: Request,
+    note: str,
+    cache: dict[int, tuple[ReasonKind, str]],
+    levels: dict[tuple[int, int, str | None], list[list[int]]],
+) -> None:
+    """A waiting job's reason from its request's shape (worked out once per shape, in
+    `cache`), with its `note`; the backfill head's with its own GPUs counted as free."""
+    if job_id == cs.res_job:
+        kind, msg = _diagnose(cs, req, {}, own=job_id)
+        msg += _reservation_note(cs.res_time) + note
+        cs.pending.append(pending_reason(job_id, kind, msg, pos, cs.res_time))
+        return
+    got = cache.get(id(req))
+    if got is None:
+        got = cache[id(req)] = _diagnose(cs, req, levels)
+    cs.pending.append(pending_reason(job_id, got[0], got[1] + note, pos, None))
 
 
 def _maintenance_reason(cs: CycleState, job: JobView, req: Request) -> str | None:
@@ -150,18 +178,18 @@ def _reclaim_note(cs: CycleState, job: JobView, req: Request) -> str:
     return note
 
 
-def _priority_note(cs: CycleState, job: JobView, req: Request) -> str:
+def _priority_note(cs: CycleState, priority: int, req: Request) -> str:
     """Why a job that outranks running preemptible jobs still waits: they have not
     run `min_run_before_preempt_s` yet (the anti-loop guard). When the first may be
     stopped for it; whether that frees GPUs of the right shape is the plan's to say."""
-    key = (job.priority, req.model)
+    key = (priority, req.model)
     note = cs.priority_notes.get(key)
     if note is None:
         nodes = cs.node_by_name
         starts = [
             (r.started_at, r.job.id)
             for r in cs.young
-            if r.job.priority < job.priority
+            if r.job.priority < priority
             and (req.model is None or _holds_model(r, req.model, nodes))
         ]
         note = ""

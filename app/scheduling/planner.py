@@ -269,6 +269,22 @@ def _free_room(cs: CycleState) -> tuple[int, int, int, int]:
     return most[0], most[1], most[2], most[3]
 
 
+def _defer(
+    deferred: list[tuple[int, JobView, Request]],
+    plain: list[tuple[int, int, int, Request]],
+    pos: int,
+    job: JobView,
+    req: Request,
+    noted: bool,
+) -> None:
+    """Leave `job` to explain: with its view if a note of its own may be added to its
+    reason (`noted`, or nodes it may not use), else by id and priority."""
+    if noted or req.barred:
+        deferred.append((pos, job, req))
+    else:
+        plain.append((pos, job.id, job.priority, req))
+
+
 def run(cs: CycleState, memo: KeptOrder | None = None) -> Plan:
     """Phases 2-4: order the queue (with the caller's `memo`), place, backfill and
     preempt, explain."""
@@ -307,7 +323,11 @@ def run(cs: CycleState, memo: KeptOrder | None = None) -> Plan:
     exhausted = False
     full_outside = False  # no room except on GPUs reserved for the backfill head
     checked_at = -1
+    # The jobs left waiting, for explain: with their views where it may add a note of
+    # the job's own, else by id (`explain`). A quota to reclaim is noted per job.
     deferred: list[tuple[int, JobView, Request]] = []
+    plain: list[tuple[int, int, int, Request]] = []
+    quota_notes = cs.quota_any and cs.settings.preemption
     # Request per job shape: most of 10k jobs share a few dozen shapes.
     shapes: dict[tuple[int, int, float | None, int | None, str | None, frozenset[str]], Shape] = {}
     # Jobs of at most this runtime may use the reserved GPUs (fixed once the reservation is).
@@ -333,7 +353,9 @@ def run(cs: CycleState, memo: KeptOrder | None = None) -> Plan:
                 )
                 continue
         barred = eligibility.maintenance_barred(cs, job) if maintenance else _NOT_BARRED
+        noted = quota_notes  # explain may add a note of this job's own
         if job.only_nodes is not None or job.exclude_nodes:
+            noted = True
             by_choice = eligibility.chosen_barred(cs, job)
             # Every node barred: none of its only_nodes may be left (cheap test first).
             why = (
@@ -346,6 +368,7 @@ def run(cs: CycleState, memo: KeptOrder | None = None) -> Plan:
                 continue
             barred = barred | by_choice
         if cs.lacking and job.unix_user in cs.lacking:
+            noted = True
             by_account = account.barred(job, cs.lacking)
             if len(barred | by_account) == len(cs.nodes):
                 pend(cs, job, pos, ReasonKind.NO_ACCOUNT, account.reason(job, cs.lacking))
@@ -383,7 +406,7 @@ def run(cs: CycleState, memo: KeptOrder | None = None) -> Plan:
             pending.append(pending_reason(job.id, ReasonKind.PRIORITY, strict_msg, pos, None))
             continue
         if exhausted and req.gpus > 0:
-            deferred.append((pos, job, req))
+            _defer(deferred, plain, pos, job, req, noted)
             continue
         allow_reserved = False
         if reserved_until is not None:
@@ -393,7 +416,7 @@ def run(cs: CycleState, memo: KeptOrder | None = None) -> Plan:
             allow_reserved = rt is not None and rt <= reserved_until
         if full_outside and not allow_reserved and req.gpus > 0:
             # Only reserved GPUs have room and this job may not use them.
-            deferred.append((pos, job, req))
+            _defer(deferred, plain, pos, job, req, noted)
             continue
         key = known.key_reserved if allow_reserved else known.key
         chosen = None if key in failed else find(cs, req, allow_reserved, key)
@@ -416,7 +439,7 @@ def run(cs: CycleState, memo: KeptOrder | None = None) -> Plan:
         else:
             strict_blocker = job
             strict_msg = f"waiting behind job {job.id} (strict queue order, backfill off)"
-        deferred.append((pos, job, req))
+        _defer(deferred, plain, pos, job, req, noted)
         if may_preempt_any and not later_may_preempt(cs, job):
             may_preempt_any = False
         if not may_preempt_any and cs.version != checked_at:
@@ -434,7 +457,7 @@ def run(cs: CycleState, memo: KeptOrder | None = None) -> Plan:
                 if fit_at < 0:
                     break  # what is left of the queue could only fail to place
     if explaining:
-        explain(cs, deferred)
+        explain(cs, deferred, plain)
     cs.pending.sort(key=_QUEUE_POSITION)
     return Plan(
         placements=tuple(cs.placements),
