@@ -24,6 +24,8 @@ class StoredRow(Protocol):
     reasons: tuple[Any, ...]
 
 
+# The rows come as a dict (not a Mapping: the compiled lookup is then a plain dict
+# lookup), of whatever type has `reasons`.
 Row = TypeVar("Row", bound=StoredRow)
 
 

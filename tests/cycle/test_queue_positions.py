@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from sqlalchemy import select, update
 
-from app.cycle.run import run_cycle
+from app.cycle.run import _without, run_cycle
 from app.cycle.snapshot import QueueMemory
 from app.db import utcnow
 from app.jobs.estimates import NOT_RANKED, RESERVED_FOR_THE_FIRST
@@ -25,6 +25,7 @@ from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
 from tests.cycle.jobs_api import SETTINGS, add_node, finish, get_job, positions, submit
 from tests.foundation.builders import insert_jobs, ready_node
+from tests.scheduling.builders import job as job_view
 
 
 def _cycle(api, memory: QueueMemory, *, full: bool):
@@ -395,10 +396,7 @@ def test_full_cycles_keep_the_order_and_follow_what_changed(api):
 def test_the_jobs_a_cycle_placed_leave_the_ranked_order_wherever_they_stood():
     """The ranks are stored from the plan's order less the jobs it placed, looked for from
     the head: one placed deep in the queue (a backfill) or not in it leaves the rest as is."""
-    from app.cycle.run import _without
-    from tests.scheduling.builders import job
-
-    views = [job(i) for i in range(1, 11)]
+    views = [job_view(i) for i in range(1, 11)]
     assert [v.id for v in _without(views, {1, 2, 9})] == [3, 4, 5, 6, 7, 8, 10]
     assert [v.id for v in _without(views, set())] == list(range(1, 11))
     assert [v.id for v in _without(views, {99})] == list(range(1, 11))

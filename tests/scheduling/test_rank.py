@@ -3,12 +3,13 @@ the policy that puts it first. The order is the core's own (`order_jobs`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
 from app.scheduling.queue import order_jobs
-from app.scheduling.rank import ahead_of, rank_all, rank_keys, rank_of
+from app.scheduling.rank import RankClasses, ahead_of, rank_all, rank_keys, rank_of
 from tests.scheduling.builders import T0, job, project, settings
 
 HOUR = 3600.0
@@ -199,10 +200,6 @@ def test_kept_classes_give_the_ranks_of_a_ranking_from_scratch(policy):
     """A full cycle keeps the jobs' classes for the next one (RankClasses): whatever the
     next queue is (reordered, jobs gone and new, views replaced, a LAS queue changed by
     promotion, another runtime history), the keys are those ranked from scratch."""
-    from dataclasses import replace
-
-    from app.scheduling.rank import RankClasses
-
     policy_settings = settings(
         queue_policy=policy, las_thresholds_gpu_s=(3600.0, 10_000.0), promote_after_service=2.0
     )
