@@ -33,7 +33,7 @@ from app.jobs.states import ACTIVE, JobStatus
 from app.nodes.models import Node, NodeState
 from app.projects.models import Project
 from app.scheduling import PendingReason, Placement, Plan, Preemption
-from app.scheduling.stored import changed_reasons
+from app.scheduling.stored import changed_reasons, still_waiting
 from app.scheduling.types import ReasonKind
 from app.wire import RunJob, StopJob
 
@@ -48,7 +48,7 @@ class Applied:
     stops: list[StopJob] = field(default_factory=list)
     lease_lost: bool = False
     # The jobs left waiting, in queue order (position i + 1).
-    waiting: list[int] = field(default_factory=list)
+    waiting: Sequence[PendingReason] = ()
 
     @property
     def after(self) -> AfterCommit:
@@ -147,8 +147,7 @@ def apply_plan(
         run_orders(session, jobs=[job for p, job in placed if not p.after_preemption_of])
     )
     applied.dispatches.extend(released_gates(session))
-    waiting = _store_reasons(session, ctx=ctx, plan=plan, placed=set(applied.placed))
-    applied.waiting.extend(r.job_id for r in waiting)
+    applied.waiting = _store_reasons(session, ctx=ctx, plan=plan, placed=set(applied.placed))
     if not ctx.quick:  # a quick read reuses the usage of the last full one
         _store_usage(session, usage=ctx.usage, now=now)
     session.commit()
@@ -279,8 +278,7 @@ def _store_reasons(
     a quick one finds gone from the head: cancelled, held) are listed as departed, so
     that the jobs behind them move up at once. Returns the waiting jobs, in queue order.
     """
-    # In queue order already; none placed, but a plan made by hand may say otherwise.
-    waiting = [r for r in plan.pending if r.job_id not in placed] if placed else plan.pending
+    waiting = still_waiting(plan.pending, placed)
     rows = ctx.pending_rows
     if not ctx.quick:
         changes = changed_reasons(waiting, rows, max_message=PENDING_MESSAGE_CHARS)

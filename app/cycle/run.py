@@ -37,7 +37,7 @@ from app.cycle.snapshot import QueueMemory, SnapshotContext, read_snapshot
 from app.jobs.never_in_window import settle_never_in_window
 from app.messaging import Sender
 from app.metrics import CYCLE_SECONDS, PLACEMENTS, PLAN_SECONDS
-from app.scheduling import JobView, Plan, plan_cycle
+from app.scheduling import JobView, PendingReason, Plan, plan_cycle
 from app.scheduling.wakeup import next_wakeup
 from app.scheduling.window_close import next_window_stop, window_close_preemptions
 from app.windows.calendar import window_rules
@@ -102,7 +102,9 @@ class CycleReport:
     wake_at: datetime | None = None
 
 
-def _waiting_views(plan: Plan, ctx: SnapshotContext, waiting: list[int]) -> list[JobView]:
+def _waiting_views(
+    plan: Plan, ctx: SnapshotContext, waiting: Sequence[PendingReason]
+) -> list[JobView]:
     """The views of the jobs left `waiting`, in queue order: the plan's order less the jobs
     it placed, when that is all of them (it explains every job it does not place). Not
     by id: 20,000 lookups in the cache took longer than storing unchanged ranks."""
@@ -110,7 +112,7 @@ def _waiting_views(plan: Plan, ctx: SnapshotContext, waiting: list[int]) -> list
     if len(views) == len(waiting):
         return views
     rows = ctx.pending_rows
-    return [rows[i].view for i in waiting]
+    return [rows[r.job_id].view for r in waiting]
 
 
 def _without(queued: Sequence[JobView], placed: set[int]) -> list[JobView]:

@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -109,6 +110,10 @@ class CachedRow:
     view: JobView
 
 
+# A cached row's view, mapped over a whole queue at C speed.
+_VIEW_OF = attrgetter("view")
+
+
 @dataclass
 class ViewCache:
     """The waiting jobs a cycle read, by id, for the next cycles: a full cycle reads each
@@ -123,6 +128,9 @@ class ViewCache:
 
     names: tuple[Any, ...] = ()
     rows: dict[int, CachedRow] = field(default_factory=dict)
+    # Jobs whose view was made with some attained service (`_kept_views`); may name jobs
+    # no longer in `rows`.
+    served: set[int] = field(default_factory=set)
     # How many whole rows the last read took, and how many jobs' stamps a full read
     # looked at (bench/deep_queue.py, tests).
     reread: int = 0
@@ -420,25 +428,38 @@ def _pending_views(
                 attained=got,
                 view=_job_view(j, users[j.user_id], project_names[j.project_id], got),
             )
+            if got:
+                cache.served.add(job_id)
         entries.append(cached)
     return entries
 
 
 def _kept_views(
-    cached: list[CachedRow],
+    cache: ViewCache,
     *,
     users: dict[int, tuple[str, str]],
     project_names: dict[int, str],
     attained: dict[int, float],
 ) -> None:
     """Jobs not read again: a view made with another attained service (an allocation of
-    theirs left the usage horizon) is made anew from the row kept."""
-    for entry in cached:
-        job = entry.row
-        got = attained.get(job[0], 0.0)
+    theirs left the usage horizon) is made anew from the row kept. Only the jobs that
+    have service now or had it when their view was made can differ (`ViewCache.served`):
+    a pass over every waiting job's entry cost a full cycle 5-8 ms at 20,000 waiting."""
+    rows, served = cache.rows, cache.served
+    for job_id in served.union(i for i, got in attained.items() if got):
+        entry = rows.get(job_id)
+        if entry is None:  # left the queue (or is running)
+            served.discard(job_id)
+            continue
+        got = attained.get(job_id, 0.0)
         if entry.attained != got:
+            job = entry.row
             entry.attained = got
             entry.view = _job_view(job, users[job.user_id], project_names[job.project_id], got)
+        if not got:
+            served.discard(job_id)
+        else:
+            served.add(job_id)
 
 
 def _project_heads(session: Session, runnable: Subquery, limit: int) -> list[Any]:
@@ -617,9 +638,8 @@ def _changed_read(
     if not cache.in_order:
         cache.rows = known = dict(sorted(known.items()))
         cache.in_order = True
-    entries = list(known.values())
-    _kept_views(entries, **made)
-    return entries
+    _kept_views(cache, **made)
+    return list(known.values())
 
 
 def _whole_rows(connection: Any, *, waiting: tuple[Any, ...], ids: list[int]) -> list[Any]:
@@ -690,9 +710,9 @@ def _swept_read(
     in_order = ids == sorted(ids)  # linear when sorted, as it mostly is
     if not in_order:
         entries.sort(key=lambda entry: cast(int, entry.row[0]))
-    _kept_views([e for e in entries if e.row[0] not in read], **made)
     if len(entries) != len(known) or not in_order:
         cache.rows = {entry.row[0]: entry for entry in entries}
+    _kept_views(cache, **made)
     cache.top, cache.in_order = (entries[-1].row[0] if entries else 0), True
     return entries, False
 
@@ -873,7 +893,7 @@ def read_snapshot(
             session, waiting=waiting, gates=gates, max_pending=max_pending, cache=cache,
             made=made, now=now,
         )  # fmt: skip
-    pending = tuple(j.view for j in pending_jobs)
+    pending = tuple(map(_VIEW_OF, pending_jobs))
     history: dict[tuple[str, str], list[float]] = defaultdict(list)
     for user_id, name, started, finished in (
         ()

@@ -57,3 +57,11 @@ def changed_reasons(
         if old != new:
             changes.append((job_id, *new))
     return changes
+
+
+def still_waiting(pending: Sequence[PendingReason], placed: set[int]) -> Sequence[PendingReason]:
+    """`pending` less the jobs in `placed`, in order: none, from the planner, but a plan
+    made by hand may list a job in both."""
+    if not placed:
+        return pending
+    return [reason for reason in pending if reason.job_id not in placed]

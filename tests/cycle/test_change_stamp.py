@@ -18,6 +18,7 @@ from app.db import utcnow
 from app.jobs.allocations import release
 from app.jobs.models import Job
 from app.messaging import NullMessenger
+from app.nodes.models import Allocation, Gpu
 from app.scheduling import WindowInterval
 from tests.cycle.jobs_api import SETTINGS, add_node, finish, grant_priority, positions, submit
 
@@ -290,3 +291,39 @@ def test_a_clock_set_back_reads_every_stamp_again(api):
     cache = ViewCache()
     assert _read(api, cache, now) == {began}
     assert _read(api, cache, now - timedelta(minutes=10)) == set()
+
+
+@pytest.mark.parametrize("later_s", [40, 2 * 86400], ids=["changed read", "every stamp read"])
+def test_a_kept_view_drops_the_service_that_left_the_usage_horizon(api, later_s):
+    """A waiting job whose earlier attempt's service leaves the usage horizon (a day at
+    least) is not written to, so its row is not read again: its kept view is made anew
+    with the service it has now (`_kept_views`), in either kind of full read."""
+    add_node(api, 1)
+    served = submit(api, name="served")["id"]
+    fresh = submit(api, name="fresh")["id"]
+    now = utcnow()
+    with api.factory.begin() as session:
+        gpu = session.scalars(select(Gpu)).first()
+        assert gpu is not None
+        # One GPU-hour, ended 30 s inside the horizon of a read at `now`.
+        ended = now - timedelta(seconds=86400 - 30)
+        session.add(
+            Allocation(
+                job_id=served,
+                attempt=1,
+                node_id=gpu.node_id,
+                gpu_id=gpu.id,
+                created_at=ended - timedelta(hours=1),
+                released_at=ended,
+            )
+        )
+    cache = ViewCache()
+
+    def attained(at) -> dict[int, float]:
+        with api.factory() as session:
+            ctx = read_snapshot(session=session, now=at, half_life_s=3600.0, views=cache)
+        return {view.id: view.attained_gpu_s for view in ctx.snapshot.pending}
+
+    assert attained(now) == {served: pytest.approx(3600.0), fresh: 0.0}
+    assert attained(now + timedelta(seconds=later_s)) == {served: 0.0, fresh: 0.0}
+    assert cache.reread == 0  # neither row read again: their kept views were made anew

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from app.scheduling.cycle_state import pending_reason
-from app.scheduling.stored import changed_reasons
+from app.scheduling.stored import changed_reasons, still_waiting
 from app.scheduling.types import ReasonKind
 from tests.scheduling.builders import T0
 
@@ -42,3 +42,9 @@ def test_only_changed_reasons_are_written_and_keys_are_kept():
         (3, WAITING.value, "x" * 512, 3, None),
         (4, ReasonKind.PRIORITY.value, "behind 1", 4, None),
     ]
+
+
+def test_jobs_placed_leave_the_waiting_in_order():
+    waiting = [pending_reason(i, WAITING, "no room", i, None) for i in (4, 7, 2, 9)]
+    assert [r.job_id for r in still_waiting(waiting, {7, 9})] == [4, 2]
+    assert still_waiting(waiting, set()) is waiting  # none placed: not copied
