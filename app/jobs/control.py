@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from sqlalchemy import ColumnElement, inspect, select
+from sqlalchemy import ColumnElement, insert, inspect, select, update
 from sqlalchemy.orm import Session
 
 from app.auth.models import User
@@ -13,7 +13,7 @@ from app.auth.service import Principal
 from app.db import utcnow
 from app.errors import Conflict, FieldError, Forbidden, NotFound
 from app.jobs.lifecycle import note, transition
-from app.jobs.models import Job
+from app.jobs.models import Job, JobEvent
 from app.jobs.orders import AfterCommit, Changed, stop_orders
 from app.jobs.queries import JobSelection, outs, visible_job
 from app.jobs.schemas import (
@@ -58,9 +58,10 @@ def cancel_selected(
     ids = lock_selected(
         session, principal=principal, selection=selection, verb="cancel", where=where
     )
+    waited = _cancel_waiting(session, ids, actor=principal.name)
     placed: dict[int, int] = {}
     stopping = 0
-    for jobs in in_chunks(session, ids):
+    for jobs in in_chunks(session, [i for i in ids if i not in waited]):
         for job in jobs:
             cancel_locked(session, job=job, actor=principal.name, grace_s=grace_s)
             if job.status in ACTIVE:
@@ -69,6 +70,51 @@ def cancel_selected(
     after = AfterCommit.of(stop_orders(session, placed, reason="cancel", grace_s=grace_s))
     session.commit()
     return Changed(BulkOut.of(ids, stopping=stopping), after)
+
+
+def _cancel_waiting(session: Session, ids: Sequence[int], *, actor: str) -> set[int]:
+    """Cancel the waiting jobs among `ids` (locked by the caller) that no notification is
+    due for, by statement: what `cancel_locked` does to each (status, end time, event) in
+    three statements per chunk. Through the ORM, a bulk cancel of 20,000 waiting jobs took
+    6-7 s (bench/deep_queue.py). Returns the jobs cancelled; the others are left to
+    `cancel_locked`."""
+    now = utcnow()
+    cancelled: set[int] = set()
+    for start in range(0, len(ids), BULK_STATEMENT_IDS):
+        rows = session.execute(
+            select(Job.id, Job.attempt).where(
+                Job.id.in_(ids[start : start + BULK_STATEMENT_IDS]),
+                Job.status == JobStatus.PENDING,
+                Job.notify_url.is_(None),
+            )
+        ).all()
+        if not rows:
+            continue
+        session.execute(
+            update(Job)
+            .where(Job.id.in_([job_id for job_id, _ in rows]))
+            .values(
+                status=JobStatus.CANCELLED, finished_at=now, updated_at=now, queue_position=None
+            )
+            .execution_options(synchronize_session=False)
+        )
+        session.execute(
+            insert(JobEvent),
+            [
+                {
+                    "job_id": job_id,
+                    "at": now,
+                    "from_status": JobStatus.PENDING,
+                    "to_status": JobStatus.CANCELLED,
+                    "attempt": attempt,
+                    "actor": actor,
+                    "reason": CANCELLED_BY_USER,
+                }
+                for job_id, attempt in rows
+            ],
+        )
+        cancelled.update(job_id for job_id, _ in rows)
+    return cancelled
 
 
 def _stops(
@@ -102,6 +148,10 @@ def lock_selected(
 
 # How many jobs a bulk action holds as objects at once.
 BULK_CHUNK = 500
+# How many jobs one statement of a bulk action names: 5,000 left the API process 8 MB
+# larger after a bulk cancel of 20,000 than 1,000 did, and was no faster.
+BULK_STATEMENT_IDS = 1000
+CANCELLED_BY_USER = "cancelled by user"
 
 
 def in_chunks(session: Session, ids: Sequence[int]) -> Iterator[list[Job]]:
@@ -134,7 +184,7 @@ def cancel_locked(
     if status in (JobStatus.PENDING, JobStatus.PREEMPTED, JobStatus.LOST):
         if status is not JobStatus.PENDING:
             transition(session, job=job, to=JobStatus.PENDING, actor=actor, reason="")
-        reason = "cancelled by user" if why is None else f"cancelled: {why}"
+        reason = CANCELLED_BY_USER if why is None else f"cancelled: {why}"
         transition(session, job=job, to=JobStatus.CANCELLED, actor=actor, reason=reason)
     elif status in ACTIVE:
         shorter = {None: "", 0: " (SIGKILL now)"}.get(grace_s, f" (grace at most {grace_s}s)")
