@@ -30,7 +30,7 @@ from app.cycle import lease, ranks
 from app.cycle.apply import apply_plan
 from app.cycle.arrays import settle_array_limits
 from app.cycle.dependencies import settle_dependencies
-from app.cycle.eligibility import ClockGates, settle_clock_gates
+from app.cycle.eligibility import ClockGates, settle_clock_gates, unsettled
 from app.cycle.ranks import RankedBy
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import QueueMemory, SnapshotContext, read_snapshot
@@ -172,10 +172,15 @@ def run_cycle(
             )
             # 0. dependencies, array limits, then the jobs the clock holds back
             settle_started = time.perf_counter()
-            awaited_starts = settle_dependencies(session, now=now)
-            settle_array_limits(session)
-            settle_never_in_window(session=session, specs=specs, now=now)
-            gated_until = settle_clock_gates(session, gates=gates)
+            to_settle = unsettled(session)
+            awaited_starts = (
+                settle_dependencies(session, now=now) if to_settle.dependencies else frozenset()
+            )
+            if to_settle.arrays:
+                settle_array_limits(session)
+            if to_settle.offpeak:
+                settle_never_in_window(session=session, specs=specs, now=now)
+            gated_until = settle_clock_gates(session, gates=gates) if to_settle.clock else None
             session.commit()
             # 1. snapshot
             snapshot_started = time.perf_counter()

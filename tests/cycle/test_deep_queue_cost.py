@@ -7,16 +7,20 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app.cycle import ranks
+from app.cycle import run as cycle_run
 from app.cycle.apply import write_reasons
+from app.cycle.eligibility import unsettled
 from app.cycle.run import run_cycle
 from app.cycle.snapshot import QueueMemory
 from app.db import utcnow
 from app.jobs.models import Job
+from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
 from tests.cycle.jobs_api import SETTINGS, add_node, finish, grant_priority, positions, submit
+from tests.foundation.builders import insert_jobs
 
 
 def _full(api, memory: QueueMemory, at=None):
@@ -137,3 +141,65 @@ def test_reasons_are_written_in_one_statement_as_the_orm_reads_them(api, monkeyp
     assert rows[jobs[2]] == ["priority", 'behind 1 job; it\'s "quoted"', 1, None]
     assert rows[jobs[1]][2] == 3  # only its position: its reason as submitted
     assert rows[jobs[1]][0] == "NEW"
+
+
+_STEPS = (
+    "settle_dependencies",
+    "settle_array_limits",
+    "settle_never_in_window",
+    "settle_clock_gates",
+)
+
+
+def test_phase_zero_runs_only_the_steps_that_have_jobs_to_settle(api, monkeypatch):
+    """One read tells which kinds of waiting job phase 0 has to settle; a cycle with
+    plain jobs only (a drain: every job's end triggers one) runs none of its steps."""
+    ran: list[str] = []
+
+    def spied(name):
+        real = getattr(cycle_run, name)
+
+        def step(*args, **kwargs):
+            ran.append(name)
+            return real(*args, **kwargs)
+
+        return step
+
+    for name in _STEPS:
+        monkeypatch.setattr(cycle_run, name, spied(name))
+    add_node(api, 1)
+    submit(api, name="plain")
+
+    def steps_run() -> set[str]:
+        ran.clear()
+        _full(api, QueueMemory())
+        return set(ran)
+
+    assert steps_run() == set()
+    insert_jobs(api.factory, user="bob", project="cv", count=1,
+                schedule_mode="at", begin_at=utcnow() + timedelta(days=1))  # fmt: skip
+    assert steps_run() == {"settle_clock_gates"}
+    insert_jobs(api.factory, user="bob", project="cv", count=1, array_max_running=2)
+    assert steps_run() == {"settle_clock_gates", "settle_array_limits"}
+    insert_jobs(api.factory, user="bob", project="cv", count=1, schedule_mode="offpeak")
+    insert_jobs(api.factory, user="bob", project="cv", count=1, dependencies_met=False)
+    assert steps_run() == set(_STEPS)
+
+
+def test_unsettled_names_each_kind_of_waiting_job_once_one_waits(api):
+    def kinds() -> tuple[bool, ...]:
+        with api.factory() as session:
+            found = unsettled(session)
+        return (found.dependencies, found.arrays, found.offpeak, found.begin_times)
+
+    assert kinds() == (False, False, False, False)
+    insert_jobs(api.factory, user="bob", project="cv", count=1, dependencies_met=False)
+    assert kinds() == (True, False, False, False)
+    insert_jobs(api.factory, user="bob", project="cv", count=1, array_max_running=2)
+    insert_jobs(api.factory, user="bob", project="cv", count=1, schedule_mode="offpeak")
+    insert_jobs(api.factory, user="bob", project="cv", count=1,
+                schedule_mode="at", begin_at=utcnow() + timedelta(days=1))  # fmt: skip
+    assert kinds() == (True, True, True, True)
+    with api.factory.begin() as session:  # only jobs still waiting count
+        session.execute(update(Job).values(status=JobStatus.CANCELLED))
+    assert kinds() == (False, False, False, False)
