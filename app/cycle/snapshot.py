@@ -741,18 +741,16 @@ def read_snapshot(
     # Nothing remembered yet (the first cycle of this process): read everything.
     memory = quick_from if quick_from is not None and quick_from.ready else None
     quick = memory is not None
-    users = {
-        uid: (name, unix_user)
-        for uid, name, unix_user in session.execute(select(User.id, User.name, User.unix_user))
-    }
+    # Users, and their running limits, in one read (a round trip fewer per cycle).
+    user_rows = session.execute(
+        select(User.id, User.name, User.unix_user, User.max_running_jobs, User.max_gpus)
+    ).all()
+    users = {uid: (name, unix_user) for uid, name, unix_user, _, _ in user_rows}
     # Only users with a running limit of their own (filters/running_limit.py).
     limited_users = tuple(
         UserView(name=name, max_running_jobs=jobs, max_gpus=gpus)
-        for name, jobs, gpus in session.execute(
-            select(User.name, User.max_running_jobs, User.max_gpus)
-            .where(User.max_running_jobs.is_not(None) | User.max_gpus.is_not(None))
-            .order_by(User.name)
-        )
+        for _, name, _, jobs, gpus in sorted(user_rows, key=lambda row: row[1])
+        if jobs is not None or gpus is not None
     )
     projects = list(session.scalars(select(Project)))
     project_names = {p.id: p.name for p in projects}
