@@ -146,7 +146,8 @@ def apply_plan(
     applied.dispatches.extend(
         run_orders(session, jobs=[job for p, job in placed if not p.after_preemption_of])
     )
-    applied.dispatches.extend(released_gates(session))
+    if ctx.gated:
+        applied.dispatches.extend(released_gates(session))
     applied.waiting = _store_reasons(session, ctx=ctx, plan=plan, placed=set(applied.placed))
     if not ctx.quick:  # a quick read reuses the usage of the last full one
         _store_usage(session, usage=ctx.usage, now=now)

@@ -80,6 +80,9 @@ class SnapshotContext:
     unread: bool = False
     # Where the pending jobs were kept: the reasons apply writes are followed there.
     cache: ViewCache | None = None
+    # A job placed behind a preemption waits for its victims to exit (`dispatch_after`):
+    # only then need apply look for gates to open (`released_gates`), not every cycle.
+    gated: bool = False
 
 
 def head_depth(nodes: tuple[NodeView, ...]) -> int:
@@ -110,6 +113,8 @@ class CachedRow:
     view: JobView
 
 
+# A placed job waiting for its victims to exit, as `released_gates` selects it.
+_GATED = and_(Job.status == JobStatus.SCHEDULED, Job.dispatch_after.is_not(None)).label("gated")
 # A cached row's view, mapped over a whole queue at C speed.
 _VIEW_OF = attrgetter("view")
 
@@ -849,7 +854,9 @@ def read_snapshot(
     # A job being preempted has handed its GPUs over already: it holds nothing the core
     # may plan with, and must not be picked as a victim again.
     active_jobs = session.execute(
-        select(*JOB_COLUMNS).where(Job.status.in_(ACTIVE), Job.preempt_requested_at.is_(None))
+        select(*JOB_COLUMNS, _GATED).where(
+            Job.status.in_(ACTIVE), Job.preempt_requested_at.is_(None)
+        )
     ).all()
     running = tuple(
         RunningJobView(
@@ -946,6 +953,7 @@ def read_snapshot(
         arrived=arrived,
         unread=unread,
         cache=cache,
+        gated=any(row.gated for row in active_jobs),
     )
 
 

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from sqlalchemy import event, select
 
+from app.cycle import apply as apply_module
 from app.cycle import lease
 from app.cycle.apply import apply_plan
 from app.cycle.reconcile import reconcile_node_attempts
@@ -312,3 +313,28 @@ def test_a_full_read_renumbers_every_waiting_job(api):
     # No queue memory: a full read, whichever cycle the worker asked for.
     again = cycle(False)
     assert [again[i] for i in ids[1:]] == list(range(1, len(ids)))
+
+
+def test_gates_are_looked_for_only_while_a_placed_job_waits_for_its_victims(api, monkeypatch):
+    looked: list[int] = []
+
+    def counted(session):
+        looked.append(1)
+        return released_gates(session)
+
+    monkeypatch.setattr(apply_module, "released_gates", counted)
+    add_node(api.factory, "n1", gpus=1)
+    victim = _submit(api, user="bob", preemptible=True)
+    _apply(api, Plan(placements=(Placement(victim, (("n1", (0,)),)),)))
+    assert looked == []  # no job waits for a victim: no read for one
+    urgent = _submit(api)
+    _apply(
+        api,
+        Plan(
+            placements=(Placement(urgent, (("n1", (0,)),), after_preemption_of=(victim,)),),
+            preemptions=(Preemption(victim, urgent, "quota reclaim"),),
+        ),
+    )
+    assert looked == []  # its gate was set by this cycle: its victim has not exited yet
+    _apply(api, Plan())
+    assert looked == [1]  # the next cycle looks, while the gate is shut
