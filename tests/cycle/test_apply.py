@@ -43,6 +43,17 @@ def _apply(api, plan, *, holder="test"):
         return apply_plan(session, ctx=ctx, plan=plan, token=token, now=now)
 
 
+def _placed_behind(api, urgent, victim, why):
+    """`urgent` placed on n1's GPU 0 in place of `victim`, preempted `why`."""
+    return _apply(
+        api,
+        Plan(
+            placements=(Placement(urgent, (("n1", (0,)),), after_preemption_of=(victim,)),),
+            preemptions=(Preemption(victim, urgent, why),),
+        ),
+    )
+
+
 def _allocated(api):
     with api.factory() as session:
         return {
@@ -163,13 +174,7 @@ def test_preemption_hands_gpus_over_and_dispatch_waits_for_the_victim(api):
         transition(session, job=job, to=JobStatus.RUNNING, actor="t")
         session.commit()
     urgent = _submit(api)
-    applied = _apply(
-        api,
-        Plan(
-            placements=(Placement(urgent, (("n1", (0,)),), after_preemption_of=(victim,)),),
-            preemptions=(Preemption(victim, urgent, "quota reclaim"),),
-        ),
-    )
+    applied = _placed_behind(api, urgent, victim, "quota reclaim")
     assert applied.placed == [urgent]
     assert [(s.node, s.reason) for s in applied.stops] == [("n1", "preempt")]
     assert applied.dispatches == []  # not while the victim still runs on the GPU
@@ -202,13 +207,7 @@ def test_the_gate_opens_when_the_victim_is_placed_again_before_it_is_looked_at(a
         transition(session, job=session.get(Job, victim), to=JobStatus.RUNNING, actor="t")
         session.commit()
     urgent = _submit(api)
-    _apply(
-        api,
-        Plan(
-            placements=(Placement(urgent, (("n1", (0,)),), after_preemption_of=(victim,)),),
-            preemptions=(Preemption(victim, urgent, "LAS"),),
-        ),
-    )
+    _placed_behind(api, urgent, victim, "LAS")
     with api.factory() as session:
         job_finished(
             session=session,
@@ -234,13 +233,7 @@ def test_a_victim_still_in_its_grace_is_no_orphan_to_its_nodes_heartbeat(api):
         transition(session, job=session.get(Job, victim), to=JobStatus.RUNNING, actor="t")
         session.commit()
     urgent = _submit(api)
-    _apply(
-        api,
-        Plan(
-            placements=(Placement(urgent, (("n1", (0,)),), after_preemption_of=(victim,)),),
-            preemptions=(Preemption(victim, urgent, "LAS"),),
-        ),
-    )
+    _placed_behind(api, urgent, victim, "LAS")
     running = Heartbeat(node="n1", running=(AttemptRef(job_id=victim, attempt=1),))
     with api.factory() as session:
         repairs = reconcile_node_attempts(
@@ -272,13 +265,7 @@ def test_a_victim_that_already_finished_cancels_the_gated_placement(api):
         settle_interrupted(session, job=job, actor="t")
         session.commit()
     urgent = _submit(api)
-    applied = _apply(
-        api,
-        Plan(
-            placements=(Placement(urgent, (("n1", (0,)),), after_preemption_of=(victim,)),),
-            preemptions=(Preemption(victim, urgent, "quota reclaim"),),
-        ),
-    )
+    applied = _placed_behind(api, urgent, victim, "quota reclaim")
     assert applied.placed == [] and urgent in applied.skipped
 
 
@@ -328,13 +315,7 @@ def test_gates_are_looked_for_only_while_a_placed_job_waits_for_its_victims(api,
     _apply(api, Plan(placements=(Placement(victim, (("n1", (0,)),)),)))
     assert looked == []  # no job waits for a victim: no read for one
     urgent = _submit(api)
-    _apply(
-        api,
-        Plan(
-            placements=(Placement(urgent, (("n1", (0,)),), after_preemption_of=(victim,)),),
-            preemptions=(Preemption(victim, urgent, "quota reclaim"),),
-        ),
-    )
+    _placed_behind(api, urgent, victim, "quota reclaim")
     assert looked == []  # its gate was set by this cycle: its victim has not exited yet
     _apply(api, Plan())
     assert looked == [1]  # the next cycle looks, while the gate is shut
