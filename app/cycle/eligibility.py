@@ -136,9 +136,9 @@ class ClockGates:
 @dataclass(frozen=True, slots=True)
 class Unsettled:
     """Which kinds of waiting job phase 0 has anything to settle for. Each step's reads
-    are narrow, but a cycle ran them all, seven statements of the 34 a quick cycle sent:
-    on a cluster of plain jobs, where every job's end triggers a cycle, one read now asks
-    which steps have work."""
+    are narrow, but together they were seven round trips of a quick cycle: on a cluster
+    of plain jobs, where every job's end triggers a cycle, one read asks which steps have
+    work (bench/drain.py, docs/benchmarks.md)."""
 
     dependencies: bool  # waiting on their dependencies (app/cycle/dependencies.py)
     arrays: bool  # tasks of a throttled array (app/cycle/arrays.py)

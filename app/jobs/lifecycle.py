@@ -6,10 +6,11 @@ transaction, so the stored history always explains the stored state.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from prometheus_client import Histogram
-from sqlalchemy import exists, select
+from sqlalchemy import exists, insert, select, update
 from sqlalchemy.orm import Session
 
 from app.db import after_commit, utcnow
@@ -102,6 +103,46 @@ def transition(
     # In this transaction: never lost.
     queue_for(session, job=job, came_from=current, to=to, ends=ends, now=now)
     return event
+
+
+def cancel_waiting(session: Session, ids: Sequence[int], *, actor: str, reason: str) -> list[int]:
+    """`transition` to CANCELLED of the waiting jobs among `ids` (rows the caller holds
+    locked) that no notification is due for, by statement: the same columns and event,
+    for a bulk cancel of thousands (one by one, 20,000 took 6-7 s). Jobs with a
+    `notify_url` are left to `transition`, which queues their message. Returns the jobs
+    cancelled."""
+    assert JobStatus.CANCELLED in ALLOWED[JobStatus.PENDING]
+    rows = session.execute(
+        select(Job.id, Job.attempt).where(
+            Job.id.in_(ids), Job.status == JobStatus.PENDING, Job.notify_url.is_(None)
+        )
+    ).all()
+    if not rows:
+        return []
+    now = utcnow()
+    cancelled = [job_id for job_id, _ in rows]
+    session.execute(
+        update(Job)
+        .where(Job.id.in_(cancelled))
+        .values(status=JobStatus.CANCELLED, finished_at=now, updated_at=now, queue_position=None)
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(
+        insert(JobEvent),
+        [
+            {
+                "job_id": job_id,
+                "at": now,
+                "from_status": JobStatus.PENDING,
+                "to_status": JobStatus.CANCELLED,
+                "attempt": attempt,
+                "actor": actor,
+                "reason": reason,
+            }
+            for job_id, attempt in rows
+        ],
+    )
+    return cancelled
 
 
 def queue_wait_s(job: Job, *, started_at: datetime) -> float:
