@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> None:
     ]
     detail = [
         "",
-        "| trace | shape | preemptible | knobs | avg / best | p99 / fifo |",
-        "| --- | ---: | ---: | --- | ---: | ---: |",
+        "| trace | shape | preemptible | knobs | avg / best | p99 / fifo | makespan / fifo "
+        "| fails |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | --- |",
     ]
     for knob in knobs:
         label = ", ".join(f"{k}={v:g}" for k, v in knob) or "defaults"
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
             tails.append(v.p99_vs_fifo)
             detail.append(
                 f"| {f.stem} | {i} | {frac:.0%} | {label} | {v.avg_ratio:.2f} "
-                f"| {v.p99_vs_fifo:.2f} |"
+                f"| {v.p99_vs_fifo:.2f} | {v.makespan_ratio:.3f} "
+                f"| {''.join(c for c, ok in zip('abc', v.holds, strict=True) if not ok)} |"
             )
         geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
         tail = math.exp(sum(map(math.log, tails)) / len(tails))

@@ -41,6 +41,10 @@ class Principal:
     # id -> the longest time limit of each of them that has one (Project.max_runtime_s).
     project_max_runtime_s: Mapping[int, int] = field(default_factory=dict)
     notify_url: str | None = None  # their default for jobs' notifications (User.notify_url)
+    # Pending limits (app/jobs/pending_limits.py), so that a submission reads none: the
+    # user's own (None: the cluster's default), and id -> each of their projects' that has one.
+    max_pending_jobs: int | None = None
+    project_max_pending: Mapping[int, int] = field(default_factory=dict)
 
     def can_see_project(self, project_id: int) -> bool:
         return self.is_admin or project_id in self.project_ids
@@ -289,6 +293,8 @@ def _set_user_field(
         info=changes({field: before}, {field: value}),
     )
     setattr(user, field, value)
+    # Principals carry the user's limits: this process at once, others within the cache time.
+    TOKEN_CACHE.clear()
     return True
 
 
@@ -371,7 +377,7 @@ def load_principal(*, session: Session, token: str, now: datetime) -> Principal 
 def principal_for(*, session: Session, user: User) -> Principal:
     """The user with their project memberships as they are now."""
     memberships = session.execute(
-        select(Project.id, Project.name, Project.max_runtime_s)
+        select(Project.id, Project.name, Project.max_runtime_s, Project.max_pending_jobs)
         .join(ProjectMember, ProjectMember.project_id == Project.id)
         .where(ProjectMember.user_id == user.id)
     ).all()
@@ -379,13 +385,17 @@ def principal_for(*, session: Session, user: User) -> Principal:
         user_id=user.id,
         name=user.name,
         is_admin=user.is_admin,
-        projects=frozenset(name for _, name, _ in memberships),
-        project_ids=frozenset(pid for pid, _, _ in memberships),
-        project_id_by_name=MappingProxyType({name: pid for pid, name, _ in memberships}),
+        projects=frozenset(m.name for m in memberships),
+        project_ids=frozenset(m.id for m in memberships),
+        project_id_by_name=MappingProxyType({m.name: m.id for m in memberships}),
         project_max_runtime_s=MappingProxyType(
-            {pid: limit for pid, _, limit in memberships if limit is not None}
+            {m.id: m.max_runtime_s for m in memberships if m.max_runtime_s is not None}
         ),
         notify_url=user.notify_url,
+        max_pending_jobs=user.max_pending_jobs,
+        project_max_pending=MappingProxyType(
+            {m.id: m.max_pending_jobs for m in memberships if m.max_pending_jobs is not None}
+        ),
     )
 
 

@@ -13,6 +13,12 @@ by any process, read by primary key. It counts whole again every `ttl_s`: a job 
 in line since (requeued, preempted) has an older id, and is counted then, as is one whose
 submission was still being committed at the count (a lower id than one committed first),
 within the allowance above for submissions at the same moment.
+
+Most submissions read nothing at all. The check runs after the submission's jobs are
+flushed, so their first id is known: every job counted since the kept count has an id
+between the two, so the kept count plus that many is a bound, and while the bound leaves
+room no read is needed. Only near a limit is the exact count read. The limits themselves
+come with the caller's principal, cached as its memberships are (`token_cache_s`).
 """
 
 from __future__ import annotations
@@ -21,10 +27,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, and_, case, func, null, select, true
+from sqlalchemy import ColumnElement, and_, case, func, null, select
 from sqlalchemy.orm import Session
 
-from app.auth.models import User
+from app.auth.service import Principal
 from app.errors import TooMany
 from app.jobs.models import Job
 from app.jobs.states import JobStatus
@@ -48,45 +54,68 @@ class PendingCounts:
         self._kept: dict[tuple[int, int], _Counted] = {}
         self._lock = threading.Lock()
 
-    def pending(
-        self, session: Session, *, user_id: int, project_id: int, project: bool
-    ) -> tuple[int, int | None]:
-        """The user's pending jobs now, and the project's if `project`."""
-        key = (user_id, project_id)
+    def _fresh(self, key: tuple[int, int], project: bool) -> _Counted | None:
         with self._lock:
             kept = self._kept.get(key)
-        if (
-            kept is None
-            or time.monotonic() - kept.at >= self.ttl_s
-            or (project and kept.project is None)
-        ):
-            counted = _count(session, user_id=user_id, project_id=project_id, project=project)
+        if kept is None or time.monotonic() - kept.at >= self.ttl_s:
+            return None
+        if project and kept.project is None:
+            return None
+        return kept
+
+    def at_most(
+        self, *, user_id: int, project_id: int, project: bool, below_id: int
+    ) -> tuple[int, int | None] | None:
+        """Without a read, a bound on the user's (and, if `project`, the project's) pending
+        jobs with an id below `below_id`: the kept count plus every id since, whoever's it
+        is. None when no count is kept."""
+        kept = self._fresh((user_id, project_id), project)
+        if kept is None:
+            return None
+        since = max(0, below_id - 1 - kept.up_to_id)
+        return kept.user + since, None if kept.project is None else kept.project + since
+
+    def pending(
+        self, session: Session, *, user_id: int, project_id: int, project: bool, below_id: int
+    ) -> tuple[int, int | None]:
+        """The user's pending jobs with an id below `below_id` (the submission's own are
+        not counted), and the project's if `project`."""
+        key = (user_id, project_id)
+        kept = self._fresh(key, project)
+        if kept is None:
+            counted = _count(
+                session, user_id=user_id, project_id=project_id, project=project, below_id=below_id
+            )
             with self._lock:
                 # Only the pairs that submitted within `ttl_s` are kept.
                 self._kept = {k: c for k, c in self._kept.items() if counted.at - c.at < self.ttl_s}
                 self._kept[key] = counted
             return counted.user, counted.project
         # Only the primary key bounds this read: jobs submitted since, not the whole queue.
-        pending = and_(Job.status == JobStatus.PENDING, Job.id > kept.up_to_id)
-        user, project = session.execute(
+        since = and_(Job.id > kept.up_to_id, Job.id < below_id)
+        pending = and_(Job.status == JobStatus.PENDING, since)
+        user, in_project = session.execute(
             select(
                 func.sum(case((and_(pending, Job.user_id == user_id), 1), else_=0)),
                 func.sum(case((and_(pending, Job.project_id == project_id), 1), else_=0)),
-            ).where(Job.id > kept.up_to_id)
+            ).where(since)
         ).one()
-        in_project = None if kept.project is None else kept.project + (project or 0)
-        return kept.user + (user or 0), in_project
+        total = None if kept.project is None else kept.project + (in_project or 0)
+        return kept.user + (user or 0), total
 
 
-def _count(session: Session, *, user_id: int, project_id: int, project: bool) -> _Counted:
+def _count(
+    session: Session, *, user_id: int, project_id: int, project: bool, below_id: int
+) -> _Counted:
     """In one statement, so that the counts and the highest id are of one moment; the
-    project's only if `project` (a project's queue may be long, and most have no limit)."""
+    project's only if `project` (a project's queue may be long, and most have no limit).
+    Only ids below `below_id`: the jobs being submitted are already in the session."""
 
     def pending(whose: ColumnElement[bool]) -> ColumnElement[int]:
         return (
             select(func.count())
             .select_from(Job)
-            .where(Job.status == JobStatus.PENDING, whose)
+            .where(Job.status == JobStatus.PENDING, Job.id < below_id, whose)
             .scalar_subquery()
         )
 
@@ -94,7 +123,7 @@ def _count(session: Session, *, user_id: int, project_id: int, project: bool) ->
         select(
             pending(Job.user_id == user_id),
             pending(Job.project_id == project_id) if project else null(),
-            select(func.max(Job.id)).scalar_subquery(),
+            select(func.max(Job.id)).where(Job.id < below_id).scalar_subquery(),
         )
     ).one()
     return _Counted(time.monotonic(), user, in_project, up_to_id or 0)
@@ -103,41 +132,63 @@ def _count(session: Session, *, user_id: int, project_id: int, project: bool) ->
 def check_pending_limits(
     *,
     session: Session,
-    user_id: int,
+    principal: Principal,
     project_id: int,
+    project_name: str,
+    first_id: int,
     adding: int,
     user_default: int,
     counts: PendingCounts | None = None,
 ) -> None:
-    """A 429 unless `adding` more pending jobs keep the user and the project within
-    their limits (the user's own, else `user_default`; the project's, if it has one).
-    `counts`: the API process's kept counts (see PendingCounts); else counted whole."""
-    user, user_limit, project, project_limit = session.execute(
-        select(User.name, User.max_pending_jobs, Project.name, Project.max_pending_jobs)
-        .join_from(User, Project, true())  # one row of each, in one round trip
-        .where(User.id == user_id, Project.id == project_id)
-    ).one()
-    limited = project_limit is not None
-    if counts is None:
-        counted = _count(session, user_id=user_id, project_id=project_id, project=limited)
-        user_pending, project_pending = counted.user, counted.project
+    """A 429 unless the `adding` pending jobs just flushed, from id `first_id` on, keep the
+    user and the project within their limits (the user's own, else `user_default`; the
+    project's, if it has one). The limits come with the principal (for a project the
+    caller is not a member of, an admin's, from a read). `counts`: the API process's kept
+    counts (see PendingCounts), which usually answer with no read at all: while even
+    every job submitted since the last count would leave room, nothing is counted;
+    without `counts`, counted whole."""
+    user_limit = user_default if principal.max_pending_jobs is None else principal.max_pending_jobs
+    if project_id in principal.project_ids:
+        project_limit = principal.project_max_pending.get(project_id)
     else:
-        user_pending, project_pending = counts.pending(
-            session, user_id=user_id, project_id=project_id, project=limited
+        project_limit = session.scalar(
+            select(Project.max_pending_jobs).where(Project.id == project_id)
         )
+    limited = project_limit is not None
     checks = (
-        (f"user {user}", user_default if user_limit is None else user_limit, user_pending,
-         f"gpusched admin limits {user} --max-pending N"),
-        (f"project {project}", project_limit, project_pending,
-         f"gpusched quota {project} --max-pending N"),
+        (f"user {principal.name}", user_limit,
+         f"gpusched admin limits {principal.name} --max-pending N"),
+        (f"project {project_name}", project_limit,
+         f"gpusched quota {project_name} --max-pending N"),
     )  # fmt: skip
-    for what, limit, pending, who_raises in checks:
-        if limit is None or pending is None:
-            continue  # the project has no limit of its own
-        if pending + adding > limit:
-            jobs = "job" if adding == 1 else f"{adding} jobs"
-            raise TooMany(
-                f"{what} may have at most {limit:,} jobs pending and has {pending:,}: this "
-                f"submission of {jobs} would pass that; wait for some to start, cancel "
-                f"some, or ask an admin to raise it ({who_raises})"
-            )
+
+    def refusal(counted: tuple[int, int | None]) -> str | None:
+        for (what, limit, who_raises), pending in zip(checks, counted, strict=True):
+            if limit is None or pending is None:
+                continue  # the project has no limit of its own
+            if pending + adding > limit:
+                jobs = "job" if adding == 1 else f"{adding} jobs"
+                return (
+                    f"{what} may have at most {limit:,} jobs pending and has {pending:,}: this "
+                    f"submission of {jobs} would pass that; wait for some to start, cancel "
+                    f"some, or ask an admin to raise it ({who_raises})"
+                )
+        return None
+
+    user_id = principal.user_id
+    if counts is not None:
+        bound = counts.at_most(
+            user_id=user_id, project_id=project_id, project=limited, below_id=first_id
+        )
+        if bound is not None and refusal(bound) is None:
+            return
+        counted = counts.pending(
+            session, user_id=user_id, project_id=project_id, project=limited, below_id=first_id
+        )
+    else:
+        whole = _count(
+            session, user_id=user_id, project_id=project_id, project=limited, below_id=first_id
+        )
+        counted = whole.user, whole.project
+    if (refused := refusal(counted)) is not None:
+        raise TooMany(refused)

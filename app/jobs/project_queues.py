@@ -7,7 +7,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from app.audit.service import changes, record
-from app.auth.service import Principal
+from app.auth.service import TOKEN_CACHE, Principal
 from app.errors import NotFound
 from app.jobs.models import Job
 from app.jobs.states import ACTIVE, JobStatus
@@ -37,6 +37,9 @@ def update_project(*, session: Session, actor: str, name: str, change: ProjectUp
     before = {field: getattr(project, field) for field in after}
     for field, value in after.items():
         setattr(project, field, value)
+    # Principals carry their projects' limits: this process at once, others within the
+    # token cache time.
+    TOKEN_CACHE.clear()
     if changed := changes(before, after):
         record(session=session, actor=actor, action="project.update", target=name, info=changed)
     session.commit()

@@ -361,14 +361,6 @@ def create_job(
             session=session, principal=principal, ids=depends_on, kind=spec.dependency
         )
     indices: tuple[int | None, ...] = (None,) if spec.array is None else spec.array.task_indices
-    check_pending_limits(
-        session=session,
-        user_id=principal.user_id,
-        project_id=project_id,
-        adding=len(indices),
-        user_default=limits.max_pending_per_user,
-        counts=pending_counts,
-    )
     now = utcnow()
     tasks = [
         Job(
@@ -421,6 +413,18 @@ def create_job(
     ]
     session.add_all(tasks)
     session.flush()
+    # After the flush: the first id bounds what was submitted since the kept count, which
+    # spares most submissions the count (pending_limits). A refusal rolls the jobs back.
+    check_pending_limits(
+        session=session,
+        principal=principal,
+        project_id=project_id,
+        project_name=project_name,
+        first_id=tasks[0].id,
+        adding=len(indices),
+        user_default=limits.max_pending_per_user,
+        counts=pending_counts,
+    )
     if spec.array is not None:
         _number_tasks(tasks, max_running=spec.array.max_running)
     session.add_all(

@@ -154,7 +154,9 @@ def test_a_kept_count_adds_what_any_process_submitted_since_without_counting_the
 
     def pending() -> tuple[int, int | None]:
         with api.factory() as session:
-            return counts.pending(session, user_id=user_id, project_id=project_id, project=True)
+            return counts.pending(
+                session, user_id=user_id, project_id=project_id, project=True, below_id=10**9
+            )
 
     assert pending() == (4, 4)
     started = insert_jobs(api.factory, user="alice", project="ml", count=3)  # another process
@@ -177,6 +179,55 @@ def test_a_kept_count_adds_what_any_process_submitted_since_without_counting_the
     assert pending() == (6, 6)
     counts.ttl_s = 0
     assert pending() == (7, 7)
+
+
+def _job_reads(api: Any, submit: Any) -> list[str]:
+    """The statements `submit()` sent that read the job table."""
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lower().startswith("select") and " job" in statement.lower():
+            statements.append(statement)
+
+    engine = api.factory.kw["bind"]
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        submit()
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    return statements
+
+
+def test_a_submission_with_room_under_its_limits_counts_nothing(api: Any) -> None:
+    """Between whole counts, a submission whose jobs, with every id handed out since the
+    count, would still be within the limits reads nothing of the queue; near the limit it
+    counts exactly, so other users' jobs do not make it refuse."""
+    _admin_patch(api, "/api/v1/users/alice", {"max_pending_jobs": 100})
+    assert _submit(api).status_code == 201  # counts whole, and keeps the count
+
+    def ok() -> None:
+        assert _submit(api).status_code == 201
+
+    assert _job_reads(api, ok) == []
+    insert_jobs(api.factory, user="bob", project="cv", count=120)  # ids alice's bound counts
+    reads = _job_reads(api, ok)  # the bound (2 + 120) is past 100: counted exactly
+    assert len(reads) == 1 and "job.id <" in reads[0].lower(), reads
+    assert _pending(api, "alice") == 3
+
+
+def test_a_limit_changed_by_an_admin_applies_at_once_with_cached_principals(api: Any) -> None:
+    """Limits come with the caller's cached principal; a change clears that cache in the
+    process that made it (others follow within `token_cache_s`)."""
+    api.client.app.state.settings.token_cache_s = 60
+    for _ in range(5):
+        assert _submit(api).status_code == 201
+    assert _submit(api).status_code == 429
+    _admin_patch(api, "/api/v1/users/alice", {"max_pending_jobs": 10})
+    assert _submit(api).status_code == 201  # 6
+    _admin_patch(api, "/api/v1/projects/ml", {"max_pending_jobs": 6})
+    refused = _submit(api)
+    assert refused.status_code == 429
+    assert refused.json()["detail"].startswith("project ml may have at most 6 jobs pending")
 
 
 def test_a_refusal_counts_what_other_processes_submitted(api: Any) -> None:
