@@ -63,19 +63,11 @@ def master_port(job_id: int, attempt: int) -> int:
 
 
 def run_orders(session: Session, *, jobs: Sequence[Job]) -> list[RunJob]:
-    """run_job for every node of each job's current attempt, from its allocations (one
-    query for all)."""
+    """run_job for every node of each job's current attempt, from its allocations and its
+    owner's account (one query for all)."""
     if not jobs:
         return []
     attempts = {job.id: job.attempt for job in jobs}
-    # Each job runs as its owner's Unix account (as they map it now).
-    accounts: dict[int, str] = dict(
-        session.execute(
-            select(Job.id, User.unix_user)
-            .join(User, User.id == Job.user_id)
-            .where(Job.id.in_(attempts))
-        ).all()
-    )
     rows = session.execute(
         select(
             Allocation.job_id,
@@ -85,28 +77,33 @@ def run_orders(session: Session, *, jobs: Sequence[Job]) -> list[RunJob]:
             Gpu.index,
             Allocation.share_milli,
             Allocation.rank,
+            # Each job runs as its owner's Unix account (as they map it now).
+            User.unix_user,
         )
         .join(Node, Node.id == Allocation.node_id)
         .outerjoin(Gpu, Gpu.id == Allocation.gpu_id)
+        .join(Job, Job.id == Allocation.job_id)
+        .join(User, User.id == Job.user_id)
         .where(Allocation.job_id.in_(attempts), Allocation.released_at.is_(None))
         .order_by(Allocation.job_id, Allocation.rank, Gpu.index)
     ).all()
     per_job: dict[int, list[tuple[str, str | None, int | None, int, int]]] = {}
-    for job_id, attempt, node, hostname, index, share, rank in rows:
+    accounts: dict[int, str] = {}
+    for job_id, attempt, node, hostname, index, share, rank, unix_user in rows:
         if attempt == attempts[job_id]:
             per_job.setdefault(job_id, []).append((node, hostname, index, share, rank))
+            accounts[job_id] = unix_user
     return [
         order
         for job in jobs
-        for order in _run_orders(job, per_job.get(job.id, []), accounts[job.id])
+        if job.id in per_job
+        for order in _run_orders(job, per_job[job.id], accounts[job.id])
     ]
 
 
 def _run_orders(
     job: Job, rows: list[tuple[str, str | None, int | None, int, int]], unix_user: str
 ) -> list[RunJob]:
-    if not rows:
-        return []
     ranks: dict[int, tuple[str, str, list[int]]] = {}
     share_milli = 1000
     for node, hostname, index, share, rank in rows:

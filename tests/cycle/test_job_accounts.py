@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from app.db import utcnow
 from app.jobs.agent_reports import job_finished
@@ -57,6 +57,30 @@ def test_the_run_order_names_the_owners_account(api: Any) -> None:
     run_one_cycle(api)
     _, order = _placed_on(api, job)
     assert order.unix_user == "dora2"
+
+
+def test_the_run_orders_of_a_cycle_and_their_accounts_are_one_read(api: Any) -> None:
+    """A dispatching cycle sends one statement for every placed job's orders, whoever
+    owns them: a round trip per cycle counts in a drain."""
+    _nodes(api, "n1", "n2")
+    api.add_user("dora", ["ml"])
+    jobs = [submit(api, user=user, gpus=1)["id"] for user in ("alice", "dora")]
+    run_one_cycle(api)
+    statements: list[str] = []
+    engine = api.factory.kw["bind"]
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    with api.factory() as session:
+        placed = list(session.scalars(select(Job).where(Job.id.in_(jobs)).order_by(Job.id)))
+        event.listen(engine, "before_cursor_execute", seen)
+        try:
+            orders = run_orders(session, jobs=placed)
+        finally:
+            event.remove(engine, "before_cursor_execute", seen)
+    assert [o.unix_user for o in orders] == ["alice", "dora"]
+    assert len(statements) == 1, statements
 
 
 def test_a_node_without_the_account_refuses_and_the_job_goes_elsewhere(api: Any) -> None:
