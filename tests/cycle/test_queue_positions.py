@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from datetime import timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 
 from app.cycle.run import _without, run_cycle
 from app.cycle.snapshot import QueueMemory
@@ -368,6 +368,36 @@ def test_a_quick_cycle_moves_the_queue_up_over_a_ranked_job_cancelled_at_its_hea
     shown = [(i, p) for i, p in _queue(api) if p is not None]
     assert [p for _, p in shown] == [1, 2, 3, 4]
     assert [i for i, _ in shown] == [i for i in memory.order if i in set(waiting) - {first}]
+
+
+def test_quick_cycles_list_the_ranked_jobs_they_place_in_one_write_each(api):
+    """Each quick cycle that starts ranked jobs appends them to the ranking's departed list
+    in the UPDATE itself (no locked read of the row first: a round trip in every cycle of
+    a drain); the jobs behind move up across several such cycles."""
+    add_node(api, 1)
+    running = submit(api, user="alice", gpus=1, name="running")["id"]
+    waiting = [submit(api, user="alice", gpus=1, name=f"w{i}")["id"] for i in range(6)]
+    memory = QueueMemory()
+    _cycle(api, memory, full=True)  # running takes the GPU
+    _cycle(api, memory, full=True)
+    engine = api.factory.kw["bind"]
+    touching: list[str] = []
+
+    def seen(_conn, _cursor, statement, *_):
+        if "queue_ranking" in statement and "departed" in statement:
+            touching.append(statement)
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        for ended in (running, waiting[0]):
+            finish(api, ended)
+            touching.clear()
+            _cycle(api, memory, full=False)  # the head starts
+            assert len(touching) == 1 and touching[0].lstrip().upper().startswith("UPDATE")
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert [get_job(api, j)["status"] for j in waiting[:2]] == ["SUCCEEDED", "SCHEDULED"]
+    assert _queue(api) == [(job, place) for place, job in enumerate(waiting[2:], start=1)]
 
 
 def test_full_cycles_keep_the_order_and_follow_what_changed(api):
