@@ -144,7 +144,10 @@ def job_finished(*, session: Session, report: Finished) -> Applied:
         placed = stop_orders(session, {job.id: job.attempt}, reason="cancel")
         stops = [stop for stop in placed if stop.node != report.node]
     job.exit_code = report.exit_code
-    release(session, job_id=job.id, attempt=job.attempt)
+    # The job's changes go in one UPDATE with its end: releasing (Core statements on the
+    # allocations and GPUs) needs none of them flushed first.
+    with session.no_autoflush:
+        release(session, job_id=job.id, attempt=job.attempt)
     if result is JobStatus.PREEMPTED and job.preempt_requested_at is None:
         # Nobody asked for this stop (no preemption, no requeue): its agent is shutting
         # down (systemctl stop, Ctrl-C) and requeues what it ran. Say so, not "preempt".
