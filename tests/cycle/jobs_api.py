@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
@@ -17,6 +18,22 @@ from app.messaging import NullMessenger
 from tests.foundation.builders import ready_node
 
 SETTINGS = SchedulerSettings(stability_window_s=0)
+
+
+def statements_while(api: Any, apply: Callable[[], object]) -> list[str]:
+    """The SQL statements `apply()` sent through the API's engine, in order."""
+    engine = api.factory.kw["bind"]
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        apply()
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    return statements
 
 
 def submit(api: Any, user: str = "alice", **body: Any) -> dict[str, Any]:

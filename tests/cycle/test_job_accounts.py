@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import event, select
+from sqlalchemy import select
 
 from app.db import utcnow
 from app.jobs.agent_reports import job_finished
@@ -15,7 +15,7 @@ from app.jobs.orders import run_orders
 from app.nodes.models import Node
 from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeat
 from app.wire import Finished, Heartbeat, RunJob
-from tests.cycle.jobs_api import get_job, job_events, run_one_cycle, submit
+from tests.cycle.jobs_api import get_job, job_events, run_one_cycle, statements_while, submit
 from tests.foundation.builders import ready_node
 
 
@@ -66,19 +66,10 @@ def test_the_run_orders_of_a_cycle_and_their_accounts_are_one_read(api: Any) -> 
     api.add_user("dora", ["ml"])
     jobs = [submit(api, user=user, gpus=1)["id"] for user in ("alice", "dora")]
     run_one_cycle(api)
-    statements: list[str] = []
-    engine = api.factory.kw["bind"]
-
-    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        statements.append(statement)
-
+    orders = []
     with api.factory() as session:
         placed = list(session.scalars(select(Job).where(Job.id.in_(jobs)).order_by(Job.id)))
-        event.listen(engine, "before_cursor_execute", seen)
-        try:
-            orders = run_orders(session, jobs=placed)
-        finally:
-            event.remove(engine, "before_cursor_execute", seen)
+        statements = statements_while(api, lambda: orders.extend(run_orders(session, jobs=placed)))
     assert [o.unix_user for o in orders] == ["alice", "dora"]
     assert len(statements) == 1, statements
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from datetime import timedelta
 
-from sqlalchemy import event, select, update
+from sqlalchemy import select, update
 
 from app.cycle.run import _without, run_cycle
 from app.cycle.snapshot import QueueMemory
@@ -23,7 +23,15 @@ from app.jobs.models import Job
 from app.jobs.ranking import last
 from app.jobs.states import JobStatus
 from app.messaging import NullMessenger
-from tests.cycle.jobs_api import SETTINGS, add_node, finish, get_job, positions, submit
+from tests.cycle.jobs_api import (
+    SETTINGS,
+    add_node,
+    finish,
+    get_job,
+    positions,
+    statements_while,
+    submit,
+)
 from tests.foundation.builders import insert_jobs, ready_node
 from tests.scheduling.builders import job as job_view
 
@@ -217,16 +225,22 @@ def _queue(api) -> list[tuple[int, int | None]]:
         shown.extend((j["id"], j["queue_position"]) for j in items)
 
 
+def _one_gpu_taken_and_ranked(api, *, waiting: int) -> tuple[int, list[int], QueueMemory]:
+    """One GPU, taken by a running job; `waiting` jobs behind it, ranked by a full cycle."""
+    add_node(api, 1)
+    running = submit(api, user="alice", gpus=1, name="running")["id"]
+    behind = [submit(api, user="alice", gpus=1, name=f"w{i}")["id"] for i in range(waiting)]
+    memory = QueueMemory()
+    _cycle(api, memory, full=True)  # running takes the GPU
+    _cycle(api, memory, full=True)
+    return running, behind, memory
+
+
 def test_when_the_head_starts_the_jobs_behind_move_up_without_a_write_of_theirs(api):
     """Issue 42 point 4: a job's place is its index in the stored ranking; when the head
     leaves, the full cycle writes the rows that changed (the placed job, the new head's
     reservation), not one row per waiting job."""
-    add_node(api, 1)
-    running = submit(api, user="alice", gpus=1, name="running")["id"]
-    waiting = [submit(api, user="alice", gpus=1, name=f"w{i}")["id"] for i in range(60)]
-    memory = QueueMemory()
-    _cycle(api, memory, full=True)  # running takes the GPU
-    _cycle(api, memory, full=True)
+    running, waiting, memory = _one_gpu_taken_and_ranked(api, waiting=60)
     assert _queue(api) == [(job, place) for place, job in enumerate(waiting, start=1)]
     before = _keys(api)
     versions = _row_versions(api)
@@ -374,28 +388,12 @@ def test_quick_cycles_list_the_ranked_jobs_they_place_in_one_write_each(api):
     """Each quick cycle that starts ranked jobs appends them to the ranking's departed list
     in the UPDATE itself (no locked read of the row first: a round trip in every cycle of
     a drain); the jobs behind move up across several such cycles."""
-    add_node(api, 1)
-    running = submit(api, user="alice", gpus=1, name="running")["id"]
-    waiting = [submit(api, user="alice", gpus=1, name=f"w{i}")["id"] for i in range(6)]
-    memory = QueueMemory()
-    _cycle(api, memory, full=True)  # running takes the GPU
-    _cycle(api, memory, full=True)
-    engine = api.factory.kw["bind"]
-    touching: list[str] = []
-
-    def seen(_conn, _cursor, statement, *_):
-        if "queue_ranking" in statement and "departed" in statement:
-            touching.append(statement)
-
-    event.listen(engine, "before_cursor_execute", seen)
-    try:
-        for ended in (running, waiting[0]):
-            finish(api, ended)
-            touching.clear()
-            _cycle(api, memory, full=False)  # the head starts
-            assert len(touching) == 1 and touching[0].lstrip().upper().startswith("UPDATE")
-    finally:
-        event.remove(engine, "before_cursor_execute", seen)
+    running, waiting, memory = _one_gpu_taken_and_ranked(api, waiting=6)
+    for ended in (running, waiting[0]):
+        finish(api, ended)
+        sent = statements_while(api, lambda: _cycle(api, memory, full=False))  # the head starts
+        departed = [s for s in sent if "queue_ranking" in s and "departed" in s]
+        assert len(departed) == 1 and departed[0].lstrip().upper().startswith("UPDATE"), sent
     assert [get_job(api, j)["status"] for j in waiting[:2]] == ["SUCCEEDED", "SCHEDULED"]
     assert _queue(api) == [(job, place) for place, job in enumerate(waiting[2:], start=1)]
 

@@ -5,28 +5,14 @@ reports process spends its time here (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
-from sqlalchemy import event
-
 from app.jobs.agent_reports import job_finished, job_started
 from app.jobs.models import Job
 from app.wire import Finished, Started
-from tests.cycle.jobs_api import add_node, get_job, run_one_cycle, submit
+from tests.cycle.jobs_api import add_node, get_job, run_one_cycle, statements_while, submit
 
 
 def _reads_while(api, apply) -> list[str]:
-    engine = api.factory.kw["bind"]
-    reads: list[str] = []
-
-    def seen(_conn, _cursor, statement, *_):
-        if statement.lstrip().upper().startswith("SELECT"):
-            reads.append(statement)
-
-    event.listen(engine, "before_cursor_execute", seen)
-    try:
-        apply()
-    finally:
-        event.remove(engine, "before_cursor_execute", seen)
-    return reads
+    return [s for s in statements_while(api, apply) if s.lstrip().upper().startswith("SELECT")]
 
 
 def test_a_first_start_is_applied_with_one_read(api):
@@ -54,21 +40,6 @@ def test_a_start_from_a_node_that_does_not_hold_the_attempt_is_refused(api):
     assert get_job(api, job["id"])["status"] == "SCHEDULED"
 
 
-def _statements_while(api, apply) -> list[str]:
-    engine = api.factory.kw["bind"]
-    statements: list[str] = []
-
-    def seen(_conn, _cursor, statement, *_):
-        statements.append(" ".join(statement.split()))
-
-    event.listen(engine, "before_cursor_execute", seen)
-    try:
-        apply()
-    finally:
-        event.remove(engine, "before_cursor_execute", seen)
-    return statements
-
-
 def _job_writes_of_a_success(api, job_id: int, node: str) -> list[str]:
     """The UPDATEs of the job table a success report of its current attempt sends."""
     with api.factory.begin() as session:
@@ -80,7 +51,7 @@ def _job_writes_of_a_success(api, job_id: int, node: str) -> list[str]:
             job_finished(session=session, report=report)
             session.flush()
 
-        statements = _statements_while(api, finish)
+        statements = statements_while(api, finish)
     return [s for s in statements if s.upper().startswith("UPDATE JOB ")]
 
 

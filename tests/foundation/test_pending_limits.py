@@ -18,7 +18,7 @@ from app.jobs.models import Job
 from app.jobs.pending_limits import PendingCounts
 from app.jobs.states import JobStatus
 from app.projects.models import Project
-from tests.cycle.jobs_api import run_one_cycle
+from tests.cycle.jobs_api import run_one_cycle, statements_while
 from tests.foundation.builders import insert_jobs, ready_node
 
 JOBS = "/api/v1/jobs"
@@ -183,19 +183,11 @@ def test_a_kept_count_adds_what_any_process_submitted_since_without_counting_the
 
 def _job_reads(api: Any, submit: Any) -> list[str]:
     """The statements `submit()` sent that read the job table."""
-    statements: list[str] = []
-
-    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if statement.lower().startswith("select") and " job" in statement.lower():
-            statements.append(statement)
-
-    engine = api.factory.kw["bind"]
-    event.listen(engine, "before_cursor_execute", seen)
-    try:
-        submit()
-    finally:
-        event.remove(engine, "before_cursor_execute", seen)
-    return statements
+    return [
+        s
+        for s in statements_while(api, submit)
+        if s.lower().startswith("select") and " job" in s.lower()
+    ]
 
 
 def test_a_submission_with_room_under_its_limits_counts_nothing(api: Any) -> None:
