@@ -24,7 +24,11 @@ Silence is judged by the newest heartbeat received, not stored: a batch's nodes 
 marked heard from (one statement) before their readings are stored, and
 `report_backlog_s` tells the reconciliation how long the oldest heartbeat still queued
 has waited; silence is judged up to then (`app.cycle.reconcile.reconcile`), so a node
-whose heartbeats are only queued is never declared lost for the backlog.
+whose heartbeats are only queued is never declared lost for the backlog. Between the pop
+and that statement a batch is neither queued nor marked (checking thousands of seals
+takes seconds on a loaded machine): the drain says in Redis since when the oldest
+heartbeat it holds was sent (`IN_FLIGHT_KEY`), and `heartbeats_backlog_s` counts those
+as queued.
 """
 
 from __future__ import annotations
@@ -78,6 +82,12 @@ HEARTBEAT_TYPES = {Heartbeat.KIND: Heartbeat}
 # whose Registers waited behind a backlog of job reports, every heartbeat asked again
 # (1,692 asks for 1,000 nodes, each one more Register in that backlog).
 ASK_TO_REGISTER_EVERY_S = 30.0
+
+# When the oldest heartbeat that the drain popped but has not yet marked heard from was
+# sent (see the module doc). It expires, so that a drain that died holding a batch does
+# not keep every node's silence from counting.
+IN_FLIGHT_KEY = "gpusched:heartbeats:in_flight_since"
+IN_FLIGHT_TTL_S = 120
 
 # deadlock_detected, serialization_failure: the transaction may simply be run again.
 RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
@@ -188,20 +198,36 @@ def newest_per_node(
     return list(newest.values()), believed - len(newest)
 
 
+def _sent_at(raw: bytes | str | None, *, key_for: Callable[[str], bytes]) -> float | None:
+    """The sealed send time of a queued report; None unless it is a believed report."""
+    kwargs = task_kwargs(raw) if raw is not None else None
+    if kwargs is None:
+        return None
+    try:
+        sealed = unseal(kwargs, types=REPORT_TYPES, key_for=key_for)
+    except Refused:
+        return None
+    return sealed.header.sent_at
+
+
 def report_backlog_s(
     redis_client: Any, queue: str, *, key_for: Callable[[str], bytes], now: float
 ) -> float:
     """How long the oldest report waiting in `queue` (heartbeats, or job reports) has
     waited, by its sealed send time; 0 when none, or when it is not a believed report."""
-    raw = redis_client.lindex(queue, -1)  # kombu pushes left, pops right
-    kwargs = task_kwargs(raw) if raw is not None else None
-    if kwargs is None:
-        return 0.0
-    try:
-        sealed = unseal(kwargs, types=REPORT_TYPES, key_for=key_for)
-    except Refused:
-        return 0.0
-    return max(0.0, now - sealed.header.sent_at)
+    sent_at = _sent_at(redis_client.lindex(queue, -1), key_for=key_for)  # pushed left, popped right
+    return 0.0 if sent_at is None else max(0.0, now - sent_at)
+
+
+def heartbeats_backlog_s(
+    redis_client: Any, *, key_for: Callable[[str], bytes], now: float
+) -> float:
+    """How long the oldest heartbeat not yet marked heard from has waited: queued, or
+    popped by the drain and not yet marked (IN_FLIGHT_KEY)."""
+    queued = report_backlog_s(redis_client, HEARTBEATS_QUEUE, key_for=key_for, now=now)
+    in_flight = redis_client.get(IN_FLIGHT_KEY)
+    held = 0.0 if in_flight is None else max(0.0, now - float(in_flight))
+    return max(queued, held)
 
 
 class HeartbeatDrain:
@@ -232,7 +258,12 @@ class HeartbeatDrain:
         self._asked_lock = threading.Lock()
 
     def pop(self, *, block_s: float) -> list[bytes]:
-        """Up to `batch` queued heartbeats, oldest first; waits up to `block_s` for one."""
+        """Up to `batch` queued heartbeats, oldest first; waits up to `block_s` for one.
+        Before taking a backlog, says in Redis since when its oldest was sent: until they
+        are marked heard from (`heard`), they count as queued for the silence judge."""
+        oldest = _sent_at(self.redis.lindex(HEARTBEATS_QUEUE, -1), key_for=self.key_for)
+        if oldest is not None:
+            self.redis.set(IN_FLIGHT_KEY, repr(oldest), ex=IN_FLIGHT_TTL_S)
         raws: list[bytes] = self.redis.rpop(HEARTBEATS_QUEUE, self.batch) or []
         if raws or block_s <= 0:
             return raws
@@ -264,18 +295,21 @@ class HeartbeatDrain:
     def heard(self, heartbeats: Sequence[Heartbeat]) -> None:
         """Mark every node of a batch heard from now, in one statement, before their
         readings are stored (transaction after transaction): silence is judged by the
-        newest heartbeat received, so none is silent while its batch is being stored."""
+        newest heartbeat received, so none is silent while its batch is being stored.
+        Then the batch is no longer in flight (IN_FLIGHT_KEY); if the mark failed, it
+        stays in flight until the key expires or the next batch is taken."""
         names = [heartbeat.node for heartbeat in heartbeats]
-        if not names:
-            return
-        try:
-            with self.factory() as session:
-                session.execute(
-                    update(Node).where(Node.name.in_(names)).values(last_heartbeat_at=utcnow())
-                )
-                session.commit()
-        except OperationalError as exc:  # stored below, or dropped as any heartbeat is
-            log.warning("could not mark %d nodes heard from: %s", len(names), exc)
+        if names:
+            try:
+                with self.factory() as session:
+                    session.execute(
+                        update(Node).where(Node.name.in_(names)).values(last_heartbeat_at=utcnow())
+                    )
+                    session.commit()
+            except OperationalError as exc:  # stored below, or dropped as any heartbeat is
+                log.warning("could not mark %d nodes heard from: %s", len(names), exc)
+                return
+        self.redis.delete(IN_FLIGHT_KEY)
 
     def store(self, heartbeats: Sequence[Heartbeat]) -> int:
         """Store heartbeats of distinct nodes in one transaction (one at a time if it

@@ -49,7 +49,6 @@ from app.retention import purge_history
 from app.windows.timeline import SchedulerWindows
 from app.wire import (
     AGENT_REPORT,
-    HEARTBEATS_QUEUE,
     REPORT_TYPES,
     REPORTS_QUEUE,
     Finished,
@@ -62,7 +61,7 @@ from app.wire import (
     note_refused,
     unseal,
 )
-from workers.heartbeats import handle_heartbeat, report_backlog_s
+from workers.heartbeats import handle_heartbeat, heartbeats_backlog_s, report_backlog_s
 from workers.runtime import Runtime
 
 __all__ = ["build_scheduler_app", "handle_heartbeat"]
@@ -226,9 +225,12 @@ def build_scheduler_app(
         # Heartbeats still queued are no silence of their nodes, and started or finished
         # reports still queued no lost orders: each judged up to the oldest queued.
         try:
-            heartbeats_queued_s, reports_queued_s = (
-                report_backlog_s(runtime.redis, queue, key_for=runtime.node_keys, now=time.time())
-                for queue in (HEARTBEATS_QUEUE, REPORTS_QUEUE)
+            now_s = time.time()
+            heartbeats_queued_s = heartbeats_backlog_s(
+                runtime.redis, key_for=runtime.node_keys, now=now_s
+            )
+            reports_queued_s = report_backlog_s(
+                runtime.redis, REPORTS_QUEUE, key_for=runtime.node_keys, now=now_s
             )
         except Exception as exc:  # Redis down: no report arrives either (SilenceJudge)
             log.warning("could not read the reports' backlog: %s", exc)
