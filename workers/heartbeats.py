@@ -39,7 +39,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
@@ -58,6 +58,7 @@ from app.wire import (
     HEARTBEATS_QUEUE,
     REPORT_TYPES,
     Heartbeat,
+    Message,
     Refused,
     RegisterAgain,
     note_refused,
@@ -173,6 +174,21 @@ def task_kwargs(raw: bytes | str) -> dict[str, Any] | None:
     return kwargs if isinstance(kwargs, dict) else None
 
 
+def unseal_queued(
+    raw: bytes | str, *, types: Mapping[str, type[Message]], key_for: Callable[[str], bytes]
+) -> Any | None:
+    """The message a queued report carries, if it is one of `types` sealed by the node it
+    names; else None, the refusal logged and counted as the reports task counted it."""
+    kwargs = task_kwargs(raw)
+    try:
+        if kwargs is None:
+            raise Refused("unsigned", "not a task message")
+        return unseal(kwargs, types=types, key_for=key_for).message
+    except Refused as refused:
+        note_refused(refused, receiver="scheduler")
+        return None
+
+
 def newest_per_node(
     raws: Sequence[bytes | str], *, key_for: Callable[[str], bytes]
 ) -> tuple[list[Heartbeat], int]:
@@ -182,15 +198,9 @@ def newest_per_node(
     newest: dict[str, Heartbeat] = {}
     believed = 0
     for raw in raws:
-        kwargs = task_kwargs(raw)
-        try:
-            if kwargs is None:
-                raise Refused("unsigned", "not a task message")
-            sealed = unseal(kwargs, types=HEARTBEAT_TYPES, key_for=key_for)
-        except Refused as refused:
-            note_refused(refused, receiver="scheduler")
+        heartbeat = unseal_queued(raw, types=HEARTBEAT_TYPES, key_for=key_for)
+        if heartbeat is None:
             continue
-        heartbeat = sealed.message
         assert isinstance(heartbeat, Heartbeat)
         believed += 1
         newest.pop(heartbeat.node, None)  # re-inserted last: stored in order of arrival
@@ -198,7 +208,7 @@ def newest_per_node(
     return list(newest.values()), believed - len(newest)
 
 
-def _sent_at(raw: bytes | str | None, *, key_for: Callable[[str], bytes]) -> float | None:
+def sent_at(raw: bytes | str | None, *, key_for: Callable[[str], bytes]) -> float | None:
     """The sealed send time of a queued report; None unless it is a believed report."""
     kwargs = task_kwargs(raw) if raw is not None else None
     if kwargs is None:
@@ -215,8 +225,8 @@ def report_backlog_s(
 ) -> float:
     """How long the oldest report waiting in `queue` (heartbeats, or job reports) has
     waited, by its sealed send time; 0 when none, or when it is not a believed report."""
-    sent_at = _sent_at(redis_client.lindex(queue, -1), key_for=key_for)  # pushed left, popped right
-    return 0.0 if sent_at is None else max(0.0, now - sent_at)
+    oldest = sent_at(redis_client.lindex(queue, -1), key_for=key_for)  # pushed left, popped right
+    return 0.0 if oldest is None else max(0.0, now - oldest)
 
 
 def heartbeats_backlog_s(
@@ -261,7 +271,7 @@ class HeartbeatDrain:
         """Up to `batch` queued heartbeats, oldest first; waits up to `block_s` for one.
         Before taking a backlog, says in Redis since when its oldest was sent: until they
         are marked heard from (`heard`), they count as queued for the silence judge."""
-        oldest = _sent_at(self.redis.lindex(HEARTBEATS_QUEUE, -1), key_for=self.key_for)
+        oldest = sent_at(self.redis.lindex(HEARTBEATS_QUEUE, -1), key_for=self.key_for)
         if oldest is not None:
             self.redis.set(IN_FLIGHT_KEY, repr(oldest), ex=IN_FLIGHT_TTL_S)
         raws: list[bytes] = self.redis.rpop(HEARTBEATS_QUEUE, self.batch) or []

@@ -1,5 +1,6 @@
-"""The scheduler's Celery tasks: the cycle (beat + triggers), agents' reports, and
-reconciliation. Thin: each task opens a session, calls a domain function, commits, and
+"""The scheduler's Celery tasks: the cycle (beat + triggers), reconciliation and the
+periodic chores (agents' reports are drained apart: workers/job_reports.py and
+workers/heartbeats.py). Thin: each task opens a session, calls a domain function, commits, and
 only then sends messages."""
 
 from __future__ import annotations
@@ -13,15 +14,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import Celery
-from sqlalchemy.exc import OperationalError
 
 from app.batches.service import CHECK_INTERVAL_S as BATCH_CHECK_INTERVAL_S
 from app.batches.service import fire_due
 from app.config import Settings
 from app.cycle.reconcile import (
     SilenceJudge,
-    node_left,
-    node_registered,
     reconcile,
 )
 from app.cycle.run import run_cycle
@@ -30,7 +28,6 @@ from app.cycle.snapshot import QueueMemory
 from app.cycle.wakeup import WakeUps
 from app.db import utcnow
 from app.installation.service import installation_id
-from app.jobs import agent_reports
 from app.jobs.limits import runtime_limits
 from app.jobs.webhooks import NOTIFY_INTERVAL_S, send_due
 from app.messaging import (
@@ -43,28 +40,14 @@ from app.messaging import (
     SEND_NOTIFICATIONS,
     publish_installation,
 )
-from app.metrics import REPORT_SECONDS
 from app.nodes.telemetry import TelemetryPolicy, compact_telemetry
 from app.retention import purge_history
 from app.windows.timeline import SchedulerWindows
-from app.wire import (
-    AGENT_REPORT,
-    REPORT_TYPES,
-    REPORTS_QUEUE,
-    Finished,
-    Heartbeat,
-    Leaving,
-    Refused,
-    Register,
-    Report,
-    Started,
-    note_refused,
-    unseal,
-)
-from workers.heartbeats import handle_heartbeat, heartbeats_backlog_s, report_backlog_s
+from workers.heartbeats import heartbeats_backlog_s
+from workers.job_reports import reports_backlog_s
 from workers.runtime import Runtime
 
-__all__ = ["build_scheduler_app", "handle_heartbeat"]
+__all__ = ["build_scheduler_app"]
 
 log = logging.getLogger("gpusched.scheduler")
 # Queue positions behind the head are refreshed this often (see app.cycle.apply).
@@ -141,78 +124,6 @@ def build_scheduler_app(
         finally:
             cycle_lock.release()
 
-    # A report that meets a database outage is retried (not acknowledged and lost).
-    @celery.task(
-        name=AGENT_REPORT,
-        autoretry_for=(OperationalError,),
-        retry_backoff=1,
-        retry_backoff_max=30,
-        max_retries=None,
-    )
-    def agent_report(*_args: Any, **fields: Any) -> str:
-        # Believed only if signed with the key of the node it names: a job that reached
-        # Redis cannot speak for its node, nor one node for another.
-        try:
-            sealed = unseal(fields, types=REPORT_TYPES, key_for=runtime.node_keys)
-        except Refused as refused:
-            note_refused(refused, receiver="scheduler")
-            return "refused"
-        report = sealed.message
-        assert isinstance(report, Register | Heartbeat | Started | Finished | Leaving)
-        with REPORT_SECONDS.labels(report.KIND).time():
-            return handle_report(report)
-
-    def handle_report(report: Report) -> str:
-        with runtime.factory() as session:
-            if isinstance(report, Register):
-                node_registered(session=session, report=report)
-                session.commit()
-                runtime.messenger.request_cycle()
-                return "registered"
-            if isinstance(report, Heartbeat):
-                repairs = handle_heartbeat(
-                    session=session,
-                    heartbeat=report,
-                    telemetry=telemetry,
-                    grace_s=scheduler.dispatch_timeout_s,
-                    now=utcnow(),
-                )
-                if repairs is None:
-                    return "dropped"
-                for stop in repairs.stops:
-                    log.warning(
-                        "heartbeat of %s: stopping job %s attempt %s (orphaned, or its gang ended)",
-                        stop.node,
-                        stop.job_id,
-                        stop.attempt,
-                    )
-                runtime.messenger.send(repairs.after)
-                return "heartbeat"
-            if isinstance(report, Leaving):
-                left = node_left(session=session, leaving=report, now=utcnow())
-                for reason in left.refused:
-                    refused = Refused(reason, "in its leaving report", kind=Finished.KIND)
-                    note_refused(refused, receiver="scheduler")
-                runtime.messenger.send(left.after)
-                return "left"
-            if isinstance(report, Started):
-                applied = agent_reports.job_started(session=session, report=report)
-            else:
-                applied = agent_reports.job_finished(session=session, report=report)
-            session.commit()
-        context = {"job_id": report.job_id, "attempt": report.attempt, "node": report.node}
-        if applied.refused:
-            refused = Refused(applied.refused, applied.why, kind=report.KIND)
-            note_refused(refused, receiver="scheduler")
-            return "refused"
-        if not applied.accepted:
-            log.info("ignored %s report: %s", report.KIND, applied.why, extra=context)
-        else:
-            outcome = report.result if isinstance(report, Finished) else report.KIND
-            log.info("job %s attempt %s %s", report.job_id, report.attempt, outcome, extra=context)
-        runtime.messenger.send(applied.after)
-        return "ok" if applied.accepted else "ignored"
-
     @celery.task(name=RECONCILE)
     def reconcile_task() -> dict[str, int]:
         # Agents that were not given the installation's id take it from Redis (again after
@@ -229,8 +140,8 @@ def build_scheduler_app(
             heartbeats_queued_s = heartbeats_backlog_s(
                 runtime.redis, key_for=runtime.node_keys, now=now_s
             )
-            reports_queued_s = report_backlog_s(
-                runtime.redis, REPORTS_QUEUE, key_for=runtime.node_keys, now=now_s
+            reports_queued_s = reports_backlog_s(
+                runtime.redis, key_for=runtime.node_keys, now=now_s
             )
         except Exception as exc:  # Redis down: no report arrives either (SilenceJudge)
             log.warning("could not read the reports' backlog: %s", exc)

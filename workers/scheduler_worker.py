@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from functools import partial
+from typing import Any
 
 from celery.signals import beat_embedded_init
 from prometheus_client import start_http_server
@@ -16,30 +19,28 @@ from app.logs import celery_options, configure_logging, log_level_name
 from app.messaging import SCHEDULER_QUEUE
 from app.nodes.telemetry import TelemetryPolicy
 from app.processes import die_with_parent
-from app.wire import REPORTS_QUEUE
 from workers.heartbeats import HeartbeatDrain
+from workers.job_reports import DRAINS, start_report_drains
 from workers.scheduler import build_scheduler_app, scheduler_runtime
 
 log = logging.getLogger("gpusched.scheduler")
 
 
-# What a scheduler process consumes: everything (one process, the simplest deployment), or
+# What a scheduler process does: everything (one process, the simplest deployment), or
 # one half. Agents' reports (heartbeats, job starts and ends) in a process of their own
 # do not compete with the cycle for one interpreter lock: `gpusched up` runs the two.
-# Heartbeats are not in Celery's queues: the process that takes reports drains their own
-# queue in a thread (workers/heartbeats.py), so they never delay a job's start or end.
-WORK_QUEUES = {
-    "all": (f"{SCHEDULER_QUEUE},{REPORTS_QUEUE}", "scheduler"),
-    "cycle": (SCHEDULER_QUEUE, "scheduler"),
-    "reports": (REPORTS_QUEUE, "reports"),
-}
+# Reports are not in Celery's queues: the process that takes them drains the heartbeats'
+# queue (workers/heartbeats.py) and the job reports' (workers/job_reports.py) in threads
+# of their own, in batches, so a heartbeat backlog never delays a job's start or end.
+# Celery's worker runs only where cycles do.
+ROLES = {"all": "scheduler", "cycle": "scheduler", "reports": "reports"}
 
 
 def run_scheduler_worker(
     settings: Settings, scheduler: SchedulerSettings, *, beat: bool, work: str = "all"
 ) -> None:
     """`work`: "all", "cycle" (cycles, reconciliation, batches; beat) or "reports"."""
-    queues, role = WORK_QUEUES[work]
+    role = ROLES[work]
     configure_logging()
     log.info(
         "scheduling core: %s",
@@ -48,18 +49,21 @@ def run_scheduler_worker(
         else "plain Python (`make native` compiles it)",
     )
     runtime = scheduler_runtime(settings, scheduler)
-    celery = build_scheduler_app(settings, scheduler, runtime=runtime)
+    stop = threading.Event()
+    drains: list[threading.Thread] = []
     if work != "cycle":
-        HeartbeatDrain(
-            redis_client=runtime.redis,
-            factory=runtime.factory,
-            key_for=runtime.node_keys,
-            sender=runtime.messenger,
-            telemetry=TelemetryPolicy(
+        drain_args: dict[str, Any] = {
+            "redis_client": runtime.redis,
+            "factory": runtime.factory,
+            "key_for": runtime.node_keys,
+            "sender": runtime.messenger,
+            "telemetry": TelemetryPolicy(
                 foreign_util_threshold_pct=scheduler.foreign_util_threshold_pct
             ),
-            grace_s=scheduler.dispatch_timeout_s,
-        ).start()
+            "grace_s": scheduler.dispatch_timeout_s,
+        }
+        HeartbeatDrain(**drain_args).start()
+        drains = start_report_drains(DRAINS, stop, **drain_args)
     # Cycle durations, report handling and dispatch failures live in the process that
     # counts them: each serves its own.
     port = scheduler.reports_metrics_port if work == "reports" else scheduler.metrics_port
@@ -68,12 +72,18 @@ def run_scheduler_worker(
             start_http_server(port, addr=settings.host)
         except OSError as exc:  # e.g. a second scheduler on this host: run without metrics
             log.warning("%s metrics not served on port %d: %s", role, port, exc)
+    if work == "reports":
+        _wait_for_a_signal(stop)
+        for drain in drains:  # each finishes its batch in hand, or leaves it taken
+            drain.join(timeout=30)
+        return
+    celery = build_scheduler_app(settings, scheduler, runtime=runtime)
     argv = [
         *celery_options(),
         "--queues",
-        queues,
-        # Threads: reports are handled while a cycle runs; cycles themselves serialise on a
-        # lock (and across processes on the database lease).
+        SCHEDULER_QUEUE,
+        # Threads: reconciliation and batches run while a cycle runs; cycles themselves
+        # serialise on a lock (and across processes on the database lease).
         "--pool",
         "threads",
         "--concurrency",
@@ -86,7 +96,7 @@ def run_scheduler_worker(
         "--loglevel",
         log_level_name().upper(),
     ]
-    if beat and work != "reports":
+    if beat:
         schedule_file = settings.data_dir.resolve() / "celerybeat-schedule"
         argv += ["--beat", "--schedule", str(schedule_file)]
         # The embedded beat runs in a child process; a worker killed outright would leave
@@ -97,3 +107,12 @@ def run_scheduler_worker(
 
 def _beat_dies_with_worker(worker_pid: int, **_: object) -> None:
     die_with_parent(worker_pid)
+
+
+def _wait_for_a_signal(stop: threading.Event) -> None:
+    """The reports process: its drains work in threads until SIGTERM or SIGINT."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    log.info("reports: draining job reports and heartbeats")
+    while not stop.wait(1.0):
+        pass

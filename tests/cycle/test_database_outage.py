@@ -19,7 +19,7 @@ from app.cycle.reconcile import SilenceJudge, reconcile
 from app.db import make_engine, make_session_factory
 from app.nodes.telemetry import TelemetryPolicy
 from app.wire import Heartbeat
-from workers.scheduler import handle_heartbeat
+from workers.heartbeats import handle_heartbeat
 
 # Nothing listens on port 1: every connection is refused, as while the database is down.
 DATABASE_DOWN = "postgresql+psycopg://postgres@127.0.0.1:1/test"

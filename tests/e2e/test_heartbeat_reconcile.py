@@ -33,7 +33,7 @@ from app.nodes.telemetry import TelemetryPolicy
 from app.projects.models import Project
 from app.wire import AttemptRef, Finished, Heartbeat, Started, StopJob
 from tests.foundation.builders import ready_node
-from workers.scheduler import handle_heartbeat
+from workers.heartbeats import handle_heartbeat
 
 pytestmark = pytest.mark.e2e
 
