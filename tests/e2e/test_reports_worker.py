@@ -36,13 +36,15 @@ def test_cycles_and_reports_run_in_their_own_processes(stack: Stack) -> None:
     jobs = [stack.submit({"command": "sleep 0.3", "gpus": 1}) for _ in range(3)]
     for job in jobs:
         assert stack.wait_status(job["id"], "SUCCEEDED", "FAILED")["status"] == "SUCCEEDED"
-    # The node registered and its jobs' starts and ends were applied by the reports
-    # process's drain (no Celery worker there), cycles by the scheduler's Celery.
+    # The node registered and its jobs' starts and ends were handled by the reports
+    # process's drains (no Celery worker there), cycles by the scheduler's Celery. Each
+    # report logs one line naming its attempt: applied ("job 2 attempt 1 started"), or
+    # found already applied by a heartbeat or by its end, which another drain may apply
+    # first ("ignored started report: job 2 attempt 1 is already SUCCEEDED").
     assert _lines(stack, "reports", "n1 registered") >= 1
     for job in jobs:
-        assert _lines(stack, "reports", f"job {job['id']} attempt 1 started") == 1
-        assert _lines(stack, "reports", f"job {job['id']} attempt 1 SUCCEEDED") == 1
-        assert _lines(stack, "scheduler", f"job {job['id']} attempt 1 SUCCEEDED") == 0
+        assert _lines(stack, "reports", f"job {job['id']} attempt 1 ") >= 2
+    assert _lines(stack, "scheduler", "gpusched.reports") == 0
     assert _tasks(stack, "scheduler", "gpusched.schedule_cycle") >= 1
     assert _lines(stack, "reports", "gpusched.schedule_cycle") == 0
 
