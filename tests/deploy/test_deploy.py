@@ -123,6 +123,8 @@ def test_compose_keeps_the_control_plane_and_a_simulated_agent() -> None:
     agent = services["agent"]
     assert agent["command"][:3] == ["gpusched", "agent", "--gpus"]
     assert agent["command"][3].startswith("sim:")  # a demo: no job runs inside the image on a GPU
+    # Reports processes as replicas (they share job reports; one drains heartbeats).
+    assert services["reports"]["deploy"] == {"replicas": 2}
     for name, service in services.items():
-        assert "deploy" not in service, f"{name} asks for a device"
+        assert "resources" not in service.get("deploy", {}), f"{name} asks for a device"
         assert service.get("pid") != "host", name

@@ -6,6 +6,7 @@ A module configures its stack with module-level variables:
     STACK_AGENTS = {"n1": "sim:4:H100-80GB"}       # short node name -> --gpus spec
     STACK_ENV = {"GPUSCHED_SCHEDULER_HEARTBEAT_TIMEOUT_S": "3"}
     STACK_REPORTS_WORKER = True                     # reports in their own process, as `up`
+    STACK_REPORTS_ENV = [{}, {}]                    # ... or in replicas, each with these
 
 The database is chosen like the rest of the suite (GPUSCHED_TEST_DB=sqlite|postgresql);
 each stack gets a fresh SQLite file or a fresh PostgreSQL database. When a test fails, the
@@ -43,8 +44,16 @@ def _module_stack(
     agents = getattr(request.module, "STACK_AGENTS", {"n1": "sim:4:H100-80GB"})
     env = getattr(request.module, "STACK_ENV", {})
     reports_worker = getattr(request.module, "STACK_REPORTS_WORKER", False)
+    reports_env = getattr(request.module, "STACK_REPORTS_ENV", ({},))
     root: Path = tmp_path_factory.mktemp("e2e")
-    stack = Stack(root, db=BACKEND, agents=agents, env=env, reports_worker=reports_worker)
+    stack = Stack(
+        root,
+        db=BACKEND,
+        agents=agents,
+        env=env,
+        reports_worker=reports_worker,
+        reports_env=reports_env,
+    )
     stack.start(timeout=90)
     try:
         yield stack

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,10 +105,13 @@ class Stack:
         env: dict[str, str] | None = None,
         python: str | None = None,
         reports_worker: bool = False,
+        reports_env: Sequence[Mapping[str, str]] = ({},),
         pg_admin_url: str | None = None,
     ) -> None:
-        """`pg_admin_url`: the PostgreSQL server of the stack's database, when not the test
-        run's own (a fault test's server that it stops and starts)."""
+        """`reports_env`: with `reports_worker`, one reports process per entry, with these
+        variables set (replicas: "reports", "reports-2", ...). `pg_admin_url`: the
+        PostgreSQL server of the stack's database, when not the test run's own (a fault
+        test's server that it stops and starts)."""
         if db not in ("sqlite", "postgresql"):
             raise ValueError("db must be sqlite or postgresql")
         self.root = root
@@ -121,6 +124,7 @@ class Stack:
         self.env_overrides = tune_env(env)
         # As `gpusched up`: agents' reports in a second scheduler process ("reports").
         self.reports_worker = reports_worker
+        self.reports_env = [dict(env) for env in reports_env]
         self.python = python or sys.executable
         self.data_dir = root / "data"
         self.proc_log_dir = root / "proc-logs"
@@ -191,7 +195,9 @@ class Stack:
         self._spawn("api", [*cli, "server", "--port", str(self.port), "--log-level", "warning"])
         if self.reports_worker:
             self._spawn("scheduler", [*cli, "scheduler", "--only", "cycle"])
-            self._spawn("reports", [*cli, "scheduler", "--only", "reports"])
+            for i, extra in enumerate(self.reports_env, start=1):
+                label = "reports" if i == 1 else f"reports-{i}"
+                self._spawn(label, [*cli, "scheduler", "--only", "reports"], extra)
         else:
             self._spawn("scheduler", [*cli, "scheduler"])
         for name, spec in self.agent_specs.items():
