@@ -46,6 +46,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -285,16 +286,25 @@ class DrainerLease:
         self._release(keys=[DRAINER_KEY], args=[self.holder])
 
 
+@dataclass(frozen=True)
+class ReportsContext:
+    """What every drain of agents' reports works with, heartbeats' and job reports':
+    the broker, the database, the nodes' keys (to unseal), where orders go, how readings
+    are judged, and the grace of a run order not yet confirmed by a start."""
+
+    redis: Any
+    factory: sessionmaker[Session]
+    key_for: Callable[[str], bytes]
+    sender: Sender
+    telemetry: TelemetryPolicy
+    grace_s: float
+
+
 class HeartbeatDrain:
     def __init__(
         self,
+        context: ReportsContext,
         *,
-        redis_client: Any,
-        factory: sessionmaker[Session],
-        key_for: Callable[[str], bytes],
-        sender: Sender,
-        telemetry: TelemetryPolicy,
-        grace_s: float,
         batch: int = BATCH,
         per_transaction: int = PER_TRANSACTION,
         threads: int = STORE_THREADS,
@@ -302,12 +312,8 @@ class HeartbeatDrain:
     ) -> None:
         """`lease`: where several reports processes may run, the one that drains (None:
         this drain is the only one)."""
-        self.redis = redis_client
-        self.factory = factory
-        self.key_for = key_for
-        self.sender = sender
-        self.telemetry = telemetry
-        self.grace_s = grace_s
+        self.context = context
+        self.redis = context.redis
         self.batch = batch
         self.per_transaction = per_transaction
         self.threads = threads
@@ -320,7 +326,7 @@ class HeartbeatDrain:
         """Up to `batch` queued heartbeats, oldest first; waits up to `block_s` for one.
         Before taking a backlog, says in Redis since when its oldest was sent: until they
         are marked heard from (`heard`), they count as queued for the silence judge."""
-        oldest = sent_at(self.redis.lindex(HEARTBEATS_QUEUE, -1), key_for=self.key_for)
+        oldest = sent_at(self.redis.lindex(HEARTBEATS_QUEUE, -1), key_for=self.context.key_for)
         if oldest is not None:
             self.redis.set(IN_FLIGHT_KEY, repr(oldest), ex=IN_FLIGHT_TTL_S)
         raws: list[bytes] = self.redis.rpop(HEARTBEATS_QUEUE, self.batch) or []
@@ -337,7 +343,7 @@ class HeartbeatDrain:
         raws = self.pop(block_s=block_s)
         if not raws:
             return 0, 0
-        heartbeats, superseded = newest_per_node(raws, key_for=self.key_for)
+        heartbeats, superseded = newest_per_node(raws, key_for=self.context.key_for)
         if superseded:
             HEARTBEATS_DRAINED.labels("superseded").inc(superseded)
         self.heard(heartbeats)
@@ -360,7 +366,7 @@ class HeartbeatDrain:
         names = [heartbeat.node for heartbeat in heartbeats]
         if names:
             try:
-                with self.factory() as session:
+                with self.context.factory() as session:
                     session.execute(
                         update(Node).where(Node.name.in_(names)).values(last_heartbeat_at=utcnow())
                     )
@@ -383,13 +389,13 @@ class HeartbeatDrain:
         started = time.monotonic()
         now = utcnow()
         all_repairs: list[NodeRepairs] = []
-        with self.factory() as session:
+        with self.context.factory() as session:
             try:
                 all_repairs = store_heartbeats(
                     session=session,
                     heartbeats=heartbeats,
-                    telemetry=self.telemetry,
-                    grace_s=self.grace_s,
+                    telemetry=self.context.telemetry,
+                    grace_s=self.context.grace_s,
                     now=now,
                 )
                 session.commit()
@@ -403,8 +409,8 @@ class HeartbeatDrain:
                     repairs = handle_heartbeat(
                         session=session,
                         heartbeat=heartbeat,
-                        telemetry=self.telemetry,
-                        grace_s=self.grace_s,
+                        telemetry=self.context.telemetry,
+                        grace_s=self.context.grace_s,
                         now=utcnow(),
                     )
                     if repairs is not None:
@@ -421,7 +427,7 @@ class HeartbeatDrain:
                 )
             if repairs.register_again is not None and not self._may_ask(repairs.register_again):
                 repairs.register_again = None
-            self.sender.send(repairs.after)
+            self.context.sender.send(repairs.after)
         return len(all_repairs)
 
     def _may_ask(self, order: RegisterAgain) -> bool:

@@ -33,16 +33,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from app.cycle.reconcile import node_left, node_registered
 from app.db import utcnow
 from app.jobs import agent_reports
 from app.jobs.agent_reports import Applied
 from app.jobs.orders import NOTHING, AfterCommit
-from app.messaging import Sender
 from app.metrics import REPORT_SECONDS
-from app.nodes.telemetry import TelemetryPolicy
 from app.wire import (
     REPORT_TYPES,
     REPORTS_QUEUE,
@@ -58,6 +56,7 @@ from app.wire import (
 from workers.heartbeats import (
     HEARTBEAT_TRIES,
     RETRYABLE_SQLSTATES,
+    ReportsContext,
     handle_heartbeat,
     report_backlog_s,
     sent_at,
@@ -156,31 +155,22 @@ def apply_job_report(session: Session, report: Started | Finished) -> Applied:
 class ReportDrain:
     def __init__(
         self,
+        context: ReportsContext,
         *,
-        redis_client: Any,
-        factory: sessionmaker[Session],
-        key_for: Callable[[str], bytes],
-        sender: Sender,
-        telemetry: TelemetryPolicy,
-        grace_s: float,
         batch: int = BATCH,
         per_transaction: int = PER_TRANSACTION,
         holder: str | None = None,
     ) -> None:
-        self.redis = redis_client
-        self.factory = factory
-        self.key_for = key_for
-        self.sender = sender
-        self.telemetry = telemetry
-        self.grace_s = grace_s
+        self.context = context
+        self.redis = context.redis
         self.batch = batch
         self.per_transaction = per_transaction
         self._applied = 0  # of the list's oldest: dropped at the next take
         holder = holder or f"{socket.gethostname()}-{uuid.uuid4().hex[:12]}"  # says whose
         self.taken_key = TAKEN_PREFIX + holder
         self.alive_key = ALIVE_PREFIX + holder
-        self._take = redis_client.register_script(_TAKE)
-        self._restore = redis_client.register_script(_RESTORE)
+        self._take = self.redis.register_script(_TAKE)
+        self._restore = self.redis.register_script(_RESTORE)
         self._restored_at = -RESTORE_EVERY_S
 
     def take(self, *, block_s: float) -> list[bytes]:
@@ -216,7 +206,7 @@ class ReportDrain:
             self._restored_at = time.monotonic()
             self.restore_orphans()
         raws = self.take(block_s=block_s)
-        reports = [unseal_report(raw, self.key_for) for raw in raws]
+        reports = [unseal_report(raw, self.context.key_for) for raw in raws]
         for run in _runs([r for r in reports if r is not None], self.per_transaction):
             self.redis.set(self.alive_key, "1", ex=ALIVE_TTL_S)
             first = run[0]
@@ -241,7 +231,7 @@ class ReportDrain:
         if not reports:
             return
         started = time.monotonic()
-        with self.factory() as session:
+        with self.context.factory() as session:
             applied: list[tuple[Started | Finished, Applied | None]]
             try:
                 applied = [(r, apply_job_report(session, r)) for r in reports]
@@ -262,14 +252,14 @@ class ReportDrain:
             if outcome is not None:
                 _log_outcome(report, outcome)
                 after += outcome.after
-        self.sender.send(after)
+        self.context.sender.send(after)
 
     def _apply_one(self, report: Started | Finished) -> Applied | None:
         """One report in its own transaction, a deadlock's victim run again; None when it
         failed for a reason of its own (logged, dropped as a failing task was)."""
         tries = 1
         while True:
-            with self.factory() as session:
+            with self.context.factory() as session:
                 try:
                     applied = apply_job_report(session, report)
                     session.commit()
@@ -288,28 +278,28 @@ class ReportDrain:
     def apply_alone(self, report: Report) -> None:
         """A register, leaving or heartbeat report, in its own transaction."""
         started = time.monotonic()
-        with self.factory() as session:
+        with self.context.factory() as session:
             if isinstance(report, Register):
                 node_registered(session=session, report=report)
                 session.commit()
                 log.info("node %s registered", report.node, extra={"node": report.node})
-                self.sender.send(AfterCommit(cycle=True))
+                self.context.sender.send(AfterCommit(cycle=True))
             elif isinstance(report, Leaving):
                 left = node_left(session=session, leaving=report, now=utcnow())
                 for reason in left.refused:
                     refused = Refused(reason, "in its leaving report", kind=Finished.KIND)
                     note_refused(refused, receiver="scheduler")
-                self.sender.send(left.after)
+                self.context.sender.send(left.after)
             elif isinstance(report, Heartbeat):  # from an agent older than their own queue
                 repairs = handle_heartbeat(
                     session=session,
                     heartbeat=report,
-                    telemetry=self.telemetry,
-                    grace_s=self.grace_s,
+                    telemetry=self.context.telemetry,
+                    grace_s=self.context.grace_s,
                     now=utcnow(),
                 )
                 if repairs is not None:
-                    self.sender.send(repairs.after)
+                    self.context.sender.send(repairs.after)
         REPORT_SECONDS.labels(report.KIND).observe(time.monotonic() - started)
 
     def run(self, stop: threading.Event) -> None:
@@ -327,7 +317,9 @@ class ReportDrain:
             log.warning("job report drain: %s", exc)
 
 
-def start_report_drains(count: int, stop: threading.Event, **drain: Any) -> list[threading.Thread]:
+def start_report_drains(
+    count: int, stop: threading.Event, context: ReportsContext
+) -> list[threading.Thread]:
     """`count` drains of the same queue in threads of their own, each with its own batch,
     as Celery's 4 threads took a report each: most of a transaction's time is waiting for
     the database, and a slow one holds up only its own drain. Order is kept inside each
@@ -335,7 +327,7 @@ def start_report_drains(count: int, stop: threading.Event, **drain: Any) -> list
     `job_finished` allows for). They stop when `stop` is set."""
     threads = [
         threading.Thread(
-            target=ReportDrain(**drain).run, args=(stop,), name=f"reports-{i}", daemon=True
+            target=ReportDrain(context).run, args=(stop,), name=f"reports-{i}", daemon=True
         )
         for i in range(count)
     ]

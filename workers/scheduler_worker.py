@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 from functools import partial
-from typing import Any
 
 from celery.signals import beat_embedded_init
 from prometheus_client import start_http_server
@@ -19,7 +18,7 @@ from app.logs import celery_options, configure_logging, log_level_name
 from app.messaging import SCHEDULER_QUEUE
 from app.nodes.telemetry import TelemetryPolicy
 from app.processes import die_with_parent
-from workers.heartbeats import DrainerLease, HeartbeatDrain
+from workers.heartbeats import DrainerLease, HeartbeatDrain, ReportsContext
 from workers.job_reports import DRAINS, start_report_drains
 from workers.scheduler import build_scheduler_app, scheduler_runtime
 
@@ -54,19 +53,19 @@ def run_scheduler_worker(
     stop = threading.Event()
     drains: list[threading.Thread] = []
     if work != "cycle":
-        drain_args: dict[str, Any] = {
-            "redis_client": runtime.redis,
-            "factory": runtime.factory,
-            "key_for": runtime.node_keys,
-            "sender": runtime.messenger,
-            "telemetry": TelemetryPolicy(
+        context = ReportsContext(
+            redis=runtime.redis,
+            factory=runtime.factory,
+            key_for=runtime.node_keys,
+            sender=runtime.messenger,
+            telemetry=TelemetryPolicy(
                 foreign_util_threshold_pct=scheduler.foreign_util_threshold_pct
             ),
-            "grace_s": scheduler.dispatch_timeout_s,
-        }
+            grace_s=scheduler.dispatch_timeout_s,
+        )
         lease = DrainerLease(runtime.redis)
-        drains = [HeartbeatDrain(**drain_args, lease=lease).start(stop)]
-        drains += start_report_drains(DRAINS, stop, **drain_args)
+        drains = [HeartbeatDrain(context, lease=lease).start(stop)]
+        drains += start_report_drains(DRAINS, stop, context)
     # Cycle durations, report handling and dispatch failures live in the process that
     # counts them: each serves its own.
     port = scheduler.reports_metrics_port if work == "reports" else scheduler.metrics_port

@@ -22,7 +22,7 @@ from sqlalchemy import select
 from app.cycle.reconcile import SilenceJudge, reconcile
 from app.db import utcnow
 from app.jobs.orders import AfterCommit
-from app.messaging import NullMessenger
+from app.messaging import NullMessenger, Sender
 from app.nodes.keys import node_key
 from app.nodes.models import Gpu, GpuSample, Node
 from app.nodes.telemetry import TelemetryPolicy
@@ -44,6 +44,7 @@ from tests.foundation.builders import ready_node
 from workers.heartbeats import (
     IN_FLIGHT_KEY,
     HeartbeatDrain,
+    ReportsContext,
     heartbeats_backlog_s,
     report_backlog_s,
     task_kwargs,
@@ -118,15 +119,21 @@ def heartbeat(node: str, util: float) -> Heartbeat:
     )
 
 
-def drain(api: Any, redis: FakeQueueRedis) -> HeartbeatDrain:
-    return HeartbeatDrain(
-        redis_client=redis,
-        factory=api.factory,
+def context(
+    api: Any, redis: Any, *, sender: Sender | None = None, factory: Any = None
+) -> ReportsContext:
+    return ReportsContext(
+        redis=redis,
+        factory=factory or api.factory,
         key_for=key_for,
-        sender=NullMessenger(),
+        sender=sender or NullMessenger(),
         telemetry=TelemetryPolicy(),
         grace_s=15,
     )
+
+
+def drain(api: Any, redis: FakeQueueRedis, *, sender: Sender | None = None) -> HeartbeatDrain:
+    return HeartbeatDrain(context(api, redis, sender=sender))
 
 
 def samples(api: Any, node: str) -> list[float | None]:
@@ -196,8 +203,7 @@ def test_a_node_not_registered_is_asked_to_register_again(api: Any) -> None:
     queue_heartbeat(redis, heartbeat("n1", 10.0))
     queue_heartbeat(redis, heartbeat("ghost", 20.0))
     sender = RecordingSender()
-    draining = drain(api, redis)
-    draining.sender = sender
+    draining = drain(api, redis, sender=sender)
 
     assert draining.drain_once() == (2, 0)
     assert sender.orders == [RegisterAgain(node="ghost")]  # n1, known, is asked nothing
@@ -369,8 +375,7 @@ def test_a_gang_that_ends_on_one_node_of_a_batch_is_stopped_once_on_the_other(ap
     running = (AttemptRef(job_id=job, attempt=attempt),)
     queue_heartbeat(redis, Heartbeat(node="n2", running=running, taken_at=time.time()))
     sender = RecordingSender()
-    draining = drain(api, redis)
-    draining.sender = sender
+    draining = drain(api, redis, sender=sender)
 
     assert draining.drain_once() == (2, 0)
     assert get_job(api, job)["status"] == "FAILED"

@@ -11,24 +11,14 @@ from typing import Any
 import redis as redis_lib
 
 from app.db import utcnow
-from app.messaging import NullMessenger
-from app.nodes.telemetry import TelemetryPolicy
 from app.wire import HEARTBEATS_QUEUE
-from tests.cycle.test_heartbeat_drain import heartbeat, key_for, queue_heartbeat, samples
+from tests.cycle.test_heartbeat_drain import context, heartbeat, queue_heartbeat, samples
 from tests.foundation.builders import ready_node
 from workers.heartbeats import DRAINER_KEY, DRAINER_TTL_S, DrainerLease, HeartbeatDrain
 
 
 def drain(api: Any, redis: redis_lib.Redis, lease: DrainerLease) -> HeartbeatDrain:
-    return HeartbeatDrain(
-        redis_client=redis,
-        factory=api.factory,
-        key_for=key_for,
-        sender=NullMessenger(),
-        telemetry=TelemetryPolicy(),
-        grace_s=15,
-        lease=lease,
-    )
+    return HeartbeatDrain(context(api, redis), lease=lease)
 
 
 def test_one_process_holds_the_lease_until_it_gives_it_up(redis: redis_lib.Redis) -> None:

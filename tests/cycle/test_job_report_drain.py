@@ -20,10 +20,9 @@ from sqlalchemy.exc import OperationalError
 
 from app.db import utcnow
 from app.jobs.orders import AfterCommit
-from app.nodes.telemetry import TelemetryPolicy
 from app.wire import REPORTS_QUEUE, Finished, Register, Started, seal
 from tests.cycle.jobs_api import get_job, job_events, run_one_cycle, submit
-from tests.cycle.test_heartbeat_drain import RecordingSender, key_for, task_message
+from tests.cycle.test_heartbeat_drain import RecordingSender, context, key_for, task_message
 from tests.foundation.builders import ready_node
 from workers.job_reports import (
     ALIVE_PREFIX,
@@ -46,15 +45,16 @@ class CountingSender(RecordingSender):
         return super().send(after)
 
 
-def drain(api: Any, redis: redis_lib.Redis, **kwargs: Any) -> ReportDrain:
+def drain(
+    api: Any,
+    redis: redis_lib.Redis,
+    *,
+    sender: CountingSender | None = None,
+    factory: Any = None,
+    **kwargs: Any,
+) -> ReportDrain:
     return ReportDrain(
-        redis_client=redis,
-        factory=api.factory,
-        key_for=key_for,
-        sender=CountingSender(),
-        telemetry=TelemetryPolicy(),
-        grace_s=15,
-        **kwargs,
+        context(api, redis, sender=sender or CountingSender(), factory=factory), **kwargs
     )
 
 
@@ -92,7 +92,8 @@ def test_started_and_finished_reports_are_applied_many_to_a_transaction(
         queue(redis, Started(node="n1", job_id=job, attempt=attempt, pid=100 + job))
     for job, attempt in jobs:
         queue(redis, Finished(node="n1", job_id=job, attempt=attempt, result="SUCCEEDED"))
-    draining = drain(api, redis, per_transaction=5)
+    sender = CountingSender()
+    draining = drain(api, redis, sender=sender, per_transaction=5)
 
     assert commits_while(api, lambda: draining.drain_once()) == 3  # 12 reports, 5 a commit
     for job, _ in jobs:
@@ -100,7 +101,7 @@ def test_started_and_finished_reports_are_applied_many_to_a_transaction(
         steps = [(e["to_status"], e["reason"]) for e in job_events(api, job)][-2:]
         assert steps[0] == ("RUNNING", f"started as pid {100 + job}")  # in queue order
         assert steps[1][0] == "SUCCEEDED"
-    assert draining.sender.sends == 3 and draining.sender.cycles == 2  # GPUs freed: a cycle
+    assert sender.sends == 3 and sender.cycles == 2  # GPUs freed: a cycle
     assert redis.llen(REPORTS_QUEUE) == 0
     assert redis.llen(draining.taken_key) == 12  # applied, dropped at the next take
     assert draining.take(block_s=0) == [] and redis.llen(draining.taken_key) == 0
@@ -176,8 +177,8 @@ def test_a_database_outage_leaves_the_batch_taken_for_the_next_round(
 ) -> None:
     [(job, attempt)] = placed_jobs(api, 1)
     queue(redis, Finished(node="n1", job_id=job, attempt=attempt, result="SUCCEEDED"))
-    draining = drain(api, redis)
-    draining.factory = outage = DatabaseDown(api.factory)  # type: ignore[assignment]
+    outage = DatabaseDown(api.factory)
+    draining = drain(api, redis, factory=outage)
 
     with pytest.raises(OperationalError):
         draining.drain_once()
