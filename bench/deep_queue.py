@@ -2,14 +2,18 @@
 memory in the API process (issue 42 point 4).
 
     .venv/bin/python bench/deep_queue.py [--db postgresql|sqlite] [--waiting 20000]
-        [--repeat 5] [--skip-memory]
+        [--repeat 5] [--skip-memory] [--nodes 2] [--gpus-per-node 4] [--ended 1]
+        [--fresh-gpus 1.0]
 
-Cycle: as the scheduler worker runs it (one QueueMemory across cycles), on 2 nodes x 4
-GPUs, with `waiting` jobs of two projects (1-4 GPUs, priorities and runtimes varied)
+Cycle: as the scheduler worker runs it (one QueueMemory across cycles), on `nodes` x
+`gpus-per-node` GPUs (2 x 4; 1,000 x 8 is the fleet's cluster, issue 35 point 4), with `waiting` jobs of two projects (1-4 GPUs, priorities and runtimes varied)
 inserted in bulk. Times `run_cycle` as the scheduler runs its full cycle every few
 seconds: the first one (every job NEW), then full cycles with nothing changed, then full
 cycles after one running job ended (one placed: every job behind it moves up a place,
-which costs no write since places come from the stored ranking). Each row splits the
+which costs no write since places come from the stored ranking; `--ended N`: N jobs
+ended before each, as on a large cluster many end between two cycles; `--fresh-gpus F`:
+the GPU readings of that share of the nodes are new before each cycle, in turn, where
+1 has every node report between two cycles). Each row splits the
 cycle: phase 0 (dependencies, array limits, clock gates), snapshot read, plan, apply
 (reasons and queue keys written, committed), rank storage; with the count of SQL
 statements, how many jobs' change-stamps one cycle looked at (`stamps`: those changed
@@ -31,6 +35,7 @@ Prints tables; writes bench/results/deep_queue-<db>.json.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import statistics
@@ -63,14 +68,13 @@ from tests.support.servers import create_pg_database, drop_pg_database, free_por
 from tests.support.wait import poll
 
 GOAL_MS = 150.0
-NODES, GPUS_PER_NODE = 2, 4
 SETTINGS = SchedulerSettings(stability_window_s=0)
 
 
-def _cluster(factory: Any) -> None:
+def _cluster(factory: Any, *, nodes: int, gpus_per_node: int) -> None:
     now = utcnow()
     with factory() as session:
-        for n in range(NODES):
+        for n in range(nodes):
             node = Node(name=f"n{n}", hostname="127.0.0.1", state=NodeState.READY)
             node.last_heartbeat_at = now
             node.gpus = [
@@ -84,34 +88,44 @@ def _cluster(factory: Any) -> None:
                     util_pct=0.0,
                     idle_since=now,
                 )
-                for i in range(GPUS_PER_NODE)
+                for i in range(gpus_per_node)
             ]
             session.add(node)
         session.commit()
 
 
-def _heartbeat(factory: Any) -> None:
+def _heartbeat(factory: Any, *, share: float) -> None:
     """The nodes' agents report, as they would every few seconds: on a loaded machine
     the bench runs past the heartbeat timeout (30 s), and cycles on nodes gone stale placed
-    nothing (the "one job ended" rows then timed no placement, or none at all)."""
+    nothing (the "one job ended" rows then timed no placement, or none at all). Every
+    node is marked heard from; the GPU readings of `share` of them, in turn, are new
+    (1,000 nodes heartbeating every 5 s between cycles half a second apart: a tenth)."""
     now = utcnow()
+    turns = max(1, round(1 / share))
+    turn = next(HEARTBEATS) % turns
     with factory() as session:
         session.execute(update(Node).values(last_heartbeat_at=now))
-        session.execute(update(Gpu).values(sampled_at=now))
+        session.execute(update(Gpu).where(Gpu.node_id % turns == turn).values(sampled_at=now))
         session.commit()
 
 
-def _end_one(factory: Any) -> bool:
-    """The oldest placed job runs and succeeds: its GPUs are free for the next cycle.
-    False: none is placed (the cycles since did not fill the GPUs)."""
+HEARTBEATS = itertools.count()  # which share of the nodes' GPUs reports next
+
+
+def _end_some(factory: Any, count: int) -> bool:
+    """The `count` oldest placed jobs run and succeed: their GPUs are free for the next
+    cycle. False: fewer are placed (the cycles since did not fill the GPUs)."""
     with factory() as session:
-        job = session.scalar(select(Job).where(Job.status.in_(ACTIVE)).order_by(Job.id).limit(1))
-        if job is None:
+        jobs = session.scalars(
+            select(Job).where(Job.status.in_(ACTIVE)).order_by(Job.id).limit(count)
+        ).all()
+        if len(jobs) < count:
             return False
-        if job.status is JobStatus.SCHEDULED:
-            transition(session, job=job, to=JobStatus.RUNNING, actor="bench")
-        transition(session, job=job, to=JobStatus.SUCCEEDED, actor="bench")
-        release(session, job_id=job.id)
+        for job in jobs:
+            if job.status is JobStatus.SCHEDULED:
+                transition(session, job=job, to=JobStatus.RUNNING, actor="bench")
+            transition(session, job=job, to=JobStatus.SUCCEEDED, actor="bench")
+            release(session, job_id=job.id)
         session.commit()
     return True
 
@@ -130,14 +144,14 @@ def _stamps(factory: Any) -> tuple[int, dict[int, int | None]]:
 
 
 def _cycle(
-    engine: Any, factory: Any, memory: QueueMemory
+    engine: Any, factory: Any, memory: QueueMemory, *, share: float
 ) -> tuple[CycleReport, int, float, int, int]:
     """The cycle's report, its SQL statements, this process's CPU ms in it, how many
     jobs' change-stamps its snapshot looked at and how many waiting jobs it read whole (the
     others' change-stamps had not moved). Rows
     written (change-stamps moved) and queue keys written go to WRITTEN, counted outside
     the timing."""
-    _heartbeat(factory)  # before the timing: not the cycle's work
+    _heartbeat(factory, share=share)  # before the timing: not the cycle's work
     stamps_before, keys_before = _stamps(factory)
     statements = [0]
 
@@ -189,27 +203,27 @@ def _row(runs: list[Any]) -> dict[str, Any]:
     return row
 
 
-def _timed(engine: Any, factory: Any, memory: QueueMemory) -> tuple[Any, ...]:
-    """`_cycle`, with the rows and keys it wrote."""
-    return (*_cycle(engine, factory, memory), *WRITTEN[-1])
-
-
-def cycles(engine: Any, factory: Any, repeat: int) -> dict[str, dict[str, Any]]:
+def cycles(
+    engine: Any, factory: Any, *, repeat: int, ended: int, share: float
+) -> dict[str, dict[str, Any]]:
     # One memory across the cycles, as the scheduler worker keeps one.
     memory = QueueMemory()
-    results = {"first full cycle (all NEW)": _row([_timed(engine, factory, memory)])}
-    results["full, nothing changed"] = _row(
-        [_timed(engine, factory, memory) for _ in range(repeat)]
-    )
-    ended: list[tuple[Any, ...]] = []
+
+    def timed() -> tuple[Any, ...]:
+        """`_cycle`, with the rows and keys it wrote."""
+        return (*_cycle(engine, factory, memory, share=share), *WRITTEN[-1])
+
+    results = {"first full cycle (all NEW)": _row([timed()])}
+    results["full, nothing changed"] = _row([timed() for _ in range(repeat)])
+    runs: list[tuple[Any, ...]] = []
     for _ in range(3 * repeat):
-        if len(ended) == repeat:
+        if len(runs) == repeat:
             break
-        if not _end_one(factory):
-            _cycle(engine, factory, memory)  # every GPU idle: this one places jobs, not timed
+        if not _end_some(factory, ended):
+            _cycle(engine, factory, memory, share=share)  # GPUs idle: it places jobs, not timed
             continue
-        ended.append(_timed(engine, factory, memory))
-    results["full, one job ended"] = _row(ended)
+        runs.append(timed())
+    results["full, one job ended" if ended == 1 else f"full, {ended} jobs ended"] = _row(runs)
     return results
 
 
@@ -279,7 +293,16 @@ def memory(url: str, token: str, root: Path) -> dict[str, Any]:
 
 
 def main() -> int:
-    args = bench_args(__doc__.splitlines()[0], waiting=20_000, repeat=5, skip_memory=False)
+    args = bench_args(
+        __doc__.splitlines()[0],
+        waiting=20_000,
+        repeat=5,
+        skip_memory=False,
+        nodes=2,
+        gpus_per_node=4,
+        ended=1,
+        fresh_gpus=1.0,
+    )
     root = Path(tempfile.mkdtemp(prefix="gpusched-deepq-"))
     pg_name = None
     if args.db == "postgresql":
@@ -291,9 +314,11 @@ def main() -> int:
     mem: dict[str, Any] = {}
     try:
         factory = make_session_factory(engine)
-        _cluster(factory)
+        _cluster(factory, nodes=args.nodes, gpus_per_node=args.gpus_per_node)
         token = seed_queue(factory, args.waiting)  # analyzed on PostgreSQL
-        results = cycles(engine, factory, args.repeat)
+        results = cycles(
+            engine, factory, repeat=args.repeat, ended=args.ended, share=args.fresh_gpus
+        )
         if not args.skip_memory:
             mem = memory(url, token, root)
     finally:
@@ -308,7 +333,8 @@ def main() -> int:
         f"{'written':>7} {'keys':>6}"
     )
     print(
-        f"\nfull cycle, {args.waiting} waiting, {NODES * GPUS_PER_NODE} GPUs, {args.db}: "
+        f"\nfull cycle, {args.waiting} waiting, {args.nodes} x {args.gpus_per_node} GPUs, "
+        f"{args.db}: "
         f"median ms of {args.repeat} (goal <= {GOAL_MS:.0f} ms)"
     )
     print(head + "\n" + "-" * len(head))
@@ -340,6 +366,10 @@ def main() -> int:
         {
             "db": args.db,
             "waiting": args.waiting,
+            "nodes": args.nodes,
+            "gpus_per_node": args.gpus_per_node,
+            "ended_per_cycle": args.ended,
+            "fresh_gpus": args.fresh_gpus,
             "cycle": results,
             "memory": mem,
             "load": os.getloadavg()[0],

@@ -26,7 +26,7 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from app.auth.models import User
 from app.cycle.eligibility import ELIGIBLE, NOT_THROTTLED, ClockGates
@@ -151,6 +151,10 @@ class ViewCache:
     read_at: datetime | None = None
     gated_by: tuple[Any, ...] | None = None
     swept_at: datetime | None = None
+    # Each GPU's row (GPU_COLUMNS) and the view made of it, by GPU id: a GPU whose row
+    # has not changed since keeps its view (at 1,000 nodes, making 8,000 views was a fifth
+    # of every snapshot, and a heartbeat changes a node's rows once an interval).
+    gpus: dict[int, tuple[Any, GpuView]] = field(default_factory=dict)
 
     @property
     def views(self) -> dict[int, JobView]:
@@ -227,8 +231,16 @@ class QueueMemory:
             self.arrivals_read.update(ctx.arrived)
 
 
-def _gpu_view(gpu: Gpu) -> GpuView:
-    unknown = tuple(gpu.unknown_readings or ())
+def _json_tuple(value: str | None) -> tuple[Any, ...]:
+    """A JSON list read as text (SQL NULL and JSON null: empty)."""
+    if value is None or value in ("[]", "null"):
+        return ()
+    return tuple(json.loads(value))
+
+
+def _gpu_view(gpu: Any) -> GpuView:
+    """A GPU's row (GPU_COLUMNS) as the core sees it."""
+    unknown = _json_tuple(gpu.unknown_readings)
     return GpuView(
         index=gpu.index,
         uuid=gpu.uuid,
@@ -248,7 +260,7 @@ def _gpu_view(gpu: Gpu) -> GpuView:
         mig_enabled=gpu.mig_enabled,
         telemetry_at=gpu.sampled_at,
         allocated_milli=gpu.allocated_milli,
-        nvlink_peers=tuple(gpu.nvlink_peers),
+        nvlink_peers=_json_tuple(gpu.nvlink_peers),
     )
 
 
@@ -280,6 +292,42 @@ class _ReadUTC(UTCDateTime):
 def _utc(column: Any) -> Any:
     return type_coerce(column, _ReadUTC).label(column.key)
 
+
+# What the core needs of a node and of its GPUs (_gpu_view).
+NODE_COLUMNS = (
+    Node.id,
+    Node.name,
+    Node.state,
+    Node.drained,
+    Node.labels,
+    _utc(Node.last_heartbeat_at),
+    _utc(Node.maintenance_at),
+    Node.unusable_accounts,
+)
+GPU_COLUMNS = (
+    Gpu.id,
+    Gpu.node_id,
+    Gpu.index,
+    Gpu.uuid,
+    Gpu.model,
+    Gpu.memory_total_mb,
+    Gpu.memory_used_mb,
+    Gpu.util_pct,
+    Gpu.foreign_util_pct,
+    Gpu.foreign_memory_mb,
+    _utc(Gpu.foreign_since),
+    _utc(Gpu.idle_since),
+    Gpu.temperature_c,
+    Gpu.healthy,
+    # JSON lists as their text (cast in SQL, so that the driver does not decode them
+    # either): compared as strings with the kept row, decoded only for a GPU whose row
+    # changed (`_json_tuple`). Decoded, they were two thirds of the GPUs' read.
+    Gpu.unknown_readings.cast(Text).label("unknown_readings"),
+    Gpu.mig_enabled,
+    _utc(Gpu.sampled_at),
+    Gpu.allocated_milli,
+    Gpu.nvlink_peers.cast(Text).label("nvlink_peers"),
+)
 
 # What the core needs of a job; selected as plain columns (no ORM objects) because the
 # queue can hold thousands of jobs. The first _MADE_OF columns are what a job's view is
@@ -760,29 +808,46 @@ def read_snapshot(
     projects = list(session.scalars(select(Project)))
     project_names = {p.id: p.name for p in projects}
 
-    nodes = list(
-        session.scalars(
-            select(Node)
-            .options(selectinload(Node.gpus))
-            .where(Node.removed_at.is_(None))
-            .order_by(Node.name)
-        )
+    # Plain columns, not ORM objects: at 1,000 nodes, their 8,000 GPUs as objects (each
+    # GPU's process list parsed from JSON, though no filter reads it) were most of a
+    # second of every cycle (docs/benchmarks.md, "The snapshot at 1,000 nodes").
+    # Through the connection: the ORM's result layer cost as much again on these rows.
+    db = session.connection()
+    cache = ViewCache() if views is None else views
+    nodes = db.execute(
+        select(*NODE_COLUMNS).where(Node.removed_at.is_(None)).order_by(Node.name)
+    ).all()
+    gpus_of: dict[int, list[GpuView]] = defaultdict(list)
+    gpu_index: dict[int, int] = {}
+    gpu_ids: dict[tuple[int, int], int] = {}  # (node id, index) -> GPU id
+    kept, cache.gpus = cache.gpus, {}
+    gpu_rows: Any = db.execute(  # Any: a Row's `index` is the column, not tuple.index
+        select(*GPU_COLUMNS)
+        .join(Node, Node.id == Gpu.node_id)
+        .where(Node.removed_at.is_(None))
+        .order_by(Gpu.node_id, Gpu.index)
     )
+    for gpu in gpu_rows:
+        hit = kept.get(gpu.id)
+        view = hit[1] if hit is not None and hit[0] == gpu else _gpu_view(gpu)
+        cache.gpus[gpu.id] = (gpu, view)
+        gpus_of[gpu.node_id].append(view)
+        gpu_index[gpu.id] = gpu.index
+        gpu_ids[gpu.node_id, gpu.index] = gpu.id
     node_views = tuple(
         NodeView(
             name=n.name,
             ready=n.state is NodeState.READY,
             drained=n.drained,
-            labels=tuple(sorted(n.labels.items())),
+            labels=tuple(sorted((n.labels or {}).items())),
             heartbeat_at=n.last_heartbeat_at,
-            gpus=tuple(_gpu_view(g) for g in n.gpus),
+            gpus=tuple(gpus_of[n.id]),
             maintenance_at=n.maintenance_at,
             unusable_accounts=tuple(sorted((n.unusable_accounts or {}).items())),
         )
         for n in nodes
     )
     node_names = {n.id: n.name for n in nodes}
-    gpu_index = {g.id: g.index for n in nodes for g in n.gpus}
 
     # Usage: GPU-seconds of every allocation that ran within a few half-lives, decayed by
     # how long ago it ended (running ones count until now). Also each job's attained service.
@@ -802,7 +867,7 @@ def read_snapshot(
     shares: dict[int, int] = {}
     # Plain columns, not ORM objects: a busy day leaves thousands of finished allocations
     # inside the horizon, and this runs every cycle.
-    alloc_rows = session.execute(
+    alloc_rows = db.execute(
         select(
             Allocation.job_id,
             Allocation.attempt,
@@ -853,7 +918,7 @@ def read_snapshot(
 
     # A job being preempted has handed its GPUs over already: it holds nothing the core
     # may plan with, and must not be picked as a victim again.
-    active_jobs = session.execute(
+    active_jobs = db.execute(
         select(*JOB_COLUMNS, _GATED).where(
             Job.status.in_(ACTIVE), Job.preempt_requested_at.is_(None)
         )
@@ -874,7 +939,6 @@ def read_snapshot(
     asked: tuple[int, ...] = ()
     arrived: tuple[int, ...] = ()
     unread = False
-    cache = ViewCache() if views is None else views
     made: dict[str, Any] = {"users": users, "project_names": project_names, "attained": attained}
     pending_jobs: list[CachedRow]
     if memory is not None:
@@ -943,7 +1007,7 @@ def read_snapshot(
         snapshot=snapshot,
         pending_rows=cache.rows if memory is None else {j.row[0]: j for j in pending_jobs},
         node_ids={n.name: n.id for n in nodes},
-        gpu_ids={(n.name, g.index): g.id for n in nodes for g in n.gpus},
+        gpu_ids={(node_names[node], index): gpu for (node, index), gpu in gpu_ids.items()},
         usage=dict(usage),
         attained=dict(attained),
         attained_through=attained_through,
