@@ -72,15 +72,19 @@ class OneRound(DrainerLease):
         return self.held and super().hold()
 
 
-def test_a_process_without_the_lease_leaves_the_heartbeats_queued(
-    api: Any, redis: redis_lib.Redis
-) -> None:
+def one_round(api: Any, redis: redis_lib.Redis, *, held: bool) -> None:
+    """A node's heartbeat queued, then one round of a drain's `run`."""
     with api.factory.begin() as session:
         session.add(ready_node("n1", gpus=1, now=utcnow()))
     queue_heartbeat(redis, heartbeat("n1", 10.0))
     stop = threading.Event()
+    drain(api, redis, OneRound(redis, held=held, stop=stop)).run(stop)
 
-    drain(api, redis, OneRound(redis, held=False, stop=stop)).run(stop)
+
+def test_a_process_without_the_lease_leaves_the_heartbeats_queued(
+    api: Any, redis: redis_lib.Redis
+) -> None:
+    one_round(api, redis, held=False)
 
     assert redis.llen(HEARTBEATS_QUEUE) == 1
     assert samples(api, "n1") == []
@@ -89,12 +93,7 @@ def test_a_process_without_the_lease_leaves_the_heartbeats_queued(
 def test_the_holder_drains_and_gives_the_lease_up_when_it_stops(
     api: Any, redis: redis_lib.Redis
 ) -> None:
-    with api.factory.begin() as session:
-        session.add(ready_node("n1", gpus=1, now=utcnow()))
-    queue_heartbeat(redis, heartbeat("n1", 10.0))
-    stop = threading.Event()
-
-    drain(api, redis, OneRound(redis, held=True, stop=stop)).run(stop)
+    one_round(api, redis, held=True)
 
     assert redis.llen(HEARTBEATS_QUEUE) == 0
     assert samples(api, "n1") == [10.0]
