@@ -313,7 +313,6 @@ class HeartbeatDrain:
         """`lease`: where several reports processes may run, the one that drains (None:
         this drain is the only one)."""
         self.context = context
-        self.redis = context.redis
         self.batch = batch
         self.per_transaction = per_transaction
         self.threads = threads
@@ -326,16 +325,18 @@ class HeartbeatDrain:
         """Up to `batch` queued heartbeats, oldest first; waits up to `block_s` for one.
         Before taking a backlog, says in Redis since when its oldest was sent: until they
         are marked heard from (`heard`), they count as queued for the silence judge."""
-        oldest = sent_at(self.redis.lindex(HEARTBEATS_QUEUE, -1), key_for=self.context.key_for)
+        oldest = sent_at(
+            self.context.redis.lindex(HEARTBEATS_QUEUE, -1), key_for=self.context.key_for
+        )
         if oldest is not None:
-            self.redis.set(IN_FLIGHT_KEY, repr(oldest), ex=IN_FLIGHT_TTL_S)
-        raws: list[bytes] = self.redis.rpop(HEARTBEATS_QUEUE, self.batch) or []
+            self.context.redis.set(IN_FLIGHT_KEY, repr(oldest), ex=IN_FLIGHT_TTL_S)
+        raws: list[bytes] = self.context.redis.rpop(HEARTBEATS_QUEUE, self.batch) or []
         if raws or block_s <= 0:
             return raws
-        got = self.redis.brpop([HEARTBEATS_QUEUE], timeout=block_s)
+        got = self.context.redis.brpop([HEARTBEATS_QUEUE], timeout=block_s)
         if not got:
             return []
-        more = self.redis.rpop(HEARTBEATS_QUEUE, self.batch - 1) if self.batch > 1 else None
+        more = self.context.redis.rpop(HEARTBEATS_QUEUE, self.batch - 1) if self.batch > 1 else None
         return [got[1], *(more or [])]
 
     def drain_once(self, *, block_s: float = 0.0) -> tuple[int, int]:
@@ -374,7 +375,7 @@ class HeartbeatDrain:
             except OperationalError as exc:  # stored below, or dropped as any heartbeat is
                 log.warning("could not mark %d nodes heard from: %s", len(names), exc)
                 return
-        self.redis.delete(IN_FLIGHT_KEY)
+        self.context.redis.delete(IN_FLIGHT_KEY)
 
     def store(self, heartbeats: Sequence[Heartbeat]) -> int:
         """Store heartbeats of distinct nodes in one transaction (one at a time if it

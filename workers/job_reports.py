@@ -162,15 +162,14 @@ class ReportDrain:
         holder: str | None = None,
     ) -> None:
         self.context = context
-        self.redis = context.redis
         self.batch = batch
         self.per_transaction = per_transaction
         self._applied = 0  # of the list's oldest: dropped at the next take
         holder = holder or f"{socket.gethostname()}-{uuid.uuid4().hex[:12]}"  # says whose
         self.taken_key = TAKEN_PREFIX + holder
         self.alive_key = ALIVE_PREFIX + holder
-        self._take = self.redis.register_script(_TAKE)
-        self._restore = self.redis.register_script(_RESTORE)
+        self._take = self.context.redis.register_script(_TAKE)
+        self._restore = self.context.redis.register_script(_RESTORE)
         self._restored_at = -RESTORE_EVERY_S
 
     def take(self, *, block_s: float) -> list[bytes]:
@@ -182,14 +181,14 @@ class ReportDrain:
         self._applied = 0
         if not taken and block_s > 0:
             # Moved as atomically; the rest of a burst comes with the next round.
-            first = self.redis.brpoplpush(REPORTS_QUEUE, self.taken_key, timeout=block_s)
+            first = self.context.redis.brpoplpush(REPORTS_QUEUE, self.taken_key, timeout=block_s)
             taken = [first] if first else []
         return list(reversed(taken))
 
     def restore_orphans(self) -> int:
         """Put the batches of dead drains back in the queue; how many messages."""
         restored = 0
-        for key in self.redis.scan_iter(match=f"{TAKEN_PREFIX}*", count=100):
+        for key in self.context.redis.scan_iter(match=f"{TAKEN_PREFIX}*", count=100):
             name = key.decode() if isinstance(key, bytes) else key
             holder = name.removeprefix(TAKEN_PREFIX)
             if name != self.taken_key:
@@ -208,7 +207,7 @@ class ReportDrain:
         raws = self.take(block_s=block_s)
         reports = [unseal_report(raw, self.context.key_for) for raw in raws]
         for run in _runs([r for r in reports if r is not None], self.per_transaction):
-            self.redis.set(self.alive_key, "1", ex=ALIVE_TTL_S)
+            self.context.redis.set(self.alive_key, "1", ex=ALIVE_TTL_S)
             first = run[0]
             if isinstance(first, Started | Finished):
                 self.apply_jobs([r for r in run if isinstance(r, Started | Finished)])
@@ -221,7 +220,7 @@ class ReportDrain:
         """Drop what was applied from the drain's list (at a stop: else another drain
         would apply it again once this one's liveness key expired)."""
         if self._applied:
-            self.redis.rpop(self.taken_key, self._applied)
+            self.context.redis.rpop(self.taken_key, self._applied)
             self._applied = 0
 
     def apply_jobs(self, reports: Sequence[Started | Finished]) -> None:
