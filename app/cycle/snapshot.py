@@ -817,9 +817,10 @@ def read_snapshot(
     nodes = db.execute(
         select(*NODE_COLUMNS).where(Node.removed_at.is_(None)).order_by(Node.name)
     ).all()
+    node_names = {n.id: n.name for n in nodes}
     gpus_of: dict[int, list[GpuView]] = defaultdict(list)
     gpu_index: dict[int, int] = {}
-    gpu_ids: dict[tuple[int, int], int] = {}  # (node id, index) -> GPU id
+    gpu_ids: dict[tuple[str, int], int] = {}  # (node name, index) -> GPU id
     kept, cache.gpus = cache.gpus, {}
     gpu_rows: Any = db.execute(  # Any: a Row's `index` is the column, not tuple.index
         select(*GPU_COLUMNS)
@@ -833,7 +834,7 @@ def read_snapshot(
         cache.gpus[gpu.id] = (gpu, view)
         gpus_of[gpu.node_id].append(view)
         gpu_index[gpu.id] = gpu.index
-        gpu_ids[gpu.node_id, gpu.index] = gpu.id
+        gpu_ids[node_names[gpu.node_id], gpu.index] = gpu.id
     node_views = tuple(
         NodeView(
             name=n.name,
@@ -847,7 +848,6 @@ def read_snapshot(
         )
         for n in nodes
     )
-    node_names = {n.id: n.name for n in nodes}
 
     # Usage: GPU-seconds of every allocation that ran within a few half-lives, decayed by
     # how long ago it ended (running ones count until now). Also each job's attained service.
@@ -1007,7 +1007,7 @@ def read_snapshot(
         snapshot=snapshot,
         pending_rows=cache.rows if memory is None else {j.row[0]: j for j in pending_jobs},
         node_ids={n.name: n.id for n in nodes},
-        gpu_ids={(node_names[node], index): gpu for (node, index), gpu in gpu_ids.items()},
+        gpu_ids=gpu_ids,
         usage=dict(usage),
         attained=dict(attained),
         attained_through=attained_through,
