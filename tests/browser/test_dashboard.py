@@ -922,14 +922,33 @@ def test_remove_a_node_whose_agent_has_stopped(dash: Dashboard, stack: Stack) ->
     finally:
         engine.dispose()
     page = dash.page
+    # The page's timers on a clock of the test's: the 4 s poll and the 4 s window of an
+    # armed button fire when the test says, not when a busy machine gets to them.
+    page.clock.install()
     dash.login(stack.admin_token)
     dash.go("#/nodes")
     page.wait_for_selector("[data-remove='old-1']")
     # Nodes whose agents run cannot be removed: no button on them.
     assert page.locator("[data-remove='sim-1'], [data-remove='sim-2']").count() == 0
+
+    # The next poll's answer held back until the button is armed: the redraw comes inside
+    # the button's 4 s, and the second click must still confirm.
+    held: list[Any] = []
+    page.route("**/api/v1/nodes", lambda route: held.append(route))
+    page.clock.pause_at(page.evaluate("Date.now()") + 1000)
+    page.clock.run_for(4000)  # the poll is due within 4 s
+    while not held:
+        page.wait_for_timeout(50)
+    shown = page.text_content(".page-head .sub")
     page.click("[data-remove='old-1']")
     _expect_text(page, "[data-remove='old-1']", "Confirm remove")
     dash.shot("nodes-remove-armed")
+    held[0].continue_()
+    page.unroute("**/api/v1/nodes")
+    page.wait_for_function(
+        "shown => document.querySelector('.page-head .sub').textContent !== shown", arg=shown
+    )
+    _expect_text(page, "[data-remove='old-1']", "Confirm remove")
     page.click("[data-remove='old-1']")
     _expect_text(page, "#toast", "old-1 removed; its agent registering again brings it back")
     page.wait_for_selector("[data-node='old-1']", state="detached")

@@ -130,8 +130,11 @@ export function nodesPage(root, ctx) {
   };
 
   const renderNode = (node) => {
-    const old = cards.get(node.name);
-    const keepActions = old && old.querySelector(".node-actions.editing");
+    // The 4 s poll keeps a node's actions while a drain form is open or a Remove is armed:
+    // redrawn, the armed button would forget its first click.
+    const oldActions = cards.get(node.name)?.querySelector(".node-actions");
+    const keepActions = oldActions && (oldActions.matches(".editing") || oldActions.querySelector(".armed"))
+      ? oldActions : null;
     const heartbeat = node.last_heartbeat_at ? `heartbeat ${fmtAgo(node.last_heartbeat_at)}` : "no heartbeat yet";
     const card = h("section", { class: "card", dataset: { node: node.name } },
       h("div", { class: "node-head" },
