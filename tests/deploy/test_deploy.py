@@ -6,6 +6,7 @@ simulated GPUs."""
 from __future__ import annotations
 
 import configparser
+import re
 import shlex
 import shutil
 import subprocess
@@ -119,7 +120,9 @@ def test_one_beat_and_the_reports_beside_it() -> None:
 def test_compose_keeps_the_control_plane_and_a_simulated_agent() -> None:
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert {"postgres", "redis", "migrate", "api", "scheduler", "reports", "agent"} == set(services)
+    assert {"postgres", "redis", "migrate", "proxy", "api", "scheduler", "reports", "agent"} == set(
+        services
+    )
     agent = services["agent"]
     assert agent["command"][:3] == ["gpusched", "agent", "--gpus"]
     assert agent["command"][3].startswith("sim:")  # a demo: no job runs inside the image on a GPU
@@ -128,3 +131,47 @@ def test_compose_keeps_the_control_plane_and_a_simulated_agent() -> None:
     for name, service in services.items():
         assert "resources" not in service.get("deploy", {}), f"{name} asks for a device"
         assert service.get("pid") != "host", name
+
+
+HAPROXY = shutil.which("haproxy")
+HAPROXY_CFG = REPO / "deploy" / "haproxy" / "haproxy.cfg"
+
+
+def test_compose_runs_api_replicas_behind_one_address() -> None:
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    services = compose["services"]
+    api, proxy = services["api"], services["proxy"]
+    assert api["deploy"]["replicas"] >= 2 and "ports" not in api  # replicas share no port
+    assert proxy["ports"] == ["8000:8000"]
+    assert "./deploy/haproxy/haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro" in proxy["volumes"]
+    # The proxy reaches every replica by the service's name, on the port they listen on.
+    config = HAPROXY_CFG.read_text()
+    assert re.search(
+        r"^\s*server-template api- \d+ api:8000 check .*resolvers docker", config, re.M
+    )
+    assert re.search(r"^\s*option httpchk GET /readyz$", config, re.M)
+    assert re.search(r"^\s*option forwardfor$", config, re.M)
+    # X-Forwarded-For is believed from the proxy's network alone, and no job can send from
+    # it: the agent (whose container runs the demo's jobs) is not on it.
+    subnet = compose["networks"]["edge"]["ipam"]["config"][0]["subnet"]
+    assert api["environment"]["GPUSCHED_TRUSTED_PROXIES"] == subnet
+    default = re.fullmatch(r"\$\{GPUSCHED_EDGE_SUBNET:-(.+)\}", subnet)
+    assert default and Settings(trusted_proxies=default[1]).trusted_proxy_list == [default[1]]
+    assert proxy["networks"] == ["edge"] and "edge" in api["networks"]
+    assert all(
+        "edge" not in s.get("networks", [])
+        for n, s in services.items()
+        if n not in {"api", "proxy"}
+    )
+
+
+@pytest.mark.skipif(
+    HAPROXY is None,
+    reason="no haproxy (Debian's `haproxy` package): its config is not checked here",
+)
+def test_haproxy_accepts_the_proxy_config() -> None:
+    assert HAPROXY is not None
+    checked = subprocess.run(
+        [HAPROXY, "-c", "-f", str(HAPROXY_CFG)], capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
