@@ -154,7 +154,10 @@ class ViewCache:
     # Each GPU's row (GPU_COLUMNS) and the view made of it, by GPU id: a GPU whose row
     # has not changed since keeps its view (at 1,000 nodes, making 8,000 views was a fifth
     # of every snapshot, and a heartbeat changes a node's rows once an interval).
-    gpus: dict[int, tuple[Any, GpuView]] = field(default_factory=dict)
+    gpus: dict[int, tuple[tuple[Any, ...], GpuView]] = field(default_factory=dict)
+    # Each running job's view, by job id, with what it was made of: its row's first
+    # `_MADE_OF` columns, its attained service and its owner's and project's names.
+    running: dict[int, tuple[tuple[Any, ...], JobView]] = field(default_factory=dict)
 
     @property
     def views(self) -> dict[int, JobView]:
@@ -238,29 +241,34 @@ def _json_tuple(value: str | None) -> tuple[Any, ...]:
     return tuple(json.loads(value))
 
 
-def _gpu_view(gpu: Any) -> GpuView:
-    """A GPU's row (GPU_COLUMNS) as the core sees it."""
-    unknown = _json_tuple(gpu.unknown_readings)
+def _gpu_view(gpu: tuple[Any, ...]) -> GpuView:
+    """A GPU's row (GPU_COLUMNS, as a tuple) as the core sees it."""
+    (
+        _id, _node_id, index, uuid, model, memory_total_mb, memory_used_mb, util_pct,
+        foreign_util_pct, foreign_memory_mb, foreign_since, idle_since, temperature_c,
+        healthy, unknown_readings, mig_enabled, sampled_at, allocated_milli, nvlink_peers,
+    ) = gpu  # fmt: skip
+    unknown = _json_tuple(unknown_readings)
     return GpuView(
-        index=gpu.index,
-        uuid=gpu.uuid,
-        model=gpu.model,
-        memory_total_mb=gpu.memory_total_mb,
-        memory_used_mb=gpu.memory_used_mb,
-        util_pct=gpu.util_pct,
-        foreign_util_pct=gpu.foreign_util_pct,
-        foreign_memory_mb=gpu.foreign_memory_mb,
-        foreign_since=gpu.foreign_since,
-        idle_since=gpu.idle_since,
-        temperature_c=gpu.temperature_c,
+        index=index,
+        uuid=uuid,
+        model=model,
+        memory_total_mb=memory_total_mb,
+        memory_used_mb=memory_used_mb,
+        util_pct=util_pct,
+        foreign_util_pct=foreign_util_pct,
+        foreign_memory_mb=foreign_memory_mb,
+        foreign_since=foreign_since,
+        idle_since=idle_since,
+        temperature_c=temperature_c,
         # An unknown or MIG-enabled GPU is no more usable than a sick one: every check
         # that trusts only healthy GPUs leaves it out; `unknown`/`mig_enabled` say why.
-        healthy=gpu.healthy and not unknown and not gpu.mig_enabled,
+        healthy=healthy and not unknown and not mig_enabled,
         unknown=unknown,
-        mig_enabled=gpu.mig_enabled,
-        telemetry_at=gpu.sampled_at,
-        allocated_milli=gpu.allocated_milli,
-        nvlink_peers=_json_tuple(gpu.nvlink_peers),
+        mig_enabled=mig_enabled,
+        telemetry_at=sampled_at,
+        allocated_milli=allocated_milli,
+        nvlink_peers=_json_tuple(nvlink_peers),
     )
 
 
@@ -371,8 +379,12 @@ JOB_COLUMNS = (
 REASON_COLUMNS = ("pending_reason", "pending_message", "queue_position", "estimated_start_at")
 # By position (a row's attribute lookup by name costs more, 20,000 times over): the
 # reason, message, position and estimated start, then the last change and the stamp.
-_ATTEMPT, _REASON, _UPDATED_AT, _VERSION = 18, 25, 29, 30
+_ATTEMPT, _STARTED_AT, _SCHEDULED_AT, _REASON, _UPDATED_AT, _VERSION = 18, 23, 24, 25, 29, 30
 assert JOB_COLUMNS[_ATTEMPT] is Job.attempt and JOB_COLUMNS[_REASON] is Job.pending_reason
+assert (JOB_COLUMNS[_STARTED_AT].key, JOB_COLUMNS[_SCHEDULED_AT].key) == (
+    "started_at",
+    "scheduled_at",
+)
 assert tuple(c.key for c in JOB_COLUMNS[_REASON:_UPDATED_AT]) == REASON_COLUMNS
 assert JOB_COLUMNS[_UPDATED_AT].key == "updated_at" and JOB_COLUMNS[_VERSION] is Job.row_version
 assert len(JOB_COLUMNS) == _VERSION + 1
@@ -382,6 +394,8 @@ _IDS_PER_READ = 500
 # A job's view is made of its first columns (through exclude_nodes): `_job_view`.
 _MADE_OF = 23
 assert JOB_COLUMNS[_MADE_OF - 1].key == "exclude_nodes"
+# A running job's row has `_GATED` after JOB_COLUMNS.
+_GATED_AT = len(JOB_COLUMNS)
 STALE_BY_ID = 2000
 
 
@@ -402,38 +416,41 @@ _NO_NODES: frozenset[str] = frozenset()
 
 
 def _job_view(job: Any, user: tuple[str, str], project: str, attained: float) -> JobView:
-    """`user`: the owner's name and Unix account."""
-    excluded = _node_names(job.exclude_nodes)
+    """`job`: a row of JOB_COLUMNS, or its first `_MADE_OF` columns (by position: a row's
+    lookups by name cost more); `user`: the owner's name and Unix account."""
+    (
+        job_id, name, _user_id, _project_id, gpus, gpu_share_milli, gpu_memory_mb, gpu_model,
+        nodes, priority, created_at, estimated_runtime_s, max_runtime_s, grace_s, preemptible,
+        schedule_mode, begin_at, window, attempt, last_preempted_at, ineligible_s, only_nodes,
+        exclude_nodes,
+    ) = job[:_MADE_OF]  # fmt: skip
+    excluded = _node_names(exclude_nodes)
     return JobView(
-        id=job.id,
-        name=sys.intern(job.name),
+        id=job_id,
+        name=sys.intern(name),
         user=user[0],
         project=project,
-        gpus=job.gpus,
-        gpu_share=None if job.gpu_share_milli == 1000 else job.gpu_share_milli / 1000,
-        gpu_memory_mb=job.gpu_memory_mb,
-        gpu_model=job.gpu_model,
-        nodes=job.nodes,
-        priority=job.priority,
+        gpus=gpus,
+        gpu_share=None if gpu_share_milli == 1000 else gpu_share_milli / 1000,
+        gpu_memory_mb=gpu_memory_mb,
+        gpu_model=gpu_model,
+        nodes=nodes,
+        priority=priority,
         # Time spent held or waiting on dependencies is not time waited.
-        submitted_at=job.created_at + timedelta(seconds=job.ineligible_s)
-        if job.ineligible_s
-        else job.created_at,
-        estimated_runtime_s=job.estimated_runtime_s,
+        submitted_at=created_at + timedelta(seconds=ineligible_s) if ineligible_s else created_at,
+        estimated_runtime_s=estimated_runtime_s,
         # A job stopped at its limit may hold its GPUs through its grace period: plans
         # (backfill reservations) count it. The agent's small default is not counted.
-        max_runtime_s=job.max_runtime_s + (job.grace_s or 0)
-        if job.max_runtime_s is not None
-        else None,
-        grace_s=job.grace_s or 0,
-        preemptible=job.preemptible,
-        schedule_mode=cast(ScheduleMode, sys.intern(job.schedule_mode)),  # validated on submit
-        begin_at=job.begin_at,
-        window=job.window,
-        attempt=job.attempt,
-        last_preempted_at=job.last_preempted_at,
+        max_runtime_s=max_runtime_s + (grace_s or 0) if max_runtime_s is not None else None,
+        grace_s=grace_s or 0,
+        preemptible=preemptible,
+        schedule_mode=cast(ScheduleMode, sys.intern(schedule_mode)),  # validated on submit
+        begin_at=begin_at,
+        window=window,
+        attempt=attempt,
+        last_preempted_at=last_preempted_at,
         attained_gpu_s=attained,
-        only_nodes=None if (only := _node_names(job.only_nodes)) is None else frozenset(only),
+        only_nodes=None if (only := _node_names(only_nodes)) is None else frozenset(only),
         exclude_nodes=frozenset(excluded) if excluded else _NO_NODES,
         unix_user=user[1],
     )
@@ -822,19 +839,22 @@ def read_snapshot(
     gpu_index: dict[int, int] = {}
     gpu_ids: dict[tuple[str, int], int] = {}  # (node name, index) -> GPU id
     kept, cache.gpus = cache.gpus, {}
-    gpu_rows: Any = db.execute(  # Any: a Row's `index` is the column, not tuple.index
+    gpu_rows = db.execute(
         select(*GPU_COLUMNS)
         .join(Node, Node.id == Gpu.node_id)
         .where(Node.removed_at.is_(None))
         .order_by(Gpu.node_id, Gpu.index)
     )
-    for gpu in gpu_rows:
-        hit = kept.get(gpu.id)
+    # As tuples, by position: 8,000 times over, a Row's attribute lookups and its __eq__
+    # cost several times a tuple's.
+    for gpu in map(tuple, gpu_rows):
+        gpu_id, node_id, index = gpu[:3]
+        hit = kept.get(gpu_id)
         view = hit[1] if hit is not None and hit[0] == gpu else _gpu_view(gpu)
-        cache.gpus[gpu.id] = (gpu, view)
-        gpus_of[gpu.node_id].append(view)
-        gpu_index[gpu.id] = gpu.index
-        gpu_ids[node_names[gpu.node_id], gpu.index] = gpu.id
+        cache.gpus[gpu_id] = (gpu, view)
+        gpus_of[node_id].append(view)
+        gpu_index[gpu_id] = index
+        gpu_ids[node_names[node_id], index] = gpu_id
     node_views = tuple(
         NodeView(
             name=n.name,
@@ -887,34 +907,39 @@ def read_snapshot(
         )
     ).all()
     counted = {} if memory is None else memory.attained_through
-    for alloc in alloc_rows:
-        end = alloc.released_at or now
-        if alloc.gpu_id is not None:
-            gpu_s = max(0.0, (end - alloc.created_at).total_seconds()) * alloc.share_milli / 1000
+    # Unpacked, not by name: a full read takes every allocation of the last day.
+    for (
+        job_id,
+        attempt,
+        node_id,
+        gpu_id,
+        share,
+        created,
+        released,
+        project_id,
+        status,
+        current,
+    ) in alloc_rows:
+        end = released or now
+        if gpu_id is not None:
+            gpu_s = max(0.0, (end - created).total_seconds()) * share / 1000
             if not quick:
                 age = (now - end).total_seconds()
                 decay = math.pow(0.5, age / half_life_s) if half_life_s else 1.0
-                usage[alloc.project_id] += gpu_s * decay
+                usage[project_id] += gpu_s * decay
             # The core adds the current run itself (LAS): count only finished attempts. A
             # quick read counts those the last full one did not: a job preempted since
             # comes back with the service it got, not as a newcomer that could stop the
             # jobs it just made room for.
-            if alloc.released_at is not None and alloc.attempt > counted.get(alloc.job_id, 0):
-                attained[alloc.job_id] += gpu_s
+            if released is not None and attempt > counted.get(job_id, 0):
+                attained[job_id] += gpu_s
                 if not quick:
-                    attained_through[alloc.job_id] = max(
-                        attained_through.get(alloc.job_id, 0), alloc.attempt
-                    )
-        if (
-            alloc.released_at is None
-            and alloc.status in ACTIVE
-            and alloc.attempt == alloc.job_attempt
-        ):
-            node = node_names[alloc.node_id]
-            gpus = placements[alloc.job_id][node]
-            if alloc.gpu_id is not None:
-                gpus.append(gpu_index[alloc.gpu_id])
-            shares[alloc.job_id] = alloc.share_milli
+                    attained_through[job_id] = max(attained_through.get(job_id, 0), attempt)
+        if released is None and status in ACTIVE and attempt == current:
+            gpus = placements[job_id][node_names[node_id]]
+            if gpu_id is not None:
+                gpus.append(gpu_index[gpu_id])
+            shares[job_id] = share
 
     # A job being preempted has handed its GPUs over already: it holds nothing the core
     # may plan with, and must not be picked as a victim again.
@@ -923,17 +948,27 @@ def read_snapshot(
             Job.status.in_(ACTIVE), Job.preempt_requested_at.is_(None)
         )
     ).all()
-    running = tuple(
-        RunningJobView(
-            job=_job_view(j, users[j.user_id], project_names[j.project_id], attained[j.id]),
-            placement=tuple(
-                (node, tuple(sorted(idx))) for node, idx in sorted(placements[j.id].items())
-            ),
-            started_at=j.started_at or j.scheduled_at or now,
-            share=shares.get(j.id, 1000) / 1000,
+    # A running job whose row, service and names are as the last cycle made its view
+    # from keeps that view: at 1,000 nodes, thousands of views were made anew each cycle.
+    kept_running, cache.running = cache.running, {}
+    running_views = []
+    for j in map(tuple, active_jobs):
+        job_id = j[0]
+        made_of = (j[:_MADE_OF], users[j[2]], project_names[j[3]], attained.get(job_id, 0.0))
+        was = kept_running.get(job_id)
+        job_view = was[1] if was is not None and was[0] == made_of else _job_view(*made_of)
+        cache.running[job_id] = (made_of, job_view)
+        running_views.append(
+            RunningJobView(
+                job=job_view,
+                placement=tuple(
+                    (node, tuple(sorted(idx))) for node, idx in sorted(placements[job_id].items())
+                ),
+                started_at=j[_STARTED_AT] or j[_SCHEDULED_AT] or now,
+                share=shares.get(job_id, 1000) / 1000,
+            )
         )
-        for j in active_jobs
-    )
+    running = tuple(running_views)
     waiting = (*ELIGIBLE, NOT_THROTTLED, *(gates.runnable() if gates is not None else ()))
     pending_query = select(*JOB_COLUMNS).where(*waiting).order_by(Job.id)
     asked: tuple[int, ...] = ()
@@ -1017,7 +1052,7 @@ def read_snapshot(
         arrived=arrived,
         unread=unread,
         cache=cache,
-        gated=any(row.gated for row in active_jobs),
+        gated=any(row[_GATED_AT] for row in active_jobs),
     )
 
 

@@ -172,3 +172,35 @@ def test_a_gpu_whose_row_did_not_change_keeps_its_view(api):
         kept, changed = gpus()
     assert kept is first[0]
     assert changed is not first[1] and changed.util_pct == 73.0
+
+
+def test_a_running_job_whose_row_did_not_change_keeps_its_view(api):
+    # At 1,000 nodes, thousands of running jobs' views made anew each cycle.
+    add_node(api.factory, "n1", gpus=2)
+    steady, touched = _submit(api), _submit(api)
+    cache = ViewCache()
+    with api.factory() as session:
+        gpu = {g.index: g for g in session.scalars(select(Gpu))}
+        for job_id, index in ((steady, 0), (touched, 1)):
+            job = session.get(Job, job_id)
+            job.status, job.attempt, job.started_at = "RUNNING", 1, utcnow()
+            session.add(_allocation(job_id, gpu[index], share_milli=1000, created_at=utcnow()))
+        session.commit()
+
+        def running():
+            ctx = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S, views=cache)
+            session.rollback()
+            return {r.job.id: r for r in ctx.snapshot.running}
+
+        first = running()
+        assert all(first[i].job is again.job for i, again in running().items())
+        session.execute(update(Job).where(Job.id == touched).values(estimated_runtime_s=600))
+        session.commit()
+        later = running()
+    assert later[steady].job is first[steady].job
+    assert later[touched].job is not first[touched].job
+    assert later[touched].job.estimated_runtime_s == 600
+    assert [(r.job.id, r.placement) for r in later.values()] == [
+        (steady, (("n1", (0,)),)),
+        (touched, (("n1", (1,)),)),
+    ]
