@@ -5,9 +5,11 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     CheckConstraint,
     Enum,
+    FetchedValue,
     Float,
     ForeignKey,
     Index,
@@ -112,6 +114,10 @@ class Gpu(Base):
     # the scheduler trusts neither a GPU that just went idle nor one that just got busy.
     foreign_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     idle_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Where the row last changed in write order (migration 0032, set by the database: on
+    # PostgreSQL the writing transaction's id, on insert and update; 0 on SQLite): a cycle
+    # reads only the GPUs changed since its last read (app/cycle/snapshot.py).
+    changed_in: Mapped[int] = mapped_column(BigInteger, server_default=FetchedValue())
 
     node: Mapped[Node] = relationship(back_populates="gpus")
 
