@@ -13,7 +13,10 @@ cycles after one running job ended (one placed: every job behind it moves up a p
 which costs no write since places come from the stored ranking; `--ended N`: N jobs
 ended before each, as on a large cluster many end between two cycles; `--fresh-gpus F`:
 the GPU readings of that share of the nodes are new before each cycle, in turn, where
-1 has every node report between two cycles). Each row splits the
+1 has every node report between two cycles); then the same two kinds of quick cycle, which
+an event (a job ended, one submitted) triggers between two full ones and which a live
+scheduler mostly runs (QueueMemory: the head of the queue, the whole cluster). Each row
+splits the
 cycle: phase 0 (dependencies, array limits, clock gates), snapshot read, plan, apply
 (reasons and queue keys written, committed), rank storage; with the count of SQL
 statements, how many jobs' change-stamps one cycle looked at (`stamps`: those changed
@@ -144,7 +147,7 @@ def _stamps(factory: Any) -> tuple[int, dict[int, int | None]]:
 
 
 def _cycle(
-    engine: Any, factory: Any, memory: QueueMemory, *, share: float
+    engine: Any, factory: Any, memory: QueueMemory, *, share: float, quick: bool = False
 ) -> tuple[CycleReport, int, float, int, int]:
     """The cycle's report, its SQL statements, this process's CPU ms in it, how many
     jobs' change-stamps its snapshot looked at and how many waiting jobs it read whole (the
@@ -163,7 +166,7 @@ def _cycle(
     try:
         report = run_cycle(
             factory=factory, messenger=NullMessenger(), settings=SETTINGS, holder="bench",
-            now=utcnow(), full_every_s=5.0, memory=memory,
+            now=utcnow(), full_every_s=5.0, memory=memory, all_positions=not quick,
         )  # fmt: skip
     finally:
         cpu = time.process_time() - cpu
@@ -209,21 +212,30 @@ def cycles(
     # One memory across the cycles, as the scheduler worker keeps one.
     memory = QueueMemory()
 
-    def timed() -> tuple[Any, ...]:
+    def timed(quick: bool = False) -> tuple[Any, ...]:
         """`_cycle`, with the rows and keys it wrote."""
-        return (*_cycle(engine, factory, memory, share=share), *WRITTEN[-1])
+        return (*_cycle(engine, factory, memory, share=share, quick=quick), *WRITTEN[-1])
 
+    def after_ends(quick: bool) -> dict[str, Any]:
+        runs: list[tuple[Any, ...]] = []
+        for _ in range(3 * repeat):
+            if len(runs) == repeat:
+                break
+            if not _end_some(factory, ended):
+                _cycle(engine, factory, memory, share=share)  # GPUs idle: it places, untimed
+                continue
+            runs.append(timed(quick))
+        return _row(runs)
+
+    ended_label = "one job ended" if ended == 1 else f"{ended} jobs ended"
     results = {"first full cycle (all NEW)": _row([timed()])}
     results["full, nothing changed"] = _row([timed() for _ in range(repeat)])
-    runs: list[tuple[Any, ...]] = []
-    for _ in range(3 * repeat):
-        if len(runs) == repeat:
-            break
-        if not _end_some(factory, ended):
-            _cycle(engine, factory, memory, share=share)  # GPUs idle: it places jobs, not timed
-            continue
-        runs.append(timed())
-    results["full, one job ended" if ended == 1 else f"full, {ended} jobs ended"] = _row(runs)
+    results[f"full, {ended_label}"] = after_ends(quick=False)
+    # The cycles an event triggers between two full ones (QueueMemory): most of a live
+    # scheduler's, so the ones its median is made of.
+    _cycle(engine, factory, memory, share=share)  # a full one first, for them to start from
+    results["quick, nothing changed"] = _row([timed(quick=True) for _ in range(repeat)])
+    results[f"quick, {ended_label}"] = after_ends(quick=True)
     return results
 
 

@@ -271,3 +271,21 @@ def test_gpus_added_removed_and_of_removed_nodes_leave_the_next_read_right(api):
         session.execute(update(Node).where(Node.name == "n1").values(removed_at=utcnow()))
         session.commit()
     assert list(_gpus(api, cache)) == [("n2", 0), ("n2", 1), ("n2", 2)]
+
+
+def test_a_nodes_labels_and_unusable_accounts_reach_the_core_sorted(api):
+    # Read as the JSON's text and decoded once per distinct text.
+    add_node(api.factory, "n1", gpus=1)
+    add_node(api.factory, "n2", gpus=1)
+    with api.factory() as session:
+        session.execute(
+            update(Node)
+            .where(Node.name == "n1")
+            .values(labels={"rack": "a", "ib": "hdr"}, unusable_accounts={"bob": "no such user"})
+        )
+        session.commit()
+        ctx = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S)
+    n1, n2 = ctx.snapshot.nodes
+    assert n1.labels == (("ib", "hdr"), ("rack", "a"))
+    assert n1.unusable_accounts == (("bob", "no such user"),)
+    assert n2.labels == () and n2.unusable_accounts == ()
