@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from app.db import utcnow
@@ -33,24 +33,31 @@ def allocate(session: Session, *, job: Job, claims: Sequence[GpuClaim]) -> None:
 
 
 def allocate_many(session: Session, placements: Sequence[tuple[Job, Sequence[GpuClaim]]]) -> None:
-    """`allocate` for several jobs in one flush and one batch of GPU updates (a cycle
-    placing many short jobs at once)."""
+    """`allocate` for several jobs in one batch of inserts and one of GPU updates (a cycle
+    placing many short jobs at once). Core, not ORM objects: nothing reads them back in
+    this session, and at 1,000 nodes the unit of work for a cycle's 1,000 allocations
+    cost more than the inserts themselves."""
+    rows: list[dict[str, object]] = []
     added: dict[int, int] = {}
+    now = utcnow()
     for job, claims in placements:
         for claim in claims:
-            session.add(
-                Allocation(
-                    job_id=job.id,
-                    attempt=job.attempt,
-                    node_id=claim.node_id,
-                    gpu_id=claim.gpu_id,
-                    share_milli=claim.share_milli,
-                    rank=claim.rank,
-                )
+            rows.append(
+                {
+                    "job_id": job.id,
+                    "attempt": job.attempt,
+                    "node_id": claim.node_id,
+                    "gpu_id": claim.gpu_id,
+                    "share_milli": claim.share_milli,
+                    "rank": claim.rank,
+                    "created_at": now,
+                }
             )
             if claim.gpu_id is not None:
                 added[claim.gpu_id] = added.get(claim.gpu_id, 0) + claim.share_milli
-    session.flush()
+    if rows:
+        session.flush()  # the jobs' own pending changes first, as the ORM would order them
+        session.execute(insert(Allocation), rows)
     _add_to_gpus(session, added)
 
 
