@@ -23,13 +23,27 @@ from app.scheduling import WindowInterval
 from tests.cycle.jobs_api import SETTINGS, add_node, finish, grant_priority, positions, submit
 
 
-def _full(api, memory: QueueMemory):
+def _full(api, memory: QueueMemory, *, quick: bool = False):
     report = run_cycle(
         factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="t",
-        now=utcnow(), memory=memory, full_every_s=5.0,
+        now=utcnow(), memory=memory, full_every_s=5.0, all_positions=not quick,
     )  # fmt: skip
     assert report.ran
     return report
+
+
+def _quick(api, memory: QueueMemory):
+    return _full(api, memory, quick=True)
+
+
+def _estimate_behind_the_apps_back(api, job_id: int, seconds: int) -> None:
+    """A write the app's code does not make: raw SQL."""
+    with api.factory() as session:
+        session.execute(
+            text("UPDATE job SET estimated_runtime_s = :s WHERE id = :id"),
+            {"s": seconds, "id": job_id},
+        )
+        session.commit()
 
 
 def _stamps(api) -> dict[int, int]:
@@ -84,11 +98,7 @@ def test_a_full_cycle_rereads_only_the_jobs_changed_since_the_last(api):
         f"/api/v1/jobs/{waiting[2]}", json={"priority": 3}, headers=api.as_("alice")
     )
     assert r.status_code == 200, r.text
-    with api.factory() as session:  # a write the app's code does not make: seen as well
-        session.execute(
-            text("UPDATE job SET estimated_runtime_s = 60 WHERE id = :id"), {"id": waiting[3]}
-        )
-        session.commit()
+    _estimate_behind_the_apps_back(api, waiting[3], 60)  # seen as well
     _full(api, memory)
     assert memory.views.reread == 2
     again = memory.views.views
@@ -106,15 +116,6 @@ def test_a_full_cycle_rereads_only_the_jobs_changed_since_the_last(api):
     assert set(memory.views.views) == set(waiting) - {placed}
 
 
-def _quick(api, memory: QueueMemory):
-    report = run_cycle(
-        factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="t",
-        now=utcnow(), memory=memory, all_positions=False,
-    )  # fmt: skip
-    assert report.ran
-    return report
-
-
 def test_a_quick_cycle_rereads_only_the_head_jobs_changed_since(api):
     # At 1,000 nodes the head a quick cycle takes is 2,000 jobs: read whole every time,
     # they made its snapshot slower than a full one's.
@@ -127,11 +128,7 @@ def test_a_quick_cycle_rereads_only_the_head_jobs_changed_since(api):
     views = memory.views.views
     _quick(api, memory)
     assert memory.views.stamps == len(waiting) and memory.views.reread == 0
-    with api.factory() as session:
-        session.execute(
-            text("UPDATE job SET estimated_runtime_s = 60 WHERE id = :id"), {"id": waiting[3]}
-        )
-        session.commit()
+    _estimate_behind_the_apps_back(api, waiting[3], 60)
     _quick(api, memory)
     assert memory.views.reread == 1
     again = memory.views.views
