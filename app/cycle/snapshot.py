@@ -160,9 +160,13 @@ class ViewCache:
     # has not changed since keeps its view (at 1,000 nodes, making 8,000 views was a fifth
     # of every snapshot, and a heartbeat changes a node's rows once an interval).
     gpus: dict[int, tuple[tuple[Any, ...], GpuView]] = field(default_factory=dict)
-    # Each running job's view, by job id, with what it was made of: its row's first
-    # `_MADE_OF` columns, its attained service and its owner's and project's names.
-    running: dict[int, tuple[tuple[Any, ...], JobView]] = field(default_factory=dict)
+    # Each running job's change-stamp, row (JOB_COLUMNS and `_GATED`) and view, by job id,
+    # with what the view was made of: the row's first `_MADE_OF` columns, its owner's and
+    # project's names and its attained service.
+    running: dict[int, tuple[int, tuple[Any, ...], tuple[Any, ...], JobView]] = field(
+        default_factory=dict
+    )
+    running_read: int = 0  # how many running jobs' rows the last read took whole
     # The GPU writes the last read of `gpus` may have missed (PostgreSQL; `_read_gpus`),
     # and how many GPU rows that read took.
     gpus_since: ChangedSince | None = None
@@ -1055,21 +1059,36 @@ def read_snapshot(
 
     # A job being preempted has handed its GPUs over already: it holds nothing the core
     # may plan with, and must not be picked as a victim again.
-    active_jobs = db.execute(
-        select(*JOB_COLUMNS, _GATED).where(
-            Job.status.in_(ACTIVE), Job.preempt_requested_at.is_(None)
-        )
-    ).all()
-    # A running job whose row, service and names are as the last cycle made its view
-    # from keeps that view: at 1,000 nodes, thousands of views were made anew each cycle.
+    running_now = (Job.status.in_(ACTIVE), Job.preempt_requested_at.is_(None))
+    # Their change-stamps, then whole rows only of those changed since the last cycle
+    # (a job's start, its end, a preemption all write its row); a job whose row, service
+    # and names are as the last cycle made its view from keeps that view. At 1,000 nodes,
+    # thousands of rows were read and made into views anew each cycle.
     kept_running, cache.running = cache.running, {}
+    stamps = db.execute(select(Job.id, Job.row_version).where(*running_now)).all()
+    stale = [
+        i for i, version in stamps if (was := kept_running.get(i)) is None or was[0] != version
+    ]
+    read = {
+        row[0]: tuple(row)
+        for among in _job_in(db, stale)
+        for row in db.execute(select(*JOB_COLUMNS, _GATED).where(*running_now, among))
+    }
+    cache.running_read = len(read)
+    active_jobs: list[tuple[Any, ...]] = []
     running_views = []
-    for j in map(tuple, active_jobs):
-        job_id = j[0]
-        made_of = (j[:_MADE_OF], users[j[2]], project_names[j[3]], attained.get(job_id, 0.0))
+    for job_id, version in stamps:
         was = kept_running.get(job_id)
-        job_view = was[1] if was is not None and was[0] == made_of else _job_view(*made_of)
-        cache.running[job_id] = (made_of, job_view)
+        if job_id in read:
+            j = read[job_id]
+        elif was is not None and was[0] == version:
+            j = was[1]
+        else:  # no longer running when its row was read
+            continue
+        active_jobs.append(j)
+        made_of = (j[:_MADE_OF], users[j[2]], project_names[j[3]], attained.get(job_id, 0.0))
+        job_view = was[3] if was is not None and was[2] == made_of else _job_view(*made_of)
+        cache.running[job_id] = (j[_VERSION], j, made_of, job_view)
         running_views.append(
             RunningJobView(
                 job=job_view,

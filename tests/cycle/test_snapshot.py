@@ -194,10 +194,13 @@ def test_a_running_job_whose_row_did_not_change_keeps_its_view(api):
             return {r.job.id: r for r in ctx.snapshot.running}
 
         first = running()
+        assert cache.running_read == 2
         assert all(first[i].job is again.job for i, again in running().items())
+        assert cache.running_read == 0  # their change-stamps only
         session.execute(update(Job).where(Job.id == touched).values(estimated_runtime_s=600))
         session.commit()
         later = running()
+        assert cache.running_read == 1
     assert later[steady].job is first[steady].job
     assert later[touched].job is not first[touched].job
     assert later[touched].job.estimated_runtime_s == 600
