@@ -793,14 +793,7 @@ def _head_read(
     entries = _pending_views(rows, cache=cache, **made)
     # A job kept as it was, but whose attained service moved (a quick read counts the
     # attempts that ended since the last full one): its view anew.
-    attained, users, project_names = made["attained"], made["users"], made["project_names"]
-    for entry in kept:
-        job = entry.row
-        got = attained.get(job[0], 0.0)
-        if entry.attained != got:
-            entry.attained = got
-            entry.view = _job_view(job, users[job[2]], project_names[job[3]], got)
-            cache.served.add(job[0])
+    _kept_views(cache, **made)
     entries.extend(kept)
     entries.sort(key=lambda entry: cast(int, entry.row[0]))
     return entries
