@@ -167,10 +167,16 @@ class ViewCache:
         default_factory=dict
     )
     running_read: int = 0  # how many running jobs' rows the last read took whole
-    # The GPU writes the last read of `gpus` may have missed (PostgreSQL; `_read_gpus`),
-    # and how many GPU rows that read took.
-    gpus_since: ChangedSince | None = None
+    # The GPU and allocation writes the last read may have missed (PostgreSQL;
+    # `_read_gpus`, `_read_allocations`), and how many GPU rows that read took.
+    rows_since: ChangedSince | None = None
     gpus_read: int = 0
+    # The allocations held (not released), by id, as ALLOCATION_COLUMNS; how many
+    # allocation rows the last read took; and, on PostgreSQL, those released since the
+    # last full read as this cache's reads of what changed saw them (None: not followed).
+    held: dict[int, tuple[Any, ...]] | None = None
+    allocations_read: int = 0
+    released: list[tuple[Any, ...]] | None = None
 
     @property
     def views(self) -> dict[int, JobView]:
@@ -359,6 +365,22 @@ GPU_COLUMNS = (
     Gpu.allocated_milli,
     Gpu.nvlink_peers.cast(Text).label("nvlink_peers"),
 )
+
+# An allocation as the snapshot sums and places it, with its job's project (which does
+# not change). `_RELEASED`: None while held.
+ALLOCATION_COLUMNS = (
+    Allocation.id,
+    Allocation.job_id,
+    Allocation.attempt,
+    Allocation.node_id,
+    Allocation.gpu_id,
+    Allocation.share_milli,
+    Allocation.created_at,
+    Allocation.released_at,
+    Job.project_id,
+)
+_RELEASED = 7
+assert ALLOCATION_COLUMNS[_RELEASED] is Allocation.released_at
 
 # What the core needs of a job; selected as plain columns (no ORM objects) because the
 # queue can hold thousands of jobs. The first _MADE_OF columns are what a job's view is
@@ -862,17 +884,16 @@ def _swept_read(
     return entries, False
 
 
-def _read_gpus(db: Any, cache: ViewCache) -> Iterable[tuple[tuple[Any, ...], GpuView]]:
+def _read_gpus(
+    db: Any, cache: ViewCache, since: ChangedSince | None
+) -> Iterable[tuple[tuple[Any, ...], GpuView]]:
     """Every GPU's row (GPU_COLUMNS, as a tuple) and view, in node and index order, the
-    removed nodes' too. On PostgreSQL, after the first read, only the rows changed since
-    the last one (`Gpu.changed_in`, as `_changed_read` does for jobs): a heartbeat changes
-    a node's rows once an interval, so at 1,000 nodes a cycle reads a tenth of the 8,000.
-    A GPU whose row is as kept keeps its view (only changed ones are decoded and made)."""
+    removed nodes' too. With `since` (PostgreSQL, after the first read), only the rows
+    changed since the last one (`Gpu.changed_in`, as `_changed_read` does for jobs): a
+    heartbeat changes a node's rows once an interval, so at 1,000 nodes a cycle reads a
+    tenth of the 8,000. A GPU whose row is as kept keeps its view (only changed ones are
+    decoded and made)."""
     kept = cache.gpus
-    postgresql = db.dialect.name == "postgresql"
-    # Before the read: the writes it may miss, which the next read asks for.
-    horizon = _change_horizon(db) if postgresql else None
-    since, cache.gpus_since = cache.gpus_since, horizon
     if since is not None and kept:
         changed = db.execute(
             select(*GPU_COLUMNS).where(since.condition(Gpu.changed_in, Gpu.id))
@@ -901,6 +922,46 @@ def _read_gpus(db: Any, cache: ViewCache) -> Iterable[tuple[tuple[Any, ...], Gpu
         fresh[gpu[0]] = was if was is not None and was[0] == gpu else (gpu, _gpu_view(gpu))
     cache.gpus, cache.gpus_read = fresh, len(fresh)
     return fresh.values()
+
+
+def _read_allocations(
+    db: Any, cache: ViewCache, since: ChangedSince | None, *, ended_from: datetime | None
+) -> list[tuple[Any, ...]]:
+    """Brings `cache.held` up to date and returns the allocations released from
+    `ended_from` on; None: those released since the last full read (`cache.released`).
+    With `since` (PostgreSQL, after the first read), only the rows placed or released
+    since the last read are read (`Allocation.changed_in`): at 1,000 nodes the 8,000
+    held were read and summed anew each cycle. Rows as ALLOCATION_COLUMNS' tuples."""
+    allocations = select(*ALLOCATION_COLUMNS).join(Job, Job.id == Allocation.job_id)
+    held = cache.held
+    if since is not None and held is not None:
+        changed = db.execute(
+            allocations.where(since.condition(Allocation.changed_in, Allocation.id))
+        ).all()
+        cache.allocations_read = len(changed)
+        for row in map(tuple, changed):
+            if row[_RELEASED] is None:
+                held[row[0]] = row
+            elif held.pop(row[0], None) is not None and cache.released is not None:
+                cache.released.append(row)
+        # Deleted while held (its job removed) leaves no change behind: counted, it sends
+        # this read back to reading every held allocation.
+        still_held = select(func.count()).where(Allocation.released_at.is_(None))
+        if db.execute(still_held).scalar_one() != len(held):
+            held = None
+    if since is None or held is None:  # SQLite, a first read, or one that lost count
+        rows = db.execute(allocations.where(Allocation.released_at.is_(None))).all()
+        cache.held = held = {row[0]: row for row in map(tuple, rows)}
+        cache.allocations_read = len(held)
+    if ended_from is None:
+        assert cache.released is not None
+        return cache.released
+    ended = [
+        tuple(row) for row in db.execute(allocations.where(Allocation.released_at >= ended_from))
+    ]
+    for row in ended:  # released after its stamp was read
+        held.pop(row[0], None)
+    return ended
 
 
 def read_snapshot(
@@ -954,7 +1015,11 @@ def read_snapshot(
     gpus_of: dict[int, list[GpuView]] = defaultdict(list)
     gpu_index: dict[int, int] = {}
     gpu_ids: dict[tuple[str, int], int] = {}  # (node name, index) -> GPU id
-    for gpu, view in _read_gpus(db, cache):
+    # Before the reads: the GPU and allocation writes they may miss, which the next read
+    # asks for (PostgreSQL; SQLite's rows carry no stamp, and its cycle reads them all).
+    horizon_now = _change_horizon(db) if db.dialect.name == "postgresql" else None
+    since, cache.rows_since = cache.rows_since, horizon_now
+    for gpu, view in _read_gpus(db, cache, since):
         gpu_id, node_id, index = gpu[:3]
         name = node_names.get(node_id)
         if name is None:  # its node was removed
@@ -979,76 +1044,51 @@ def read_snapshot(
     )
 
     # Usage: GPU-seconds of every allocation that ran within a few half-lives, decayed by
-    # how long ago it ended (running ones count until now). Also each job's attained service.
+    # how long ago it ended (held ones count until now). Also each job's attained service.
     horizon = now - timedelta(seconds=max(4 * half_life_s, 86400.0))
     usage: dict[int, float] = defaultdict(float)
     attained: dict[int, float] = defaultdict(float)
     attained_through: dict[int, int] = {}
-    # A quick read also takes the attempts that ended since the last full one (with a
-    # margin for the processes' clocks; `attained_through` keeps any from counting twice).
-    ended_since = None
+    # A quick read also takes the attempts that ended since the last full one: as this
+    # cache's reads of what changed saw them, else by their end (with a margin for the
+    # processes' clocks). `attained_through` keeps any from counting twice.
+    ended_from: datetime | None = horizon
     if memory is not None:
         usage.update(memory.usage)
         attained.update(memory.attained)
-        if memory.read_at is not None:
-            ended_since = memory.read_at - _ENDED_MARGIN
-    placements: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-    shares: dict[int, int] = {}
-    # Plain columns, not ORM objects: a busy day leaves thousands of finished allocations
-    # inside the horizon, and this runs every cycle.
-    alloc_rows = db.execute(
-        select(
-            Allocation.job_id,
-            Allocation.attempt,
-            Allocation.node_id,
-            Allocation.gpu_id,
-            Allocation.share_milli,
-            Allocation.created_at,
-            Allocation.released_at,
-            Job.project_id,
-            Job.status,
-            Job.attempt.label("job_attempt"),
-        )
-        .join(Job, Job.id == Allocation.job_id)
-        .where(
-            Allocation.released_at.is_(None)
-            | (Allocation.released_at >= (horizon if ended_since is None else ended_since))
-        )
-    ).all()
+        if cache.released is not None:
+            ended_from = None
+        elif memory.read_at is not None:
+            ended_from = memory.read_at - _ENDED_MARGIN
+    ended = _read_allocations(db, cache, since, ended_from=ended_from)
+    if not quick:
+        cache.released = None if cache.rows_since is None else []
+    held = cache.held
+    assert held is not None
     counted = {} if memory is None else memory.attained_through
     # Unpacked, not by name: a full read takes every allocation of the last day.
-    for (
-        job_id,
-        attempt,
-        node_id,
-        gpu_id,
-        share,
-        created,
-        released,
-        project_id,
-        status,
-        current,
-    ) in alloc_rows:
-        end = released or now
-        if gpu_id is not None:
-            gpu_s = max(0.0, (end - created).total_seconds()) * share / 1000
+    for _, job_id, attempt, _, gpu_id, share, created, released, project_id in ended:
+        if gpu_id is None:
+            continue
+        gpu_s = max(0.0, (released - created).total_seconds()) * share / 1000
+        if not quick:
+            age = (now - released).total_seconds()
+            decay = math.pow(0.5, age / half_life_s) if half_life_s else 1.0
+            usage[project_id] += gpu_s * decay
+        # The core adds the current run itself (LAS): count only finished attempts. A
+        # quick read counts those the last full one did not: a job preempted since comes
+        # back with the service it got, not as a newcomer that could stop the jobs it
+        # just made room for.
+        if attempt > counted.get(job_id, 0):
+            attained[job_id] += gpu_s
             if not quick:
-                age = (now - end).total_seconds()
-                decay = math.pow(0.5, age / half_life_s) if half_life_s else 1.0
-                usage[project_id] += gpu_s * decay
-            # The core adds the current run itself (LAS): count only finished attempts. A
-            # quick read counts those the last full one did not: a job preempted since
-            # comes back with the service it got, not as a newcomer that could stop the
-            # jobs it just made room for.
-            if released is not None and attempt > counted.get(job_id, 0):
-                attained[job_id] += gpu_s
-                if not quick:
-                    attained_through[job_id] = max(attained_through.get(job_id, 0), attempt)
-        if released is None and status in ACTIVE and attempt == current:
-            gpus = placements[job_id][node_names[node_id]]
-            if gpu_id is not None:
-                gpus.append(gpu_index[gpu_id])
-            shares[job_id] = share
+                attained_through[job_id] = max(attained_through.get(job_id, 0), attempt)
+    held_by_job: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    for allocation in held.values():
+        _, job_id, _, _, gpu_id, share, created, _, project_id = allocation
+        held_by_job[job_id].append(allocation)
+        if not quick and gpu_id is not None:
+            usage[project_id] += max(0.0, (now - created).total_seconds()) * share / 1000
 
     # A job being preempted has handed its GPUs over already: it holds nothing the core
     # may plan with, and must not be picked as a victim again.
@@ -1082,14 +1122,23 @@ def read_snapshot(
         made_of = (j[:_MADE_OF], users[j[2]], project_names[j[3]], attained.get(job_id, 0.0))
         job_view = was[3] if was is not None and was[2] == made_of else _job_view(*made_of)
         cache.running[job_id] = (j[_VERSION], j, made_of, job_view)
+        # What its current attempt holds.
+        placement: dict[str, list[int]] = defaultdict(list)
+        share = 1000
+        for _, _, attempt, node_id, gpu_id, held_share, *_ in held_by_job.get(job_id, ()):
+            if attempt == j[_ATTEMPT]:
+                gpus = placement[node_names[node_id]]
+                if gpu_id is not None:
+                    gpus.append(gpu_index[gpu_id])
+                share = held_share
         running_views.append(
             RunningJobView(
                 job=job_view,
                 placement=tuple(
-                    (node, tuple(sorted(idx))) for node, idx in sorted(placements[job_id].items())
+                    (node, tuple(sorted(idx))) for node, idx in sorted(placement.items())
                 ),
                 started_at=j[_STARTED_AT] or j[_SCHEDULED_AT] or now,
-                share=shares.get(job_id, 1000) / 1000,
+                share=share / 1000,
             )
         )
     running = tuple(running_views)

@@ -172,6 +172,8 @@ class Allocation(Base):
             sqlite_where=text("released_at IS NULL AND share_milli = 1000"),
         ),
         Index("ix_allocation_job_attempt", "job_id", "attempt"),
+        Index("ix_allocation_changed_in", "changed_in"),
+        Index("ix_allocation_released_at", "released_at"),
         CheckConstraint("share_milli > 0 AND share_milli <= 1000", name="share_range"),
     )
 
@@ -184,3 +186,6 @@ class Allocation(Base):
     rank: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Where the row last changed, as `Gpu.changed_in` (migration 0033): a cycle reads only
+    # the allocations placed or released since its last read (app/cycle/snapshot.py).
+    changed_in: Mapped[int] = mapped_column(BigInteger, server_default=FetchedValue())

@@ -97,10 +97,12 @@ def test_a_jobs_grace_period_counts_towards_how_long_it_may_hold_its_gpus(api):
     assert limits == {patient: (3900, 300), plain: (3600, 0), unlimited: (None, 300)}
 
 
-def test_a_quick_read_counts_the_service_of_an_attempt_that_ended_since_the_full_one(api):
+@pytest.mark.parametrize("kept", [False, True], ids=["by its end", "by change-stamp"])
+def test_a_quick_read_counts_the_service_of_an_attempt_that_ended_since_the_full_one(api, kept):
     # Preempted between two full reads and back in line, a job is not a newcomer: at LAS
     # queue 0 it stopped the job beside it in the next quick cycle, which was what had
-    # made room for the job that preempted it.
+    # made room for the job that preempted it. The scheduler keeps its reads' cache, and
+    # on PostgreSQL the quick read then finds the ended attempt by its change-stamp.
     add_node(api.factory, "n1", gpus=1)
     job_id = _submit(api)
     start = utcnow() - timedelta(hours=1)
@@ -111,7 +113,8 @@ def test_a_quick_read_counts_the_service_of_an_attempt_that_ended_since_the_full
         session.add(_allocation(job_id, gpu, share_milli=1000, created_at=start))
         session.commit()
         memory = QueueMemory()
-        full = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S)
+        views = memory.views if kept else None
+        full = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S, views=views)
         memory.remember(full, ())
         # Preempted: its attempt ends and it is back in the queue.
         ended = utcnow()
@@ -122,16 +125,18 @@ def test_a_quick_read_counts_the_service_of_an_attempt_that_ended_since_the_full
         session.commit()
         for _ in range(2):  # each quick read counts it once
             quick = read_snapshot(
-                session=session, now=utcnow(), half_life_s=HALF_LIFE_S, quick_from=memory
-            )
+                session=session, now=utcnow(), half_life_s=HALF_LIFE_S, quick_from=memory,
+                views=views,
+            )  # fmt: skip
             assert quick.quick and [j.id for j in quick.snapshot.pending] == [job_id]
             assert quick.snapshot.pending[0].attained_gpu_s == pytest.approx(3600, rel=1e-3)
         # The next full read counts it, and a quick read after it not a second time.
-        full = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S)
+        full = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S, views=views)
         memory.remember(full, (job_id,))
         quick = read_snapshot(
-            session=session, now=utcnow(), half_life_s=HALF_LIFE_S, quick_from=memory
-        )
+            session=session, now=utcnow(), half_life_s=HALF_LIFE_S, quick_from=memory,
+            views=views,
+        )  # fmt: skip
     assert full.snapshot.pending[0].attained_gpu_s == pytest.approx(3600, rel=1e-3)
     assert quick.snapshot.pending[0].attained_gpu_s == pytest.approx(3600, rel=1e-3)
 
@@ -212,7 +217,7 @@ def test_a_running_job_whose_row_did_not_change_keeps_its_view(api):
 
 def _postgresql_only(session) -> None:
     if session.get_bind().dialect.name != "postgresql":
-        pytest.skip("SQLite's cycle reads every GPU (gpu.changed_in is PostgreSQL's)")
+        pytest.skip("SQLite's cycle reads every GPU and allocation (changed_in is PostgreSQL's)")
 
 
 def _gpus(api, cache: ViewCache) -> dict[tuple[str, int], GpuView]:
@@ -292,3 +297,82 @@ def test_a_nodes_labels_and_unusable_accounts_reach_the_core_sorted(api):
     assert n1.labels == (("ib", "hdr"), ("rack", "a"))
     assert n1.unusable_accounts == (("bob", "no such user"),)
     assert n2.labels == () and n2.unusable_accounts == ()
+
+
+def _running(api, cache: ViewCache) -> dict[int, tuple[tuple[str, tuple[int, ...]], ...]]:
+    """Each running job's placement, as a full read with `cache` gives it."""
+    with api.factory() as session:
+        ctx = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S, views=cache)
+    return {r.job.id: r.placement for r in ctx.snapshot.running}
+
+
+def _start(api, job_id: int, index: int) -> None:
+    """Attempt 1 of the job runs on GPU `index` of the one node."""
+    with api.factory() as session:
+        gpu = session.scalars(select(Gpu).where(Gpu.index == index)).one()
+        job = session.get(Job, job_id)
+        job.status, job.attempt, job.started_at = "RUNNING", 1, utcnow()
+        session.add(_allocation(job_id, gpu, share_milli=1000, created_at=utcnow()))
+        session.commit()
+
+
+def test_a_cycle_reads_only_the_allocations_placed_or_released_since_its_last_read(api):
+    # At 1,000 nodes, the 8,000 allocations held were read and summed anew each cycle.
+    add_node(api.factory, "n1", gpus=3)
+    first, second, third = _submit(api), _submit(api), _submit(api)
+    _start(api, first, 0)
+    _start(api, second, 1)
+    cache = ViewCache()
+    assert _running(api, cache) == {first: (("n1", (0,)),), second: (("n1", (1,)),)}
+    assert cache.allocations_read == 2
+    with api.factory() as session:
+        _postgresql_only(session)
+    assert _running(api, cache) == {first: (("n1", (0,)),), second: (("n1", (1,)),)}
+    assert cache.allocations_read == 0
+    _start(api, third, 2)
+    with api.factory() as session:  # the first ends
+        session.execute(
+            update(Allocation).where(Allocation.job_id == first).values(released_at=utcnow())
+        )
+        session.execute(update(Job).where(Job.id == first).values(status="SUCCEEDED"))
+        session.commit()
+    assert _running(api, cache) == {second: (("n1", (1,)),), third: (("n1", (2,)),)}
+    assert cache.allocations_read == 2
+
+
+def test_an_allocation_released_after_the_read_began_is_seen_by_the_next_one(api):
+    """As for GPUs: a release begun before a read and committed after it carries a
+    transaction id lower than the writes that read saw."""
+    with api.factory() as session:
+        _postgresql_only(session)
+    add_node(api.factory, "n1", gpus=2)
+    ending, starting = _submit(api), _submit(api)
+    _start(api, ending, 0)
+    cache = ViewCache()
+    _running(api, cache)
+    with api.factory() as slow:
+        slow.execute(
+            update(Allocation).where(Allocation.job_id == ending).values(released_at=utcnow())
+        )
+        slow.execute(update(Job).where(Job.id == ending).values(status="SUCCEEDED"))
+        _start(api, starting, 1)  # a later transaction, committed first
+        assert set(_running(api, cache)) == {ending, starting}
+        slow.commit()
+    assert set(_running(api, cache)) == {starting}
+    assert cache.held is not None
+    assert [allocation[1] for allocation in cache.held.values()] == [starting]
+
+
+def test_an_allocation_deleted_while_held_leaves_the_next_read(api):
+    # Deleting a job removes its allocations and leaves no change-stamp behind.
+    add_node(api.factory, "n1", gpus=2)
+    kept, deleted = _submit(api), _submit(api)
+    _start(api, kept, 0)
+    _start(api, deleted, 1)
+    cache = ViewCache()
+    assert set(_running(api, cache)) == {kept, deleted}
+    with api.factory() as session:
+        session.execute(text("DELETE FROM allocation WHERE job_id = :id"), {"id": deleted})
+        session.commit()
+    assert _running(api, cache) == {kept: (("n1", (0,)),), deleted: ()}
+    assert cache.held is not None and len(cache.held) == 1
