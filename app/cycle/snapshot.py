@@ -161,21 +161,27 @@ class ViewCache:
     # of every snapshot, and a heartbeat changes a node's rows once an interval).
     gpus: dict[int, tuple[tuple[Any, ...], GpuView]] = field(default_factory=dict)
     # Each running job's change-stamp, row (JOB_COLUMNS and `_GATED`) and view, by job id,
-    # with what the view was made of: the row's first `_MADE_OF` columns, its owner's and
-    # project's names and its attained service.
-    running: dict[int, tuple[int, tuple[Any, ...], tuple[Any, ...], JobView]] = field(
-        default_factory=dict
-    )
+    # with what the view was made of (the row's first `_MADE_OF` columns, its owner's and
+    # project's names and its attained service), and the running view made of that view,
+    # the row and the allocations it held (None: made with the cycle's time, not kept).
+    running: dict[
+        int, tuple[int, tuple[Any, ...], tuple[Any, ...], JobView, RunningJobView | None]
+    ] = field(default_factory=dict)
     running_read: int = 0  # how many running jobs' rows the last read took whole
     # The GPU and allocation writes the last read may have missed (PostgreSQL;
     # `_read_gpus`, `_read_allocations`), and how many GPU rows that read took.
     rows_since: ChangedSince | None = None
     gpus_read: int = 0
+    # The job writes the last read (full or quick) may have missed, and the clock's gates
+    # then (`_gated_by`): a quick read looks for changes in its head from there.
+    jobs_since: tuple[ChangedSince, tuple[Any, ...] | None] | None = None
     # The allocations held (not released), by id, as ALLOCATION_COLUMNS; how many
     # allocation rows the last read took; and, on PostgreSQL, those released since the
     # last full read as this cache's reads of what changed saw them (None: not followed).
     held: dict[int, tuple[Any, ...]] | None = None
     allocations_read: int = 0
+    # The jobs whose held allocations the last read saw change (None: it read all).
+    held_moved: set[int] | None = None
     released: list[tuple[Any, ...]] | None = None
 
     @property
@@ -617,16 +623,17 @@ def _full_read(
     cache: ViewCache,
     made: dict[str, Any],
     now: datetime,
+    horizon: ChangedSince,
 ) -> tuple[list[CachedRow], bool]:
     """Every waiting job (up to `max_pending`, then each project's head in turn), in id
     order, and whether some were left out. Only the jobs that changed since the last full
     read are looked at (`_changed_read`), and of those only the ones whose stamp differs
     from the one kept in `cache`, or that it does not hold, are read whole. Every stamp is
     read instead (`_swept_read`) the first time, once a minute, and when the clock's gates
-    let in other jobs than last time. The cache then holds exactly the jobs read."""
+    let in other jobs than last time. The cache then holds exactly the jobs read.
+    `horizon`: the writes not committed before anything was read, which the next read
+    asks for."""
     connection = session.connection()
-    # Before anything is read: what changes after this, the next read asks for.
-    horizon = _change_horizon(connection)
     gated_by = _gated_by(gates)
     entries: list[CachedRow] | None = None
     if (
@@ -780,33 +787,61 @@ def _whole_rows(connection: Any, *, waiting: tuple[Any, ...], ids: list[int]) ->
     return rows
 
 
+# A cached job's stamp once a quick read saw its row change without reading it: no row
+# has it, so the next read that asks for the job reads it whole.
+_UNKNOWN_VERSION = -1
+
+
 def _head_read(
     connection: Any,
     *,
     waiting: tuple[Any, ...],
     ids: tuple[int, ...],
+    since: ChangedSince | None,
     cache: ViewCache,
     made: dict[str, Any],
 ) -> list[CachedRow]:
     """A quick read's jobs (`ids`: the remembered head and the arrivals), those still
-    waiting, in id order: their change-stamps first, then whole rows only of the jobs
-    whose stamp moved since the cache took them. At 1,000 nodes the head is 2,000 jobs,
-    and reading them whole made a quick cycle's snapshot slower than a full one's."""
-    stamp = (Job.id, Job.row_version, and_(*waiting).label("runnable"))
+    waiting, in id order: whole rows only of the jobs whose change-stamp moved since the
+    cache took them. At 1,000 nodes the head is 2,000 jobs, and reading them whole made
+    a quick cycle's snapshot slower than a full one's. With `since` (the last read's
+    horizon, the clock's gates as then), the stamps of the jobs changed since, by
+    ix_job_changed_in: a job whose row did not change is as waiting as it was. Else the
+    stamps of `ids` (2,000 scattered rows took 15-25 ms)."""
+    stamp = select(Job.id, Job.row_version, and_(*waiting).label("runnable"))
     known = cache.rows
     kept: list[CachedRow] = []
     stale: list[int] = []
-    stamps = [
-        row
-        for among in _job_in(connection, ids)
-        for row in connection.execute(select(*stamp).where(among))
-    ]
-    cache.stamps = len(stamps)
+    if since is not None:
+        changed = {
+            job_id: (version, runnable)
+            for job_id, version, runnable in connection.execute(stamp.where(since.condition()))
+        }
+        cache.stamps = len(changed)
+        # Changes to jobs behind the head too: the next read looks only from here on.
+        for job_id, (version, runnable) in changed.items():
+            cached = known.get(job_id)
+            if cached is None:
+                continue
+            if not runnable:
+                del known[job_id]
+            elif cached.version != version:
+                cached.version = _UNKNOWN_VERSION  # read whole once it is asked for
+        stamps: Iterable[tuple[int, int | None, bool]] = (
+            (job_id, *changed.get(job_id, (None, True))) for job_id in ids
+        )
+    else:
+        stamps = [
+            row
+            for among in _job_in(connection, ids)
+            for row in connection.execute(stamp.where(among))
+        ]
+        cache.stamps = len(stamps)
     for job_id, version, runnable in stamps:
         if not runnable:
             continue
         cached = known.get(job_id)
-        if cached is not None and cached.version == version:
+        if cached is not None and (version is None or cached.version == version):
             kept.append(cached)
         else:
             stale.append(job_id)
@@ -939,6 +974,7 @@ def _read_allocations(
             allocations.where(since.condition(Allocation.changed_in, Allocation.id))
         ).all()
         cache.allocations_read = len(changed)
+        cache.held_moved = {row[1] for row in changed}
         for row in map(tuple, changed):
             if row[_RELEASED] is None:
                 held[row[0]] = row
@@ -952,7 +988,7 @@ def _read_allocations(
     if since is None or held is None:  # SQLite, a first read, or one that lost count
         rows = db.execute(allocations.where(Allocation.released_at.is_(None))).all()
         cache.held = held = {row[0]: row for row in map(tuple, rows)}
-        cache.allocations_read = len(held)
+        cache.allocations_read, cache.held_moved = len(held), None
     if ended_from is None:
         assert cache.released is not None
         return cache.released
@@ -960,7 +996,8 @@ def _read_allocations(
         tuple(row) for row in db.execute(allocations.where(Allocation.released_at >= ended_from))
     ]
     for row in ended:  # released after its stamp was read
-        held.pop(row[0], None)
+        if held.pop(row[0], None) is not None and cache.held_moved is not None:
+            cache.held_moved.add(row[1])
     return ended
 
 
@@ -1015,10 +1052,12 @@ def read_snapshot(
     gpus_of: dict[int, list[GpuView]] = defaultdict(list)
     gpu_index: dict[int, int] = {}
     gpu_ids: dict[tuple[str, int], int] = {}  # (node name, index) -> GPU id
-    # Before the reads: the GPU and allocation writes they may miss, which the next read
-    # asks for (PostgreSQL; SQLite's rows carry no stamp, and its cycle reads them all).
-    horizon_now = _change_horizon(db) if db.dialect.name == "postgresql" else None
-    since, cache.rows_since = cache.rows_since, horizon_now
+    # Before the reads: the writes they may miss, which the next read asks for. GPUs' and
+    # allocations' on PostgreSQL (SQLite's rows carry no stamp, and its cycle reads them
+    # all); jobs' on both.
+    horizon_now = _change_horizon(db)
+    since = cache.rows_since
+    cache.rows_since = horizon_now if db.dialect.name == "postgresql" else None
     for gpu, view in _read_gpus(db, cache, since):
         gpu_id, node_id, index = gpu[:3]
         name = node_names.get(node_id)
@@ -1098,6 +1137,7 @@ def read_snapshot(
     # and names are as the last cycle made its view from keeps that view. At 1,000 nodes,
     # thousands of rows were read and made into views anew each cycle.
     kept_running, cache.running = cache.running, {}
+    moved = cache.held_moved
     stamps = db.execute(select(Job.id, Job.row_version).where(*running_now)).all()
     stale = [
         i for i, version in stamps if (was := kept_running.get(i)) is None or was[0] != version
@@ -1120,8 +1160,15 @@ def read_snapshot(
             continue
         active_jobs.append(j)
         made_of = (j[:_MADE_OF], users[j[2]], project_names[j[3]], attained.get(job_id, 0.0))
-        job_view = was[3] if was is not None and was[2] == made_of else _job_view(*made_of)
-        cache.running[job_id] = (j[_VERSION], j, made_of, job_view)
+        if was is not None and was[2] == made_of:
+            job_view = was[3]
+            # The same row and allocations: the same running view (thousands at 1,000 nodes).
+            if was[4] is not None and j is was[1] and moved is not None and job_id not in moved:
+                cache.running[job_id] = was
+                running_views.append(was[4])
+                continue
+        else:
+            job_view = _job_view(*made_of)
         # What its current attempt holds.
         placement: dict[str, list[int]] = defaultdict(list)
         share = 1000
@@ -1131,21 +1178,22 @@ def read_snapshot(
                 if gpu_id is not None:
                     gpus.append(gpu_index[gpu_id])
                 share = held_share
-        running_views.append(
-            RunningJobView(
-                job=job_view,
-                placement=tuple(
-                    (node, tuple(sorted(idx))) for node, idx in sorted(placement.items())
-                ),
-                started_at=j[_STARTED_AT] or j[_SCHEDULED_AT] or now,
-                share=share / 1000,
-            )
+        started_at = j[_STARTED_AT] or j[_SCHEDULED_AT]
+        running_view = RunningJobView(
+            job=job_view,
+            placement=tuple((node, tuple(sorted(idx))) for node, idx in sorted(placement.items())),
+            started_at=started_at or now,
+            share=share / 1000,
         )
+        running_views.append(running_view)
+        kept = running_view if started_at is not None else None
+        cache.running[job_id] = (j[_VERSION], j, made_of, job_view, kept)
     running = tuple(running_views)
     waiting = (*ELIGIBLE, NOT_THROTTLED, *(gates.runnable() if gates is not None else ()))
     asked: tuple[int, ...] = ()
     arrived: tuple[int, ...] = ()
     unread = False
+    head_since: ChangedSince | None = None
     made: dict[str, Any] = {"users": users, "project_names": project_names, "attained": attained}
     pending_jobs: list[CachedRow]
     if memory is not None:
@@ -1161,12 +1209,20 @@ def read_snapshot(
             )
         )
         arrived = tuple(i for i in new_ids if i not in known)[:quick_new_limit]
-        pending_jobs = _head_read(db, waiting=waiting, ids=asked + arrived, cache=cache, made=made)
+        last = cache.jobs_since
+        head_since = last[0] if last is not None and last[1] == _gated_by(gates) else None
+        pending_jobs = _head_read(
+            db, waiting=waiting, ids=asked + arrived, since=head_since, cache=cache, made=made
+        )
     else:
         pending_jobs, unread = _full_read(
             session, waiting=waiting, gates=gates, max_pending=max_pending, cache=cache,
-            made=made, now=now,
+            made=made, now=now, horizon=horizon_now,
         )  # fmt: skip
+    # The next quick read looks for changes from here, if this one saw them all: a quick
+    # read by its head's stamps did not (and left the next to do the same).
+    followed = not quick or head_since is not None
+    cache.jobs_since = (horizon_now, _gated_by(gates)) if followed else None
     pending = tuple(map(_VIEW_OF, pending_jobs))
     history: dict[tuple[str, str], list[float]] = defaultdict(list)
     for user_id, name, started, finished in (

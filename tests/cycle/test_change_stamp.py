@@ -127,10 +127,11 @@ def test_a_quick_cycle_rereads_only_the_head_jobs_changed_since(api):
     _full(api, memory)
     views = memory.views.views
     _quick(api, memory)
-    assert memory.views.stamps == len(waiting) and memory.views.reread == 0
+    # Only jobs changed since the last read are looked at, by their change-stamp: none.
+    assert memory.views.stamps == 0 and memory.views.reread == 0
     _estimate_behind_the_apps_back(api, waiting[3], 60)
     _quick(api, memory)
-    assert memory.views.reread == 1
+    assert memory.views.stamps == 1 and memory.views.reread == 1
     again = memory.views.views
     assert again[waiting[0]] is views[waiting[0]] and again[waiting[3]].estimated_runtime_s == 60
     # The running job ends: the quick cycle places the head, now the shortest job.
@@ -300,6 +301,39 @@ def test_an_off_peak_window_that_opens_lets_its_jobs_in(api):
     assert _read(api, cache, now, windows=(night,)) == {day}
     assert _read(api, cache, now + timedelta(seconds=10), windows=(night,)) == {day}
     assert _read(api, cache, now + timedelta(seconds=40), windows=(night,)) == {day, offpeak}
+
+
+def test_a_window_that_closes_between_a_full_and_a_quick_read_leaves_its_jobs_out(api):
+    """No row changes when a window closes: a quick read then looks at every head job's
+    stamp (with the gates' condition), not only at the jobs written since."""
+    now = utcnow()
+    night = WindowInterval(
+        name="nightly", opens_at=now - timedelta(hours=1), closes_at=now + timedelta(seconds=30)
+    )
+    r = api.client.post(
+        "/api/v1/windows",
+        json={"name": "nightly", "timezone": "UTC", "cron": "0 1 * * *", "duration_s": 3600},
+        headers=api.as_("admin"),
+    )
+    assert r.status_code == 201, r.text
+    day = submit(api, name="now")["id"]
+    offpeak = submit(api, name="off", schedule={"mode": "offpeak", "window": "nightly"})["id"]
+    memory = QueueMemory()
+
+    def read(at, **quick):
+        with api.factory() as session:
+            ctx = read_snapshot(
+                session=session, now=at, half_life_s=3600, views=memory.views,
+                gates=ClockGates(now=at, windows=(night,)), **quick,
+            )  # fmt: skip
+            session.rollback()
+        return ctx
+
+    full = read(now)
+    memory.remember(full, tuple(job.id for job in full.snapshot.pending))
+    assert [job.id for job in read(now, quick_from=memory).snapshot.pending] == [day, offpeak]
+    closed = read(now + timedelta(seconds=40), quick_from=memory)
+    assert [job.id for job in closed.snapshot.pending] == [day]
 
 
 def test_a_waiting_job_deleted_by_hand_leaves_the_queue_within_a_minute(api):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import select, text, update
@@ -11,7 +12,7 @@ from app.cycle.snapshot import QueueMemory, ViewCache, attempt_of, read_snapshot
 from app.db import utcnow
 from app.jobs.models import Job
 from app.nodes.models import Allocation, Gpu, Node
-from app.scheduling import GpuView
+from app.scheduling import GpuView, RunningJobView
 from tests.foundation.builders import add_node
 
 HALF_LIFE_S = 3600.0
@@ -299,11 +300,15 @@ def test_a_nodes_labels_and_unusable_accounts_reach_the_core_sorted(api):
     assert n2.labels == () and n2.unusable_accounts == ()
 
 
-def _running(api, cache: ViewCache) -> dict[int, tuple[tuple[str, tuple[int, ...]], ...]]:
-    """Each running job's placement, as a full read with `cache` gives it."""
+def _running(api, cache: ViewCache) -> dict[int, RunningJobView]:
+    """Each running job's view, as a full read with `cache` gives it."""
     with api.factory() as session:
         ctx = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S, views=cache)
-    return {r.job.id: r.placement for r in ctx.snapshot.running}
+    return {r.job.id: r for r in ctx.snapshot.running}
+
+
+def _placements(running: dict[int, RunningJobView]) -> dict[int, tuple[Any, ...]]:
+    return {job_id: view.placement for job_id, view in running.items()}
 
 
 def _start(api, job_id: int, index: int) -> None:
@@ -317,18 +322,21 @@ def _start(api, job_id: int, index: int) -> None:
 
 
 def test_a_cycle_reads_only_the_allocations_placed_or_released_since_its_last_read(api):
-    # At 1,000 nodes, the 8,000 allocations held were read and summed anew each cycle.
+    # At 1,000 nodes, the 8,000 allocations held were read and summed anew each cycle,
+    # and as many running views made anew.
     add_node(api.factory, "n1", gpus=3)
     first, second, third = _submit(api), _submit(api), _submit(api)
     _start(api, first, 0)
     _start(api, second, 1)
     cache = ViewCache()
-    assert _running(api, cache) == {first: (("n1", (0,)),), second: (("n1", (1,)),)}
+    before = _running(api, cache)
+    assert _placements(before) == {first: (("n1", (0,)),), second: (("n1", (1,)),)}
     assert cache.allocations_read == 2
     with api.factory() as session:
         _postgresql_only(session)
-    assert _running(api, cache) == {first: (("n1", (0,)),), second: (("n1", (1,)),)}
+    again = _running(api, cache)
     assert cache.allocations_read == 0
+    assert all(again[i] is before[i] for i in (first, second))
     _start(api, third, 2)
     with api.factory() as session:  # the first ends
         session.execute(
@@ -336,8 +344,10 @@ def test_a_cycle_reads_only_the_allocations_placed_or_released_since_its_last_re
         )
         session.execute(update(Job).where(Job.id == first).values(status="SUCCEEDED"))
         session.commit()
-    assert _running(api, cache) == {second: (("n1", (1,)),), third: (("n1", (2,)),)}
+    later = _running(api, cache)
     assert cache.allocations_read == 2
+    assert _placements(later) == {second: (("n1", (1,)),), third: (("n1", (2,)),)}
+    assert later[second] is before[second]
 
 
 def test_an_allocation_released_after_the_read_began_is_seen_by_the_next_one(api):
@@ -374,5 +384,5 @@ def test_an_allocation_deleted_while_held_leaves_the_next_read(api):
     with api.factory() as session:
         session.execute(text("DELETE FROM allocation WHERE job_id = :id"), {"id": deleted})
         session.commit()
-    assert _running(api, cache) == {kept: (("n1", (0,)),), deleted: ()}
+    assert _placements(_running(api, cache)) == {kept: (("n1", (0,)),), deleted: ()}
     assert cache.held is not None and len(cache.held) == 1
