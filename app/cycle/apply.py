@@ -24,7 +24,7 @@ from app.cycle.snapshot import (
     updated_at_of,
 )
 from app.jobs.allocations import GpuClaim, allocate_many, release
-from app.jobs.lifecycle import transition
+from app.jobs.lifecycle import schedule_placed
 from app.jobs.models import PENDING_MESSAGE_CHARS, Job, JobEvent
 from app.jobs.orders import AfterCommit, released_gates, run_orders, stop_orders
 from app.jobs.ranking import ROW as RANKING_ROW
@@ -230,18 +230,11 @@ def _schedule(
         return []
     try:
         with session.begin_nested():
-            for placement, job in verified:
-                job.attempt += 1
-                where = ", ".join(
-                    f"{n}:{','.join(map(str, g)) or '-'}" for n, g in placement.node_gpus
-                )
-                transition(
-                    session,
-                    job=job,
-                    to=JobStatus.SCHEDULED,
-                    actor="scheduler",
-                    reason=f"placed on {where}",
-                )
+            schedule_placed(
+                session,
+                [(job, f"placed on {_where(placement)}") for placement, job in verified],
+                actor="scheduler",
+            )
             allocate_many(session, [(job, _claims(ctx, p)) for p, job in verified])
     except IntegrityError:
         for _, job in verified:
@@ -254,6 +247,10 @@ def _schedule(
             made.extend(_schedule(session, ctx=ctx, verified=[one], applied=applied))
         return made
     return verified
+
+
+def _where(placement: Placement) -> str:
+    return ", ".join(f"{n}:{','.join(map(str, g)) or '-'}" for n, g in placement.node_gpus)
 
 
 # A quick read writes the reasons of the arrivals it ranked among the first this many

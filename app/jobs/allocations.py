@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from app.db import utcnow
@@ -57,7 +58,8 @@ def allocate_many(session: Session, placements: Sequence[tuple[Job, Sequence[Gpu
                 added[claim.gpu_id] = added.get(claim.gpu_id, 0) + claim.share_milli
     if rows:
         session.flush()  # the jobs' own pending changes first, as the ORM would order them
-        session.execute(insert(Allocation), rows)
+        # The table's insert on the connection: the ORM's bulk insert cost half as much again.
+        session.connection().execute(insert(cast(Table, Allocation.__table__)), rows)
     _add_to_gpus(session, added)
 
 

@@ -113,9 +113,9 @@ def test_one_taken_gpu_skips_only_its_job_in_a_batch_of_placements(api):
 
 
 def test_placements_are_written_in_statements_that_do_not_grow_with_their_number(api):
-    # One read locks the jobs, one batch writes them (it was 9 statements per placement).
-    # PostgreSQL: 2 or 6 placements, the same count; SQLite's driver inserts the event
-    # rows of a batch one by one, in process (the allocations, a Core batch, at once).
+    # One read locks the jobs, one batch writes them (it was 9 statements per placement):
+    # 2 or 6 placements, the same count. The jobs, their events and their allocations are
+    # Core batches (the events went through the unit of work, on SQLite one by one).
     add_node(api.factory, "n1", gpus=8)
     engine = api.factory.kw["bind"]
 
@@ -139,7 +139,7 @@ def test_placements_are_written_in_statements_that_do_not_grow_with_their_number
     statements(1)  # the first cycle also creates the lease row
     two, six = statements(2), statements(6)
     per_placement = (six - two) / 4
-    assert per_placement == (0 if engine.dialect.name == "postgresql" else 1)
+    assert per_placement == 0
 
 
 def test_a_stale_lease_token_writes_nothing(api):

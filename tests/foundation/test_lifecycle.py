@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from app.auth.service import create_user
-from app.jobs.lifecycle import IllegalTransition, settle_interrupted, transition
+from app.jobs.lifecycle import IllegalTransition, schedule_placed, settle_interrupted, transition
 from app.jobs.models import Job, JobEvent
 from app.jobs.states import ALLOWED, FINISHED, JobStatus
 from app.projects.models import Project
@@ -35,6 +35,34 @@ def test_happy_path_records_every_change(db_session):
         ("RUNNING", "SUCCEEDED"),
     ]
     assert job.finished_at is not None and job.started_at is not None
+
+
+def test_jobs_placed_by_statement_are_stored_as_transition_stores_them(db_session):
+    # A cycle places hundreds of jobs at once by statement (schedule_placed), one by one
+    # through the ORM before: the columns and events must be the same.
+    one = _job(db_session)
+    batch = Job(name="j", user_id=one.user_id, project_id=one.project_id, command=["true"])
+    db_session.add(batch)
+    for job in (one, batch):
+        job.pending_reason, job.pending_message, job.queue_position = "priority", "behind 3", 4
+        job.cpu_s, job.memory_peak_mb = 12.5, 900
+    db_session.flush()
+    one.attempt += 1
+    transition(db_session, job=one, to=JobStatus.SCHEDULED, actor="scheduler", reason="placed")
+    schedule_placed(db_session, [(batch, "placed")], actor="scheduler")
+    db_session.commit()
+    db_session.expire_all()
+    columns = ("status", "attempt", "cpu_s", "memory_peak_mb", "pending_reason",
+               "pending_message", "queue_position", "estimated_start_at")  # fmt: skip
+    stored = [tuple(getattr(job, c) for c in columns) for job in (one, batch)]
+    assert stored[0] == stored[1] == (JobStatus.SCHEDULED, 1, *[None] * 6)
+    assert one.scheduled_at is not None and batch.scheduled_at is not None
+    events = [
+        (e.from_status, e.to_status, e.attempt, e.actor, e.reason)
+        for job in (one, batch)
+        for e in db_session.scalars(select(JobEvent).where(JobEvent.job_id == job.id))
+    ]
+    assert events == [(JobStatus.PENDING, JobStatus.SCHEDULED, 1, "scheduler", "placed")] * 2
 
 
 def test_finished_job_cannot_restart(db_session):
