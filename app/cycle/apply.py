@@ -65,7 +65,7 @@ def _claims(ctx: SnapshotContext, placement: Placement) -> list[GpuClaim]:
         claims.extend(
             GpuClaim(
                 node_id=node_id,
-                gpu_id=ctx.gpu_ids[(node, index)],
+                gpu_id=ctx.gpu_ids[(node_id, index)],
                 share_milli=share_milli,
                 rank=rank,
             )

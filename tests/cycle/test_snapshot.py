@@ -265,6 +265,42 @@ def test_a_gpu_write_that_commits_after_the_read_is_seen_by_the_next_one(api):
     assert _gpus(api, cache)[("n1", 0)].util_pct == 10.0
 
 
+def test_a_nodes_gpus_stay_grouped_in_index_order_as_their_rows_change(api):
+    # The grouping by node is kept across cycles and mended where a GPU's row changed.
+    add_node(api.factory, "n1", gpus=2)
+    add_node(api.factory, "n2", gpus=2)
+    cache = ViewCache()
+
+    def read():
+        with api.factory() as session:
+            ctx = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S, views=cache)
+        return {node.name: node.gpus for node in ctx.snapshot.nodes}, ctx.gpu_ids
+
+    first, _ = read()
+    with api.factory() as session:
+        session.execute(update(Gpu).where(Gpu.uuid == "GPU-n1-1").values(util_pct=55.0))
+        # Renumbered (a node that registers again with its GPUs in another order).
+        session.execute(update(Gpu).where(Gpu.uuid == "GPU-n2-0").values(index=5))
+        session.commit()
+        moved = session.scalar(select(Gpu.id).where(Gpu.uuid == "GPU-n2-0"))
+        n2 = session.scalar(select(Node.id).where(Node.name == "n2"))
+    later, gpu_ids = read()
+    assert [(g.uuid, g.index, g.util_pct) for g in later["n1"]] == [
+        ("GPU-n1-0", 0, first["n1"][0].util_pct),
+        ("GPU-n1-1", 1, 55.0),
+    ]
+    assert [(g.uuid, g.index) for g in later["n2"]] == [("GPU-n2-1", 1), ("GPU-n2-0", 5)]
+    assert gpu_ids[n2, 5] == moved and (n2, 0) not in gpu_ids
+    with api.factory() as session:
+        session.execute(update(Gpu).where(Gpu.uuid == "GPU-n1-0").values(util_pct=12.0))
+        session.commit()
+    again, _ = read()
+    assert again["n1"][0].util_pct == 12.0 and again["n2"] == later["n2"]
+    with api.factory() as session:
+        _postgresql_only(session)
+    assert again["n2"] is later["n2"]  # a node none of whose GPUs changed: as it was
+
+
 def test_gpus_added_removed_and_of_removed_nodes_leave_the_next_read_right(api):
     add_node(api.factory, "n1", gpus=2)
     add_node(api.factory, "n2", gpus=2)
