@@ -284,11 +284,8 @@ def test_a_begin_time_that_came_since_the_last_read_lets_its_job_in(api):
     assert cache.stamps == 1  # a read of what changed, not of every stamp
 
 
-def test_an_off_peak_window_that_opens_lets_its_jobs_in(api):
-    now = utcnow()
-    night = WindowInterval(
-        name="nightly", opens_at=now + timedelta(seconds=30), closes_at=now + timedelta(hours=1)
-    )
+def _day_and_nightly_jobs(api) -> tuple[int, int]:
+    """A "nightly" window, a job that may run now and one that waits for the window."""
     r = api.client.post(
         "/api/v1/windows",
         json={"name": "nightly", "timezone": "UTC", "cron": "0 1 * * *", "duration_s": 3600},
@@ -297,6 +294,15 @@ def test_an_off_peak_window_that_opens_lets_its_jobs_in(api):
     assert r.status_code == 201, r.text
     day = submit(api, name="now")["id"]
     offpeak = submit(api, name="off", schedule={"mode": "offpeak", "window": "nightly"})["id"]
+    return day, offpeak
+
+
+def test_an_off_peak_window_that_opens_lets_its_jobs_in(api):
+    now = utcnow()
+    night = WindowInterval(
+        name="nightly", opens_at=now + timedelta(seconds=30), closes_at=now + timedelta(hours=1)
+    )
+    day, offpeak = _day_and_nightly_jobs(api)
     cache = ViewCache()
     assert _read(api, cache, now, windows=(night,)) == {day}
     assert _read(api, cache, now + timedelta(seconds=10), windows=(night,)) == {day}
@@ -310,14 +316,7 @@ def test_a_window_that_closes_between_a_full_and_a_quick_read_leaves_its_jobs_ou
     night = WindowInterval(
         name="nightly", opens_at=now - timedelta(hours=1), closes_at=now + timedelta(seconds=30)
     )
-    r = api.client.post(
-        "/api/v1/windows",
-        json={"name": "nightly", "timezone": "UTC", "cron": "0 1 * * *", "duration_s": 3600},
-        headers=api.as_("admin"),
-    )
-    assert r.status_code == 201, r.text
-    day = submit(api, name="now")["id"]
-    offpeak = submit(api, name="off", schedule={"mode": "offpeak", "window": "nightly"})["id"]
+    day, offpeak = _day_and_nightly_jobs(api)
     memory = QueueMemory()
 
     def read(at, **quick):
