@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from psycopg.errors import DeadlockDetected
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -117,6 +117,36 @@ def test_heartbeat_of_a_node_running_a_job_reconciles(factory: sessionmaker[Sess
         StopJob(node="n1", job_id=job_id, attempt=attempt + 1, reason="cancel")
     ]
     assert repairs.lost == []
+
+
+def test_a_heartbeat_listing_a_running_attempt_reads_it_once(
+    factory: sessionmaker[Session],
+) -> None:
+    """A heartbeat lists every attempt its node runs. Only a start not yet applied is
+    applied from it: at 1,000 nodes, a locked read of every running job each heartbeat
+    made heartbeats wait on the job reports' locks."""
+    job_id, _ = _started_job(factory)
+    statements: list[str] = []
+    engine = factory.kw["bind"]
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        with factory() as session:
+            repairs = reconcile_node_attempts(
+                session=session,
+                heartbeat=Heartbeat(node="n1", running=(AttemptRef(job_id=job_id, attempt=1),)),
+                taken_at=utcnow(),
+                grace_s=15,
+            )
+            session.commit()
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert (repairs.stops, repairs.lost) == ([], [])
+    # The one read of the attempts active on the node; the job not read again, locked.
+    assert len([s for s in statements if "job.id" in s]) == 1
 
 
 def test_a_heartbeat_taken_before_an_end_does_not_stop_the_ended_attempt(
