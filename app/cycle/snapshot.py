@@ -1101,6 +1101,7 @@ def read_snapshot(
     horizon_now = _change_horizon(db)
     since = cache.rows_since
     cache.rows_since = horizon_now if db.dialect.name == "postgresql" else None
+    grouped_before = cache.gpus_by_node
     gpus = _read_gpus(db, cache, since)
     node_views = tuple(
         NodeView(
@@ -1173,7 +1174,9 @@ def read_snapshot(
     # and names are as the last cycle made its view from keeps that view. At 1,000 nodes,
     # thousands of rows were read and made into views anew each cycle.
     kept_running, cache.running = cache.running, {}
-    moved = cache.held_moved
+    # Jobs whose allocations changed; None: any may have (all read, or the GPUs grouped
+    # anew: a renumbered GPU changes the placements that name it).
+    moved = cache.held_moved if gpus is grouped_before else None
     stamps = db.execute(select(Job.id, Job.row_version).where(*running_now)).all()
     stale = [
         i for i, version in stamps if (was := kept_running.get(i)) is None or was[0] != version

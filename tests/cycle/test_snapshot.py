@@ -269,14 +269,24 @@ def test_a_nodes_gpus_stay_grouped_in_index_order_as_their_rows_change(api):
     # The grouping by node is kept across cycles and mended where a GPU's row changed.
     add_node(api.factory, "n1", gpus=2)
     add_node(api.factory, "n2", gpus=2)
+    running = _submit(api)
+    with api.factory() as session:  # it holds the GPU about to be renumbered
+        job = session.get(Job, running)
+        job.status, job.attempt, job.started_at = "RUNNING", 1, utcnow()
+        gpu = session.scalars(select(Gpu).where(Gpu.uuid == "GPU-n2-0")).one()
+        session.add(_allocation(running, gpu, share_milli=1000, created_at=utcnow()))
+        session.commit()
     cache = ViewCache()
 
     def read():
         with api.factory() as session:
             ctx = read_snapshot(session=session, now=utcnow(), half_life_s=HALF_LIFE_S, views=cache)
-        return {node.name: node.gpus for node in ctx.snapshot.nodes}, ctx.gpu_ids
+        assert [r.job.id for r in ctx.snapshot.running] == [running]
+        placement = ctx.snapshot.running[0].placement
+        return {node.name: node.gpus for node in ctx.snapshot.nodes}, ctx.gpu_ids, placement
 
-    first, _ = read()
+    first, _, placement = read()
+    assert placement == (("n2", (0,)),)
     with api.factory() as session:
         session.execute(update(Gpu).where(Gpu.uuid == "GPU-n1-1").values(util_pct=55.0))
         # Renumbered (a node that registers again with its GPUs in another order).
@@ -284,7 +294,8 @@ def test_a_nodes_gpus_stay_grouped_in_index_order_as_their_rows_change(api):
         session.commit()
         moved = session.scalar(select(Gpu.id).where(Gpu.uuid == "GPU-n2-0"))
         n2 = session.scalar(select(Node.id).where(Node.name == "n2"))
-    later, gpu_ids = read()
+    later, gpu_ids, placement = read()
+    assert placement == (("n2", (5,)),)
     assert [(g.uuid, g.index, g.util_pct) for g in later["n1"]] == [
         ("GPU-n1-0", 0, first["n1"][0].util_pct),
         ("GPU-n1-1", 1, 55.0),
@@ -294,7 +305,7 @@ def test_a_nodes_gpus_stay_grouped_in_index_order_as_their_rows_change(api):
     with api.factory() as session:
         session.execute(update(Gpu).where(Gpu.uuid == "GPU-n1-0").values(util_pct=12.0))
         session.commit()
-    again, _ = read()
+    again, _, _ = read()
     assert again["n1"][0].util_pct == 12.0 and again["n2"] == later["n2"]
     with api.factory() as session:
         _postgresql_only(session)
