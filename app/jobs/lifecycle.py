@@ -72,11 +72,8 @@ def transition(
         job.scheduled_at = None
         job.lost_until = None
     elif to is JobStatus.SCHEDULED:
-        job.scheduled_at = now
-        job.cpu_s = job.memory_peak_mb = None  # the new attempt's, as its nodes report them
-        job.pending_reason = job.pending_message = None
-        job.queue_position = None
-        job.estimated_start_at = None
+        for key, value in _scheduled(now).items():
+            setattr(job, key, value)
     elif to is JobStatus.RUNNING:
         job.started_at = now
         # A first attempt has no earlier start: no query for it (most starts).
@@ -146,6 +143,20 @@ def cancel_waiting(session: Session, ids: Sequence[int], *, actor: str, reason: 
     return cancelled
 
 
+def _scheduled(now: datetime) -> dict[str, object]:
+    """What placing a job sets besides its status (`transition`, `schedule_placed`)."""
+    return {
+        "scheduled_at": now,
+        # The new attempt's, as its nodes report them.
+        "cpu_s": None,
+        "memory_peak_mb": None,
+        "pending_reason": None,
+        "pending_message": None,
+        "queue_position": None,
+        "estimated_start_at": None,
+    }
+
+
 def schedule_placed(session: Session, placed: Sequence[tuple[Job, str]], *, actor: str) -> None:
     """`transition` to SCHEDULED, attempt one more, of waiting jobs the caller holds
     locked and loaded, each with its event's reason, by statement: the same columns and
@@ -156,18 +167,7 @@ def schedule_placed(session: Session, placed: Sequence[tuple[Job, str]], *, acto
     if not placed:
         return
     now = utcnow()
-    values: dict[str, object] = {
-        "status": JobStatus.SCHEDULED,
-        "scheduled_at": now,
-        # The new attempt's, as its nodes report them.
-        "cpu_s": None,
-        "memory_peak_mb": None,
-        "pending_reason": None,
-        "pending_message": None,
-        "queue_position": None,
-        "estimated_start_at": None,
-        "updated_at": now,
-    }
+    values = {**_scheduled(now), "status": JobStatus.SCHEDULED, "updated_at": now}
     session.flush()  # the jobs' own pending changes first, as the ORM would order them
     session.execute(
         update(Job)
