@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, MetaData, TypeDecorator, create_engine, event
+from sqlalchemy import (
+    JSON,
+    Connection,
+    DateTime,
+    MetaData,
+    Table,
+    TypeDecorator,
+    create_engine,
+    event,
+    insert,
+    text,
+)
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -56,6 +67,36 @@ def utcnow() -> datetime:
 
 def _compact_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+def insert_rows(connection: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert `rows` (all with the same keys) in one statement. On PostgreSQL the columns
+    go as arrays joined by unnest: an executemany is one INSERT per row for the server,
+    and a multi-row VALUES has psycopg parse (in Python) a query of thousands of
+    parameters; for the 250 allocations of a cycle at 1,000 nodes that was 25-35 ms
+    against 13. Elsewhere one executemany."""
+    if not rows:
+        return
+    dialect = connection.dialect
+    if dialect.name != "postgresql":
+        connection.execute(insert(table), list(rows))
+        return
+    names = list(rows[0])
+    arrays: dict[str, list[Any]] = {}
+    casts = []
+    for i, name in enumerate(names):
+        column_type = table.c[name].type
+        to_bind = column_type.dialect_impl(dialect).bind_processor(dialect)
+        values = [row[name] for row in rows]
+        arrays[f"c{i}"] = values if to_bind is None else [to_bind(v) for v in values]
+        casts.append(f"CAST(:c{i} AS {column_type.compile(dialect=dialect)}[])")
+    connection.execute(
+        text(
+            f"INSERT INTO {table.name} ({', '.join(names)}) "
+            f"SELECT * FROM unnest({', '.join(casts)})"
+        ),
+        arrays,
+    )
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:

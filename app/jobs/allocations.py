@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import Integer, Table, any_, bindparam, select, text, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
-from app.db import utcnow
+from app.db import insert_rows, utcnow
 from app.jobs.models import Job
 from app.nodes.models import Allocation, Gpu
 
@@ -58,8 +59,8 @@ def allocate_many(session: Session, placements: Sequence[tuple[Job, Sequence[Gpu
                 added[claim.gpu_id] = added.get(claim.gpu_id, 0) + claim.share_milli
     if rows:
         session.flush()  # the jobs' own pending changes first, as the ORM would order them
-        # The table's insert on the connection: the ORM's bulk insert cost half as much again.
-        session.connection().execute(insert(cast(Table, Allocation.__table__)), rows)
+        # Core on the connection: the ORM's bulk insert cost half as much again.
+        insert_rows(session.connection(), cast(Table, Allocation.__table__), rows)
     _add_to_gpus(session, added)
 
 
@@ -91,21 +92,46 @@ def release(
 
 
 def _add_to_gpus(session: Session, milli_by_gpu: dict[int, int]) -> None:
-    """Add to (or, negative, take from) each GPU's allocated_milli: one executemany.
+    """Add to (or, negative, take from) each GPU's allocated_milli.
 
     A relative update takes the row lock, so concurrent writers serialise on the GPU row
-    and the check constraint sees the true sum. Rows go in id order, so that two writers
-    never wait for each other's rows crosswise. Core on the session's connection: the
+    and the check constraint sees the true sum. Rows are locked in id order, so that two
+    writers never wait for each other's rows crosswise. On PostgreSQL, several GPUs are
+    locked by one ordered read and updated by one statement joining arrays of the
+    changes: as an executemany, a cycle's 250 placements were 250 UPDATEs run one by one
+    by the server (25 ms at 1,000 nodes). Elsewhere one executemany in id order (SQLite
+    locks the whole database for a write anyway). Core on the session's connection: the
     ORM's bulk update by primary key cannot express a relative update.
     """
     if not milli_by_gpu:
         return
-    session.connection().execute(
-        update(Gpu)
-        .where(Gpu.id == bindparam("gpu_id"))
-        .values(allocated_milli=Gpu.allocated_milli + bindparam("milli")),
-        [{"gpu_id": gpu_id, "milli": milli} for gpu_id, milli in sorted(milli_by_gpu.items())],
-    )
+    connection = session.connection()
+    ids = sorted(milli_by_gpu)
+    if connection.dialect.name == "postgresql" and len(ids) > 1:
+        id_array = bindparam("ids", ids, type_=ARRAY(Integer))
+        # FOR NO KEY UPDATE, the lock the UPDATE takes: an allocation's foreign key check
+        # on the GPU (KEY SHARE) does not wait for it.
+        connection.execute(
+            select(Gpu.id)
+            .where(Gpu.id == any_(id_array))
+            .order_by(Gpu.id)
+            .with_for_update(key_share=True)
+        )
+        connection.execute(
+            text(
+                "UPDATE gpu SET allocated_milli = gpu.allocated_milli + v.milli "
+                "FROM unnest(CAST(:ids AS integer[]), CAST(:milli AS integer[])) AS v(id, milli) "
+                "WHERE gpu.id = v.id"
+            ),
+            {"ids": ids, "milli": [milli_by_gpu[i] for i in ids]},
+        )
+    else:
+        connection.execute(
+            update(Gpu)
+            .where(Gpu.id == bindparam("gpu_id"))
+            .values(allocated_milli=Gpu.allocated_milli + bindparam("milli")),
+            [{"gpu_id": gpu_id, "milli": milli_by_gpu[gpu_id]} for gpu_id in ids],
+        )
     _expire_loaded(session, Gpu, set(milli_by_gpu), "allocated_milli")
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import cast
 
 from prometheus_client import Histogram
-from sqlalchemy import exists, insert, select, update
+from sqlalchemy import Table, exists, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app.db import after_commit, utcnow
+from app.db import after_commit, insert_rows, utcnow
 from app.jobs.models import Job, JobEvent
 from app.jobs.outbox import queue_for
 from app.jobs.states import ALLOWED, FINISHED, RETRYABLE, JobStatus
@@ -125,8 +126,9 @@ def cancel_waiting(session: Session, ids: Sequence[int], *, actor: str, reason: 
         .values(status=JobStatus.CANCELLED, finished_at=now, updated_at=now, queue_position=None)
         .execution_options(synchronize_session=False)
     )
-    session.execute(
-        insert(JobEvent),
+    insert_rows(
+        session.connection(),
+        cast(Table, JobEvent.__table__),
         [
             {
                 "job_id": job_id,
@@ -179,8 +181,9 @@ def schedule_placed(session: Session, placed: Sequence[tuple[Job, str]], *, acto
         set_committed_value(job, "attempt", job.attempt + 1)
         for key, value in values.items():
             set_committed_value(job, key, value)
-    session.execute(
-        insert(JobEvent),
+    insert_rows(
+        session.connection(),
+        cast(Table, JobEvent.__table__),
         [
             {
                 "job_id": job.id,
