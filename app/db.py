@@ -82,6 +82,7 @@ def insert_rows(connection: Connection, table: Table, rows: Sequence[Mapping[str
         connection.execute(insert(table), list(rows))
         return
     names = list(rows[0])
+    quote = dialect.identifier_preparer.quote
     arrays: dict[str, list[Any]] = {}
     casts = []
     for i, name in enumerate(names):
@@ -92,7 +93,7 @@ def insert_rows(connection: Connection, table: Table, rows: Sequence[Mapping[str
         casts.append(f"CAST(:c{i} AS {column_type.compile(dialect=dialect)}[])")
     connection.execute(
         text(
-            f"INSERT INTO {table.name} ({', '.join(names)}) "
+            f"INSERT INTO {quote(table.name)} ({', '.join(map(quote, names))}) "
             f"SELECT * FROM unnest({', '.join(casts)})"
         ),
         arrays,

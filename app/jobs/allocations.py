@@ -107,6 +107,7 @@ def _add_to_gpus(session: Session, milli_by_gpu: dict[int, int]) -> None:
         return
     connection = session.connection()
     ids = sorted(milli_by_gpu)
+    # One GPU (a job ending, most reports): its UPDATE alone takes its one lock.
     if connection.dialect.name == "postgresql" and len(ids) > 1:
         id_array = bindparam("ids", ids, type_=ARRAY(Integer))
         # FOR NO KEY UPDATE, the lock the UPDATE takes: an allocation's foreign key check
