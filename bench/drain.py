@@ -108,7 +108,9 @@ def cpu_seconds() -> dict[str, float]:
         elif "app.cli scheduler" in cmd:
             usage["scheduler"] += used
         elif "app.cli agent" in cmd:
-            usage["agents"] += used
+            # With what it reaped: each attempt's supervisor (and the job, here `true`).
+            reaped = (int(fields[13]) + int(fields[14])) / tick
+            usage["agents with supervisors"] += used + reaped
         elif "valkey" in comm or "redis" in comm:
             usage["redis"] += used
     return dict(usage)
