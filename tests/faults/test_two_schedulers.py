@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.support import Traffic, marker_command, spawn_extra, verify, wait_all_done
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.e2e
 
@@ -20,6 +21,14 @@ def test_two_schedulers(make_stack, record, tmp_path: Path) -> None:
     stack = make_stack()
     second = spawn_extra(
         stack, "scheduler2", "scheduler", [*stack.procs["scheduler"].argv, "--no-beat"]
+    )
+    # The burst drains in a few seconds, about as long as a worker takes to start on a busy
+    # machine: only a second scheduler already consuming can be shown to take cycles.
+    poll(
+        "the second scheduler's worker to consume its queue",
+        lambda: second.alive() and "ready." in second.log.read_text(errors="replace"),
+        timeout=60,
+        on_timeout=stack.tails,
     )
     runs = tmp_path / "runs"
     started = time.monotonic()
