@@ -13,7 +13,8 @@ up`) and two agents with 4 simulated GPUs each (tests/support/stack.py, shared w
 Reference: Slurm, tuned, on this machine: 54 jobs/s. Prints a table; writes
 bench/results/drain-<db>.json. `--profile` records the scheduler with py-spy (if
 installed) into bench/results/drain-scheduler-<db>.txt and prints its top functions
-(`PROFILE_PROC=reports` records the reports worker instead).
+(`PROFILE_PROC=reports` records the reports worker instead, `PROFILE_PROC=agent` the first
+agent).
 """
 
 from __future__ import annotations
@@ -184,9 +185,9 @@ def main() -> int:
         print(f"stack up in {stack.startup_s:.1f}s; submitting {args.jobs} jobs", flush=True)
         if args.profile:
             raw.parent.mkdir(parents=True, exist_ok=True)
-            profiler = profile_start(
-                stack.procs[os.environ.get("PROFILE_PROC", "scheduler")].pid, raw, 60
-            )
+            label = os.environ.get("PROFILE_PROC", "scheduler")
+            profiled = stack.agent("n1") if label == "agent" else stack.procs[label]
+            profiler = profile_start(profiled.pid, raw, 60)
         cpu_before = cpu_seconds()
         wall_before = time.time()
         first_post, last_post, errors = submit_all(stack, args.jobs, args.clients)
