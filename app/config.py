@@ -12,8 +12,6 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 
 class SettingsError(RuntimeError):
@@ -115,6 +113,12 @@ class Settings(BaseSettings):
     @classmethod
     def _database_url_parses(cls, value: str) -> str:
         if value:
+            # Imported here: SQLAlchemy costs a quarter of a second to load, and the
+            # command line reads these settings in every command, most of them clients
+            # of the API that never open a database.
+            from sqlalchemy.engine import make_url
+            from sqlalchemy.exc import ArgumentError
+
             try:
                 url = make_url(value)
             except ArgumentError as exc:

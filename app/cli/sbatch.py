@@ -27,7 +27,7 @@ import typer
 from typer.core import TyperCommand
 
 from app.cli.client import EXIT_USAGE, CliError
-from app.jobs.schemas import ENV_NAME, MAX_SCRIPT_CHARS, RESERVED_ENV
+from app.jobs.spec_limits import ENV_NAME, MAX_SCRIPT_CHARS, RESERVED_ENV
 
 # sbatch stops at the first line that is neither blank nor a comment; a script is read up
 # to that line, and no further than this.

@@ -15,27 +15,13 @@ from pydantic import (
 
 from app.estimator.schemas import EstimateRequest
 from app.jobs.arrays import parse_indices
+from app.jobs.spec_limits import ENV_NAME, MAX_SCRIPT_CHARS, RESERVED_ENV
 from app.jobs.states import DependencyKind
 from app.request_body import RequestBody
 from app.scheduling.types import ReasonKind
 from app.text import check_name, check_no_controls
 from app.timeutil import checked_utc
 
-# A job script's copy travels in the submission, under the API's body limit (1 MB).
-MAX_SCRIPT_CHARS = 512 * 1024
-
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Set by the agent for every job; a job may not override them.
-RESERVED_ENV = (
-    "CUDA_VISIBLE_DEVICES",
-    "GPUSCHED_",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "WORLD_SIZE",
-    "RANK",
-    "NODE_RANK",
-    "LOCAL_WORLD_SIZE",
-)
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
 
 Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(check_name)]
