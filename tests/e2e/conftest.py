@@ -8,6 +8,9 @@ A module configures its stack with module-level variables:
     STACK_REPORTS_WORKER = True                     # reports in their own process, as `up`
     STACK_REPORTS_ENV = [{}, {}]                    # ... or in replicas, each with these
 
+A port is written FREE_PORT (tests.support.stack): the stack picks it as it starts, and
+is started anew if another server took it first; tests read it back from the stack
+(`env_overrides`, `reports_env`).
 The database is chosen like the rest of the suite (GPUSCHED_TEST_DB=sqlite|postgresql);
 each stack gets a fresh SQLite file or a fresh PostgreSQL database. When a test fails, the
 tail of every process's output is added to its report.
@@ -45,16 +48,23 @@ def _module_stack(
     env = getattr(request.module, "STACK_ENV", {})
     reports_worker = getattr(request.module, "STACK_REPORTS_WORKER", False)
     reports_env = getattr(request.module, "STACK_REPORTS_ENV", ({},))
-    root: Path = tmp_path_factory.mktemp("e2e")
-    stack = Stack(
-        root,
-        db=BACKEND,
-        agents=agents,
-        env=env,
-        reports_worker=reports_worker,
-        reports_env=reports_env,
-    )
-    stack.start(timeout=90)
+    for tries in range(1, 4):
+        root: Path = tmp_path_factory.mktemp("e2e")
+        stack = Stack(
+            root,
+            db=BACKEND,
+            agents=agents,
+            env=env,
+            reports_worker=reports_worker,
+            reports_env=reports_env,
+        )
+        stack.start(timeout=90)
+        lost = stack.picked_port_lost()
+        if lost is None:
+            break
+        stack.stop()  # a metrics port it picked was taken meanwhile: pick others
+        if tries == 3:
+            raise RuntimeError(f"metrics ports taken three times over; the last: {lost}")
     try:
         yield stack
     finally:

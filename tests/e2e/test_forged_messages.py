@@ -30,23 +30,19 @@ from app.wire import (
     node_queue,
     seal,
 )
-from tests.support.servers import free_port
-from tests.support.stack import Stack
+from tests.support.stack import FREE_PORT, Stack
 from tests.support.wait import poll
 
 pytestmark = pytest.mark.e2e
 
 STACK_AGENTS = {"n1": "sim:2:H100-80GB"}
 STACK_REPORTS_WORKER = True
-REPORTS_PORT, AGENT_PORT = free_port(), free_port()
-STACK_ENV = {
-    "GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT": str(REPORTS_PORT),
-    "GPUSCHED_AGENT_METRICS_PORT": str(AGENT_PORT),
-}
+REPORTS_PORT, AGENT_PORT = "GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT", "GPUSCHED_AGENT_METRICS_PORT"
+STACK_ENV = {REPORTS_PORT: FREE_PORT, AGENT_PORT: FREE_PORT}
 
 
-def _refused(port: int, kind: str, reason: str) -> float:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+def _refused(stack: Stack, port: str, kind: str, reason: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{stack.env_overrides[port]}/metrics", timeout=5).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "gpusched_refused_messages_total" and sample.labels == {
@@ -57,10 +53,10 @@ def _refused(port: int, kind: str, reason: str) -> float:
     return 0.0
 
 
-def _wait_refused(port: int, kind: str, reason: str, before: float) -> None:
+def _wait_refused(stack: Stack, port: str, kind: str, reason: str, before: float) -> None:
     poll(
         f"a {kind} message refused as {reason}",
-        lambda: _refused(port, kind, reason) > before,
+        lambda: _refused(stack, port, kind, reason) > before,
         timeout=30,
     )
 
@@ -88,9 +84,9 @@ def test_a_forged_finished_report_is_refused_and_the_job_runs_on(stack: Stack) -
         ),
     ]
     for kwargs, kind, reason in forgeries:
-        before = _refused(REPORTS_PORT, kind, reason)
+        before = _refused(stack, REPORTS_PORT, kind, reason)
         stack.celery.send_task(AGENT_REPORT, kwargs=kwargs)
-        _wait_refused(REPORTS_PORT, kind, reason, before)
+        _wait_refused(stack, REPORTS_PORT, kind, reason, before)
         now = stack.job(job["id"])
         assert (now["status"], now["attempt"], now["exit_code"]) == ("RUNNING", 1, None)
     assert stack.events(job["id"]) == events
@@ -151,9 +147,9 @@ def test_a_forged_run_order_is_refused_by_the_agent(stack: Stack, work: Path) ->
          "expired"),
     ]  # fmt: skip
     for kwargs, kind, reason in forgeries:
-        before = _refused(AGENT_PORT, kind, reason)
+        before = _refused(stack, AGENT_PORT, kind, reason)
         stack.celery.send_task(RUN_JOB, kwargs=kwargs, queue=node_queue(node))
-        _wait_refused(AGENT_PORT, kind, reason, before)
+        _wait_refused(stack, AGENT_PORT, kind, reason, before)
     assert not marker.exists()  # refused: it would have run before the refusal was counted
     agent_log = stack.agent("n1").log.read_text(errors="replace")
     assert f"agent {node} refused a message (run_job): bad_signature" in agent_log
@@ -185,8 +181,8 @@ def test_a_replayed_order_is_refused(stack: Stack) -> None:
     send(int(ran_s) + 10)  # the shorter one, which the replay would undo
     poll("the shorter limit applied", lambda: changed() > seen + 1, timeout=30)
 
-    before = _refused(AGENT_PORT, "set_time_limit", "replayed")
+    before = _refused(stack, AGENT_PORT, "set_time_limit", "replayed")
     send(3600, kwargs=longer)
-    _wait_refused(AGENT_PORT, "set_time_limit", "replayed", before)
+    _wait_refused(stack, AGENT_PORT, "set_time_limit", "replayed", before)
     ended = stack.wait_status(job["id"], "TIMED_OUT", "CANCELLED", timeout=60)
     assert ended["status"] == "TIMED_OUT"  # at the shorter limit, as the scheduler last said

@@ -10,23 +10,22 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.servers import free_port
-from tests.support.stack import Stack
+from tests.support.stack import FREE_PORT, Stack
 from tests.support.wait import poll
 
 pytestmark = pytest.mark.e2e
 
 STACK_AGENTS = {"n1": "sim:2:H100-80GB"}
 STACK_REPORTS_WORKER = True
-PORTS = {"reports": free_port(), "reports-2": free_port()}
-STACK_REPORTS_ENV = [
-    {"GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT": str(port)} for port in PORTS.values()
-]
+PORT = "GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT"
+REPLICAS = ("reports", "reports-2")
+STACK_REPORTS_ENV = [{PORT: FREE_PORT} for _ in REPLICAS]
 
 
-def _stored(process: str) -> float:
+def _stored(stack: Stack, process: str) -> float:
     """Heartbeats the process's drain has stored so far."""
-    text = httpx.get(f"http://127.0.0.1:{PORTS[process]}/metrics").text
+    port = stack.reports_env[REPLICAS.index(process)][PORT]
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
@@ -39,7 +38,7 @@ def _stored(process: str) -> float:
 def _lines(stack: Stack, text: str) -> int:
     return sum(
         text in line
-        for process in PORTS
+        for process in REPLICAS
         for line in stack.procs[process].log.read_text(errors="replace").splitlines()
     )
 
@@ -57,11 +56,11 @@ def test_every_job_report_is_handled_by_one_of_the_replicas(stack: Stack) -> Non
 
 def test_one_replica_drains_the_heartbeats_and_the_other_takes_over(stack: Stack) -> None:
     holder = poll("a replica storing heartbeats", lambda: next(
-        (p for p in PORTS if _stored(p) > 0), None))  # fmt: skip
-    other = next(p for p in PORTS if p != holder)
-    stored_before = _stored(holder)
-    poll("the holder storing more", lambda: _stored(holder) > stored_before)
-    assert _stored(other) == 0
+        (p for p in REPLICAS if _stored(stack, p) > 0), None))  # fmt: skip
+    other = next(p for p in REPLICAS if p != holder)
+    stored_before = _stored(stack, holder)
+    poll("the holder storing more", lambda: _stored(stack, holder) > stored_before)
+    assert _stored(stack, other) == 0
 
     stopped = stack.procs[holder]
     stopped.expected_dead = True
@@ -69,7 +68,7 @@ def test_one_replica_drains_the_heartbeats_and_the_other_takes_over(stack: Stack
     stopped.popen.wait(timeout=60)  # type: ignore[union-attr]
 
     # It gave its lease up as it stopped: the other drains from its next round.
-    poll("the other replica storing heartbeats", lambda: _stored(other) > 0)
+    poll("the other replica storing heartbeats", lambda: _stored(stack, other) > 0)
     job = stack.submit({"command": "true", "gpus": 1})
     assert stack.wait_status(job["id"], "SUCCEEDED", "FAILED")["status"] == "SUCCEEDED"
     [node] = stack.api("GET", "/api/v1/nodes").json()

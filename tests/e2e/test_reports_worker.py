@@ -7,19 +7,18 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.servers import free_port
-from tests.support.stack import Stack
+from tests.support.stack import FREE_PORT, Stack
 from tests.support.wait import poll
 
 pytestmark = pytest.mark.e2e
 
 STACK_AGENTS = {"n1": "sim:2:H100-80GB"}
 STACK_REPORTS_WORKER = True
-CYCLE_PORT, REPORTS_PORT = free_port(), free_port()
-STACK_ENV = {
-    "GPUSCHED_SCHEDULER_METRICS_PORT": str(CYCLE_PORT),
-    "GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT": str(REPORTS_PORT),
-}
+CYCLE_PORT, REPORTS_PORT = (
+    "GPUSCHED_SCHEDULER_METRICS_PORT",
+    "GPUSCHED_SCHEDULER_REPORTS_METRICS_PORT",
+)
+STACK_ENV = {CYCLE_PORT: FREE_PORT, REPORTS_PORT: FREE_PORT}
 
 
 def _tasks(stack: Stack, process: str, task: str) -> int:
@@ -54,8 +53,8 @@ def test_cycles_and_reports_run_in_their_own_processes(stack: Stack) -> None:
     assert _lines(stack, "reports", "gpusched.schedule_cycle") == 0
 
 
-def _samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+def _samples(stack: Stack, port: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(f"http://127.0.0.1:{stack.env_overrides[port]}/metrics").text
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(text)
@@ -66,7 +65,7 @@ def _samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_each_process_serves_the_metrics_it_counts(stack: Stack) -> None:
     job = stack.submit({"command": "sleep 0.3", "gpus": 1})  # its start reported on its own
     assert stack.wait_status(job["id"], "SUCCEEDED", "FAILED")["status"] == "SUCCEEDED"
-    reports, cycles = _samples(REPORTS_PORT), _samples(CYCLE_PORT)
+    reports, cycles = _samples(stack, REPORTS_PORT), _samples(stack, CYCLE_PORT)
     handled = "gpusched_agent_report_seconds_count"
     assert reports[(handled, (("kind", "register"),))] >= 1
     assert reports[(handled, (("kind", "started"),))] >= 1
@@ -108,7 +107,7 @@ def test_a_backlog_of_heartbeats_does_not_delay_a_jobs_reports(stack: Stack) -> 
     # The job's start and end did not wait for the heartbeats queued before them to be
     # stored (one at a time behind them in one queue, they would all have been): the
     # flood's newest once per drain pass, plus the real agent's own.
-    reports = _samples(REPORTS_PORT)
+    reports = _samples(stack, REPORTS_PORT)
     stored_one_by_one = reports.get(
         ("gpusched_agent_report_seconds_count", (("kind", "heartbeat"),)), 0
     )

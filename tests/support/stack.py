@@ -93,6 +93,21 @@ def tune_env(overrides: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# An env value that asks for a port (a metrics port): a Stack picks it when it is made.
+# Picked when a test module is imported, it waits minutes under xdist: time enough for
+# another test's server to take it, and the process meant to serve it then serves nothing.
+FREE_PORT = "<a free port>"
+
+
+def _ports_given(env: Mapping[str, str] | None, picked: list[int]) -> dict[str, str]:
+    given = dict(env or {})
+    for name, value in given.items():
+        if value == FREE_PORT:
+            picked.append(free_port())
+            given[name] = str(picked[-1])
+    return given
+
+
 class Stack:
     """Redis, API, scheduler and agents as child processes of this one."""
 
@@ -121,10 +136,11 @@ class Stack:
         # Short names for tests ("n1") -> the real, unique node names.
         self.node_names = {short: f"{self.prefix}{short}" for short in specs}
         self.agent_specs = {self.node_names[s]: spec for s, spec in specs.items()}
-        self.env_overrides = tune_env(env)
+        self.picked_ports: list[int] = []  # FREE_PORT's, metrics ports all
+        self.env_overrides = tune_env(_ports_given(env, self.picked_ports))
         # As `gpusched up`: agents' reports in a second scheduler process ("reports").
         self.reports_worker = reports_worker
-        self.reports_env = [dict(env) for env in reports_env]
+        self.reports_env = [_ports_given(env, self.picked_ports) for env in reports_env]
         self.python = python or sys.executable
         self.data_dir = root / "data"
         self.proc_log_dir = root / "proc-logs"
@@ -219,6 +235,30 @@ class Stack:
             base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30
         )
         self.wait_nodes_ready(timeout=max(1.0, deadline - time.monotonic()))
+
+    def picked_port_lost(self, timeout: float = 30.0) -> str | None:
+        """Why a metrics port picked for this stack (FREE_PORT) is not served by its own
+        process (another server took it meanwhile: its caller starts a stack anew, as
+        `_ready` does for the API's port); None once every one is."""
+
+        def state() -> str | None:
+            taken = tuple(f"metrics not served on port {port}:" for port in self.picked_ports)
+            for proc in self.procs.values():
+                for line in proc.log.read_text(errors="replace").splitlines():
+                    if any(message in line for message in taken):
+                        return f"{proc.label}: {line}"
+            for port in self.picked_ports:
+                try:
+                    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+                except (httpx.ConnectError, httpx.TimeoutException):
+                    return None  # not bound yet
+                except httpx.HTTPError as exc:
+                    return f"port {port}: {exc!r}"  # something else answers there
+                if "# HELP" not in text:
+                    return f"port {port} answers {text[:200]!r}"
+            return ""
+
+        return poll("the picked metrics ports served", state, timeout=timeout) or None
 
     def _ready(self) -> bool:
         api = self.procs["api"]
