@@ -11,6 +11,7 @@ A module configures its stack with module-level variables:
 A port is written FREE_PORT (tests.support.stack): the stack picks it as it starts, and
 is started anew if another server took it first; tests read it back from the stack
 (`env_overrides`, `reports_env`).
+
 The database is chosen like the rest of the suite (GPUSCHED_TEST_DB=sqlite|postgresql);
 each stack gets a fresh SQLite file or a fresh PostgreSQL database. When a test fails, the
 tail of every process's output is added to its report.

@@ -136,7 +136,7 @@ class Stack:
         # Short names for tests ("n1") -> the real, unique node names.
         self.node_names = {short: f"{self.prefix}{short}" for short in specs}
         self.agent_specs = {self.node_names[s]: spec for s, spec in specs.items()}
-        self.picked_ports: list[int] = []  # FREE_PORT's, metrics ports all
+        self.picked_ports: list[int] = []  # those FREE_PORT asked for (metrics ports)
         self.env_overrides = tune_env(_ports_given(env, self.picked_ports))
         # As `gpusched up`: agents' reports in a second scheduler process ("reports").
         self.reports_worker = reports_worker
