@@ -28,12 +28,13 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[rank - 1]
 
 
-def write_results(name: str, data: dict[str, Any]) -> Path:
-    """bench/results/<name>-<db>.json (the latest run; the run's time is inside)."""
+def write_results(name: str, data: dict[str, Any], *, variant: str | None = None) -> Path:
+    """bench/results/<name>-<variant, else db>.json (the latest run; the run's time is
+    inside)."""
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     data = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **data}
-    path = out_dir / f"{name}-{data.get('db', 'db')}.json"
+    path = out_dir / f"{name}-{variant or data.get('db', 'db')}.json"
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path
 

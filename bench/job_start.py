@@ -78,13 +78,14 @@ def main() -> None:
     path = write_results(
         "job_start",
         {
-            "db": fence.isolation.replace(" ", "-"),
+            "fence": fence.isolation,
             "starts": args.starts,
             "to_running_ms": running_ms,
             "to_outcome_ms": outcome_ms,
             "children_cpu_ms_per_start": cpu_ms,
             "machine": machine_info(),
         },
+        variant=fence.isolation.replace(" ", "-"),
     )
     print(f"wrote {path}")
 

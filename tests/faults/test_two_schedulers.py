@@ -22,14 +22,14 @@ def test_two_schedulers(make_stack, record, tmp_path: Path) -> None:
     second = spawn_extra(
         stack, "scheduler2", "scheduler", [*stack.procs["scheduler"].argv, "--no-beat"]
     )
+
     # The burst drains in a few seconds, about as long as a worker takes to start on a busy
     # machine: only a second scheduler already consuming can be shown to take cycles.
-    poll(
-        "the second scheduler's worker to consume its queue",
-        lambda: second.alive() and "ready." in second.log.read_text(errors="replace"),
-        timeout=60,
-        on_timeout=stack.tails,
-    )
+    def consuming() -> bool:
+        assert second.alive(), f"the second scheduler exited:\n{second.tail()}"
+        return "ready." in second.log.read_text(errors="replace")
+
+    poll("the second scheduler's consumer", consuming, timeout=60, on_timeout=stack.tails)
     runs = tmp_path / "runs"
     started = time.monotonic()
     ids = []
