@@ -39,6 +39,7 @@ from app.cycle.reconcile import node_left, node_registered
 from app.db import utcnow
 from app.jobs import agent_reports
 from app.jobs.agent_reports import Applied
+from app.jobs.allocations import release_attempts
 from app.jobs.orders import NOTHING, AfterCommit
 from app.metrics import REPORT_SECONDS
 from app.wire import (
@@ -146,10 +147,23 @@ def _runs(reports: Sequence[Report], per_transaction: int) -> list[Sequence[Repo
     return runs
 
 
-def apply_job_report(session: Session, report: Started | Finished) -> Applied:
-    if isinstance(report, Started):
-        return agent_reports.job_started(session=session, report=report)
-    return agent_reports.job_finished(session=session, report=report)
+def apply_job_reports(session: Session, reports: Sequence[Started | Finished]) -> list[Applied]:
+    """Reports applied in order in the caller's transaction. Their jobs are locked and read
+    by one statement, the GPUs of the attempts that ended released by one more, and their
+    changes written by the commit's one flush (the ORM's autoflush before each report's
+    reads cost more than the reports themselves): nothing here reads back through the ORM
+    what an earlier report of the run changed."""
+    with session.no_autoflush:
+        ids = [report.job_id for report in reports]
+        locked = agent_reports.lock_reported(session=session, job_ids=ids)
+        applied = [
+            agent_reports.job_started(session=session, report=report, locked=locked)
+            if isinstance(report, Started)
+            else agent_reports.job_finished(session=session, report=report, locked=locked)
+            for report in reports
+        ]
+        release_attempts(session, locked.to_release)
+        return applied
 
 
 class ReportDrain:
@@ -233,7 +247,7 @@ class ReportDrain:
         with self.context.factory() as session:
             applied: list[tuple[Started | Finished, Applied | None]]
             try:
-                applied = [(r, apply_job_report(session, r)) for r in reports]
+                applied = list(zip(reports, apply_job_reports(session, reports), strict=True))
                 session.commit()
             except Exception as exc:
                 session.rollback()
@@ -260,7 +274,7 @@ class ReportDrain:
         while True:
             with self.context.factory() as session:
                 try:
-                    applied = apply_job_report(session, report)
+                    [applied] = apply_job_reports(session, [report])
                     session.commit()
                     return applied
                 except OperationalError as exc:

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from app.jobs import agent_reports
 from app.jobs.agent_reports import dead_by, mark_lost, requeue_lost
+from app.jobs.allocations import release_attempts
 from app.jobs.models import Job
 from app.jobs.orders import AfterCommit, released_gates, run_orders, stop_orders
 from app.jobs.states import ACTIVE, JobStatus
@@ -343,10 +344,33 @@ def reconcile_nodes_attempts(
         )
     ):
         active[node_id][(job.id, job.attempt)] = job
+    # The jobs whose lost start or end a heartbeat repeats, locked by one statement for
+    # the batch (at 1,000 nodes heartbeats list most ends before their job reports come).
+    due = [
+        job_id
+        for heartbeat, _ in heartbeats
+        for job_id in _reports_due(heartbeat, active.get(node_ids.get(heartbeat.node, -1), {}))
+    ]
+    locked = agent_reports.lock_reported(session=session, job_ids=due) if due else None
     return [
-        _reconcile_node(session, heartbeat, node_ids.get(heartbeat.node), active, taken_at, grace_s)
+        _reconcile_node(
+            session, heartbeat, node_ids.get(heartbeat.node), active, taken_at, grace_s, locked
+        )
         for heartbeat, taken_at in heartbeats
     ]
+
+
+def _reports_due(heartbeat: Heartbeat, here: Mapping[tuple[int, int], Job]) -> set[int]:
+    """The jobs active on the heartbeat's node that it says ended, or runs while they are
+    still SCHEDULED here: `_reconcile_node` applies their reports."""
+    ended = {(e.job_id, e.attempt) for e in heartbeat.recent}
+    running = {(e.job_id, e.attempt) for e in heartbeat.running}
+    return {
+        job_id
+        for (job_id, attempt), job in here.items()
+        if (job_id, attempt) in ended
+        or ((job_id, attempt) in running and job.status is JobStatus.SCHEDULED)
+    }
 
 
 def _reconcile_node(
@@ -356,6 +380,7 @@ def _reconcile_node(
     active: Mapping[int, Mapping[tuple[int, int], Job]],
     taken_at: datetime,
     grace_s: float,
+    locked: agent_reports.LockedJobs | None,
 ) -> NodeRepairs:
     repairs = NodeRepairs()
     node = heartbeat.node
@@ -379,7 +404,9 @@ def _reconcile_node(
     settled = taken_at - timedelta(seconds=grace_s)
     for key, job in here.items():
         if key in results:
-            applied = agent_reports.job_finished(session=session, report=results[key])
+            applied = agent_reports.job_finished(
+                session=session, report=results[key], locked=locked
+            )
             if applied.accepted:
                 repairs.finished.append(job.id)
                 repairs.stops.extend(applied.after.of_type(StopJob))
@@ -389,7 +416,9 @@ def _reconcile_node(
             # waiting on the job reports' locks).
             if job.status is JobStatus.SCHEDULED:
                 agent_reports.job_started(
-                    session=session, report=Started(node=node, job_id=key[0], attempt=key[1])
+                    session=session,
+                    report=Started(node=node, job_id=key[0], attempt=key[1]),
+                    locked=locked,
                 )
         elif (
             job.status is JobStatus.RUNNING
@@ -405,6 +434,11 @@ def _reconcile_node(
                 now=taken_at,
             )
             repairs.lost.append(job.id)
+    if locked is not None and locked.to_release:
+        # By one statement for the node, before the batch's next heartbeat: its own judge
+        # of orphans reads which attempts ended (`_ended_since`).
+        release_attempts(session, locked.to_release)
+        locked.to_release.clear()
     return repairs
 
 

@@ -5,7 +5,8 @@ agent can never overwrite a newer attempt."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import distinct, func, select
@@ -52,11 +53,53 @@ class Applied:
     after: AfterCommit = NOTHING
 
 
+@dataclass(frozen=True, slots=True)
+class LockedJobs:
+    """The jobs a run of reports names, locked by one statement, and each (job, attempt,
+    node) whose node holds or held GPUs of that attempt: what `_current` reads, once for
+    the run instead of once for each report. `to_release`: the attempts (job id ->
+    attempt) that ended, whose GPUs the caller frees together at the run's end
+    (`allocations.release_attempts`)."""
+
+    jobs: Mapping[int, Job]
+    placed: frozenset[tuple[int, int, str]]
+    to_release: dict[int, int] = field(default_factory=dict)
+
+
+def lock_reported(*, session: Session, job_ids: Iterable[int]) -> LockedJobs:
+    """Lock the jobs that a run of reports names, in id order (two transactions that lock
+    some of the same jobs then never wait for each other crosswise). populate_existing:
+    the locked rows, not a copy read earlier in the session, decide."""
+    ids = sorted(set(job_ids))
+    jobs = session.scalars(
+        select(Job)
+        .where(Job.id.in_(ids))
+        .order_by(Job.id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    placed = session.execute(
+        select(Allocation.job_id, Allocation.attempt, Node.name)
+        .join(Node, Node.id == Allocation.node_id)
+        .where(Allocation.job_id.in_(ids))
+    )
+    return LockedJobs(
+        jobs={job.id: job for job in jobs},
+        placed=frozenset((job_id, attempt, node) for job_id, attempt, node in placed),
+    )
+
+
 def _current(
-    session: Session, report: Started | Finished
+    session: Session, report: Started | Finished, locked: LockedJobs | None
 ) -> tuple[Job | None, str, RefusalReason | None]:
     """The job whose current attempt the report is about, locked; else why not (and, for
-    an attempt its node never held, the refusal)."""
+    an attempt its node never held, the refusal). From `locked` when given."""
+    if locked is not None:
+        job = locked.jobs.get(report.job_id)
+        if job is None:
+            return None, f"job {report.job_id} does not exist", None
+        placed_on_node = (report.job_id, report.attempt, report.node) in locked.placed
+        return _current_attempt(job, report, placed=placed_on_node)
     placed_here = (
         select(Allocation.id)
         .join(Node, Node.id == Allocation.node_id)
@@ -79,6 +122,12 @@ def _current(
     if row is None:
         return None, f"job {report.job_id} does not exist", None
     job, placed = row
+    return _current_attempt(job, report, placed=placed)
+
+
+def _current_attempt(
+    job: Job, report: Started | Finished, *, placed: bool
+) -> tuple[Job | None, str, RefusalReason | None]:
     if job.attempt != report.attempt:
         stale = f"stale report for attempt {report.attempt}; job {job.id} is on attempt"
         return None, f"{stale} {job.attempt}", None
@@ -93,8 +142,8 @@ def _current(
     return job, "", None
 
 
-def job_started(*, session: Session, report: Started) -> Applied:
-    job, why, refused = _current(session, report)
+def job_started(*, session: Session, report: Started, locked: LockedJobs | None = None) -> Applied:
+    job, why, refused = _current(session, report, locked)
     if job is None:
         return Applied(False, why, refused)
     if job.status is JobStatus.SCHEDULED:
@@ -108,11 +157,14 @@ def job_started(*, session: Session, report: Started) -> Applied:
     return Applied(True, "")
 
 
-def job_finished(*, session: Session, report: Finished) -> Applied:
-    """Record how an attempt ended, release its GPUs, and requeue it when that is due."""
-    job, why, refused = _current(session, report)
+def job_finished(
+    *, session: Session, report: Finished, locked: LockedJobs | None = None
+) -> Applied:
+    """Record how an attempt ended, release its GPUs, and requeue it when that is due.
+    `locked`: the jobs of a run of reports, locked and read by `lock_reported`."""
+    job, why, refused = _current(session, report, locked)
     if job is None:
-        return _late_success(session, report) or Applied(False, why, refused)
+        return _late_success(session, report, locked) or Applied(False, why, refused)
     if report.result == REFUSED:
         return _refused(session, job=job, report=report)
     actor = f"agent:{report.node}"
@@ -144,10 +196,14 @@ def job_finished(*, session: Session, report: Finished) -> Applied:
         placed = stop_orders(session, {job.id: job.attempt}, reason="cancel")
         stops = [stop for stop in placed if stop.node != report.node]
     job.exit_code = report.exit_code
-    # The job's changes go in one UPDATE with its end: releasing (Core statements on the
-    # allocations and GPUs) needs none of them flushed first.
-    with session.no_autoflush:
-        release(session, job_id=job.id, attempt=job.attempt)
+    if locked is not None:
+        # Nothing else in the run reads this attempt's allocations once it has ended.
+        locked.to_release[job.id] = job.attempt
+    else:
+        # The job's changes go in one UPDATE with its end: releasing (Core statements on
+        # the allocations and GPUs) needs none of them flushed first.
+        with session.no_autoflush:
+            release(session, job_id=job.id, attempt=job.attempt)
     if result is JobStatus.PREEMPTED and job.preempt_requested_at is None:
         # Nobody asked for this stop (no preemption, no requeue): its agent is shutting
         # down (systemctl stop, Ctrl-C) and requeues what it ran. Say so, not "preempt".
@@ -167,25 +223,32 @@ def job_finished(*, session: Session, report: Finished) -> Applied:
     return Applied(True, "", after=AfterCommit.of(stops, cycle=True))
 
 
-def _late_success(session: Session, report: Finished) -> Applied | None:
+def _late_success(session: Session, report: Finished, locked: LockedJobs | None) -> Applied | None:
     """The success of an attempt that was declared lost while its node was only late (a
     heartbeat dropped, a report queue behind), reported by the node that held it before
     the requeue ran it again: the job is done, not run twice. Only a success, and only on
     one node: a failure or a gang's part leaves the requeue as it was."""
     if RESULTS.get(report.result) is not JobStatus.SUCCEEDED:
         return None
-    job = session.scalar(
-        select(Job)
-        .where(Job.id == report.job_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    )
+    if locked is not None:
+        job = locked.jobs.get(report.job_id)
+        placed = (report.job_id, report.attempt, report.node) in locked.placed
+    else:
+        job = session.scalar(
+            select(Job)
+            .where(Job.id == report.job_id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+        placed = job is not None and placed_on(
+            session, job_id=job.id, attempt=job.attempt, node=report.node
+        )
     if (
         job is None
         or job.status is not JobStatus.LOST
         or job.attempt != report.attempt
         or job.nodes > 1
-        or not placed_on(session, job_id=job.id, attempt=job.attempt, node=report.node)
+        or not placed
     ):
         return None
     _add_usage(job, report)

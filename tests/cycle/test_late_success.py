@@ -18,7 +18,7 @@ from tests.cycle.jobs_api import add_node, get_job, job_events, report_end, run_
 from tests.foundation.builders import ready_node
 
 
-def _lost_while_running(api: Any, **body: Any) -> int:
+def lost_while_running(api: Any, **body: Any) -> int:
     """A running job whose node was judged silent: LOST until its grace period is over."""
     add_node(api, gpus=2)
     job_id: int = submit(api, gpus=1, **body)["id"]
@@ -42,7 +42,7 @@ def _lost_while_running(api: Any, **body: Any) -> int:
 
 
 def test_a_late_success_of_a_lost_attempt_ends_the_job(api) -> None:
-    job_id = _lost_while_running(api)
+    job_id = lost_while_running(api)
 
     applied = report_end(api, job_id, "SUCCEEDED", exit_code=0)
 
@@ -55,7 +55,7 @@ def test_a_late_success_of_a_lost_attempt_ends_the_job(api) -> None:
 
 
 def test_a_late_failure_leaves_the_requeue_as_it_was(api) -> None:
-    job_id = _lost_while_running(api, retries=0)
+    job_id = lost_while_running(api, retries=0)
 
     applied = report_end(api, job_id, "FAILED", exit_code=1)
 
@@ -64,7 +64,7 @@ def test_a_late_failure_leaves_the_requeue_as_it_was(api) -> None:
 
 
 def test_a_late_success_from_another_node_is_not_believed(api) -> None:
-    job_id = _lost_while_running(api)
+    job_id = lost_while_running(api)
     with api.factory.begin() as session:
         session.add(ready_node("n2", gpus=2, now=utcnow()))
 

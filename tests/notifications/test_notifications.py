@@ -22,11 +22,12 @@ from app.jobs.states import JobStatus
 from app.jobs.webhooks import MAX_ATTEMPTS, send_due
 from app.messaging import SEND_NOTIFICATIONS
 from app.notifications.models import Notification
-from app.wire import Started
+from app.wire import Finished, Started
 from tests.batches.test_batches_cli import batch
 from tests.cli.conftest import Cli
 from tests.cycle.jobs_api import add_node, finish, job_events, run_one_cycle, submit
 from tests.notifications.receiver import Receiver
+from workers.job_reports import apply_job_reports
 from workers.scheduler import build_scheduler_app
 
 HOSTS = frozenset({"127.0.0.1"})
@@ -137,6 +138,24 @@ def test_an_array_ends_in_one_message(api, receiver: Receiver) -> None:
     (body,) = receiver.bodies
     assert body["text"] == f"array {first} (sweep) of alice ended: 1 FAILED, 2 SUCCEEDED"
     assert body["array"] == {"id": first, "tasks": {"FAILED": 1, "SUCCEEDED": 2}}
+
+
+def test_an_array_whose_last_tasks_end_in_one_run_of_reports_ends_in_one_message(
+    api, receiver: Receiver
+) -> None:
+    add_node(api, 3)
+    first = submit(api, name="sweep", array={"indices": "0-2"}, notify_url=receiver.url)["id"]
+    run_one_cycle(api)
+    with api.factory.begin() as session:  # as a reports drain applies a run: one transaction
+        ends = [
+            Finished(node="n1", job_id=job, attempt=1, result="SUCCEEDED")
+            for job in (first, first + 1, first + 2)
+        ]
+        apply_job_reports(session, ends)
+
+    assert send_due(factory=api.factory, now=utcnow(), allowed_hosts=HOSTS).sent == 1
+    (body,) = receiver.bodies
+    assert body["array"] == {"id": first, "tasks": {"SUCCEEDED": 3}}
 
 
 def test_a_url_the_server_would_not_notify_is_refused_naming_the_field(api) -> None:
