@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
@@ -196,7 +197,10 @@ def ingest_heartbeats(
             )
     for table, rows in ((Node, node_rows), (Node, resumed_rows), (Gpu, gpu_rows)):
         if rows:
-            session.execute(update(table), rows)  # by primary key, one executemany
+            # By primary key, one executemany, in id order: every writer of these rows takes
+            # their locks in that order, so none waits for another's crosswise.
+            rows.sort(key=itemgetter("id"))
+            session.execute(update(table), rows)
     if sample_rows:
         session.execute(insert(GpuSample), sample_rows)
     _expire_loaded(session, Node, (row["id"] for row in node_rows))

@@ -14,9 +14,11 @@ from __future__ import annotations
 import base64
 import json
 import time
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from app.cycle.reconcile import SilenceJudge, reconcile
@@ -407,6 +409,29 @@ def test_ends_a_heartbeat_repeats_cost_the_same_statements_however_many(api: Any
     assert statements[0] == statements[1]
     with api.factory() as session:
         assert not any(session.scalars(select(Gpu.allocated_milli)))
+
+
+def test_a_heartbeat_locks_the_jobs_it_ends_before_their_gpus(api: Any) -> None:
+    # As a run of job reports does (jobs, then GPUs): a heartbeat that wrote its GPUs'
+    # telemetry first and then locked the job whose end it repeats deadlocked with the
+    # run applying that job's own end report.
+    if api.factory.kw["bind"].dialect.name != "postgresql":
+        pytest.skip("SQLite locks the whole database for a write, not rows")
+    with api.factory.begin() as session:
+        session.add(ready_node("n1", gpus=2, now=utcnow()))
+    job = submit(api, name="ends", gpus=1)["id"]
+    run_one_cycle(api)
+    ended = Finished(node="n1", job_id=job, attempt=get_job(api, job)["attempt"], result="FAILED")
+    redis = FakeQueueRedis()
+    queue_heartbeat(redis, replace(heartbeat("n1", 50.0), recent=(ended,)))
+    draining = drain(api, redis)
+
+    sent = [s.upper() for s in statements_while(api, lambda: draining.drain_once())]
+
+    job_lock = next(i for i, s in enumerate(sent) if "FROM JOB" in s and "FOR UPDATE" in s)
+    gpu_writes = [i for i, s in enumerate(sent) if s.startswith("UPDATE GPU")]
+    assert gpu_writes and job_lock < min(gpu_writes)
+    assert get_job(api, job)["status"] == "FAILED"
 
 
 def test_a_run_order_whose_start_may_be_queued_is_not_sent_again(api: Any) -> None:
