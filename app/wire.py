@@ -425,7 +425,13 @@ def send_sealed(
 ) -> None:
     """Send `message` sealed with `key` as Celery task `task` to `queue` (through
     `producer`, e.g. inside its publish batch). Celery would repr the sealed kwargs of every
-    message for its logs: about a tenth of a send's CPU, for text nobody reads."""
+    message for its logs: about a tenth of a send's CPU, for text nobody reads.
+
+    Nothing is declared: a queue named by a string is published to through the anonymous
+    direct exchange, the queue's name as routing key (a Redis LPUSH to that list), which
+    needs no binding, and whoever consumes a queue declares it. Declaring it with each
+    message (Celery's default) cost two thirds of a send's CPU: a cycle that places 600
+    jobs at 1,000 nodes spent 0.33 s of its 0.4 s sending their run orders."""
     celery.send_task(
         task,
         kwargs=seal(message, key=key),
@@ -433,6 +439,7 @@ def send_sealed(
         queue=queue,
         expires=expires,
         producer=producer,
+        declare=[],
     )
 
 
