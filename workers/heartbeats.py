@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -137,18 +137,12 @@ def store_heartbeats(
     GPUs, as a run of job reports locks them (and a cycle its jobs before its GPUs); the
     telemetry written first took the GPUs' rows before the jobs', and the two
     transactions deadlocked a few times a minute at 1,000 nodes."""
-    names = [heartbeat.node for heartbeat in heartbeats]
-    node_ids = {
-        name: node_id
-        for name, node_id in session.execute(select(Node.name, Node.id).where(Node.name.in_(names)))
-    }
     repairs = reconcile_nodes_attempts(
         session=session,
         heartbeats=[
             (heartbeat, heartbeat_taken_at(heartbeat.taken_at, received_at=now))
             for heartbeat in heartbeats
         ],
-        node_ids=node_ids,
         grace_s=grace_s,
     )
     ingest_heartbeats(session=session, heartbeats=heartbeats, policy=telemetry, now=now)

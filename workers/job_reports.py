@@ -39,7 +39,6 @@ from app.cycle.reconcile import node_left, node_registered
 from app.db import utcnow
 from app.jobs import agent_reports
 from app.jobs.agent_reports import Applied
-from app.jobs.allocations import release_attempts
 from app.jobs.orders import NOTHING, AfterCommit
 from app.metrics import REPORT_SECONDS
 from app.wire import (
@@ -149,21 +148,19 @@ def _runs(reports: Sequence[Report], per_transaction: int) -> list[Sequence[Repo
 
 def apply_job_reports(session: Session, reports: Sequence[Started | Finished]) -> list[Applied]:
     """Reports applied in order in the caller's transaction. Their jobs are locked and read
-    by one statement, the GPUs of the attempts that ended released by one more, and their
-    changes written by the commit's one flush (the ORM's autoflush before each report's
-    reads cost more than the reports themselves): nothing here reads back through the ORM
-    what an earlier report of the run changed."""
-    with session.no_autoflush:
-        ids = [report.job_id for report in reports]
-        locked = agent_reports.lock_reported(session=session, job_ids=ids)
-        applied = [
-            agent_reports.job_started(session=session, report=report, locked=locked)
-            if isinstance(report, Started)
-            else agent_reports.job_finished(session=session, report=report, locked=locked)
-            for report in reports
-        ]
-        release_attempts(session, locked.to_release)
-        return applied
+    by one statement and the GPUs of the attempts that ended released together at the end,
+    so that the reports themselves read nothing (a read per report autoflushed the
+    previous report's changes: more CPU than the reports themselves) and the jobs' changes
+    are flushed once."""
+    locked = agent_reports.lock_reported(session=session, job_ids=[r.job_id for r in reports])
+    applied = [
+        agent_reports.job_started(session=session, report=report, locked=locked)
+        if isinstance(report, Started)
+        else agent_reports.job_finished(session=session, report=report, locked=locked)
+        for report in reports
+    ]
+    locked.release_ended(session)
+    return applied
 
 
 class ReportDrain:

@@ -24,7 +24,6 @@ from sqlalchemy.orm import Session
 
 from app.jobs import agent_reports
 from app.jobs.agent_reports import dead_by, mark_lost, requeue_lost
-from app.jobs.allocations import release_attempts
 from app.jobs.models import Job
 from app.jobs.orders import AfterCommit, released_gates, run_orders, stop_orders
 from app.jobs.states import ACTIVE, JobStatus
@@ -304,10 +303,8 @@ def reconcile_node_attempts(
     *, session: Session, heartbeat: Heartbeat, taken_at: datetime, grace_s: float
 ) -> NodeRepairs:
     """`reconcile_nodes_attempts` for one heartbeat."""
-    node_id = session.scalar(select(Node.id).where(Node.name == heartbeat.node))
-    ids = {} if node_id is None else {heartbeat.node: node_id}
     [repairs] = reconcile_nodes_attempts(
-        session=session, heartbeats=[(heartbeat, taken_at)], node_ids=ids, grace_s=grace_s
+        session=session, heartbeats=[(heartbeat, taken_at)], grace_s=grace_s
     )
     return repairs
 
@@ -316,12 +313,11 @@ def reconcile_nodes_attempts(
     *,
     session: Session,
     heartbeats: Sequence[tuple[Heartbeat, datetime]],
-    node_ids: Mapping[str, int],
     grace_s: float,
 ) -> list[NodeRepairs]:
     """Compare what agents report in their heartbeats (each with the time it was taken;
-    distinct nodes, `node_ids` those registered) with what the database says, in one read
-    of the attempts active on their nodes; one NodeRepairs per heartbeat.
+    distinct nodes) with what the database says, in one read of the attempts active on
+    their nodes; one NodeRepairs per heartbeat.
 
     - An attempt the agent runs that is not current on that node is stopped (an orphan of
       a requeued job).
@@ -333,6 +329,11 @@ def reconcile_nodes_attempts(
     - A node not known here is asked to register again: its `Register` was lost (with a
       Redis that restarted empty), and it would never be used until its agent restarts.
     """
+    names = [heartbeat.node for heartbeat, _ in heartbeats]
+    node_ids = {
+        name: node_id
+        for name, node_id in session.execute(select(Node.name, Node.id).where(Node.name.in_(names)))
+    }
     active: dict[int, dict[tuple[int, int], Job]] = defaultdict(dict)
     for node_id, job in session.execute(
         select(Allocation.node_id, Job)
@@ -434,11 +435,10 @@ def _reconcile_node(
                 now=taken_at,
             )
             repairs.lost.append(job.id)
-    if locked is not None and locked.to_release:
-        # By one statement for the node, before the batch's next heartbeat: its own judge
-        # of orphans reads which attempts ended (`_ended_since`).
-        release_attempts(session, locked.to_release)
-        locked.to_release.clear()
+    if locked is not None:
+        # For the node, before the batch's next heartbeat: its own judge of orphans reads
+        # which attempts ended (`_ended_since`).
+        locked.release_ended(session)
     return repairs
 
 

@@ -13,7 +13,7 @@ from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
 
 from app.db import utcnow
-from app.jobs.allocations import release
+from app.jobs.allocations import release, release_attempts
 from app.jobs.lifecycle import note, settle_interrupted, transition, will_retry
 from app.jobs.models import Job
 from app.jobs.orders import NOTHING, AfterCommit, placed_on, stop_orders
@@ -58,12 +58,20 @@ class LockedJobs:
     """The jobs a run of reports names, locked by one statement, and each (job, attempt,
     node) whose node holds or held GPUs of that attempt: what `_current` reads, once for
     the run instead of once for each report. `to_release`: the attempts (job id ->
-    attempt) that ended, whose GPUs the caller frees together at the run's end
-    (`allocations.release_attempts`)."""
+    attempt) that ended, whose GPUs the caller frees together (`release_ended`)."""
 
     jobs: Mapping[int, Job]
     placed: frozenset[tuple[int, int, str]]
     to_release: dict[int, int] = field(default_factory=dict)
+
+    def holds(self, report: Started | Finished) -> bool:
+        """Whether the reporting node holds (or held) GPUs of the report's attempt."""
+        return (report.job_id, report.attempt, report.node) in self.placed
+
+    def release_ended(self, session: Session) -> None:
+        """Free the GPUs of the attempts that ended so far, together."""
+        release_attempts(session, self.to_release)
+        self.to_release.clear()
 
 
 def lock_reported(*, session: Session, job_ids: Iterable[int]) -> LockedJobs:
@@ -98,8 +106,7 @@ def _current(
         job = locked.jobs.get(report.job_id)
         if job is None:
             return None, f"job {report.job_id} does not exist", None
-        placed_on_node = (report.job_id, report.attempt, report.node) in locked.placed
-        return _current_attempt(job, report, placed=placed_on_node)
+        return _current_attempt(job, report, placed=locked.holds(report))
     placed_here = (
         select(Allocation.id)
         .join(Node, Node.id == Allocation.node_id)
@@ -232,7 +239,7 @@ def _late_success(session: Session, report: Finished, locked: LockedJobs | None)
         return None
     if locked is not None:
         job = locked.jobs.get(report.job_id)
-        placed = (report.job_id, report.attempt, report.node) in locked.placed
+        placed = locked.holds(report)
     else:
         job = session.scalar(
             select(Job)

@@ -72,9 +72,6 @@ def queue_for(
         return
     others = None
     if job.array_id is not None:
-        # Its siblings' statuses as this transaction left them, also where a caller holds
-        # autoflush off (a run of job reports: two tasks of an array may end in one).
-        session.flush()
         others = list(
             session.scalars(
                 select(Job.status).where(Job.array_id == job.array_id, Job.id != job.id)
