@@ -178,7 +178,8 @@ def after_full_cycle(s: Snapshot, plan: Plan) -> Snapshot:
 def time_plan(
     s: Snapshot, settings: PolicySettings, repeat: int
 ) -> tuple[float, float, float, int, int]:
-    """Median wall ms, median CPU ms (process time: fair on a shared, busy machine), max wall."""
+    """Median wall ms, median CPU ms (process time: fair on a shared, busy machine), max wall.
+    Both include the collection the plan leaves owed, which runs as `gc_paused` ends."""
     walls, cpus = [], []
     plan = None
     for _ in range(repeat):

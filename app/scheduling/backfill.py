@@ -68,7 +68,9 @@ def reserve(cs: CycleState, job: JobView, req: Request) -> None:
     for end_opt, placed, milli in cs.placed_ends:
         if end_opt is not None:
             releases.append((end_opt, placed, milli))
-    when, per_node = reservation(cs.nodes, releases, req, job.id, cs.now, slot_at=cs.slot_at)
+    when, per_node = reservation(
+        cs.nodes, releases, req, job.id, cs.now, slot_at=cs.slot_at, node_by_name=cs.node_by_name
+    )
     if not per_node:
         return
     cs.version += 1
@@ -89,6 +91,7 @@ def reservation(
     now: datetime,
     *,
     slot_at: Mapping[tuple[str, int], Slot],
+    node_by_name: Mapping[str, NodeState],
 ) -> tuple[datetime | None, list[tuple[NodeState, list[Slot]]]]:
     """Earliest time `req` fits as running jobs end, and the GPUs to hold for it.
 
@@ -149,7 +152,7 @@ def reservation(
                     if after and not before:
                         count[name] += 1
                         if enough_gpus.fits(gpus, count[name]):
-                            ok_nodes[name] = freed_on.node
+                            ok_nodes[name] = node_by_name[name]
             if enough_nodes.fits(req.nodes, len(ok_nodes)):
                 when = end
                 break

@@ -152,7 +152,7 @@ def build(snapshot: Snapshot, ctx: Context, seed: int) -> CycleState:
                 peers = peers_cache[g.nvlink_peers] = frozenset(g.nvlink_peers)
             total_mb = g.memory_total_mb
             s = Slot(
-                ns,
+                nv.name,
                 g.index,
                 g.model,
                 total_mb,

@@ -264,7 +264,7 @@ def test_slot_filters_memory_share_model() -> None:
     from app.scheduling.state import NodeState, Slot
 
     ns = NodeState("a", 0, None)
-    s = Slot(ns, 0, "A100", 81920, 10_000, 400, None, 40.0, 0.0, frozenset(), 0)
+    s = Slot(ns.name, 0, "A100", 81920, 10_000, 400, None, 40.0, 0.0, frozenset(), 0)
     assert gpu_memory.fits(10_000, s.free_mem)  # exactly the free
     assert not gpu_memory.fits(10_001, s.free_mem)
     assert gpu_share.fits(400, s.free_milli)  # 600 + 400 = 1000
