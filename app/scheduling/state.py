@@ -97,7 +97,7 @@ class Slot:
     ) -> None:
         # The node's name, not its NodeState: a slot pointing back at the node that lists
         # it made each cycle's 8,000 slots (at 1,000 nodes) garbage in reference cycles,
-        # which only the cyclic collector frees: 10-25 ms after every live cycle.
+        # which only the cyclic collector frees: 7-25 ms after every live cycle.
         self.node_name = node_name
         self.index = index
         self.model = model

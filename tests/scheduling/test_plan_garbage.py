@@ -1,7 +1,7 @@
 """A plan leaves no garbage that only the cyclic collector can free. The live cycle runs
 with the collector paused (`app.cycle.run.gc_paused`) and pays, when it is enabled again,
 for whatever the cycle left in reference cycles: when each GPU's slot pointed back at its
-node, that was every slot and node of the cluster, 10-25 ms after each cycle at 1,000
+node, that was every slot and node of the cluster, 7-25 ms after each cycle at 1,000
 nodes (docs/benchmarks.md, "The collection after each cycle")."""
 
 from __future__ import annotations
