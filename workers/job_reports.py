@@ -149,9 +149,11 @@ def _runs(reports: Sequence[Report], per_transaction: int) -> list[Sequence[Repo
 def apply_job_reports(session: Session, reports: Sequence[Started | Finished]) -> list[Applied]:
     """Reports applied in order in the caller's transaction. Their jobs are locked and read
     by one statement and the GPUs of the attempts that ended released together at the end,
-    so that the reports themselves read nothing (a read per report autoflushed the
+    so that a plain start or end reads nothing more (a read per report autoflushed the
     previous report's changes: more CPU than the reports themselves) and the jobs' changes
-    are flushed once."""
+    are flushed once. Some reports still read, and so flush what came before them: a
+    retried job's start (`lifecycle._started_before`), an array task's end (its
+    siblings, `outbox.queue_for`), a gang's part (`_release_node`)."""
     locked = agent_reports.lock_reported(session=session, job_ids=[r.job_id for r in reports])
     applied = [
         agent_reports.job_started(session=session, report=report, locked=locked)
