@@ -12,14 +12,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import Table, delete, func, select
 from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.orm.util import identity_key
 
-from app.db import Base, utcnow
+from app.db import Base, insert_rows, update_rows, utcnow
 from app.errors import FieldError
 from app.nodes.models import Gpu, GpuSample, Node, NodeState
 from app.wire import GpuInfo, GpuReading, Heartbeat, Register, as_dict
@@ -195,14 +194,12 @@ def ingest_heartbeats(
                     "job_ids": sorted({p.job_id for p in reading.processes if p.job_id}),
                 }
             )
+    # By primary key, in id order: every writer of these rows takes their locks in that
+    # order, so none waits for another's crosswise.
+    connection = session.connection()
     for table, rows in ((Node, node_rows), (Node, resumed_rows), (Gpu, gpu_rows)):
-        if rows:
-            # By primary key, one executemany, in id order: every writer of these rows takes
-            # their locks in that order, so none waits for another's crosswise.
-            rows.sort(key=itemgetter("id"))
-            session.execute(update(table), rows)
-    if sample_rows:
-        session.execute(insert(GpuSample), sample_rows)
+        update_rows(connection, cast(Table, table.__table__), rows)
+    insert_rows(connection, cast(Table, GpuSample.__table__), sample_rows)
     _expire_loaded(session, Node, (row["id"] for row in node_rows))
     _expire_loaded(session, Gpu, (row["id"] for row in gpu_rows))
     return {name: node.id for name, node in nodes.items()}
