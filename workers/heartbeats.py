@@ -89,6 +89,8 @@ HEARTBEAT_TYPES = {Heartbeat.KIND: Heartbeat}
 # whose Registers waited behind a backlog of job reports, every heartbeat asked again
 # (1,692 asks for 1,000 nodes, each one more Register in that backlog).
 ASK_TO_REGISTER_EVERY_S = 30.0
+# A node heard unknown is forgotten after this long (it registered, or went away).
+FORGET_UNKNOWN_S = 600.0
 
 # When the oldest heartbeat that the drain popped but has not yet marked heard from was
 # sent (see the module doc). It expires, so that a drain that died holding a batch does
@@ -314,16 +316,20 @@ class HeartbeatDrain:
         per_transaction: int = PER_TRANSACTION,
         threads: int = STORE_THREADS,
         lease: DrainerLease | None = None,
+        reports_waited_s: Callable[[], float] | None = None,
     ) -> None:
         """`lease`: where several reports processes may run, the one that drains (None:
-        this drain is the only one)."""
+        this drain is the only one). `reports_waited_s`: how long the oldest job report
+        not yet applied has waited (None: not known, a node is asked at once)."""
         self.context = context
         self.batch = batch
         self.per_transaction = per_transaction
         self.threads = threads
         self.lease = lease
         self._pool: ThreadPoolExecutor | None = None
+        self.reports_waited_s = reports_waited_s
         self._asked_to_register: dict[str, float] = {}  # node -> when (monotonic)
+        self._unknown_since: dict[str, float] = {}  # node -> first heard unknown (epoch)
         self._asked_lock = threading.Lock()
 
     def pop(self, *, block_s: float) -> list[bytes]:
@@ -437,10 +443,23 @@ class HeartbeatDrain:
         return len(all_repairs)
 
     def _may_ask(self, order: RegisterAgain) -> bool:
-        """Whether a node not registered may be asked to register (again) now: not when it
-        was asked within ASK_TO_REGISTER_EVERY_S, since its Register may still wait behind
-        job reports in the reports queue, and each of its heartbeats would ask once more."""
-        now = time.monotonic()
+        """Whether a node not registered may be asked to register (again) now.
+
+        Not while its Register may still wait behind job reports in the reports queue:
+        it was sent before the node's first heartbeat, so it may wait as long as a job
+        report not yet applied was sent before the drain first heard the node unknown
+        (`reports_waited_s`, by the reports' sealed send times). At a fleet's cold start
+        heartbeats overtook nearly every node's Register, and each node registered
+        twice. Nor when it was asked within ASK_TO_REGISTER_EVERY_S: each of its
+        heartbeats would ask once more."""
+        now, wall = time.monotonic(), time.time()
+        with self._asked_lock:
+            unknown = self._unknown_since
+            for node in [n for n, at in unknown.items() if wall - at >= FORGET_UNKNOWN_S]:
+                del unknown[node]
+            first = unknown.setdefault(order.node, wall)
+        if self.reports_waited_s is not None and self.reports_waited_s() >= wall - first:
+            return False
         with self._asked_lock:
             asked = self._asked_to_register
             if now - asked.get(order.node, -math.inf) < ASK_TO_REGISTER_EVERY_S:

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from functools import partial
 
 from celery.signals import beat_embedded_init
@@ -19,7 +20,7 @@ from app.messaging import SCHEDULER_QUEUE
 from app.nodes.telemetry import TelemetryPolicy
 from app.processes import die_with_parent
 from workers.heartbeats import DrainerLease, HeartbeatDrain, ReportsContext
-from workers.job_reports import DRAINS, start_report_drains
+from workers.job_reports import DRAINS, reports_backlog_s, start_report_drains
 from workers.scheduler import build_scheduler_app, scheduler_runtime
 
 log = logging.getLogger("gpusched.scheduler")
@@ -64,7 +65,15 @@ def run_scheduler_worker(
             grace_s=scheduler.dispatch_timeout_s,
         )
         lease = DrainerLease(runtime.redis)
-        drains = [HeartbeatDrain(context, lease=lease).start(stop)]
+        drains = [
+            HeartbeatDrain(
+                context,
+                lease=lease,
+                reports_waited_s=lambda: reports_backlog_s(
+                    runtime.redis, key_for=runtime.node_keys, now=time.time()
+                ),
+            ).start(stop)
+        ]
         drains += start_report_drains(DRAINS, stop, context)
     # Cycle durations, report handling and dispatch failures live in the process that
     # counts them: each serves its own.

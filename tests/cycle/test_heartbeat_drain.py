@@ -7,11 +7,14 @@
   agent routes only heartbeats to `heartbeats`.
 - A node whose heartbeats wait in the queue is not silent: silence is judged up to the
   oldest queued heartbeat's send time, not up to now.
+- A node not registered is asked to register again, but not while its Register may still
+  wait behind job reports.
 """
 
 from __future__ import annotations
 
 import base64
+import fnmatch
 import json
 import time
 from dataclasses import replace
@@ -36,6 +39,7 @@ from app.wire import (
     GpuReading,
     Heartbeat,
     Order,
+    Register,
     RegisterAgain,
     Started,
     StopJob,
@@ -51,6 +55,7 @@ from workers.heartbeats import (
     report_backlog_s,
     task_kwargs,
 )
+from workers.job_reports import reports_backlog_s
 
 SECRET = b"s" * 32
 
@@ -91,6 +96,9 @@ class FakeQueueRedis:
 
     def delete(self, name: str) -> None:
         self.keys.pop(name, None)
+
+    def scan_iter(self, match: str, count: int) -> list[str]:
+        return [name for name in self.lists if fnmatch.fnmatchcase(name, match)]
 
 
 def task_message(kwargs: dict[str, Any]) -> bytes:
@@ -217,6 +225,33 @@ def test_a_node_not_registered_is_asked_to_register_again(api: Any) -> None:
     assert sender.orders == [RegisterAgain(node="ghost")]
     with api.factory() as session:
         assert session.scalar(select(Node).where(Node.name == "ghost")) is None
+
+
+def test_a_node_is_not_asked_to_register_while_its_register_may_wait(api: Any) -> None:
+    """At a cold start, job reports queue up and a node's heartbeats, in a queue of their
+    own, overtake its Register: asked at once, every node registered twice. It is asked
+    once no job report sent before the drain first heard it is still waiting."""
+    redis = FakeQueueRedis()
+    register = Register(node="ghost", gpus=())
+    sealed = seal(register, key=key_for("ghost"), now=time.time() - 1.0)
+    redis.lpush(REPORTS_QUEUE, task_message(sealed))
+    sender = RecordingSender()
+    draining = HeartbeatDrain(
+        context(api, redis, sender=sender),
+        reports_waited_s=lambda: reports_backlog_s(redis, key_for=key_for, now=time.time()),
+    )
+    queue_heartbeat(redis, heartbeat("ghost", 20.0))
+    assert draining.drain_once() == (1, 0)
+    assert sender.orders == []  # its Register, sent before, still waits
+
+    # The reports queue moves on: what waits now was sent after the node was first
+    # heard unknown, so its Register is not among it (lost with a Redis restart).
+    redis.lists[REPORTS_QUEUE] = []
+    later = Started(job_id=1, attempt=1, node="n1", pid=7)
+    redis.lpush(REPORTS_QUEUE, task_message(seal(later, key=key_for("n1"), now=time.time())))
+    queue_heartbeat(redis, heartbeat("ghost", 30.0))
+    assert draining.drain_once() == (1, 0)
+    assert sender.orders == [RegisterAgain(node="ghost")]
 
 
 def test_a_node_whose_heartbeats_are_only_queued_is_not_declared_lost(api: Any) -> None:
