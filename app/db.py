@@ -106,8 +106,7 @@ def update_rows(connection: Connection, table: Table, rows: Sequence[Mapping[str
     """Update rows by primary key `id`: each of `rows` (all with the same keys) holds the
     id and the new values. The rows are locked in id order, so that writers of several
     rows never wait for each other's crosswise. On PostgreSQL one ordered read takes the
-    locks (FOR NO KEY UPDATE, the UPDATE's own: a foreign key check does not wait for
-    it) and one statement joins the rows, sent as one JSON document (as `insert_rows`):
+    locks (`lock_in_id_order`) and one statement joins the rows, sent as one JSON document (as `insert_rows`):
     as an executemany, the reports process spent a third of its time on heartbeats' GPU
     rows, one UPDATE each, in SQLAlchemy's parameter handling and psycopg's pipeline.
     Elsewhere one executemany in id order (SQLite locks the whole database for a write
@@ -123,13 +122,7 @@ def update_rows(connection: Connection, table: Table, rows: Sequence[Mapping[str
         return
     names = list(ordered[0])
     quote = connection.dialect.identifier_preparer.quote
-    ids = [row["id"] for row in ordered]
-    connection.execute(
-        select(table.c.id)
-        .where(table.c.id == any_(bindparam("ids", ids, type_=ARRAY(Integer))))
-        .order_by(table.c.id)
-        .with_for_update(key_share=True)
-    )
+    lock_in_id_order(connection, table, [row["id"] for row in ordered])
     fields, records = _json_records(connection.dialect, table, names, ordered)
     name = quote(table.name)
     sets = ", ".join(f"{quote(n)} = v.{quote(n)}" for n in names if n != "id")
@@ -139,6 +132,17 @@ def update_rows(connection: Connection, table: Table, rows: Sequence[Mapping[str
             f"AS v({fields}) WHERE {name}.id = v.id"
         ),
         {"records": records},
+    )
+
+
+def lock_in_id_order(connection: Connection, table: Table, ids: Sequence[int]) -> None:
+    """Lock rows by one read, in id order (PostgreSQL): FOR NO KEY UPDATE, the lock an
+    UPDATE takes, so that a foreign key check (KEY SHARE) does not wait for it."""
+    connection.execute(
+        select(table.c.id)
+        .where(table.c.id == any_(bindparam("ids", list(ids), type_=ARRAY(Integer))))
+        .order_by(table.c.id)
+        .with_for_update(key_share=True)
     )
 
 

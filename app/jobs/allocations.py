@@ -12,11 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from sqlalchemy import Integer, Table, Update, any_, bindparam, select, text, tuple_, update
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import Table, Update, bindparam, select, text, tuple_, update
 from sqlalchemy.orm import Session
 
-from app.db import insert_rows, utcnow
+from app.db import insert_rows, lock_in_id_order, utcnow
 from app.jobs.models import Job
 from app.nodes.models import Allocation, Gpu
 
@@ -128,15 +127,7 @@ def _add_to_gpus(session: Session, milli_by_gpu: dict[int, int]) -> None:
     ids = sorted(milli_by_gpu)
     # One GPU (a job ending, most reports): its UPDATE alone takes its one lock.
     if connection.dialect.name == "postgresql" and len(ids) > 1:
-        id_array = bindparam("ids", ids, type_=ARRAY(Integer))
-        # FOR NO KEY UPDATE, the lock the UPDATE takes: an allocation's foreign key check
-        # on the GPU (KEY SHARE) does not wait for it.
-        connection.execute(
-            select(Gpu.id)
-            .where(Gpu.id == any_(id_array))
-            .order_by(Gpu.id)
-            .with_for_update(key_share=True)
-        )
+        lock_in_id_order(connection, cast(Table, Gpu.__table__), ids)
         connection.execute(
             text(
                 "UPDATE gpu SET allocated_milli = gpu.allocated_milli + v.milli "
