@@ -48,9 +48,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import update
+from sqlalchemy import Table, bindparam, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -307,6 +307,16 @@ class ReportsContext:
     grace_s: float
 
 
+# `heard`'s statement, built once and run on the connection: through the ORM's bulk
+# update it cost half as much again.
+_NODE = cast(Table, Node.__table__)
+_MARK_HEARD = (
+    update(_NODE)
+    .where(_NODE.c.name.in_(bindparam("names", expanding=True)))
+    .values(last_heartbeat_at=bindparam("last_heartbeat_at"))
+)
+
+
 class HeartbeatDrain:
     def __init__(
         self,
@@ -379,8 +389,8 @@ class HeartbeatDrain:
         if names:
             try:
                 with self.context.factory() as session:
-                    session.execute(
-                        update(Node).where(Node.name.in_(names)).values(last_heartbeat_at=utcnow())
+                    session.connection().execute(
+                        _MARK_HEARD, {"names": names, "last_heartbeat_at": utcnow()}
                     )
                     session.commit()
             except OperationalError as exc:  # stored below, or dropped as any heartbeat is
