@@ -439,6 +439,7 @@ class HeartbeatDrain:
                         all_repairs.append(repairs)
         HEARTBEAT_BATCH_SECONDS.observe(time.monotonic() - started)
         HEARTBEATS_DRAINED.labels("stored").inc(len(all_repairs))
+        waited: float | None = None
         for repairs in all_repairs:
             for stop in repairs.stops:
                 log.warning(
@@ -447,31 +448,31 @@ class HeartbeatDrain:
                     stop.job_id,
                     stop.attempt,
                 )
-            if repairs.register_again is not None and not self._may_ask(repairs.register_again):
-                repairs.register_again = None
+            if repairs.register_again is not None:
+                if waited is None:  # asked once a batch, only when some node is unknown
+                    waited = self.reports_waited_s() if self.reports_waited_s else 0.0
+                if not self._may_ask(repairs.register_again, reports_waited_s=waited):
+                    repairs.register_again = None
             self.context.sender.send(repairs.after)
         return len(all_repairs)
 
-    def _may_ask(self, order: RegisterAgain) -> bool:
+    def _may_ask(self, order: RegisterAgain, *, reports_waited_s: float) -> bool:
         """Whether a node not registered may be asked to register (again) now.
 
         Not while its Register may still wait behind job reports in the reports queue:
         it was sent before the node's first heartbeat, so it may wait as long as a job
-        report not yet applied was sent before the drain first heard the node unknown
-        (`reports_waited_s`, by the reports' sealed send times). At a fleet's cold start
-        heartbeats overtook nearly every node's Register, and each node registered
-        twice. Nor when it was asked within ASK_TO_REGISTER_EVERY_S: each of its
-        heartbeats would ask once more."""
+        report not yet applied (the oldest has waited `reports_waited_s`, by the reports'
+        sealed send times) was sent before the drain first heard the node unknown. At a
+        fleet's cold start heartbeats overtook nearly every node's Register, and each
+        node registered twice. Nor when it was asked within ASK_TO_REGISTER_EVERY_S: each
+        of its heartbeats would ask once more."""
         now, wall = time.monotonic(), time.time()
         with self._asked_lock:
-            unknown = self._unknown_since
+            unknown, asked = self._unknown_since, self._asked_to_register
             for node in [n for n, at in unknown.items() if wall - at >= FORGET_UNKNOWN_S]:
                 del unknown[node]
-            first = unknown.setdefault(order.node, wall)
-        if self.reports_waited_s is not None and self.reports_waited_s() >= wall - first:
-            return False
-        with self._asked_lock:
-            asked = self._asked_to_register
+            if reports_waited_s > wall - unknown.setdefault(order.node, wall):
+                return False
             if now - asked.get(order.node, -math.inf) < ASK_TO_REGISTER_EVERY_S:
                 return False
             for node in [n for n, at in asked.items() if now - at >= ASK_TO_REGISTER_EVERY_S]:
