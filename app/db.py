@@ -108,11 +108,11 @@ def update_rows(connection: Connection, table: Table, rows: Sequence[Mapping[str
     """Update rows by primary key `id`: each of `rows` (all with the same keys) holds the
     id and the new values. The rows are locked in id order, so that writers of several
     rows never wait for each other's crosswise. On PostgreSQL one ordered read takes the
-    locks (`lock_in_id_order`) and one statement joins the rows, sent as one JSON document (as `insert_rows`):
-    as an executemany, the reports process spent a third of its time on heartbeats' GPU
-    rows, one UPDATE each, in SQLAlchemy's parameter handling and psycopg's pipeline.
-    Elsewhere one executemany in id order (SQLite locks the whole database for a write
-    anyway)."""
+    locks (`lock_in_id_order`) and one statement joins the rows, sent as one JSON
+    document (as `insert_rows`): as an executemany, the reports process spent a third of
+    its time on heartbeats' GPU rows, one UPDATE each, in SQLAlchemy's parameter handling
+    and psycopg's pipeline. Elsewhere one executemany in id order (SQLite locks the whole
+    database for a write anyway)."""
     if not rows:
         return
     ordered = sorted(rows, key=itemgetter("id"))
