@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import event, insert, select, text, update
 
 from app.cycle.snapshot import QueueMemory, ViewCache, attempt_of, read_snapshot
 from app.db import utcnow
 from app.jobs.models import Job
 from app.nodes.models import Allocation, Gpu, Node
+from app.nodes.telemetry import register_node
 from app.scheduling import GpuView, RunningJobView
-from tests.foundation.builders import add_node
+from app.wire import GpuInfo, Register
+from tests.foundation.builders import add_node, insert_jobs
 
 HALF_LIFE_S = 3600.0
 
@@ -227,6 +231,22 @@ def _gpus(api, cache: ViewCache) -> dict[tuple[str, int], GpuView]:
     return {(node.name, gpu.index): gpu for node in ctx.snapshot.nodes for gpu in node.gpus}
 
 
+@contextmanager
+def _statements(api) -> Iterator[list[tuple[str, Any]]]:
+    """The statements sent meanwhile through `api`'s engine, with their parameters."""
+    sent: list[tuple[str, Any]] = []
+
+    def record(_conn, _cursor, statement, parameters, _context, _executemany) -> None:
+        sent.append((statement, parameters))
+
+    engine = api.factory.kw["bind"]
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+
+
 def test_a_cycle_reads_only_the_gpus_changed_since_its_last_read(api):
     # At 1,000 nodes x 8 GPUs, reading every GPU was the largest part of each snapshot.
     with api.factory() as session:
@@ -236,7 +256,10 @@ def test_a_cycle_reads_only_the_gpus_changed_since_its_last_read(api):
     cache = ViewCache()
     first = _gpus(api, cache)
     assert cache.gpus_read == 4
-    assert _gpus(api, cache) == first and cache.gpus_read == 0
+    with _statements(api) as sent:
+        assert _gpus(api, cache) == first and cache.gpus_read == 0
+    # One statement on the GPUs, not also a count of them (2-5 ms at 1,000 nodes)
+    assert len([statement for statement, _ in sent if "FROM gpu" in statement]) == 1, sent
     with api.factory() as session:  # a heartbeat, a placement: whoever writes
         session.execute(update(Gpu).where(Gpu.uuid == "GPU-n1-1").values(util_pct=55.0))
         session.execute(text("UPDATE gpu SET allocated_milli = 500 WHERE uuid = 'GPU-n2-0'"))
@@ -312,17 +335,32 @@ def test_a_nodes_gpus_stay_grouped_in_index_order_as_their_rows_change(api):
     assert again["n2"] is later["n2"]  # a node none of whose GPUs changed: as it was
 
 
-def test_gpus_added_removed_and_of_removed_nodes_leave_the_next_read_right(api):
-    add_node(api.factory, "n1", gpus=2)
-    add_node(api.factory, "n2", gpus=2)
+def _registers(api, node: str, *uuids: str) -> None:
+    """`node`'s agent starts with `uuids`' GPUs, as the reports worker stores it."""
+    gpus = tuple(
+        GpuInfo(index=index, uuid=uuid, model="H100-80GB", memory_total_mb=81559)
+        for index, uuid in enumerate(uuids)
+    )
+    with api.factory.begin() as session:
+        register_node(session=session, report=Register(node=node, gpus=gpus))
+
+
+def test_gpus_added_lost_and_of_removed_nodes_leave_the_next_read_right(api):
+    _registers(api, "n1", "A", "B")
+    _registers(api, "n2", "C", "D")
     cache = ViewCache()
     _gpus(api, cache)
-    with api.factory() as session:  # n1 registers again with one GPU, n2 with three
-        n1, n2 = (session.scalar(select(Node).where(Node.name == n)) for n in ("n1", "n2"))
-        n1.gpus = n1.gpus[:1]
-        n2.gpus.append(Gpu(index=2, uuid="GPU-n2-2", model="H100-80GB", memory_total_mb=81559))
-        session.commit()
-    assert list(_gpus(api, cache)) == [("n1", 0), ("n2", 0), ("n2", 1), ("n2", 2)]
+    _registers(api, "n1", "B")  # A lost: its row stays, unhealthy, after the reported
+    _registers(api, "n2", "C", "D", "E")
+    gpus = _gpus(api, cache)
+    assert {key: (gpu.uuid, gpu.healthy) for key, gpu in gpus.items()} == {
+        ("n1", 0): ("B", True),
+        ("n1", 1): ("A", False),
+        ("n2", 0): ("C", True),
+        ("n2", 1): ("D", True),
+        ("n2", 2): ("E", True),
+    }
+    assert list(gpus) == sorted(gpus)
     with api.factory() as session:
         session.execute(update(Node).where(Node.name == "n1").values(removed_at=utcnow()))
         session.commit()
@@ -395,6 +433,48 @@ def test_a_cycle_reads_only_the_allocations_placed_or_released_since_its_last_re
     assert cache.allocations_read == 2
     assert _placements(later) == {second: (("n1", (1,)),), third: (("n1", (2,)),)}
     assert later[second] is before[second]
+
+
+def test_the_allocations_changed_are_read_without_reading_every_job(api):
+    """Each allocation's project is its job's. Joined to the job table, after a burst of
+    submissions (the planner's statistics stale), PostgreSQL hashed every job to match
+    the few allocations changed since the last read: 8 ms of each cycle at 1,000 nodes."""
+    with api.factory() as session:
+        _postgresql_only(session)
+    add_node(api.factory, "n1", gpus=1)
+    running = _submit(api)
+    ended = insert_jobs(api.factory, user="alice", project="default", count=3000)
+    with api.factory.begin() as session:
+        gpu = session.scalars(select(Gpu)).one()
+        session.execute(update(Job).where(Job.id.in_(ended)).values(status="SUCCEEDED"))
+        session.execute(
+            insert(Allocation),
+            [
+                dict(
+                    job_id=job_id,
+                    attempt=1,
+                    node_id=gpu.node_id,
+                    gpu_id=gpu.id,
+                    share_milli=1000,
+                    created_at=utcnow(),
+                    released_at=utcnow(),
+                )
+                for job_id in ended
+            ],
+        )
+    cache = ViewCache()
+    _running(api, cache)
+    _start(api, running, 0)
+    with _statements(api) as sent:
+        assert set(_running(api, cache)) == {running}
+    assert cache.allocations_read == 1
+    read = [(s, p) for s, p in sent if "FROM allocation" in s and "changed_in" in s]
+    assert len(read) == 1, sent
+    with api.factory() as session:
+        plan = "\n".join(
+            session.connection().exec_driver_sql("EXPLAIN " + read[0][0], read[0][1]).scalars()
+        )
+    assert "Seq Scan on job" not in plan, plan
 
 
 def test_an_allocation_released_after_the_read_began_is_seen_by_the_next_one(api):
