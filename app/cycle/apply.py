@@ -47,6 +47,8 @@ class Applied:
     dispatches: list[RunJob] = field(default_factory=list)
     stops: list[StopJob] = field(default_factory=list)
     lease_lost: bool = False
+    # The lease went with the plan's commit (lease.released_on_commit).
+    lease_released: bool = False
     # The jobs left waiting, in queue order (position i + 1).
     waiting: Sequence[PendingReason] = ()
 
@@ -120,7 +122,7 @@ def apply_plan(
     now: datetime,
 ) -> Applied:
     applied = Applied()
-    if not lease.still_held(session, token=token):
+    if not lease.released_on_commit(session, token=token, now=now):
         session.rollback()
         applied.lease_lost = True
         return applied
@@ -152,6 +154,7 @@ def apply_plan(
     if not ctx.quick:  # a quick read reuses the usage of the last full one
         _store_usage(session, usage=ctx.usage, now=now)
     session.commit()
+    applied.lease_released = True
     return applied
 
 

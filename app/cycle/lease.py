@@ -55,13 +55,20 @@ def acquire(
     return token
 
 
-def still_held(session: Session, *, token: int) -> bool:
-    """Inside the apply transaction: lock the lease row and check our token is current.
-    Touching the row makes a concurrent takeover wait for (or conflict with) our commit."""
-    row = session.scalar(
-        select(SchedulerLease).where(SchedulerLease.name == LEASE).with_for_update()
+def released_on_commit(session: Session, *, token: int, now: datetime) -> bool:
+    """Inside the apply transaction: whether our token is still current; if it is, the
+    lease row stays locked until the commit (a concurrent takeover waits for it) and is
+    released by it. One statement, where a locking read and, after the commit, a
+    transaction of its own to release the lease were three round trips of every cycle.
+    If the transaction rolls back, the lease stays held: `release` it then."""
+    returned = session.scalar(
+        update(SchedulerLease)
+        .where(SchedulerLease.name == LEASE, SchedulerLease.token == token)
+        .values(expires_at=now)
+        .returning(SchedulerLease.token)
+        .execution_options(synchronize_session=False)
     )
-    return row is not None and row.token == token
+    return returned is not None
 
 
 def release(session: Session, *, holder: str, token: int, now: datetime) -> None:

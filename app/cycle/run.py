@@ -27,7 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.cycle import lease, ranks
-from app.cycle.apply import apply_plan
+from app.cycle.apply import Applied, apply_plan
 from app.cycle.arrays import settle_array_limits
 from app.cycle.dependencies import settle_dependencies
 from app.cycle.eligibility import ClockGates, settle_clock_gates, unsettled
@@ -160,6 +160,7 @@ def run_cycle(
         )
         if token is None:
             return CycleReport(ran=False)
+        applied: Applied | None = None
         try:
             specs = window_specs(session=session)
             openings = (windows or SchedulerWindows()).around(specs, now=now)
@@ -229,7 +230,8 @@ def run_cycle(
             applied = apply_plan(session, ctx=ctx, plan=plan, token=token, now=now)
             apply_ms = (time.perf_counter() - apply_started) * 1000
         finally:
-            lease.release(session, holder=holder, token=token, now=now)
+            if applied is None or not applied.lease_released:
+                lease.release(session, holder=holder, token=token, now=now)
     if applied.lease_lost:
         log.warning("cycle lease lost before apply; plan dropped")
         return CycleReport(ran=False)

@@ -72,3 +72,48 @@ def test_the_holder_renews_the_lease_in_one_statement(api) -> None:
             event.remove(engine, "before_cursor_execute", listener)
     sql = [s for s in statements if not s.lstrip().upper().startswith("BEGIN")]
     assert len(sql) == 1 and sql[0].lstrip().upper().startswith("UPDATE")
+
+
+def test_the_plans_commit_releases_the_lease(api) -> None:
+    # Taken in one statement, checked and let go in one more inside the plan's own
+    # transaction: a locking read and a release of its own were two more round trips and
+    # a commit in each cycle.
+    add_node(api, gpus=1)
+    now = utcnow()
+    cycle = dict(factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="a")
+    assert run_cycle(**cycle, now=now).ran  # the first makes the lease's row
+    job = submit(api, gpus=1)
+    engine = api.factory.kw["bind"]
+    statements: list[str] = []
+    listener = event.listens_for(engine, "before_cursor_execute")(
+        lambda _c, _cur, statement, *_: statements.append(statement)
+    )
+    try:
+        report = run_cycle(**cycle, now=now)
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    assert report.ran and report.placed == 1
+    assert get_job(api, job["id"])["status"] == "SCHEDULED"
+    on_the_lease = [s for s in statements if "scheduler_lease" in s]
+    assert len(on_the_lease) == 2, "\n".join(on_the_lease)
+    assert _other_scheduler_may_cycle(api, now)
+
+
+def test_a_plan_that_fails_to_commit_releases_the_lease(
+    api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rolled back, the plan's transaction takes its release of the lease with it.
+    import app.cycle.apply as apply_module
+
+    def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("usage not stored")
+
+    monkeypatch.setattr(apply_module, "_store_usage", broken)
+    add_node(api, gpus=1)
+    submit(api, gpus=1)
+    now = utcnow()
+    with pytest.raises(RuntimeError, match="usage not stored"):
+        run_cycle(
+            factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="a", now=now
+        )
+    assert _other_scheduler_may_cycle(api, now)

@@ -191,7 +191,7 @@ def _race(factory: sessionmaker[Session], *, fenced: bool, monkeypatch: pytest.M
         monkeypatch.setattr(
             lease, "acquire", lambda session, **_: (session.commit(), next(tokens))[1]
         )
-        monkeypatch.setattr(lease, "still_held", lambda session, **_: True)
+        monkeypatch.setattr(lease, "released_on_commit", lambda session, **_: True)
     stats: dict = {
         "ran": 0,
         "placed": 0,
