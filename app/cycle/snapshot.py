@@ -1150,7 +1150,8 @@ def read_snapshot(
     held = cache.held
     assert held is not None
     counted = {} if memory is None else memory.attained_through
-    # Unpacked, not by name: a full read takes every allocation of the last day.
+    # Unpacked, not by name: a full read takes every allocation ended within the horizon
+    # (four half-lives: 28 days by default).
     for _, job_id, attempt, _, gpu_id, share, created, released, project_id in ended:
         if gpu_id is None:
             continue
