@@ -5,7 +5,6 @@ held, another scheduler's cycle does not run."""
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import event
 
 import app.cycle.run as run_module
 from app.cycle import lease
@@ -13,6 +12,7 @@ from app.cycle.run import run_cycle
 from app.db import utcnow
 from app.messaging import NullMessenger
 from tests.cycle.jobs_api import SETTINGS, add_node, get_job, submit
+from tests.support.statements import statements_sent
 
 
 def _other_scheduler_may_cycle(api, now) -> bool:
@@ -59,18 +59,12 @@ def test_a_held_lease_keeps_another_scheduler_out(api) -> None:
 def test_the_holder_renews_the_lease_in_one_statement(api) -> None:
     # The token comes back with the update (RETURNING), not from a second read.
     now = utcnow()
-    engine = api.factory.kw["bind"]
     with api.factory() as session:
         assert lease.acquire(session, holder="a", now=now, ttl_s=30) == 1
-        statements: list[str] = []
-        listener = event.listens_for(engine, "before_cursor_execute")(
-            lambda _c, _cur, statement, *_: statements.append(statement)
-        )  # SQLite's driver also sends BEGIN IMMEDIATE: transaction control, not counted
-        try:
+        with statements_sent(api.factory) as sent:
             assert lease.acquire(session, holder="a", now=now, ttl_s=30) == 2
-        finally:
-            event.remove(engine, "before_cursor_execute", listener)
-    sql = [s for s in statements if not s.lstrip().upper().startswith("BEGIN")]
+    # SQLite's driver also sends BEGIN IMMEDIATE: transaction control, not counted
+    sql = [s.statement for s in sent if not s.statement.lstrip().upper().startswith("BEGIN")]
     assert len(sql) == 1 and sql[0].lstrip().upper().startswith("UPDATE")
 
 
@@ -83,18 +77,11 @@ def test_the_plans_commit_releases_the_lease(api) -> None:
     cycle = dict(factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="a")
     assert run_cycle(**cycle, now=now).ran  # the first makes the lease's row
     job = submit(api, gpus=1)
-    engine = api.factory.kw["bind"]
-    statements: list[str] = []
-    listener = event.listens_for(engine, "before_cursor_execute")(
-        lambda _c, _cur, statement, *_: statements.append(statement)
-    )
-    try:
+    with statements_sent(api.factory) as sent:
         report = run_cycle(**cycle, now=now)
-    finally:
-        event.remove(engine, "before_cursor_execute", listener)
     assert report.ran and report.placed == 1
     assert get_job(api, job["id"])["status"] == "SCHEDULED"
-    on_the_lease = [s for s in statements if "scheduler_lease" in s]
+    on_the_lease = [s.statement for s in sent if "scheduler_lease" in s.statement]
     assert len(on_the_lease) == 2, "\n".join(on_the_lease)
     assert _other_scheduler_may_cycle(api, now)
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, insert, select, text, update
+from sqlalchemy import insert, select, text, update
 
 from app.cycle.snapshot import QueueMemory, ViewCache, attempt_of, read_snapshot
 from app.db import utcnow
@@ -18,6 +16,7 @@ from app.nodes.telemetry import register_node
 from app.scheduling import GpuView, RunningJobView
 from app.wire import GpuInfo, Register
 from tests.foundation.builders import add_node, insert_jobs
+from tests.support.statements import statements_sent
 
 HALF_LIFE_S = 3600.0
 
@@ -231,22 +230,6 @@ def _gpus(api, cache: ViewCache) -> dict[tuple[str, int], GpuView]:
     return {(node.name, gpu.index): gpu for node in ctx.snapshot.nodes for gpu in node.gpus}
 
 
-@contextmanager
-def _statements(api) -> Iterator[list[tuple[str, Any]]]:
-    """The statements sent meanwhile through `api`'s engine, with their parameters."""
-    sent: list[tuple[str, Any]] = []
-
-    def record(_conn, _cursor, statement, parameters, _context, _executemany) -> None:
-        sent.append((statement, parameters))
-
-    engine = api.factory.kw["bind"]
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield sent
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
-
-
 def test_a_cycle_reads_only_the_gpus_changed_since_its_last_read(api):
     # At 1,000 nodes x 8 GPUs, reading every GPU was the largest part of each snapshot.
     with api.factory() as session:
@@ -256,10 +239,10 @@ def test_a_cycle_reads_only_the_gpus_changed_since_its_last_read(api):
     cache = ViewCache()
     first = _gpus(api, cache)
     assert cache.gpus_read == 4
-    with _statements(api) as sent:
+    with statements_sent(api.factory) as sent:
         assert _gpus(api, cache) == first and cache.gpus_read == 0
     # One statement on the GPUs, not also a count of them (2-5 ms at 1,000 nodes)
-    assert len([statement for statement, _ in sent if "FROM gpu" in statement]) == 1, sent
+    assert len([s for s in sent if "FROM gpu" in s.statement]) == 1, sent
     with api.factory() as session:  # a heartbeat, a placement: whoever writes
         session.execute(update(Gpu).where(Gpu.uuid == "GPU-n1-1").values(util_pct=55.0))
         session.execute(text("UPDATE gpu SET allocated_milli = 500 WHERE uuid = 'GPU-n2-0'"))
@@ -465,14 +448,15 @@ def test_the_allocations_changed_are_read_without_reading_every_job(api):
     cache = ViewCache()
     _running(api, cache)
     _start(api, running, 0)
-    with _statements(api) as sent:
+    with statements_sent(api.factory) as sent:
         assert set(_running(api, cache)) == {running}
     assert cache.allocations_read == 1
-    read = [(s, p) for s, p in sent if "FROM allocation" in s and "changed_in" in s]
+    read = [s for s in sent if "FROM allocation" in s.statement and "changed_in" in s.statement]
     assert len(read) == 1, sent
     with api.factory() as session:
+        explain = "EXPLAIN " + read[0].statement
         plan = "\n".join(
-            session.connection().exec_driver_sql("EXPLAIN " + read[0][0], read[0][1]).scalars()
+            session.connection().exec_driver_sql(explain, read[0].parameters).scalars()
         )
     assert "Seq Scan on job" not in plan, plan
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-from sqlalchemy import event, select
+from sqlalchemy import select
 
 from app.db import utcnow
 from app.nodes.models import Gpu, GpuSample, Node, NodeState
 from app.nodes.telemetry import TelemetryPolicy, ingest_heartbeats, register_node
 from app.wire import GpuInfo, GpuProcessReading, GpuReading, Heartbeat, Register
+from tests.support.statements import statements_sent
 
 GPUS = 4
 
@@ -54,22 +55,12 @@ def _heartbeat(name: str, n: int) -> Heartbeat:
 def _store(api, heartbeats: list[Heartbeat], now) -> list[tuple[str, bool]]:
     """Stores `heartbeats` in one transaction; returns (statement, executemany) of each
     statement sent."""
-    sent: list[tuple[str, bool]] = []
-
-    def record(_conn, _cursor, statement, _params, _context, executemany) -> None:
-        sent.append((statement, executemany))
-
-    engine = api.factory.kw["bind"]
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        with api.factory.begin() as session:
-            ids = ingest_heartbeats(
-                session=session, heartbeats=heartbeats, policy=TelemetryPolicy(), now=now
-            )
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
+    with statements_sent(api.factory) as sent, api.factory.begin() as session:
+        ids = ingest_heartbeats(
+            session=session, heartbeats=heartbeats, policy=TelemetryPolicy(), now=now
+        )
     assert set(ids) == {hb.node for hb in heartbeats}
-    return sent
+    return [(s.statement, s.executemany) for s in sent]
 
 
 def test_heartbeats_stored_together_each_row_its_own(api):
