@@ -613,9 +613,12 @@ def _kept_views(
     """Jobs not read again: a view made with another attained service (an allocation of
     theirs left the usage horizon) is made anew from the row kept. Only the jobs that
     have service now or had it when their view was made can differ (`ViewCache.served`):
-    a pass over every waiting job's entry cost a full cycle 5-8 ms at 20,000 waiting."""
+    a pass over every waiting job's entry cost a full cycle 5-8 ms at 20,000 waiting.
+    `attained` names every job served within the usage horizon (28 days by default), most
+    of them long finished: only those still waiting are looked at (the smaller set of
+    keys is walked), not 100,000 a cycle."""
     rows, served = cache.rows, cache.served
-    for job_id in served.union(i for i, got in attained.items() if got):
+    for job_id in served.union(i for i in attained.keys() & rows.keys() if attained[i]):
         entry = rows.get(job_id)
         if entry is None:  # left the queue (or is running)
             served.discard(job_id)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from sqlalchemy import insert, select, text, update
 
-from app.cycle.snapshot import QueueMemory, ViewCache, attempt_of, read_snapshot
+from app.cycle.snapshot import QueueMemory, ViewCache, _kept_views, attempt_of, read_snapshot
 from app.db import utcnow
 from app.jobs.models import Job
 from app.nodes.models import Allocation, Gpu, Node
@@ -497,3 +498,26 @@ def test_an_allocation_deleted_while_held_leaves_the_next_read(api):
         session.commit()
     assert _placements(_running(api, cache)) == {kept: (("n1", (0,)),), deleted: ()}
     assert cache.held is not None and len(cache.held) == 1
+
+
+class _LookupsCounted(dict):
+    """A ViewCache's waiting rows, counting the lookups made in them."""
+
+    looked_up = 0
+
+    def get(self, key, default=None):
+        self.looked_up += 1
+        return super().get(key, default)
+
+
+def test_kept_views_look_only_at_the_served_jobs_still_waiting():
+    # `attained` names every job served within the usage horizon (28 days by default):
+    # looking each one up among the waiting, each cycle, grew with four weeks of history.
+    still_waiting = SimpleNamespace(attained=5.0, row=None, view=None)
+    cache = ViewCache()
+    cache.rows = rows = _LookupsCounted({1: still_waiting})
+    cache.served = {1}
+    finished_long_ago = {job_id: 60.0 for job_id in range(2, 10_002)}
+    _kept_views(cache, users={}, project_names={}, attained={1: 5.0, **finished_long_ago})
+    assert rows.looked_up == 1
+    assert cache.served == {1} and still_waiting.attained == 5.0
