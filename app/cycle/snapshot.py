@@ -103,6 +103,10 @@ MAX_ARRIVALS_READ = 2000
 # How far before the last full read a quick one looks for attempts that ended: a report's
 # time comes from another process's clock.
 _ENDED_MARGIN = timedelta(seconds=60)
+# How often a full read takes the allocations ended within the usage horizon from the
+# database again rather than from those it keeps (`ViewCache.ended`): a row deleted (a
+# job purged, by `retention_days` or by hand) leaves no change behind to follow.
+_ENDED_READ_WHOLE_EVERY = timedelta(minutes=10)
 
 
 @dataclass(slots=True)
@@ -222,6 +226,11 @@ class ViewCache:
     # The jobs whose held allocations the last read saw change (None: it read all).
     held_moved: set[int] | None = None
     released: list[tuple[Any, ...]] | None = None
+    # On PostgreSQL, the allocations released within the usage horizon, by id, as the last
+    # full read from the database took them and the reads of what changed added since
+    # (None: read them from the database next), and when that read was.
+    ended: dict[int, tuple[Any, ...]] | None = None
+    ended_read_at: datetime | None = None
 
     @property
     def views(self) -> dict[int, JobView]:
@@ -1018,13 +1027,22 @@ def _read_gpus(db: Any, cache: ViewCache, since: ChangedSince | None) -> GpusByN
 
 
 def _read_allocations(
-    db: Any, cache: ViewCache, since: ChangedSince | None, *, ended_from: datetime | None
+    db: Any,
+    cache: ViewCache,
+    since: ChangedSince | None,
+    *,
+    ended_from: datetime | None,
+    full: bool,
+    now: datetime,
 ) -> list[tuple[Any, ...]]:
     """Brings `cache.held` up to date and returns the allocations released from
     `ended_from` on; None: those released since the last full read (`cache.released`).
     With `since` (PostgreSQL, after the first read), only the rows placed or released
     since the last read are read (`Allocation.changed_in`): at 1,000 nodes the 8,000
-    held were read and summed anew each cycle. Rows as ALLOCATION_COLUMNS' tuples."""
+    held were read and summed anew each cycle. A `full` read there takes the released
+    ones from `cache.ended`, which those reads keep: the usage horizon is four weeks by
+    default, and reading it whole cost about 2.5 us per allocation every full cycle.
+    Rows as ALLOCATION_COLUMNS' tuples."""
     held = cache.held
     if since is not None and held is not None:
         changed = db.execute(
@@ -1035,13 +1053,16 @@ def _read_allocations(
         for row in map(tuple, changed):
             if row[_RELEASED] is None:
                 held[row[0]] = row
-            elif held.pop(row[0], None) is not None and cache.released is not None:
+                continue
+            if held.pop(row[0], None) is not None and cache.released is not None:
                 cache.released.append(row)
+            if cache.ended is not None:  # by id: a row read twice is kept once
+                cache.ended[row[0]] = row
         # Deleted while held (its job removed) leaves no change behind: counted, it sends
-        # this read back to reading every held allocation.
+        # this read back to reading every held allocation, and every ended one.
         still_held = select(func.count()).where(Allocation.released_at.is_(None))
         if db.execute(still_held).scalar_one() != len(held):
-            held = None
+            held = cache.ended = None
     if since is None or held is None:  # SQLite, a first read, or one that lost count
         rows = db.execute(_ALLOCATIONS.where(Allocation.released_at.is_(None))).all()
         cache.held = held = {row[0]: row for row in map(tuple, rows)}
@@ -1049,12 +1070,25 @@ def _read_allocations(
     if ended_from is None:
         assert cache.released is not None
         return cache.released
+    kept, read_at = cache.ended, cache.ended_read_at
+    # (A clock set back would bring back rows that have left: read them then.)
+    if (
+        full
+        and kept is not None
+        and read_at is not None
+        and read_at <= now < read_at + _ENDED_READ_WHOLE_EVERY
+    ):
+        for allocation_id in [i for i, row in kept.items() if row[_RELEASED] < ended_from]:
+            del kept[allocation_id]  # past the horizon
+        return list(kept.values())
     ended = [
         tuple(row) for row in db.execute(_ALLOCATIONS.where(Allocation.released_at >= ended_from))
     ]
     for row in ended:  # released after its stamp was read
         if held.pop(row[0], None) is not None and cache.held_moved is not None:
             cache.held_moved.add(row[1])
+    if full and cache.rows_since is not None:  # PostgreSQL: kept by the reads of what changed
+        cache.ended, cache.ended_read_at = {row[0]: row for row in ended}, now
     return ended
 
 
@@ -1147,7 +1181,7 @@ def read_snapshot(
             ended_from = None
         elif memory.read_at is not None:
             ended_from = memory.read_at - _ENDED_MARGIN
-    ended = _read_allocations(db, cache, since, ended_from=ended_from)
+    ended = _read_allocations(db, cache, since, ended_from=ended_from, full=not quick, now=now)
     if not quick:
         cache.released = None if cache.rows_since is None else []
     held = cache.held
