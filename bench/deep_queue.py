@@ -3,7 +3,7 @@ memory in the API process (issue 42 point 4).
 
     .venv/bin/python bench/deep_queue.py [--db postgresql|sqlite] [--waiting 20000]
         [--repeat 5] [--skip-memory] [--nodes 2] [--gpus-per-node 4] [--ended 1]
-        [--fresh-gpus 1.0]
+        [--fresh-gpus 1.0] [--history 0]
 
 Cycle: as the scheduler worker runs it (one QueueMemory across cycles), on `nodes` x
 `gpus-per-node` GPUs (2 x 4; 1,000 x 8 is the fleet's cluster, issue 35 point 4), with `waiting` jobs of two projects (1-4 GPUs, priorities and runtimes varied)
@@ -13,7 +13,9 @@ cycles after one running job ended (one placed: every job behind it moves up a p
 which costs no write since places come from the stored ranking; `--ended N`: N jobs
 ended before each, as on a large cluster many end between two cycles; `--fresh-gpus F`:
 the GPU readings of that share of the nodes are new before each cycle, in turn, where
-1 has every node report between two cycles); then the same two kinds of quick cycle, which
+1 has every node report between two cycles; `--history N`: N jobs that succeeded within
+the fair-share usage horizon, one GPU-hour each, which a full cycle sums the decayed usage
+of); then the same two kinds of quick cycle, which
 an event (a job ended, one submitted) triggers between two full ones and which a live
 scheduler mostly runs (QueueMemory: the head of the queue, the whole cluster). Each row
 splits the
@@ -46,13 +48,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
-from sqlalchemy import event, func, select, text, update
+from sqlalchemy import event, func, insert, select, text, update
 
 from app.cycle.run import CycleReport, run_cycle
 from app.cycle.settings import SchedulerSettings
@@ -64,7 +67,7 @@ from app.jobs.models import Job
 from app.jobs.states import ACTIVE, JobStatus
 from app.messaging import NullMessenger
 from app.migrate import upgrade
-from app.nodes.models import Gpu, Node, NodeState
+from app.nodes.models import Allocation, Gpu, Node, NodeState
 from bench.common import bench_args, machine_info, print_table, write_results
 from bench.rank import seed_queue
 from tests.support.servers import create_pg_database, drop_pg_database, free_port
@@ -131,6 +134,46 @@ def _end_some(factory: Any, count: int) -> bool:
             release(session, job_id=job.id)
         session.commit()
     return True
+
+
+def _history(factory: Any, count: int) -> None:
+    """`count` jobs that succeeded within the last 27 days (the usage horizon is 28 at the
+    default half-life), one GPU-hour each, written in bulk; analyzed on PostgreSQL."""
+    with factory() as session:
+        user_id, project_id = session.execute(select(Job.user_id, Job.project_id).limit(1)).one()
+        gpu = session.scalars(select(Gpu).order_by(Gpu.id).limit(1)).one()
+        now = utcnow()
+        for start in range(0, count, 5000):
+            ended = [
+                now - timedelta(days=27 * (start + i) / count)
+                for i in range(min(5000, count - start))
+            ]
+            ids = session.scalars(
+                insert(Job).returning(Job.id),
+                [
+                    {
+                        "name": "history", "user_id": user_id, "project_id": project_id,
+                        "command": ["train"], "status": JobStatus.SUCCEEDED, "attempt": 1,
+                        "finished_at": at,
+                    }
+                    for at in ended
+                ],
+            ).all()  # fmt: skip
+            session.execute(
+                insert(Allocation),
+                [
+                    {
+                        "job_id": job_id, "attempt": 1, "node_id": gpu.node_id, "gpu_id": gpu.id,
+                        "share_milli": 1000, "created_at": at - timedelta(hours=1),
+                        "released_at": at,
+                    }
+                    for job_id, at in zip(ids, ended, strict=True)
+                ],
+            )  # fmt: skip
+        session.commit()
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(text("ANALYZE job, allocation"))
+            session.commit()
 
 
 def _stamps(factory: Any) -> tuple[int, dict[int, int | None]]:
@@ -320,6 +363,7 @@ def main() -> int:
         gpus_per_node=4,
         ended=1,
         fresh_gpus=1.0,
+        history=0,
     )
     root = Path(tempfile.mkdtemp(prefix="gpusched-deepq-"))
     pg_name = None
@@ -334,6 +378,7 @@ def main() -> int:
         factory = make_session_factory(engine)
         _cluster(factory, nodes=args.nodes, gpus_per_node=args.gpus_per_node)
         token = seed_queue(factory, args.waiting)  # analyzed on PostgreSQL
+        _history(factory, args.history)
         results = cycles(
             engine, factory, repeat=args.repeat, ended=args.ended, share=args.fresh_gpus
         )
@@ -351,7 +396,8 @@ def main() -> int:
         f"{'written':>7} {'keys':>6}"
     )
     print(
-        f"\nfull cycle, {args.waiting} waiting, {args.nodes} x {args.gpus_per_node} GPUs, "
+        f"\nfull cycle, {args.waiting} waiting, {args.history} succeeded within the usage "
+        f"horizon, {args.nodes} x {args.gpus_per_node} GPUs, "
         f"{args.db}: "
         f"median ms of {args.repeat} (goal <= {GOAL_MS:.0f} ms)"
     )
@@ -388,6 +434,7 @@ def main() -> int:
             "gpus_per_node": args.gpus_per_node,
             "ended_per_cycle": args.ended,
             "fresh_gpus": args.fresh_gpus,
+            "history": args.history,
             "cycle": results,
             "memory": mem,
             "load": os.getloadavg()[0],
