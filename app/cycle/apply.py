@@ -47,8 +47,6 @@ class Applied:
     dispatches: list[RunJob] = field(default_factory=list)
     stops: list[StopJob] = field(default_factory=list)
     lease_lost: bool = False
-    # The lease went with the plan's commit (lease.released_on_commit).
-    lease_released: bool = False
     # The jobs left waiting, in queue order (position i + 1).
     waiting: Sequence[PendingReason] = ()
 
@@ -153,8 +151,7 @@ def apply_plan(
     applied.waiting = _store_reasons(session, ctx=ctx, plan=plan, placed=set(applied.placed))
     if not ctx.quick:  # a quick read reuses the usage of the last full one
         _store_usage(session, usage=ctx.usage, now=now)
-    session.commit()
-    applied.lease_released = True
+    session.commit()  # which also releases the lease (lease.released_on_commit)
     return applied
 
 

@@ -230,7 +230,8 @@ def run_cycle(
             applied = apply_plan(session, ctx=ctx, plan=plan, token=token, now=now)
             apply_ms = (time.perf_counter() - apply_started) * 1000
         finally:
-            if applied is None or not applied.lease_released:
+            # Applied, the plan's commit released the lease; lost, it is another's.
+            if applied is None:
                 lease.release(session, holder=holder, token=token, now=now)
     if applied.lease_lost:
         log.warning("cycle lease lost before apply; plan dropped")
