@@ -118,7 +118,7 @@ def test_env_is_clean_base_plus_job_env_and_ours_cannot_be_overridden(
         tmp_path,
         ["env"],
         gpu_indices=(2,),
-        job_id="job-42",
+        job_id=42,
         attempt=3,
         env={"FOO": "bar", "LANG": "C", "CUDA_VISIBLE_DEVICES": "0,1,2,3", "GPUSCHED_JOB_ID": "x"},
     )
@@ -132,7 +132,7 @@ def test_env_is_clean_base_plus_job_env_and_ours_cannot_be_overridden(
     assert env["HOME"]
     assert env["CUDA_VISIBLE_DEVICES"] == "2"  # ours win over the job's
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    assert env["GPUSCHED_JOB_ID"] == "job-42"
+    assert env["GPUSCHED_JOB_ID"] == "42"
     assert env["GPUSCHED_ATTEMPT"] == "3"
     assert env["GPUSCHED_GRACE_S"] == "2"  # the time it has to checkpoint after SIGTERM
     assert "MASTER_ADDR" not in env  # single GPU: no gang

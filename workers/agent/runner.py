@@ -41,7 +41,8 @@ from typing import IO, Any, Literal
 
 from workers.agent import supervisor
 from workers.agent.accounts import Account
-from workers.agent.fence import Fence, FenceError, GpuDevice, JobGroup, Usage
+from workers.agent.fence import Fence, FenceError, GpuDevice, GroupKey, JobGroup, Usage
+from workers.agent.forkserver import SupervisorProcess, fork_server
 
 logger = logging.getLogger(__name__)
 
@@ -388,7 +389,7 @@ class RunningProcess:
         *,
         pid: int,
         group: JobGroup,
-        supervisor_proc: subprocess.Popen[bytes],
+        supervisor_proc: SupervisorProcess,
         status: _StatusPipe,
         pump: _LogPump,
         script_dir: Path | None = None,
@@ -687,7 +688,7 @@ def start_job(
 
 def _start_supervisor(
     spec: JobLaunch, argv: list[str], env: dict[str, str], group: JobGroup
-) -> tuple[subprocess.Popen[bytes], _StatusPipe, int]:
+) -> tuple[SupervisorProcess, _StatusPipe, int]:
     """The attempt's supervisor, its status pipe, and the pid of the job's program once it
     runs (LaunchError with the reason if it could not be started)."""
     account = spec.account
@@ -704,29 +705,9 @@ def _start_supervisor(
     status_r, status_w = os.pipe()
     key = group.key
     try:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-I",
-                "-S",
-                "-c",
-                _RUN_SUPERVISOR,
-                supervisor.MARKER,
-                key.installation,
-                key.node,
-                str(key.job_id),
-                str(key.attempt),
-                str(status_w),
-            ],
-            cwd="/",
-            env={},  # nothing of the agent's: the job's environment travels in `launch`
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            pass_fds=(status_w,),
-            start_new_session=True,  # a terminal's Ctrl-C is for the agent
-            close_fds=True,
-        )
+        proc = fork_server(key.installation, key.node).spawn(
+            key.job_id, key.attempt, status_w
+        ) or _exec_supervisor(key, status_w)
     except OSError as exc:
         os.close(status_r)
         os.close(status_w)
@@ -746,12 +727,39 @@ def _start_supervisor(
     status.close()
     with contextlib.suppress(OSError):
         proc.stdin.close()
-    if proc.poll() is None:
-        proc.kill()
+    proc.kill()
     proc.wait()
     if first is not None and "error" in first:
         raise LaunchError(str(first["error"]))
-    raise LaunchError(f"the job's supervisor failed to start it (exit code {proc.returncode})")
+    code = "" if proc.returncode is None else f" (exit code {proc.returncode})"
+    raise LaunchError(f"the job's supervisor failed to start it{code}")
+
+
+def _exec_supervisor(key: GroupKey, status_w: int) -> subprocess.Popen[bytes]:
+    """A supervisor in a fresh interpreter, where there is no fork server."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            _RUN_SUPERVISOR,
+            supervisor.MARKER,
+            key.installation,
+            key.node,
+            str(key.job_id),
+            str(key.attempt),
+            str(status_w),
+        ],
+        cwd="/",
+        env={},  # nothing of the agent's: the job's environment travels in `launch`
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        pass_fds=(status_w,),
+        start_new_session=True,  # a terminal's Ctrl-C is for the agent
+        close_fds=True,
+    )
 
 
 def _open_log(path: Path, account: Account | None) -> IO[bytes]:

@@ -3,8 +3,10 @@ of everything the job starts.
 
     python -I -S supervisor.py gpusched-supervisor INSTALLATION NODE JOB ATTEMPT STATUS_FD
 
-Run by the agent (workers/agent/runner.py) for every attempt, whatever fence the node has,
-with the same arguments but imported (`python -I -S -c "...; supervisor.main(sys.argv)"`)
+Forked for every attempt, whatever fence the node has, by the agent's fork server
+(`serve`, below; workers/agent/forkserver.py), which writes these arguments into the
+child's command line. Where there is no fork server the agent (workers/agent/runner.py)
+runs it with these arguments, imported (`python -I -S -c "...; supervisor.main(sys.argv)"`)
 so that its bytecode is cached.
 It reads one message from stdin (argv, env, cwd, the account to run as, the cgroups to
 join), starts the job's first process, and then:
@@ -27,8 +29,8 @@ watchdog) finds the supervisors of its own attempts; only those running as the a
 user are believed. Standard library only, no site-packages (-I -S): nothing of the agent's
 environment reaches it or the job.
 
-A supervisor starts for every attempt, so its start is part of every job's: it imports only
-what is built in or small. A message is a dict in `marshal`'s format (built into the
+A supervisor starts for every attempt, so its start is part of every job's: where it starts
+as a fresh interpreter, it imports only what is built in or small. A message is a dict in `marshal`'s format (built into the
 interpreter; the agent runs the supervisor with its own), after its length in 4 bytes
 (`frame`, `read_frame`). JSON would import `re` and `enum`, `signal` imports `enum`, and
 `contextlib` imports `collections` and `functools`: 17 of the 20 ms its imports took.
@@ -55,6 +57,11 @@ except ImportError:  # pragma: no cover - an interpreter without it
 import warnings  # noqa: F401
 
 MARKER = "gpusched-supervisor"
+# argv[1] of the fork server (`serve`): as long as MARKER, which its children write there.
+FORKSERVER = "gpusched-forkserver"
+# The fork server's placeholders for JOB, ATTEMPT and STATUS_FD, which each child
+# overwrites with its own, zero-padded (`_name_self`).
+PLACEHOLDERS = ("0" * 19, "0" * 10, "0" * 10)
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 _status_fd = -1  # the agent's pipe (argv[6])
 _POLL_S = 0.5
@@ -233,12 +240,18 @@ def _kill_the_rest() -> None:
 
 
 def main(argv: list[str]) -> int:
-    global _status_fd
     if len(argv) != 7 or argv[1] != MARKER or not argv[6].isdigit():
         print("usage: supervisor.py gpusched-supervisor INSTALLATION NODE JOB ATTEMPT STATUS_FD",
               file=sys.stderr)  # fmt: skip
         return 2
-    _status_fd = int(argv[6])
+    return _supervise(int(argv[6]))
+
+
+def _supervise(status_fd: int) -> int:
+    """Start the job of the launch message on stdin, report on `status_fd`, and stay its
+    subreaper until it has ended and the agent has closed stdin; the exit status."""
+    global _status_fd
+    _status_fd = status_fd
     os.set_inheritable(_status_fd, False)  # the job must not hold (or write to) it
     # The agent stops jobs; signals aimed at the supervisor (a terminal's Ctrl-C, a
     # process group's SIGTERM) must not orphan the job.
@@ -299,6 +312,152 @@ def main(argv: list[str]) -> int:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     _say({"cpu_s": usage.ru_utime + usage.ru_stime, "maxrss_kb": usage.ru_maxrss})
     return 0
+
+
+# -- the fork server ---------------------------------------------------------------------
+#
+#     python -I -S -c "...; supervisor.serve(sys.argv)" gpusched-forkserver INSTALLATION NODE
+#         0000000000000000000 0000000000 0000000000     (stdin: a SOCK_SEQPACKET socket)
+#
+# One per agent, started once (workers/agent/forkserver.py): a supervisor forked from it
+# costs a few ms of CPU less than a fresh interpreter's 10-14 (most of a short job's start
+# on the node). Each request is "JOB ATTEMPT" with three descriptors: the child's
+# stdin (its launch), stdout/stderr (the job's log) and status pipe. It forks; the child
+# becomes that attempt's supervisor, renamed as one (`_name_self`), and the reply is the
+# child's pid with a pidfd for it (the agent is not its parent; the fork server reaps it).
+# It leaves when the agent closes the socket (or dies); its children run on.
+
+
+def _name_self(job: int, attempt: int, status_fd: int) -> None:
+    """Make this process's command line a supervisor's, naming its job and attempt, by
+    writing over the fork server's (same length: the placeholders are zero-padded), so
+    that a restarted agent and the watchdog find it as they find any supervisor."""
+    with open("/proc/self/stat", "rb") as handle:
+        raw = handle.read()
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    arg_start = int(fields[45])  # arg_start, field 48 of proc(5)
+    with open("/proc/self/cmdline", "rb") as handle:
+        old = handle.read()
+    parts = old.split(b"\0")
+    at = parts.index(FORKSERVER.encode())
+    parts[at] = MARKER.encode()
+    for offset, value in enumerate((job, attempt, status_fd), start=3):
+        width = len(parts[at + offset])
+        digits = str(value).encode()
+        if len(digits) > width:
+            raise ValueError(f"{value} does not fit the command line")
+        parts[at + offset] = digits.rjust(width, b"0")
+    new = b"\0".join(parts)
+    fd = os.open("/proc/self/mem", os.O_WRONLY)
+    try:
+        os.pwrite(fd, new, arg_start)
+    finally:
+        os.close(fd)
+
+
+def _forked(request: bytes, fds: list[int], closing: tuple[int, ...]) -> int:
+    """The fork server's child: become the supervisor of the requested attempt."""
+    signal.set_wakeup_fd(-1)  # the fork server's, closed here
+    for fd in closing:
+        os.close(fd)
+    launch_fd, log_fd, status_fd = fds
+    os.dup2(launch_fd, 0)  # over the fork server's socket
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(launch_fd)
+    os.close(log_fd)
+    os.setsid()  # a session of its own, as a supervisor the agent starts itself
+    try:
+        job, attempt = (int(word) for word in request.split())
+        _name_self(job, attempt, status_fd)
+    except (OSError, ValueError) as exc:
+        os.write(status_fd, frame({"error": f"cannot name the supervisor: {exc}"}))
+        return 1
+    return _supervise(status_fd)
+
+
+def _reap_all() -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def serve(argv: list[str]) -> int:
+    """The fork server's loop (see above)."""
+    import _socket  # only the fork server needs it, once
+
+    if len(argv) != 7 or argv[1] != FORKSERVER or tuple(argv[4:]) != PLACEHOLDERS:
+        print("usage: supervisor.py gpusched-forkserver INSTALLATION NODE (placeholders)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    server = _socket.socket(fileno=0)
+    int_size = 4
+    try:  # what each child will do, tried on itself: its own command line written back
+        with open("/proc/self/stat", "rb") as handle:
+            raw = handle.read()
+        with open("/proc/self/cmdline", "rb") as handle:
+            own = handle.read()
+        fd = os.open("/proc/self/mem", os.O_WRONLY)
+        try:
+            os.pwrite(fd, own, int(raw[raw.rfind(b")") + 2 :].split()[45]))
+        finally:
+            os.close(fd)
+        os.close(os.pidfd_open(os.getpid()))
+    except (OSError, AttributeError, IndexError) as exc:
+        server.send(f"error: {exc}".encode())
+        return 1
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # as a supervisor: the agent's to stop
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    server.send(b"ready")
+    while True:
+        ready, _, _ = select.select([0, wake_r], [], [])
+        if wake_r in ready:
+            try:
+                while os.read(wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+            _reap_all()
+        if 0 not in ready:
+            continue
+        request, ancillary, _, _ = server.recvmsg(64, _socket.CMSG_SPACE(3 * int_size))
+        if not request:
+            return 0  # the agent is gone or done: its supervisors run on
+        fds = [
+            int.from_bytes(data[i : i + int_size], sys.byteorder, signed=True)
+            for level, kind, data in ancillary
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS
+            for i in range(0, len(data) - len(data) % int_size, int_size)
+        ]
+        if len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            server.send(b"error: expected three descriptors")
+            continue
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _forked(request, fds, (wake_r, wake_w))
+            except BaseException as exc:  # never back into the fork server's loop
+                _say({"error": f"supervisor: {exc!r}"})
+            finally:
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)  # its child, not reaped yet: this pid is still it
+        try:
+            server.sendmsg(
+                [str(pid).encode()],
+                [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, pidfd.to_bytes(int_size, sys.byteorder))],
+            )
+        finally:
+            os.close(pidfd)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,123 @@
+"""Supervisors forked by the node's fork server (workers/agent/forkserver.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.agent.support import installation_of
+from tests.support.wait import WAIT_S, wait_until
+from workers.agent import forkserver, supervisor
+from workers.agent.fence import Fence, choose_fence, supervisor_identity
+from workers.agent.runner import JobLaunch, RunningProcess, start_job, stop_groups
+
+NODE = "n1"
+
+
+@pytest.fixture
+def fence(tmp_path: Path) -> Fence:
+    return choose_fence(installation_of(tmp_path), NODE)
+
+
+def start(
+    fence: Fence, tmp_path: Path, command: str, job_id: int, attempt: int = 1
+) -> RunningProcess:
+    return start_job(
+        JobLaunch(
+            command=command,
+            workdir=tmp_path,
+            job_id=job_id,
+            attempt=attempt,
+            log_path=tmp_path / f"{job_id}-{attempt}.log",
+            grace_s=0.0,
+        ),
+        fence=fence,
+    )
+
+
+def parent_of(pid: int) -> int:
+    raw = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(raw[raw.rfind(b")") + 2 :].split()[1])
+
+
+def cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+
+
+def test_each_supervisor_is_forked_by_the_nodes_fork_server_and_named_as_its_attempt(
+    fence: Fence, tmp_path: Path
+) -> None:
+    first = start(fence, tmp_path, "sleep 60", job_id=5, attempt=1)
+    second = start(fence, tmp_path, "sleep 60", job_id=6, attempt=2)
+    try:
+        supervisors = [parent_of(running.pid) for running in (first, second)]
+        server = parent_of(supervisors[0])
+        assert parent_of(supervisors[1]) == server != os.getpid()
+        assert supervisor.FORKSERVER in cmdline(server) and parent_of(server) == os.getpid()
+        # Named as a supervisor started afresh would be, so the watchdog and a restarted
+        # agent find them (and their jobs) by their command lines.
+        assert [supervisor_identity(pid) for pid in supervisors] == [
+            (fence.installation, NODE, 5, 1),
+            (fence.installation, NODE, 6, 2),
+        ]
+        assert supervisor_identity(server) is None
+        assert {group.key.job_id for group in fence.find()} == {5, 6}
+    finally:
+        stop_groups([(group, 0.0) for group in fence.find()])
+    for running in (first, second):
+        outcome = running.wait(WAIT_S)
+        assert outcome is not None and outcome.signal in (signal.SIGTERM, signal.SIGKILL)
+
+
+def test_a_fork_server_that_died_is_started_again_and_its_supervisors_run_on(
+    fence: Fence, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    waiting = start(fence, tmp_path, f"while [ ! -e {go} ]; do sleep 0.05; done; echo ran on", 7)
+    server = parent_of(parent_of(waiting.pid))
+    os.kill(server, signal.SIGKILL)
+    wait_until(lambda: parent_of(parent_of(waiting.pid)) != server)  # reparented once it died
+    go.touch()
+    outcome = waiting.wait(WAIT_S)
+    assert outcome is not None and outcome.exit_code == 0
+    assert (tmp_path / "7-1.log").read_text() == "ran on\n"
+
+    after = start(fence, tmp_path, "sleep 60", 8)
+    try:
+        restarted = parent_of(parent_of(after.pid))
+        assert restarted != server and supervisor.FORKSERVER in cmdline(restarted)
+    finally:
+        after.terminate("cancel", grace_s=0.0)
+    outcome = after.wait(WAIT_S)
+    assert outcome is not None and outcome.terminated_reason == "cancel"
+
+
+def test_without_a_usable_fork_server_each_supervisor_is_a_fresh_interpreter(
+    fence: Fence, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As a host whose kernel has no pidfds answers at the fork server's start.
+    monkeypatch.setattr(
+        forkserver,
+        "_RUN_FORKSERVER",
+        "import _socket, sys; _socket.socket(fileno=0).send(b'error: no pidfd'); sys.exit(1)",
+    )
+    caplog.set_level(logging.WARNING, logger=forkserver.__name__)
+    for job_id in (9, 10):
+        running = start(fence, tmp_path, "sleep 60", job_id)
+        try:
+            started_by = parent_of(running.pid)
+            assert parent_of(started_by) == os.getpid()
+            assert supervisor_identity(started_by) == (fence.installation, NODE, job_id, 1)
+        finally:
+            running.terminate("cancel", grace_s=0.0)
+        outcome = running.wait(WAIT_S)
+        assert outcome is not None and outcome.terminated_reason == "cancel"
+    # Tried once, said once.
+    assert forkserver.fork_server(fence.installation, NODE).unusable == "error: no pidfd"
+    assert [r.getMessage() for r in caplog.records] == [
+        "supervisors start as fresh interpreters on n1 (no fork server: error: no pidfd)"
+    ]
