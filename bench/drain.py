@@ -108,8 +108,9 @@ def cpu_seconds() -> dict[str, float]:
             usage["reports worker"] += used
         elif "app.cli scheduler" in cmd:
             usage["scheduler"] += used
-        elif "app.cli agent" in cmd:
-            # With what it reaped: each attempt's supervisor (and the job, here `true`).
+        elif "app.cli agent" in cmd or "gpusched-forkserver" in cmd:
+            # With what it reaped: each attempt's supervisor (and the job, here `true`),
+            # which the agent's fork server (workers/agent/forkserver.py) forks and reaps.
             reaped = (int(fields[13]) + int(fields[14])) / tick
             usage["agents with supervisors"] += used + reaped
         elif "valkey" in comm or "redis" in comm:
