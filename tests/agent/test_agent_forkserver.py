@@ -121,3 +121,33 @@ def test_without_a_usable_fork_server_each_supervisor_is_a_fresh_interpreter(
     assert [r.getMessage() for r in caplog.records] == [
         "supervisors start as fresh interpreters on n1 (no fork server: error: no pidfd)"
     ]
+
+
+# A fork server that dies between a request and its answer, after its child got the
+# request's pipes: that child's last words must not be read as the next try's.
+_DIES_MID_REQUEST = """
+import _socket, marshal, os, sys
+server = _socket.socket(fileno=0)
+server.send(b"ready")
+_, ancillary, _, _ = server.recvmsg(64, _socket.CMSG_SPACE(12))
+status = int.from_bytes(ancillary[0][2][8:12], sys.byteorder)
+said = marshal.dumps({"error": "from the child of a fork server that died"})
+os.write(status, len(said).to_bytes(4, "big") + said)
+sys.exit(1)
+"""
+
+
+def test_a_fork_server_dying_mid_request_leaves_the_next_try_a_clean_status_pipe(
+    fence: Fence, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(forkserver, "_RUN_FORKSERVER", _DIES_MID_REQUEST)
+    caplog.set_level(logging.WARNING, logger=forkserver.__name__)
+    running = start(fence, tmp_path, "echo started afresh", 11)
+    outcome = running.wait(WAIT_S)
+    assert outcome is not None and outcome.exit_code == 0
+    assert (tmp_path / "11-1.log").read_text() == "started afresh\n"
+    # Tried twice (a fork server that died is started again once), then a fresh interpreter.
+    assert [r.getMessage() for r in caplog.records] == [
+        "supervisor fork server for n1: it left",
+        "supervisor fork server for n1: it left",
+    ]

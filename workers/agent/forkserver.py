@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 _INT_SIZE = 4
 # How long the fork server may take to start (an interpreter on a busy machine) or answer.
 _ANSWER_S = 60.0
+# How long it may take to leave once its socket is closed.
+_LEAVE_S = 5.0
 _RUN_FORKSERVER = (
     f"import sys; sys.path.append({os.path.dirname(supervisor.__file__)!r}); "
     "import supervisor; sys.exit(supervisor.serve(sys.argv))"
@@ -61,10 +63,13 @@ class ForkedSupervisor:
 
     returncode: int | None = None
 
-    def __init__(self, pid: int, pidfd: int, stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    def __init__(
+        self, pid: int, pidfd: int, stdin: IO[bytes], stdout: IO[bytes], status: int
+    ) -> None:
         self.pid, self._pidfd = pid, pidfd
         self.stdin: IO[bytes] | None = stdin
         self.stdout: IO[bytes] | None = stdout
+        self.status = status  # the read end of its status pipe, the caller's to close
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Block until it has exited; subprocess.TimeoutExpired after `timeout`."""
@@ -102,9 +107,9 @@ class ForkServer:
         self._process: subprocess.Popen[bytes] | None = None
         self.unusable: str | None = None  # why this host cannot have one, once known
 
-    def spawn(self, job_id: int, attempt: int, status_fd: int) -> ForkedSupervisor | None:
-        """The supervisor of this attempt, reporting on `status_fd` (which the caller
-        closes); None where there is no usable fork server (start one afresh then)."""
+    def spawn(self, job_id: int, attempt: int) -> ForkedSupervisor | None:
+        """The supervisor of this attempt; None where there is no usable fork server
+        (start one afresh then)."""
         with self._lock:
             for _ in range(2):  # one that died meanwhile is started again, once
                 if self.unusable is not None:
@@ -112,7 +117,7 @@ class ForkServer:
                 try:
                     if self._socket is None and not self._start():
                         return None
-                    return self._request(job_id, attempt, status_fd)
+                    return self._request(job_id, attempt)
                 except _Gone as exc:
                     logger.warning("supervisor fork server for %s: %s", self.node, exc)
                     self._stop()
@@ -168,36 +173,39 @@ class ForkServer:
             return False
         return True
 
-    def _request(self, job_id: int, attempt: int, status_fd: int) -> ForkedSupervisor:
+    def _request(self, job_id: int, attempt: int) -> ForkedSupervisor:
         assert self._socket is not None
+        # Pipes of this request's own: a child forked by a fork server that died before
+        # it answered must not write into the next try's.
         launch_r, launch_w = os.pipe()
         log_r, log_w = os.pipe()
+        status_r, status_w = os.pipe()
         try:
             fds = b"".join(
-                fd.to_bytes(_INT_SIZE, sys.byteorder) for fd in (launch_r, log_w, status_fd)
+                fd.to_bytes(_INT_SIZE, sys.byteorder) for fd in (launch_r, log_w, status_w)
             )
             self._socket.sendmsg(
                 [f"{job_id} {attempt}".encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]
             )
             answer, ancillary, _, _ = self._socket.recvmsg(256, socket.CMSG_SPACE(_INT_SIZE))
         except OSError as exc:
-            os.close(launch_w)
-            os.close(log_r)
+            for fd in (launch_w, log_r, status_r):
+                os.close(fd)
             raise _Gone(f"lost: {exc}") from exc
         finally:  # the child's ends, now its own
-            os.close(launch_r)
-            os.close(log_w)
+            for fd in (launch_r, log_w, status_w):
+                os.close(fd)
         pidfds = [
             int.from_bytes(data[:_INT_SIZE], sys.byteorder, signed=True)
             for level, kind, data in ancillary
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
         ]
         if not answer.isdigit() or len(pidfds) != 1:
-            for fd in (launch_w, log_r, *pidfds):
+            for fd in (launch_w, log_r, status_r, *pidfds):
                 os.close(fd)
             raise _Gone(answer.decode(errors="replace") or "it left")
         return ForkedSupervisor(
-            int(answer), pidfds[0], os.fdopen(launch_w, "wb"), os.fdopen(log_r, "rb")
+            int(answer), pidfds[0], os.fdopen(launch_w, "wb"), os.fdopen(log_r, "rb"), status_r
         )
 
     def _stop(self) -> None:
@@ -206,7 +214,7 @@ class ForkServer:
             self._socket = None
         if self._process is not None:
             try:
-                self._process.wait(_ANSWER_S)
+                self._process.wait(_LEAVE_S)
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()

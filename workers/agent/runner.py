@@ -702,17 +702,13 @@ def _start_supervisor(
         "umask": JOB_UMASK,
         "cgroups": list(group.join_files()),
     }
-    status_r, status_w = os.pipe()
     key = group.key
-    try:
-        proc = fork_server(key.installation, key.node).spawn(
-            key.job_id, key.attempt, status_w
-        ) or _exec_supervisor(key, status_w)
-    except OSError as exc:
-        os.close(status_r)
-        os.close(status_w)
-        raise LaunchError(f"cannot start the job's supervisor: {exc.strerror or exc}") from exc
-    os.close(status_w)
+    forked = fork_server(key.installation, key.node).spawn(key.job_id, key.attempt)
+    if forked is not None:
+        proc: SupervisorProcess = forked
+        status_r = forked.status
+    else:
+        proc, status_r = _exec_supervisor(key)
     status = _StatusPipe(status_r)
     group.bind(proc.pid)
     assert proc.stdin is not None
@@ -735,31 +731,40 @@ def _start_supervisor(
     raise LaunchError(f"the job's supervisor failed to start it{code}")
 
 
-def _exec_supervisor(key: GroupKey, status_w: int) -> subprocess.Popen[bytes]:
-    """A supervisor in a fresh interpreter, where there is no fork server."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-I",
-            "-S",
-            "-c",
-            _RUN_SUPERVISOR,
-            supervisor.MARKER,
-            key.installation,
-            key.node,
-            str(key.job_id),
-            str(key.attempt),
-            str(status_w),
-        ],
-        cwd="/",
-        env={},  # nothing of the agent's: the job's environment travels in `launch`
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        pass_fds=(status_w,),
-        start_new_session=True,  # a terminal's Ctrl-C is for the agent
-        close_fds=True,
-    )
+def _exec_supervisor(key: GroupKey) -> tuple[subprocess.Popen[bytes], int]:
+    """A supervisor in a fresh interpreter, where there is no fork server, and the read end
+    of its status pipe."""
+    status_r, status_w = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                _RUN_SUPERVISOR,
+                supervisor.MARKER,
+                key.installation,
+                key.node,
+                str(key.job_id),
+                str(key.attempt),
+                str(status_w),
+            ],
+            cwd="/",
+            env={},  # nothing of the agent's: the job's environment travels in `launch`
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(status_w,),
+            start_new_session=True,  # a terminal's Ctrl-C is for the agent
+            close_fds=True,
+        )
+    except OSError as exc:
+        os.close(status_r)
+        raise LaunchError(f"cannot start the job's supervisor: {exc.strerror or exc}") from exc
+    finally:
+        os.close(status_w)
+    return proc, status_r
 
 
 def _open_log(path: Path, account: Account | None) -> IO[bytes]:
