@@ -328,17 +328,29 @@ def _supervise(status_fd: int) -> int:
 # It leaves when the agent closes the socket (or dies); its children run on.
 
 
-def _name_self(job: int, attempt: int, status_fd: int) -> None:
-    """Make this process's command line a supervisor's, naming its job and attempt, by
-    writing over the fork server's (same length: the placeholders are zero-padded), so
-    that a restarted agent and the watchdog find it as they find any supervisor."""
+def _own_cmdline() -> bytes:
+    with open("/proc/self/cmdline", "rb") as handle:
+        return handle.read()
+
+
+def _write_cmdline(text: bytes) -> None:
+    """Write `text` over this process's command line, where the kernel reads it from
+    (its argv strings, from arg_start, field 48 of proc(5)): `text` must be as long."""
     with open("/proc/self/stat", "rb") as handle:
         raw = handle.read()
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    arg_start = int(fields[45])  # arg_start, field 48 of proc(5)
-    with open("/proc/self/cmdline", "rb") as handle:
-        old = handle.read()
-    parts = old.split(b"\0")
+    arg_start = int(raw[raw.rfind(b")") + 2 :].split()[45])
+    fd = os.open("/proc/self/mem", os.O_WRONLY)
+    try:
+        os.pwrite(fd, text, arg_start)
+    finally:
+        os.close(fd)
+
+
+def _name_self(job: int, attempt: int, status_fd: int) -> None:
+    """Make this process's command line a supervisor's, naming its job and attempt, over
+    the fork server's (as long: the placeholders are zero-padded), so that a restarted
+    agent and the watchdog find it as they find any supervisor."""
+    parts = _own_cmdline().split(b"\0")
     at = parts.index(FORKSERVER.encode())
     parts[at] = MARKER.encode()
     for offset, value in enumerate((job, attempt, status_fd), start=3):
@@ -347,12 +359,7 @@ def _name_self(job: int, attempt: int, status_fd: int) -> None:
         if len(digits) > width:
             raise ValueError(f"{value} does not fit the command line")
         parts[at + offset] = digits.rjust(width, b"0")
-    new = b"\0".join(parts)
-    fd = os.open("/proc/self/mem", os.O_WRONLY)
-    try:
-        os.pwrite(fd, new, arg_start)
-    finally:
-        os.close(fd)
+    _write_cmdline(b"\0".join(parts))
 
 
 def _forked(request: bytes, fds: list[int], closing: tuple[int, ...]) -> int:
@@ -394,16 +401,8 @@ def serve(argv: list[str]) -> int:
         return 2
     server = _socket.socket(fileno=0)
     int_size = 4
-    try:  # what each child will do, tried on itself: its own command line written back
-        with open("/proc/self/stat", "rb") as handle:
-            raw = handle.read()
-        with open("/proc/self/cmdline", "rb") as handle:
-            own = handle.read()
-        fd = os.open("/proc/self/mem", os.O_WRONLY)
-        try:
-            os.pwrite(fd, own, int(raw[raw.rfind(b")") + 2 :].split()[45]))
-        finally:
-            os.close(fd)
+    try:  # what each child will need, tried on itself: its own command line written back
+        _write_cmdline(_own_cmdline())
         os.close(os.pidfd_open(os.getpid()))
     except (OSError, AttributeError, IndexError) as exc:
         server.send(f"error: {exc}".encode())
