@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import fnmatch
 import json
+import threading
 import time
 from dataclasses import replace
 from datetime import timedelta
@@ -48,6 +49,7 @@ from app.wire import (
 from tests.cycle.jobs_api import get_job, run_one_cycle, statements_while, submit
 from tests.foundation.builders import ready_node
 from workers.heartbeats import (
+    GATHER_S,
     IN_FLIGHT_KEY,
     HeartbeatDrain,
     ReportsContext,
@@ -380,6 +382,51 @@ def test_a_batchs_nodes_are_heard_from_before_their_readings_are_stored(api: Any
     hb_drain.drain_once()
 
     assert seen and all(at > long_ago + timedelta(seconds=500) for at in seen[0].values())
+
+
+class RecordedStop(threading.Event):
+    """A stop event whose waits return at once, saying how long they were asked to be."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        return self.is_set()
+
+
+@pytest.mark.parametrize(("round_of", "waits"), [(4, [GATHER_S]), (2, [])])
+def test_after_a_short_batch_the_drain_waits_for_more_before_taking_the_next(
+    api: Any, round_of: int, waits: list[float]
+) -> None:
+    # Heartbeats come a few at a time at any scale: taken as they come, each batch of one
+    # or two cost its own mark and Redis round trips. After one too short to fill a round
+    # of transactions (`round_of` heartbeats) it lets the next gather; after a full round
+    # (a backlog) it goes on at once, and after finding the queue empty it does not wait
+    # more than the pop did.
+    with api.factory.begin() as session:
+        session.add_all([ready_node(n, gpus=1, now=utcnow()) for n in ("n1", "n2")])
+    stop = RecordedStop()
+
+    class EndsWhenEmpty(FakeQueueRedis):
+        def brpop(self, names: list[str], timeout: float) -> tuple[bytes, bytes] | None:
+            got = super().brpop(names, timeout)
+            if got is None:  # a real one would have waited `timeout`: the test ends here
+                stop.set()
+            return got
+
+    redis = EndsWhenEmpty()
+    queue_heartbeat(redis, heartbeat("n1", 10.0))
+    queue_heartbeat(redis, heartbeat("n2", 20.0))
+
+    draining = drain(api, redis)
+    draining.per_transaction, draining.threads = 1, round_of
+
+    draining.run(stop)
+
+    assert stop.waits == waits
+    assert (samples(api, "n1"), samples(api, "n2")) == ([10.0], [20.0])
 
 
 def test_a_batch_of_many_nodes_is_stored_in_several_transactions_at_once(api: Any) -> None:
