@@ -301,11 +301,7 @@ def _supervise(status_fd: int) -> int:
         watched = [wake_r] if agent_done else [wake_r, stdin]
         ready, _, _ = select.select(watched, [], [], _POLL_S)
         if wake_r in ready:
-            try:
-                while os.read(wake_r, 512):
-                    pass
-            except BlockingIOError:
-                pass
+            _empty(wake_r)
         if stdin in ready and not os.read(stdin, 4096):
             agent_done = True  # closed: the agent is done with the attempt, or dead
     _kill_the_rest()
@@ -383,6 +379,15 @@ def _forked(request: bytes, fds: list[int], closing: tuple[int, ...]) -> int:
     return _supervise(status_fd)
 
 
+def _empty(wakeup_fd: int) -> None:
+    """Read what signals wrote into a non-blocking wakeup pipe."""
+    try:
+        while os.read(wakeup_fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
 def _reap_all() -> None:
     try:
         while os.waitpid(-1, os.WNOHANG)[0]:
@@ -416,11 +421,7 @@ def serve(argv: list[str]) -> int:
     while True:
         ready, _, _ = select.select([0, wake_r], [], [])
         if wake_r in ready:
-            try:
-                while os.read(wake_r, 512):
-                    pass
-            except BlockingIOError:
-                pass
+            _empty(wake_r)
             _reap_all()
         if 0 not in ready:
             continue
