@@ -332,7 +332,6 @@ class HeartbeatDrain:
         batch: int = BATCH,
         per_transaction: int = PER_TRANSACTION,
         threads: int = STORE_THREADS,
-        gather_s: float = GATHER_S,
         lease: DrainerLease | None = None,
         reports_waited_s: Callable[[], float] | None = None,
     ) -> None:
@@ -343,7 +342,6 @@ class HeartbeatDrain:
         self.batch = batch
         self.per_transaction = per_transaction
         self.threads = threads
-        self.gather_s = gather_s
         self.lease = lease
         self._pool: ThreadPoolExecutor | None = None
         self.reports_waited_s = reports_waited_s
@@ -497,7 +495,7 @@ class HeartbeatDrain:
                 if self.lease is None or self.lease.hold():
                     taken = sum(self.drain_once(block_s=1.0))
                     if 0 < taken < self.per_transaction * self.threads:
-                        stop.wait(self.gather_s)
+                        stop.wait(GATHER_S)
                 else:
                     stop.wait(1.0)  # another process drains; take over when it stops
             except Exception as exc:

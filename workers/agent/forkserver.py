@@ -32,7 +32,6 @@ from workers.agent import supervisor
 
 logger = logging.getLogger(__name__)
 
-_INT_SIZE = 4
 # How long the fork server may take to start (an interpreter on a busy machine) or answer.
 _ANSWER_S = 60.0
 # How long it may take to leave once its socket is closed.
@@ -181,13 +180,10 @@ class ForkServer:
         log_r, log_w = os.pipe()
         status_r, status_w = os.pipe()
         try:
-            fds = b"".join(
-                fd.to_bytes(_INT_SIZE, sys.byteorder) for fd in (launch_r, log_w, status_w)
+            socket.send_fds(
+                self._socket, [f"{job_id} {attempt}".encode()], [launch_r, log_w, status_w]
             )
-            self._socket.sendmsg(
-                [f"{job_id} {attempt}".encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]
-            )
-            answer, ancillary, _, _ = self._socket.recvmsg(256, socket.CMSG_SPACE(_INT_SIZE))
+            answer, pidfds, _, _ = socket.recv_fds(self._socket, 256, 1)
         except OSError as exc:
             for fd in (launch_w, log_r, status_r):
                 os.close(fd)
@@ -195,11 +191,6 @@ class ForkServer:
         finally:  # the child's ends, now its own
             for fd in (launch_r, log_w, status_w):
                 os.close(fd)
-        pidfds = [
-            int.from_bytes(data[:_INT_SIZE], sys.byteorder, signed=True)
-            for level, kind, data in ancillary
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-        ]
         if not answer.isdigit() or len(pidfds) != 1:
             for fd in (launch_w, log_r, status_r, *pidfds):
                 os.close(fd)

@@ -29,10 +29,10 @@ watchdog) finds the supervisors of its own attempts; only those running as the a
 user are believed. Standard library only, no site-packages (-I -S): nothing of the agent's
 environment reaches it or the job.
 
-A supervisor starts for every attempt, so its start is part of every job's: where it starts
-as a fresh interpreter, it imports only what is built in or small. A message is a dict in `marshal`'s format (built into the
-interpreter; the agent runs the supervisor with its own), after its length in 4 bytes
-(`frame`, `read_frame`). JSON would import `re` and `enum`, `signal` imports `enum`, and
+A supervisor starts for every attempt, so its start is part of every job's: where it
+starts as a fresh interpreter, it imports only what is built in or small. A message is a
+dict in `marshal`'s format (built into the interpreter; the agent runs the supervisor with
+its own), after its length in 4 bytes (`frame`, `read_frame`). JSON would import `re` and `enum`, `signal` imports `enum`, and
 `contextlib` imports `collections` and `functools`: 17 of the 20 ms its imports took.
 """
 
@@ -398,14 +398,13 @@ def _reap_all() -> None:
 
 def serve(argv: list[str]) -> int:
     """The fork server's loop (see above)."""
-    import _socket  # only the fork server needs it, once
+    import socket  # only the fork server needs it, once: not on a fresh supervisor's path
 
     if len(argv) != 7 or argv[1] != FORKSERVER or tuple(argv[4:]) != PLACEHOLDERS:
         print("usage: supervisor.py gpusched-forkserver INSTALLATION NODE (placeholders)",
               file=sys.stderr)  # fmt: skip
         return 2
-    server = _socket.socket(fileno=0)
-    int_size = 4
+    server = socket.socket(fileno=0)
     try:  # what each child will need, tried on itself: its own command line written back
         _write_cmdline(_own_cmdline())
         os.close(os.pidfd_open(os.getpid()))
@@ -425,15 +424,9 @@ def serve(argv: list[str]) -> int:
             _reap_all()
         if 0 not in ready:
             continue
-        request, ancillary, _, _ = server.recvmsg(64, _socket.CMSG_SPACE(3 * int_size))
+        request, fds, _, _ = socket.recv_fds(server, 64, 3)
         if not request:
             return 0  # the agent is gone or done: its supervisors run on
-        fds = [
-            int.from_bytes(data[i : i + int_size], sys.byteorder, signed=True)
-            for level, kind, data in ancillary
-            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS
-            for i in range(0, len(data) - len(data) % int_size, int_size)
-        ]
         if len(fds) != 3:
             for fd in fds:
                 os.close(fd)
@@ -452,10 +445,7 @@ def serve(argv: list[str]) -> int:
             os.close(fd)
         pidfd = os.pidfd_open(pid)  # its child, not reaped yet: this pid is still it
         try:
-            server.sendmsg(
-                [str(pid).encode()],
-                [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, pidfd.to_bytes(int_size, sys.byteorder))],
-            )
+            socket.send_fds(server, [str(pid).encode()], [pidfd])
         finally:
             os.close(pidfd)
 
