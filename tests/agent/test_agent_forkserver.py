@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import resource
 import signal
+from io import BytesIO
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,14 @@ from tests.agent.support import installation_of
 from tests.support.wait import WAIT_S, wait_until
 from workers.agent import forkserver, supervisor
 from workers.agent.fence import Fence, choose_fence, supervisor_identity
-from workers.agent.runner import JobLaunch, RunningProcess, start_job, stop_groups
+from workers.agent.runner import (
+    JobLaunch,
+    LaunchError,
+    RunningProcess,
+    _StatusPipe,
+    start_job,
+    stop_groups,
+)
 
 NODE = "n1"
 
@@ -151,3 +161,57 @@ def test_a_fork_server_dying_mid_request_leaves_the_next_try_a_clean_status_pipe
         "supervisor fork server for n1: it left",
         "supervisor fork server for n1: it left",
     ]
+
+
+# A fork server whose children fail before they are supervisors (here: in setsid).
+_CHILDREN_CANNOT_SETSID = f"""
+import os, sys
+sys.path.append({os.path.dirname(supervisor.__file__)!r})
+import supervisor
+def refuse():
+    raise OSError("setsid refused here")
+os.setsid = refuse
+sys.exit(supervisor.serve(sys.argv))
+"""
+
+
+def test_a_child_of_the_fork_server_that_fails_before_supervising_says_why(
+    fence: Fence, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(forkserver, "_RUN_FORKSERVER", _CHILDREN_CANNOT_SETSID)
+    # Its reason, not "the job's supervisor failed to start it".
+    with pytest.raises(LaunchError, match=re.escape("supervisor: OSError('setsid refused here')")):
+        start(fence, tmp_path, "true", 12)
+
+
+def test_status_and_pidfd_numbered_past_select_s_limit_are_waited_for(
+    fence: Fence, tmp_path: Path
+) -> None:
+    """An agent running many attempts holds descriptors numbered over 1,024 (FD_SETSIZE),
+    which select() refuses with ValueError."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the open-files limit ({hard}) is under 2048")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    try:
+        read_end, write_end = os.pipe()
+        high = os.dup2(read_end, 2000)
+        os.close(read_end)
+        pipe = _StatusPipe(high)
+        assert pipe.read(0.01) is None  # nothing yet: waited for, not refused
+        os.write(write_end, supervisor.frame({"pid": 1}))
+        os.close(write_end)
+        assert pipe.read(WAIT_S) == {"pid": 1}
+        assert pipe.read(WAIT_S) is None and pipe.closed
+        pipe.close()
+
+        child = os.fork()
+        if child == 0:
+            os._exit(0)
+        pidfd = os.pidfd_open(child)
+        forked = forkserver.ForkedSupervisor(child, os.dup2(pidfd, 2001), BytesIO(), BytesIO(), -1)
+        os.close(pidfd)
+        assert forked.wait(WAIT_S) is None
+        os.waitpid(child, 0)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import select
 import signal
@@ -55,6 +56,15 @@ class SupervisorProcess(Protocol):
     def kill(self) -> None: ...
 
 
+def readable(fd: int, timeout_s: float | None) -> bool:
+    """Whether `fd` can be read (or has hung up) within `timeout_s` (None: no limit).
+    poll, not select: an agent running many attempts holds descriptors numbered past
+    select's limit (FD_SETSIZE, 1024), where select raises ValueError."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout_s is None else max(0, math.ceil(timeout_s * 1000))))
+
+
 class ForkedSupervisor:
     """A supervisor the fork server forked: not this process's child, so it is waited for
     and killed through its pidfd. Its exit status stays the fork server's
@@ -74,8 +84,7 @@ class ForkedSupervisor:
         """Block until it has exited; subprocess.TimeoutExpired after `timeout`."""
         if self._pidfd < 0:
             return None
-        ready, _, _ = select.select([self._pidfd], [], [], timeout)
-        if not ready:
+        if not readable(self._pidfd, timeout):
             raise subprocess.TimeoutExpired(f"supervisor {self.pid}", timeout or 0.0)
         os.close(self._pidfd)
         self._pidfd = -1

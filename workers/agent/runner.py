@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import shutil
 import signal
 import socket
@@ -42,7 +41,7 @@ from typing import IO, Any, Literal
 from workers.agent import supervisor
 from workers.agent.accounts import Account
 from workers.agent.fence import Fence, FenceError, GpuDevice, GroupKey, JobGroup, Usage
-from workers.agent.forkserver import SupervisorProcess, fork_server
+from workers.agent.forkserver import SupervisorProcess, fork_server, readable
 
 logger = logging.getLogger(__name__)
 
@@ -362,8 +361,7 @@ class _StatusPipe:
             if self.closed:
                 return None
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([self._fd], [], [], left)
-            if not ready:
+            if not readable(self._fd, left):
                 return None
             chunk = os.read(self._fd, 4096)
             if not chunk:

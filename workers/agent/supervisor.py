@@ -360,10 +360,11 @@ def _name_self(job: int, attempt: int, status_fd: int) -> None:
 
 def _forked(request: bytes, fds: list[int], closing: tuple[int, ...]) -> int:
     """The fork server's child: become the supervisor of the requested attempt."""
+    global _status_fd
+    launch_fd, log_fd, _status_fd = fds  # from here on, a failure is said to the agent
     signal.set_wakeup_fd(-1)  # the fork server's, closed here
     for fd in closing:
         os.close(fd)
-    launch_fd, log_fd, status_fd = fds
     os.dup2(launch_fd, 0)  # over the fork server's socket
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
@@ -372,11 +373,22 @@ def _forked(request: bytes, fds: list[int], closing: tuple[int, ...]) -> int:
     os.setsid()  # a session of its own, as a supervisor the agent starts itself
     try:
         job, attempt = (int(word) for word in request.split())
-        _name_self(job, attempt, status_fd)
+        _name_self(job, attempt, _status_fd)
     except (OSError, ValueError) as exc:
-        os.write(status_fd, frame({"error": f"cannot name the supervisor: {exc}"}))
+        _say({"error": f"cannot name the supervisor: {exc}"})
         return 1
-    return _supervise(status_fd)
+    return _supervise(_status_fd)
+
+
+def _child(request: bytes, fds: list[int], closing: tuple[int, ...]) -> None:
+    """Run `_forked` in the fork server's child, and exit: never back into its loop."""
+    code = 1
+    try:
+        code = _forked(request, fds, closing)
+    except BaseException as exc:
+        _say({"error": f"supervisor: {exc!r}"})
+    finally:
+        os._exit(code)
 
 
 def _empty(wakeup_fd: int) -> None:
@@ -434,13 +446,7 @@ def serve(argv: list[str]) -> int:
             continue
         pid = os.fork()
         if pid == 0:
-            code = 1
-            try:
-                code = _forked(request, fds, (wake_r, wake_w))
-            except BaseException as exc:  # never back into the fork server's loop
-                _say({"error": f"supervisor: {exc!r}"})
-            finally:
-                os._exit(code)
+            _child(request, fds, (wake_r, wake_w))
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)  # its child, not reaped yet: this pid is still it
