@@ -236,7 +236,20 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("pool_size", 20)
     kwargs.setdefault("max_overflow", 20)
     kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _utc_session(dbapi_conn: Any, _record: Any) -> None:
+        # psycopg gives timestamptz values the session's zone: `datetime.UTC` for "UTC",
+        # a ZoneInfo for any other name, such as the "Etc/UTC" many servers take from
+        # their host. Comparing datetimes of two zone objects calls both zones' utcoffset
+        # (2.6 times as slow, and a timedelta made each time): at 1,000 nodes that was a
+        # tenth of the scheduler's CPU, in the GPU prechecks against the cycle's clock.
+        with dbapi_conn.cursor() as cursor:
+            cursor.execute("SET TIME ZONE 'UTC'")
+        dbapi_conn.commit()
+
+    return engine
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
