@@ -380,17 +380,6 @@ def _forked(request: bytes, fds: list[int], closing: tuple[int, ...]) -> int:
     return _supervise(_status_fd)
 
 
-def _child(request: bytes, fds: list[int], closing: tuple[int, ...]) -> None:
-    """Run `_forked` in the fork server's child, and exit: never back into its loop."""
-    code = 1
-    try:
-        code = _forked(request, fds, closing)
-    except BaseException as exc:
-        _say({"error": f"supervisor: {exc!r}"})
-    finally:
-        os._exit(code)
-
-
 def _empty(wakeup_fd: int) -> None:
     """Read what signals wrote into a non-blocking wakeup pipe."""
     try:
@@ -446,7 +435,13 @@ def serve(argv: list[str]) -> int:
             continue
         pid = os.fork()
         if pid == 0:
-            _child(request, fds, (wake_r, wake_w))
+            code = 1
+            try:
+                code = _forked(request, fds, (wake_r, wake_w))
+            except BaseException as exc:  # never back into the fork server's loop
+                _say({"error": f"supervisor: {exc!r}"})
+            finally:
+                os._exit(code)
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)  # its child, not reaped yet: this pid is still it
