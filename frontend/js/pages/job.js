@@ -118,8 +118,15 @@ export function jobPage(root, ctx, { match }) {
   };
 
   const placed = (j) => j.status === "SCHEDULED" || j.status === "RUNNING";
+  let headShows = null; // what the head was last built from
   const renderHead = () => {
     if (head.querySelector(".armed")) return; // keep a half-confirmed cancel
+    // Rebuilt only when the job or the editor changed, or a button waits to be enabled
+    // again after its action: a rebuild by the refresh between a click's press and its
+    // release replaced the button under the pointer, and the click was lost.
+    const shows = JSON.stringify([job, editor.hidden]);
+    if (shows === headShows && !head.querySelector("button:disabled")) return;
+    headShows = shows;
     clear(head,
       h("div", {},
         h("div", { class: "small" }, h("a", { href: "#/queue" }, "← Queue")),
