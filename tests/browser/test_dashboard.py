@@ -357,6 +357,36 @@ def test_change_what_a_pending_job_waits_for(dash: Dashboard, stack: Stack) -> N
         stack.request("POST", f"/api/v1/jobs/{job}/cancel")
 
 
+def test_a_jobs_page_keeps_its_buttons_across_refreshes(dash: Dashboard, stack: Stack) -> None:
+    """The page refreshes every 2 s; a head rebuilt at each refresh replaced the button
+    under a pointer between its press and release, and the click was lost (seen under
+    load). Nothing changed, so the same buttons stay; a change rebuilds them."""
+    job = stack.request(
+        "POST", "/api/v1/jobs", {"command": "true", "gpus": 0, "hold": True, "name": "still"}
+    )["id"]
+    page = dash.page
+    dash.login(stack.admin_token)
+    dash.go(f"#/jobs/{job}")
+    _expect_text(page, "#change-job", "^Change$")
+    page.evaluate("() => { window.changeButton = document.querySelector('#change-job'); }")
+
+    def refreshed() -> None:
+        # Two reads of the job: the refresh after the first one has rendered by the second.
+        for _ in range(2):
+            with page.expect_response(
+                lambda r: r.request.method == "GET" and r.url.endswith(f"/api/v1/jobs/{job}"),
+                timeout=30_000,
+            ):
+                pass
+
+    refreshed()
+    assert page.evaluate("() => window.changeButton.isConnected")
+    stack.request("POST", f"/api/v1/jobs/{job}/release")
+    refreshed()
+    assert not page.evaluate("() => window.changeButton.isConnected")
+    dash.assert_clean()
+
+
 def test_submit_an_array_and_a_cleanup_step_through_the_form(dash: Dashboard, stack: Stack) -> None:
     dash.console.allow(422, r"/api/v1/jobs$")
     page = dash.page
