@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import bench.common  # noqa: E402, F401  (its private PostgreSQL is durable, as a deployment's)
 from tests.support.servers import create_pg_database, drop_pg_database, free_port  # noqa: E402
 
 
@@ -220,7 +221,7 @@ def main() -> int:
 
     print(
         f"\nAPI benchmark: {args.clients} clients, {args.seconds:.0f} s each, "
-        f"{args.workers} uvicorn workers, PostgreSQL, {os.cpu_count()} cores, "
+        f"{args.workers} uvicorn workers, PostgreSQL (durable commits), {os.cpu_count()} cores, "
         f"{'keep-alive connections' if args.keep_alive else 'a connection per request'}"
         f"{f', {args.queued:,} jobs queued before' if args.queued else ''}"
     )

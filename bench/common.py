@@ -13,7 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.support.servers import PG_DURABLE_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
+
+# The private PostgreSQL a benchmark starts (the tests', tests/support/servers.py) flushes
+# each commit to disk, as a deployment's does: the tests' server does not, which flatters
+# every write. A server named by GPUSCHED_TEST_PG_URL is used as it is configured.
+os.environ[PG_DURABLE_ENV] = "1"
 
 
 # -- benchmark helpers ------------------------------------------------------------
@@ -114,4 +121,5 @@ def machine_info() -> dict[str, Any]:
         # `make native` builds it again.
         "core": "compiled" if compiled_core.in_use() else "plain Python",
         "reference_loop_ms": round(reference_loop_ms(), 1),
+        "private_postgresql": "durable commits (fsync, synchronous_commit on)",
     }

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.support.servers import PrivatePostgres
+from tests.support.servers import PG_DURABLE_ENV, PrivatePostgres
 from tests.support.wait import poll
 
 REPO = Path(__file__).resolve().parents[2]
 STARTER = """
 import sys, time
-from tests.support.servers import PrivatePostgres
+from tests.support.servers import PG_DURABLE_ENV, PrivatePostgres
 pg = PrivatePostgres().start()
 print(pg.url, pg.dir, flush=True)
 time.sleep(600)
@@ -36,10 +36,24 @@ def _answers(url: str) -> bool:
         engine.dispose()
 
 
+DURABILITY = ("fsync", "synchronous_commit", "full_page_writes")
+
+
+def _durability(url: str) -> dict[str, str]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return {name: conn.execute(text(f"SHOW {name}")).scalar_one() for name in DURABILITY}
+    finally:
+        engine.dispose()
+
+
 def test_a_private_server_answers_and_is_removed_by_cleanup() -> None:
     pg = PrivatePostgres().start()
     try:
         assert _answers(pg.url)
+        # The tests' server trades durability for speed.
+        assert _durability(pg.url) == dict.fromkeys(DURABILITY, "off")
         pg.stop()
         assert not _answers(pg.url)
         pg.start()  # a fault test stops and starts it: the data is kept
@@ -48,6 +62,16 @@ def test_a_private_server_answers_and_is_removed_by_cleanup() -> None:
         pg.cleanup()
     assert not pg.dir.exists()
     assert not _answers(pg.url)
+
+
+def test_a_benchmarks_server_flushes_each_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A benchmark measures what a deployment gets (bench/common.py sets the variable)."""
+    monkeypatch.setenv(PG_DURABLE_ENV, "1")
+    pg = PrivatePostgres().start()
+    try:
+        assert _durability(pg.url) == dict.fromkeys(DURABILITY, "on")
+    finally:
+        pg.cleanup()
 
 
 @pytest.mark.skipif(os.name != "posix", reason="signals")

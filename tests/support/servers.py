@@ -34,7 +34,16 @@ from typing import Any
 PG_URL_ENV = "GPUSCHED_TEST_PG_URL"
 # initdb refuses to run as root: the cluster's files belong to this account then.
 PG_ACCOUNT = "gpusched-testpg"
-_OPTIONS = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400"
+# Tests trade durability for speed: nothing is flushed to disk. A benchmark measures what a
+# deployment gets, each commit on disk before it returns (a 201 promises the job is kept):
+# bench/common.py sets this variable to "1" before any server starts.
+PG_DURABLE_ENV = "GPUSCHED_TEST_PG_DURABLE"
+_NOT_DURABLE = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+
+
+def _options() -> str:
+    durable = os.environ.get(PG_DURABLE_ENV) == "1"
+    return f"{'' if durable else _NOT_DURABLE} -c max_connections=400"
 
 
 _session_server: PrivatePostgres | None = None
@@ -144,7 +153,7 @@ class PrivatePostgres:
             self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres",
                       "--no-sync", "-E", "UTF8")  # fmt: skip
             self._start_guard()
-        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 {_OPTIONS}"
+        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 {_options()}"
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.dir / "log"),
                   "-w", "-t", "60", "start")  # fmt: skip
         self.running = True
