@@ -438,6 +438,7 @@ _ALLOCATIONS = select(*ALLOCATION_COLUMNS).join(Job, Job.id == Allocation.job_id
 # with the job table's statistics stale after a burst of submissions, PostgreSQL hashed
 # the whole table for them: 8 ms of each cycle at 1,000 nodes with 10,000 jobs. For the
 # thousands of a full read the join is the cheaper (5 against 10 ms for 10,000).
+assert ALLOCATION_COLUMNS[-1] is Job.project_id  # replaced by its subquery below
 _CHANGED_ALLOCATIONS = select(
     *ALLOCATION_COLUMNS[:-1],
     select(Job.project_id).where(Job.id == Allocation.job_id).scalar_subquery(),
