@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import bench.common  # noqa: E402, F401  (its private PostgreSQL is durable, as a deployment's)
+from bench.common import durable_postgres  # noqa: E402
 from tests.support.servers import create_pg_database, drop_pg_database, free_port  # noqa: E402
 
 
@@ -137,6 +137,7 @@ def queue_jobs(db_url: str, count: int) -> None:
 
 
 def main() -> int:
+    durable_postgres()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)

@@ -34,7 +34,7 @@ from app.main import create_app
 from app.messaging import NullMessenger
 from app.migrate import upgrade
 from app.nodes.models import Gpu, Node, NodeState
-from bench.common import bench_args, machine_info, print_table, write_results
+from bench.common import bench_args, durable_postgres, machine_info, print_table, write_results
 from tests.support.servers import create_pg_database, drop_pg_database, wipe_tables
 
 SIZES = (8, 64, 256)
@@ -111,6 +111,7 @@ def one_cycle(engine: Any, data_dir: Path, jobs: int) -> tuple[float, int, int]:
 
 
 def main() -> int:
+    durable_postgres()
     args = bench_args(__doc__.splitlines()[0], repeat=3)
     root = Path(tempfile.mkdtemp(prefix="gpusched-apply-"))
     pg_name = None

@@ -17,10 +17,14 @@ from tests.support.servers import PG_DURABLE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The private PostgreSQL a benchmark starts (the tests', tests/support/servers.py) flushes
-# each commit to disk, as a deployment's does: the tests' server does not, which flatters
-# every write. A server named by GPUSCHED_TEST_PG_URL is used as it is configured.
-os.environ[PG_DURABLE_ENV] = "1"
+
+def durable_postgres() -> None:
+    """Have the private PostgreSQL this benchmark starts (the tests', tests/support/
+    servers.py) flush each commit to disk, as a deployment's does: the tests' server does
+    not, which flatters every write. Called first by each benchmark's main, not on import:
+    tests import benchmarks' modules. A server named by GPUSCHED_TEST_PG_URL is used as
+    it is configured."""
+    os.environ[PG_DURABLE_ENV] = "1"
 
 
 # -- benchmark helpers ------------------------------------------------------------

@@ -68,7 +68,7 @@ from app.jobs.states import ACTIVE, JobStatus
 from app.messaging import NullMessenger
 from app.migrate import upgrade
 from app.nodes.models import Allocation, Gpu, Node, NodeState
-from bench.common import bench_args, machine_info, print_table, write_results
+from bench.common import bench_args, durable_postgres, machine_info, print_table, write_results
 from bench.rank import seed_queue
 from tests.support.servers import create_pg_database, drop_pg_database, free_port
 from tests.support.wait import poll
@@ -354,6 +354,7 @@ def memory(url: str, token: str, root: Path) -> dict[str, Any]:
 
 
 def main() -> int:
+    durable_postgres()
     args = bench_args(
         __doc__.splitlines()[0],
         waiting=20_000,

@@ -43,6 +43,7 @@ from bench.common import (
     ROOT,
     bench_args,
     bench_env,
+    durable_postgres,
     machine_info,
     percentile,
     print_table,
@@ -182,6 +183,7 @@ def top_functions(raw: Path, n: int = 25) -> list[tuple[str, float]]:
 
 
 def main() -> int:
+    durable_postgres()
     args = bench_args(
         __doc__.splitlines()[0],
         jobs=1000,

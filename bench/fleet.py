@@ -721,9 +721,11 @@ def run_bench(args: argparse.Namespace) -> int:
     from app.db import make_engine
     from app.jobs.models import Job
     from app.nodes.models import Gpu, GpuSample, Node
-    from bench.common import machine_info, percentile, print_table, write_results
+    from bench.common import durable_postgres, machine_info, percentile, print_table, write_results
     from tests.support.servers import free_port
     from tests.support.stack import Stack
+
+    durable_postgres()
 
     root = Path(tempfile.mkdtemp(prefix="gpusched-fleet-"))
     metrics_port = free_port()

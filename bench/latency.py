@@ -24,7 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import select
 
-from bench.common import bench_args, bench_env, machine_info, print_table, summarize, write_results
+from bench.common import (
+    bench_args,
+    bench_env,
+    durable_postgres,
+    machine_info,
+    print_table,
+    summarize,
+    write_results,
+)
 from tests.support.stack import Stack
 
 GOAL_P50_S = 0.3
@@ -32,6 +40,7 @@ GOAL_P99_S = 1.0
 
 
 def main() -> int:
+    durable_postgres()
     args = bench_args(__doc__.splitlines()[0], jobs=100, warmup=5, job_s=0.2)
     from app.db import make_engine
     from app.jobs.models import Job, JobEvent

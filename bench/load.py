@@ -33,7 +33,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from bench.common import ROOT, bench_args, bench_env, machine_info, print_table, summarize
+from bench.common import (
+    ROOT,
+    bench_args,
+    bench_env,
+    durable_postgres,
+    machine_info,
+    print_table,
+    summarize,
+)
 from tests.support.servers import free_port
 from tests.support.stack import Stack
 
@@ -223,6 +231,7 @@ def cycle_from_log(log: Path) -> dict[str, Any] | None:
 
 
 def main() -> int:
+    durable_postgres()
     args = bench_args(
         __doc__.splitlines()[0],
         jobs=10000,

@@ -40,7 +40,7 @@ from app.messaging import NullMessenger
 from app.migrate import upgrade
 from app.projects.models import Project
 from app.scheduling.types import ReasonKind
-from bench.common import bench_args, machine_info, print_table, write_results
+from bench.common import bench_args, durable_postgres, machine_info, print_table, write_results
 from tests.support.servers import create_pg_database, drop_pg_database
 
 GOAL_MS = 50.0
@@ -113,6 +113,7 @@ def _ranks_cost(waiting: int) -> float:
 
 
 def main() -> int:
+    durable_postgres()
     args = bench_args(__doc__.splitlines()[0], waiting=20_000, asks=30)
     root = Path(tempfile.mkdtemp(prefix="gpusched-rank-"))
     pg_name = None

@@ -32,7 +32,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import bench_args, bench_env, machine_info, print_table, summarize, write_results
+from bench.common import (
+    bench_args,
+    bench_env,
+    durable_postgres,
+    machine_info,
+    print_table,
+    summarize,
+    write_results,
+)
 from tests.support.stack import Stack
 
 GOAL_P50_S = 0.5
@@ -79,6 +87,7 @@ def measure(stack: Stack, sample: Any, *, warmup: int, jobs: int) -> list[float]
 
 
 def main() -> int:
+    durable_postgres()
     args = bench_args(__doc__.splitlines()[0], jobs=20, warmup=2)
     root = Path(tempfile.mkdtemp(prefix="gpusched-reaction-"))
     stack = Stack(

@@ -65,7 +65,7 @@ def test_a_private_server_answers_and_is_removed_by_cleanup() -> None:
 
 
 def test_a_benchmarks_server_flushes_each_commit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A benchmark measures what a deployment gets (bench/common.py sets the variable)."""
+    """A benchmark measures what a deployment gets (bench/common.py durable_postgres)."""
     monkeypatch.setenv(PG_DURABLE_ENV, "1")
     pg = PrivatePostgres().start()
     try:

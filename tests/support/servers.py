@@ -36,7 +36,7 @@ PG_URL_ENV = "GPUSCHED_TEST_PG_URL"
 PG_ACCOUNT = "gpusched-testpg"
 # Tests trade durability for speed: nothing is flushed to disk. A benchmark measures what a
 # deployment gets, each commit on disk before it returns (a 201 promises the job is kept):
-# bench/common.py sets this variable to "1" before any server starts.
+# each benchmark's main sets this variable to "1" (bench/common.py durable_postgres).
 PG_DURABLE_ENV = "GPUSCHED_TEST_PG_DURABLE"
 _NOT_DURABLE = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
 
