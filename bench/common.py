@@ -125,5 +125,5 @@ def machine_info() -> dict[str, Any]:
         # `make native` builds it again.
         "core": "compiled" if compiled_core.in_use() else "plain Python",
         "reference_loop_ms": round(reference_loop_ms(), 1),
-        "private_postgresql": "durable commits (fsync, synchronous_commit on)",
+        "private_postgresql": "durable commits (fsync, synchronous_commit on) where started here",
     }
