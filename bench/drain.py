@@ -267,7 +267,7 @@ def main() -> int:
     # Queued first: the rate that counts is from the release (the submissions are not in it).
     drained = finished[-1] - released_at if finished and released_at else float("nan")
     drain_released = n_done / drained if finished and released_at else None
-    rate = drain_released if drain_released is not None else drain
+    rate = drain_released if drain_released is not None else drain  # the one the anchor's
     lo, hi = percentile(finished, 10), percentile(finished, 90)
     in_band = sum(lo <= f <= hi for f in finished)
     steady = (in_band - 1) / (hi - lo) if hi > lo else float("nan")
@@ -280,7 +280,12 @@ def main() -> int:
     rows_out = [
         ("jobs finished", f"{n_done} of {args.jobs} ({dict(statuses)})"),
         *(
-            [("from release", f"{rate:.1f} jobs/s  ({n_done} jobs in {drained:.1f}s, all queued)")]
+            [
+                (
+                    "from release",
+                    f"{drain_released:.1f} jobs/s  ({n_done} jobs in {drained:.1f}s, all queued)",
+                )
+            ]
             if drain_released is not None
             else []
         ),
