@@ -267,7 +267,7 @@ def main() -> int:
     # Queued first: the rate that counts is from the release (the submissions are not in it).
     drained = finished[-1] - released_at if finished and released_at else float("nan")
     drain_released = n_done / drained if finished and released_at else None
-    rate = drain_released if drain_released is not None else drain  # the one the anchor's
+    rate = drain_released if drain_released is not None else drain  # compared with the anchor
     lo, hi = percentile(finished, 10), percentile(finished, 90)
     in_band = sum(lo <= f <= hi for f in finished)
     steady = (in_band - 1) / (hi - lo) if hi > lo else float("nan")
