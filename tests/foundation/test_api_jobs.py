@@ -104,6 +104,21 @@ def test_share_below_one_needs_a_single_gpu(api):
     assert "gpu_share below 1 needs gpus = 1" in r.text
 
 
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [
+        ("", "shell command must not be blank"),
+        ("  ", "shell command must not be blank"),
+        ([], "argv list must not be empty"),
+        ([""], "program (argv[0]) must not be empty"),
+    ],
+)
+def test_an_empty_command_is_refused_with_one_reason(api, command, why):
+    r = submit(api, command=command)
+    assert r.status_code == 422
+    assert field_errors(r) == {("command",): f"Value error, {why}"}
+
+
 def test_malformed_json_is_422_not_500(api):
     r = api.client.post(
         JOBS, content=b"{not json", headers={**api.as_("alice"), "content-type": "application/json"}
