@@ -18,7 +18,7 @@ from tests.support.wait import poll
 REPO = Path(__file__).resolve().parents[2]
 STARTER = """
 import sys, time
-from tests.support.servers import PG_DURABLE_ENV, PrivatePostgres
+from tests.support.servers import PrivatePostgres
 pg = PrivatePostgres().start()
 print(pg.url, pg.dir, flush=True)
 time.sleep(600)
