@@ -66,7 +66,7 @@ test-under-load: native
 lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy app workers
+	$(BIN)/mypy --explicit-package-bases app workers bench
 	$(BIN)/lint-imports
 	$(BIN)/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
 

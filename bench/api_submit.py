@@ -24,7 +24,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -85,9 +87,19 @@ class Connection:
             self.reader = self.writer = None
 
 
+# One request by client `i`, its `n`-th: returns the HTTP status.
+MakeRequest = Callable[[Connection, int, int], Awaitable[int]]
+
+
 async def hammer(
-    url: str, token: str, *, clients: int, seconds: float, keep_alive: bool, make_request
-) -> dict:
+    url: str,
+    token: str,
+    *,
+    clients: int,
+    seconds: float,
+    keep_alive: bool,
+    make_request: MakeRequest,
+) -> dict[str, Any]:
     latencies: list[float] = []
     errors: Counter[int] = Counter()  # by HTTP status
     deadline = time.perf_counter() + seconds
@@ -196,11 +208,11 @@ def main() -> int:
                 time.sleep(0.1)
         body = {"command": ["python", "train.py"], "gpus": 1, "labels": {"bench": "1"}}
 
-        async def submit(conn, i, n):
+        async def submit(conn: Connection, i: int, n: int) -> int:
             payload = json.dumps({**body, "name": f"c{i}-{n}"}).encode()
             return await conn.request("POST", "/api/v1/jobs", payload)
 
-        async def listing(conn, i, n):
+        async def listing(conn: Connection, i: int, n: int) -> int:
             return await conn.request("GET", "/api/v1/jobs?limit=50")
 
         run = functools.partial(

@@ -100,26 +100,26 @@ def build(nodes: int, pending: int, busy: float, seed: int = 1) -> Snapshot:
     jobs: list[JobView] = []
     for k in range(pending):
         r = rng.random()
-        gpus, nn, share = 1, 1, None
+        asked, nn, share = 1, 1, None
         if r < 0.10:
             share = 0.5
         elif r < 0.55:
-            gpus = 1
+            asked = 1
         elif r < 0.72:
-            gpus = 2
+            asked = 2
         elif r < 0.88:
-            gpus = 4
+            asked = 4
         elif r < 0.98:
-            gpus = 8
+            asked = 8
         else:
-            gpus, nn = 8, 2
+            asked, nn = 8, 2
         jobs.append(
             JobView(
                 id=k + 1,
                 name=f"model{rng.randrange(20)}",
                 user=f"user{rng.randrange(50)}",
                 project=f"p{rng.randrange(8)}",
-                gpus=gpus,
+                gpus=asked,
                 gpu_share=share,
                 nodes=nn,
                 gpu_memory_mb=rng.choice([None, None, None, 20_000, 60_000]),

@@ -44,6 +44,7 @@ def main() -> int:
     args = bench_args(__doc__.splitlines()[0], jobs=100, warmup=5, job_s=0.2)
     from app.db import make_engine
     from app.jobs.models import Job, JobEvent
+    from app.jobs.states import JobStatus
 
     root = Path(tempfile.mkdtemp(prefix="gpusched-latency-"))
     stack = Stack(
@@ -81,9 +82,10 @@ def main() -> int:
             samples.append(
                 {
                     "post_s": t_post - t0,
-                    "scheduled_s": at["SCHEDULED"].timestamp() - t0,
-                    "running_s": at["RUNNING"].timestamp() - t0,
-                    "dispatch_s": at["RUNNING"].timestamp() - at["SCHEDULED"].timestamp(),
+                    "scheduled_s": at[JobStatus.SCHEDULED].timestamp() - t0,
+                    "running_s": at[JobStatus.RUNNING].timestamp() - t0,
+                    "dispatch_s": at[JobStatus.RUNNING].timestamp()
+                    - at[JobStatus.SCHEDULED].timestamp(),
                 }
             )
             if (i + 1 - args.warmup) % 20 == 0:

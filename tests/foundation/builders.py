@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session, sessionmaker
 
 from app.auth.models import User
 from app.auth.service import create_user
@@ -38,14 +40,14 @@ def ready_node(name: str, *, gpus: int, now: datetime, idle_since: datetime | No
 
 
 def add_node(
-    factory,
+    factory: sessionmaker[Session],
     name: str,
     *,
     gpus: int = 8,
     model: str = "H100-80GB",
     memory_mb: int = 81559,
     state: NodeState = NodeState.READY,
-):
+) -> None:
     with factory() as session:
         node = Node(name=name, hostname=name, state=state, last_heartbeat_at=utcnow())
         node.gpus = [
@@ -56,15 +58,17 @@ def add_node(
         session.commit()
 
 
-def move_job(factory, job_id: int, *path: JobStatus) -> None:
+def move_job(factory: sessionmaker[Session], job_id: int, *path: JobStatus) -> None:
     with factory() as session:
-        job = session.scalar(select(Job).where(Job.id == job_id))
+        job = session.get_one(Job, job_id)
         for status in path:
             transition(session, job=job, to=status, actor="test")
         session.commit()
 
 
-def add_user(factory, name: str, projects: list[str], *, admin: bool = False) -> str:
+def add_user(
+    factory: sessionmaker[Session], name: str, projects: list[str], *, admin: bool = False
+) -> str:
     """A user in `projects` (created when missing), committed; returns its token. Recorded
     in the audit trail with actor "test", which audit tests leave out."""
     with factory() as session:
@@ -75,7 +79,9 @@ def add_user(factory, name: str, projects: list[str], *, admin: bool = False) ->
     return token
 
 
-def insert_jobs(factory, *, user: str, project: str, count: int, **columns) -> list[int]:
+def insert_jobs(
+    factory: sessionmaker[Session], *, user: str, project: str, count: int, **columns: Any
+) -> list[int]:
     """`count` pending jobs of `user` in `project` as a submission leaves them (NEW),
     written in one bulk INSERT: a deep queue in seconds, where the API would take minutes.
     `columns`: the same for every job (schedule_mode="at", begin_at=..., gpu_model=...).

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -462,23 +462,23 @@ class Stack:
         return r
 
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self.api("POST", "/api/v1/jobs", json=spec).json()
+        return cast(dict[str, Any], self.api("POST", "/api/v1/jobs", json=spec).json())
 
     def job(self, job_id: int) -> dict[str, Any]:
-        return self.api("GET", f"/api/v1/jobs/{job_id}").json()
+        return cast(dict[str, Any], self.api("GET", f"/api/v1/jobs/{job_id}").json())
 
     def events(self, job_id: int) -> list[dict[str, Any]]:
-        return self.api("GET", f"/api/v1/jobs/{job_id}/events").json()
+        return cast(list[dict[str, Any]], self.api("GET", f"/api/v1/jobs/{job_id}/events").json())
 
     def logs(self, job_id: int, attempt: int | None = None) -> str:
         params = {"attempt": attempt} if attempt else {}
         return self.api("GET", f"/api/v1/jobs/{job_id}/logs", params=params).text
 
     def node(self, node: str) -> dict[str, Any]:
-        return self.api("GET", f"/api/v1/nodes/{self.name(node)}").json()
+        return cast(dict[str, Any], self.api("GET", f"/api/v1/nodes/{self.name(node)}").json())
 
     def cancel(self, job_id: int) -> dict[str, Any]:
-        return self.api("POST", f"/api/v1/jobs/{job_id}/cancel").json()
+        return cast(dict[str, Any], self.api("POST", f"/api/v1/jobs/{job_id}/cancel").json())
 
     def wait_job(
         self,
