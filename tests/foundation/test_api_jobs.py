@@ -111,9 +111,15 @@ def test_share_below_one_needs_a_single_gpu(api):
         ("  ", "shell command must not be blank"),
         ([], "argv list must not be empty"),
         ([""], "program (argv[0]) must not be empty"),
+        ("x" * 65537, "shell command longer than 65536 characters"),
+        (["train", "y" * 8193], "argv[1] longer than 8192 characters"),
+        (["train"] * 4097, "at most 4096 arguments"),
+        (["train", 5], "argv[1] must be a string"),
+        (5, "must be an argv list of strings or one shell command string"),
+        ({"argv": ["train"]}, "must be an argv list of strings or one shell command string"),
     ],
 )
-def test_an_empty_command_is_refused_with_one_reason(api, command, why):
+def test_a_bad_command_is_refused_with_one_reason(api, command, why):
     r = submit(api, command=command)
     assert r.status_code == 422
     assert field_errors(r) == {("command",): f"Value error, {why}"}
