@@ -219,6 +219,28 @@ def test_an_agent_obeys_an_order_once_and_only_if_meant_for_it() -> None:
     assert refusal(ahead) == "expired"
 
 
+
+def test_an_agent_forgets_an_order_only_once_it_would_be_refused_as_expired() -> None:
+    gate = OrderGate(node="n1", key=KEY["n1"])
+    now = time.time()
+    # Sent 100 s apart, the later first: the gate keeps what it has not seen expire,
+    # whatever order they arrived in.
+    later, earlier = (seal(RUN, key=KEY["n1"], now=now + at) for at in (100, 0))
+    gate.open(later, now=now + 100)
+    gate.open(earlier, now=now + 101)
+    assert gate.remembered() == 2
+    for order in (later, earlier):
+        with pytest.raises(Refused, match="seen before"):
+            gate.open(order, now=now + ORDER_TTL_S - 1)
+    # Past the earlier one's lifetime, the next order opened lets it go, not the later.
+    gate.open(seal(RUN, key=KEY["n1"], now=now + ORDER_TTL_S + 2), now=now + ORDER_TTL_S + 2)
+    assert gate.remembered() == 2
+    with pytest.raises(Refused, match="seen before"):
+        gate.open(later, now=now + ORDER_TTL_S + 3)
+    with pytest.raises(Refused) as expired:
+        gate.open(earlier, now=now + ORDER_TTL_S + 3)
+    assert expired.value.reason == "expired"
+
 def test_a_refusal_is_counted_by_kind_and_reason() -> None:
     labels = {"kind": "finished", "reason": "bad_signature"}
 
