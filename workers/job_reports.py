@@ -173,10 +173,13 @@ class ReportDrain:
         batch: int = BATCH,
         per_transaction: int = PER_TRANSACTION,
         holder: str | None = None,
+        turn: threading.Lock | None = None,
     ) -> None:
         self.context = context
         self.batch = batch
         self.per_transaction = per_transaction
+        # Shared by the drains of a process (`start_report_drains`): see `drain_once`.
+        self.turn = turn or threading.Lock()
         self._applied = 0  # of the list's oldest: dropped at the next take
         holder = holder or f"{socket.gethostname()}-{uuid.uuid4().hex[:12]}"  # says whose
         self.taken_key = TAKEN_PREFIX + holder
@@ -217,15 +220,31 @@ class ReportDrain:
         if time.monotonic() - self._restored_at >= RESTORE_EVERY_S:
             self._restored_at = time.monotonic()
             self.restore_orphans()
-        raws = self.take(block_s=block_s)
-        reports = [unseal_report(raw, self.context.key_for) for raw in raws]
-        for run in _runs([r for r in reports if r is not None], self.per_transaction):
-            self.context.redis.set(self.alive_key, "1", ex=ALIVE_TTL_S)
-            first = run[0]
-            if isinstance(first, Started | Finished):
-                self.apply_jobs([r for r in run if isinstance(r, Started | Finished)])
-            else:
-                self.apply_alone(first)
+        # One drain at a time takes, and a batch smaller than a transaction is applied
+        # before the next drain may take: what arrives meanwhile waits in the queue and
+        # makes the next batch, where the other drains would each have taken a report
+        # alone (a transaction each, nearly every report in a drain of short jobs). A
+        # batch of a transaction or more is a backlog: the next drain takes at once.
+        if not self.turn.acquire(timeout=max(block_s, 0.001)):
+            return 0
+        raws: list[bytes] = []
+        backlog = False
+        try:
+            raws = self.take(block_s=block_s)
+            backlog = len(raws) >= self.per_transaction
+            if backlog:
+                self.turn.release()
+            reports = [unseal_report(raw, self.context.key_for) for raw in raws]
+            for run in _runs([r for r in reports if r is not None], self.per_transaction):
+                self.context.redis.set(self.alive_key, "1", ex=ALIVE_TTL_S)
+                first = run[0]
+                if isinstance(first, Started | Finished):
+                    self.apply_jobs([r for r in run if isinstance(r, Started | Finished)])
+                else:
+                    self.apply_alone(first)
+        finally:
+            if not backlog:
+                self.turn.release()
         self._applied = len(raws)
         return len(raws)
 
@@ -332,14 +351,19 @@ class ReportDrain:
 def start_report_drains(
     count: int, stop: threading.Event, context: ReportsContext
 ) -> list[threading.Thread]:
-    """`count` drains of the same queue in threads of their own, each with its own batch,
-    as Celery's 4 threads took a report each: most of a transaction's time is waiting for
-    the database, and a slow one holds up only its own drain. Order is kept inside each
+    """`count` drains of the same queue in threads of their own, each with its own batch:
+    most of a transaction's time is waiting for the database, and with a backlog they
+    apply side by side; without one they take turns (`ReportDrain.drain_once`), so that
+    reports arriving together share a transaction. Order is kept inside each
     batch, not across drains (a job's end may be applied before its start, which
     `job_finished` allows for). They stop when `stop` is set."""
+    turn = threading.Lock()
     threads = [
         threading.Thread(
-            target=ReportDrain(context).run, args=(stop,), name=f"reports-{i}", daemon=True
+            target=ReportDrain(context, turn=turn).run,
+            args=(stop,),
+            name=f"reports-{i}",
+            daemon=True,
         )
         for i in range(count)
     ]

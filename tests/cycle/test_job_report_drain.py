@@ -12,6 +12,7 @@ against a real Redis (valkey): its Lua scripts move what is taken atomically.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -108,6 +109,50 @@ def test_started_and_finished_reports_are_applied_many_to_a_transaction(
     assert redis.llen(REPORTS_QUEUE) == 0
     assert redis.llen(draining.taken_key) == 12  # applied, dropped at the next take
     assert draining.take(block_s=0) == [] and redis.llen(draining.taken_key) == 0
+
+
+class ArrivingSender(CountingSender):
+    """Calls `meanwhile` once, from the first send: after a drain's first commit, before
+    it has finished its round."""
+
+    def __init__(self, meanwhile: Any) -> None:
+        super().__init__()
+        self.meanwhile = meanwhile
+        self.seen: list[int] = []
+
+    def send(self, after: AfterCommit) -> tuple[Any, ...]:
+        if self.meanwhile is not None:
+            self.seen.append(self.meanwhile())
+            self.meanwhile = None
+        return super().send(after)
+
+
+@pytest.mark.parametrize(("taken_first", "taken_meanwhile"), [(1, 0), (2, 2)])
+def test_a_small_batch_is_applied_before_another_drain_takes(
+    api: Any, redis: redis_lib.Redis, taken_first: int, taken_meanwhile: int
+) -> None:
+    # Drains take turns: what arrives while one applies a batch smaller than a
+    # transaction waits for the next batch (one transaction, not one each), and a batch
+    # of a transaction or more lets the next drain take at once.
+    jobs = placed_jobs(api, taken_first + 2)
+    for job, attempt in jobs[:taken_first]:
+        queue(redis, Started(node="n1", job_id=job, attempt=attempt, pid=100 + job))
+    turn = threading.Lock()
+    other = drain(api, redis, turn=turn, per_transaction=2)
+
+    def reports_arrive() -> int:
+        for job, attempt in jobs[taken_first:]:
+            queue(redis, Started(node="n1", job_id=job, attempt=attempt, pid=100 + job))
+        return other.drain_once()
+
+    first_sender = ArrivingSender(reports_arrive)
+    first = drain(api, redis, sender=first_sender, turn=turn, per_transaction=2)
+    assert first.drain_once() == taken_first
+    assert first_sender.seen == [taken_meanwhile]
+    # What the other drain could not take meanwhile it takes next, in one transaction.
+    assert commits_while(api, other.drain_once) == (1 if taken_meanwhile == 0 else 0)
+    assert redis.llen(REPORTS_QUEUE) == 0
+    assert all(get_job(api, job)["status"] == "RUNNING" for job, _ in jobs)
 
 
 def test_a_run_of_reports_costs_the_same_statements_however_many_it_holds(
