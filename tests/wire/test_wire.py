@@ -219,7 +219,6 @@ def test_an_agent_obeys_an_order_once_and_only_if_meant_for_it() -> None:
     assert refusal(ahead) == "expired"
 
 
-
 def test_an_agent_forgets_an_order_only_once_it_would_be_refused_as_expired() -> None:
     gate = OrderGate(node="n1", key=KEY["n1"])
     now = time.time()
@@ -240,6 +239,7 @@ def test_an_agent_forgets_an_order_only_once_it_would_be_refused_as_expired() ->
     with pytest.raises(Refused) as expired:
         gate.open(earlier, now=now + ORDER_TTL_S + 3)
     assert expired.value.reason == "expired"
+
 
 def test_a_refusal_is_counted_by_kind_and_reason() -> None:
     labels = {"kind": "finished", "reason": "bad_signature"}
