@@ -77,7 +77,9 @@ def build_scheduler_app(
     queue_memory = QueueMemory()
     scheduler_windows = SchedulerWindows()  # window intervals, generated once per window set
 
-    @celery.task(name=SCHEDULE_CYCLE)
+    # Not shared: each task closes over this app's state, and a shared task would also
+    # be registered in every other Celery app of the process (a test builds several).
+    @celery.task(name=SCHEDULE_CYCLE, shared=False)
     def schedule_cycle(full: bool = False) -> dict[str, Any]:
         # `full`: a timed cycle (a begin time came), which must read the whole queue.
         if full:
@@ -133,7 +135,7 @@ def build_scheduler_app(
             runtime.messenger.request_cycle_at(report.wake_at)
         return report
 
-    @celery.task(name=RECONCILE)
+    @celery.task(name=RECONCILE, shared=False)
     def reconcile_task() -> dict[str, int]:
         # Agents that were not given the installation's id take it from Redis (again after
         # a Redis restart).
@@ -168,14 +170,14 @@ def build_scheduler_app(
         runtime.messenger.send(repairs.after)
         return {"lost": len(repairs.lost_jobs), "redispatched": len(repairs.run)}
 
-    @celery.task(name=COMPACT_TELEMETRY)
+    @celery.task(name=COMPACT_TELEMETRY, shared=False)
     def compact_task() -> int:
         with runtime.factory() as session:
             folded = compact_telemetry(session=session, policy=telemetry, now=utcnow())
             session.commit()
         return folded
 
-    @celery.task(name=PURGE_HISTORY)
+    @celery.task(name=PURGE_HISTORY, shared=False)
     def purge_task() -> dict[str, int]:
         if settings.retention_days is None:
             return {}
@@ -185,14 +187,14 @@ def build_scheduler_app(
             log.info("purged history before %s: %s", before.isoformat(), purged)
         return asdict(purged)
 
-    @celery.task(name=SEND_NOTIFICATIONS)
+    @celery.task(name=SEND_NOTIFICATIONS, shared=False)
     def send_notifications() -> dict[str, int]:
         report = send_due(
             factory=runtime.factory, now=utcnow(), allowed_hosts=settings.notify_host_set
         )
         return asdict(report)
 
-    @celery.task(name=FIRE_BATCHES)
+    @celery.task(name=FIRE_BATCHES, shared=False)
     def fire_batches() -> dict[str, int]:
         # Reads every enabled schedule from the database each time: API changes apply at
         # once; the unique (schedule, fire time) row makes repeats and rival beats harmless.

@@ -168,19 +168,21 @@ def build_agent(settings: Settings, agent_settings: AgentSettings) -> tuple[Cele
         else f"{agent.jobs_run_as} (single-user)",
     )
 
-    @celery.task(name=RUN_JOB)
+    # Not shared: each task closes over this app's state, and a shared task would also
+    # be registered in every other Celery app of the process (a test builds several).
+    @celery.task(name=RUN_JOB, shared=False)
     def run_job(*_args: Any, **fields: Any) -> str:
         return obey(fields)
 
-    @celery.task(name=STOP_JOB)
+    @celery.task(name=STOP_JOB, shared=False)
     def stop_job(*_args: Any, **fields: Any) -> str:
         return obey(fields)
 
-    @celery.task(name=SET_TIME_LIMIT)
+    @celery.task(name=SET_TIME_LIMIT, shared=False)
     def set_time_limit(*_args: Any, **fields: Any) -> str:
         return obey(fields)
 
-    @celery.task(name=REGISTER_AGAIN)
+    @celery.task(name=REGISTER_AGAIN, shared=False)
     def register_again(*_args: Any, **fields: Any) -> str:
         return obey(fields)
 
