@@ -151,7 +151,8 @@ def run_cycle(
     the ranks a full cycle keeps for GET /jobs/{id}/rank)."""
     started = time.perf_counter()
     with factory() as session:
-        token = lease.acquire(
+        # Taken in the settle phase's transaction: one commit for both.
+        token = lease.take(
             session,
             holder=holder,
             now=now,

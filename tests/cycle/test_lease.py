@@ -5,6 +5,7 @@ held, another scheduler's cycle does not run."""
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import event
 
 import app.cycle.run as run_module
 from app.cycle import lease
@@ -84,6 +85,28 @@ def test_the_plans_commit_releases_the_lease(api) -> None:
     on_the_lease = [s.statement for s in sent if "scheduler_lease" in s.statement]
     assert len(on_the_lease) == 2, "\n".join(on_the_lease)
     assert _other_scheduler_may_cycle(api, now)
+
+
+def test_the_lease_is_taken_in_the_settle_phases_transaction(api) -> None:
+    # A commit of its own was one more round trip (and, on a durable server, one more WAL
+    # flush) in every cycle: the lease and phase 0's writes now commit together, the plan
+    # (releasing the lease) once more, and a full cycle's ranks once more.
+    add_node(api, gpus=1)
+    now = utcnow()
+    cycle = dict(factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="a")
+    assert run_cycle(**cycle, now=now).ran  # the first makes the lease's row
+    job = submit(api, gpus=1)
+    engine = api.factory.kw["bind"]
+    commits: list[object] = []
+    count = commits.append  # one bound method, to remove the listener by
+    event.listen(engine, "commit", count)
+    try:
+        report = run_cycle(**cycle, now=now)
+    finally:
+        event.remove(engine, "commit", count)
+    assert report.ran and report.placed == 1
+    assert get_job(api, job["id"])["status"] == "SCHEDULED"
+    assert len(commits) == 3
 
 
 def test_a_plan_that_fails_to_commit_releases_the_lease(
