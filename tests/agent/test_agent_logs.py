@@ -3,7 +3,10 @@ file would be overwritten by the node that opened it last."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import pytest
 
 from app.wire import attempt_log_path
 from tests.agent.support import RecordingReporter, installation_of, run
@@ -38,3 +41,14 @@ def test_the_nodes_of_a_multi_node_job_write_their_own_logs(tmp_path: Path) -> N
     assert outputs[0].name == "attempt-1.log"  # a one-node job's file, as before
     assert outputs[0].read_text() == "output of n1\n"
     assert outputs[1].read_text() == "output of n2\n"
+
+
+def test_a_start_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The runner and the agent each logged it: two lines a job in a node's log.
+    reporter = RecordingReporter()
+    caplog.set_level(logging.INFO)
+    order = {"node": "n1", "job_id": 8, "attempt": 1, "command": ["true"]}
+    assert run(_agent(tmp_path, "n1", reporter), **order) == "started"
+    assert reporter.finished.wait(WAIT_S), reporter.reports
+    starts = [r.getMessage() for r in caplog.records if "started" in r.getMessage()]
+    assert len(starts) == 1 and "job 8 attempt 1" in starts[0], starts

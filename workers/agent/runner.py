@@ -665,14 +665,7 @@ def start_job(
     pump = _LogPump(
         proc.stdout, log_file, spec.log_cap_bytes, name=f"job-{spec.job_id}-{spec.attempt}-log"
     )
-    pump.start()
-    logger.info(
-        "job %s attempt %s started: pid %d, GPUs [%s]",
-        spec.job_id,
-        spec.attempt,
-        pid,
-        env["CUDA_VISIBLE_DEVICES"],
-    )
+    pump.start()  # the agent logs the start (Agent.run_job), with the job's fields
     return RunningProcess(
         spec,
         pid=pid,
