@@ -77,21 +77,6 @@ def take(
     return 1
 
 
-def acquire(
-    session: Session,
-    *,
-    holder: str,
-    now: datetime,
-    ttl_s: float,
-    ranking: dict[str, Any] | None = None,
-) -> int | None:
-    """`take`, committed at once."""
-    token = take(session, holder=holder, now=now, ttl_s=ttl_s, ranking=ranking)
-    if token is not None:
-        session.commit()
-    return token
-
-
 def released_on_commit(session: Session, *, token: int, now: datetime) -> bool:
     """Inside the apply transaction: whether our token is still current; if it is, the
     lease row stays locked until the commit (a concurrent takeover waits for it) and is

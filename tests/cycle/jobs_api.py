@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import event, select
 
+from app.cycle import lease
 from app.cycle.run import run_cycle
 from app.cycle.settings import SchedulerSettings
 from app.db import utcnow
@@ -34,6 +36,14 @@ def statements_while(api: Any, apply: Callable[[], object]) -> list[str]:
     finally:
         event.remove(engine, "before_cursor_execute", seen)
     return statements
+
+
+def lease_taken(session: Any, *, holder: str, now: datetime, ttl_s: float) -> int | None:
+    """The cycle lease taken and committed, as a scheduler holding it between cycles."""
+    token = lease.take(session, holder=holder, now=now, ttl_s=ttl_s)
+    if token is not None:
+        session.commit()
+    return token
 
 
 def submit(api: Any, user: str = "alice", **body: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ import pytest
 from sqlalchemy import event, select
 
 from app.cycle import apply as apply_module
-from app.cycle import lease
 from app.cycle.apply import apply_plan
 from app.cycle.reconcile import reconcile_node_attempts
 from app.cycle.snapshot import read_snapshot
@@ -24,7 +23,7 @@ from app.messaging import NullMessenger
 from app.nodes.models import Allocation, Gpu
 from app.scheduling import Placement, Plan, Preemption
 from app.wire import AttemptRef, Finished, Heartbeat
-from tests.cycle.jobs_api import positions
+from tests.cycle.jobs_api import lease_taken, positions
 from tests.foundation.builders import add_node
 
 
@@ -38,7 +37,7 @@ def _submit(api, user="alice", **body):
 def _apply(api, plan, *, holder="test"):
     now = utcnow()
     with api.factory() as session:
-        token = lease.acquire(session, holder=holder, now=now, ttl_s=30)
+        token = lease_taken(session, holder=holder, now=now, ttl_s=30)
         ctx = read_snapshot(session=session, now=now, half_life_s=3600)
         session.rollback()
         return apply_plan(session, ctx=ctx, plan=plan, token=token, now=now)
@@ -231,11 +230,9 @@ def test_a_stale_lease_token_writes_nothing(api):
     job_id = _submit(api)
     now = utcnow()
     with api.factory() as session:
-        old = lease.acquire(session, holder="a", now=now, ttl_s=1)
+        old = lease_taken(session, holder="a", now=now, ttl_s=1)
         # "a" stalls past its lease; "b" takes over (token + 1).
-        assert (
-            lease.acquire(session, holder="b", now=now + timedelta(seconds=2), ttl_s=30) == old + 1
-        )
+        assert lease_taken(session, holder="b", now=now + timedelta(seconds=2), ttl_s=30) == old + 1
         ctx = read_snapshot(session=session, now=now, half_life_s=3600)
         session.rollback()
         applied = apply_plan(

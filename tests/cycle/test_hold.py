@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from app.cycle import lease
 from app.cycle.apply import apply_plan
 from app.cycle.settings import SchedulerSettings
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
 from app.jobs.models import Job
 from app.scheduling import Placement, Plan, plan_cycle
-from tests.cycle.jobs_api import add_node, get_job, job_events, run_one_cycle, submit
+from tests.cycle.jobs_api import add_node, get_job, job_events, lease_taken, run_one_cycle, submit
 
 
 def _submit(api, **body) -> int:
@@ -61,7 +60,7 @@ def test_a_hold_between_snapshot_and_apply_wins(api):
     job_id = _submit(api)
     now = utcnow()
     with api.factory() as session:
-        token = lease.acquire(session, holder="t", now=now, ttl_s=30)
+        token = lease_taken(session, holder="t", now=now, ttl_s=30)
         ctx = read_snapshot(session=session, now=now, half_life_s=3600)
         session.rollback()
         assert _post(api, job_id, "hold").status_code == 200

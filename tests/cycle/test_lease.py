@@ -8,17 +8,16 @@ import pytest
 from sqlalchemy import event
 
 import app.cycle.run as run_module
-from app.cycle import lease
 from app.cycle.run import run_cycle
 from app.db import utcnow
 from app.messaging import NullMessenger
-from tests.cycle.jobs_api import SETTINGS, add_node, get_job, submit
+from tests.cycle.jobs_api import SETTINGS, add_node, get_job, lease_taken, submit
 from tests.support.statements import statements_sent
 
 
 def _other_scheduler_may_cycle(api, now) -> bool:
     with api.factory() as session:
-        return lease.acquire(session, holder="other", now=now, ttl_s=30) is not None
+        return lease_taken(session, holder="other", now=now, ttl_s=30) is not None
 
 
 def test_a_cycle_releases_the_lease_when_it_ends(api) -> None:
@@ -49,7 +48,7 @@ def test_a_cycle_that_fails_releases_the_lease(api, monkeypatch: pytest.MonkeyPa
 def test_a_held_lease_keeps_another_scheduler_out(api) -> None:
     now = utcnow()
     with api.factory() as session:
-        assert lease.acquire(session, holder="a", now=now, ttl_s=30) == 1
+        assert lease_taken(session, holder="a", now=now, ttl_s=30) == 1
     assert not _other_scheduler_may_cycle(api, now)
     report = run_cycle(
         factory=api.factory, messenger=NullMessenger(), settings=SETTINGS, holder="b", now=now
@@ -61,9 +60,9 @@ def test_the_holder_renews_the_lease_in_one_statement(api) -> None:
     # The token comes back with the update (RETURNING), not from a second read.
     now = utcnow()
     with api.factory() as session:
-        assert lease.acquire(session, holder="a", now=now, ttl_s=30) == 1
+        assert lease_taken(session, holder="a", now=now, ttl_s=30) == 1
         with statements_sent(api.factory) as sent:
-            assert lease.acquire(session, holder="a", now=now, ttl_s=30) == 2
+            assert lease_taken(session, holder="a", now=now, ttl_s=30) == 2
     # SQLite's driver also sends BEGIN IMMEDIATE: transaction control, not counted
     sql = [s.statement for s in sent if not s.statement.lstrip().upper().startswith("BEGIN")]
     assert len(sql) == 1 and sql[0].lstrip().upper().startswith("UPDATE")

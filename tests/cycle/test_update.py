@@ -3,12 +3,18 @@ a submission, keeps the job's submit time, and the next cycle ranks it anew."""
 
 from __future__ import annotations
 
-from app.cycle import lease
 from app.cycle.apply import apply_plan
 from app.cycle.snapshot import read_snapshot
 from app.db import utcnow
 from app.scheduling import Placement, Plan
-from tests.cycle.jobs_api import add_node, grant_priority, job_events, run_one_cycle, submit
+from tests.cycle.jobs_api import (
+    add_node,
+    grant_priority,
+    job_events,
+    lease_taken,
+    run_one_cycle,
+    submit,
+)
 
 DAY = 86400
 
@@ -98,7 +104,7 @@ def test_a_change_between_snapshot_and_apply_is_not_placed_as_it_was(api):
     job = submit(api, gpus=2)
     now = utcnow()
     with api.factory() as session:
-        token = lease.acquire(session, holder="t", now=now, ttl_s=30)
+        token = lease_taken(session, holder="t", now=now, ttl_s=30)
         ctx = read_snapshot(session=session, now=now, half_life_s=3600)
         session.rollback()
         assert _patch(api, job["id"], gpus=4).status_code == 200
